@@ -1,0 +1,16 @@
+"""notebook_launch: train on every device you have, from a notebook cell, with one call."""
+from __future__ import annotations
+
+__version__ = "0.1.0"
+
+from . import cuda_tracking as _cuda_tracking
+from .errors import GuardError, LaunchArgumentError, LaunchError
+from .launcher import notebook_launcher
+
+try:  # record where CUDA gets initialized from now on (guards quote it)
+    import torch as _torch  # noqa: F401
+    _cuda_tracking.install()
+except ImportError:
+    pass
+
+__all__ = ["notebook_launcher", "LaunchError", "GuardError", "LaunchArgumentError", "__version__"]

@@ -1,0 +1,1 @@
+"""Ways of starting ranks, behind one narrow interface (see ``base.Backend``)."""

@@ -1,0 +1,33 @@
+"""The display interface the supervisor drives, from the parent's main thread only."""
+from __future__ import annotations
+
+DEFAULT_PREFIX = "[rank {rank}]"
+
+
+class Display:
+    """Does nothing visible: ``ui="none"``. Subclasses override what they show.
+
+    The supervisor calls ``start`` once, ``line`` for every whole output line,
+    ``refresh`` often (a display throttles itself), and ``close`` once with the
+    final state, also after a failure or an interrupt.
+    """
+
+    def __init__(self, line_prefix=None):
+        self.line_prefix = line_prefix or DEFAULT_PREFIX
+
+    def tag(self, state, local_rank: int) -> str:
+        rank_state = state.ranks[local_rank]
+        return self.line_prefix.format(rank=rank_state.rank, local_rank=local_rank,
+                                       role_name="default", node_rank=state.node_rank)
+
+    def start(self, state) -> None:
+        pass
+
+    def line(self, state, local_rank: int, stream: str, text: str) -> None:
+        pass
+
+    def refresh(self, state) -> None:
+        pass
+
+    def close(self, state) -> None:
+        pass

@@ -1,0 +1,50 @@
+"""Plain text: rank-tagged lines to the cell or terminal, one write per line."""
+from __future__ import annotations
+
+import sys
+import time
+
+from .base import Display
+
+# A notebook drops output past ~1000 messages/s (IOPub rate limit) and the
+# browser slows to a crawl long before a million lines; the log files keep all.
+NOTEBOOK_LINES_PER_SECOND = 200
+
+
+class TextDisplay(Display):
+    def __init__(self, line_prefix=None, stream_is_notebook: bool = False):
+        super().__init__(line_prefix)
+        self.budget = NOTEBOOK_LINES_PER_SECOND if stream_is_notebook else None
+        self._window_start = time.monotonic()
+        self._window_count = 0
+        self._suppressed = 0
+
+    def start(self, state) -> None:
+        pass
+
+    def line(self, state, local_rank, stream, text) -> None:
+        if self.budget is not None and not self._within_budget():
+            self._suppressed += 1
+            return
+        out = sys.stderr if stream == "stderr" else sys.stdout
+        out.write(f"{self.tag(state, local_rank)} {text}\n")
+
+    def _within_budget(self) -> bool:
+        now = time.monotonic()
+        if now - self._window_start >= 1.0:
+            self._report_suppressed()
+            self._window_start = now
+            self._window_count = 0
+        self._window_count += 1
+        return self._window_count <= self.budget
+
+    def _report_suppressed(self) -> None:
+        if self._suppressed:
+            sys.stdout.write(f"[notebook_launch] {self._suppressed} lines not shown here "
+                             f"(too fast for the notebook); every line is in the log folder\n")
+            self._suppressed = 0
+
+    def close(self, state) -> None:
+        self._report_suppressed()
+        sys.stdout.flush()
+        sys.stderr.flush()

@@ -1,0 +1,36 @@
+"""The exceptions a user can see. Every message says what happened and what to do."""
+from __future__ import annotations
+
+
+class LaunchError(RuntimeError):
+    """A launch failed: a rank raised, died, timed out or could not report its result.
+
+    The first line of the message names the failing rank (and node, for
+    multi-node runs), the exception type and message; the failing rank's
+    traceback follows, then what happened to the other ranks.
+
+    Attributes: ``rank`` (global rank that failed first, or None), ``kind``
+    ("exception", "signal", "exit", "timeout", "result", "stopped", "rendezvous"),
+    ``exc_type``, ``exc_message``, ``remote_traceback``, ``log_dir``, and
+    ``results`` (the values of the ranks that finished, by local rank; missing
+    ones are None).
+    """
+
+    def __init__(self, message: str, *, rank=None, kind="exception", exc_type=None,
+                 exc_message=None, remote_traceback=None, log_dir=None, results=None):
+        super().__init__(message)
+        self.rank = rank
+        self.kind = kind
+        self.exc_type = exc_type
+        self.exc_message = exc_message
+        self.remote_traceback = remote_traceback
+        self.log_dir = log_dir
+        self.results = results
+
+
+class GuardError(RuntimeError):
+    """Raised before any process starts, when launching now would fail or misbehave."""
+
+
+class LaunchArgumentError(ValueError):
+    """An argument of notebook_launcher is invalid; the message names it and the valid values."""

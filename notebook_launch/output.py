@@ -1,0 +1,128 @@
+"""Rank output in the parent: bytes -> whole lines, and per-rank log files.
+
+Lines are only ever handed on whole, so lines of different ranks never mix
+mid-line. Memory stays bounded: a partial line longer than MAX_LINE is cut,
+and nothing keeps more than the display's recent lines; the log file on
+disk keeps everything.
+"""
+from __future__ import annotations
+
+import os
+import re
+import time
+from pathlib import Path
+
+MAX_LINE = 64 * 1024
+KEEP_RUNS = 100
+
+
+class LineSplitter:
+    """Feeds bytes, returns complete lines (decoded, without the newline).
+    A carriage return keeps only what follows it, as a terminal would show."""
+
+    def __init__(self):
+        self._partial = bytearray()
+
+    def feed(self, data: bytes):
+        self._partial += data
+        lines = []
+        while True:
+            cut = self._partial.find(b"\n")
+            if cut < 0:
+                break
+            lines.append(_decode(self._partial[:cut]))
+            del self._partial[:cut + 1]
+        while len(self._partial) > MAX_LINE:
+            lines.append(_decode(self._partial[:MAX_LINE]))
+            del self._partial[:MAX_LINE]
+        return lines
+
+    def flush(self):
+        """The last, unterminated line (at end of file), if any."""
+        if not self._partial:
+            return []
+        line = _decode(self._partial)
+        self._partial.clear()
+        return [line]
+
+
+def _decode(raw) -> str:
+    text = bytes(raw).decode("utf-8", errors="replace")
+    if "\r" in text:
+        text = text.rstrip("\r")
+        text = text[text.rfind("\r") + 1:]
+    return text
+
+
+def default_log_root() -> Path:
+    configured = os.environ.get("NOTEBOOK_LAUNCH_LOG_DIR")
+    if configured:
+        return Path(configured).expanduser()
+    cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(cache) / "notebook_launch" / "runs"
+
+
+def make_run_id() -> str:
+    return time.strftime("%Y%m%d-%H%M%S") + f"-{os.getpid() % 10000:04d}{time.monotonic_ns() % 1000:03d}"
+
+
+class RunLogs:
+    """The run folder: rank<N>.log per local rank (stdout and stderr lines in
+    arrival order, stderr lines marked), plus the failing rank's traceback."""
+
+    def __init__(self, run_id: str, local_ranks, global_ranks, log_dir=None):
+        if log_dir is None:
+            root = default_log_root()
+            self.path = root / run_id
+            prune_old_runs(root)
+        else:
+            self.path = Path(log_dir).expanduser()
+        self.path.mkdir(parents=True, exist_ok=True)
+        self._files = {}
+        for local, global_rank in zip(local_ranks, global_ranks):
+            self._files[local] = open(self.path / f"rank{global_rank}.log", "w",
+                                      encoding="utf-8", errors="replace", buffering=1 << 16)
+
+    def write_line(self, local_rank: int, stream: str, text: str) -> None:
+        f = self._files[local_rank]
+        if stream == "stderr":
+            f.write("[stderr] ")
+        f.write(text)
+        f.write("\n")
+
+    def write_block(self, local_rank: int, text: str) -> None:
+        f = self._files[local_rank]
+        f.write(text if text.endswith("\n") else text + "\n")
+
+    def flush(self) -> None:
+        for f in self._files.values():
+            f.flush()
+
+    def close(self) -> None:
+        for f in self._files.values():
+            try:
+                f.close()
+            except OSError:
+                pass
+        self._files.clear()
+
+
+_RUN_DIR = re.compile(r"^\d{8}-\d{6}-\d+$")
+
+
+def prune_old_runs(root: Path, keep: int = KEEP_RUNS) -> None:
+    """Keep the default log root from growing without bound: drop the oldest runs."""
+    try:
+        runs = sorted(p for p in root.iterdir() if p.is_dir() and _RUN_DIR.match(p.name))
+    except OSError:
+        return
+    for old in runs[:-keep] if len(runs) > keep else []:
+        for child in old.iterdir():
+            try:
+                child.unlink()
+            except OSError:
+                pass
+        try:
+            old.rmdir()
+        except OSError:
+            pass

@@ -1,0 +1,157 @@
+"""A pure description of a launch: who runs where, with which environment.
+
+Nothing here starts a process or touches a device, so every rule about ranks,
+ports and environment variables can be unit-tested directly.
+"""
+from __future__ import annotations
+
+import os
+import socket
+from dataclasses import dataclass, field
+
+MIXED_PRECISION_CHOICES = ("no", "fp16", "bf16", "fp8")
+DEFAULT_PORT = 29500
+LOOPBACK_ADDRESSES = ("127.0.0.1", "localhost", "::1")
+
+
+class _DefaultPort(str):
+    """The default ``use_port``: a str equal to "29500" that we can tell apart
+    from a port the user chose, so only a chosen port is an error when busy."""
+
+
+DEFAULT_USE_PORT = _DefaultPort(str(DEFAULT_PORT))
+
+
+@dataclass(frozen=True)
+class RankSpec:
+    global_rank: int
+    local_rank: int
+    device: str                 # "cpu", "cuda:0", "xla"
+    env: dict                   # variables this rank adds to the inherited environment
+
+
+@dataclass(frozen=True)
+class LaunchPlan:
+    num_processes: int          # ranks on this node
+    num_nodes: int
+    node_rank: int
+    world_size: int
+    master_addr: str
+    master_port: int
+    device_kind: str            # "cpu", "cuda" or "xla"
+    dist_backend: str           # "gloo" or "nccl" (what init_process_group() picks)
+    mixed_precision: str
+    start_method: str           # "fork", "spawn", "xla", "elastic"
+    ranks: tuple = field(default_factory=tuple)
+    notes: tuple = field(default_factory=tuple)   # things the launcher should tell the user
+
+    @property
+    def backend_name(self) -> str:
+        return self.start_method
+
+
+def nccl_workarounds(gpu_names, driver_version: str | None) -> dict:
+    """NCCL switches consumer RTX 40xx cards need with drivers older than 550:
+    peer-to-peer and InfiniBand transports hang there (Accelerate applies the same rule)."""
+    if not gpu_names:
+        return {}
+    rtx40 = any("RTX 40" in name for name in gpu_names)
+    try:
+        major = int(str(driver_version).split(".")[0])
+    except (TypeError, ValueError):
+        major = None
+    if rtx40 and (major is None or major < 550):
+        return {"NCCL_P2P_DISABLE": "1", "NCCL_IB_DISABLE": "1"}
+    return {}
+
+
+def omp_threads(num_local: int, cpu_count: int) -> int:
+    """Share the cores out between local ranks so they do not oversubscribe."""
+    return max(1, cpu_count // max(1, num_local))
+
+
+def rank_environment(*, global_rank, local_rank, num_processes, num_nodes, node_rank,
+                     world_size, master_addr, master_port, device_kind, mixed_precision,
+                     run_id, user_env, cpu_count, gpu_names=(), driver_version=None) -> dict:
+    """Every variable torch.distributed, Accelerate and Lightning Fabric read in a rank."""
+    env = {
+        "RANK": str(global_rank),
+        "LOCAL_RANK": str(local_rank),
+        "WORLD_SIZE": str(world_size),
+        "LOCAL_WORLD_SIZE": str(num_processes),
+        "GROUP_RANK": str(node_rank),
+        "NODE_RANK": str(node_rank),
+        "GROUP_WORLD_SIZE": str(num_nodes),
+        "ROLE_RANK": str(global_rank),
+        "ROLE_WORLD_SIZE": str(world_size),
+        "ROLE_NAME": "default",
+        "MASTER_ADDR": master_addr,
+        "MASTER_PORT": str(master_port),
+        "ACCELERATE_MIXED_PRECISION": mixed_precision,
+        "NOTEBOOK_LAUNCH_RUN_ID": run_id,
+        "NOTEBOOK_LAUNCH_RANK": str(global_rank),
+    }
+    if device_kind == "cpu":
+        env["ACCELERATE_USE_CPU"] = "true"
+    if "OMP_NUM_THREADS" not in user_env:
+        env["OMP_NUM_THREADS"] = str(omp_threads(num_processes, cpu_count))
+    if num_nodes == 1 and master_addr in LOOPBACK_ADDRESSES and "GLOO_SOCKET_IFNAME" not in user_env:
+        env["GLOO_SOCKET_IFNAME"] = "lo"
+    if device_kind == "cuda":
+        for key, value in nccl_workarounds(gpu_names, driver_version).items():
+            if key not in user_env:
+                env[key] = value
+    return env
+
+
+def build_plan(*, num_processes: int, num_nodes: int, node_rank: int, master_addr: str,
+               master_port: int, device_kind: str, mixed_precision: str, start_method: str,
+               run_id: str, user_env=None, cpu_count=None, gpu_names=(), driver_version=None,
+               notes=()) -> LaunchPlan:
+    """Describe the ranks of this node. Arguments are assumed validated (see launcher)."""
+    user_env = dict(os.environ if user_env is None else user_env)
+    cpu_count = cpu_count or available_cpus()
+    world_size = num_processes * num_nodes
+    ranks = []
+    for local_rank in range(num_processes):
+        global_rank = node_rank * num_processes + local_rank
+        device = {"cpu": "cpu", "cuda": f"cuda:{local_rank}", "xla": "xla"}[device_kind]
+        env = rank_environment(
+            global_rank=global_rank, local_rank=local_rank, num_processes=num_processes,
+            num_nodes=num_nodes, node_rank=node_rank, world_size=world_size,
+            master_addr=master_addr, master_port=master_port, device_kind=device_kind,
+            mixed_precision=mixed_precision, run_id=run_id, user_env=user_env,
+            cpu_count=cpu_count, gpu_names=gpu_names, driver_version=driver_version)
+        ranks.append(RankSpec(global_rank, local_rank, device, env))
+    return LaunchPlan(
+        num_processes=num_processes, num_nodes=num_nodes, node_rank=node_rank,
+        world_size=world_size, master_addr=master_addr, master_port=master_port,
+        device_kind=device_kind, dist_backend="nccl" if device_kind == "cuda" else "gloo",
+        mixed_precision=mixed_precision, start_method=start_method,
+        ranks=tuple(ranks), notes=tuple(notes))
+
+
+def available_cpus() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def port_is_free(port: int, host: str = "") -> bool:
+    """True when a TCP server (as c10d's TCPStore binds it, with SO_REUSEADDR) could listen on ``port``."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def free_port(host: str = "") -> int:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return sock.getsockname()[1]

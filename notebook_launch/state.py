@@ -1,0 +1,124 @@
+"""Run state: what the supervisor knows about a run, folded from rank events.
+
+Displays only read it. Keeping the model apart from how it is drawn lets the
+widget, HTML, rich and text displays (and tests) share one source of truth.
+"""
+from __future__ import annotations
+
+import collections
+import time
+from dataclasses import dataclass, field
+
+# Rank statuses, in the order a rank normally goes through them.
+STARTING, RUNNING, DONE, FAILED, STOPPED = "starting", "running", "done", "failed", "stopped"
+
+RECENT_LINES = 200
+
+
+@dataclass
+class Bar:
+    """One progress bar of one rank."""
+    id: str
+    desc: str = ""
+    n: float = 0
+    total: float | None = None
+    unit: str = "it"
+    rate: float | None = None   # units per second, as measured in the rank
+    elapsed: float = 0.0        # seconds since the bar started, in the rank
+    closed: bool = False
+
+    @property
+    def fraction(self) -> float | None:
+        if not self.total:
+            return None
+        return min(1.0, self.n / self.total)
+
+    @property
+    def eta(self) -> float | None:
+        if not self.total or not self.rate:
+            return None
+        return max(0.0, (self.total - self.n) / self.rate)
+
+
+@dataclass
+class RankState:
+    rank: int                    # global rank
+    local_rank: int
+    device: str = "cpu"
+    pid: int | None = None
+    status: str = STARTING
+    bars: dict = field(default_factory=dict)          # id -> Bar, in creation order
+    metrics: dict = field(default_factory=dict)       # name -> scalar
+    lines: collections.deque = field(default_factory=lambda: collections.deque(maxlen=RECENT_LINES))
+    exit_description: str | None = None   # e.g. "exit code 0", "killed by SIGKILL"
+    error: str | None = None              # one line: "ValueError: boom"
+    updates: int = 0                      # progress events folded, for displays that diff
+
+    @property
+    def last_line(self) -> str:
+        return self.lines[-1][1] if self.lines else ""
+
+
+@dataclass
+class RunState:
+    run_id: str
+    world_size: int
+    backend: str
+    log_dir: str
+    ranks: list                           # RankState per local rank
+    node_rank: int = 0
+    num_nodes: int = 1
+    attempt: int = 0                      # restart number (0: first attempt)
+    started_at: float = field(default_factory=time.monotonic)
+    ended_at: float | None = None
+    status: str = RUNNING                 # running, done, failed, stopped
+    summary: str | None = None            # final one-line outcome
+    stop_requested: bool = False          # set by a display's Stop button
+
+    @property
+    def elapsed(self) -> float:
+        end = self.ended_at if self.ended_at is not None else time.monotonic()
+        return end - self.started_at
+
+    def rank_state(self, local_rank: int) -> RankState:
+        return self.ranks[local_rank]
+
+    # --- folding -----------------------------------------------------------
+    def on_ready(self, local_rank: int, payload: dict) -> None:
+        rs = self.ranks[local_rank]
+        rs.pid = payload.get("pid", rs.pid)
+        rs.device = payload.get("device", rs.device)
+        if rs.status == STARTING:
+            rs.status = RUNNING
+
+    def on_progress(self, local_rank: int, payload: dict) -> None:
+        """Fold a batched progress event: {"bars": {id: {...}}, "metrics": {...}}."""
+        rs = self.ranks[local_rank]
+        for bar_id, fields in payload.get("bars", {}).items():
+            bar = rs.bars.get(bar_id)
+            if bar is None:
+                bar = rs.bars[bar_id] = Bar(id=bar_id)
+            for key, value in fields.items():
+                setattr(bar, key, value)
+        rs.metrics.update(payload.get("metrics", {}))
+        rs.updates += 1
+        if rs.status == STARTING:
+            rs.status = RUNNING
+
+    def on_line(self, local_rank: int, stream: str, text: str) -> None:
+        self.ranks[local_rank].lines.append((stream, text))
+
+    def on_exit(self, local_rank: int, status: str, description: str, error: str | None = None) -> None:
+        rs = self.ranks[local_rank]
+        rs.status = status
+        rs.exit_description = description
+        if error is not None:
+            rs.error = error
+        if status == DONE:
+            for bar in rs.bars.values():
+                bar.closed = True
+
+    def finish(self, status: str, summary: str) -> None:
+        self.status = status
+        self.summary = summary
+        self.ended_at = time.monotonic()
