@@ -3,7 +3,8 @@ restored in the rank before the user's function runs.
 
 A forked rank inherits all of this for free; a spawned rank starts as a fresh
 interpreter, so we ship: the job (function, args, kwargs) pickled with
-cloudpickle, the working directory, ``sys.path``, torch's determinism and
+cloudpickle, the working directory, ``sys.path``, the source of notebook
+cells (for tracebacks), torch's determinism and
 precision flags, and the random states of ``random``, NumPy and torch (CPU),
 so a rank starts where a forked one would. CUDA state is never read here:
 reading it could initialize CUDA in the notebook.
@@ -17,6 +18,7 @@ import sys
 from .errors import LaunchArgumentError
 
 FORMAT_VERSION = 1
+MAX_CELL_SOURCE_BYTES = 8 << 20
 
 
 def build_payload(job, specs) -> bytes:
@@ -64,7 +66,7 @@ def capture_context() -> dict:
     except OSError:
         cwd = None
     context = {"cwd": cwd, "sys_path": list(sys.path), "random_state": None,
-               "numpy_state": None, "torch": None}
+               "numpy_state": None, "torch": None, "cell_sources": cell_sources()}
     import random
     context["random_state"] = random.getstate()
     numpy = sys.modules.get("numpy")
@@ -79,23 +81,53 @@ def capture_context() -> dict:
     return context
 
 
+def cell_sources(limit: int = MAX_CELL_SOURCE_BYTES) -> dict:
+    """Source lines of code that exists only in memory (notebook cells: IPython keeps them
+    in linecache without a file), so a rank's traceback shows the failing line."""
+    import linecache
+    sources, total = {}, 0
+    for filename, entry in list(linecache.cache.items()):
+        if len(entry) != 4 or entry[1] is not None:  # only entries without a file to reread
+            continue
+        size = sum(len(line) for line in entry[2])
+        if total + size > limit:
+            break
+        sources[filename] = list(entry[2])
+        total += size
+    return sources
+
+
+def _torch_flags(torch) -> dict:
+    """name -> (getter, setter) for the torch settings a forked rank would inherit."""
+    cudnn, matmul = torch.backends.cudnn, torch.backends.cuda.matmul
+
+    def attr(obj, name):
+        return (lambda: getattr(obj, name)), (lambda v: setattr(obj, name, v))
+
+    return {
+        "deterministic": (
+            lambda: (torch.are_deterministic_algorithms_enabled(),
+                     torch.is_deterministic_algorithms_warn_only_enabled()),
+            lambda v: torch.use_deterministic_algorithms(v[0], warn_only=v[1])),
+        "float32_matmul_precision": (torch.get_float32_matmul_precision,
+                                     torch.set_float32_matmul_precision),
+        "default_dtype": (lambda: str(torch.get_default_dtype()).replace("torch.", ""),
+                          lambda v: torch.set_default_dtype(getattr(torch, v))),
+        "cudnn_deterministic": attr(cudnn, "deterministic"),
+        "cudnn_benchmark": attr(cudnn, "benchmark"),
+        "cudnn_allow_tf32": attr(cudnn, "allow_tf32"),
+        "cuda_matmul_allow_tf32": attr(matmul, "allow_tf32"),
+        "cpu_rng_state": (lambda: bytes(torch.get_rng_state().tolist()),
+                          lambda v: torch.set_rng_state(torch.frombuffer(bytearray(v), dtype=torch.uint8))),
+    }
+
+
 def _torch_settings(torch) -> dict:
     settings = {}
-    getters = {
-        "deterministic": torch.are_deterministic_algorithms_enabled,
-        "deterministic_warn_only": torch.is_deterministic_algorithms_warn_only_enabled,
-        "float32_matmul_precision": torch.get_float32_matmul_precision,
-        "default_dtype": lambda: str(torch.get_default_dtype()).replace("torch.", ""),
-        "cudnn_deterministic": lambda: torch.backends.cudnn.deterministic,
-        "cudnn_benchmark": lambda: torch.backends.cudnn.benchmark,
-        "cudnn_allow_tf32": lambda: torch.backends.cudnn.allow_tf32,
-        "cuda_matmul_allow_tf32": lambda: torch.backends.cuda.matmul.allow_tf32,
-        "cpu_rng_state": lambda: bytes(torch.get_rng_state().tolist()),
-    }
-    for key, getter in getters.items():
+    for key, (getter, _) in _torch_flags(torch).items():
         try:
             settings[key] = getter()
-        except Exception:
+        except Exception:  # e.g. torch refuses to read a flag set through mixed old/new APIs
             pass
     return settings
 
@@ -109,6 +141,9 @@ def restore_paths(context: dict) -> None:
             pass
     parent_path = list(context.get("sys_path") or [])
     sys.path[:] = parent_path + [p for p in sys.path if p not in parent_path]
+    import linecache
+    for filename, lines in (context.get("cell_sources") or {}).items():
+        linecache.cache[filename] = (sum(map(len, lines)), None, lines, filename)
 
 
 def restore_state(context: dict) -> None:
@@ -129,20 +164,13 @@ def restore_state(context: dict) -> None:
 
 
 def _restore_torch(torch, settings: dict) -> None:
-    setters = {
-        "deterministic": lambda v: torch.use_deterministic_algorithms(
-            v, warn_only=settings.get("deterministic_warn_only", False)),
-        "float32_matmul_precision": torch.set_float32_matmul_precision,
-        "default_dtype": lambda v: torch.set_default_dtype(getattr(torch, v)),
-        "cudnn_deterministic": lambda v: setattr(torch.backends.cudnn, "deterministic", v),
-        "cudnn_benchmark": lambda v: setattr(torch.backends.cudnn, "benchmark", v),
-        "cudnn_allow_tf32": lambda v: setattr(torch.backends.cudnn, "allow_tf32", v),
-        "cuda_matmul_allow_tf32": lambda v: setattr(torch.backends.cuda.matmul, "allow_tf32", v),
-        "cpu_rng_state": lambda v: torch.set_rng_state(torch.frombuffer(bytearray(v), dtype=torch.uint8)),
-    }
-    for key, setter in setters.items():
-        if key in settings:
-            try:
+    """Set only what differs from a fresh interpreter, so torch's legacy and new
+    precision APIs are not mixed (torch then refuses to read them)."""
+    for key, (getter, setter) in _torch_flags(torch).items():
+        if key not in settings:
+            continue
+        try:
+            if getter() != settings[key]:
                 setter(settings[key])
-            except Exception:
-                pass
+        except Exception:
+            pass
