@@ -147,8 +147,10 @@ def detect(environ=None, probe: Probe | None = None) -> Environment:
         platform = _notebook_frontend(env, probe, evidence)
     elif frontend == "terminal":
         platform = "ipython-terminal"
+        evidence.append(f"IPython shell {probe.shell_class}")
     else:
         platform = "script"
+        evidence.append("no IPython shell")
     return Environment(platform=platform, device_kind=device_kind, device_count=device_count,
                        gpu_names=tuple(probe.gpu_names) if device_kind == "cuda" else (),
                        has_tpu=has_tpu, frontend=frontend, evidence=tuple(evidence))
