@@ -20,6 +20,7 @@ import torch
 from notebook_launch import GuardError, LaunchArgumentError, LaunchError, guards, notebook_launcher
 from notebook_launch import cuda_tracking
 from notebook_launch.launcher import default_start_method, get_backend
+from notebook_launch.plan import free_port
 
 LAUNCH_TIMEOUT = 240  # seconds; spawned ranks import torch afresh, slow on a busy machine
 
@@ -37,8 +38,19 @@ def notebook_cell(source: str) -> dict:
 
 def spawn(fn, tmp_path, **kwargs):
     kwargs.setdefault("num_processes", 2)
+    # A port of our own: other test runs on this shared machine launch on 29500 too, and two
+    # launches that both found 29500 free can meet at one rendezvous store.
+    kwargs.setdefault("use_port", str(free_port()))
     return notebook_launcher(fn, start_method="spawn", timeout=LAUNCH_TIMEOUT,
                              log_dir=str(tmp_path / "logs"), ui="text", **kwargs)
+
+
+def process_alive(pid: int) -> bool:
+    import psutil
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
 
 
 @pytest.fixture
@@ -98,7 +110,7 @@ def test_notebook_defined_closure_lambda_and_instance_run_on_spawned_ranks(tmp_p
     assert "[rank 0] stdout line from 0" in out and "[rank 1] stdout line from 1" in out
     assert "[rank 1] C-level write from 1" in out
     assert "[rank 0] stderr line from 0" in err
-    assert "on script (CPU, gloo, spawn)" in out
+    assert "on script (CPU, gloo, spawn), port " in out
     log = (tmp_path / "logs" / "rank1.log").read_text()
     assert "stdout line from 1" in log and "[stderr] stderr line from 1" in log
     assert list(private_tempdir.iterdir()) == [], "the pickled job must be removed after the run"
@@ -157,7 +169,6 @@ def test_spawned_ranks_restore_cwd_sys_path_torch_flags_and_random_states(tmp_pa
 
 
 def test_failing_rank_stops_the_others_and_their_children(tmp_path, private_tempdir):
-    import psutil
     pid_file = tmp_path / "grandchild.pid"
     cell = notebook_cell(f"""
         import os, subprocess, time
@@ -183,8 +194,7 @@ def test_failing_rank_stops_the_others_and_their_children(tmp_path, private_temp
     assert 'raise ValueError("bad batch on rank 1")' in err.remote_traceback
     assert "rank 0: stopped by notebook_launch" in str(err)
     grandchild = int(pid_file.read_text())
-    gone = not psutil.pid_exists(grandchild) or psutil.Process(grandchild).status() == psutil.STATUS_ZOMBIE
-    assert gone, "the rank's own subprocess must be stopped with it (process group)"
+    assert not process_alive(grandchild), "the rank's own subprocess must be stopped with it (process group)"
     assert "rank 1 about to fail" in (tmp_path / "logs" / "rank1.log").read_text()
 
 
@@ -251,3 +261,41 @@ def test_default_start_method_uses_spawn_where_fork_is_unsafe(monkeypatch, platf
 
 def test_get_backend_spawn():
     assert get_backend("spawn").name == "spawn"
+
+
+def test_spawned_ranks_die_with_the_notebook(tmp_path):
+    """A kernel that dies (restart, OOM kill) must not leave ranks behind: PDEATHSIG."""
+    import signal
+    import subprocess
+    import time
+
+    pids = tmp_path / "pids"
+    pids.mkdir()
+    script = tmp_path / "parent.py"
+    script.write_text(textwrap.dedent(f"""
+        import os, time
+        from notebook_launch import notebook_launcher
+
+        def train():
+            open(os.path.join({str(pids)!r}, str(os.getpid())), "w").close()
+            time.sleep(600)
+
+        notebook_launcher(train, num_processes=2, start_method="spawn", ui="none",
+                          log_dir={str(tmp_path / "logs")!r}, use_port="{free_port()}")
+    """))
+    parent = subprocess.Popen([sys.executable, str(script)], cwd=str(tmp_path))
+    try:
+        deadline = time.monotonic() + LAUNCH_TIMEOUT
+        while len(list(pids.iterdir())) < 2 and time.monotonic() < deadline and parent.poll() is None:
+            time.sleep(0.1)
+        rank_pids = [int(p.name) for p in pids.iterdir()]
+        assert len(rank_pids) == 2, "both ranks should have started"
+    finally:
+        parent.send_signal(signal.SIGKILL)
+        parent.wait()
+    deadline = time.monotonic() + 60
+    alive = rank_pids
+    while alive and time.monotonic() < deadline:
+        alive = [p for p in rank_pids if process_alive(p)]
+        time.sleep(0.1)
+    assert alive == [], "spawned ranks outlived the notebook process"

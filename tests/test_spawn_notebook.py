@@ -13,6 +13,7 @@ SETUP = """
 import pickle, subprocess, sys
 from notebook_launch import LaunchError, notebook_launcher
 from notebook_launch.environment import detect
+from notebook_launch.plan import free_port  # other test runs on this machine use 29500 too
 where = detect()
 print("detected:", where.platform, where.frontend)
 """
@@ -49,7 +50,8 @@ print("plain pickle in a fresh process:", child.stderr.decode().strip().splitlin
 """
 
 LAUNCH = """
-results = notebook_launcher(train, args=(2,), num_processes=2, start_method="spawn", ui="text", timeout=300)
+results = notebook_launcher(train, args=(2,), num_processes=2, start_method="spawn", ui="text", timeout=300,
+                            use_port=str(free_port()))
 print("RESULTS", results)
 assert results == [{"rank": 0, "value": 20, "sum": 42.0, "cls": "Counter"},
                    {"rank": 1, "value": 22, "sum": 42.0, "cls": "Counter"}], results
@@ -63,7 +65,8 @@ def failing():
     return "fine"
 
 try:
-    notebook_launcher(failing, num_processes=2, start_method="spawn", ui="text", timeout=300)
+    notebook_launcher(failing, num_processes=2, start_method="spawn", ui="text", timeout=300,
+                      use_port=str(free_port()))
 except LaunchError as exc:
     print("CAUGHT", exc)
 """
