@@ -21,7 +21,7 @@ def test_kaggle_notebook_runs_on_this_machine(tmp_path):
     # found it free can meet at one rendezvous store and hang. Give each launch its own port.
     imports = next(i for i, c in enumerate(nb.cells) if "from notebook_launch import" in c.source)
     nb.cells.insert(imports + 1, nbformat.v4.new_code_cell(
-        "import functools, notebook_launch\n"
+        "import notebook_launch\n"
         "from notebook_launch.plan import free_port\n"
         "def notebook_launcher(*args, **kwargs):\n"
         "    return notebook_launch.notebook_launcher(*args, use_port=str(free_port()), **kwargs)"))
