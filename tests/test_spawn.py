@@ -299,3 +299,36 @@ def test_spawned_ranks_die_with_the_notebook(tmp_path):
         alive = [p for p in rank_pids if process_alive(p)]
         time.sleep(0.1)
     assert alive == [], "spawned ranks outlived the notebook process"
+
+
+def test_accelerate_inside_spawned_ranks_sees_the_whole_world(tmp_path, private_tempdir):
+    cell = notebook_cell("""
+        def train():
+            from accelerate import Accelerator
+            accelerator = Accelerator()
+            import torch
+            total = accelerator.reduce(torch.tensor([accelerator.process_index + 1.0]), "sum")
+            return (accelerator.process_index, accelerator.num_processes,
+                    str(accelerator.distributed_type), total.item())
+    """)
+    results = spawn(cell["train"], tmp_path)
+    assert [r[:2] for r in results] == [(0, 2), (1, 2)]
+    assert all(r[2] == "DistributedType.MULTI_CPU" and r[3] == 3.0 for r in results)
+
+
+def test_without_pidfd_a_pipe_tells_when_a_rank_exits(tmp_path, private_tempdir, monkeypatch):
+    """macOS has no os.pidfd_open: the backend falls back to a pipe only the rank holds."""
+    monkeypatch.delattr(os, "pidfd_open")
+    cell = notebook_cell("""
+        import os
+        def train():
+            if os.environ["RANK"] == "1":
+                raise RuntimeError("rank 1 fails after the pipe fallback")
+            return "rank 0 value"
+    """)
+    with pytest.raises(LaunchError) as info:
+        spawn(cell["train"], tmp_path)
+    assert info.value.rank == 1 and "rank 1 fails after the pipe fallback" in str(info.value)
+    assert info.value.results[0] in ("rank 0 value", None)  # rank 0 may be stopped first
+    results = spawn(cell["train"], tmp_path, num_processes=1)
+    assert results == ["rank 0 value"]
