@@ -263,9 +263,9 @@ def test_get_backend_spawn():
     assert get_backend("spawn").name == "spawn"
 
 
-def test_spawned_ranks_die_with_the_notebook(tmp_path):
-    """A kernel that dies (restart, OOM kill) must not leave ranks behind: PDEATHSIG."""
-    import signal
+def start_notebook_process(tmp_path):
+    """A separate 'notebook' process that launches 2 spawned ranks which sleep; returns
+    (process, rank pids) once both ranks run."""
     import subprocess
     import time
 
@@ -273,32 +273,61 @@ def test_spawned_ranks_die_with_the_notebook(tmp_path):
     pids.mkdir()
     script = tmp_path / "parent.py"
     script.write_text(textwrap.dedent(f"""
-        import os, time
+        import os, sys, time
         from notebook_launch import notebook_launcher
 
         def train():
             open(os.path.join({str(pids)!r}, str(os.getpid())), "w").close()
             time.sleep(600)
 
-        notebook_launcher(train, num_processes=2, start_method="spawn", ui="none",
-                          log_dir={str(tmp_path / "logs")!r}, use_port="{free_port()}")
+        try:
+            notebook_launcher(train, num_processes=2, start_method="spawn", ui="none",
+                              log_dir={str(tmp_path / "logs")!r}, use_port="{free_port()}")
+        except KeyboardInterrupt:
+            ranks = [int(name) for name in os.listdir({str(pids)!r})]
+            alive = [pid for pid in ranks if os.path.exists(f"/proc/{{pid}}")]
+            print(f"parent got KeyboardInterrupt; ranks alive: {{alive}}", flush=True)
+            sys.exit(130)
     """))
-    parent = subprocess.Popen([sys.executable, str(script)], cwd=str(tmp_path))
-    try:
-        deadline = time.monotonic() + LAUNCH_TIMEOUT
-        while len(list(pids.iterdir())) < 2 and time.monotonic() < deadline and parent.poll() is None:
-            time.sleep(0.1)
-        rank_pids = [int(p.name) for p in pids.iterdir()]
-        assert len(rank_pids) == 2, "both ranks should have started"
-    finally:
-        parent.send_signal(signal.SIGKILL)
-        parent.wait()
-    deadline = time.monotonic() + 60
-    alive = rank_pids
-    while alive and time.monotonic() < deadline:
-        alive = [p for p in rank_pids if process_alive(p)]
+    parent = subprocess.Popen([sys.executable, str(script)], cwd=str(tmp_path),
+                              stdout=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + LAUNCH_TIMEOUT
+    while len(list(pids.iterdir())) < 2 and time.monotonic() < deadline and parent.poll() is None:
         time.sleep(0.1)
-    assert alive == [], "spawned ranks outlived the notebook process"
+    rank_pids = [int(p.name) for p in pids.iterdir()]
+    if len(rank_pids) != 2:
+        parent.kill()
+        pytest.fail(f"both ranks should have started; parent exit status {parent.wait()}")
+    return parent, rank_pids
+
+
+def wait_until_gone(pids, seconds=60):
+    import time
+    deadline = time.monotonic() + seconds
+    alive = list(pids)
+    while alive and time.monotonic() < deadline:
+        alive = [p for p in pids if process_alive(p)]
+        time.sleep(0.1)
+    return alive
+
+
+def test_spawned_ranks_die_with_the_notebook(tmp_path):
+    """A kernel that dies (restart, OOM kill) must not leave ranks behind: PDEATHSIG."""
+    import signal
+    parent, rank_pids = start_notebook_process(tmp_path)
+    parent.send_signal(signal.SIGKILL)
+    parent.wait()
+    assert wait_until_gone(rank_pids) == [], "spawned ranks outlived the notebook process"
+
+
+def test_interrupting_the_notebook_stops_spawned_ranks(tmp_path):
+    """Jupyter's interrupt is SIGINT to the kernel: the launch stops its ranks and re-raises."""
+    import signal
+    parent, rank_pids = start_notebook_process(tmp_path)
+    parent.send_signal(signal.SIGINT)
+    out, _ = parent.communicate(timeout=120)
+    # Checked in the parent before it exits: PDEATHSIG cannot have done it for us.
+    assert parent.returncode == 130 and "parent got KeyboardInterrupt; ranks alive: []" in out, out
 
 
 def test_accelerate_inside_spawned_ranks_sees_the_whole_world(tmp_path, private_tempdir):
