@@ -86,3 +86,7 @@ def report_unloadable_job(writer, spec, exc) -> None:
             f"with pip, or use start_method='fork' where it is safe."),
         "traceback": "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)),
     })
+
+
+if __name__ == "__main__":  # python -m notebook_launch._spawn_entry ... works too
+    main()

@@ -226,8 +226,15 @@ def count_tpu_device_files(dev: str = "/dev") -> int:
 
 def _tpu_vm() -> bool:
     """Numbered VFIO groups also exist on GPU passthrough hosts: only count them next to libtpu."""
-    return any(os.path.exists(p) for p in ("/lib/libtpu.so", "/usr/lib/libtpu.so")) or \
-        any(k.startswith("TPU_") for k in os.environ)
+    if any(k.startswith("TPU_") for k in os.environ):
+        return True
+    if any(os.path.exists(p) for p in ("/lib/libtpu.so", "/usr/lib/libtpu.so")):
+        return True
+    try:  # pip's libtpu wheel; find_spec does not import it
+        import importlib.util
+        return importlib.util.find_spec("libtpu") is not None
+    except (ImportError, ValueError):
+        return False
 
 
 def _ipython_shell():
