@@ -6,6 +6,7 @@ names (``fake_two_t4_gpus``, ``fake_tpu_v3_8_chips``).
 """
 from __future__ import annotations
 
+import os
 import sys
 
 import pytest
@@ -130,6 +131,20 @@ def test_tpu_device_files_are_counted(tmp_path):
     (fake_tpu_dev_dir / "accelerator_notes").touch()
     assert environment.count_tpu_device_files(str(fake_tpu_dev_dir)) == 4
     assert environment.count_tpu_device_files(str(tmp_path / "missing")) == 0
+
+
+def test_vfio_tpu_chips_count_only_on_a_tpu_vm(tmp_path, monkeypatch):
+    fake_tpu_v5e_vfio_dev_dir = tmp_path
+    (fake_tpu_v5e_vfio_dev_dir / "vfio").mkdir()
+    for name in ("vfio", "0", "1", "2", "3"):
+        (fake_tpu_v5e_vfio_dev_dir / "vfio" / name).touch()
+    for key in [k for k in os.environ if k.startswith("TPU_")]:
+        monkeypatch.delenv(key)
+    monkeypatch.setattr(environment, "_tpu_vm", lambda: False)   # a GPU passthrough host
+    assert environment.count_tpu_device_files(str(fake_tpu_v5e_vfio_dev_dir)) == 0
+    monkeypatch.undo()
+    monkeypatch.setenv("TPU_ACCELERATOR_TYPE", "v5litepod-4")
+    assert environment.count_tpu_device_files(str(fake_tpu_v5e_vfio_dev_dir)) == 4
 
 
 def test_real_process_is_a_script_and_detection_leaves_cuda_alone():
