@@ -9,7 +9,7 @@ import threading
 from . import guards
 from .backends.base import RankPipes
 from .display import UI_CHOICES, choose_display
-from .environment import cuda_device_count, cuda_gpus
+from .environment import cuda_gpus, detect
 from .errors import LaunchArgumentError
 from .output import RunLogs, make_run_id
 from .plan import DEFAULT_USE_PORT, _DefaultPort, build_plan, free_port, port_is_free
@@ -64,7 +64,8 @@ def notebook_launcher(function, args=(), num_processes=None, mixed_precision="no
             "multi-node launches (num_nodes > 1) and restarts (max_restarts > 0) are not available "
             "in this version of notebook_launch yet; launch on one node with max_restarts=0")
 
-    device_count = cuda_device_count()
+    where = detect()  # platform and devices; TPUs (where.has_tpu) are the xla backend's
+    device_count = where.device_count if where.device_kind == "cuda" else 0
     device_kind = "cuda" if device_count > 0 else "cpu"
     if num_processes is None:
         num_processes = device_count or 1
@@ -86,10 +87,12 @@ def notebook_launcher(function, args=(), num_processes=None, mixed_precision="no
     job = Job(function, tuple(args), dict(kwargs or {}))
     return run_plan(plan, job, run_id=run_id, log_dir=log_dir, ui=ui, timeout=timeout,
                     poll_interval=min(float(monitor_interval), 0.1),
-                    line_prefix=log_line_prefix_template)
+                    line_prefix=log_line_prefix_template, platform=where.platform)
 
 
 def default_start_method() -> str:
+    """fork where it is safe (Linux); spawn elsewhere: Windows has no fork, and macOS
+    system frameworks crash in forked children (CPython defaults to spawn there too)."""
     return "fork" if hasattr(os, "fork") and sys.platform.startswith("linux") else "spawn"
 
 
@@ -110,10 +113,13 @@ def get_backend(start_method: str):
     if start_method == "fork":
         from .backends.fork import ForkBackend
         return ForkBackend()
-    raise NotImplementedError(f"start_method={start_method!r} is not available yet; use 'fork'")
+    if start_method == "spawn":
+        from .backends.spawn import SpawnBackend
+        return SpawnBackend()
+    raise NotImplementedError(f"start_method={start_method!r} is not available yet; use 'fork' or 'spawn'")
 
 
-def run_plan(plan, job, *, run_id, log_dir, ui, timeout, poll_interval, line_prefix):
+def run_plan(plan, job, *, run_id, log_dir, ui, timeout, poll_interval, line_prefix, platform=None):
     """Start the plan's ranks and supervise them until results or one clear error."""
     backend = get_backend(plan.start_method)
     backend.prepare_parent()
@@ -122,8 +128,9 @@ def run_plan(plan, job, *, run_id, log_dir, ui, timeout, poll_interval, line_pre
                      log_dir=str(logs.path), node_rank=plan.node_rank, num_nodes=plan.num_nodes,
                      ranks=[RankState(rank=r.global_rank, local_rank=r.local_rank, device=r.device)
                             for r in plan.ranks])
-    print(launch_summary(plan, backend.name, logs.path), flush=True)
     display = choose_display(ui, line_prefix=line_prefix)
+    print(launch_summary(plan, backend.name, logs.path, platform=platform,
+                         display=display_name(display)), flush=True)
     saved = _save_signal_handlers()
     pipes = []
     try:
@@ -149,14 +156,24 @@ def run_plan(plan, job, *, run_id, log_dir, ui, timeout, poll_interval, line_pre
             _restore_signal_handlers(saved)
 
 
-def launch_summary(plan, backend_name: str, log_path) -> str:
+def launch_summary(plan, backend_name: str, log_path, platform=None, display=None) -> str:
+    """One line that says what the launcher chose and why it matters: where, on what, how."""
     what = {"cpu": "CPU", "cuda": "CUDA GPU", "xla": "TPU"}[plan.device_kind]
     nodes = f" on node {plan.node_rank} of {plan.num_nodes}" if plan.num_nodes > 1 else ""
-    line = (f"notebook_launch: {plan.num_processes} rank{'s' if plan.num_processes != 1 else ''} "
-            f"({what}, {plan.dist_backend}, {backend_name}){nodes}, port {plan.master_port}; logs: {log_path}")
+    where = f" on {platform}" if platform else ""
+    shown = f", display {display}" if display else ""
+    line = (f"notebook_launch: {plan.num_processes} rank{'s' if plan.num_processes != 1 else ''}{where} "
+            f"({what}, {plan.dist_backend}, {backend_name}){nodes}, port {plan.master_port}{shown}; "
+            f"logs: {log_path}")
     for note in plan.notes:
         line += f"\nnotebook_launch: {note}"
     return line
+
+
+def display_name(display) -> str:
+    """"text", "widget", ... from the display's class name (TextDisplay -> text); "none" for the base."""
+    name = type(display).__name__
+    return name[:-len("Display")].lower() or "none" if name.endswith("Display") else name.lower()
 
 
 def _save_signal_handlers():
