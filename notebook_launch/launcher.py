@@ -75,7 +75,8 @@ def notebook_launcher(function, args=(), num_processes=None, mixed_precision="no
     notes = []
     if not (elastic and rdzv_endpoint):  # other nodes cannot follow a port we change: only one node
         port = resolve_port(port, explicit=not isinstance(use_port, _DefaultPort) or num_nodes > 1,
-                            master_addr=master_addr, node_rank=node_rank, notes=notes)
+                            master_addr=master_addr, node_rank=node_rank, notes=notes,
+                            multi_node=num_nodes > 1)
     run_id = make_run_id()
     gpus = cuda_gpus() if device_kind == "cuda" else ()
     plan = build_plan(
@@ -104,10 +105,15 @@ def default_start_method() -> str:
     return "fork" if hasattr(os, "fork") and sys.platform.startswith("linux") else "spawn"
 
 
-def resolve_port(port: int, *, explicit: bool, master_addr: str, node_rank: int, notes: list) -> int:
+def resolve_port(port: int, *, explicit: bool, master_addr: str, node_rank: int, notes: list,
+                 multi_node: bool = False) -> int:
     """Only the node that hosts the rendezvous store (node 0) needs the port free."""
     if node_rank != 0 or port_is_free(port):
         return port
+    if multi_node:  # the other nodes were told this port: we cannot pick another one for them
+        raise LaunchArgumentError(
+            f"use_port={port} is already in use on node 0 (another launch, or a process still holding "
+            f"it). Pass a free use_port, the same one on every node.")
     if explicit:
         raise LaunchArgumentError(
             f"use_port={port} is already in use on this machine (another launch, or a process "

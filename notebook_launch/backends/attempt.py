@@ -10,6 +10,7 @@ single-node launch.
 from __future__ import annotations
 
 import re
+import time
 
 from ..supervisor import Failure, Supervisor
 
@@ -31,6 +32,12 @@ class AttemptSupervisor(Supervisor):
 
     def step(self, wait: float) -> str:
         """Watch for up to ``wait`` seconds; say whether the attempt is running, done or failed."""
+        if self.results is not None:   # done: waiting for the other nodes, nothing left to watch
+            self.display.refresh(self.state)
+            if self.state.stop_requested:
+                raise KeyboardInterrupt("notebook_launch: run stopped with the Stop button")
+            time.sleep(wait)
+            return DONE
         try:
             self._pump(wait)
             self._close_stale_pipes()
@@ -45,8 +52,12 @@ class AttemptSupervisor(Supervisor):
             self.stop("an interrupt")
             raise
         if all(w.finished for w in self.watches):
-            self.results = [self._load_result(w) for w in self.watches]
-            return FAILED if self.first_failure is not None else DONE
+            results = [self._load_result(w) for w in self.watches]
+            if self.first_failure is not None:   # a result that could not be unpickled
+                self.stop(self._failure_reason())
+                return FAILED
+            self.results = results
+            return DONE
         return RUNNING
 
     def stop(self, reason: str) -> None:

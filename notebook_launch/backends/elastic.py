@@ -90,7 +90,7 @@ class NotebookElasticAgent(SimpleElasticAgent):
         self.pipes = [RankPipes.open() for _ in plan.ranks]
         processes = ctx.backend.start(plan, ctx.job, self.pipes)
         self.sup = AttemptSupervisor(plan, processes, self.pipes, ctx.state, ctx.display, ctx.logs,
-                                     timeout=None, poll_interval=ctx.poll_interval)
+                                     timeout=ctx.timeout, poll_interval=ctx.poll_interval)
         return self.sup.pids()
 
     def _monitor_workers(self, worker_group) -> RunResult:
@@ -193,6 +193,7 @@ class ElasticRun:
         self.display = display
         self.logs = logs
         self.poll_interval = poll_interval
+        self.timeout = timeout     # for the whole run, across attempts
         self.deadline = None if timeout is None else time.monotonic() + timeout
         self.local_error: LaunchError | None = None
         self.agent: NotebookElasticAgent | None = None

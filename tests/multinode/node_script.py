@@ -26,6 +26,8 @@ def train(scenario):
         if rank == 3:
             raise ValueError("boom on rank 3")
         time.sleep(120)   # only the launcher can end these ranks in time
+    if scenario == "sleep":
+        time.sleep(120)   # until the test interrupts a node
     if scenario == "restart":
         if rank == 3 and attempt == 0:
             raise ValueError("injected failure on attempt 0")
@@ -57,6 +59,8 @@ def main():
     except LaunchError as exc:
         out.update(ok=False, message=str(exc), rank=exc.rank, error_node=exc.node_rank, kind=exc.kind,
                    exc_type=exc.exc_type)
+    except KeyboardInterrupt as exc:
+        out.update(ok=False, interrupted=True, message=str(exc))
     out["seconds"] = time.monotonic() - started
     after = {name: signal.getsignal(getattr(signal, name)) for name in HANDLED}
     out["handlers_restored"] = before == after

@@ -1,4 +1,9 @@
 """Multi-node launches between two network namespaces (see conftest.py)."""
+import os
+import signal
+import time
+from pathlib import Path
+
 import pytest
 
 pytestmark = pytest.mark.timeout(240)
@@ -39,8 +44,9 @@ def test_rank_failure_on_node_1_ends_both_nodes(two_nodes):
     assert "stopped by notebook_launch" in node0["message"]
 
 
-def test_restart_recovers_from_one_injected_failure(two_nodes):
-    node0, node1 = two_nodes.run("restart", max_restarts=1)
+@pytest.mark.parametrize("rdzv_backend", ["static", "c10d"])
+def test_restart_recovers_from_one_injected_failure(two_nodes, rdzv_backend):
+    node0, node1 = two_nodes.run("restart", max_restarts=1, rdzv_backend=rdzv_backend)
     for node_rank, outcome in enumerate((node0, node1)):
         assert outcome["ok"], outcome.get("message")
         assert [r["attempt"] for r in outcome["results"]] == [1, 1]
@@ -60,3 +66,21 @@ def test_missing_node_times_out_with_a_clear_error(two_nodes):
     assert not node1["ok"] and node1["kind"] == "rendezvous"
     assert "no node opened the rendezvous" in node1["message"] and "within 3 s" in node1["message"]
     _clean_exit(node1)
+
+
+def test_interrupting_one_node_stops_the_other(two_nodes):
+    procs = [two_nodes.start(n, "sleep") for n in (0, 1)]
+    deadline = time.monotonic() + 90
+    while not all("sum 10" in Path(p.log_path).read_text() for p in procs):
+        assert time.monotonic() < deadline, "the ranks never started"
+        assert all(p.poll() is None for p in procs), "a node ended early"
+        time.sleep(0.2)
+    os.kill(procs[0].pid, signal.SIGINT)   # what Jupyter's interrupt does to node 0's kernel
+    node0, node1 = (two_nodes.finish(p) for p in procs)
+    assert node0.get("interrupted") and "interrupted" in node0["message"]
+    assert not node1["ok"] and node1["kind"] == "interrupted" and node1["error_node"] == 0
+    assert node1["message"].splitlines()[0] == \
+        "node 0: was interrupted (KeyboardInterrupt or the Stop button)"
+    for outcome in (node0, node1):
+        assert outcome["seconds"] < 60, "the ranks sleep 120 s: they were not stopped"
+        _clean_exit(outcome)
