@@ -91,7 +91,8 @@ def notebook_launcher(function, args=(), num_processes=None, mixed_precision="no
         rendezvous = settings_from_arguments(
             rdzv_backend=rdzv_backend, rdzv_endpoint=rdzv_endpoint, rdzv_conf=rdzv_conf,
             rdzv_id=rdzv_id, rdzv_timeout=rdzv_timeout, master_addr=master_addr, port=port,
-            node_rank=node_rank, num_nodes=num_nodes)
+            node_rank=node_rank, num_nodes=num_nodes,
+            may_move_port=isinstance(use_port, _DefaultPort))
         return run_elastic(plan, job, rendezvous=rendezvous, max_restarts=max_restarts, run_id=run_id,
                            log_dir=log_dir, ui=ui, timeout=timeout,
                            poll_interval=min(float(monitor_interval), 0.1),

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 
 from . import network
 from .errors import LaunchArgumentError
+from .plan import free_port
 
 DEFAULT_RDZV_TIMEOUT = 900.0      # seconds, as torch.distributed.launcher.api.LaunchConfig
 ARRIVAL_POLL = 0.1
@@ -45,6 +46,7 @@ class RendezvousSettings:
     config: dict = field(default_factory=dict)   # rendezvous-specific options, as rdzv_conf
     local_addr: str | None = None
     is_host: bool | None = None                   # c10d: this node hosts the store
+    may_move_port: bool = False                   # one node on the default port: another is fine
 
     @property
     def host(self) -> str:
@@ -57,7 +59,7 @@ class RendezvousSettings:
 
 def settings_from_arguments(*, rdzv_backend: str, rdzv_endpoint: str, rdzv_conf, rdzv_id: str,
                             rdzv_timeout, master_addr: str, port: int, node_rank: int,
-                            num_nodes: int) -> RendezvousSettings:
+                            num_nodes: int, may_move_port: bool = False) -> RendezvousSettings:
     """Validate and complete the rendezvous arguments the way Accelerate reads them."""
     if rdzv_conf is not None and not isinstance(rdzv_conf, dict):
         raise LaunchArgumentError(
@@ -72,8 +74,9 @@ def settings_from_arguments(*, rdzv_backend: str, rdzv_endpoint: str, rdzv_conf,
     endpoint = rdzv_endpoint.strip() or f"{master_addr}:{port}"
     if rdzv_backend in ("static", "c10d") and ":" not in endpoint:
         endpoint = f"{endpoint}:{port}"
-    settings = dict(backend=rdzv_backend, endpoint=endpoint, run_id=rdzv_id,
-                    node_rank=node_rank, num_nodes=num_nodes, timeout=timeout)
+    settings = dict(backend=rdzv_backend, endpoint=endpoint, run_id=rdzv_id, node_rank=node_rank,
+                    num_nodes=num_nodes, timeout=timeout,
+                    may_move_port=may_move_port and num_nodes == 1 and not rdzv_endpoint.strip())
     if rdzv_backend == "static":
         config["rank"] = node_rank
         config["timeout"] = int(max(1, round(timeout)))
@@ -190,14 +193,19 @@ class NotebookRendezvous(_HandlerBase):
         from torch.distributed import TCPStore
         timeout = datetime.timedelta(seconds=max(1.0, self.settings.timeout))
         if inner.rank == 0:
-            try:
-                inner._store = TCPStore(inner.master_addr, inner.master_port, inner.world_size, True,
-                                        timeout, multi_tenant=True, wait_for_workers=False)
-            except Exception as exc:
-                raise RendezvousFailed(
-                    f"node 0 could not open the rendezvous store on port {inner.master_port} "
-                    f"({type(exc).__name__}: {exc}). Pass a free use_port, the same on every node.") from exc
-            return
+            for tries_left in (2, 1, 0):
+                try:
+                    inner._store = TCPStore(inner.master_addr, inner.master_port, inner.world_size, True,
+                                            timeout, multi_tenant=True, wait_for_workers=False)
+                    return
+                except Exception as exc:
+                    if not (self.settings.may_move_port and tries_left):
+                        raise RendezvousFailed(
+                            f"node 0 could not open the rendezvous store on port {inner.master_port} "
+                            f"({type(exc).__name__}: {exc}). Pass a free use_port, the same on every "
+                            f"node.") from exc
+                    # one node, default port: taken since the launcher checked it; nobody else needs it
+                    inner.master_port = free_port()
         _wait_for_endpoint(self.settings, deadline)
         inner._store = TCPStore(inner.master_addr, inner.master_port, inner.world_size, False, timeout)
 

@@ -50,6 +50,7 @@ class TwoNodes:
         octets = (200 + secrets.randbelow(50), secrets.randbelow(250))
         self.addresses = [f"10.{octets[0]}.{octets[1]}.{i}" for i in (1, 2)]
         self.tmp = tmp_path
+        self.port = PORT   # each namespace has its own ports: no clash with anything outside
         self.procs = []
 
     def create(self):
@@ -74,7 +75,7 @@ class TwoNodes:
         """Start node ``node_rank``'s notebook_launcher call in its namespace."""
         out = self.tmp / f"node{node_rank}-{scenario}.json"
         cfg = {"node_rank": node_rank, "scenario": scenario, "master_addr": self.addresses[0],
-               "port": PORT, "log_dir": str(self.tmp / f"logs-{scenario}-node{node_rank}"),
+               "port": self.port, "log_dir": str(self.tmp / f"logs-{scenario}-node{node_rank}"),
                "output": str(out), **options}
         cfg_path = self.tmp / f"node{node_rank}-{scenario}-config.json"
         cfg_path.write_text(json.dumps(cfg))

@@ -46,6 +46,8 @@ def main():
     from notebook_launch import LaunchError, notebook_launcher
 
     before = {name: signal.getsignal(getattr(signal, name)) for name in HANDLED}
+    _warm_tcpstore()
+    fds_before = _open_fds()
     started = time.monotonic()
     out = {"node_rank": cfg["node_rank"]}
     try:
@@ -65,8 +67,30 @@ def main():
     after = {name: signal.getsignal(getattr(signal, name)) for name in HANDLED}
     out["handlers_restored"] = before == after
     out["children_left"] = _children()
+    out["fds_left"] = sorted(set(_open_fds()) - set(fds_before))
     with open(cfg["output"], "w") as f:
         json.dump(out, f)
+
+
+def _warm_tcpstore():
+    """torch keeps one pipe open for good after its first TCPStore server: open it
+    now, so the fd check below sees only what the launch itself left behind."""
+    import datetime
+
+    from torch.distributed import TCPStore
+    store = TCPStore("127.0.0.1", 0, 1, True, datetime.timedelta(seconds=5), wait_for_workers=False)
+    del store
+
+
+def _open_fds():
+    return [f"{fd}->{_target(fd)}" for fd in os.listdir("/proc/self/fd")]
+
+
+def _target(fd):
+    try:
+        return os.readlink(f"/proc/self/fd/{fd}")
+    except OSError:
+        return "?"
 
 
 def _children():

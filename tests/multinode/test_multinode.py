@@ -12,6 +12,7 @@ pytestmark = pytest.mark.timeout(240)
 def _clean_exit(outcome):
     assert outcome["handlers_restored"], "signal handlers were not restored"
     assert outcome["children_left"] == [], f"processes left behind: {outcome['children_left']}"
+    assert outcome["fds_left"] == [], f"file descriptors left open: {outcome['fds_left']}"
 
 
 @pytest.mark.parametrize("rdzv_backend", ["static", "c10d"])
@@ -58,11 +59,14 @@ def test_restart_recovers_from_one_injected_failure(two_nodes, rdzv_backend):
 
 
 def test_missing_node_times_out_with_a_clear_error(two_nodes):
-    (node0,) = two_nodes.run("allreduce", nodes=(0,), rdzv_timeout=3)
+    # Both at once, on different ports, so that each waits for a partner that never comes:
+    # node 0 hosts the rendezvous and waits for node 1; node 1 waits for a host that never opens.
+    procs = [two_nodes.start(0, "allreduce", rdzv_timeout=3, port=two_nodes.port),
+             two_nodes.start(1, "allreduce", rdzv_timeout=3, port=two_nodes.port + 1)]
+    node0, node1 = (two_nodes.finish(p) for p in procs)
     assert not node0["ok"] and node0["kind"] == "rendezvous"
     assert "timed out after 3 s (rdzv_timeout): node 1 never arrived" in node0["message"]
     _clean_exit(node0)
-    (node1,) = two_nodes.run("allreduce", nodes=(1,), rdzv_timeout=3)
     assert not node1["ok"] and node1["kind"] == "rendezvous"
     assert "no node opened the rendezvous" in node1["message"] and "within 3 s" in node1["message"]
     _clean_exit(node1)
