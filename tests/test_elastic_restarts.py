@@ -49,6 +49,7 @@ class RecordingDisplay(Display):
         self.attempts = set()
 
     def refresh(self, state):
+        assert state.max_restarts == 1
         self.attempts.add(state.attempt)
 
     def close(self, state):

@@ -25,6 +25,7 @@ def run_elastic(plan, job, *, rendezvous, max_restarts, run_id, log_dir, ui, tim
     logs = RunLogs(run_id, [r.local_rank for r in plan.ranks], [r.global_rank for r in plan.ranks], log_dir)
     state = RunState(run_id=run_id, world_size=plan.world_size, backend=f"{backend.name}+elastic",
                      log_dir=str(logs.path), node_rank=plan.node_rank, num_nodes=plan.num_nodes,
+                     max_restarts=max_restarts,
                      ranks=[RankState(rank=r.global_rank, local_rank=r.local_rank, device=r.device)
                             for r in plan.ranks])
     print(launch_summary(plan, state.backend, logs.path) + "\n" + describe(rendezvous, max_restarts),
