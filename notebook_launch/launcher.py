@@ -73,8 +73,8 @@ def notebook_launcher(function, args=(), num_processes=None, mixed_precision="no
     guards.check_cuda_not_initialized(start_method)
 
     notes = []
-    if not (elastic and rdzv_endpoint):  # other nodes cannot follow a port we change: only one node
-        port = resolve_port(port, explicit=not isinstance(use_port, _DefaultPort) or num_nodes > 1,
+    if not (elastic and rdzv_endpoint):  # an explicit rdzv_endpoint names the store's port instead
+        port = resolve_port(port, explicit=not isinstance(use_port, _DefaultPort),
                             master_addr=master_addr, node_rank=node_rank, notes=notes,
                             multi_node=num_nodes > 1)
     run_id = make_run_id()
