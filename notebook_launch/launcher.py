@@ -27,7 +27,7 @@ def notebook_launcher(function, args=(), num_processes=None, mixed_precision="no
                       num_nodes=1, rdzv_backend="static", rdzv_endpoint="", rdzv_conf=None,
                       rdzv_id="none", max_restarts=0, monitor_interval=0.1,
                       log_line_prefix_template=None, *, kwargs=None, start_method=None,
-                      timeout=None, log_dir=None, ui="auto"):
+                      timeout=None, log_dir=None, ui="auto", rdzv_timeout=None):
     """Run ``function(*args, **kwargs)`` on ``num_processes`` ranks and return every rank's result.
 
     The first fourteen parameters mean what they mean in Hugging Face Accelerate's
@@ -38,6 +38,8 @@ def notebook_launcher(function, args=(), num_processes=None, mixed_precision="no
     timeout: seconds after which every rank is stopped and LaunchError names those still running.
     log_dir: folder for the per-rank logs; by default a new folder per run in the user cache.
     ui: "auto", "widget", "html", "rich", "text" or "none".
+    rdzv_timeout: seconds every node has to join the rendezvous (multi-node or max_restarts > 0);
+        default rdzv_conf's "join_timeout"/"timeout", else 900 s (torch elastic's default).
 
     Returns a list with each local rank's return value, in rank order (tensors moved to CPU).
     Raises LaunchError when a rank fails (naming it, with its traceback), GuardError when
@@ -59,10 +61,7 @@ def notebook_launcher(function, args=(), num_processes=None, mixed_precision="no
         raise LaunchArgumentError(f"monitor_interval must be a number of seconds > 0; got {monitor_interval!r}")
     if log_line_prefix_template is not None and not isinstance(log_line_prefix_template, str):
         raise LaunchArgumentError("log_line_prefix_template must be a str such as '[{rank}]: ' or None")
-    if num_nodes > 1 or max_restarts > 0:
-        raise NotImplementedError(
-            "multi-node launches (num_nodes > 1) and restarts (max_restarts > 0) are not available "
-            "in this version of notebook_launch yet; launch on one node with max_restarts=0")
+    elastic = num_nodes > 1 or max_restarts > 0   # torch.distributed.elastic's agent (backends/elastic.py)
 
     where = detect()  # platform and devices; TPUs (where.has_tpu) are the xla backend's
     device_count = where.device_count if where.device_kind == "cuda" else 0
@@ -75,8 +74,10 @@ def notebook_launcher(function, args=(), num_processes=None, mixed_precision="no
     guards.check_cuda_not_initialized(start_method)
 
     notes = []
-    port = resolve_port(port, explicit=not isinstance(use_port, _DefaultPort),
-                        master_addr=master_addr, node_rank=node_rank, notes=notes)
+    if not (elastic and rdzv_endpoint):  # an explicit rdzv_endpoint names the store's port instead
+        port = resolve_port(port, explicit=not isinstance(use_port, _DefaultPort),
+                            master_addr=master_addr, node_rank=node_rank, notes=notes,
+                            multi_node=num_nodes > 1)
     run_id = make_run_id()
     gpus = cuda_gpus() if device_kind == "cuda" else ()
     plan = build_plan(
@@ -85,6 +86,18 @@ def notebook_launcher(function, args=(), num_processes=None, mixed_precision="no
         mixed_precision=mixed_precision, start_method=start_method, run_id=run_id,
         gpu_names=[g[0] for g in gpus], driver_version=gpus[0][1] if gpus else None, notes=notes)
     job = Job(function, tuple(args), dict(kwargs or {}))
+    if elastic:
+        from .backends.elastic_run import run_elastic
+        from .rendezvous import settings_from_arguments
+        rendezvous = settings_from_arguments(
+            rdzv_backend=rdzv_backend, rdzv_endpoint=rdzv_endpoint, rdzv_conf=rdzv_conf,
+            rdzv_id=rdzv_id, rdzv_timeout=rdzv_timeout, master_addr=master_addr, port=port,
+            node_rank=node_rank, num_nodes=num_nodes,
+            may_move_port=isinstance(use_port, _DefaultPort))
+        return run_elastic(plan, job, rendezvous=rendezvous, max_restarts=max_restarts, run_id=run_id,
+                           log_dir=log_dir, ui=ui, timeout=timeout,
+                           poll_interval=min(float(monitor_interval), 0.1),
+                           line_prefix=log_line_prefix_template)
     return run_plan(plan, job, run_id=run_id, log_dir=log_dir, ui=ui, timeout=timeout,
                     poll_interval=min(float(monitor_interval), 0.1),
                     line_prefix=log_line_prefix_template, platform=where.platform)
@@ -96,10 +109,15 @@ def default_start_method() -> str:
     return "fork" if hasattr(os, "fork") and sys.platform.startswith("linux") else "spawn"
 
 
-def resolve_port(port: int, *, explicit: bool, master_addr: str, node_rank: int, notes: list) -> int:
+def resolve_port(port: int, *, explicit: bool, master_addr: str, node_rank: int, notes: list,
+                 multi_node: bool = False) -> int:
     """Only the node that hosts the rendezvous store (node 0) needs the port free."""
     if node_rank != 0 or port_is_free(port):
         return port
+    if multi_node:  # the other nodes were told this port: we cannot pick another one for them
+        raise LaunchArgumentError(
+            f"use_port={port} is already in use on node 0 (another launch, or a process still holding "
+            f"it). Pass a free use_port, the same one on every node.")
     if explicit:
         raise LaunchArgumentError(
             f"use_port={port} is already in use on this machine (another launch, or a process "

@@ -69,6 +69,7 @@ class RunState:
     node_rank: int = 0
     num_nodes: int = 1
     attempt: int = 0                      # restart number (0: first attempt)
+    max_restarts: int = 0                 # restarts allowed (elastic path); attempts = max_restarts + 1
     started_at: float = field(default_factory=time.monotonic)
     ended_at: float | None = None
     status: str = RUNNING                 # running, done, failed, stopped
