@@ -25,9 +25,12 @@ def count(value) -> str:
     if isinstance(value, float) and not value.is_integer():
         return f"{value:.4g}"
     value = int(value)
-    for unit, size in (("M", 1_000_000), ("k", 1_000)):
-        if value >= 100 * size:
-            return f"{value / size:.0f}{unit}"
+    if value >= 10_000_000:
+        return f"{value / 1e6:.0f}M"
+    if value >= 1_000_000:
+        return f"{value / 1e6:.1f}M".replace(".0M", "M")
+    if value >= 100_000:
+        return f"{value / 1e3:.0f}k"
     return str(value)
 
 
