@@ -52,13 +52,13 @@ def bar_percent(bar) -> str:
     return "" if fraction is None else f"{fraction * 100:3.0f}%"
 
 
-def bar_details(bar) -> str:
-    """'1,000/5,000 120.0 it/s eta 00:33' -- counts, rate, then ETA while running."""
+def bar_details(bar, running: bool = True) -> str:
+    """'1,000/5,000 120.0 it/s eta 00:33' -- counts, rate, then ETA while the rank runs."""
     parts = [bar_counts(bar)]
     speed = rate(bar)
     if speed:
         parts.append(speed)
-    if not bar.closed and bar.eta is not None:
+    if running and not bar.closed and bar.eta is not None:
         parts.append(f"eta {duration(bar.eta)}")
     elif bar.elapsed:
         parts.append(f"in {duration(bar.elapsed)}")
@@ -91,7 +91,8 @@ def rank_line(rank_state, width: int = 60) -> str:
     bar = rank_state.main_bar
     if bar is not None:
         label = f"{bar.desc}: " if bar.desc else ""
-        parts.append(f"{label}{bar_percent(bar).strip()} {bar_details(bar)}".strip())
+        details = bar_details(bar, running=rank_state.status == RUNNING)
+        parts.append(f"{label}{bar_percent(bar).strip()} {details}".strip())
     if rank_state.metrics:
         parts.append(metrics(rank_state))
     outcome = rank_outcome(rank_state)
@@ -102,17 +103,24 @@ def rank_line(rank_state, width: int = 60) -> str:
     return " ".join(parts)
 
 
+def outcome(state) -> str | None:
+    """The run's final one-liner; a Stop click reads better than the generic 'interrupted'."""
+    if state.stop_requested and state.status == STOPPED:
+        return "stopped with the Stop button"
+    return state.summary
+
+
 def header(state) -> str:
     return (f"notebook_launch run {state.run_id}: {state.world_size} rank"
-            f"{'s' if state.world_size != 1 else ''}, {state.backend}, {state.status}, "
+            f"{'s' if state.world_size != 1 else ''}, {state.backend}, {run_status(state)}, "
             f"{duration(state.elapsed)} elapsed, logs: {state.log_dir}")
 
 
 def summary(state) -> str:
     """Multi-line plain text: header, one line per rank, and the outcome when known."""
     lines = [header(state)] + ["  " + rank_line(rs) for rs in state.ranks]
-    if state.summary:
-        lines.append(state.summary)
+    if outcome(state):
+        lines.append(outcome(state))
     return "\n".join(lines)
 
 

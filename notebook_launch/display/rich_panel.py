@@ -58,7 +58,7 @@ def render(state):
         if bar is not None and bar.total:
             drawn = ProgressBar(total=float(bar.total), completed=float(min(bar.n, bar.total)),
                                 complete_style=style or "blue", finished_style="green")
-            progress = f"{bar.desc + ' ' if bar.desc else ''}{bar_text(bar)}"
+            progress = f"{bar.desc + ' ' if bar.desc else ''}{bar_text(bar, rs.status == 'running')}"
         else:
             drawn = ProgressBar(total=None if rs.status not in ("done",) else 1.0,
                                 completed=1.0 if rs.status == "done" else 0.0)
@@ -75,7 +75,7 @@ def render(state):
     return Panel(table, title=title, subtitle=subtitle, border_style=border)
 
 
-def bar_text(bar) -> str:
+def bar_text(bar, running: bool = True) -> str:
     if bar is None:
         return ""
-    return f"{fmt.bar_percent(bar).strip()} {fmt.bar_details(bar)}".strip()
+    return f"{fmt.bar_percent(bar).strip()} {fmt.bar_details(bar, running)}".strip()

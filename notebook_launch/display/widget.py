@@ -17,7 +17,7 @@ from . import format as fmt
 from .base import Display
 from .kernel_poll import CommPoller
 from .text import TextDisplay
-from ..state import DONE, FAILED, STOPPED
+from ..state import DONE, FAILED, RUNNING, STOPPED
 
 MAX_REDRAWS_PER_SECOND = 5
 MESSAGES_PER_SECOND = 50       # comm messages; the 8-rank budget in the issue is 60
@@ -98,7 +98,9 @@ class WidgetDisplay(Display):
         if self.poller is not None:
             self.poller.close()
         if self.panel is not None:
-            self.stop_button.disabled = True
+            with self.stop_button.hold_sync():   # nothing left to stop
+                self.stop_button.disabled = True
+                self.stop_button.layout.display = "none"
             self._redraw(state, final=True, now=time.monotonic())
             if self.handle is not None:   # the text/plain repr shows the final state too
                 self.handle.update(_bundle(self.panel, fmt.summary(state)), raw=True)
@@ -180,7 +182,8 @@ def _show(panel, text: str):
 def _header_html(state) -> str:
     status = fmt.run_status(state)
     color = fmt.STATUS_COLORS.get(status, "#2563eb" if status == "running" else "#d97706")
-    summary = f"<div class='nl-summary'>{html.escape(state.summary)}</div>" if state.summary else ""
+    outcome = fmt.outcome(state)
+    summary = f"<div class='nl-summary'>{html.escape(outcome)}</div>" if outcome else ""
     return (f"<div class='nl-header'><b>notebook_launch</b> run <code>{html.escape(state.run_id)}</code>"
             f" &middot; {state.world_size} rank{'s' if state.world_size != 1 else ''}"
             f" &middot; {html.escape(state.backend)}"
@@ -213,7 +216,7 @@ def _info_html(rs) -> str:
     if bar is not None:
         label = f"{html.escape(bar.desc)} " if bar.desc else ""
         parts.append(f"<span class='nl-bar-text'>{label}{html.escape(fmt.bar_percent(bar).strip())} "
-                     f"{html.escape(fmt.bar_details(bar))}</span>")
+                     f"{html.escape(fmt.bar_details(bar, running=rs.status == RUNNING))}</span>")
     if rs.metrics:
         parts.append(f"<span class='nl-metrics'><code>{html.escape(fmt.metrics(rs))}</code></span>")
     outcome = fmt.rank_outcome(rs)
