@@ -98,3 +98,23 @@ def test_failing_rank_row_is_red_with_its_error():
     assert "ValueError: boom at half way" in htmls
     bars = [m["state"] for m in models.values() if m["model_name"] == "FloatProgressModel"]
     assert sorted(b["bar_style"] for b in bars)[0] == "danger"
+
+
+def test_html_mode_updates_in_place_to_the_final_state():
+    nb = run_notebook([TRAIN, "notebook_launcher(train, args=(5000,), num_processes=2, ui='html')"])
+    cell = nb.cells[1]
+    pages = [o.data["text/html"] for o in cell.outputs
+             if o.output_type == "display_data" and "text/html" in o.data]
+    assert len(pages) == 1, outputs_text(cell)       # one output, updated through its display id
+    assert pages[0].count("nl-status-done") == 2 and pages[0].count("width:100.0%") == 2
+    assert "5000/5000" in pages[0]
+
+
+def test_widget_versions_in_this_kernel_are_reported():
+    """Says which ipywidgets/ipykernel the notebook tests above ran against (7.7 lane vs 8.x)."""
+    nb = run_notebook(["import ipywidgets, ipykernel; print('VERSIONS', ipywidgets.__version__, "
+                       "ipykernel.__version__)"])
+    text = outputs_text(nb.cells[0])
+    assert "VERSIONS" in text
+    import ipywidgets
+    assert f"VERSIONS {ipywidgets.__version__}" in text
