@@ -124,18 +124,27 @@ class CommPoller:
 
     def _handle_if_ours(self, item) -> bool:
         kernel = self.kernel
+        session = kernel.session
         try:
             _, _, args = item
             raw = args[-1]
-            idents, frames = kernel.session.feed_identities(raw, copy=False)
-            msg = kernel.session.deserialize(frames, content=True, copy=False)
+            idents, frames = session.feed_identities(raw, copy=False)
+            # Peek at header and content WITHOUT Session.deserialize: it records each
+            # signature, and the kernel would later reject a message we put back as a
+            # "Duplicate Signature".
+            header = session.unpack(_frame_bytes(frames[1]))
+            if header.get("msg_type") != "comm_msg":
+                return False
+            content = session.unpack(_frame_bytes(frames[4]))
         except Exception:
             return False
-        if msg["header"].get("msg_type") != "comm_msg":
-            return False
-        comm_id = msg["content"].get("comm_id")
+        comm_id = content.get("comm_id")
         if comm_id not in self.comm_ids:
             return False
+        try:
+            msg = session.deserialize(frames, content=True, copy=False)   # ours: consume it
+        except Exception:
+            return True
         saved = (getattr(kernel, "_parent_ident", None),
                  kernel.get_parent() if hasattr(kernel, "get_parent") else None)
         try:
@@ -159,3 +168,7 @@ class CommPoller:
                 self._on_channel_thread(lambda manager: manager._delete_subshell(subshell_id))
             except Exception:
                 pass
+
+
+def _frame_bytes(frame) -> bytes:
+    return frame.bytes if hasattr(frame, "bytes") else bytes(frame)
