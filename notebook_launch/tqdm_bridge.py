@@ -67,8 +67,10 @@ def _install_methods(base, originals) -> None:
         return _bound(originals["set_postfix"], self)(*args, **kwargs)
 
     def __init__(self, *args, **kwargs):
-        for key in ("display", "gui", "console", "options", "nrows"):
-            kwargs.pop(key, None)
+        for key in ("display", "gui", "console", "options", "progress", "nrows"):
+            kwargs.pop(key, None)   # drawing options of tqdm.notebook / tqdm.rich / tqdm.gui
+        if "disable" in kwargs and kwargs["disable"] is None:
+            kwargs["disable"] = False   # "off when not a terminal": the panel is the terminal here
         kwargs["file"] = _Discard()
         kwargs.setdefault("mininterval", 0.1)
         self._panel = None

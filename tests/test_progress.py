@@ -66,6 +66,10 @@ def _tqdm_loops():
             bar.set_postfix(loss=0.25)
     for _ in notebook_tqdm(range(77), desc="nb"):
         pass
+    for _ in std_tqdm(range(5), desc="tty-only", disable=None):   # would be off on a non-terminal
+        pass
+    for _ in std_tqdm(range(5), desc="off", disable=True):
+        pass
     print("tqdm done", file=sys.stderr)
     return True
 
@@ -78,7 +82,8 @@ def test_tqdm_bars_become_panel_bars_without_garbled_output(monkeypatch):
     for rs in display.state.ranks:
         bars = {bar.desc: bar for bar in rs.bars.values()}
         assert (bars["std"].n, bars["std"].total) == (3000, 3000)
-        assert (bars["auto"].n, bars["nb"].n) == (40, 77)
+        assert (bars["auto"].n, bars["nb"].n, bars["tty-only"].n) == (40, 77, 5)
+        assert "off" not in bars
         assert all(bar.closed for bar in bars.values())
         assert rs.metrics["loss"] == 0.25
     texts = [text for _, _, text in display.lines]
