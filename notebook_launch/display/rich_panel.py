@@ -51,7 +51,8 @@ def render(state):
 
     table = Table.grid(padding=(0, 1), expand=True)
     for column in ("rank", "device", "status", "bar", "progress", "metrics", "last"):
-        table.add_column(column, no_wrap=True, ratio=3 if column in ("bar", "last") else None)
+        table.add_column(column, no_wrap=True, ratio=3 if column in ("bar", "last") else None,
+                         min_width=12 if column == "bar" else None)
     for rs in state.ranks:
         style = fmt.RICH_STYLES.get(rs.status, "")
         bar = rs.main_bar
