@@ -91,6 +91,8 @@ class _Reporter:
         while True:
             self.wake.wait(SEND_INTERVAL)
             self.wake.clear()
+            if channel.current() is not self.writer:   # the channel was replaced or removed
+                return
             started = _monotonic()
             try:
                 self.flush()
