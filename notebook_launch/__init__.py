@@ -7,6 +7,7 @@ from . import cuda_tracking as _cuda_tracking
 from . import cuda_tracking  # noqa: F401  (guards and tests use it)
 from .errors import GuardError, LaunchArgumentError, LaunchError
 from .launcher import notebook_launcher
+from .progress import progress
 
 try:  # record where CUDA gets initialized from now on (guards quote it)
     import torch as _torch  # noqa: F401
@@ -14,4 +15,4 @@ try:  # record where CUDA gets initialized from now on (guards quote it)
 except ImportError:
     pass
 
-__all__ = ["notebook_launcher", "LaunchError", "GuardError", "LaunchArgumentError", "__version__"]
+__all__ = ["notebook_launcher", "progress", "LaunchError", "GuardError", "LaunchArgumentError", "__version__"]
