@@ -10,7 +10,7 @@ from . import guards
 from .backends.base import RankPipes
 from .display import UI_CHOICES, choose_display
 from .environment import cuda_gpus, detect
-from .errors import LaunchArgumentError
+from .errors import GuardError, LaunchArgumentError, LaunchError
 from .output import RunLogs, make_run_id
 from .plan import DEFAULT_USE_PORT, _DefaultPort, build_plan, free_port, port_is_free
 from .state import DONE, RankState, RunState
@@ -45,6 +45,21 @@ def notebook_launcher(function, args=(), num_processes=None, mixed_precision="no
     Raises LaunchError when a rank fails (naming it, with its traceback), GuardError when
     launching now would misbehave, LaunchArgumentError for invalid arguments.
     """
+    __tracebackhide__ = True  # noqa: F841  (IPython and pytest hide this frame)
+    arguments = dict(locals())
+    del arguments["__tracebackhide__"]
+    try:
+        return _launch(**arguments)
+    except (LaunchError, GuardError, LaunchArgumentError, KeyboardInterrupt) as err:
+        # The user needs the rank's traceback (in the message), not our supervisor's frames.
+        raise err.with_traceback(None) from None
+
+
+def _launch(*, function, args, num_processes, mixed_precision, use_port, master_addr, node_rank,
+            num_nodes, rdzv_backend, rdzv_endpoint, rdzv_conf, rdzv_id, max_restarts,
+            monitor_interval, log_line_prefix_template, kwargs, start_method, timeout, log_dir, ui,
+            rdzv_timeout):
+    """The launch itself; notebook_launcher only trims the traceback of its errors."""
     guards.check_not_inside_rank()
     guards.validate_function(function)
     guards.validate_args(args, kwargs)
