@@ -71,8 +71,9 @@ class XlaLayout:
         return ordinal // self.threads_per_process
 
 
-def detect_xla(environ=None, root: str = "/", modules=None) -> XlaInfo:
-    """Look for TPU chips and XLA settings. Never imports torch_xla."""
+def detect_xla(environ=None, root: str = "/", modules=None, xla_installed=None) -> XlaInfo:
+    """Look for TPU chips and XLA settings. Never imports torch_xla. ``environ``,
+    ``root``, ``modules`` and ``xla_installed`` describe another machine (tests)."""
     env = os.environ if environ is None else environ
     modules = sys.modules if modules is None else modules
     evidence = []
@@ -100,7 +101,8 @@ def detect_xla(environ=None, root: str = "/", modules=None) -> XlaInfo:
         version = max(pci)
     has_tpu = chips > 0 or pjrt == "TPU" or bool(accel_type)
     return XlaInfo(has_tpu=has_tpu, platform=detect_platform(env, modules), pjrt_device=pjrt,
-                   torch_xla_installed=torch_xla_installed(), chips=chips, tpu_version=version,
+                   torch_xla_installed=torch_xla_installed() if xla_installed is None else xla_installed,
+                   chips=chips, tpu_version=version,
                    accelerator_type=accel_type, evidence=tuple(evidence))
 
 
@@ -269,14 +271,14 @@ def check_runtime_not_initialized() -> None:
             "an Accelerator) inside the function you pass to notebook_launcher.")
 
 
-def xla_launch_info(start_method, environ=None, root: str = "/"):
+def xla_launch_info(start_method, environ=None, root: str = "/", xla_installed=None):
     """The XlaInfo when this launch goes through torch_xla, else None.
     start_method=None picks XLA when ``wants_xla``; "xla" insists on it."""
     from .errors import LaunchArgumentError
 
     if start_method not in (None, "xla"):
         return None
-    info = detect_xla(environ, root)
+    info = detect_xla(environ, root, xla_installed=xla_installed)
     if start_method == "xla" and not info.torch_xla_installed:
         raise LaunchArgumentError(
             "start_method='xla' needs torch_xla, which is not installed here. On a TPU VM, Colab or "
