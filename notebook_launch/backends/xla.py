@@ -236,10 +236,13 @@ def report_launcher_failure(exc: BaseException) -> None:
     writer = channel._writer
     if writer is None:
         return
+    message = f"xmp.spawn failed in the XLA launcher process: {exc}"
+    if type(exc).__name__ == "BrokenProcessPool":
+        message = ("a replica process died without a Python exception (killed, out of memory, or a "
+                   "fatal XLA error such as a collective that timed out); its last lines are in the "
+                   "rank logs")
     writer.send(channel.ERROR, {
-        "kind": "exception", "type": type(exc).__qualname__,
-        "message": f"xmp.spawn failed in the XLA launcher process: {exc}",
-        "traceback": text})
+        "kind": "exception", "type": type(exc).__qualname__, "message": message, "traceback": text})
 
 
 class ThreadRoutedStream(io.TextIOBase):

@@ -221,3 +221,19 @@ def test_runtime_started_in_the_notebook_is_refused(tmp_path):
     assert "GUARD: The XLA runtime is already initialized in this notebook" in out.stdout
     assert "restart the kernel" in out.stdout and "LAUNCHED" not in out.stdout
     assert GuardError  # the class the script catches
+
+
+def kill_own_process():
+    import signal
+    import torch_xla.runtime as xr
+    if xr.global_ordinal() == 1:
+        os.kill(os.getpid(), signal.SIGKILL)   # as the OOM killer or a fatal XLA error would
+    time.sleep(240)
+
+
+def test_a_replica_process_that_dies_is_reported(tmp_path):
+    with pytest.raises(LaunchError) as err:
+        launch(kill_own_process, tmp_path=tmp_path)
+    message = str(err.value)
+    assert err.value.exc_type == "BrokenProcessPool"
+    assert "a replica process died without a Python exception" in message
