@@ -237,3 +237,71 @@ def test_a_replica_process_that_dies_is_reported(tmp_path):
     message = str(err.value)
     assert err.value.exc_type == "BrokenProcessPool"
     assert "a replica process died without a Python exception" in message
+
+
+class RecordingDisplay:
+    """A display (the interface the supervisor drives) that keeps the final run state."""
+
+    def __init__(self):
+        self.final = None
+
+    def start(self, state):
+        pass
+
+    def line(self, state, local_rank, stream, text):
+        pass
+
+    def refresh(self, state):
+        pass
+
+    def close(self, state):
+        self.final = state
+
+
+def report_progress():
+    import torch_xla.runtime as xr
+    from notebook_launch import channel
+    ordinal = xr.global_ordinal()
+    channel.current().send(channel.PROGRESS, {"metrics": {"ordinal": ordinal},
+                                              "bars": {"train": {"n": 5 + ordinal, "total": 10}}})
+    return ordinal
+
+
+def test_one_panel_row_per_ordinal_with_its_own_progress(tmp_path, monkeypatch):
+    from notebook_launch import launcher
+    display = RecordingDisplay()
+    monkeypatch.setattr(launcher, "choose_display", lambda ui, line_prefix=None: display)
+    assert launch(report_progress, tmp_path=tmp_path) == [0, 1]
+    rows = display.final.ranks
+    assert [r.rank for r in rows] == [0, 1]
+    assert [r.device for r in rows] == ["CPU:0", "CPU:1"]
+    assert [r.status for r in rows] == ["done", "done"]
+    assert [r.metrics for r in rows] == [{"ordinal": 0}, {"ordinal": 1}]
+    assert [r.bars["train"].n for r in rows] == [5, 6]
+    assert rows[0].pid == rows[1].pid   # two threads of one process
+
+
+def test_an_interrupt_stops_every_replica(tmp_path):
+    import signal
+    marker = tmp_path / "rank0-started"
+
+    def interrupt_once_running():
+        for _ in range(3000):
+            if marker.exists():
+                os.kill(os.getpid(), signal.SIGINT)   # what Jupyter's interrupt button sends
+                return
+            time.sleep(0.1)
+
+    threading.Thread(target=interrupt_once_running, daemon=True).start()
+    with pytest.raises(KeyboardInterrupt):
+        launch(run_until_stopped, str(marker), tmp_path=tmp_path)
+    # the autouse fixture checks that no replica process is left
+
+
+def run_until_stopped(marker):
+    import torch_xla.runtime as xr
+    if xr.global_ordinal() == 0:
+        with open(marker, "w") as f:
+            f.write("running")
+    while True:
+        time.sleep(0.1)
