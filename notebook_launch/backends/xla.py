@@ -37,6 +37,9 @@ PER_RANK_VARIABLES = ("RANK", "LOCAL_RANK", "ROLE_RANK", "NOTEBOOK_LAUNCH_RANK")
 # Set in the launcher child before xmp.spawn; replica processes inherit it by
 # fork, so the user's function and arguments are never pickled.
 _context = None
+# What importing torch_xla wrote into os.environ when prepare_parent imported it
+# (kept for every later launch of this notebook: torch_xla is imported only once).
+_import_environ = {}
 _process_lock = threading.Lock()
 _process_setup_pid = None
 
@@ -56,21 +59,20 @@ class XlaLauncherProcess(ForkedRank):
 class XlaBackend(Backend):
     name = "xla"
 
-    def __init__(self):
-        self.import_environ = {}   # what importing torch_xla set in os.environ (re-applied in the launcher)
-
     def prepare_parent(self) -> None:
         """Import torch_xla once in the notebook, so each launch's forked launcher
         shares it instead of importing it again (5-20 s). Importing does not start
-        the runtime; what it writes into os.environ is undone here and set in the
-        launcher instead, so the notebook's environment stays as it was."""
+        the runtime; what it writes into os.environ (XLA_FLAGS, PJRT_DYNAMIC_PLUGINS,
+        ...) is undone here and set in every launcher instead, so the notebook's
+        environment stays as it was."""
+        global _import_environ
         if "torch_xla.distributed.xla_multiprocessing" in sys.modules:
             return
         before = dict(os.environ)
         try:
             import torch_xla.distributed.xla_multiprocessing  # noqa: F401
         except Exception:
-            return  # the launcher imports it again and reports the error as rank 0's
+            pass  # the launcher imports it again and reports the error as rank 0's
         finally:
             changed = {k: v for k, v in os.environ.items() if before.get(k) != v}
             for key in changed:
@@ -78,7 +80,7 @@ class XlaBackend(Backend):
                     os.environ[key] = before[key]
                 else:
                     del os.environ[key]
-        self.import_environ = changed
+            _import_environ = changed
 
     def start(self, plan, job, pipes_by_rank):
         sys.stdout.flush()
@@ -87,7 +89,7 @@ class XlaBackend(Backend):
         nprocs = 1 if len(plan.ranks) == 1 else None  # the only values PJRT accepts
         pid = os.fork()
         if pid == 0:  # child: never returns
-            os.environ.update(self.import_environ)
+            os.environ.update(_import_environ)
             run_launcher(plan, job, pipes_by_rank, parent_pid, nprocs)
         for pipes in pipes_by_rank:
             pipes.close_child_ends()

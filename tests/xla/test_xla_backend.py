@@ -305,3 +305,35 @@ def run_until_stopped(marker):
             f.write("running")
     while True:
         time.sleep(0.1)
+
+
+TWO_LAUNCHES_SCRIPT = textwrap.dedent("""
+    import json, os
+    from notebook_launch import notebook_launcher
+
+    def seen():
+        return {k: os.environ.get(k) for k in ("PJRT_DYNAMIC_PLUGINS", "XLA_FLAGS")}
+
+    before = dict(os.environ)
+    first = notebook_launcher(seen, ui="none")
+    second = notebook_launcher(seen, ui="none")
+    print("RESULT", json.dumps({"first": first, "second": second,
+                                "notebook_env_unchanged": dict(os.environ) == before}))
+""")
+
+
+def test_importing_torch_xla_for_the_launch_leaves_the_notebook_environment_alone(tmp_path):
+    # a fresh interpreter: here torch_xla is imported already, by this module
+    env = {**os.environ, "PJRT_DEVICE": "CPU", "CPU_NUM_DEVICES": "1",
+           "NOTEBOOK_LAUNCH_LOG_DIR": str(tmp_path / "runs")}
+    env.pop("XLA_FLAGS", None)
+    env.pop("PJRT_DYNAMIC_PLUGINS", None)
+    out = subprocess.run([sys.executable, "-c", TWO_LAUNCHES_SCRIPT], capture_output=True, text=True,
+                         timeout=300, cwd=tmp_path, env=env)
+    assert out.returncode == 0, out.stderr
+    import json
+    report = json.loads(out.stdout.split("RESULT ", 1)[1])
+    assert report["notebook_env_unchanged"]
+    # what torch_xla's import sets reaches the replicas of every launch, not just the first
+    assert report["first"] == report["second"]
+    assert report["first"][0]["PJRT_DYNAMIC_PLUGINS"] == "1"
