@@ -231,6 +231,10 @@ def resolve_num_ranks(num_processes, info: XlaInfo, environ=None) -> int:
     from .errors import LaunchArgumentError
 
     device = info.device_type
+    if device is None:
+        raise LaunchArgumentError(
+            "start_method='xla' found no TPU here and PJRT_DEVICE is not set. Switch to a TPU "
+            "runtime, set PJRT_DEVICE=CPU to run torch_xla on the CPU, or leave start_method=None.")
     if device not in XLA_DEVICE_KINDS:
         raise LaunchArgumentError(
             f"PJRT_DEVICE={info.pjrt_device}: notebook_launch runs torch_xla on TPUs and on "

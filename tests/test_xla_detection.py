@@ -148,6 +148,13 @@ def test_pjrt_cuda_is_left_to_the_fork_backend(fake_cpu_machine):
         resolve_num_ranks(None, info)
 
 
+def test_xla_forced_without_tpu_or_pjrt_device_says_what_to_set(fake_cpu_machine):
+    environ, root = fake_cpu_machine
+    info = xla_launch_info("xla", environ, root, xla_installed=True)
+    with pytest.raises(LaunchArgumentError, match="found no TPU.*PJRT_DEVICE=CPU"):
+        resolve_num_ranks(None, info, environ)
+
+
 def test_platform_from_modules_and_environment():
     assert xla_env.detect_platform({}, {"google.colab": object()}) == "colab"
     assert xla_env.detect_platform({"KAGGLE_KERNEL_RUN_TYPE": "Batch"}, {}) == "kaggle"

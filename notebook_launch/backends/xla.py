@@ -235,7 +235,7 @@ def report_launcher_failure(exc: BaseException) -> None:
         sys.stderr.write(text)
     except Exception:
         pass
-    writer = channel._writer
+    writer = channel.current()   # the launcher's main thread: rank 0's channel
     if writer is None:
         return
     message = f"xmp.spawn failed in the XLA launcher process: {exc}"
