@@ -139,14 +139,28 @@ def expected_layout(info: XlaInfo, environ=None) -> XlaLayout | None:
     if device == "CPU":
         return XlaLayout(1, _positive_int(env.get("CPU_NUM_DEVICES"), 1))
     if device == "TPU":
-        if not info.chips or info.tpu_version is None:
+        chips = info.chips or chips_from_accelerator_type(info.accelerator_type)
+        if not chips or info.tpu_version is None:
             return None
-        processes = info.chips
+        processes = chips
         bounds = _mesh_size(env.get("TPU_PROCESS_BOUNDS"))
         if bounds:
             processes = min(processes, bounds)
         return XlaLayout(processes, 2 if info.tpu_version <= 3 else 1)
     return None
+
+
+def chips_from_accelerator_type(accelerator_type: str | None) -> int | None:
+    """Chips of a single-host slice from its name, for when /dev and sysfs show none:
+    v2/v3/v4/v5p names count TensorCores (2 per chip), v5e ("v5litepod") and v6e count
+    chips. None for multi-host slices and unknown names."""
+    match = re.match(r"^v(\d)([a-z]*)-(\d+)$", accelerator_type or "")
+    if not match:
+        return None
+    version, variant, count = int(match.group(1)), match.group(2), int(match.group(3))
+    counts_chips = version >= 6 or variant in ("e", "litepod")
+    chips = count if counts_chips else count // 2
+    return chips if 1 <= chips <= (8 if counts_chips else 4) else None
 
 
 def stale_tpu_variables(environ=None) -> list:
@@ -178,7 +192,8 @@ def describe(info: XlaInfo) -> str:
     if not info.has_tpu:
         what = f"PJRT_DEVICE={info.pjrt_device}" if info.pjrt_device else "no TPU"
     found = "; ".join(info.evidence) or "nothing"
-    return f"{what} on {info.platform} ({found})"
+    where = {"colab": "Colab", "kaggle": "Kaggle"}.get(info.platform, "this machine")
+    return f"{what} on {where} ({found})"
 
 
 def _pci_tpu_chips(root: str) -> list:

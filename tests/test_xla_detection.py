@@ -104,6 +104,18 @@ def test_tpu_generation_from_pci_id_when_accelerator_type_is_unset(tmp_path):
     assert expected_layout(info, {}) == XlaLayout(4, 1)
 
 
+@pytest.mark.parametrize("accelerator_type, layout", [
+    ("v2-8", XlaLayout(4, 2)), ("v3-8", XlaLayout(4, 2)), ("v4-8", XlaLayout(4, 1)),
+    ("v5p-8", XlaLayout(4, 1)), ("v5litepod-8", XlaLayout(8, 1)), ("v5litepod-1", XlaLayout(1, 1)),
+    ("v6e-1", XlaLayout(1, 1)), ("v6e-8", XlaLayout(8, 1)), ("v3-32", None), ("v6e-16", None),
+])
+def test_layout_from_the_accelerator_type_when_no_device_is_visible(tmp_path, accelerator_type, layout):
+    environ = {"TPU_ACCELERATOR_TYPE": accelerator_type}   # a container that hides /dev and sysfs
+    info = detect_xla(environ, fake_root(tmp_path), modules={}, xla_installed=True)
+    assert info.has_tpu and info.chips == 0
+    assert expected_layout(info, environ) == layout
+
+
 def test_process_bounds_cap_the_processes(fake_v5e_tpu_vm):
     environ, root = fake_v5e_tpu_vm
     environ = dict(environ, TPU_PROCESS_BOUNDS="2,2,1")
