@@ -92,12 +92,41 @@ def test_a_process_with_one_ordinal_gets_rank_variables(tmp_path, monkeypatch):
     assert (env["ordinal"], env["RANK"], env["LOCAL_RANK"], env["WORLD_SIZE"]) == (0, "0", "0", "1")
 
 
+def write_marker(marker):
+    """Tell the test this replica runs, and where: its pid and process group."""
+    with open(marker + ".tmp", "w") as f:
+        f.write(f"{os.getpid()} {os.getpgrp()}")
+    os.replace(marker + ".tmp", marker)
+
+
+def group_members(pgid):
+    alive = []
+    for proc in psutil.process_iter(["status"]):
+        try:
+            if os.getpgid(proc.pid) == pgid and proc.info["status"] != psutil.STATUS_ZOMBIE:
+                alive.append(proc.pid)
+        except (ProcessLookupError, psutil.Error):
+            pass
+    return alive
+
+
+def assert_replicas_gone(marker):
+    """Every process of the launcher's group is gone (replica processes orphaned by a killed
+    launcher would not show up as our children, so look at the group)."""
+    _, pgid = map(int, marker.read_text().split())
+    assert pgid != os.getpgrp()   # replicas run in the launcher's own group
+    for _ in range(600):          # a killed orphan is reaped by init; give it time
+        if not group_members(pgid):
+            return
+        time.sleep(0.1)
+    pytest.fail(f"replica processes of group {pgid} still alive: {group_members(pgid)}")
+
+
 def fail_on_ordinal_1(marker):
     import torch_xla.runtime as xr
     if xr.global_ordinal() == 1:
         raise ValueError("ordinal 1 cannot go on")
-    with open(marker, "w") as f:
-        f.write(str(os.getpid()))
+    write_marker(marker)
     for _ in range(2400):   # would run 4 minutes if nobody stopped it
         time.sleep(0.1)
     return "not stopped"
@@ -114,7 +143,7 @@ def test_a_failing_ordinal_stops_the_others_and_shows_its_traceback(tmp_path):
     assert 'raise ValueError("ordinal 1 cannot go on")' in message     # the replica's own traceback
     assert "rank 0: stopped by notebook_launch" in message
     assert error.results == [None, None]
-    # the autouse fixture checks that no replica process is left
+    assert_replicas_gone(marker)
 
 
 def print_from_each_ordinal():
@@ -189,15 +218,13 @@ def test_planned_ranks_that_torch_xla_does_not_run_are_reported(tmp_path):
     assert "num_processes=2" in str(err.value)
 
 
-def sleep_forever():
-    while True:
-        time.sleep(0.1)
-
-
 def test_timeout_stops_every_replica(tmp_path):
+    marker = tmp_path / "rank0-started"
     with pytest.raises(LaunchError) as err:
-        launch(sleep_forever, tmp_path=tmp_path, timeout=20)
+        launch(run_until_stopped, str(marker), tmp_path=tmp_path, timeout=30)
     assert err.value.kind == "timeout"
+    if marker.exists():   # the replicas had started before the timeout (the usual case)
+        assert_replicas_gone(marker)
 
 
 GUARD_SCRIPT = textwrap.dedent("""
@@ -295,14 +322,13 @@ def test_an_interrupt_stops_every_replica(tmp_path):
     threading.Thread(target=interrupt_once_running, daemon=True).start()
     with pytest.raises(KeyboardInterrupt):
         launch(run_until_stopped, str(marker), tmp_path=tmp_path)
-    # the autouse fixture checks that no replica process is left
+    assert_replicas_gone(marker)
 
 
 def run_until_stopped(marker):
     import torch_xla.runtime as xr
     if xr.global_ordinal() == 0:
-        with open(marker, "w") as f:
-            f.write("running")
+        write_marker(marker)
     while True:
         time.sleep(0.1)
 
