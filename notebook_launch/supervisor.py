@@ -50,6 +50,7 @@ class _RankWatch:
         self.exited_at = None
         self.stopped_by_us = None  # signal we sent at teardown
         self.stop_reason = ""      # why we stopped it, e.g. "after rank 1 failed"
+        self.events_fd = None
 
     @property
     def finished(self) -> bool:
@@ -77,6 +78,7 @@ class Supervisor:
                 os.set_blocking(fd, False)
                 self.selector.register(fd, selectors.EVENT_READ, (local, what))
                 watch.open_fds.add(fd)
+            watch.events_fd = pipes.events_r
         for index, process in enumerate(self.processes):
             self.selector.register(process.sentinel, selectors.EVENT_READ, (index, "exit"))
 
@@ -114,6 +116,7 @@ class Supervisor:
             if what == "exit":  # ``local`` is the process index here
                 self.selector.unregister(key.fd)
                 for watch in self._watches_of(self.processes[local]):
+                    self._drain_events(watch)   # an ERROR sent just before exiting decides how it ended
                     self._on_exit(watch)
                 continue
             watch = self.watches[local]
@@ -152,6 +155,20 @@ class Supervisor:
         self.state.on_line(local, stream, text)
         self.logs.write_line(local, stream, text)
         self.display.line(self.state, local, stream, text)
+
+    def _drain_events(self, watch) -> None:
+        """Fold the events a rank wrote before it exited (select may report the exit first)."""
+        fd = getattr(watch, "events_fd", None)
+        while fd in watch.open_fds:
+            try:
+                data = os.read(fd, READ_SIZE)
+            except BlockingIOError:
+                return
+            if not data:
+                self._close_fd(watch, fd, "events")
+                return
+            for kind, payload in watch.events.feed(data):
+                self._on_event(watch, kind, payload)
 
     def _on_exit(self, watch) -> None:
         status = watch.process.poll()

@@ -219,8 +219,8 @@ def _setup_process(ctx, pipes, first_device: bool) -> None:
 
 def report_layout_mismatch(ctx, ordinal: int, world_size: int) -> None:
     planned = len(ctx.plan.ranks)
-    if ordinal >= planned:
-        return  # no rank to report as; ordinal 0 reports for everyone
+    if ordinal != 0:
+        return  # ordinal 0 always exists and reports for everyone: one clear error
     message = (f"torch_xla runs {world_size} replica(s) here but notebook_launch planned {planned} "
                f"from what it detected. Pass num_processes={world_size} (or None), or set "
                f"TPU_ACCELERATOR_TYPE / CPU_NUM_DEVICES to match the machine.")
