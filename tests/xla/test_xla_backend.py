@@ -125,6 +125,10 @@ def assert_replicas_gone(marker):
 def fail_on_ordinal_1(marker):
     import torch_xla.runtime as xr
     if xr.global_ordinal() == 1:
+        for _ in range(1200):   # fail once ordinal 0 is surely running
+            if os.path.exists(marker):
+                break
+            time.sleep(0.1)
         raise ValueError("ordinal 1 cannot go on")
     write_marker(marker)
     for _ in range(2400):   # would run 4 minutes if nobody stopped it
