@@ -21,6 +21,9 @@ RESULT = "result"        # pickled value (bytes, already serialized by the worke
 ERROR = "error"          # {"type", "message", "traceback", "kind"}
 
 _writer: "EventWriter | None" = None
+# XLA runs several ranks as threads of one process (one per device); each such
+# thread installs its own writer here, so its events carry its own rank.
+_thread_writer = threading.local()
 
 
 class EventWriter:
@@ -72,6 +75,12 @@ def install(writer: "EventWriter | None") -> None:
     _writer = writer
 
 
+def install_for_thread(writer: "EventWriter | None") -> None:
+    """Make ``writer`` the channel of the calling thread only (a rank that is a thread)."""
+    _thread_writer.writer = writer
+
+
 def current() -> "EventWriter | None":
-    """The channel to the parent, or None when this process is not a launched rank."""
-    return _writer
+    """The channel to the parent, or None when this process is not a launched rank.
+    A thread that is a rank of its own (XLA) gets its own; other threads the process's."""
+    return getattr(_thread_writer, "writer", None) or _writer

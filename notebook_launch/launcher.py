@@ -16,8 +16,9 @@ from .plan import DEFAULT_USE_PORT, _DefaultPort, build_plan, free_port, port_is
 from .state import DONE, RankState, RunState
 from .supervisor import Supervisor
 from .worker import Job
+from .xla_env import check_runtime_not_initialized, resolve_num_ranks, xla_launch_info, xla_note
 
-START_METHODS = (None, "fork", "spawn")
+START_METHODS = (None, "fork", "spawn", "xla")
 RDZV_BACKENDS = ("static", "c10d", "etcd", "etcd-v2")
 _SAVED_SIGNALS = ("SIGINT", "SIGTERM", "SIGHUP", "SIGQUIT", "SIGCHLD")
 
@@ -34,7 +35,9 @@ def notebook_launcher(function, args=(), num_processes=None, mixed_precision="no
     ``notebook_launcher``, so swapping the import is enough. Beyond them:
 
     kwargs: keyword arguments for ``function``.
-    start_method: "fork" (default where safe) or "spawn" (ships the function with cloudpickle).
+    start_method: "fork" (default where safe), "spawn" (ships the function with cloudpickle) or
+        "xla" (torch_xla's xmp.spawn; the default when a TPU or PJRT_DEVICE is found, and then
+        num_processes counts XLA devices: None or all of them, or 1).
     timeout: seconds after which every rank is stopped and LaunchError names those still running.
     log_dir: folder for the per-rank logs; by default a new folder per run in the user cache.
     ui: "auto", "widget", "html", "rich", "text" or "none".
@@ -81,14 +84,21 @@ def _launch(*, function, args, num_processes, mixed_precision, use_port, master_
     where = detect()  # platform and devices; TPUs (where.has_tpu) are the xla backend's
     device_count = where.device_count if where.device_kind == "cuda" else 0
     device_kind = "cuda" if device_count > 0 else "cpu"
-    if num_processes is None:
-        num_processes = device_count or 1
-    num_processes = guards.validate_num_processes(num_processes, device_kind, device_count)
+    xla = xla_launch_info(start_method)   # TPU (or PJRT_DEVICE) with torch_xla: xmp.spawn
+    if xla is not None:
+        device_kind, start_method = "xla", "xla"
+        num_processes = resolve_num_ranks(num_processes, xla)   # counts XLA devices
+    else:
+        if num_processes is None:
+            num_processes = device_count or 1
+        num_processes = guards.validate_num_processes(num_processes, device_kind, device_count)
     start_method = start_method or default_start_method()
     guards.check_no_accelerate_state()
     guards.check_cuda_not_initialized(start_method)
+    if xla is not None:
+        check_runtime_not_initialized()
 
-    notes = []
+    notes = [xla_note(xla, num_processes)] if xla is not None else []
     if not (elastic and rdzv_endpoint):  # an explicit rdzv_endpoint names the store's port instead
         port = resolve_port(port, explicit=not isinstance(use_port, _DefaultPort),
                             master_addr=master_addr, node_rank=node_rank, notes=notes,
@@ -149,7 +159,10 @@ def get_backend(start_method: str):
     if start_method == "spawn":
         from .backends.spawn import SpawnBackend
         return SpawnBackend()
-    raise NotImplementedError(f"start_method={start_method!r} is not available yet; use 'fork' or 'spawn'")
+    if start_method == "xla":
+        from .backends.xla import XlaBackend
+        return XlaBackend()
+    raise NotImplementedError(f"start_method={start_method!r} is not available; use 'fork', 'spawn' or 'xla'")
 
 
 def run_plan(plan, job, *, run_id, log_dir, ui, timeout, poll_interval, line_prefix, platform=None):
@@ -191,7 +204,7 @@ def run_plan(plan, job, *, run_id, log_dir, ui, timeout, poll_interval, line_pre
 
 def launch_summary(plan, backend_name: str, log_path, platform=None, display=None) -> str:
     """One line that says what the launcher chose and why it matters: where, on what, how."""
-    what = {"cpu": "CPU", "cuda": "CUDA GPU", "xla": "TPU"}[plan.device_kind]
+    what = {"cpu": "CPU", "cuda": "CUDA GPU", "xla": "XLA"}[plan.device_kind]
     nodes = f" on node {plan.node_rank} of {plan.num_nodes}" if plan.num_nodes > 1 else ""
     where = f" on {platform}" if platform else ""
     shown = f", display {display}" if display else ""

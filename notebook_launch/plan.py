@@ -39,7 +39,7 @@ class LaunchPlan:
     master_addr: str
     master_port: int
     device_kind: str            # "cpu", "cuda" or "xla"
-    dist_backend: str           # "gloo" or "nccl" (what init_process_group() picks)
+    dist_backend: str           # "gloo", "nccl" or "xla" (what init_process_group() picks)
     mixed_precision: str
     start_method: str           # "fork", "spawn", "xla", "elastic"
     ranks: tuple = field(default_factory=tuple)
@@ -126,7 +126,7 @@ def build_plan(*, num_processes: int, num_nodes: int, node_rank: int, master_add
     return LaunchPlan(
         num_processes=num_processes, num_nodes=num_nodes, node_rank=node_rank,
         world_size=world_size, master_addr=master_addr, master_port=master_port,
-        device_kind=device_kind, dist_backend="nccl" if device_kind == "cuda" else "gloo",
+        device_kind=device_kind, dist_backend={"cuda": "nccl", "xla": "xla"}.get(device_kind, "gloo"),
         mixed_precision=mixed_precision, start_method=start_method,
         ranks=tuple(ranks), notes=tuple(notes))
 

@@ -35,10 +35,12 @@ class Failure:
 
 
 class _RankWatch:
-    """Parent-side bookkeeping of one rank."""
+    """Parent-side bookkeeping of one rank. Several ranks may share one process
+    (XLA runs one thread per device), so the process is not the rank."""
 
-    def __init__(self, process):
+    def __init__(self, process, local_rank: int):
         self.process = process
+        self.local_rank = local_rank
         self.events = channel.EventReader()
         self.splitters = {"stdout": LineSplitter(), "stderr": LineSplitter()}
         self.open_fds = set()
@@ -49,6 +51,7 @@ class _RankWatch:
         self.exited_at = None
         self.stopped_by_us = None  # signal we sent at teardown
         self.stop_reason = ""      # why we stopped it, e.g. "after rank 1 failed"
+        self.events_fd = None
 
     @property
     def finished(self) -> bool:
@@ -64,17 +67,21 @@ class Supervisor:
         self.logs = logs
         self.timeout = timeout
         self.poll_interval = poll_interval
-        self.watches = [_RankWatch(p) for p in processes]
+        self.processes = list(processes)
+        self.watches = sorted((_RankWatch(p, local) for p in self.processes for local in local_ranks_of(p)),
+                              key=lambda w: w.local_rank)
         self.first_failure: Failure | None = None
         self.selector = selectors.DefaultSelector()
         for watch, pipes in zip(self.watches, pipes_by_rank):
-            local = watch.process.local_rank
+            local = watch.local_rank
             for fd, what in ((pipes.events_r, "events"), (pipes.stdout_r, "stdout"),
                              (pipes.stderr_r, "stderr")):
                 os.set_blocking(fd, False)
                 self.selector.register(fd, selectors.EVENT_READ, (local, what))
                 watch.open_fds.add(fd)
-            self.selector.register(watch.process.sentinel, selectors.EVENT_READ, (local, "exit"))
+            watch.events_fd = pipes.events_r
+        for index, process in enumerate(self.processes):
+            self.selector.register(process.sentinel, selectors.EVENT_READ, (index, "exit"))
 
     # --- the loop ----------------------------------------------------------
     def run(self):
@@ -107,11 +114,13 @@ class Supervisor:
     def _pump(self, wait: float) -> None:
         for key, _ in self.selector.select(wait):
             local, what = key.data
-            watch = self.watches[local]
-            if what == "exit":
+            if what == "exit":  # ``local`` is the process index here
                 self.selector.unregister(key.fd)
-                self._on_exit(watch)
+                for watch in self._watches_of(self.processes[local]):
+                    self._drain_events(watch)   # an ERROR sent just before exiting decides how it ended
+                    self._on_exit(watch)
                 continue
+            watch = self.watches[local]
             try:
                 data = os.read(key.fd, READ_SIZE)
             except BlockingIOError:
@@ -128,7 +137,7 @@ class Supervisor:
 
     # --- folding -----------------------------------------------------------
     def _on_event(self, watch, kind, payload) -> None:
-        local = watch.process.local_rank
+        local = watch.local_rank
         if kind == channel.PROGRESS:
             self.state.on_progress(local, payload)
         elif kind == channel.READY:
@@ -148,14 +157,31 @@ class Supervisor:
         self.logs.write_line(local, stream, text)
         self.display.line(self.state, local, stream, text)
 
+    def _drain_events(self, watch) -> None:
+        """Fold the events a rank wrote before it exited (select may report the exit first)."""
+        fd = getattr(watch, "events_fd", None)
+        while fd in watch.open_fds:
+            try:
+                data = os.read(fd, READ_SIZE)
+            except BlockingIOError:
+                return
+            if not data:
+                self._close_fd(watch, fd, "events")
+                return
+            for kind, payload in watch.events.feed(data):
+                self._on_event(watch, kind, payload)
+
     def _on_exit(self, watch) -> None:
         status = watch.process.poll()
         if status is None:  # sentinel fired before waitpid can see it: wait for it
             status = _blocking_wait(watch.process)
         watch.exit = status
         watch.exited_at = time.monotonic()
-        local = watch.process.local_rank
-        if status == ("exit", 0) and watch.has_result:
+        local = watch.local_rank
+        shared = len(local_ranks_of(watch.process)) > 1
+        if watch.has_result and watch.error is None and (status == ("exit", 0) or shared):
+            # a rank that shares its process is done once its result arrived,
+            # even if the process was then stopped because a sibling failed
             self.state.on_exit(local, DONE, "finished")
             return
         if watch.stopped_by_us is not None and watch.error is None:
@@ -186,13 +212,16 @@ class Supervisor:
             return failure.kind
         return f"rank {self._global(failure.local_rank)} failed"
 
+    def _watches_of(self, process) -> list:
+        return [w for w in self.watches if w.process is process]
+
     def _fail(self, failure: Failure) -> None:
         if self.first_failure is None:
             self.first_failure = failure
 
     # --- ending ------------------------------------------------------------
     def _on_timeout(self) -> None:
-        running = [self._global(w.process.local_rank) for w in self.watches if w.exit is None]
+        running = [self._global(w.local_rank) for w in self.watches if w.exit is None]
         self.first_failure = self.first_failure or Failure(
             -1, "timeout", f"timed out after {self.timeout:g} s; ranks still running: "
             + ", ".join(map(str, running)))
@@ -204,23 +233,24 @@ class Supervisor:
         for watch in live:
             watch.stopped_by_us = signal.SIGTERM
             watch.stop_reason = reason
-            watch.process.signal(signal.SIGTERM)
+        for process in _distinct(w.process for w in live):
+            process.signal(signal.SIGTERM)
         deadline = time.monotonic() + TERM_GRACE
         while any(w.exit is None for w in live) and time.monotonic() < deadline:
             self._pump(0.05)
         for watch in live:
             if watch.exit is None:
                 watch.stopped_by_us = signal.SIGKILL
-                watch.process.kill()
+        for process in _distinct(w.process for w in live if w.exit is None):
+            process.kill()
         for watch in live:
             if watch.exit is None:
                 watch.exit = _blocking_wait(watch.process)
                 watch.exited_at = time.monotonic()
-                self.state.on_exit(watch.process.local_rank, STOPPED,
+                self.state.on_exit(watch.local_rank, STOPPED,
                                    stopped_description(watch, watch.exit))
-        for watch in self.watches:  # grandchildren of a killed rank may still hold pipes
-            if watch.open_fds:
-                watch.process.signal(signal.SIGKILL)
+        for process in _distinct(w.process for w in self.watches if w.open_fds):
+            process.signal(signal.SIGKILL)  # grandchildren of a killed rank may still hold pipes
         drain_deadline = time.monotonic() + 0.5
         while any(w.open_fds for w in self.watches) and time.monotonic() < drain_deadline:
             self._pump(0.05)
@@ -231,7 +261,7 @@ class Supervisor:
             if watch.exit is not None and watch.open_fds and now - watch.exited_at > DRAIN_AFTER_EXIT:
                 for key in list(self.selector.get_map().values()):
                     local, what = key.data
-                    if local == watch.process.local_rank and what != "exit":
+                    if local == watch.local_rank and what != "exit":
                         self._close_fd(watch, key.fd, what)
 
     def _close_fd(self, watch, fd, what) -> None:
@@ -243,18 +273,20 @@ class Supervisor:
         watch.open_fds.discard(fd)
         if what in ("stdout", "stderr"):
             for text in watch.splitters[what].flush():
-                self._on_line(watch.process.local_rank, what, text)
+                self._on_line(watch.local_rank, what, text)
 
     def _close_all(self) -> None:
         for watch in self.watches:
             for key in list(self.selector.get_map().values()):
                 local, what = key.data
-                if local == watch.process.local_rank and what != "exit":
+                if local == watch.local_rank and what != "exit":
                     self._close_fd(watch, key.fd, what)
             if watch.exit is None:
-                watch.process.kill()
+                if watch.process.poll() is None:  # a sibling rank may have reaped it already
+                    watch.process.kill()
                 watch.exit = _blocking_wait(watch.process)
-            watch.process.release()
+        for process in self.processes:
+            process.release()
         self.selector.close()
         self.logs.flush()
 
@@ -275,8 +307,8 @@ class Supervisor:
         try:
             return cloudpickle.loads(watch.result)
         except Exception as exc:
-            rank = self._global(watch.process.local_rank)
-            self._fail(Failure(watch.process.local_rank, "result",
+            rank = self._global(watch.local_rank)
+            self._fail(Failure(watch.local_rank, "result",
                                f"the result of rank {rank} could not be unpickled in the notebook "
                                f"({type(exc).__name__}: {exc}); return plain data or tensors"))
             return None
@@ -318,6 +350,19 @@ def crash_report_lines(lines):
         if lines[start].startswith("Fatal Python error"):
             return lines[start:start + 2 * LAST_LINES_IN_ERROR]
     return lines[-LAST_LINES_IN_ERROR:]
+
+
+def local_ranks_of(process) -> tuple:
+    """The local ranks a process carries: one for fork/spawn, every ordinal of it for XLA."""
+    return tuple(getattr(process, "local_ranks", None) or (process.local_rank,))
+
+
+def _distinct(processes) -> list:
+    seen = []
+    for process in processes:
+        if not any(process is p for p in seen):
+            seen.append(process)
+    return seen
 
 
 def stopped_description(watch, status) -> str:

@@ -54,9 +54,14 @@ def _close_all(fds) -> None:
 
 class RankProcess:
     """Handle on a started rank. ``sentinel`` is a file descriptor that becomes
-    readable when the process exits, so the supervisor can select on it."""
+    readable when the process exits, so the supervisor can select on it.
+
+    A process that carries several ranks (XLA: xmp.spawn runs one thread per
+    device) sets ``local_ranks`` to all of them; the supervisor then watches
+    each rank's pipes and ends them all when the process ends."""
 
     local_rank: int
+    local_ranks: tuple = ()     # empty: just (local_rank,)
     pid: int
     sentinel: int
 
@@ -87,11 +92,12 @@ class Backend:
     name = "base"
 
     def start(self, plan, job, pipes_by_rank):
-        """Start one process per ``plan.ranks`` entry running ``worker.run_rank``.
+        """Start the processes of ``plan.ranks`` (usually one per rank) running ``worker.run_rank``.
 
         ``job`` is the ``worker.Job`` (function, args, kwargs); ``pipes_by_rank``
         the ``RankPipes`` of each local rank. Returns a list of RankProcess in
-        local-rank order. A backend must close the child ends in the parent.
+        local-rank order (each covering ``local_ranks`` when it carries several).
+        A backend must close the child ends in the parent.
         """
         raise NotImplementedError
 

@@ -1,0 +1,321 @@
+"""Is there a TPU (or an XLA device) here, and how does torch_xla lay it out?
+
+Everything here reads environment variables, sysfs and /dev only: nothing
+imports torch_xla or starts the XLA runtime, because a notebook that starts
+it can no longer launch (xmp.spawn refuses: "Runtime is already
+initialized"). ``environ`` and ``root`` parameters let tests describe a
+machine with fakes (there is no TPU chip here).
+
+Layout facts (torch_xla 2.9, PJRT): xmp.spawn starts one process per local
+TPU chip; each process runs one thread per XLA device of its chip: 2 on
+TPU v2/v3 (a v2-8/v3-8 is 4 processes x 2 threads), 1 from v4 on. With
+PJRT_DEVICE=CPU it runs one process with CPU_NUM_DEVICES threads.
+"""
+from __future__ import annotations
+
+import glob
+import importlib.util
+import os
+import re
+import sys
+from dataclasses import dataclass, field
+
+GOOGLE_PCI_VENDOR = "0x1ae0"
+# PCI device ids of TPU chips -> TPU generation (torch_xla/_internal/tpu.py lists the ids).
+TPU_PCI_DEVICES = {"0x0027": 3, "0x005e": 4, "0x0056": 5, "0x0062": 5, "0x0063": 5, "0x006f": 6}
+TPU_ENV_HINTS = ("TPU_ACCELERATOR_TYPE", "TPU_NAME", "TPU_WORKER_ID", "TPU_WORKER_HOSTNAMES",
+                 "TPU_SKIP_MDS_QUERY", "TPU_CHIPS_PER_PROCESS_BOUNDS", "TPU_PROCESS_BOUNDS")
+# Set by Kaggle's TPU VM image; left in the environment they make PJRT expect a
+# multi-host slice ("Expected 4 worker addresses, got 1"). xmp.spawn sets its own.
+STALE_TPU_VARIABLES = ("TPU_PROCESS_ADDRESSES", "CLOUD_TPU_TASK_ID")
+XLA_DEVICE_KINDS = ("TPU", "CPU")
+
+
+@dataclass(frozen=True)
+class XlaInfo:
+    """What this machine offers torch_xla, found without starting the runtime."""
+    has_tpu: bool                   # TPU chips attached here (or PJRT_DEVICE=TPU)
+    platform: str                   # "colab", "kaggle" or "local"
+    pjrt_device: str | None         # PJRT_DEVICE as set, upper-case ("TPU", "CPU", ...)
+    torch_xla_installed: bool       # importable (not imported)
+    chips: int = 0                  # TPU chips found on PCI or in /dev
+    tpu_version: int | None = None  # 2..6, from TPU_ACCELERATOR_TYPE or the PCI id
+    accelerator_type: str | None = None   # e.g. "v2-8", "v5litepod-8"
+    evidence: tuple = field(default_factory=tuple)   # what showed it, for messages
+
+    @property
+    def device_type(self) -> str | None:
+        """The PJRT device type xmp.spawn will use: PJRT_DEVICE, else TPU when chips exist."""
+        if self.pjrt_device:
+            return self.pjrt_device
+        return "TPU" if self.has_tpu else None
+
+    @property
+    def wants_xla(self) -> bool:
+        """Launch through xmp.spawn by default: torch_xla is installed and there is a TPU,
+        or PJRT_DEVICE is TPU or CPU (a GPU keeps the fork backend unless asked)."""
+        return self.torch_xla_installed and self.device_type in XLA_DEVICE_KINDS
+
+
+@dataclass(frozen=True)
+class XlaLayout:
+    """How xmp.spawn will lay out ordinals: processes x threads per process."""
+    processes: int
+    threads_per_process: int
+
+    @property
+    def ordinals(self) -> int:
+        return self.processes * self.threads_per_process
+
+    def process_of(self, ordinal: int) -> int:
+        return ordinal // self.threads_per_process
+
+
+def detect_xla(environ=None, root: str = "/", modules=None, xla_installed=None) -> XlaInfo:
+    """Look for TPU chips and XLA settings. Never imports torch_xla. ``environ``,
+    ``root``, ``modules`` and ``xla_installed`` describe another machine (tests)."""
+    env = os.environ if environ is None else environ
+    modules = sys.modules if modules is None else modules
+    evidence = []
+    pjrt = (env.get("PJRT_DEVICE") or "").strip().upper() or None
+    if pjrt:
+        evidence.append(f"PJRT_DEVICE={pjrt}")
+    pci = _pci_tpu_chips(root)
+    chips = len(pci)
+    if chips:
+        evidence.append(f"{chips} TPU chip(s) on PCI")
+    else:
+        chips = len(_numbered(root, "dev/accel[0-9]*"))
+        if chips:
+            evidence.append(f"{chips} /dev/accel* device(s)")
+        elif any(env.get(k) for k in TPU_ENV_HINTS):
+            chips = len(_numbered(root, "dev/vfio/[0-9]*"))
+            if chips:
+                evidence.append(f"{chips} /dev/vfio device(s)")
+    hints = [k for k in TPU_ENV_HINTS if env.get(k)]
+    if hints:
+        evidence.append("TPU variables: " + ", ".join(hints))
+    accel_type = env.get("TPU_ACCELERATOR_TYPE") or None
+    version = tpu_version_from_type(accel_type)
+    if version is None and pci:
+        version = max(pci)
+    has_tpu = chips > 0 or pjrt == "TPU" or bool(accel_type)
+    return XlaInfo(has_tpu=has_tpu, platform=detect_platform(env, modules), pjrt_device=pjrt,
+                   torch_xla_installed=torch_xla_installed() if xla_installed is None else xla_installed,
+                   chips=chips, tpu_version=version,
+                   accelerator_type=accel_type, evidence=tuple(evidence))
+
+
+def tpu_version_from_type(accelerator_type: str | None) -> int | None:
+    """'v3-8' -> 3, 'v5litepod-8' -> 5, 'v6e-1' -> 6."""
+    match = re.match(r"^v(\d)", accelerator_type or "")
+    return int(match.group(1)) if match else None
+
+
+def detect_platform(environ=None, modules=None) -> str:
+    env = os.environ if environ is None else environ
+    modules = sys.modules if modules is None else modules
+    if env.get("KAGGLE_KERNEL_RUN_TYPE") or env.get("KAGGLE_URL_BASE"):
+        return "kaggle"
+    if env.get("COLAB_RELEASE_TAG") or env.get("COLAB_GPU") is not None or "google.colab" in modules:
+        return "colab"
+    return "local"
+
+
+def torch_xla_installed() -> bool:
+    """Importable, checked without importing it (an import costs seconds and loads libtpu)."""
+    if "torch_xla" in sys.modules:
+        return True
+    try:
+        return importlib.util.find_spec("torch_xla") is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def expected_layout(info: XlaInfo, environ=None) -> XlaLayout | None:
+    """The layout xmp.spawn(nprocs=None) will use, or None when it cannot be known beforehand."""
+    env = os.environ if environ is None else environ
+    device = info.device_type
+    if device == "CPU":
+        return XlaLayout(1, _positive_int(env.get("CPU_NUM_DEVICES"), 1))
+    if device == "TPU":
+        chips = info.chips or chips_from_accelerator_type(info.accelerator_type)
+        if not chips or info.tpu_version is None:
+            return None
+        processes = chips
+        bounds = _mesh_size(env.get("TPU_PROCESS_BOUNDS"))
+        if bounds:
+            processes = min(processes, bounds)
+        return XlaLayout(processes, 2 if info.tpu_version <= 3 else 1)
+    return None
+
+
+def chips_from_accelerator_type(accelerator_type: str | None) -> int | None:
+    """Chips of a single-host slice from its name, for when /dev and sysfs show none:
+    v2/v3/v4/v5p names count TensorCores (2 per chip), v5e ("v5litepod") and v6e count
+    chips. None for multi-host slices and unknown names."""
+    match = re.match(r"^v(\d)([a-z]*)-(\d+)$", accelerator_type or "")
+    if not match:
+        return None
+    version, variant, count = int(match.group(1)), match.group(2), int(match.group(3))
+    counts_chips = version >= 6 or variant in ("e", "litepod")
+    chips = count if counts_chips else count // 2
+    return chips if 1 <= chips <= (8 if counts_chips else 4) else None
+
+
+def stale_tpu_variables(environ=None) -> list:
+    """Variables to drop in the launcher child before xmp.spawn (the Kaggle workaround)."""
+    env = os.environ if environ is None else environ
+    return [k for k in STALE_TPU_VARIABLES if k in env]
+
+
+def runtime_initialized() -> bool:
+    """True when this process already started the XLA runtime (xm.xla_device(), a tensor on
+    XLA, ...). Without torch_xla imported it cannot have started, so nothing is imported."""
+    torch_xla = sys.modules.get("torch_xla")
+    if torch_xla is None:
+        return False
+    xlac = getattr(torch_xla, "_XLAC", None)
+    check = getattr(xlac, "_xla_runtime_is_initialized", None)
+    if check is None:
+        return False
+    try:
+        return bool(check())
+    except Exception:
+        return False
+
+
+def describe(info: XlaInfo) -> str:
+    """One line for messages: what was found and how."""
+    what = f"TPU {info.accelerator_type}" if info.accelerator_type else (
+        f"TPU v{info.tpu_version}" if info.tpu_version else "TPU")
+    if not info.has_tpu:
+        what = f"PJRT_DEVICE={info.pjrt_device}" if info.pjrt_device else "no TPU"
+    found = "; ".join(info.evidence) or "nothing"
+    where = {"colab": "Colab", "kaggle": "Kaggle"}.get(info.platform, "this machine")
+    return f"{what} on {where} ({found})"
+
+
+def _pci_tpu_chips(root: str) -> list:
+    """TPU generations of the Google TPU chips on PCI (sysfs), one entry per chip."""
+    chips = []
+    for vendor_path in glob.glob(os.path.join(root, "sys/bus/pci/devices/*/vendor")):
+        try:
+            if _read(vendor_path) != GOOGLE_PCI_VENDOR:
+                continue
+            device = _read(os.path.join(os.path.dirname(vendor_path), "device"))
+        except OSError:
+            continue
+        if device in TPU_PCI_DEVICES:
+            chips.append(TPU_PCI_DEVICES[device])
+    return chips
+
+
+def _numbered(root: str, pattern: str) -> list:
+    return [p for p in glob.glob(os.path.join(root, pattern)) if re.search(r"\d+$", p)]
+
+
+def _read(path: str) -> str:
+    with open(path, encoding="ascii", errors="replace") as f:
+        return f.read().strip().lower()
+
+
+def _positive_int(text, default: int) -> int:
+    try:
+        value = int(str(text).strip())
+    except (TypeError, ValueError):
+        return default
+    return value if value > 0 else default
+
+
+def _mesh_size(text) -> int | None:
+    """'2,2,1' -> 4; None when unset or malformed."""
+    try:
+        dims = [int(d) for d in str(text).split(",")]
+    except (TypeError, ValueError):
+        return None
+    if len(dims) != 3 or min(dims) < 1:
+        return None
+    return dims[0] * dims[1] * dims[2]
+
+
+def resolve_num_ranks(num_processes, info: XlaInfo, environ=None) -> int:
+    """How many ranks (XLA ordinals) to plan. On XLA, num_processes counts devices
+    (8 on a v2-8/v3-8, as in torch_xla's "8 cores"), not processes; xmp.spawn
+    only runs all of them (None) or one (1), so other values are refused."""
+    from .errors import LaunchArgumentError
+
+    device = info.device_type
+    if device is None:
+        raise LaunchArgumentError(
+            "start_method='xla' found no TPU here and PJRT_DEVICE is not set. Switch to a TPU "
+            "runtime, set PJRT_DEVICE=CPU to run torch_xla on the CPU, or leave start_method=None.")
+    if device not in XLA_DEVICE_KINDS:
+        raise LaunchArgumentError(
+            f"PJRT_DEVICE={info.pjrt_device}: notebook_launch runs torch_xla on TPUs and on "
+            f"PJRT_DEVICE=CPU only. For GPUs unset PJRT_DEVICE and use start_method='fork'.")
+    layout = expected_layout(info, environ)
+    if num_processes is None:
+        if layout is None:
+            raise LaunchArgumentError(
+                f"num_processes=None: cannot tell how many TPU devices this machine has "
+                f"({describe(info)}). Pass num_processes=<number of TPU devices> (8 on a v2-8 or "
+                f"v3-8, 1 per chip from v4 on), or set TPU_ACCELERATOR_TYPE (e.g. v3-8).")
+        return layout.ordinals
+    if isinstance(num_processes, bool) or not isinstance(num_processes, int) or num_processes < 1:
+        raise LaunchArgumentError(
+            f"num_processes must be None (every XLA device) or a whole number >= 1; got {num_processes!r}")
+    if num_processes == 1 or layout is None or num_processes == layout.ordinals:
+        return num_processes   # an unknown layout is checked against torch_xla's own count in rank 0
+    how = (f"{layout.processes} process(es) x {layout.threads_per_process} thread(s)"
+           if device == "TPU" else f"CPU_NUM_DEVICES={layout.ordinals}")
+    raise LaunchArgumentError(
+        f"num_processes={num_processes} does not fit this XLA machine: torch_xla runs either every "
+        f"device ({layout.ordinals} here: {how}) or one. Use num_processes=None or "
+        f"{layout.ordinals} for all of them, or num_processes=1"
+        + (", or set CPU_NUM_DEVICES to the number you want." if device == "CPU" else "."))
+
+
+def check_runtime_not_initialized() -> None:
+    """xmp.spawn refuses to run once this process started the XLA runtime, and
+    forked replicas could not use it anyway: refuse first, saying what to do."""
+    from .errors import GuardError
+
+    if runtime_initialized():
+        raise GuardError(
+            "The XLA runtime is already initialized in this notebook (something called "
+            "xm.xla_device(), torch_xla.device() or put a tensor on an XLA device outside the "
+            "launched function), so torch_xla cannot start replicas from it. What to do: restart "
+            "the kernel and keep every XLA call (xm.xla_device(), torch_xla.device(), .to(device), "
+            "an Accelerator) inside the function you pass to notebook_launcher.")
+
+
+def xla_launch_info(start_method, environ=None, root: str = "/", xla_installed=None):
+    """The XlaInfo when this launch goes through torch_xla, else None.
+    start_method=None picks XLA when ``wants_xla``; "xla" insists on it."""
+    from .errors import LaunchArgumentError
+
+    if start_method not in (None, "xla"):
+        return None
+    info = detect_xla(environ, root, xla_installed=xla_installed)
+    if start_method == "xla" and not info.torch_xla_installed:
+        raise LaunchArgumentError(
+            "start_method='xla' needs torch_xla, which is not installed here. On a TPU VM, Colab or "
+            "Kaggle TPU: pip install 'torch_xla[tpu]' matching your torch version; elsewhere use "
+            "start_method='fork' or 'spawn'.")
+    if start_method == "xla" or info.wants_xla:
+        return info
+    return None
+
+
+def xla_note(info: XlaInfo, num_ranks: int, environ=None) -> str:
+    """The launch summary's line about XLA: what was found and how ranks map to devices."""
+    layout = expected_layout(info, environ)
+    if num_ranks == 1:
+        how = "1 rank on one device (xmp.spawn nprocs=1)"
+    elif layout is not None and layout.ordinals == num_ranks:
+        how = (f"{num_ranks} ranks = {layout.processes} process(es) x {layout.threads_per_process} "
+               f"thread(s), one per device")
+    else:
+        how = f"{num_ranks} ranks, one per device"
+    return f"XLA: {describe(info)}; {how}"

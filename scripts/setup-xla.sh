@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Create .venv-xla: the environment for the real torch_xla test lane.
+# torch_xla 2.9.0 is binary-tied to torch 2.9.0 (it fails to import next to the
+# torch 2.13 CPU build that .venv uses), and PyPI only has the CUDA build of
+# torch 2.9.0 for Linux (with its nvidia-* wheels: 7.2 GB installed, 8 minutes
+# on a 2-core machine), so this lane lives in its own venv. Idempotent: a
+# second run only checks (about 15 s).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3.11}   # torch_xla 2.9.0 has wheels for CPython 3.10-3.13
+command -v "$PY" >/dev/null 2>&1 || PY=python3
+if [ ! -x .venv-xla/bin/python ]; then
+  "$PY" -m venv .venv-xla
+fi
+V=.venv-xla/bin/python
+if ! "$V" -c 'import torch, torch_xla, sys; sys.exit(not (torch.__version__.startswith("2.9.0") and torch_xla.__version__.startswith("2.9.0")))' 2>/dev/null; then
+  "$V" -m pip install -q --upgrade pip
+  "$V" -m pip install -q "torch==2.9.0" "torch_xla==2.9.0"
+fi
+"$V" -m pip install -q -e ".[test]"

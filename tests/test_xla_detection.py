@@ -1,0 +1,276 @@
+"""TPU / XLA detection and backend choice, without torch_xla and without a TPU.
+
+There is no TPU chip here, so each machine is a fake: a folder standing in for
+``/`` (sysfs PCI entries, /dev nodes) plus an environment dict, built from what
+Colab, Kaggle and Cloud TPU VMs show. Runs in the main .venv (torch_xla is not
+installable next to torch 2.13); the real torch_xla lane is tests/xla/.
+"""
+from __future__ import annotations
+
+import os
+import sys
+import types
+
+import pytest
+
+from notebook_launch import GuardError, LaunchArgumentError, launcher, notebook_launcher
+from notebook_launch import xla_env
+from notebook_launch.xla_env import (
+    XlaLayout, detect_xla, expected_layout, resolve_num_ranks, stale_tpu_variables, xla_launch_info,
+)
+
+
+def fake_root(tmp_path, *, pci=(), accel=0, vfio=0, accel_dir=False):
+    """A fake ``/``: PCI devices as (vendor, device) pairs, /dev/accelN and /dev/vfio/N nodes."""
+    root = tmp_path / f"root{len(list(tmp_path.glob('root*')))}"
+    for i, (vendor, device) in enumerate(pci):
+        d = root / "sys/bus/pci/devices" / f"0000:00:{i + 4:02x}.0"
+        d.mkdir(parents=True)
+        (d / "vendor").write_text(vendor + "\n")
+        (d / "device").write_text(device + "\n")
+    (root / "dev/vfio").mkdir(parents=True)
+    (root / "dev/vfio/vfio").write_text("")   # the container device every vfio host has
+    for i in range(accel):
+        (root / f"dev/accel{i}").write_text("")
+    for i in range(vfio):
+        (root / f"dev/vfio/{i}").write_text("")
+    if accel_dir:  # Linux's accel subsystem (Intel/AMD NPUs): /dev/accel/accel0, not a TPU
+        (root / "dev/accel").mkdir()
+        (root / "dev/accel/accel0").write_text("")
+    return str(root)
+
+
+@pytest.fixture
+def fake_colab_tpu_machine(tmp_path):
+    """Colab's TPU runtime: a v2-8 TPU VM (4 chips, 2 cores each) seen from a Colab kernel."""
+    environ = {"COLAB_RELEASE_TAG": "release-colab_20250101-060000_RC00", "COLAB_GPU": "",
+               "TPU_ACCELERATOR_TYPE": "v2-8"}
+    return environ, fake_root(tmp_path, pci=[("0x1ae0", "0x0027")] * 4, accel=4)
+
+
+@pytest.fixture
+def fake_kaggle_tpu_machine(tmp_path):
+    """Kaggle's TPU VM v3-8: it leaves TPU_PROCESS_ADDRESSES and CLOUD_TPU_TASK_ID set."""
+    environ = {"KAGGLE_KERNEL_RUN_TYPE": "Interactive", "KAGGLE_URL_BASE": "https://www.kaggle.com",
+               "TPU_ACCELERATOR_TYPE": "v3-8", "TPU_NAME": "local",
+               "TPU_PROCESS_ADDRESSES": "local:8476,local:8477,local:8478,local:8479",
+               "CLOUD_TPU_TASK_ID": "0"}
+    return environ, fake_root(tmp_path, accel=4)  # no sysfs in the container: /dev only
+
+
+@pytest.fixture
+def fake_v5e_tpu_vm(tmp_path):
+    """A Cloud TPU VM v5litepod-8: 8 chips behind vfio, one device per chip."""
+    environ = {"TPU_ACCELERATOR_TYPE": "v5litepod-8", "TPU_WORKER_ID": "0"}
+    return environ, fake_root(tmp_path, pci=[("0x1ae0", "0x0063")] * 8, vfio=8)
+
+
+@pytest.fixture
+def fake_cpu_machine(tmp_path):
+    """No TPU: a GPU-less workstation with an NPU under /dev/accel/ and a NIC on PCI."""
+    return {}, fake_root(tmp_path, pci=[("0x8086", "0x1533")], accel_dir=True)
+
+
+# --- detection ----------------------------------------------------------------
+def test_colab_v2_8_is_four_processes_of_two_threads(fake_colab_tpu_machine):
+    environ, root = fake_colab_tpu_machine
+    info = detect_xla(environ, root, modules={}, xla_installed=True)
+    assert info.has_tpu and info.platform == "colab"
+    assert (info.chips, info.tpu_version, info.accelerator_type) == (4, 2, "v2-8")
+    assert info.device_type == "TPU" and info.wants_xla
+    assert expected_layout(info, environ) == XlaLayout(4, 2)
+    assert "4 TPU chip(s) on PCI" in info.evidence
+
+
+def test_kaggle_v3_8_found_from_dev_accel_and_its_stale_variables_listed(fake_kaggle_tpu_machine):
+    environ, root = fake_kaggle_tpu_machine
+    info = detect_xla(environ, root, modules={}, xla_installed=True)
+    assert info.has_tpu and info.platform == "kaggle" and info.chips == 4
+    assert expected_layout(info, environ).ordinals == 8
+    assert stale_tpu_variables(environ) == ["TPU_PROCESS_ADDRESSES", "CLOUD_TPU_TASK_ID"]
+
+
+def test_v5e_vm_is_one_process_per_chip(fake_v5e_tpu_vm):
+    environ, root = fake_v5e_tpu_vm
+    info = detect_xla(environ, root, modules={}, xla_installed=True)
+    assert info.platform == "local" and info.tpu_version == 5
+    assert expected_layout(info, environ) == XlaLayout(8, 1)
+
+
+def test_tpu_generation_from_pci_id_when_accelerator_type_is_unset(tmp_path):
+    root = fake_root(tmp_path, pci=[("0x1ae0", "0x005e")] * 4)   # TPU v4
+    info = detect_xla({}, root, modules={}, xla_installed=True)
+    assert info.has_tpu and info.tpu_version == 4
+    assert expected_layout(info, {}) == XlaLayout(4, 1)
+
+
+@pytest.mark.parametrize("accelerator_type, layout", [
+    ("v2-8", XlaLayout(4, 2)), ("v3-8", XlaLayout(4, 2)), ("v4-8", XlaLayout(4, 1)),
+    ("v5p-8", XlaLayout(4, 1)), ("v5litepod-8", XlaLayout(8, 1)), ("v5litepod-1", XlaLayout(1, 1)),
+    ("v6e-1", XlaLayout(1, 1)), ("v6e-8", XlaLayout(8, 1)), ("v3-32", None), ("v6e-16", None),
+])
+def test_layout_from_the_accelerator_type_when_no_device_is_visible(tmp_path, accelerator_type, layout):
+    environ = {"TPU_ACCELERATOR_TYPE": accelerator_type}   # a container that hides /dev and sysfs
+    info = detect_xla(environ, fake_root(tmp_path), modules={}, xla_installed=True)
+    assert info.has_tpu and info.chips == 0
+    assert expected_layout(info, environ) == layout
+
+
+def test_process_bounds_cap_the_processes(fake_v5e_tpu_vm):
+    environ, root = fake_v5e_tpu_vm
+    environ = dict(environ, TPU_PROCESS_BOUNDS="2,2,1")
+    info = detect_xla(environ, root, modules={}, xla_installed=True)
+    assert expected_layout(info, environ) == XlaLayout(4, 1)
+
+
+def test_no_tpu_on_a_plain_machine(fake_cpu_machine):
+    environ, root = fake_cpu_machine
+    info = detect_xla(environ, root, modules={}, xla_installed=True)
+    assert not info.has_tpu and info.chips == 0 and info.device_type is None
+    assert not info.wants_xla
+    assert expected_layout(info, environ) is None
+
+
+def test_vfio_nodes_without_tpu_hints_are_not_a_tpu(tmp_path):
+    root = fake_root(tmp_path, vfio=2)   # vfio passthrough of something else
+    assert not detect_xla({}, root, modules={}, xla_installed=True).has_tpu
+
+
+def test_tpu_without_torch_xla_keeps_the_default_backend(fake_colab_tpu_machine):
+    environ, root = fake_colab_tpu_machine
+    info = detect_xla(environ, root, modules={}, xla_installed=False)
+    assert info.has_tpu and not info.wants_xla
+    assert xla_launch_info(None, environ, root, xla_installed=False) is None
+
+
+def test_pjrt_cpu_runs_cpu_num_devices_threads(fake_cpu_machine):
+    environ, root = fake_cpu_machine
+    environ = {"PJRT_DEVICE": "cpu", "CPU_NUM_DEVICES": "4"}
+    info = detect_xla(environ, root, modules={}, xla_installed=True)
+    assert info.device_type == "CPU" and info.wants_xla and not info.has_tpu
+    assert expected_layout(info, environ) == XlaLayout(1, 4)
+    assert expected_layout(info, {"PJRT_DEVICE": "CPU"}) == XlaLayout(1, 1)
+
+
+def test_pjrt_cuda_is_left_to_the_fork_backend(fake_cpu_machine):
+    _, root = fake_cpu_machine
+    info = detect_xla({"PJRT_DEVICE": "CUDA"}, root, modules={}, xla_installed=True)
+    assert not info.wants_xla
+    with pytest.raises(LaunchArgumentError, match="PJRT_DEVICE=CUDA.*start_method='fork'"):
+        resolve_num_ranks(None, info)
+
+
+def test_xla_forced_without_tpu_or_pjrt_device_says_what_to_set(fake_cpu_machine):
+    environ, root = fake_cpu_machine
+    info = xla_launch_info("xla", environ, root, xla_installed=True)
+    with pytest.raises(LaunchArgumentError, match="found no TPU.*PJRT_DEVICE=CPU"):
+        resolve_num_ranks(None, info, environ)
+
+
+def test_platform_from_modules_and_environment():
+    assert xla_env.detect_platform({}, {"google.colab": object()}) == "colab"
+    assert xla_env.detect_platform({"KAGGLE_KERNEL_RUN_TYPE": "Batch"}, {}) == "kaggle"
+    assert xla_env.detect_platform({}, {}) == "local"
+
+
+def test_detection_does_not_import_torch_xla(fake_colab_tpu_machine):
+    environ, root = fake_colab_tpu_machine
+    had = "torch_xla" in sys.modules
+    detect_xla(environ, root)
+    assert ("torch_xla" in sys.modules) == had
+
+
+# --- num_processes on XLA -------------------------------------------------------
+def test_num_processes_counts_xla_devices(fake_colab_tpu_machine):
+    environ, root = fake_colab_tpu_machine
+    info = detect_xla(environ, root, modules={}, xla_installed=True)
+    assert resolve_num_ranks(None, info, environ) == 8
+    assert resolve_num_ranks(8, info, environ) == 8
+    assert resolve_num_ranks(1, info, environ) == 1
+
+
+def test_num_processes_that_pjrt_cannot_run_is_refused_with_the_valid_values(fake_colab_tpu_machine):
+    environ, root = fake_colab_tpu_machine
+    info = detect_xla(environ, root, modules={}, xla_installed=True)
+    with pytest.raises(LaunchArgumentError) as err:
+        resolve_num_ranks(4, info, environ)
+    message = str(err.value)
+    assert "num_processes=4" in message and "num_processes=None or 8" in message
+    assert "num_processes=1" in message and "4 process(es) x 2 thread(s)" in message
+    with pytest.raises(LaunchArgumentError, match="num_processes must be None"):
+        resolve_num_ranks(0, info, environ)
+
+
+def test_unknown_tpu_layout_needs_num_processes(tmp_path):
+    root = fake_root(tmp_path, vfio=4)
+    environ = {"TPU_NAME": "my-tpu"}   # a TPU, but neither its type nor its chips' PCI ids are known
+    info = detect_xla(environ, root, modules={}, xla_installed=True)
+    assert info.has_tpu and expected_layout(info, environ) is None
+    with pytest.raises(LaunchArgumentError, match="Pass num_processes=<number of TPU devices>"):
+        resolve_num_ranks(None, info, environ)
+    assert resolve_num_ranks(4, info, environ) == 4   # checked against torch_xla in rank 0
+
+
+# --- the runtime-initialized guard ----------------------------------------------------
+@pytest.fixture
+def fake_torch_xla_with_started_runtime(monkeypatch):
+    """torch_xla cannot be imported next to torch 2.13: a stand-in module whose
+    runtime reports itself started, as torch_xla._XLAC does after xm.xla_device()."""
+    fake = types.ModuleType("torch_xla")
+    fake._XLAC = types.SimpleNamespace(_xla_runtime_is_initialized=lambda: True)
+    monkeypatch.setitem(sys.modules, "torch_xla", fake)
+    return fake
+
+
+def test_started_xla_runtime_is_refused_with_what_to_do(fake_torch_xla_with_started_runtime):
+    assert xla_env.runtime_initialized()
+    with pytest.raises(GuardError) as err:
+        xla_env.check_runtime_not_initialized()
+    message = str(err.value)
+    assert "restart the kernel" in message and "inside the function" in message
+    fake_torch_xla_with_started_runtime._XLAC = types.SimpleNamespace(
+        _xla_runtime_is_initialized=lambda: False)
+    xla_env.check_runtime_not_initialized()
+
+
+def test_runtime_not_started_when_torch_xla_was_never_imported(monkeypatch):
+    monkeypatch.delitem(sys.modules, "torch_xla", raising=False)
+    assert not xla_env.runtime_initialized()
+
+
+# --- backend choice --------------------------------------------------------------
+def test_get_backend_xla():
+    from notebook_launch.backends.xla import XlaBackend
+    backend = launcher.get_backend("xla")
+    assert isinstance(backend, XlaBackend) and backend.name == "xla"
+
+
+def test_launch_info_follows_start_method(fake_colab_tpu_machine, fake_cpu_machine):
+    environ, root = fake_colab_tpu_machine
+    assert xla_launch_info(None, environ, root, xla_installed=True).has_tpu
+    assert xla_launch_info("fork", environ, root, xla_installed=True) is None
+    cpu_environ, cpu_root = fake_cpu_machine
+    assert xla_launch_info(None, cpu_environ, cpu_root, xla_installed=True) is None
+    assert xla_launch_info("xla", {"PJRT_DEVICE": "CPU"}, cpu_root, xla_installed=True) is not None
+
+
+@pytest.mark.skipif(xla_env.torch_xla_installed(), reason="torch_xla is installed in this environment")
+def test_start_method_xla_without_torch_xla_says_how_to_install():
+    with pytest.raises(LaunchArgumentError, match=r"start_method='xla' needs torch_xla.*pip install"):
+        notebook_launcher(lambda: None, start_method="xla", ui="none")
+
+
+def test_start_method_choices_name_xla():
+    with pytest.raises(LaunchArgumentError, match="'xla'"):
+        notebook_launcher(lambda: None, start_method="tpu", ui="none")
+
+
+@pytest.mark.skipif(xla_env.torch_xla_installed(), reason="torch_xla is installed in this environment")
+def test_pjrt_device_without_torch_xla_still_launches_on_cpu(monkeypatch, tmp_path):
+    monkeypatch.setenv("PJRT_DEVICE", "TPU")   # a stale variable must not break CPU launches
+    results = notebook_launcher(_rank_and_parent, num_processes=2, ui="none", log_dir=str(tmp_path))
+    assert results == [("0", os.getpid()), ("1", os.getpid())]   # forked ranks, no XLA launcher between
+
+
+def _rank_and_parent():
+    return os.environ["RANK"], os.getppid()

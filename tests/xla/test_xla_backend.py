@@ -1,0 +1,369 @@
+"""The XLA backend on real torch_xla: PJRT_DEVICE=CPU with CPU_NUM_DEVICES=2 runs
+two ordinals as two threads of one process, the layout of one TPU v2/v3 chip.
+
+Runs only in .venv-xla (``bash scripts/test-xla.sh``): torch_xla 2.9.0 needs
+torch 2.9.0, which cannot share .venv with torch 2.13. Elsewhere it is skipped.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+
+import pytest
+
+torch_xla = pytest.importorskip("torch_xla", reason="torch_xla is not installed: run bash scripts/test-xla.sh")
+import psutil  # noqa: E402
+import torch  # noqa: E402
+
+from notebook_launch import GuardError, LaunchArgumentError, LaunchError, notebook_launcher  # noqa: E402
+
+# CPU PJRT runs a 2-device collective reliably only when the threads do not
+# compile and run their graphs at the same time (FIELD_NOTES).
+SYNC_LOCK = threading.Lock()
+KAGGLE_ADDRESSES = "local:8476,local:8477,local:8478,local:8479"
+
+
+@pytest.fixture(autouse=True)
+def two_cpu_xla_devices(monkeypatch):
+    monkeypatch.setenv("PJRT_DEVICE", "CPU")
+    monkeypatch.setenv("CPU_NUM_DEVICES", "2")
+    yield
+    leftover = [p for p in psutil.Process().children(recursive=True) if p.is_running()
+                and p.status() != psutil.STATUS_ZOMBIE]
+    assert not leftover, f"processes left behind by the launch: {leftover}"
+
+
+def launch(fn, *args, tmp_path, **kwargs):
+    kwargs.setdefault("timeout", 240)
+    return notebook_launcher(fn, args=args, ui="none", log_dir=str(tmp_path / "logs"), **kwargs)
+
+
+def ordinal_and_tensor(scale):
+    import torch_xla.runtime as xr
+    ordinal = xr.global_ordinal()
+    t = torch.arange(3.0, device=torch_xla.device()) * (ordinal + 1) * scale
+    return {"ordinal": ordinal, "world": xr.world_size(), "tensor": t, "pid": os.getpid(),
+            "thread": threading.get_ident()}
+
+
+def test_every_ordinal_returns_its_result(tmp_path):
+    results = launch(ordinal_and_tensor, 2.0, tmp_path=tmp_path)
+    assert [r["ordinal"] for r in results] == [0, 1]
+    assert [r["world"] for r in results] == [2, 2]
+    assert torch.equal(results[0]["tensor"], torch.tensor([0.0, 2.0, 4.0]))
+    assert torch.equal(results[1]["tensor"], torch.tensor([0.0, 4.0, 8.0]))
+    assert results[0]["tensor"].device.type == "cpu"   # moved off XLA before pickling
+    # two threads of one process: the layout of a TPU v2/v3 chip
+    assert results[0]["pid"] == results[1]["pid"] != os.getpid()
+    assert results[0]["thread"] != results[1]["thread"]
+
+
+def environment_seen():
+    import torch_xla.runtime as xr
+    keys = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
+            "NOTEBOOK_LAUNCH_RANK", "TPU_PROCESS_ADDRESSES", "CLOUD_TPU_TASK_ID", "ACCELERATE_USE_CPU")
+    return {"ordinal": xr.global_ordinal(), **{k: os.environ.get(k) for k in keys}}
+
+
+def test_environment_of_each_ordinal_and_kaggle_variables_dropped(tmp_path, monkeypatch):
+    monkeypatch.setenv("TPU_PROCESS_ADDRESSES", KAGGLE_ADDRESSES)   # as Kaggle's TPU VM leaves them
+    monkeypatch.setenv("CLOUD_TPU_TASK_ID", "0")
+    before = dict(os.environ)
+    results = launch(environment_seen, tmp_path=tmp_path)
+    for ordinal, env in enumerate(results):
+        assert env["ordinal"] == ordinal
+        assert env["WORLD_SIZE"] == "2" and env["LOCAL_WORLD_SIZE"] == "2"
+        assert env["MASTER_ADDR"] == "127.0.0.1" and env["MASTER_PORT"]
+        assert env["NOTEBOOK_LAUNCH_RANK"] is not None            # nested launches are refused
+        assert env["TPU_PROCESS_ADDRESSES"] is None and env["CLOUD_TPU_TASK_ID"] is None
+        assert env["ACCELERATE_USE_CPU"] is None                   # Accelerate must pick XLA
+        # threads share os.environ: no variable can name one thread's rank
+        assert env["RANK"] is None and env["LOCAL_RANK"] is None
+    assert dict(os.environ) == before   # the notebook's environment is untouched
+
+
+def test_a_process_with_one_ordinal_gets_rank_variables(tmp_path, monkeypatch):
+    monkeypatch.setenv("CPU_NUM_DEVICES", "1")   # xmp.spawn(nprocs=1)
+    [env] = launch(environment_seen, tmp_path=tmp_path)
+    assert (env["ordinal"], env["RANK"], env["LOCAL_RANK"], env["WORLD_SIZE"]) == (0, "0", "0", "1")
+
+
+def write_marker(marker):
+    """Tell the test this replica runs, and where: its pid and process group."""
+    with open(marker + ".tmp", "w") as f:
+        f.write(f"{os.getpid()} {os.getpgrp()}")
+    os.replace(marker + ".tmp", marker)
+
+
+def group_members(pgid):
+    alive = []
+    for proc in psutil.process_iter(["status"]):
+        try:
+            if os.getpgid(proc.pid) == pgid and proc.info["status"] != psutil.STATUS_ZOMBIE:
+                alive.append(proc.pid)
+        except (ProcessLookupError, psutil.Error):
+            pass
+    return alive
+
+
+def assert_replicas_gone(marker):
+    """Every process of the launcher's group is gone (replica processes orphaned by a killed
+    launcher would not show up as our children, so look at the group)."""
+    _, pgid = map(int, marker.read_text().split())
+    assert pgid != os.getpgrp()   # replicas run in the launcher's own group
+    for _ in range(600):          # a killed orphan is reaped by init; give it time
+        if not group_members(pgid):
+            return
+        time.sleep(0.1)
+    pytest.fail(f"replica processes of group {pgid} still alive: {group_members(pgid)}")
+
+
+def fail_on_ordinal_1(marker):
+    import torch_xla.runtime as xr
+    if xr.global_ordinal() == 1:
+        for _ in range(1200):   # fail once ordinal 0 is surely running
+            if os.path.exists(marker):
+                break
+            time.sleep(0.1)
+        raise ValueError("ordinal 1 cannot go on")
+    write_marker(marker)
+    for _ in range(2400):   # would run 4 minutes if nobody stopped it
+        time.sleep(0.1)
+    return "not stopped"
+
+
+def test_a_failing_ordinal_stops_the_others_and_shows_its_traceback(tmp_path):
+    marker = tmp_path / "rank0-started"
+    with pytest.raises(LaunchError) as err:
+        launch(fail_on_ordinal_1, str(marker), tmp_path=tmp_path)
+    error = err.value
+    assert error.rank == 1 and error.kind == "exception" and error.exc_type == "ValueError"
+    message = str(error)
+    assert message.startswith("rank 1 failed: ValueError: ordinal 1 cannot go on")
+    assert 'raise ValueError("ordinal 1 cannot go on")' in message     # the replica's own traceback
+    assert "rank 0: stopped by notebook_launch" in message
+    assert error.results == [None, None]
+    assert_replicas_gone(marker)
+
+
+def print_from_each_ordinal():
+    import torch_xla.runtime as xr
+    ordinal = xr.global_ordinal()
+    for i in range(3):
+        print(f"line {i} of ordinal {ordinal}")
+    print(f"warning of ordinal {ordinal}", file=sys.stderr)
+    return ordinal
+
+
+def test_output_of_each_ordinal_is_its_ranks(tmp_path):
+    assert launch(print_from_each_ordinal, tmp_path=tmp_path) == [0, 1]
+    for ordinal in (0, 1):
+        log = (tmp_path / "logs" / f"rank{ordinal}.log").read_text()
+        assert [f"line {i} of ordinal {ordinal}" for i in range(3)] == [
+            line for line in log.splitlines() if line.startswith("line ")]
+        assert f"[stderr] warning of ordinal {ordinal}" in log
+        assert f"of ordinal {1 - ordinal}" not in log
+
+
+def all_reduce_ordinals():
+    import torch_xla.core.xla_model as xm
+    import torch_xla.runtime as xr
+    t = torch.tensor([float(xr.global_ordinal() + 1)], device=torch_xla.device())
+    total = xm.all_reduce(xm.REDUCE_SUM, t)
+    with SYNC_LOCK:
+        torch_xla.sync()
+    return total.cpu().item()
+
+
+def test_ordinals_reduce_together(tmp_path):
+    assert launch(all_reduce_ordinals, tmp_path=tmp_path) == [3.0, 3.0]
+
+
+def accelerator_view():
+    from accelerate import Accelerator
+    accelerator = Accelerator()
+    return {"type": accelerator.distributed_type.value, "num_processes": accelerator.num_processes,
+            "process_index": accelerator.process_index, "device": accelerator.device.type,
+            "main": accelerator.is_main_process}
+
+
+def test_accelerate_inside_a_replica_sees_xla(tmp_path):
+    import accelerate.state
+    results = launch(accelerator_view, tmp_path=tmp_path)
+    assert results == [
+        {"type": "XLA", "num_processes": 2, "process_index": 0, "device": "xla", "main": True},
+        {"type": "XLA", "num_processes": 2, "process_index": 1, "device": "xla", "main": False}]
+    assert not accelerate.state.PartialState._shared_state   # the notebook holds no state
+
+
+def test_num_processes_pjrt_cannot_run_is_refused_before_starting(tmp_path):
+    with pytest.raises(LaunchArgumentError, match=r"num_processes=None or 2.*num_processes=1"):
+        launch(ordinal_and_tensor, 1.0, tmp_path=tmp_path, num_processes=3)
+
+
+def test_planned_ranks_that_torch_xla_does_not_run_are_reported(tmp_path):
+    """When detection guessed wrong (here: 3 planned, 2 devices), rank 0 says so."""
+    from notebook_launch import launcher
+    from notebook_launch.plan import build_plan, free_port
+    from notebook_launch.worker import Job
+    plan = build_plan(num_processes=3, num_nodes=1, node_rank=0, master_addr="127.0.0.1",
+                      master_port=free_port(), device_kind="xla", mixed_precision="no",
+                      start_method="xla", run_id="mismatch")
+    with pytest.raises(LaunchError) as err:
+        launcher.run_plan(plan, Job(ordinal_and_tensor, (1.0,)), run_id="mismatch",
+                          log_dir=str(tmp_path / "logs"), ui="none", timeout=240, poll_interval=0.1,
+                          line_prefix=None)
+    assert err.value.rank == 0
+    assert "torch_xla runs 2 replica(s) here but notebook_launch planned 3" in str(err.value)
+    assert "num_processes=2" in str(err.value)
+
+
+def test_timeout_stops_every_replica(tmp_path):
+    marker = tmp_path / "rank0-started"
+    with pytest.raises(LaunchError) as err:
+        launch(run_until_stopped, str(marker), tmp_path=tmp_path, timeout=30)
+    assert err.value.kind == "timeout"
+    if marker.exists():   # the replicas had started before the timeout (the usual case)
+        assert_replicas_gone(marker)
+
+
+GUARD_SCRIPT = textwrap.dedent("""
+    import torch, torch_xla
+    from notebook_launch import GuardError, notebook_launcher
+    x = torch.ones(2, device=torch_xla.device())   # starts the runtime in the notebook
+    try:
+        notebook_launcher(lambda: 0, ui="none")
+    except GuardError as exc:
+        print("GUARD:", exc)
+    else:
+        print("LAUNCHED")
+""")
+
+
+def test_runtime_started_in_the_notebook_is_refused(tmp_path):
+    # its own interpreter: starting the runtime here would spoil every later test
+    out = subprocess.run([sys.executable, "-c", GUARD_SCRIPT], capture_output=True, text=True,
+                         timeout=300, cwd=tmp_path, env={**os.environ, "PJRT_DEVICE": "CPU"})
+    assert out.returncode == 0, out.stderr
+    assert "GUARD: The XLA runtime is already initialized in this notebook" in out.stdout
+    assert "restart the kernel" in out.stdout and "LAUNCHED" not in out.stdout
+    assert GuardError  # the class the script catches
+
+
+def kill_own_process():
+    import signal
+    import torch_xla.runtime as xr
+    if xr.global_ordinal() == 1:
+        os.kill(os.getpid(), signal.SIGKILL)   # as the OOM killer or a fatal XLA error would
+    time.sleep(240)
+
+
+def test_a_replica_process_that_dies_is_reported(tmp_path):
+    with pytest.raises(LaunchError) as err:
+        launch(kill_own_process, tmp_path=tmp_path)
+    message = str(err.value)
+    assert err.value.exc_type == "BrokenProcessPool"
+    assert "a replica process died without a Python exception" in message
+
+
+class RecordingDisplay:
+    """A display (the interface the supervisor drives) that keeps the final run state."""
+
+    def __init__(self):
+        self.final = None
+
+    def start(self, state):
+        pass
+
+    def line(self, state, local_rank, stream, text):
+        pass
+
+    def refresh(self, state):
+        pass
+
+    def close(self, state):
+        self.final = state
+
+
+def report_progress():
+    import torch_xla.runtime as xr
+    from notebook_launch import channel
+    ordinal = xr.global_ordinal()
+    channel.current().send(channel.PROGRESS, {"metrics": {"ordinal": ordinal},
+                                              "bars": {"train": {"n": 5 + ordinal, "total": 10}}})
+    return ordinal
+
+
+def test_one_panel_row_per_ordinal_with_its_own_progress(tmp_path, monkeypatch):
+    from notebook_launch import launcher
+    display = RecordingDisplay()
+    monkeypatch.setattr(launcher, "choose_display", lambda ui, line_prefix=None: display)
+    assert launch(report_progress, tmp_path=tmp_path) == [0, 1]
+    rows = display.final.ranks
+    assert [r.rank for r in rows] == [0, 1]
+    assert [r.device for r in rows] == ["CPU:0", "CPU:1"]
+    assert [r.status for r in rows] == ["done", "done"]
+    assert [r.metrics for r in rows] == [{"ordinal": 0}, {"ordinal": 1}]
+    assert [r.bars["train"].n for r in rows] == [5, 6]
+    assert rows[0].pid == rows[1].pid   # two threads of one process
+
+
+def test_an_interrupt_stops_every_replica(tmp_path):
+    import signal
+    marker = tmp_path / "rank0-started"
+
+    def interrupt_once_running():
+        for _ in range(3000):
+            if marker.exists():
+                os.kill(os.getpid(), signal.SIGINT)   # what Jupyter's interrupt button sends
+                return
+            time.sleep(0.1)
+
+    threading.Thread(target=interrupt_once_running, daemon=True).start()
+    with pytest.raises(KeyboardInterrupt):
+        launch(run_until_stopped, str(marker), tmp_path=tmp_path)
+    assert_replicas_gone(marker)
+
+
+def run_until_stopped(marker):
+    import torch_xla.runtime as xr
+    if xr.global_ordinal() == 0:
+        write_marker(marker)
+    while True:
+        time.sleep(0.1)
+
+
+TWO_LAUNCHES_SCRIPT = textwrap.dedent("""
+    import json, os
+    from notebook_launch import notebook_launcher
+
+    def seen():
+        return {k: os.environ.get(k) for k in ("PJRT_DYNAMIC_PLUGINS", "XLA_FLAGS")}
+
+    before = dict(os.environ)
+    first = notebook_launcher(seen, ui="none")
+    second = notebook_launcher(seen, ui="none")
+    print("RESULT", json.dumps({"first": first, "second": second,
+                                "notebook_env_unchanged": dict(os.environ) == before}))
+""")
+
+
+def test_importing_torch_xla_for_the_launch_leaves_the_notebook_environment_alone(tmp_path):
+    # a fresh interpreter: here torch_xla is imported already, by this module
+    env = {**os.environ, "PJRT_DEVICE": "CPU", "CPU_NUM_DEVICES": "1",
+           "NOTEBOOK_LAUNCH_LOG_DIR": str(tmp_path / "runs")}
+    env.pop("XLA_FLAGS", None)
+    env.pop("PJRT_DYNAMIC_PLUGINS", None)
+    out = subprocess.run([sys.executable, "-c", TWO_LAUNCHES_SCRIPT], capture_output=True, text=True,
+                         timeout=300, cwd=tmp_path, env=env)
+    assert out.returncode == 0, out.stderr
+    import json
+    report = json.loads(out.stdout.split("RESULT ", 1)[1])
+    assert report["notebook_env_unchanged"]
+    # what torch_xla's import sets reaches the replicas of every launch, not just the first
+    assert report["first"] == report["second"]
+    assert report["first"][0]["PJRT_DYNAMIC_PLUGINS"] == "1"
