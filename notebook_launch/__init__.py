@@ -4,6 +4,7 @@ from __future__ import annotations
 __version__ = "0.1.0"
 
 from . import cuda_tracking as _cuda_tracking
+from . import cuda_tracking  # noqa: F401  (guards and tests use it)
 from .errors import GuardError, LaunchArgumentError, LaunchError
 from .launcher import notebook_launcher
 

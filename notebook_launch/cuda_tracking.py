@@ -8,6 +8,7 @@ initialized, which also catches initializations the wrapper cannot see).
 """
 from __future__ import annotations
 
+import re
 import sys
 import traceback
 
@@ -60,9 +61,19 @@ def _register_ipython_hook() -> None:
         if _first_cell is None and torch is not None and is_cuda_initialized():
             info = getattr(result, "info", None)
             source = getattr(info, "raw_cell", "") or ""
-            _first_cell = (getattr(result, "execution_count", None), source.strip().splitlines()[:3])
+            _first_cell = (getattr(result, "execution_count", None), likely_culprits(source))
 
     shell.events.register("post_run_cell", _after_cell)
+
+
+_CUDA_HINT = re.compile(r"cuda|\.to\(|device|Accelerator|PartialState", re.IGNORECASE)
+
+
+def likely_culprits(source: str, limit: int = 3):
+    """The lines of a cell most likely to have touched CUDA, else its first lines."""
+    lines = [line for line in source.strip().splitlines() if line.strip()]
+    hits = [line for line in lines if _CUDA_HINT.search(line)]
+    return (hits or lines)[:limit]
 
 
 def is_cuda_initialized() -> bool:

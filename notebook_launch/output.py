@@ -7,6 +7,7 @@ disk keeps everything.
 """
 from __future__ import annotations
 
+import itertools
 import os
 import re
 import time
@@ -62,8 +63,14 @@ def default_log_root() -> Path:
     return Path(cache) / "notebook_launch" / "runs"
 
 
+_launches = itertools.count()
+
+
 def make_run_id() -> str:
-    return time.strftime("%Y%m%d-%H%M%S") + f"-{os.getpid() % 10000:04d}{time.monotonic_ns() % 1000:03d}"
+    """Sorts by start time (then launch count); the pid keeps kernels apart."""
+    now = time.time()
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(now))
+    return f"{stamp}-{int(now * 1000) % 1000:03d}{next(_launches) % 1000:03d}{os.getpid() % 10000:04d}"
 
 
 class RunLogs:

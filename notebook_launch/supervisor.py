@@ -21,6 +21,7 @@ from .state import DONE, FAILED, STOPPED
 TERM_GRACE = 2.0      # seconds between SIGTERM and SIGKILL at teardown
 DRAIN_AFTER_EXIT = 1.0  # how long to wait for a dead rank's pipes to reach EOF (grandchildren may hold them)
 READ_SIZE = 1 << 16
+LAST_LINES_IN_ERROR = 20  # a crash without a Python traceback shows the rank's last output instead
 
 
 @dataclass
@@ -292,6 +293,9 @@ class Supervisor:
         if failure.traceback:
             lines += ["", f"Traceback from rank {rank}:", failure.traceback.rstrip()]
             self.logs.write_block(failure.local_rank, failure.traceback)
+        elif rank is not None and self.state.ranks[failure.local_rank].lines:
+            recent = crash_report_lines([text for _, text in self.state.ranks[failure.local_rank].lines])
+            lines += ["", f"Last output of rank {rank}:"] + [f"  {text}" for text in recent]
         lines += ["", "Other ranks:" if rank is not None else "Ranks:"]
         for rs in self.state.ranks:
             if rs.rank == rank:
@@ -305,6 +309,15 @@ class Supervisor:
         return LaunchError("\n".join(lines), rank=rank, kind=failure.kind, exc_type=failure.exc_type,
                            exc_message=failure.exc_message, remote_traceback=failure.traceback or None,
                            log_dir=self.state.log_dir, results=results)
+
+
+def crash_report_lines(lines):
+    """What to quote from a rank that died without a Python traceback: faulthandler's
+    report when there is one (it starts with "Fatal Python error"), else the last lines."""
+    for start in range(len(lines) - 1, -1, -1):
+        if lines[start].startswith("Fatal Python error"):
+            return lines[start:start + 2 * LAST_LINES_IN_ERROR]
+    return lines[-LAST_LINES_IN_ERROR:]
 
 
 def stopped_description(watch, status) -> str:

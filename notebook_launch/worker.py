@@ -3,6 +3,7 @@ function's result or exception to the parent over the event channel."""
 from __future__ import annotations
 
 import ctypes
+import faulthandler
 import io
 import os
 import signal
@@ -88,6 +89,8 @@ def capture_output(stdout_fd: int, stderr_fd: int) -> None:
         os.close(stderr_fd)
     sys.stdout = sys.__stdout__ = _text_stream(1)
     sys.stderr = sys.__stderr__ = _text_stream(2)
+    # A segfault or abort then prints the Python stack into the rank's log and error.
+    faulthandler.enable(file=sys.stderr, all_threads=True)
 
 
 def _text_stream(fd: int):

@@ -76,10 +76,10 @@ def test_fabric_with_more_devices_than_ranks_fails_clearly():
 
 
 def test_fabric_joins_the_launched_ranks_from_a_jupyter_kernel():
-    from nbutil import cell_text, notebook_from_cells, run_notebook
+    from nbutil import cell_text, make_notebook, run_notebook
     import inspect
     body = textwrap.dedent(inspect.getsource(_fabric_train))
-    nb = notebook_from_cells(
+    nb = make_notebook(
         "import os, sys, torch\nfrom lightning.fabric import Fabric\n"
         "from lightning.fabric.utilities.imports import _IS_INTERACTIVE\nprint('interactive', _IS_INTERACTIVE)",
         f"N = {N}\n" + body,

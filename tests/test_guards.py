@@ -1,0 +1,182 @@
+"""Guards refuse before any process starts, and say what to do."""
+import os
+import socket
+import time
+
+import psutil
+import pytest
+import torch
+
+from notebook_launch import GuardError, LaunchArgumentError, LaunchError, cuda_tracking, notebook_launcher
+from notebook_launch.plan import free_port
+
+
+def noop():
+    return "ran"
+
+
+def assert_nothing_started():
+    assert psutil.Process().children(recursive=True) == []
+
+
+@pytest.fixture
+def clean_accelerate_state():
+    from accelerate.state import AcceleratorState
+    AcceleratorState._reset_state(True)
+    yield
+    AcceleratorState._reset_state(True)
+
+
+@pytest.mark.parametrize("make", ["PartialState", "AcceleratorState", "Accelerator"])
+def test_existing_accelerate_state_is_refused(make, clean_accelerate_state, monkeypatch):
+    import accelerate
+    from accelerate.state import AcceleratorState, PartialState
+    monkeypatch.setenv("ACCELERATE_USE_CPU", "true")
+    if make == "PartialState":
+        PartialState()
+    elif make == "AcceleratorState":
+        from accelerate.utils import TorchDynamoPlugin
+        AcceleratorState(_from_accelerator=True, dynamo_plugin=TorchDynamoPlugin())
+    else:
+        accelerate.Accelerator()
+    with pytest.raises(GuardError) as info:
+        notebook_launcher(noop, num_processes=2)
+    message = str(info.value)
+    assert "already holds" in message
+    assert ("PartialState" if make == "PartialState" else "Accelerator") in message
+    assert "inside the function" in message and "restart the kernel" in message
+    assert_nothing_started()
+
+
+def test_after_reset_the_launch_works(clean_accelerate_state):
+    from accelerate.state import AcceleratorState, PartialState
+    PartialState()
+    AcceleratorState._reset_state(True)
+    assert notebook_launcher(noop, num_processes=1) == ["ran"]
+
+
+@pytest.fixture
+def fake_cuda_initialized(monkeypatch):
+    """Stands in for a CUDA context in the parent: no GPU exists on the test machine."""
+    monkeypatch.setattr(cuda_tracking, "is_cuda_initialized", lambda: True)
+    cuda_tracking._reset_for_tests()
+    yield
+    cuda_tracking._reset_for_tests()
+
+
+def touch_cuda_in_a_notebook_cell():
+    try:
+        torch.cuda._lazy_init()  # the wrapper records this stack, then the CPU build raises
+    except (AssertionError, RuntimeError):
+        pass
+
+
+def test_cuda_initialized_in_parent_is_refused_and_located(fake_cuda_initialized):
+    cuda_tracking.install()
+    touch_cuda_in_a_notebook_cell()
+    with pytest.raises(GuardError) as info:
+        notebook_launcher(noop, num_processes=2)
+    message = str(info.value)
+    assert message.startswith("CUDA is already initialized in this notebook")
+    assert "CUDA was first initialized at:" in message
+    assert "touch_cuda_in_a_notebook_cell" in message
+    assert "start_method='spawn'" in message and "restart the kernel" in message
+    assert_nothing_started()
+
+
+def test_cuda_guard_without_known_location_still_says_what_to_do(fake_cuda_initialized):
+    with pytest.raises(GuardError) as info:
+        notebook_launcher(noop)
+    assert "restart the kernel" in str(info.value)
+
+
+def launch_again():
+    return notebook_launcher(noop, num_processes=1)
+
+
+def test_launch_from_inside_a_rank_is_refused():
+    with pytest.raises(LaunchError) as info:
+        notebook_launcher(launch_again, num_processes=1)
+    assert "GuardError: notebook_launcher was called from inside a launched rank" in str(info.value)
+
+
+@pytest.mark.parametrize("kwargs, names", [
+    (dict(num_processes=0), ["num_processes", ">= 1"]),
+    (dict(num_processes=-2), ["num_processes", ">= 1"]),
+    (dict(num_processes="2"), ["num_processes", "whole number"]),
+    (dict(num_processes=2.0), ["num_processes", "whole number"]),
+    (dict(mixed_precision="fp32"), ["mixed_precision='fp32'", "no, fp16, bf16, fp8"]),
+    (dict(args=5), ["args must be a tuple or list", "args=(value,)"]),
+    (dict(kwargs=[1]), ["kwargs must be a dict"]),
+    (dict(timeout=0), ["timeout", "> 0"]),
+    (dict(timeout="10"), ["timeout", "> 0"]),
+    (dict(start_method="thread"), ["start_method='thread'", "'fork'", "'spawn'"]),
+    (dict(ui="gui"), ["ui='gui'", "'widget'", "'text'"]),
+    (dict(num_nodes=0), ["num_nodes", ">= 1"]),
+    (dict(node_rank=1), ["node_rank", "between 0 and 0"]),
+    (dict(use_port="http"), ["use_port", "between 1 and 65535"]),
+    (dict(use_port=70000), ["use_port", "between 1 and 65535"]),
+    (dict(rdzv_backend="zookeeper"), ["rdzv_backend='zookeeper'", "'static'", "'c10d'"]),
+    (dict(monitor_interval=0), ["monitor_interval", "> 0"]),
+])
+def test_invalid_arguments_name_the_argument_and_valid_values(kwargs, names):
+    with pytest.raises(LaunchArgumentError) as info:
+        notebook_launcher(noop, **kwargs)
+    for name in names:
+        assert name in str(info.value)
+    assert_nothing_started()
+
+
+def test_non_callable_function():
+    with pytest.raises(LaunchArgumentError, match="function must be callable"):
+        notebook_launcher(42)
+
+
+@pytest.fixture
+def fake_two_cuda_gpus(monkeypatch):
+    """Stands in for a machine with 2 GPUs (none exist here); only the count is faked."""
+    import notebook_launch.launcher as launcher
+    monkeypatch.setattr(launcher, "cuda_device_count", lambda: 2)
+
+
+def test_more_processes_than_gpus(fake_two_cuda_gpus):
+    with pytest.raises(LaunchArgumentError) as info:
+        notebook_launcher(noop, num_processes=3)
+    assert "num_processes=3 is more than the 2 CUDA GPU(s)" in str(info.value)
+    assert "between 1 and 2" in str(info.value)
+
+
+def listen(port):
+    sock = socket.socket()
+    sock.bind(("", port))
+    sock.listen()
+    return sock
+
+
+def test_explicit_busy_port_is_an_error():
+    port = free_port()
+    with listen(port):
+        with pytest.raises(LaunchArgumentError) as info:
+            notebook_launcher(noop, num_processes=1, use_port=str(port))
+    assert f"use_port={port} is already in use" in str(info.value)
+
+
+def occupy_default_port():
+    """Hold 29500 (other launches on this machine may hold it already; either way it is busy)."""
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            return listen(29500)
+        except OSError:
+            if time.monotonic() > deadline:
+                pytest.skip("port 29500 stayed busy with something else for 30 s")
+            time.sleep(0.2)
+
+
+def test_busy_default_port_picks_a_free_one_and_says_so(capsys):
+    with occupy_default_port():
+        results = notebook_launcher(lambda: os.environ["MASTER_PORT"], num_processes=2)
+    out = capsys.readouterr().out
+    assert "port 29500 is busy; using port" in out
+    assert results[0] == results[1] != "29500"
+    assert f"using port {results[0]} instead" in out

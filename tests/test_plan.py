@@ -1,0 +1,79 @@
+"""The plan is pure: ranks, environment and ports without starting anything."""
+from notebook_launch.plan import (DEFAULT_USE_PORT, build_plan, free_port, nccl_workarounds,
+                                  omp_threads, port_is_free)
+
+
+def plan(**kw):
+    args = dict(num_processes=2, num_nodes=1, node_rank=0, master_addr="127.0.0.1",
+                master_port=29500, device_kind="cpu", mixed_precision="no", start_method="fork",
+                run_id="r1", user_env={}, cpu_count=8)
+    args.update(kw)
+    return build_plan(**args)
+
+
+def test_ranks_and_world():
+    p = plan(num_processes=4)
+    assert p.world_size == 4
+    assert [r.global_rank for r in p.ranks] == [0, 1, 2, 3]
+    assert [r.env["LOCAL_RANK"] for r in p.ranks] == ["0", "1", "2", "3"]
+    assert {r.env["WORLD_SIZE"] for r in p.ranks} == {"4"}
+    assert p.dist_backend == "gloo"
+
+
+def test_global_ranks_on_second_node():
+    p = plan(num_processes=2, num_nodes=2, node_rank=1, master_addr="10.0.0.1")
+    assert [r.global_rank for r in p.ranks] == [2, 3]
+    env = p.ranks[1].env
+    assert env["RANK"] == "3" and env["LOCAL_RANK"] == "1" and env["WORLD_SIZE"] == "4"
+    assert env["GROUP_RANK"] == env["NODE_RANK"] == "1"
+    assert "GLOO_SOCKET_IFNAME" not in env  # only forced to loopback on a single host
+
+
+def test_cpu_environment_for_accelerate():
+    env = plan(mixed_precision="bf16").ranks[0].env
+    assert env["ACCELERATE_USE_CPU"] == "true"
+    assert env["ACCELERATE_MIXED_PRECISION"] == "bf16"
+    assert env["MASTER_ADDR"] == "127.0.0.1" and env["MASTER_PORT"] == "29500"
+    assert env["GLOO_SOCKET_IFNAME"] == "lo"
+    assert env["LOCAL_WORLD_SIZE"] == "2"
+
+
+def test_omp_threads_shared_unless_user_set():
+    assert plan(num_processes=2, cpu_count=8).ranks[0].env["OMP_NUM_THREADS"] == "4"
+    assert plan(num_processes=16, cpu_count=8).ranks[0].env["OMP_NUM_THREADS"] == "1"
+    assert "OMP_NUM_THREADS" not in plan(user_env={"OMP_NUM_THREADS": "3"}).ranks[0].env
+    assert omp_threads(3, 2) == 1
+
+
+def test_cuda_devices_one_per_rank_and_nccl():
+    p = plan(device_kind="cuda", num_processes=2)
+    assert [r.device for r in p.ranks] == ["cuda:0", "cuda:1"]
+    assert p.dist_backend == "nccl"
+    assert "ACCELERATE_USE_CPU" not in p.ranks[0].env
+
+
+def test_rtx40_old_driver_gets_nccl_switches():
+    assert nccl_workarounds(["NVIDIA GeForce RTX 4090"], "535.104") == {
+        "NCCL_P2P_DISABLE": "1", "NCCL_IB_DISABLE": "1"}
+    assert nccl_workarounds(["NVIDIA GeForce RTX 4090"], "550.54") == {}
+    assert nccl_workarounds(["NVIDIA A100-SXM4-80GB"], "470.1") == {}
+    env = plan(device_kind="cuda", gpu_names=["NVIDIA GeForce RTX 4080"], driver_version="525.1").ranks[0].env
+    assert env["NCCL_P2P_DISABLE"] == "1"
+    env = plan(device_kind="cuda", gpu_names=["NVIDIA GeForce RTX 4080"], driver_version="525.1",
+               user_env={"NCCL_P2P_DISABLE": "0"}).ranks[0].env
+    assert "NCCL_P2P_DISABLE" not in env  # the user's own setting wins (inherited)
+
+
+def test_default_port_is_a_distinguishable_str():
+    assert DEFAULT_USE_PORT == "29500"
+    assert type(DEFAULT_USE_PORT) is not str
+
+
+def test_port_probe():
+    import socket
+    port = free_port()
+    assert port_is_free(port)
+    with socket.socket() as s:
+        s.bind(("", port))
+        s.listen()
+        assert not port_is_free(port)
