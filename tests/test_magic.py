@@ -31,6 +31,29 @@ def test_bad_options_name_the_option_and_show_usage(line, words):
     assert "Usage: %%launch" in str(info.value)
 
 
+LOAD_EXT_CHECK = """
+from IPython.testing.globalipapp import start_ipython
+shell = start_ipython()
+from notebook_launch import cuda_tracking
+cuda_tracking._installed = False        # as if notebook_launch had been imported before torch
+hooks = len(shell.events.callbacks["post_run_cell"])
+shell.run_line_magic("load_ext", "notebook_launch")
+print("installed", cuda_tracking._installed)
+print("new hooks", len(shell.events.callbacks["post_run_cell"]) - hooks)
+print("magic", "launch" in shell.magics_manager.magics["cell"])
+"""
+
+
+def test_load_ext_installs_cuda_tracking_and_the_magic():
+    # In a child interpreter: a global IPython shell would leak into the other tests.
+    import subprocess
+    import sys
+    proc = subprocess.run([sys.executable, "-c", LOAD_EXT_CHECK], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "installed True" in proc.stdout and "new hooks 1" in proc.stdout and "magic True" in proc.stdout, \
+        proc.stdout + proc.stderr
+
+
 SETUP = "%load_ext notebook_launch\nimport torch\nscale = 3\ndef helper(x):\n    return x * scale"
 
 BODY_OK = """%%launch -n 2 --ui text --return total,gathered,rank_seen
