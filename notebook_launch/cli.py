@@ -253,7 +253,7 @@ def cmd_demo(args) -> int:
     import torch
     from .launcher import notebook_launcher
     results = notebook_launcher(demo_train, args=(args.steps,), num_processes=args.num_processes,
-                                start_method=args.start_method, ui=args.ui)
+                                start_method=args.start_method, ui=args.ui, timeout=args.timeout)
     for r in results:
         print(f"rank {r['rank']}: final loss {r['loss']:.4f}")
     same = all(torch.equal(results[0]["weights"], r["weights"]) for r in results)
@@ -280,6 +280,7 @@ def build_parser() -> argparse.ArgumentParser:
     p_demo.add_argument("--steps", type=_positive_int, default=300)
     p_demo.add_argument("--start-method", choices=("fork", "spawn"), default=None)
     p_demo.add_argument("--ui", default="auto", help="auto, widget, html, rich, text or none")
+    p_demo.add_argument("--timeout", type=float, default=None, help="seconds before the ranks are stopped")
     p_demo.set_defaults(func=cmd_demo)
     return parser
 

@@ -73,7 +73,7 @@ def test_bad_arguments_name_the_option():
 
 
 def test_demo_trains_across_ranks():
-    proc = run("demo", "-n", "2", "--steps", "40", "--ui", "text")
+    proc = run("demo", "-n", "2", "--steps", "40", "--ui", "text", "--timeout", "240")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "rank 0: final loss" in proc.stdout and "rank 1: final loss" in proc.stdout
     assert "every rank holds the same weights" in proc.stdout

@@ -17,6 +17,7 @@ N = 2
 
 def _launch(fn, *args, **kwargs):
     kwargs.setdefault("ui", "text")
+    kwargs.setdefault("timeout", 240)   # a stuck rendezvous fails with the ranks named, not a silent hang
     return notebook_launcher(fn, args=args, num_processes=N, **kwargs)
 
 

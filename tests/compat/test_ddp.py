@@ -31,7 +31,7 @@ def _collectives():
 
 
 def test_init_process_group_without_arguments_and_collectives():
-    results = notebook_launcher(_collectives, num_processes=N, ui="text")
+    results = notebook_launcher(_collectives, num_processes=N, ui="text", timeout=240)
     assert [r["rank"] for r in results] == list(range(N))
     for r in results:
         assert r["world"] == N and "cpu:gloo" in r["backend"], r["backend"]
@@ -73,7 +73,7 @@ def _ddp_train(steps=30):
 
 
 def test_ddp_training_reaches_the_same_weights_on_every_rank():
-    results = notebook_launcher(_ddp_train, num_processes=N, ui="text")
+    results = notebook_launcher(_ddp_train, num_processes=N, ui="text", timeout=240)
     r0, r1 = results
     assert r0["batches"] == 256 // 16 // N             # DistributedSampler shards the data
     for key in r0["state"]:

@@ -63,7 +63,7 @@ def _check(results):
 
 
 def test_fabric_joins_the_launched_ranks_from_a_script():
-    results = notebook_launcher(_fabric_train, num_processes=N, ui="text")
+    results = notebook_launcher(_fabric_train, num_processes=N, ui="text", timeout=240)
     _check(results)
     pids = {r["pid"] for r in results}
     assert os.getpid() not in pids
