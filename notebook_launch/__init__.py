@@ -7,6 +7,7 @@ from . import cuda_tracking as _cuda_tracking
 from . import cuda_tracking  # noqa: F401  (guards and tests use it)
 from .errors import GuardError, LaunchArgumentError, LaunchError
 from .launcher import notebook_launcher
+from .progress import progress
 
 try:  # record where CUDA gets initialized from now on (guards quote it)
     import torch as _torch  # noqa: F401
@@ -21,4 +22,4 @@ def load_ipython_extension(ipython) -> None:
     _load(ipython)
 
 
-__all__ = ["notebook_launcher", "LaunchError", "GuardError", "LaunchArgumentError", "__version__"]
+__all__ = ["notebook_launcher", "progress", "LaunchError", "GuardError", "LaunchArgumentError", "__version__"]

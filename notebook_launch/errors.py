@@ -13,11 +13,13 @@ class LaunchError(RuntimeError):
     ("exception", "signal", "exit", "timeout", "result", "stopped", "rendezvous"),
     ``exc_type``, ``exc_message``, ``remote_traceback``, ``log_dir``, and
     ``results`` (the values of the ranks that finished, by local rank; missing
-    ones are None).
+    ones are None), ``node_rank`` (the node of the failing rank in a multi-node
+    run, else None).
     """
 
     def __init__(self, message: str, *, rank=None, kind="exception", exc_type=None,
-                 exc_message=None, remote_traceback=None, log_dir=None, results=None):
+                 exc_message=None, remote_traceback=None, log_dir=None, results=None,
+                 node_rank=None):
         super().__init__(message)
         self.rank = rank
         self.kind = kind
@@ -26,6 +28,7 @@ class LaunchError(RuntimeError):
         self.remote_traceback = remote_traceback
         self.log_dir = log_dir
         self.results = results
+        self.node_rank = node_rank
 
 
 class GuardError(RuntimeError):

@@ -9,7 +9,7 @@ import threading
 from . import guards
 from .backends.base import RankPipes
 from .display import UI_CHOICES, choose_display
-from .environment import cuda_device_count, cuda_gpus
+from .environment import cuda_gpus, detect
 from .errors import LaunchArgumentError
 from .output import RunLogs, make_run_id
 from .plan import DEFAULT_USE_PORT, _DefaultPort, build_plan, free_port, port_is_free
@@ -27,7 +27,7 @@ def notebook_launcher(function, args=(), num_processes=None, mixed_precision="no
                       num_nodes=1, rdzv_backend="static", rdzv_endpoint="", rdzv_conf=None,
                       rdzv_id="none", max_restarts=0, monitor_interval=0.1,
                       log_line_prefix_template=None, *, kwargs=None, start_method=None,
-                      timeout=None, log_dir=None, ui="auto"):
+                      timeout=None, log_dir=None, ui="auto", rdzv_timeout=None):
     """Run ``function(*args, **kwargs)`` on ``num_processes`` ranks and return every rank's result.
 
     The first fourteen parameters mean what they mean in Hugging Face Accelerate's
@@ -38,6 +38,8 @@ def notebook_launcher(function, args=(), num_processes=None, mixed_precision="no
     timeout: seconds after which every rank is stopped and LaunchError names those still running.
     log_dir: folder for the per-rank logs; by default a new folder per run in the user cache.
     ui: "auto", "widget", "html", "rich", "text" or "none".
+    rdzv_timeout: seconds every node has to join the rendezvous (multi-node or max_restarts > 0);
+        default rdzv_conf's "join_timeout"/"timeout", else 900 s (torch elastic's default).
 
     Returns a list with each local rank's return value, in rank order (tensors moved to CPU).
     Raises LaunchError when a rank fails (naming it, with its traceback), GuardError when
@@ -59,12 +61,10 @@ def notebook_launcher(function, args=(), num_processes=None, mixed_precision="no
         raise LaunchArgumentError(f"monitor_interval must be a number of seconds > 0; got {monitor_interval!r}")
     if log_line_prefix_template is not None and not isinstance(log_line_prefix_template, str):
         raise LaunchArgumentError("log_line_prefix_template must be a str such as '[{rank}]: ' or None")
-    if num_nodes > 1 or max_restarts > 0:
-        raise NotImplementedError(
-            "multi-node launches (num_nodes > 1) and restarts (max_restarts > 0) are not available "
-            "in this version of notebook_launch yet; launch on one node with max_restarts=0")
+    elastic = num_nodes > 1 or max_restarts > 0   # torch.distributed.elastic's agent (backends/elastic.py)
 
-    device_count = cuda_device_count()
+    where = detect()  # platform and devices; TPUs (where.has_tpu) are the xla backend's
+    device_count = where.device_count if where.device_kind == "cuda" else 0
     device_kind = "cuda" if device_count > 0 else "cpu"
     if num_processes is None:
         num_processes = device_count or 1
@@ -74,8 +74,10 @@ def notebook_launcher(function, args=(), num_processes=None, mixed_precision="no
     guards.check_cuda_not_initialized(start_method)
 
     notes = []
-    port = resolve_port(port, explicit=not isinstance(use_port, _DefaultPort),
-                        master_addr=master_addr, node_rank=node_rank, notes=notes)
+    if not (elastic and rdzv_endpoint):  # an explicit rdzv_endpoint names the store's port instead
+        port = resolve_port(port, explicit=not isinstance(use_port, _DefaultPort),
+                            master_addr=master_addr, node_rank=node_rank, notes=notes,
+                            multi_node=num_nodes > 1)
     run_id = make_run_id()
     gpus = cuda_gpus() if device_kind == "cuda" else ()
     plan = build_plan(
@@ -84,19 +86,38 @@ def notebook_launcher(function, args=(), num_processes=None, mixed_precision="no
         mixed_precision=mixed_precision, start_method=start_method, run_id=run_id,
         gpu_names=[g[0] for g in gpus], driver_version=gpus[0][1] if gpus else None, notes=notes)
     job = Job(function, tuple(args), dict(kwargs or {}))
+    if elastic:
+        from .backends.elastic_run import run_elastic
+        from .rendezvous import settings_from_arguments
+        rendezvous = settings_from_arguments(
+            rdzv_backend=rdzv_backend, rdzv_endpoint=rdzv_endpoint, rdzv_conf=rdzv_conf,
+            rdzv_id=rdzv_id, rdzv_timeout=rdzv_timeout, master_addr=master_addr, port=port,
+            node_rank=node_rank, num_nodes=num_nodes,
+            may_move_port=isinstance(use_port, _DefaultPort))
+        return run_elastic(plan, job, rendezvous=rendezvous, max_restarts=max_restarts, run_id=run_id,
+                           log_dir=log_dir, ui=ui, timeout=timeout,
+                           poll_interval=min(float(monitor_interval), 0.1),
+                           line_prefix=log_line_prefix_template)
     return run_plan(plan, job, run_id=run_id, log_dir=log_dir, ui=ui, timeout=timeout,
                     poll_interval=min(float(monitor_interval), 0.1),
-                    line_prefix=log_line_prefix_template)
+                    line_prefix=log_line_prefix_template, platform=where.platform)
 
 
 def default_start_method() -> str:
+    """fork where it is safe (Linux); spawn elsewhere: Windows has no fork, and macOS
+    system frameworks crash in forked children (CPython defaults to spawn there too)."""
     return "fork" if hasattr(os, "fork") and sys.platform.startswith("linux") else "spawn"
 
 
-def resolve_port(port: int, *, explicit: bool, master_addr: str, node_rank: int, notes: list) -> int:
+def resolve_port(port: int, *, explicit: bool, master_addr: str, node_rank: int, notes: list,
+                 multi_node: bool = False) -> int:
     """Only the node that hosts the rendezvous store (node 0) needs the port free."""
     if node_rank != 0 or port_is_free(port):
         return port
+    if multi_node:  # the other nodes were told this port: we cannot pick another one for them
+        raise LaunchArgumentError(
+            f"use_port={port} is already in use on node 0 (another launch, or a process still holding "
+            f"it). Pass a free use_port, the same one on every node.")
     if explicit:
         raise LaunchArgumentError(
             f"use_port={port} is already in use on this machine (another launch, or a process "
@@ -110,10 +131,13 @@ def get_backend(start_method: str):
     if start_method == "fork":
         from .backends.fork import ForkBackend
         return ForkBackend()
-    raise NotImplementedError(f"start_method={start_method!r} is not available yet; use 'fork'")
+    if start_method == "spawn":
+        from .backends.spawn import SpawnBackend
+        return SpawnBackend()
+    raise NotImplementedError(f"start_method={start_method!r} is not available yet; use 'fork' or 'spawn'")
 
 
-def run_plan(plan, job, *, run_id, log_dir, ui, timeout, poll_interval, line_prefix):
+def run_plan(plan, job, *, run_id, log_dir, ui, timeout, poll_interval, line_prefix, platform=None):
     """Start the plan's ranks and supervise them until results or one clear error."""
     backend = get_backend(plan.start_method)
     backend.prepare_parent()
@@ -122,8 +146,9 @@ def run_plan(plan, job, *, run_id, log_dir, ui, timeout, poll_interval, line_pre
                      log_dir=str(logs.path), node_rank=plan.node_rank, num_nodes=plan.num_nodes,
                      ranks=[RankState(rank=r.global_rank, local_rank=r.local_rank, device=r.device)
                             for r in plan.ranks])
-    print(launch_summary(plan, backend.name, logs.path), flush=True)
     display = choose_display(ui, line_prefix=line_prefix)
+    print(launch_summary(plan, backend.name, logs.path, platform=platform,
+                         display=display_name(display)), flush=True)
     saved = _save_signal_handlers()
     pipes = []
     try:
@@ -149,14 +174,24 @@ def run_plan(plan, job, *, run_id, log_dir, ui, timeout, poll_interval, line_pre
             _restore_signal_handlers(saved)
 
 
-def launch_summary(plan, backend_name: str, log_path) -> str:
+def launch_summary(plan, backend_name: str, log_path, platform=None, display=None) -> str:
+    """One line that says what the launcher chose and why it matters: where, on what, how."""
     what = {"cpu": "CPU", "cuda": "CUDA GPU", "xla": "TPU"}[plan.device_kind]
     nodes = f" on node {plan.node_rank} of {plan.num_nodes}" if plan.num_nodes > 1 else ""
-    line = (f"notebook_launch: {plan.num_processes} rank{'s' if plan.num_processes != 1 else ''} "
-            f"({what}, {plan.dist_backend}, {backend_name}){nodes}, port {plan.master_port}; logs: {log_path}")
+    where = f" on {platform}" if platform else ""
+    shown = f", display {display}" if display else ""
+    line = (f"notebook_launch: {plan.num_processes} rank{'s' if plan.num_processes != 1 else ''}{where} "
+            f"({what}, {plan.dist_backend}, {backend_name}){nodes}, port {plan.master_port}{shown}; "
+            f"logs: {log_path}")
     for note in plan.notes:
         line += f"\nnotebook_launch: {note}"
     return line
+
+
+def display_name(display) -> str:
+    """"text", "widget", ... from the display's class name (TextDisplay -> text); "none" for the base."""
+    name = type(display).__name__
+    return name[:-len("Display")].lower() or "none" if name.endswith("Display") else name.lower()
 
 
 def _save_signal_handlers():

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 STARTING, RUNNING, DONE, FAILED, STOPPED = "starting", "running", "done", "failed", "stopped"
 
 RECENT_LINES = 200
+MAX_BARS = 32   # a loop that makes a new bar per epoch must not grow the state without bound
 
 
 @dataclass
@@ -58,6 +59,15 @@ class RankState:
     def last_line(self) -> str:
         return self.lines[-1][1] if self.lines else ""
 
+    @property
+    def main_bar(self) -> "Bar | None":
+        """The bar a one-row display shows: the newest open bar (the innermost loop),
+        else the first bar (usually the outermost, e.g. epochs)."""
+        for bar in reversed(self.bars.values()):
+            if not bar.closed:
+                return bar
+        return next(iter(self.bars.values()), None)
+
 
 @dataclass
 class RunState:
@@ -69,6 +79,7 @@ class RunState:
     node_rank: int = 0
     num_nodes: int = 1
     attempt: int = 0                      # restart number (0: first attempt)
+    max_restarts: int = 0                 # restarts allowed (elastic path); attempts = max_restarts + 1
     started_at: float = field(default_factory=time.monotonic)
     ended_at: float | None = None
     status: str = RUNNING                 # running, done, failed, stopped
@@ -101,6 +112,8 @@ class RunState:
             for key, value in fields.items():
                 setattr(bar, key, value)
         rs.metrics.update(payload.get("metrics", {}))
+        if len(rs.bars) > MAX_BARS:
+            _prune_closed_bars(rs.bars)
         rs.updates += 1
         if rs.status == STARTING:
             rs.status = RUNNING
@@ -122,3 +135,13 @@ class RunState:
         self.status = status
         self.summary = summary
         self.ended_at = time.monotonic()
+
+
+def _prune_closed_bars(bars: dict) -> None:
+    """Drop the oldest closed bars, keeping the first one (the run-level bar)."""
+    ids = list(bars)
+    for bar_id in ids[1:]:
+        if len(bars) <= MAX_BARS:
+            break
+        if bars[bar_id].closed:
+            del bars[bar_id]

@@ -24,8 +24,28 @@ class Job:
     kwargs: dict = field(default_factory=dict)
 
 
-# Set in a rank process before the user's function runs; read by ``progress``.
+# Called with the RankSpec in every rank before the user's function runs.
 rank_hooks = []
+
+
+def _install_tqdm_bridge(spec) -> None:
+    try:
+        from . import tqdm_bridge   # tqdm bars in a rank report to the panel
+        tqdm_bridge.install(spec)
+    except Exception:   # a tqdm we cannot patch still works, just as plain text
+        pass
+
+
+rank_hooks.append(_install_tqdm_bridge)
+
+
+def flush_progress() -> None:
+    """Send the bars' last counts before RESULT/ERROR, so the parent's final state is exact."""
+    try:
+        from .progress import flush   # (the package attribute `progress` is the class)
+        flush()
+    except Exception:
+        pass
 
 
 def run_forked_rank(spec, job, pipes, all_pipes, parent_pid):
@@ -159,7 +179,10 @@ def run_rank(spec, job) -> int:
         hook(spec)
     writer.send(channel.READY, {"pid": os.getpid(), "device": spec.device})
     try:
-        value = job.function(*job.args, **(job.kwargs or {}))
+        try:
+            value = job.function(*job.args, **(job.kwargs or {}))
+        finally:
+            flush_progress()
     except SystemExit as exc:
         if exc.code in (None, 0):
             value = None

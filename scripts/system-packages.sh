@@ -2,7 +2,8 @@
 # Debian packages the tests need. Skipped when already present or when not root.
 set -euo pipefail
 need=()
-for pair in "ip:iproute2"; do
+# chromium: the live panel's browser test (tests/test_browser_panel.py) drives Debian's build
+for pair in "ip:iproute2" "chromium:chromium"; do
   cmd=${pair%%:*}; pkg=${pair#*:}
   command -v "$cmd" >/dev/null 2>&1 || need+=("$pkg")
 done

@@ -1,37 +1,76 @@
-"""Run notebooks in a real Jupyter kernel (nbclient) with this venv's python."""
+"""Run notebooks in a real Jupyter kernel of the interpreter running the tests.
+
+The kernelspec lives in a private temporary folder and names ``sys.executable``,
+so a ``python3`` kernelspec installed elsewhere on the machine (another Python,
+without notebook_launch) can never be picked by mistake.
+"""
 from __future__ import annotations
 
+import json
+import sys
+import tempfile
 from pathlib import Path
 
 import nbformat
-from nbclient import NotebookClient
 from nbclient.exceptions import CellExecutionError  # noqa: F401  (re-exported for tests)
 
-
-def make_notebook(*cells: str):
-    nb = nbformat.v4.new_notebook()
-    nb.cells = [nbformat.v4.new_code_cell(src) for src in cells]
-    return nb
+KERNEL_NAME = "notebook-launch-tests"
+_kernel_dir = None
 
 
-def run_notebook(nb, *, timeout=300, allow_errors=False, cwd=None, store_widget_state=True):
-    """Execute every cell; the 'python3' kernel resolves to this interpreter (sys.executable).
+def kernel_spec_dir() -> str:
+    """A kernels/ folder holding one kernelspec that runs this interpreter's ipykernel."""
+    global _kernel_dir
+    if _kernel_dir is None:
+        root = Path(tempfile.mkdtemp(prefix="nl-kernels-"))
+        spec = root / KERNEL_NAME
+        spec.mkdir()
+        (spec / "kernel.json").write_text(json.dumps({
+            "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+            "display_name": "notebook_launch tests", "language": "python",
+        }))
+        _kernel_dir = str(root)
+    return _kernel_dir
 
-    ``nb`` is a notebook node or a path to an .ipynb file (then cells run in its folder
-    unless ``cwd`` says otherwise); returns the executed notebook.
+
+def run_notebook(path_or_nb, *, cwd=None, timeout: int = 600, allow_errors: bool = False,
+                 store_widget_state: bool = True):
+    """Execute every cell in a fresh kernel and return the executed notebook (nbformat node).
+
+    ``path_or_nb`` is a notebook file or an nbformat notebook; cells run in ``cwd``
+    (default: the notebook's folder, or the current folder).
     """
-    if isinstance(nb, (str, Path)):
-        cwd = cwd or str(Path(nb).resolve().parent)
-        nb = nbformat.read(str(nb), as_version=4)
-    client = NotebookClient(nb, timeout=timeout, kernel_name="python3", allow_errors=allow_errors,
-                            resources={"metadata": {"path": cwd}} if cwd else {},
+    from jupyter_client.kernelspec import KernelSpecManager
+    from jupyter_client.manager import KernelManager
+    from nbclient import NotebookClient
+
+    if isinstance(path_or_nb, (str, Path)):
+        nb = nbformat.read(str(path_or_nb), as_version=4)
+        cwd = cwd or str(Path(path_or_nb).resolve().parent)
+    else:
+        nb = path_or_nb
+    km = KernelManager(kernel_name=KERNEL_NAME,
+                       kernel_spec_manager=KernelSpecManager(kernel_dirs=[kernel_spec_dir()]))
+    client = NotebookClient(nb, km=km, timeout=timeout, allow_errors=allow_errors,
+                            resources={"metadata": {"path": cwd or "."}},
                             store_widget_state=store_widget_state)
     client.execute()
     return nb
 
 
+def make_notebook(*sources: str):
+    """A notebook with one code cell per source string."""
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell(src) for src in sources]
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    return nb
+
+
+notebook_from_cells = make_notebook
+
+
 def cell_text(cell) -> str:
-    """All text a cell showed: streams, results and error tracebacks."""
+    """Everything a code cell showed: streams, text/plain results and errors with tracebacks."""
     parts = []
     for out in cell.get("outputs", []):
         if out.output_type == "stream":
@@ -40,4 +79,4 @@ def cell_text(cell) -> str:
             parts.append(out.get("data", {}).get("text/plain", ""))
         elif out.output_type == "error":
             parts.append(f"{out.ename}: {out.evalue}\n" + "\n".join(out.traceback))
-    return "".join(parts)
+    return "".join(p if p.endswith("\n") else p + "\n" for p in parts if p)

@@ -135,8 +135,8 @@ def test_non_callable_function():
 @pytest.fixture
 def fake_two_cuda_gpus(monkeypatch):
     """Stands in for a machine with 2 GPUs (none exist here); only the count is faked."""
-    import notebook_launch.launcher as launcher
-    monkeypatch.setattr(launcher, "cuda_device_count", lambda: 2)
+    from notebook_launch import environment
+    monkeypatch.setattr(environment, "cuda_device_count", lambda: 2)
 
 
 def test_more_processes_than_gpus(fake_two_cuda_gpus):

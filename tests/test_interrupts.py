@@ -1,4 +1,5 @@
 """Interrupts stop every rank and re-raise; ranks die with the parent; 50 launches leak nothing."""
+import gc
 import os
 import signal
 import subprocess
@@ -90,6 +91,7 @@ def early_exit(i):
 
 
 def resources():
+    gc.collect()  # objects of earlier tests (sockets, files) must not close during the count
     me = psutil.Process()
     handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP,
                                                  signal.SIGQUIT, signal.SIGCHLD)}
@@ -110,8 +112,9 @@ def test_fifty_launches_in_a_row_leak_nothing(tmp_path):
             assert fn is not ok, err
     after = resources()
     assert psutil.Process().children(recursive=True) == [], "a child or zombie is left"
-    assert after["fds"] == before["fds"], "file descriptors leaked"
-    assert after["threads"] == before["threads"] and after["os_threads"] == before["os_threads"]
+    assert after["fds"] == before["fds"], f"file descriptors leaked: {before['fds']} -> {after['fds']}"
+    assert (after["threads"], after["os_threads"]) == (before["threads"], before["os_threads"]), \
+        f"threads: {before['threads']}/{before['os_threads']} -> {after['threads']}/{after['os_threads']}"
     assert after["handlers"] == before["handlers"], "signal handlers were not restored"
     assert after["env"] == before["env"]
-    assert after["sockets"] == before["sockets"], "a port or connection was left open"
+    assert after["sockets"] == before["sockets"], f"sockets: {before['sockets']} -> {after['sockets']}"

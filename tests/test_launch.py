@@ -111,7 +111,7 @@ def test_accelerate_state_in_children_starts_empty_even_if_imported(log_dir):
 def test_launch_summary_line(log_dir, capsys):
     notebook_launcher(int, num_processes=2, log_dir=log_dir)
     out = capsys.readouterr().out
-    assert "notebook_launch: 2 ranks (CPU, gloo, fork)" in out
+    assert "notebook_launch: 2 ranks on script (CPU, gloo, fork)" in out
     assert f"logs: {log_dir}" in out
 
 

@@ -19,7 +19,7 @@ def test_results_and_rank_tagged_output_in_the_cell(tmp_path):
     text = cell_text(nb.cells[1])
     assert "[rank 0] hello from rank 0" in text
     assert "[rank 1] hello from rank 1" in text
-    assert "notebook_launch: 2 ranks (CPU, gloo, fork)" in text
+    assert "notebook_launch: 2 ranks on notebook (CPU, gloo, fork)" in text
     assert nb.cells[1].outputs[-1]["data"]["text/plain"] == "[0, 10]"
 
 

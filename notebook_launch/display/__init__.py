@@ -5,15 +5,47 @@ from __future__ import annotations
 import sys
 
 from .base import Display
-from .text import TextDisplay
+from .text import SUMMARY_EVERY, TextDisplay
 
 UI_CHOICES = ("auto", "widget", "html", "rich", "text", "none")
 
 
 def choose_display(ui: str = "auto", *, line_prefix=None) -> Display:
+    """auto: the widget panel in a Jupyter kernel with ipywidgets, a rich panel in a
+    terminal, plain text (with periodic summaries) otherwise, e.g. in CI logs."""
     if ui == "none":
         return Display(line_prefix=line_prefix)
-    return TextDisplay(line_prefix=line_prefix, stream_is_notebook=_in_notebook())
+    if ui == "auto":
+        ui = _auto_choice()
+    if ui == "widget":
+        from .widget import WidgetDisplay
+        return WidgetDisplay(line_prefix=line_prefix)
+    if ui == "html":
+        from .html import HtmlDisplay
+        return HtmlDisplay(line_prefix=line_prefix)
+    if ui == "rich":
+        from .rich_panel import RichDisplay
+        return RichDisplay(line_prefix=line_prefix)
+    notebook = _in_notebook()
+    return TextDisplay(line_prefix=line_prefix, stream_is_notebook=notebook,
+                       summary_every=None if _is_terminal() else SUMMARY_EVERY)
+
+
+def _auto_choice() -> str:
+    if _in_notebook():
+        try:
+            import ipywidgets  # noqa: F401
+            return "widget"
+        except ImportError:
+            return "html"
+    return "rich" if _is_terminal() else "text"
+
+
+def _is_terminal() -> bool:
+    try:
+        return sys.stdout.isatty()
+    except (AttributeError, ValueError):
+        return False
 
 
 def _in_notebook() -> bool:

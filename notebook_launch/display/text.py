@@ -11,9 +11,17 @@ from .base import Display
 NOTEBOOK_LINES_PER_SECOND = 200
 
 
+SUMMARY_EVERY = 15.0   # seconds between plain-text status summaries (CI logs)
+
+
 class TextDisplay(Display):
-    def __init__(self, line_prefix=None, stream_is_notebook: bool = False):
+    """Tagged lines; with ``summary_every`` also a periodic per-rank summary
+    (output that is not a terminal cannot redraw a panel, e.g. CI logs)."""
+
+    def __init__(self, line_prefix=None, stream_is_notebook: bool = False, summary_every=None):
         super().__init__(line_prefix)
+        self.summary_every = summary_every
+        self._last_summary = time.monotonic()
         self.budget = NOTEBOOK_LINES_PER_SECOND if stream_is_notebook else None
         self._window_start = time.monotonic()
         self._window_count = 0
@@ -44,7 +52,21 @@ class TextDisplay(Display):
                              f"(too fast for the notebook); every line is in the log folder\n")
             self._suppressed = 0
 
+    def refresh(self, state) -> None:
+        if self.summary_every is None:
+            return
+        now = time.monotonic()
+        if now - self._last_summary >= self.summary_every:
+            self._last_summary = now
+            self._print_summary(state)
+
+    def _print_summary(self, state) -> None:
+        from . import format as fmt
+        sys.stdout.write(fmt.summary(state) + "\n")
+
     def close(self, state) -> None:
+        if self.summary_every is not None:
+            self._print_summary(state)
         self._report_suppressed()
         sys.stdout.flush()
         sys.stderr.flush()

@@ -1,0 +1,78 @@
+"""Comm messages per second the widget panel sends for 8 ranks stepping fast.
+
+Run: python benchmarks/widget_traffic.py [seconds] [ranks]   (default 5 s, 8 ranks)
+Real ipywidgets; a recording comm stands in for the browser and counts what
+would go over IOPub. Every rank folds a progress event and a log line every
+millisecond (100x what a rank really sends), the supervisor's refresh() runs
+every millisecond (100x its real rate). Prints a markdown table; never asserts.
+"""
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+
+def main():
+    seconds = float(sys.argv[1]) if len(sys.argv) > 1 else 5.0
+    world = int(sys.argv[2]) if len(sys.argv) > 2 else 8
+    import comm as comm_module
+    from comm.base_comm import BaseComm
+
+    sent = []
+
+    class RecordingComm(BaseComm):
+        def publish_msg(self, msg_type, data=None, metadata=None, buffers=None, **keys):
+            sent.append((time.monotonic(), msg_type))
+
+    comm_module.create_comm = lambda **kw: RecordingComm(**kw)
+    from notebook_launch.display.widget import MESSAGES_PER_SECOND, WidgetDisplay
+    from notebook_launch.state import DONE, RankState, RunState
+
+    state = RunState(run_id="bench", world_size=world, backend="fork", log_dir="/tmp/bench",
+                     ranks=[RankState(rank=i, local_rank=i) for i in range(world)])
+    display = WidgetDisplay(print_lines=False, poll_kernel=False)
+    import contextlib
+    with contextlib.redirect_stdout(open(os.devnull, "w")):
+        display.start(state)
+    opened = len(sent)
+    started = time.monotonic()
+    n = events = 0
+    while time.monotonic() - started < seconds:
+        n += 1000
+        for local in range(world):
+            state.on_progress(local, {"bars": {"b0": {"desc": "train", "n": n, "total": 10 ** 9}},
+                                      "metrics": {"loss": 1.0 / n}})
+            state.on_line(local, "stdout", f"step {n}")
+            events += 1
+        display.refresh(state)
+        time.sleep(0.001)
+    for local in range(world):
+        state.on_exit(local, DONE, "finished")
+    close_from = len(sent)
+    display.close(state)
+    elapsed = time.monotonic() - started
+    running = [t for t, kind in sent[opened:close_from] if kind == "comm_msg"]
+    per_second = {}
+    for t in running:
+        per_second[int(t - started)] = per_second.get(int(t - started), 0) + 1
+    window_max, j = 0, 0
+    for i, t in enumerate(running):
+        while t - running[j] >= 1.0:
+            j += 1
+        window_max = max(window_max, i - j + 1)
+    print(f"{world} ranks, {elapsed:.1f} s, {events / elapsed:,.0f} progress events/s folded, "
+          f"refresh() about every 1 ms\n")
+    print("| measure | value |")
+    print("| --- | ---: |")
+    print(f"| widgets opened (comm_open) | {opened} |")
+    print(f"| redraws | {display.redraws} ({display.redraws / elapsed:.1f}/s) |")
+    print(f"| comm messages while running | {len(running)} ({len(running) / elapsed:.1f}/s) |")
+    print(f"| most comm messages in any 1 s window | {window_max} (budget {MESSAGES_PER_SECOND}) |")
+    print(f"| messages of the final exact state (close) | {len(sent) - close_from} |")
+
+
+if __name__ == "__main__":
+    main()

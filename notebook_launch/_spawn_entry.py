@@ -1,0 +1,92 @@
+"""Entry point of a spawned rank (started by ``backends.spawn``): detach from
+the notebook like a forked rank, open the event channel, restore the
+notebook's context, load the job and run it with ``worker.run_rank``.
+
+If the job cannot be loaded here (a module the function needs is missing in
+a fresh interpreter), the rank reports an ERROR that says what to do.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import pickle
+import sys
+import traceback
+
+from . import channel, spawn_context
+from .worker import EXIT_FAILED, capture_output, detach_from_parent, flush_everything, run_rank
+
+
+def parse_args(argv):
+    parser = argparse.ArgumentParser(prog="notebook_launch._spawn_entry")
+    parser.add_argument("--payload", required=True)
+    parser.add_argument("--local-rank", type=int, required=True)
+    parser.add_argument("--events-fd", type=int, required=True)
+    parser.add_argument("--parent-pid", type=int, required=True)
+    parser.add_argument("--exit-fd", type=int, default=None)
+    return parser.parse_args(argv)
+
+
+def main(argv=None) -> None:
+    """Never returns: the process ends with the rank's exit code."""
+    code = EXIT_FAILED
+    try:
+        args = parse_args(sys.argv[1:] if argv is None else argv)
+        detach_from_parent(args.parent_pid)
+        for fd in (args.events_fd, args.exit_fd):
+            if fd is not None:  # the user's own subprocesses must not hold them
+                os.set_inheritable(fd, False)
+        capture_output(1, 2)
+        writer = channel.EventWriter(args.events_fd)
+        channel.install(writer)
+        loaded = load_job(args.payload, args.local_rank, writer)
+        if loaded is not None:
+            spec, job, context = loaded
+            spawn_context.restore_state(context)
+            code = run_rank(spec, job)
+    except BaseException:  # report anything, then exit with a failure code
+        try:
+            traceback.print_exc()
+        except BaseException:
+            pass
+    finally:
+        flush_everything()
+        os._exit(code)
+
+
+def load_job(path, local_rank, writer):
+    """(spec, job, context), or None after reporting why the job cannot run here."""
+    with open(path, "rb") as f:
+        payload = pickle.load(f)
+    spec = payload["specs"][local_rank]
+    context = payload["context"]
+    spawn_context.restore_paths(context)
+    import cloudpickle
+    try:
+        job = cloudpickle.loads(payload["job"])
+    except Exception as exc:
+        report_unloadable_job(writer, spec, exc)
+        return None
+    return spec, job, context
+
+
+def report_unloadable_job(writer, spec, exc) -> None:
+    missing = getattr(exc, "name", None) if isinstance(exc, ImportError) else None
+    what = f"the module {missing!r}" if missing else "something the function refers to"
+    writer.send(channel.ERROR, {
+        "kind": "exception",
+        "type": type(exc).__qualname__,
+        "message": (
+            f"rank {spec.global_rank} could not load the launched function in its fresh Python "
+            f"process: {type(exc).__name__}: {exc}. With start_method='spawn' each rank unpickles "
+            f"the function and its arguments, so {what} must be importable there. The notebook's "
+            f"working directory and sys.path are restored in the rank; a module that only exists "
+            f"in the notebook's memory is not. What to do: define that code in a notebook cell "
+            f"(it is then shipped by value), put its file in a folder on sys.path or install it "
+            f"with pip, or use start_method='fork' where it is safe."),
+        "traceback": "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)),
+    })
+
+
+if __name__ == "__main__":  # python -m notebook_launch._spawn_entry ... works too
+    main()

@@ -1,0 +1,131 @@
+"""Start ranks as fresh Python processes. The function, its arguments and the
+notebook's context (working directory, sys.path, torch flags and random
+states) travel to every rank with cloudpickle, so a function, closure, lambda
+or class defined in a notebook cell runs there (plain pickle cannot find
+``__main__.train`` in a fresh process). Used where fork is unsafe: macOS, a
+parent that already initialized CUDA, or when asked for.
+
+Each rank runs ``notebook_launch._spawn_entry``; its stdout and stderr are
+the rank's pipes from the first byte, the events pipe is passed by number.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+
+from .base import Backend, RankProcess
+from .. import spawn_context
+
+PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+# Runs in the fresh interpreter: make this notebook_launch importable even when the
+# notebook found it through a sys.path entry the child would not have yet.
+BOOTSTRAP = ("import sys; sys.path.insert(0, sys.argv.pop(1)); "
+             "from notebook_launch._spawn_entry import main; main()")
+
+
+class SpawnedRank(RankProcess):
+    def __init__(self, local_rank: int, popen: subprocess.Popen, payload_dir, exit_fd=None):
+        self.local_rank = local_rank
+        self.popen = popen
+        self.pid = popen.pid
+        self._payload_dir = payload_dir
+        if exit_fd is not None:       # no pidfd (macOS): a pipe only the child holds
+            self.sentinel = exit_fd
+        else:
+            self.sentinel = os.pidfd_open(popen.pid)
+
+    def poll(self):
+        code = self.popen.poll()
+        if code is None:
+            return None
+        return ("signal", -code) if code < 0 else ("exit", code)
+
+    def release(self) -> None:
+        if self.sentinel is not None:
+            try:
+                os.close(self.sentinel)
+            except OSError:
+                pass
+            self.sentinel = None
+        self._payload_dir.release()
+
+
+class _PayloadDir:
+    """A private folder holding the pickled job; removed once every rank is released
+    (each rank reads it at startup)."""
+
+    def __init__(self, users: int):
+        self.path = tempfile.mkdtemp(prefix="notebook_launch-spawn-")
+        self.users = users
+
+    def release(self) -> None:
+        self.users -= 1
+        if self.users <= 0:
+            self.remove()
+
+    def remove(self) -> None:
+        shutil.rmtree(self.path, ignore_errors=True)
+
+
+class SpawnBackend(Backend):
+    name = "spawn"
+
+    def start(self, plan, job, pipes_by_rank):
+        payload = spawn_context.build_payload(job, plan.ranks)
+        payload_dir = _PayloadDir(len(plan.ranks))
+        payload_path = os.path.join(payload_dir.path, "job.pkl")
+        try:
+            with open(payload_path, "wb") as f:
+                f.write(payload)
+        except BaseException:
+            payload_dir.remove()
+            raise
+        sys.stdout.flush()
+        sys.stderr.flush()
+        processes = []
+        parent_pid = os.getpid()
+        try:
+            for spec in plan.ranks:
+                pipes = pipes_by_rank[spec.local_rank]
+                processes.append(self._start_rank(spec, pipes, payload_path, payload_dir, parent_pid))
+                pipes.close_child_ends()
+        except BaseException:
+            for proc in processes:
+                proc.kill()
+                proc.popen.wait()
+                proc.release()
+            payload_dir.remove()
+            raise
+        return processes
+
+    def _start_rank(self, spec, pipes, payload_path, payload_dir, parent_pid):
+        exit_r = exit_w = None
+        if not hasattr(os, "pidfd_open"):
+            exit_r, exit_w = os.pipe()
+            os.set_inheritable(exit_r, False)
+        env = dict(os.environ)
+        env.update(spec.env)
+        env.setdefault("PYTHONUNBUFFERED", "1")
+        argv = [sys.executable, "-c", BOOTSTRAP, PACKAGE_ROOT,
+                "--payload", payload_path, "--local-rank", str(spec.local_rank),
+                "--events-fd", str(pipes.events_w), "--parent-pid", str(parent_pid)]
+        if exit_w is not None:
+            argv += ["--exit-fd", str(exit_w)]
+        extra = {"process_group": 0} if sys.version_info >= (3, 11) else {}
+        try:
+            popen = subprocess.Popen(
+                argv, stdin=subprocess.DEVNULL, stdout=pipes.stdout_w, stderr=pipes.stderr_w,
+                pass_fds=tuple(fd for fd in (pipes.events_w, exit_w) if fd is not None),
+                env=env, close_fds=True, **extra)
+        except BaseException:
+            if exit_r is not None:
+                os.close(exit_r)
+            raise
+        finally:
+            if exit_w is not None:
+                os.close(exit_w)
+        return SpawnedRank(spec.local_rank, popen, payload_dir, exit_fd=exit_r)

@@ -1,0 +1,142 @@
+"""Words and numbers shared by every display, so a rank reads the same in the
+widget, the HTML table, the rich panel, text summaries and the text repr."""
+from __future__ import annotations
+
+from ..state import DONE, FAILED, RUNNING, STARTING, STOPPED
+
+STATUS_COLORS = {STARTING: "#6b7280", RUNNING: "#2563eb", DONE: "#16a34a",
+                 FAILED: "#dc2626", STOPPED: "#d97706"}
+RICH_STYLES = {STARTING: "dim", RUNNING: "blue", DONE: "green", FAILED: "bold red", STOPPED: "yellow"}
+BAR_STYLES = {DONE: "success", FAILED: "danger", STOPPED: "warning"}   # ipywidgets bar_style
+
+
+def duration(seconds) -> str:
+    if seconds is None:
+        return "?"
+    seconds = int(round(seconds))
+    hours, rest = divmod(seconds, 3600)
+    minutes, secs = divmod(rest, 60)
+    return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes:02d}:{secs:02d}"
+
+
+def count(value) -> str:
+    if value is None:
+        return "?"
+    if isinstance(value, float) and not value.is_integer():
+        return f"{value:.4g}"
+    value = int(value)
+    if value >= 10_000_000:
+        return f"{value / 1e6:.0f}M"
+    if value >= 1_000_000:
+        return f"{value / 1e6:.1f}M".replace(".0M", "M")
+    if value >= 100_000:
+        return f"{value / 1e3:.0f}k"
+    return str(value)
+
+
+def rate(bar) -> str:
+    if not bar.rate:
+        return ""
+    if bar.rate >= 1:
+        return f"{bar.rate:,.1f} {bar.unit}/s" if bar.rate < 100 else f"{bar.rate:,.0f} {bar.unit}/s"
+    return f"{1 / bar.rate:.2f} s/{bar.unit}"
+
+
+def bar_counts(bar) -> str:
+    total = f"/{count(bar.total)}" if bar.total else ""
+    return f"{count(bar.n)}{total}"
+
+
+def bar_percent(bar) -> str:
+    fraction = bar.fraction
+    return "" if fraction is None else f"{fraction * 100:3.0f}%"
+
+
+def bar_details(bar, running: bool = True) -> str:
+    """'1,000/5,000 120.0 it/s eta 00:33' -- counts, rate, then ETA while the rank runs."""
+    parts = [bar_counts(bar)]
+    speed = rate(bar)
+    if speed:
+        parts.append(speed)
+    if running and not bar.closed and bar.eta is not None:
+        parts.append(f"eta {duration(bar.eta)}")
+    elif bar.elapsed:
+        parts.append(f"in {duration(bar.elapsed)}")
+    return " ".join(parts)
+
+
+def metric_value(value) -> str:
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return str(value)
+
+
+def metrics(rank_state, limit: int = 6) -> str:
+    items = list(rank_state.metrics.items())[-limit:]
+    return " ".join(f"{k}={metric_value(v)}" for k, v in items)
+
+
+def rank_outcome(rank_state) -> str:
+    """What a person needs from a finished rank: its error line, or how it ended."""
+    if rank_state.status == FAILED:
+        return rank_state.error or rank_state.exit_description or "failed"
+    if rank_state.status == STOPPED:
+        return rank_state.exit_description or "stopped"
+    return ""
+
+
+def rank_line(rank_state, width: int = 60) -> str:
+    """One plain-text line per rank, for summaries and the text repr."""
+    parts = [f"rank {rank_state.rank}", f"[{rank_state.device}]", rank_state.status]
+    bar = rank_state.main_bar
+    if bar is not None:
+        label = f"{bar.desc}: " if bar.desc else ""
+        details = bar_details(bar, running=rank_state.status == RUNNING)
+        parts.append(f"{label}{bar_percent(bar).strip()} {details}".strip())
+    if rank_state.metrics:
+        parts.append(metrics(rank_state))
+    outcome = rank_outcome(rank_state)
+    if outcome:
+        parts.append(outcome)
+    elif rank_state.last_line:
+        parts.append("| " + shorten(rank_state.last_line, width))
+    return " ".join(parts)
+
+
+def outcome(state) -> str | None:
+    """The run's final one-liner; a Stop click reads better than the generic 'interrupted'."""
+    if state.stop_requested and state.status == STOPPED:
+        return "stopped with the Stop button"
+    return state.summary
+
+
+def header(state) -> str:
+    return (f"notebook_launch run {state.run_id}: {state.world_size} rank"
+            f"{'s' if state.world_size != 1 else ''}, {state.backend}, {run_status(state)}, "
+            f"{duration(state.elapsed)} elapsed, logs: {state.log_dir}")
+
+
+def summary(state) -> str:
+    """Multi-line plain text: header, one line per rank, and the outcome when known."""
+    lines = [header(state)] + ["  " + rank_line(rs) for rs in state.ranks]
+    if outcome(state):
+        lines.append(outcome(state))
+    return "\n".join(lines)
+
+
+def shorten(text: str, width: int) -> str:
+    text = text.replace("\t", "    ")
+    return text if len(text) <= width else text[:width - 1] + "…"
+
+
+def run_status(state) -> str:
+    """The run's status as a person would say it while it runs."""
+    if state.status != RUNNING:
+        return state.status
+    if state.stop_requested:
+        return "stopping"
+    if any(rs.status == FAILED for rs in state.ranks):
+        return "failing"
+    if all(rs.status == DONE for rs in state.ranks):
+        return DONE
+    return RUNNING

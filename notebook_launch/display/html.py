@@ -1,0 +1,72 @@
+"""An HTML table updated in place through a display id, for frontends without
+widgets (nbconvert, some viewers). One IOPub message per redraw, at most
+REDRAWS_PER_SECOND, plus the exact final state in ``close()``."""
+from __future__ import annotations
+
+import html
+import time
+
+from . import format as fmt
+from .base import Display
+from .text import TextDisplay
+from .widget import _header_html, _info_html, _label_html
+
+REDRAWS_PER_SECOND = 2
+
+
+class HtmlDisplay(Display):
+    def __init__(self, line_prefix=None, print_lines: bool = True):
+        super().__init__(line_prefix)
+        self.lines = TextDisplay(line_prefix, stream_is_notebook=True) if print_lines else None
+        self.handle = None
+        self._last = 0.0
+        self._last_html = None
+        self.updates = 0
+
+    def start(self, state) -> None:
+        from IPython.display import display
+        self._last_html = render(state)
+        self.handle = display({"text/html": self._last_html, "text/plain": fmt.summary(state)},
+                              raw=True, display_id=True)
+
+    def line(self, state, local_rank, stream, text) -> None:
+        if self.lines is not None:
+            self.lines.line(state, local_rank, stream, text)
+
+    def refresh(self, state, final: bool = False) -> None:
+        now = time.monotonic()
+        if self.handle is None or (not final and now - self._last < 1.0 / REDRAWS_PER_SECOND):
+            return
+        page = render(state)
+        if page != self._last_html or final:
+            self.handle.update({"text/html": page, "text/plain": fmt.summary(state)}, raw=True)
+            self._last_html = page
+            self.updates += 1
+        self._last = now
+
+    def close(self, state) -> None:
+        self.refresh(state, final=True)
+        if self.lines is not None:
+            self.lines.close(state)
+
+
+def render(state) -> str:
+    rows = []
+    for rs in state.ranks:
+        bar = rs.main_bar
+        fraction = 1.0 if (bar is None or bar.fraction is None) and rs.status == "done" else (
+            (bar.fraction or 0.0) if bar is not None else 0.0)
+        color = fmt.STATUS_COLORS.get(rs.status, "#2563eb")
+        background = "#fee2e2" if rs.status == "failed" else "transparent"
+        recent = "\n".join(line for _, line in list(rs.lines)[-20:])
+        rows.append(
+            f"<tr class='nl-rank nl-status-{rs.status}' style='background:{background}'>"
+            f"<td>{_label_html(rs)}</td>"
+            f"<td style='width:30%'><div style='background:#e5e7eb;height:12px;border-radius:3px'>"
+            f"<div class='nl-bar' style='width:{fraction * 100:.1f}%;background:{color};height:12px;"
+            f"border-radius:3px'></div></div></td>"
+            f"<td>{_info_html(rs)}"
+            + (f"<details><summary>recent lines</summary><pre>{html.escape(recent)}</pre></details>"
+               if recent else "") + "</td></tr>")
+    return (f"<div class='nl-panel'>{_header_html(state)}"
+            f"<table style='width:100%;border-collapse:collapse'>{''.join(rows)}</table></div>")

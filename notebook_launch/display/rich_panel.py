@@ -1,0 +1,82 @@
+"""A rich live panel for terminals. Redrawn from the supervisor's thread only
+(no rich refresh thread), at most REDRAWS_PER_SECOND; rank lines print above it."""
+from __future__ import annotations
+
+import time
+
+from . import format as fmt
+from .base import Display
+
+REDRAWS_PER_SECOND = 4
+
+
+class RichDisplay(Display):
+    def __init__(self, line_prefix=None, console=None):
+        super().__init__(line_prefix)
+        from rich.console import Console
+        self.console = console or Console()
+        self.live = None
+        self._last = 0.0
+
+    def start(self, state) -> None:
+        from rich.live import Live
+        self.live = Live(render(state), console=self.console, auto_refresh=False,
+                         transient=False, redirect_stdout=False, redirect_stderr=False)
+        self.live.start(refresh=True)
+
+    def line(self, state, local_rank, stream, text) -> None:
+        from rich.text import Text
+        tag = Text(self.tag(state, local_rank) + " ", style="red" if stream == "stderr" else "cyan")
+        self.console.print(tag + Text(text), soft_wrap=True, highlight=False)
+
+    def refresh(self, state) -> None:
+        now = time.monotonic()
+        if self.live is None or now - self._last < 1.0 / REDRAWS_PER_SECOND:
+            return
+        self._last = now
+        self.live.update(render(state), refresh=True)
+
+    def close(self, state) -> None:
+        if self.live is not None:
+            self.live.update(render(state), refresh=True)
+            self.live.stop()
+            self.live = None
+
+
+def render(state):
+    from rich.panel import Panel
+    from rich.progress_bar import ProgressBar
+    from rich.table import Table
+    from rich.text import Text
+
+    table = Table.grid(padding=(0, 1), expand=True)
+    for column in ("rank", "device", "status", "bar", "progress", "metrics", "last"):
+        table.add_column(column, no_wrap=True, ratio=3 if column in ("bar", "last") else None,
+                         min_width=12 if column == "bar" else None)
+    for rs in state.ranks:
+        style = fmt.RICH_STYLES.get(rs.status, "")
+        bar = rs.main_bar
+        if bar is not None and bar.total:
+            drawn = ProgressBar(total=float(bar.total), completed=float(min(bar.n, bar.total)),
+                                complete_style=style or "blue", finished_style="green")
+            progress = f"{bar.desc + ' ' if bar.desc else ''}{bar_text(bar, rs.status == 'running')}"
+        else:
+            drawn = ProgressBar(total=None if rs.status not in ("done",) else 1.0,
+                                completed=1.0 if rs.status == "done" else 0.0)
+            progress = bar_text(bar) if bar is not None else ""
+        outcome = fmt.rank_outcome(rs)
+        last = Text(fmt.shorten(outcome, 120), style="bold red") if outcome else \
+            Text(fmt.shorten(rs.last_line, 80), style="dim")
+        table.add_row(f"rank {rs.rank}", rs.device, Text(rs.status, style=style), drawn,
+                      progress, fmt.metrics(rs, limit=3), last)
+    title = (f"notebook_launch {state.run_id} · {state.world_size} ranks · {state.backend} · "
+             f"{fmt.run_status(state)} · {fmt.duration(state.elapsed)}")
+    subtitle = f"logs: {state.log_dir}"
+    border = {"failed": "red", "done": "green", "stopped": "yellow"}.get(state.status, "blue")
+    return Panel(table, title=title, subtitle=subtitle, border_style=border)
+
+
+def bar_text(bar, running: bool = True) -> str:
+    if bar is None:
+        return ""
+    return f"{fmt.bar_percent(bar).strip()} {fmt.bar_details(bar, running)}".strip()

@@ -1,0 +1,238 @@
+"""The live ipywidgets panel (ipywidgets 7.7 and 8.x).
+
+Every trait change is one comm message on IOPub, and Jupyter drops IOPub
+messages past ~1000/s, so the panel (a) redraws at most MAX_REDRAWS_PER_SECOND,
+(b) sends only traits whose value changed, one message per widget thanks to
+``hold_sync()``, (c) keeps a sliding one-second window of messages under
+MESSAGES_PER_SECOND, and (d) always sends the exact final state in ``close()``.
+Widgets are created and changed from the supervisor's thread only.
+"""
+from __future__ import annotations
+
+import collections
+import html
+import time
+
+from . import format as fmt
+from .base import Display
+from .kernel_poll import CommPoller
+from .text import TextDisplay
+from ..state import DONE, FAILED, RUNNING, STOPPED
+
+MAX_REDRAWS_PER_SECOND = 5
+MESSAGES_PER_SECOND = 50       # comm messages; the 8-rank budget in the issue is 60
+LOG_LINES_SHOWN = 40
+LOG_REFRESH_SECONDS = 2.0   # recent lines are one click away; they need not be live
+
+
+class WidgetDisplay(Display):
+    def __init__(self, line_prefix=None, print_lines: bool = True, poll_kernel: bool = True):
+        super().__init__(line_prefix)
+        import ipywidgets
+        self.widgets = ipywidgets
+        self.lines = TextDisplay(line_prefix, stream_is_notebook=True) if print_lines else None
+        self.poller = CommPoller() if poll_kernel else None
+        self.sent = {}                         # (id(widget), trait) -> last value sent
+        self.window = collections.deque()      # (time, messages) of the last second
+        self.messages = 0                      # comm messages caused by redraws, for tests/benchmarks
+        self.redraws = 0
+        self._last_redraw = 0.0
+        self._last_logs = 0.0
+        self._lines_seen = {}
+        self.handle = None
+        self.panel = None
+
+    # --- building --------------------------------------------------------
+    def start(self, state) -> None:
+        w = self.widgets
+        self.header = w.HTML()
+        self.rows = []
+        for rs in state.ranks:
+            label = w.HTML(layout=w.Layout(width="190px"))
+            bar = w.FloatProgress(min=0.0, max=1.0, value=0.0, layout=w.Layout(width="32%"))
+            info = w.HTML(layout=w.Layout(width="auto"))
+            row = w.HBox([label, bar, info])
+            row.add_class("nl-rank")
+            self.rows.append((row, label, bar, info))
+        self.logs = [w.HTML() for _ in state.ranks]
+        self.accordion = w.Accordion(children=self.logs, selected_index=None)
+        for i, rs in enumerate(state.ranks):
+            self.accordion.set_title(i, f"rank {rs.rank}: recent log lines")
+        self.stop_button = w.Button(description="Stop", button_style="danger", icon="stop",
+                                    tooltip="Stop every rank (like an interrupt)")
+        self.stop_button.on_click(lambda _button: setattr(state, "stop_requested", True))
+        self._stop_shown = False
+        self.panel = _Panel([self.header] + [r[0] for r in self.rows] + [self.accordion, self.stop_button])
+        self.panel.state = state
+        self.panel.add_class("nl-panel")
+        self.handle = _show(self.panel, fmt.summary(state))
+        if self.poller is None or not self.poller.watch(self.stop_button):
+            self.stop_button.disabled = True
+            self.stop_button.tooltip = ("this kernel cannot deliver clicks while the cell runs; "
+                                        "use the notebook's interrupt (stop) button instead")
+        self._redraw(state, final=False, now=time.monotonic())
+
+    def _show_stopping(self) -> None:
+        """The click arrives on another thread (it only sets the flag); the button changes here."""
+        self._stop_shown = True
+        with self.stop_button.hold_sync():
+            self.stop_button.disabled = True
+            self.stop_button.description = "Stopping…"
+
+    # --- the supervisor's calls -------------------------------------------
+    def line(self, state, local_rank, stream, text) -> None:
+        if self.lines is not None:
+            self.lines.line(state, local_rank, stream, text)
+
+    def refresh(self, state) -> None:
+        if self.poller is not None:
+            self.poller.poll()
+        if state.stop_requested and self.panel is not None and not self._stop_shown:
+            self._show_stopping()
+        now = time.monotonic()
+        if self.panel is None or now - self._last_redraw < 1.0 / MAX_REDRAWS_PER_SECOND:
+            return
+        self._redraw(state, final=False, now=now)
+
+    def close(self, state) -> None:
+        if self.poller is not None:
+            self.poller.close()
+        if self.panel is not None:
+            with self.stop_button.hold_sync():   # nothing left to stop
+                self.stop_button.disabled = True
+                self.stop_button.layout.display = "none"
+            self._redraw(state, final=True, now=time.monotonic())
+            if self.handle is not None:   # the text/plain repr shows the final state too
+                self.handle.update(_bundle(self.panel, fmt.summary(state)), raw=True)
+        if self.lines is not None:
+            self.lines.close(state)
+
+    # --- drawing -----------------------------------------------------------
+    def _redraw(self, state, final: bool, now: float) -> None:
+        changes = self._changes(state, final, now)
+        if not final and not self._within_budget(len(changes), now):
+            return
+        for widget, traits in changes:
+            with widget.hold_sync():
+                for name, value in traits.items():
+                    setattr(widget, name, value)
+                    self.sent[(id(widget), name)] = value
+        self.messages += len(changes)
+        self.window.append((now, len(changes)))
+        self._last_redraw = now
+        self.redraws += 1
+
+    def _within_budget(self, needed: int, now: float) -> bool:
+        while self.window and now - self.window[0][0] >= 1.1:   # 0.1 s margin: sends take time
+            self.window.popleft()
+        used = sum(n for _, n in self.window)
+        return needed == 0 or used == 0 or used + needed <= MESSAGES_PER_SECOND
+
+    def _changes(self, state, final: bool, now: float) -> list:
+        wanted = [(self.header, {"value": _header_html(state)})]
+        for rs, (row, label, bar, info) in zip(state.ranks, self.rows):
+            wanted.append((label, {"value": _label_html(rs)}))
+            wanted.append((bar, _bar_traits(rs)))
+            wanted.append((info, {"value": _info_html(rs)}))
+            classes = [c for c in row._dom_classes if not c.startswith("nl-status-")]
+            wanted.append((row, {"_dom_classes": tuple(classes + [f"nl-status-{rs.status}"])}))
+        if final or now - self._last_logs >= LOG_REFRESH_SECONDS:
+            self._last_logs = now
+            for rs, log in zip(state.ranks, self.logs):
+                wanted.append((log, {"value": _log_html(rs)}))
+        changes = []
+        for widget, traits in wanted:
+            diff = {k: v for k, v in traits.items() if self.sent.get((id(widget), k), _UNSET) != v}
+            if diff:
+                changes.append((widget, diff))
+        return changes
+
+
+_UNSET = object()
+
+
+def _panel_class():
+    import ipywidgets
+
+    class Panel(ipywidgets.VBox):
+        """The panel box; its repr is the run summary (frontends without widgets show it)."""
+        state = None
+
+        def __repr__(self):
+            return fmt.summary(self.state) if self.state is not None else "notebook_launch panel"
+
+    return Panel
+
+
+def _Panel(children):
+    return _panel_class()(children)
+
+
+def _bundle(panel, text: str) -> dict:
+    return {"text/plain": text,
+            "application/vnd.jupyter.widget-view+json": {
+                "version_major": 2, "version_minor": 0, "model_id": panel.model_id}}
+
+
+def _show(panel, text: str):
+    from IPython.display import display
+    return display(_bundle(panel, text), raw=True, display_id=True)
+
+
+def _header_html(state) -> str:
+    status = fmt.run_status(state)
+    color = fmt.STATUS_COLORS.get(status, "#2563eb" if status == "running" else "#d97706")
+    outcome = fmt.outcome(state)
+    summary = f"<div class='nl-summary'>{html.escape(outcome)}</div>" if outcome else ""
+    return (f"<div class='nl-header'><b>notebook_launch</b> run <code>{html.escape(state.run_id)}</code>"
+            f" &middot; {state.world_size} rank{'s' if state.world_size != 1 else ''}"
+            f" &middot; {html.escape(state.backend)}"
+            f" &middot; <span style='color:{color};font-weight:bold'>{html.escape(status)}</span>"
+            f" &middot; {fmt.duration(state.elapsed)}"
+            f" &middot; logs: <code>{html.escape(state.log_dir)}</code>{summary}</div>")
+
+
+def _label_html(rs) -> str:
+    color = fmt.STATUS_COLORS.get(rs.status, "#6b7280")
+    return (f"<span class='nl-label'><b>rank {rs.rank}</b> <small>{html.escape(rs.device)}</small> "
+            f"<span class='nl-status' style='background:{color};color:white;border-radius:3px;"
+            f"padding:0 4px'>{html.escape(rs.status)}</span></span>")
+
+
+def _bar_traits(rs) -> dict:
+    bar = rs.main_bar
+    if bar is None:
+        value = 1.0 if rs.status == DONE else 0.0
+    elif bar.fraction is None:
+        value = 1.0 if bar.closed or rs.status == DONE else 0.0
+    else:
+        value = round(bar.fraction, 4)
+    return {"value": value, "bar_style": fmt.BAR_STYLES.get(rs.status, "")}
+
+
+def _info_html(rs) -> str:
+    parts = []
+    bar = rs.main_bar
+    if bar is not None:
+        label = f"{html.escape(bar.desc)} " if bar.desc else ""
+        parts.append(f"<span class='nl-bar-text'>{label}{html.escape(fmt.bar_percent(bar).strip())} "
+                     f"{html.escape(fmt.bar_details(bar, running=rs.status == RUNNING))}</span>")
+    if rs.metrics:
+        parts.append(f"<span class='nl-metrics'><code>{html.escape(fmt.metrics(rs))}</code></span>")
+    outcome = fmt.rank_outcome(rs)
+    if outcome:
+        color = fmt.STATUS_COLORS[FAILED] if rs.status == FAILED else fmt.STATUS_COLORS[STOPPED]
+        parts.append(f"<span class='nl-error' style='color:{color};font-weight:bold'>"
+                     f"{html.escape(fmt.shorten(outcome, 160))}</span>")
+    elif rs.last_line:
+        parts.append(f"<span class='nl-last-line' style='color:#6b7280'>"
+                     f"{html.escape(fmt.shorten(rs.last_line, 100))}</span>")
+    return " &nbsp; ".join(parts)
+
+
+def _log_html(rs) -> str:
+    recent = list(rs.lines)[-LOG_LINES_SHOWN:]
+    if not recent:
+        return "<i>no output yet</i>"
+    text = "\n".join(("[stderr] " if stream == "stderr" else "") + line for stream, line in recent)
+    return f"<pre style='margin:0;max-height:20em;overflow:auto'>{html.escape(text)}</pre>"

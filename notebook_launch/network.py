@@ -1,0 +1,97 @@
+"""Small facts about this node's network that multi-node launches need.
+
+Two pitfalls motivate this module. Gloo picks the interface whose address the
+hostname resolves to; on many machines (Debian's 127.0.1.1, containers,
+network namespaces) that is loopback, so other nodes are told to connect to
+127.0.0.1 and the first collective times out. And c10d's rendezvous decides
+whether this node hosts the store by matching the endpoint against the
+hostname's addresses, which misses secondary interfaces. Both are answered
+here from the kernel's own view: which local address routes to a host, which
+interface carries it, and whether an address is ours.
+"""
+from __future__ import annotations
+
+import fcntl
+import ipaddress
+import socket
+import struct
+import time
+
+SIOCGIFADDR = 0x8915
+
+
+def ipv4_of(host: str) -> str | None:
+    """The IPv4 address ``host`` names, or None when it does not resolve to one."""
+    try:
+        return socket.getaddrinfo(host, None, socket.AF_INET, socket.SOCK_STREAM)[0][4][0]
+    except (OSError, IndexError):
+        return None
+
+
+def is_loopback(host: str) -> bool:
+    addr = ipv4_of(host) if host not in ("::1",) else "::1"
+    try:
+        return addr is not None and ipaddress.ip_address(addr).is_loopback
+    except ValueError:
+        return False
+
+
+def is_local_address(host: str) -> bool:
+    """True when ``host`` is an address of this node (binding to it works only then)."""
+    addr = ipv4_of(host)
+    if addr is None:
+        return False
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind((addr, 0))
+        except OSError:
+            return False
+    return True
+
+
+def source_address_toward(host: str) -> str | None:
+    """The local address this node uses to reach ``host`` (no packet is sent)."""
+    addr = ipv4_of(host)
+    if addr is None:
+        return None
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        try:
+            sock.connect((addr, 9))
+            return sock.getsockname()[0]
+        except OSError:
+            return None
+
+
+def interface_with_address(addr: str) -> str | None:
+    """The name of the interface that carries the IPv4 address ``addr``."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        for _, name in socket.if_nameindex():
+            try:
+                packed = fcntl.ioctl(sock.fileno(), SIOCGIFADDR,
+                                     struct.pack("256s", name.encode()[:15]))
+            except OSError:
+                continue
+            if socket.inet_ntoa(packed[20:24]) == addr:
+                return name
+    return None
+
+
+def interface_toward(host: str) -> str | None:
+    """The interface other nodes can reach this node on, judged by the route to ``host``."""
+    source = source_address_toward(host)
+    return interface_with_address(source) if source else None
+
+
+def wait_until_listening(host: str, port: int, deadline: float, poll: float = 0.25) -> bool:
+    """Poll until something accepts TCP connections on host:port, or ``deadline``
+    (time.monotonic) passes. Pure Python, so Ctrl-C / a Jupyter interrupt stops
+    it at once, unlike a TCPStore client that waits inside C++."""
+    while True:
+        try:
+            with socket.create_connection((host, port), timeout=min(2.0, max(0.1, poll * 4))):
+                return True
+        except OSError:
+            pass
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(poll)

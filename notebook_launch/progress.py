@@ -1,0 +1,318 @@
+"""In-rank progress API: ``for batch in progress(loader, desc="train")``.
+
+Inside a launched rank every bar reports to the parent's panel; outside a
+launch ``progress`` is a plain pass-through (iterating costs nothing extra).
+
+Why it is cheap: the loop only counts and compares with a threshold (no
+clock read, no lock, no I/O per item). Every few milliseconds of work the
+bar publishes its count; one daemon "flusher" thread per rank batches what
+changed and sends at most ``MAX_SENDS_PER_SECOND`` PROGRESS events to the
+parent, whatever the step rate. A final flush happens when a bar closes
+(queued) and when the rank ends (``flush()``, called by the worker before
+RESULT/ERROR, so the parent's last state is exact).
+"""
+from __future__ import annotations
+
+import itertools
+import os
+import threading
+import time
+
+from . import channel
+
+MAX_SENDS_PER_SECOND = 10
+SEND_INTERVAL = 1.0 / MAX_SENDS_PER_SECOND
+CHECK_TARGET = 0.02      # aim to publish a bar's count about every 20 ms of loop time
+MAX_CHECK_EVERY = 1 << 20
+STALE_AFTER = 0.5        # a bar silent this long gets checked on its very next step
+
+_monotonic = time.monotonic
+
+
+def scalar(value):
+    """Metrics become plain Python scalars right away (a tensor is read now, not later)."""
+    if isinstance(value, (int, float, str, bool)) or value is None:
+        return value
+    item = getattr(value, "item", None)
+    if callable(item):
+        try:
+            return item()
+        except Exception:
+            pass
+    try:
+        return float(value)
+    except Exception:
+        return str(value)[:80]
+
+
+class _Reporter:
+    """The rank's single batching point between bars and the event channel."""
+
+    def __init__(self, writer):
+        self.writer = writer
+        self.pid = os.getpid()
+        self.lock = threading.Lock()
+        self.live = {}               # bar id -> progress (open bars)
+        self.dirty = {}              # bar id -> progress whose fields changed
+        self.metrics = {}            # metrics not yet sent
+        self.sent = {}               # bar id -> last fields sent
+        self.ids = itertools.count()
+        self.wake = threading.Event()
+        self.thread = None
+        self.sends = 0
+
+    def register(self, bar) -> str:
+        with self.lock:
+            bar_id = f"b{next(self.ids)}"
+            self.live[bar_id] = bar
+            self.dirty[bar_id] = bar
+        self._ensure_thread()
+        return bar_id
+
+    def touch(self, bar) -> None:
+        self.dirty[bar._id] = bar   # dict assignment is atomic under the GIL
+
+    def closed(self, bar) -> None:
+        with self.lock:
+            self.live.pop(bar._id, None)
+            self.dirty[bar._id] = bar
+        self.wake.set()
+
+    def log(self, metrics: dict) -> None:
+        with self.lock:
+            self.metrics.update(metrics)
+
+    def _ensure_thread(self) -> None:
+        if self.thread is None or not self.thread.is_alive():
+            self.thread = threading.Thread(target=self._run, name="notebook_launch-progress", daemon=True)
+            self.thread.start()
+
+    def _run(self) -> None:
+        while True:
+            self.wake.wait(SEND_INTERVAL)
+            self.wake.clear()
+            if channel.current() is not self.writer:   # the channel was replaced or removed
+                return
+            started = _monotonic()
+            try:
+                self.flush()
+            except Exception:   # the parent went away: nothing left to report to
+                return
+            self._poke_stale(started)
+            time.sleep(max(0.0, SEND_INTERVAL - (_monotonic() - started)))
+
+    def _poke_stale(self, now: float) -> None:
+        """A loop that slowed down a lot would not publish for a long time: make it check now."""
+        for bar in list(self.live.values()):
+            if now - bar._checked_at > STALE_AFTER:
+                bar._next_check = 0
+
+    def payload(self) -> dict | None:
+        with self.lock:
+            dirty, self.dirty = self.dirty, {}
+            metrics, self.metrics = self.metrics, {}
+        bars = {}
+        for bar_id, bar in dirty.items():
+            fields = bar._fields()
+            last = self.sent.get(bar_id, {})
+            changed = {k: v for k, v in fields.items() if last.get(k) != v}
+            if changed:
+                bars[bar_id] = changed
+                last.update(changed)
+                self.sent[bar_id] = last
+            if fields["closed"]:
+                self.sent.pop(bar_id, None)
+        if not bars and not metrics:
+            return None
+        return {"bars": bars, "metrics": metrics}
+
+    def flush(self) -> None:
+        """Send what changed now (one PROGRESS event at most)."""
+        if os.getpid() != self.pid:
+            return
+        for bar in list(self.live.values()):
+            bar._publish(_monotonic())
+        data = self.payload()
+        if data is not None:
+            self.writer.send(channel.PROGRESS, data)
+            self.sends += 1
+
+
+_reporter: _Reporter | None = None
+_reporter_lock = threading.Lock()
+
+
+def reporter() -> _Reporter | None:
+    """The rank's reporter, or None outside a launch (or in a process a rank forked)."""
+    global _reporter
+    writer = channel.current()
+    if writer is None:
+        return None
+    rep = _reporter
+    if rep is not None and rep.writer is writer and rep.pid == os.getpid():
+        return rep
+    with _reporter_lock:
+        if _reporter is None or _reporter.writer is not writer or _reporter.pid != os.getpid():
+            _reporter = _Reporter(writer)
+        return _reporter
+
+
+def flush() -> None:
+    """Send every bar's final count now; the worker calls this before RESULT or ERROR."""
+    rep = _reporter
+    if rep is not None and rep.pid == os.getpid():
+        for bar in list(rep.live.values()):
+            bar._checked_at = _monotonic()
+        rep.flush()
+
+
+def log(**metrics) -> None:
+    """Show scalars (loss=..., lr=...) on this rank's row; a no-op outside a launch."""
+    rep = reporter()
+    if rep is not None and metrics:
+        rep.log({k: scalar(v) for k, v in metrics.items()})
+
+
+def _forget_in_child() -> None:
+    global _reporter
+    _reporter = None
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_in_child)
+
+
+class progress:
+    """A progress bar for the panel: ``for x in progress(it, desc="train")`` or manual ``update(n)``.
+
+    Metrics: ``update(1, loss=l)``, ``set_postfix(loss=l)`` or ``log(loss=l)``.
+    Outside a launch nothing is reported and iteration is the iterable's own.
+    """
+
+    def __init__(self, iterable=None, desc: str = "", total=None, unit: str = "it", initial=0):
+        self.iterable = iterable
+        self.desc = desc or ""
+        if total is None and iterable is not None:
+            try:
+                total = len(iterable)
+            except (TypeError, AttributeError):
+                total = None
+        self.total = total
+        self.unit = unit
+        self.n = initial
+        self.closed = False
+        self._started = _monotonic()
+        self._checked_at = self._started
+        self._check_every = 1
+        self._next_check = initial + 1
+        self._reporter = reporter()
+        self._id = self._reporter.register(self) if self._reporter is not None else None
+        self._rate = None
+        self._last_n = initial
+        self._last_t = self._started
+
+    # --- the hot path ----------------------------------------------------
+    def __iter__(self):
+        if self._reporter is None:
+            return iter(self.iterable)
+        return self._counting_iter()
+
+    def _counting_iter(self):
+        n = self.n
+        try:
+            for item in self.iterable:
+                yield item
+                n += 1
+                if n >= self._next_check:
+                    self.n = n
+                    self._check()
+        finally:
+            self.n = n
+            self.close()
+
+    def update(self, n=1, **metrics) -> None:
+        """Advance by ``n`` (manual bars); keyword arguments are metrics."""
+        if self._reporter is None:
+            return
+        self.n += n
+        if metrics:
+            log(**metrics)
+        if self.n >= self._next_check:
+            self._check()
+
+    # --- off the hot path ------------------------------------------------
+    def _check(self) -> None:
+        """Publish the count; adapt how many steps pass between checks to ~CHECK_TARGET s."""
+        now = _monotonic()
+        spent = now - self._checked_at
+        if spent < CHECK_TARGET / 2 and self._check_every < MAX_CHECK_EVERY:
+            self._check_every *= 2
+        elif spent > CHECK_TARGET * 2 and self._check_every > 1:
+            self._check_every //= 2
+        self._checked_at = now
+        self._next_check = self.n + self._check_every
+        self._reporter.touch(self)
+
+    def _publish(self, now: float) -> None:
+        """Called by the flusher: fold the rate (smoothed, like tqdm) from the last published count."""
+        dt = self._checked_at - self._last_t
+        if dt > 0 and self.n != self._last_n:
+            instant = (self.n - self._last_n) / dt
+            self._rate = instant if self._rate is None else 0.3 * instant + 0.7 * self._rate
+            self._last_n, self._last_t = self.n, self._checked_at
+            self._reporter.touch(self)
+
+    def _fields(self) -> dict:
+        end = self._checked_at if not self.closed else self._closed_at
+        return {"desc": self.desc, "n": self.n, "total": self.total, "unit": self.unit,
+                "rate": None if self._rate is None else round(self._rate, 3),
+                "elapsed": round(end - self._started, 3), "closed": self.closed}
+
+    def set_description(self, desc: str) -> None:
+        self.desc = desc
+        if self._reporter is not None:
+            self._reporter.touch(self)
+
+    def set_postfix(self, ordered_dict=None, **metrics) -> None:
+        metrics = dict(ordered_dict or {}, **metrics)
+        log(**metrics)
+
+    @staticmethod
+    def log(**metrics) -> None:
+        log(**metrics)
+
+    def reset(self, total=None) -> None:
+        self.n = 0
+        self._last_n = 0
+        self._rate = None
+        self._started = self._last_t = self._checked_at = _monotonic()
+        self._next_check = 1
+        self._check_every = 1
+        if total is not None:
+            self.total = total
+        if self._reporter is not None:
+            self._reporter.touch(self)
+
+    def close(self) -> None:
+        if self.closed or self._reporter is None:
+            self.closed = True
+            return
+        self._closed_at = self._checked_at = _monotonic()
+        self._publish(self._closed_at)
+        if self._rate is None and self._closed_at > self._started and self.n:
+            self._rate = self.n / (self._closed_at - self._started)
+        self.closed = True
+        self._reporter.closed(self)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __len__(self):
+        return self.total if self.total is not None else len(self.iterable)
+
+    def __repr__(self) -> str:
+        total = "?" if self.total is None else self.total
+        return f"progress(desc={self.desc!r}, n={self.n}, total={total})"

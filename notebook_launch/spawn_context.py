@@ -1,0 +1,176 @@
+"""What a spawned rank needs from the notebook, packed in the parent and
+restored in the rank before the user's function runs.
+
+A forked rank inherits all of this for free; a spawned rank starts as a fresh
+interpreter, so we ship: the job (function, args, kwargs) pickled with
+cloudpickle, the working directory, ``sys.path``, the source of notebook
+cells (for tracebacks), torch's determinism and
+precision flags, and the random states of ``random``, NumPy and torch (CPU),
+so a rank starts where a forked one would. CUDA state is never read here:
+reading it could initialize CUDA in the notebook.
+"""
+from __future__ import annotations
+
+import os
+import pickle
+import sys
+
+from .errors import LaunchArgumentError
+
+FORMAT_VERSION = 1
+MAX_CELL_SOURCE_BYTES = 8 << 20
+
+
+def build_payload(job, specs) -> bytes:
+    """Bytes for the spawned ranks: the cloudpickled job plus the parent's context."""
+    job_bytes = pickle_job(job)
+    return pickle.dumps({
+        "version": FORMAT_VERSION,
+        "context": capture_context(),
+        "specs": {spec.local_rank: spec for spec in specs},
+        "job": job_bytes,
+    }, protocol=pickle.HIGHEST_PROTOCOL)
+
+
+def pickle_job(job) -> bytes:
+    """cloudpickle the job; on failure name the part that cannot be shipped and what to do."""
+    import cloudpickle
+    try:
+        return cloudpickle.dumps(job, protocol=pickle.HIGHEST_PROTOCOL)
+    except Exception as exc:
+        culprit = _unpicklable_part(job, cloudpickle)
+        raise LaunchArgumentError(
+            f"start_method='spawn' sends the function and its arguments to each rank with "
+            f"cloudpickle, but {culprit} cannot be pickled ({type(exc).__name__}: {exc}). "
+            f"Create such objects (locks, open files, generators, DataLoaders, CUDA tensors, "
+            f"database connections) inside the launched function instead of passing them in, "
+            f"or use start_method='fork' where it is safe.") from exc
+
+
+def _unpicklable_part(job, cloudpickle) -> str:
+    parts = [("the function", job.function)]
+    parts += [(f"args[{i}]", a) for i, a in enumerate(job.args)]
+    parts += [(f"kwargs[{k!r}]", v) for k, v in (job.kwargs or {}).items()]
+    for name, value in parts:
+        try:
+            cloudpickle.dumps(value)
+        except Exception:
+            return f"{name} ({type(value).__module__}.{type(value).__qualname__})"
+    return "the job"
+
+
+def capture_context() -> dict:
+    """The notebook's state that a rank should start with. Plain data only."""
+    try:
+        cwd = os.getcwd()
+    except OSError:
+        cwd = None
+    context = {"cwd": cwd, "sys_path": list(sys.path), "random_state": None,
+               "numpy_state": None, "torch": None, "cell_sources": cell_sources()}
+    import random
+    context["random_state"] = random.getstate()
+    numpy = sys.modules.get("numpy")
+    if numpy is not None:
+        try:
+            name, keys, pos, has_gauss, cached = numpy.random.get_state()
+            context["numpy_state"] = (name, keys.tolist(), pos, has_gauss, cached)
+        except Exception:
+            pass
+    if "torch" in sys.modules:
+        context["torch"] = _torch_settings(sys.modules["torch"])
+    return context
+
+
+def cell_sources(limit: int = MAX_CELL_SOURCE_BYTES) -> dict:
+    """Source lines of code that exists only in memory (notebook cells: IPython keeps them
+    in linecache without a file), so a rank's traceback shows the failing line."""
+    import linecache
+    sources, total = {}, 0
+    for filename, entry in list(linecache.cache.items()):
+        if len(entry) != 4 or entry[1] is not None:  # only entries without a file to reread
+            continue
+        size = sum(len(line) for line in entry[2])
+        if total + size > limit:
+            break
+        sources[filename] = list(entry[2])
+        total += size
+    return sources
+
+
+def _torch_flags(torch) -> dict:
+    """name -> (getter, setter) for the torch settings a forked rank would inherit."""
+    cudnn, matmul = torch.backends.cudnn, torch.backends.cuda.matmul
+
+    def attr(obj, name):
+        return (lambda: getattr(obj, name)), (lambda v: setattr(obj, name, v))
+
+    return {
+        "deterministic": (
+            lambda: (torch.are_deterministic_algorithms_enabled(),
+                     torch.is_deterministic_algorithms_warn_only_enabled()),
+            lambda v: torch.use_deterministic_algorithms(v[0], warn_only=v[1])),
+        "float32_matmul_precision": (torch.get_float32_matmul_precision,
+                                     torch.set_float32_matmul_precision),
+        "default_dtype": (lambda: str(torch.get_default_dtype()).replace("torch.", ""),
+                          lambda v: torch.set_default_dtype(getattr(torch, v))),
+        "cudnn_deterministic": attr(cudnn, "deterministic"),
+        "cudnn_benchmark": attr(cudnn, "benchmark"),
+        "cudnn_allow_tf32": attr(cudnn, "allow_tf32"),
+        "cuda_matmul_allow_tf32": attr(matmul, "allow_tf32"),
+        "cpu_rng_state": (lambda: bytes(torch.get_rng_state().tolist()),
+                          lambda v: torch.set_rng_state(torch.frombuffer(bytearray(v), dtype=torch.uint8))),
+    }
+
+
+def _torch_settings(torch) -> dict:
+    settings = {}
+    for key, (getter, _) in _torch_flags(torch).items():
+        try:
+            settings[key] = getter()
+        except Exception:  # e.g. torch refuses to read a flag set through mixed old/new APIs
+            pass
+    return settings
+
+
+def restore_paths(context: dict) -> None:
+    """Working directory and sys.path first: unpickling the job may import the user's modules."""
+    if context.get("cwd"):
+        try:
+            os.chdir(context["cwd"])
+        except OSError:
+            pass
+    parent_path = list(context.get("sys_path") or [])
+    sys.path[:] = parent_path + [p for p in sys.path if p not in parent_path]
+    import linecache
+    for filename, lines in (context.get("cell_sources") or {}).items():
+        linecache.cache[filename] = (sum(map(len, lines)), None, lines, filename)
+
+
+def restore_state(context: dict) -> None:
+    """Random states and torch flags, just before the function runs."""
+    import random
+    if context.get("random_state") is not None:
+        random.setstate(context["random_state"])
+    if context.get("numpy_state") is not None:
+        try:
+            import numpy
+            name, keys, pos, has_gauss, cached = context["numpy_state"]
+            numpy.random.set_state((name, numpy.array(keys, dtype=numpy.uint32), pos, has_gauss, cached))
+        except Exception:
+            pass
+    if context.get("torch") is not None:
+        import torch
+        _restore_torch(torch, context["torch"])
+
+
+def _restore_torch(torch, settings: dict) -> None:
+    """Set only what differs from a fresh interpreter, so torch's legacy and new
+    precision APIs are not mixed (torch then refuses to read them)."""
+    for key, (getter, setter) in _torch_flags(torch).items():
+        if key not in settings:
+            continue
+        try:
+            if getter() != settings[key]:
+                setter(settings[key])
+        except Exception:
+            pass

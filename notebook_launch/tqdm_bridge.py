@@ -1,0 +1,158 @@
+"""Inside a rank, tqdm bars (tqdm.std, tqdm.auto, tqdm.notebook, ...) become panel bars.
+
+Without this, each rank's tqdm writes carriage-return redraws into the shared
+cell (garbled, interleaved), and tqdm.notebook would try to create widgets in
+a child process that has no kernel connection. The bridge patches the tqdm
+classes in place (the notebook may already hold ``from tqdm.auto import tqdm``
+from before the launch, so swapping module attributes would not be enough):
+every instance counts with tqdm's own ``__iter__``/``update`` and throttling,
+writes nowhere, and its ``display`` hands n/total/desc/postfix to a
+``notebook_launch.progress`` bar. Installed by ``install(spec)`` as a
+``worker.rank_hooks`` entry; only ever runs in rank processes.
+"""
+from __future__ import annotations
+
+import importlib.util
+import sys
+
+from .progress import log as log_metrics, progress as panel_bar
+
+_PATCHED_ATTR = "_notebook_launch_patched"
+
+
+class _Discard:
+    """A file that drops tqdm's text output."""
+
+    def write(self, text):
+        return len(text)
+
+    def flush(self):
+        pass
+
+    def isatty(self):
+        return False
+
+
+def install(spec=None) -> bool:
+    """Patch tqdm in this rank; returns False when tqdm is not installed."""
+    if "tqdm" not in sys.modules and importlib.util.find_spec("tqdm") is None:
+        return False
+    from tqdm import std
+    base = std.tqdm
+    if getattr(base, _PATCHED_ATTR, False):
+        _patch_tree(base)
+        return True
+    originals = {name: base.__dict__[name] for name in
+                 ("__init__", "display", "close", "__iter__", "update", "clear", "reset",
+                  "status_printer", "set_postfix", "set_description")}
+    _install_methods(base, originals)
+    base.monitor_interval = 0   # no tqdm monitor thread per rank; our flusher handles slow loops
+    _patch_tree(base)
+    return True
+
+
+def _bound(original, self):
+    """tqdm's __init__ may be a functools.partialmethod (its env-var config): bind like Python does."""
+    return original.__get__(self, type(self))
+
+
+def _install_methods(base, originals) -> None:
+    def std_init(self, *args, **kwargs):
+        return _bound(originals["__init__"], self)(*args, **kwargs)
+
+    def std_close(self):
+        return _bound(originals["close"], self)()
+
+    def std_set_postfix(self, *args, **kwargs):
+        return _bound(originals["set_postfix"], self)(*args, **kwargs)
+
+    def __init__(self, *args, **kwargs):
+        for key in ("display", "gui", "console", "options", "progress", "nrows"):
+            kwargs.pop(key, None)   # drawing options of tqdm.notebook / tqdm.rich / tqdm.gui
+        if "disable" in kwargs and kwargs["disable"] is None:
+            kwargs["disable"] = False   # "off when not a terminal": the panel is the terminal here
+        kwargs["file"] = _Discard()
+        kwargs.setdefault("mininterval", 0.1)
+        self._panel = None
+        std_init(self, *args, **kwargs)
+        if not self.disable:
+            total = self.total
+            self._panel = panel_bar(None, desc=self.desc or "", total=total,
+                                                   unit=self.unit, initial=self.n)
+            self._panel_sync()
+
+    def _panel_sync(self):
+        panel = getattr(self, "_panel", None)
+        if panel is None or panel.closed:
+            return
+        desc = (self.desc or "").rstrip(": ")
+        if panel.desc != desc:
+            panel.set_description(desc)
+        if panel.total != self.total:
+            panel.total = self.total
+        panel.update(self.n - panel.n)
+
+    def display(self, msg=None, pos=None):
+        self._panel_sync()
+        return True
+
+    def close(self):
+        if getattr(self, "_panel", None) is not None and not self.disable:
+            self._panel_sync()
+            self._panel.close()
+        return std_close(self)
+
+    def set_postfix(self, ordered_dict=None, refresh=True, **kwargs):
+        std_set_postfix(self, ordered_dict, refresh=refresh, **kwargs)
+        metrics = dict(ordered_dict or {}, **kwargs)
+        numeric = {k: v for k, v in metrics.items() if not isinstance(v, str)}
+        if numeric and getattr(self, "_panel", None) is not None:
+            log_metrics(**numeric)
+
+    def reset(self, total=None):
+        _bound(originals["reset"], self)(total=total)
+        if getattr(self, "_panel", None) is not None:
+            self._panel.reset(total=self.total)
+
+    base.__init__ = __init__
+    base.display = display
+    base.close = close
+    base.set_postfix = set_postfix
+    base.reset = reset
+    base._panel_sync = _panel_sync
+    base._notebook_launch_std = originals
+    setattr(base, _PATCHED_ATTR, True)
+
+    def __init_subclass__(cls, **kw):
+        super(base, cls).__init_subclass__(**kw)
+        _patch_class(cls, base)
+
+    base.__init_subclass__ = classmethod(__init_subclass__)
+
+
+# Subclasses (tqdm.notebook, tqdm.rich, tqdm.gui, tqdm.asyncio ...) override these to draw
+# their own way; in a rank they must behave like the patched base.
+_OVERRIDES = ("__init__", "display", "close", "__iter__", "update", "clear", "reset",
+              "status_printer", "set_postfix", "set_description", "refresh", "moveto")
+
+
+def _patch_tree(base) -> None:
+    stack = list(base.__subclasses__())
+    while stack:
+        cls = stack.pop()
+        _patch_class(cls, base)
+        stack.extend(cls.__subclasses__())
+
+
+def _patch_class(cls, base) -> None:
+    """tqdm's own variants fall back to the patched base; other libraries' subclasses
+    (e.g. one that disables bars by an environment variable) keep their logic and
+    reach the patched base through super()."""
+    if cls.__module__.split(".")[0] == "tqdm":
+        for name in _OVERRIDES:
+            if name in cls.__dict__:
+                try:
+                    delattr(cls, name)
+                except (AttributeError, TypeError):
+                    pass
+    cls.monitor_interval = 0

@@ -1,0 +1,119 @@
+"""Two real hosts on one machine: two network namespaces joined by a veth pair.
+
+Each namespace has its own interfaces, addresses and ports, so the two
+notebook_launcher calls talk over a real (virtual) link exactly as two
+machines would, and nothing they send leaves the namespaces. Needs root and
+iproute2 (`scripts/system-packages.sh` installs it); otherwise the tests skip
+and say why.
+"""
+import json
+import os
+import secrets
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+NODE_SCRIPT = Path(__file__).with_name("node_script.py")
+PORT = 29400
+
+
+def _ip(*args, check=True):
+    return subprocess.run(["ip", *args], check=check, capture_output=True, text=True, timeout=30)
+
+
+def _netns_unavailable_reason():
+    if shutil.which("ip") is None:
+        return "needs the `ip` command (apt-get install iproute2; scripts/system-packages.sh does it)"
+    if os.geteuid() != 0:
+        return "needs root to create network namespaces (ip netns add)"
+    probe = f"nl-probe-{secrets.token_hex(3)}"
+    result = _ip("netns", "add", probe, check=False)
+    if result.returncode != 0:
+        return f"`ip netns add` failed here ({result.stderr.strip()}); namespaces need CAP_SYS_ADMIN"
+    _ip("netns", "del", probe, check=False)
+    return None
+
+
+class TwoNodes:
+    """Namespaces A (node 0, 10.x.y.1) and B (node 1, 10.x.y.2)."""
+
+    def __init__(self, tmp_path: Path):
+        tag = secrets.token_hex(3)
+        self.namespaces = [f"nl-a-{tag}", f"nl-b-{tag}"]
+        self.links = [f"nla{tag}", f"nlb{tag}"]
+        octets = (200 + secrets.randbelow(50), secrets.randbelow(250))
+        self.addresses = [f"10.{octets[0]}.{octets[1]}.{i}" for i in (1, 2)]
+        self.tmp = tmp_path
+        self.port = PORT   # each namespace has its own ports: no clash with anything outside
+        self.procs = []
+
+    def create(self):
+        for ns in self.namespaces:
+            _ip("netns", "add", ns)
+        _ip("link", "add", self.links[0], "type", "veth", "peer", "name", self.links[1])
+        for ns, link, addr in zip(self.namespaces, self.links, self.addresses):
+            _ip("link", "set", link, "netns", ns)
+            _ip("-n", ns, "addr", "add", f"{addr}/24", "dev", link)
+            _ip("-n", ns, "link", "set", link, "up")
+            _ip("-n", ns, "link", "set", "lo", "up")
+
+    def destroy(self):
+        for proc in self.procs:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(timeout=30)
+        for ns in self.namespaces:
+            _ip("netns", "del", ns, check=False)   # also removes the veth pair
+
+    def start(self, node_rank: int, scenario: str, **options):
+        """Start node ``node_rank``'s notebook_launcher call in its namespace."""
+        out = self.tmp / f"node{node_rank}-{scenario}.json"
+        cfg = {"node_rank": node_rank, "scenario": scenario, "master_addr": self.addresses[0],
+               "port": self.port, "log_dir": str(self.tmp / f"logs-{scenario}-node{node_rank}"),
+               "output": str(out), **options}
+        cfg_path = self.tmp / f"node{node_rank}-{scenario}-config.json"
+        cfg_path.write_text(json.dumps(cfg))
+        stdout = open(self.tmp / f"node{node_rank}-{scenario}.out", "w")
+        proc = subprocess.Popen(
+            ["ip", "netns", "exec", self.namespaces[node_rank], sys.executable, str(NODE_SCRIPT),
+             str(cfg_path)], cwd=REPO, stdout=stdout, stderr=subprocess.STDOUT, start_new_session=True)
+        proc.output_path, proc.log_path = out, stdout.name
+        self.procs.append(proc)
+        return proc
+
+    def finish(self, proc, timeout=90):
+        """Wait for a node's call to return; its JSON outcome plus what it printed."""
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=30)
+            pytest.fail(f"node call did not return within {timeout} s:\n{Path(proc.log_path).read_text()}")
+        printed = Path(proc.log_path).read_text()
+        assert proc.returncode == 0 and proc.output_path.exists(), printed
+        outcome = json.loads(proc.output_path.read_text())
+        outcome["printed"] = printed
+        return outcome
+
+    def run(self, scenario, nodes=(0, 1), **options):
+        procs = [self.start(n, scenario, **options) for n in nodes]
+        return [self.finish(p) for p in procs]
+
+
+@pytest.fixture
+def two_nodes(tmp_path):
+    reason = _netns_unavailable_reason()
+    if reason:
+        pytest.skip(reason)
+    nodes = TwoNodes(tmp_path)
+    try:
+        nodes.create()
+        yield nodes
+    finally:
+        nodes.destroy()

@@ -1,0 +1,90 @@
+"""Multi-node launches between two network namespaces (see conftest.py)."""
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.timeout(240)
+
+
+def _clean_exit(outcome):
+    assert outcome["handlers_restored"], "signal handlers were not restored"
+    assert outcome["children_left"] == [], f"processes left behind: {outcome['children_left']}"
+    assert outcome["fds_left"] == [], f"file descriptors left open: {outcome['fds_left']}"
+
+
+@pytest.mark.parametrize("rdzv_backend", ["static", "c10d"])
+def test_four_rank_all_reduce_across_two_nodes(two_nodes, rdzv_backend):
+    node0, node1 = two_nodes.run("allreduce", rdzv_backend=rdzv_backend)
+    for node_rank, outcome in enumerate((node0, node1)):
+        assert outcome["ok"], outcome.get("message")
+        results = outcome["results"]
+        assert [r["rank"] for r in results] == [2 * node_rank, 2 * node_rank + 1]
+        assert [r["local_rank"] for r in results] == [0, 1]
+        assert all(r["world_size"] == 4 and r["node_rank"] == node_rank for r in results)
+        assert all(r["sum"] == 1 + 2 + 3 + 4 for r in results)
+        # gloo was pointed at the veth link, not at loopback (the hostname resolves to 127.0.0.1)
+        assert all(r["gloo_ifname"] == two_nodes.links[node_rank] for r in results)
+        assert f"[rank {2 * node_rank}] rank {2 * node_rank} of 4: sum 10" in outcome["printed"]
+        _clean_exit(outcome)
+
+
+def test_rank_failure_on_node_1_ends_both_nodes(two_nodes):
+    node0, node1 = two_nodes.run("fail")
+    for outcome in (node0, node1):
+        assert not outcome["ok"]
+        assert (outcome["rank"], outcome["error_node"], outcome["exc_type"]) == (3, 1, "ValueError")
+        first_line = outcome["message"].splitlines()[0]
+        assert first_line == "node 1, rank 3 failed: ValueError: boom on rank 3"
+        assert 'raise ValueError("boom on rank 3")' in outcome["message"]
+        assert outcome["seconds"] < 60, "the surviving ranks sleep 120 s: they were not stopped"
+        _clean_exit(outcome)
+    assert "Ranks on this node (node 0):" in node0["message"]
+    assert "stopped by notebook_launch" in node0["message"]
+
+
+@pytest.mark.parametrize("rdzv_backend", ["static", "c10d"])
+def test_restart_recovers_from_one_injected_failure(two_nodes, rdzv_backend):
+    node0, node1 = two_nodes.run("restart", max_restarts=1, rdzv_backend=rdzv_backend)
+    for node_rank, outcome in enumerate((node0, node1)):
+        assert outcome["ok"], outcome.get("message")
+        assert [r["attempt"] for r in outcome["results"]] == [1, 1]
+        assert [r["rank"] for r in outcome["results"]] == [2 * node_rank, 2 * node_rank + 1]
+        assert all(r["sum"] == 10 for r in outcome["results"])
+        assert ("node 1, rank 3 failed (ValueError: injected failure on attempt 0); "
+                "restarting every rank (restart 1 of 1)") in outcome["printed"]
+        _clean_exit(outcome)
+
+
+def test_missing_node_times_out_with_a_clear_error(two_nodes):
+    # Both at once, on different ports, so that each waits for a partner that never comes:
+    # node 0 hosts the rendezvous and waits for node 1; node 1 waits for a host that never opens.
+    procs = [two_nodes.start(0, "allreduce", rdzv_timeout=3, port=two_nodes.port),
+             two_nodes.start(1, "allreduce", rdzv_timeout=3, port=two_nodes.port + 1)]
+    node0, node1 = (two_nodes.finish(p) for p in procs)
+    assert not node0["ok"] and node0["kind"] == "rendezvous"
+    assert "timed out after 3 s (rdzv_timeout): node 1 never arrived" in node0["message"]
+    _clean_exit(node0)
+    assert not node1["ok"] and node1["kind"] == "rendezvous"
+    assert "no node opened the rendezvous" in node1["message"] and "within 3 s" in node1["message"]
+    _clean_exit(node1)
+
+
+def test_interrupting_one_node_stops_the_other(two_nodes):
+    procs = [two_nodes.start(n, "sleep") for n in (0, 1)]
+    deadline = time.monotonic() + 90
+    while not all("sum 10" in Path(p.log_path).read_text() for p in procs):
+        assert time.monotonic() < deadline, "the ranks never started"
+        assert all(p.poll() is None for p in procs), "a node ended early"
+        time.sleep(0.2)
+    os.kill(procs[0].pid, signal.SIGINT)   # what Jupyter's interrupt does to node 0's kernel
+    node0, node1 = (two_nodes.finish(p) for p in procs)
+    assert node0.get("interrupted") and "interrupted" in node0["message"]
+    assert not node1["ok"] and node1["kind"] == "interrupted" and node1["error_node"] == 0
+    assert node1["message"].splitlines()[0] == \
+        "node 0: was interrupted (KeyboardInterrupt or the Stop button)"
+    for outcome in (node0, node1):
+        assert outcome["seconds"] < 60, "the ranks sleep 120 s: they were not stopped"
+        _clean_exit(outcome)

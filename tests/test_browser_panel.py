@@ -1,0 +1,233 @@
+"""The panel as a person sees it: a real JupyterLab server, headless Chromium.
+
+Runs a 4-rank launch of 50,000 tqdm iterations per rank (printing a line every
+50 steps, far faster than the notebook could show), a failing launch, and a
+long launch stopped with the panel's Stop button. Checks in the page that every
+bar reaches 100%, that "IOPub message rate exceeded" never appears, that the
+failing rank's row turns red with its error, and that Stop ends the run with
+KeyboardInterrupt. Screenshots go to test-artifacts/.
+
+Needs Debian's chromium (scripts/system-packages.sh installs it) and the
+`playwright` Python package (no `playwright install`: no browser download).
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+ARTIFACTS = Path(__file__).resolve().parent.parent / "test-artifacts"
+
+pytestmark = [
+    pytest.mark.skipif(not os.path.exists(CHROMIUM), reason="needs Debian's chromium: bash scripts/system-packages.sh"),
+    pytest.mark.timeout(420),
+]
+
+CELLS = [
+    # 0: 4 ranks x 50,000 tqdm steps, a printed line every 50 steps (4,000 lines)
+    '''from notebook_launch import notebook_launcher, progress
+
+def train(n):
+    import os
+    from tqdm.auto import tqdm
+    rank = int(os.environ["RANK"])
+    bar = tqdm(range(n), desc="train")
+    for i in bar:
+        if i % 50 == 0:
+            print(f"rank {rank} step {i}")
+        if i % 5000 == 0:
+            bar.set_postfix(loss=1.0 / (i + 1))
+    return rank
+
+results = notebook_launcher(train, args=(50_000,), num_processes=4)
+print("RESULTS", results)''',
+    # 1: rank 1 fails half way
+    '''def train_fails(n):
+    import os
+    rank = int(os.environ["RANK"])
+    for i in progress(range(n), desc="train"):
+        if rank == 1 and i == n // 2:
+            raise ValueError("boom at half way")
+    return rank
+
+notebook_launcher(train_fails, args=(20_000,), num_processes=2)''',
+    # 2: a long run, stopped with the Stop button
+    '''def train_slow(n):
+    import time
+    for i in progress(range(n), desc="slow"):
+        time.sleep(0.01)
+    return "never"
+
+notebook_launcher(train_slow, args=(100_000,), num_processes=2)''',
+    'print("AFTER STOP CELL RAN")',
+]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def write_notebook(path: Path) -> None:
+    import nbformat
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell(src) for src in CELLS]
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nbformat.write(nb, str(path))
+
+
+@pytest.fixture
+def lab(tmp_path):
+    """A JupyterLab server on 127.0.0.1 with a token, in its own config dirs."""
+    pytest.importorskip("playwright")
+    pytest.importorskip("jupyterlab")
+    root = tmp_path / "root"
+    root.mkdir()
+    write_notebook(root / "panel.ipynb")
+    env = dict(os.environ, JUPYTER_CONFIG_DIR=str(tmp_path / "config"),
+               JUPYTER_RUNTIME_DIR=str(tmp_path / "runtime"),
+               JUPYTERLAB_SETTINGS_DIR=str(tmp_path / "settings"),
+               JUPYTERLAB_WORKSPACES_DIR=str(tmp_path / "workspaces"),
+               NOTEBOOK_LAUNCH_LOG_DIR=str(tmp_path / "runs"))
+    bin_dir = Path(sys.executable).parent
+    subprocess.run([str(bin_dir / "jupyter"), "labextension", "disable",
+                    "@jupyterlab/apputils-extension:announcements"], env=env, check=True,
+                   capture_output=True)
+    port, token = free_port(), "panel-test-token"
+    log = open(tmp_path / "lab.log", "w")
+    server = subprocess.Popen(
+        [str(bin_dir / "jupyter"), "lab", "--allow-root", "--no-browser", "--ip=127.0.0.1",
+         f"--port={port}", f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={root}",
+         "--LabApp.expose_app_in_browser=True"],
+        env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    base = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 120
+    while True:
+        try:
+            urllib.request.urlopen(f"{base}/api/status?token={token}", timeout=5)
+            break
+        except Exception:
+            if server.poll() is not None or time.monotonic() > deadline:
+                log.close()
+                pytest.fail("jupyter lab did not start:\n" + (tmp_path / "lab.log").read_text()[-3000:])
+            time.sleep(0.5)
+    try:
+        yield {"base": base, "token": token, "log": tmp_path / "lab.log"}
+    finally:
+        os.killpg(server.pid, signal.SIGTERM)
+        try:
+            server.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(server.pid, signal.SIGKILL)
+        log.close()
+
+
+def cell(page, index):
+    return page.locator(".jp-Notebook .jp-CodeCell").nth(index)
+
+
+def wait_for_text(page, index, text, timeout_s):
+    cell(page, index).locator(".jp-OutputArea").get_by_text(text, exact=False).first.wait_for(
+        timeout=timeout_s * 1000)
+
+
+def test_panel_in_jupyterlab(lab):
+    from playwright.sync_api import sync_playwright
+    ARTIFACTS.mkdir(exist_ok=True)
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, args=[
+            "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+            "--disable-component-update", "--disable-sync", "--no-first-run"])
+        page = browser.new_page(viewport={"width": 1500, "height": 1100})
+        try:
+            run_scenario(page, lab)
+        except Exception:
+            page.screenshot(path=str(ARTIFACTS / "panel-browser-failure.png"), full_page=True)
+            raise
+        finally:
+            browser.close()
+
+
+def run_scenario(page, lab):
+    page.goto(f"{lab['base']}/lab/tree/panel.ipynb?reset&token={lab['token']}")
+    page.locator(".jp-Notebook .jp-CodeCell").first.wait_for(timeout=120_000)
+    page.wait_for_function("window.jupyterapp && window.jupyterapp.commands.hasCommand("
+                           "'notebook:run-all-cells')", timeout=60_000)
+    wait_kernel_idle(page)
+    run_cell(page, 0)
+
+    # 1. every rank's bar reaches 100% and the run returns every result
+    wait_for_text(page, 0, "RESULTS [0, 1, 2, 3]", 180)
+    bars = cell(page, 0).locator(".widget-hprogress .progress-bar")
+    page.wait_for_function(
+        "() => { const bars = [...document.querySelectorAll('.jp-CodeCell')][0]"
+        ".querySelectorAll('.widget-hprogress .progress-bar');"
+        " return bars.length == 4 && [...bars].every(b => b.style.width == '100%'); }", timeout=30_000)
+    assert bars.count() == 4
+    rows = cell(page, 0).locator(".nl-rank.nl-status-done")
+    assert rows.count() == 4
+    panel_text = cell(page, 0).locator(".nl-panel").inner_text()
+    assert "50000/50000" in panel_text and "loss=" in panel_text, panel_text
+    cell(page, 0).screenshot(path=str(ARTIFACTS / "panel-4-ranks-done.png"))
+
+    # 2. the failing rank's row is red and carries its error
+    run_cell(page, 1)
+    wait_for_text(page, 1, "LaunchError", 120)
+    failed = cell(page, 1).locator(".nl-rank.nl-status-failed")
+    failed.first.wait_for(timeout=30_000)
+    assert "ValueError: boom at half way" in failed.first.inner_text()
+    color = failed.first.locator(".nl-status").evaluate("e => getComputedStyle(e).backgroundColor")
+    assert color == "rgb(220, 38, 38)", color
+    cell(page, 1).screenshot(path=str(ARTIFACTS / "panel-failed-rank.png"))
+
+    # 3. Stop ends the run like an interrupt; the next cell still runs afterwards
+    run_cell(page, 2)
+    stop = cell(page, 2).locator(".nl-panel button", has_text="Stop")
+    stop.wait_for(timeout=120_000)
+    page.wait_for_function(
+        "() => { const bars = [...document.querySelectorAll('.jp-CodeCell')][2]"
+        ".querySelectorAll('.widget-hprogress .progress-bar');"
+        " return bars.length == 2 && [...bars].every(b => parseFloat(b.style.width) > 0); }",
+        timeout=60_000)
+    cell(page, 2).screenshot(path=str(ARTIFACTS / "panel-running-before-stop.png"))
+    assert stop.is_enabled()
+    stop.click()
+    wait_for_text(page, 2, "KeyboardInterrupt", 60)
+    cell(page, 2).locator(".nl-rank.nl-status-stopped").nth(1).wait_for(timeout=30_000)
+    cell(page, 2).screenshot(path=str(ARTIFACTS / "panel-stopped.png"))
+    run_cell(page, 3)
+    wait_for_text(page, 3, "AFTER STOP CELL RAN", 60)
+
+    # nothing was dropped by the server's IOPub rate limit
+    body = page.locator("body").inner_text()
+    assert "IOPub message rate exceeded" not in body
+    assert "IOPub data rate exceeded" not in body
+    page.screenshot(path=str(ARTIFACTS / "panel-notebook.png"), full_page=True)
+    assert "rate exceeded" not in Path(lab["log"]).read_text()
+
+
+def run_cell(page, index):
+    """Run one cell (Run All would skip the cells after the expected failure)."""
+    page.evaluate(f"""() => {{
+        const panel = window.jupyterapp.shell.currentWidget;
+        panel.content.activeCellIndex = {index};
+        window.jupyterapp.commands.execute('notebook:run-cell');   // not awaited: it resolves at the end
+    }}""")
+
+
+def wait_kernel_idle(page):
+    page.wait_for_function(
+        "() => { const w = window.jupyterapp.shell.currentWidget;"
+        " return w && w.sessionContext && w.sessionContext.session && w.sessionContext.session.kernel"
+        " && w.sessionContext.session.kernel.status == 'idle'; }", timeout=120_000)

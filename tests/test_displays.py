@@ -1,0 +1,72 @@
+"""Which display is chosen, and what the rich, text and HTML displays show."""
+import io
+
+import pytest
+
+from notebook_launch.display import TextDisplay, choose_display
+from notebook_launch.display import html as html_display
+from notebook_launch.display.rich_panel import RichDisplay
+from notebook_launch.state import DONE, FAILED, RankState, RunState
+
+
+def finished_state():
+    state = RunState(run_id="r9", world_size=2, backend="fork", log_dir="/tmp/r9",
+                     ranks=[RankState(rank=i, local_rank=i) for i in range(2)])
+    state.on_progress(0, {"bars": {"b0": {"desc": "train", "n": 100, "total": 100, "rate": 50.0}},
+                          "metrics": {"loss": 0.125}})
+    state.on_progress(1, {"bars": {"b0": {"desc": "train", "n": 40, "total": 100}}})
+    state.on_line(0, "stdout", "epoch 1 done")
+    state.on_exit(0, DONE, "finished")
+    state.on_exit(1, FAILED, "exit code 1", error="ValueError: boom")
+    state.finish(FAILED, "rank 1 failed: ValueError: boom")
+    return state
+
+
+def test_forced_choices_and_auto_outside_a_kernel(monkeypatch):
+    assert type(choose_display("none")).__name__ == "Display"
+    assert isinstance(choose_display("text"), TextDisplay)
+    assert type(choose_display("rich")).__name__ == "RichDisplay"
+    assert type(choose_display("html")).__name__ == "HtmlDisplay"
+    pytest.importorskip("ipywidgets")
+    assert type(choose_display("widget")).__name__ == "WidgetDisplay"
+    monkeypatch.setattr("sys.stdout", io.StringIO())          # not a terminal: CI logs
+    auto = choose_display("auto")
+    assert isinstance(auto, TextDisplay) and auto.summary_every is not None
+
+
+def test_auto_picks_rich_on_a_terminal(monkeypatch):
+    class Tty(io.StringIO):
+        def isatty(self):
+            return True
+    monkeypatch.setattr("sys.stdout", Tty())
+    assert type(choose_display("auto")).__name__ == "RichDisplay"
+
+
+def test_rich_panel_shows_ranks_and_the_error():
+    from rich.console import Console
+    out = io.StringIO()
+    display = RichDisplay(console=Console(file=out, width=160, force_terminal=False, color_system=None))
+    state = finished_state()
+    display.start(state)
+    display.line(state, 0, "stdout", "hello from rank 0")
+    display.close(state)
+    text = out.getvalue()
+    assert "[rank 0] hello from rank 0" in text
+    assert "rank 1" in text and "failed" in text and "ValueError: boom" in text
+    assert "100/100" in text and "loss=0.125" in text and "logs: /tmp/r9" in text
+
+
+def test_text_display_prints_periodic_and_final_summaries(capsys):
+    display = TextDisplay(summary_every=0.0)
+    state = finished_state()
+    display.refresh(state)
+    display.close(state)
+    out = capsys.readouterr().out
+    assert out.count("notebook_launch run r9: 2 ranks, fork, failed") == 2
+    assert "rank 1 [cpu] failed train: 40% 40/100 ValueError: boom" in out
+
+
+def test_html_render_marks_the_failed_row_red():
+    page = html_display.render(finished_state())
+    assert "nl-status-failed" in page and "#fee2e2" in page and "ValueError: boom" in page
+    assert "width:100.0%" in page and "width:40.0%" in page

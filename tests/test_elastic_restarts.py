@@ -1,0 +1,157 @@
+"""max_restarts on one node: the same torch-elastic path as multi-node runs."""
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import psutil
+import pytest
+
+from notebook_launch import LaunchArgumentError, LaunchError, notebook_launcher
+from notebook_launch.backends import elastic_run
+from notebook_launch.display import Display
+from notebook_launch.plan import free_port
+
+pytestmark = pytest.mark.timeout(180)
+
+
+def fail_on_first_attempt():
+    import torch
+    import torch.distributed as dist
+    dist.init_process_group("gloo")
+    attempt = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
+    print(f"attempt {attempt} on rank {dist.get_rank()}", flush=True)
+    if attempt == 0 and dist.get_rank() == 1:
+        raise ValueError("first attempt fails")
+    total = torch.ones(1)
+    dist.all_reduce(total)
+    dist.destroy_process_group()
+    return {"attempt": attempt, "total": total.item(), "rank": int(os.environ["RANK"])}
+
+
+def always_fail_on_rank_1():
+    if os.environ["RANK"] == "1":
+        raise ValueError(f"fails on attempt {os.environ['TORCHELASTIC_RESTART_COUNT']}")
+    time.sleep(60)
+
+
+def sleep_long():
+    time.sleep(60)
+
+
+class RecordingDisplay(Display):
+    """A real display that remembers which attempts it was asked to draw."""
+
+    def __init__(self):
+        super().__init__()
+        self.attempts = set()
+
+    def refresh(self, state):
+        assert state.max_restarts == 1
+        self.attempts.add(state.attempt)
+
+    def close(self, state):
+        self.attempts.add(state.attempt)
+
+
+@pytest.fixture
+def recording_display(monkeypatch):
+    display = RecordingDisplay()
+    monkeypatch.setattr(elastic_run, "choose_display", lambda ui, line_prefix=None: display)
+    return display
+
+
+def test_restart_recovers_and_the_panel_shows_the_attempt(tmp_path, capsys, recording_display):
+    results = notebook_launcher(fail_on_first_attempt, num_processes=2, max_restarts=1, log_dir=tmp_path)
+    assert results == [{"attempt": 1, "total": 2.0, "rank": 0}, {"attempt": 1, "total": 2.0, "rank": 1}]
+    assert recording_display.attempts == {0, 1}
+    printed = capsys.readouterr().out
+    assert "rank 1 failed (ValueError: first attempt fails); restarting every rank (restart 1 of 1)" in printed
+    log = (tmp_path / "rank1.log").read_text()
+    assert log.index("attempt 0 on rank 1") < log.index("restart 1 of 1") < log.index("attempt 1 on rank 1")
+
+
+def test_used_up_restarts_raise_one_launch_error(tmp_path, capsys):
+    with pytest.raises(LaunchError) as info:
+        notebook_launcher(always_fail_on_rank_1, num_processes=2, max_restarts=2, log_dir=tmp_path, ui="none")
+    error = info.value
+    assert (error.rank, error.kind, error.exc_type) == (1, "exception", "ValueError")
+    assert str(error).splitlines()[0] == "rank 1 failed: ValueError: fails on attempt 2"
+    assert "Attempt 3 of 3: no restarts left (max_restarts=2)." in str(error)
+    assert capsys.readouterr().out.count("restarting every rank") == 2
+
+
+def test_timeout_ends_the_run_without_restarting(tmp_path, capsys):
+    started = time.monotonic()
+    with pytest.raises(LaunchError) as info:
+        notebook_launcher(sleep_long, num_processes=2, max_restarts=3, timeout=2, log_dir=tmp_path, ui="none")
+    assert info.value.kind == "timeout"
+    assert "timed out after 2 s" in str(info.value)
+    assert "restarting" not in capsys.readouterr().out
+    assert time.monotonic() - started < 50
+
+
+def test_signal_handlers_restored_and_no_processes_left(tmp_path):
+    def mine(signum, frame):
+        pass
+
+    names = ("SIGINT", "SIGTERM", "SIGHUP", "SIGQUIT")
+    previous = {n: signal.signal(getattr(signal, n), mine) for n in names}
+    try:
+        notebook_launcher(fail_on_first_attempt, num_processes=2, max_restarts=1, log_dir=tmp_path, ui="none")
+        assert all(signal.getsignal(getattr(signal, n)) is mine for n in names)
+    finally:
+        for n, handler in previous.items():
+            signal.signal(getattr(signal, n), handler)
+    assert psutil.Process().children(recursive=True) == []
+
+
+@pytest.mark.parametrize("when", ["ranks running", "waiting for a node"])
+def test_interrupt_stops_the_run(tmp_path, when):
+    """SIGINT (a Jupyter interrupt) ends the call with KeyboardInterrupt, also
+    while the rendezvous waits for a node that is not coming (static waits
+    inside C++ otherwise, deaf to Ctrl-C for the whole rdzv_timeout)."""
+    options = ("num_processes=2, max_restarts=1" if when == "ranks running"
+               else f"num_processes=1, num_nodes=2, node_rank=0, rdzv_timeout=600, use_port='{free_port()}'")
+    script = tmp_path / "interrupted.py"
+    script.write_text(textwrap.dedent(f"""
+        import time, psutil
+        from notebook_launch import notebook_launcher
+        def work():
+            print("rank started", flush=True)
+            time.sleep(60)
+        try:
+            notebook_launcher(work, {options}, log_dir={str(tmp_path)!r}, ui="text")
+        except KeyboardInterrupt as exc:
+            print("INTERRUPTED:", exc, "children:", psutil.Process().children(recursive=True), flush=True)
+    """))
+    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True)
+    wait_for = "rank started" if when == "ranks running" else "rendezvous: static"
+    seen = []
+    try:
+        for line in proc.stdout:
+            seen.append(line)
+            if wait_for in line:
+                break
+        time.sleep(1.0)
+        started = time.monotonic()
+        proc.send_signal(signal.SIGINT)
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    output = "".join(seen) + out
+    assert "INTERRUPTED: notebook_launch: the run was interrupted" in output, output
+    assert "children: []" in output, output
+    assert time.monotonic() - started < 30, output
+
+
+def test_bad_rendezvous_arguments_name_the_argument():
+    with pytest.raises(LaunchArgumentError, match="rdzv_conf must be a dict"):
+        notebook_launcher(sleep_long, num_processes=1, max_restarts=1, rdzv_conf="join_timeout=5")
+    with pytest.raises(LaunchArgumentError, match="rdzv_timeout must be a number of seconds > 0"):
+        notebook_launcher(sleep_long, num_processes=1, max_restarts=1, rdzv_timeout=0)

@@ -1,0 +1,187 @@
+"""Platform detection: one fixture per place we run.
+
+Environment variables are what those platforms set; GPUs and TPUs cannot
+exist on this machine, so the probes that stand in for them say so in their
+names (``fake_two_t4_gpus``, ``fake_tpu_v3_8_chips``).
+"""
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+import torch
+
+from notebook_launch import environment, notebook_launcher
+from notebook_launch.environment import PLATFORMS, Environment, Probe, detect
+from notebook_launch.launcher import display_name, launch_summary
+from notebook_launch.plan import build_plan
+
+KERNEL = "ipykernel.zmqshell.ZMQInteractiveShell"
+COLAB_SHELL = "google.colab._shell.Shell"
+TERMINAL = "IPython.terminal.interactiveshell.TerminalInteractiveShell"
+
+COLAB_ENV = {"COLAB_RELEASE_TAG": "release-colab_20251101-060125_RC00", "COLAB_BACKEND_VERSION": "next"}
+KAGGLE_ENV = {"KAGGLE_KERNEL_RUN_TYPE": "Interactive", "KAGGLE_URL_BASE": "https://www.kaggle.com",
+              "KAGGLE_DATA_PROXY_URL": "https://dp.kaggle.net"}
+
+# Probes: the process as each platform shows it. fake_* devices do not exist here.
+no_devices_in_kernel = Probe(shell_class=KERNEL, in_kernel=True)
+colab_kernel_cpu = Probe(shell_class=COLAB_SHELL, in_kernel=True, modules=frozenset({"google.colab"}))
+fake_colab_t4_gpu = Probe(shell_class=COLAB_SHELL, in_kernel=True, cuda_count=1, gpu_names=("Tesla T4",),
+                          modules=frozenset({"google.colab"}))
+fake_colab_tpu_v5e_chip = Probe(shell_class=COLAB_SHELL, in_kernel=True, tpu_chips=1,
+                                modules=frozenset({"google.colab"}))
+fake_two_t4_gpus = Probe(shell_class=KERNEL, in_kernel=True, cuda_count=2, gpu_names=("Tesla T4", "Tesla T4"))
+fake_tpu_v3_8_chips = Probe(shell_class=KERNEL, in_kernel=True, tpu_chips=4)
+
+CASES = {
+    "colab-gpu": (dict(COLAB_ENV, COLAB_GPU="1"), fake_colab_t4_gpu),
+    "colab-tpu": (dict(COLAB_ENV, TPU_ACCELERATOR_TYPE="v5litepod-1", PJRT_DEVICE="TPU"), fake_colab_tpu_v5e_chip),
+    "colab-cpu": (dict(COLAB_ENV), colab_kernel_cpu),
+    "kaggle-gpu": (dict(KAGGLE_ENV), fake_two_t4_gpus),
+    "kaggle-tpu": (dict(KAGGLE_ENV, TPU_ACCELERATOR_TYPE="v3-8", TPU_PROCESS_ADDRESSES="local:8476",
+                        CLOUD_TPU_TASK_ID="0"), fake_tpu_v3_8_chips),
+    "kaggle-cpu": (dict(KAGGLE_ENV), no_devices_in_kernel),
+    "jupyterlab": ({"JPY_SESSION_NAME": "/home/me/train.ipynb"},
+                   Probe(shell_class=KERNEL, in_kernel=True,
+                         server_cmdline="/usr/bin/python3 /usr/local/bin/jupyter-lab --no-browser")),
+    "notebook": ({"JPY_SESSION_NAME": "/home/me/train.ipynb"},
+                 Probe(shell_class=KERNEL, in_kernel=True,
+                       server_cmdline="/usr/bin/python3 /usr/local/bin/jupyter-notebook")),
+    "vscode": ({"VSCODE_PID": "4242", "VSCODE_CWD": "/home/me", "PYDEVD_IPYTHON_COMPATIBLE_DEBUGGING": "1"},
+               Probe(shell_class=KERNEL, in_kernel=True,
+                     server_cmdline="/home/me/.vscode-server/bin/abc/node --ms-enable-electron-run-as-node")),
+    "ipython-terminal": ({"TERM": "xterm-256color"}, Probe(shell_class=TERMINAL)),
+    "script": ({"HOME": "/home/me"}, Probe()),
+}
+
+
+def test_every_platform_has_a_fixture():
+    assert set(CASES) == set(PLATFORMS)
+
+
+@pytest.mark.parametrize("expected", sorted(CASES))
+def test_detect_names_the_platform(expected):
+    environ, probe = CASES[expected]
+    found = detect(environ, probe)
+    assert found.platform == expected
+    assert found.evidence, "detection must say why"
+
+
+def test_kaggle_two_t4s():
+    found = detect(*CASES["kaggle-gpu"])
+    assert (found.device_kind, found.device_count, found.gpu_names) == ("cuda", 2, ("Tesla T4", "Tesla T4"))
+    assert not found.has_tpu and found.in_notebook and found.hosted == "kaggle"
+    assert found.describe() == "kaggle-gpu: 2 CUDA GPU(s) (Tesla T4)"
+
+
+def test_kaggle_tpu_is_xla_with_four_chips():
+    found = detect(*CASES["kaggle-tpu"])
+    assert found.has_tpu and found.device_kind == "xla" and found.device_count == 4
+    assert found.gpu_names == ()
+
+
+def test_tpu_known_from_environment_alone_counts_chips_from_the_slice_name():
+    environ = dict(KAGGLE_ENV, TPU_ACCELERATOR_TYPE="v3-8")
+    found = detect(environ, no_devices_in_kernel)
+    assert (found.platform, found.device_kind, found.device_count) == ("kaggle-tpu", "xla", 4)
+    assert detect({"PJRT_DEVICE": "TPU"}, Probe()).has_tpu
+    assert not detect({"PJRT_DEVICE": "CPU"}, Probe()).has_tpu
+
+
+@pytest.mark.parametrize("slice_name, chips", [("v2-8", 4), ("v3-8", 4), ("v4-8", 4), ("v5litepod-8", 8),
+                                               ("v6e-1", 1), ("v5e-4", 4), ("", 0), ("nonsense", 0)])
+def test_tpu_chips_from_slice_name(slice_name, chips):
+    assert environment.tpu_chips_from_type(slice_name) == chips
+
+
+def test_colab_gpu_and_cpu_runtimes():
+    gpu = detect(*CASES["colab-gpu"])
+    assert (gpu.device_kind, gpu.device_count, gpu.hosted) == ("cuda", 1, "colab")
+    cpu = detect(*CASES["colab-cpu"])
+    assert (cpu.device_kind, cpu.device_count, cpu.has_tpu) == ("cpu", 0, False)
+
+
+def test_colab_recognized_by_its_shell_even_without_variables():
+    assert detect({}, colab_kernel_cpu).platform == "colab-cpu"
+
+
+def test_jupyter_lab_started_from_a_vscode_terminal_is_still_jupyterlab():
+    environ = {"VSCODE_IPC_HOOK_CLI": "/tmp/vscode-ipc.sock", "TERM_PROGRAM": "vscode"}
+    probe = Probe(shell_class=KERNEL, in_kernel=True, server_cmdline="python -m jupyterlab --port 8888")
+    assert detect(environ, probe).platform == "jupyterlab"
+
+
+def test_kernel_of_unknown_frontend_is_a_notebook():
+    found = detect({}, no_devices_in_kernel)
+    assert (found.platform, found.frontend) == ("notebook", "notebook")
+
+
+def test_frontends():
+    assert detect(*CASES["ipython-terminal"]).frontend == "terminal"
+    assert detect(*CASES["script"]).frontend == "script"
+    assert not detect(*CASES["script"]).in_notebook
+
+
+def test_tpu_device_files_are_counted(tmp_path):
+    fake_tpu_dev_dir = tmp_path
+    for i in range(4):
+        (fake_tpu_dev_dir / f"accel{i}").touch()
+    (fake_tpu_dev_dir / "accelerator_notes").touch()
+    assert environment.count_tpu_device_files(str(fake_tpu_dev_dir)) == 4
+    assert environment.count_tpu_device_files(str(tmp_path / "missing")) == 0
+
+
+def test_vfio_tpu_chips_count_only_on_a_tpu_vm(tmp_path, monkeypatch):
+    fake_tpu_v5e_vfio_dev_dir = tmp_path
+    (fake_tpu_v5e_vfio_dev_dir / "vfio").mkdir()
+    for name in ("vfio", "0", "1", "2", "3"):
+        (fake_tpu_v5e_vfio_dev_dir / "vfio" / name).touch()
+    for key in [k for k in os.environ if k.startswith("TPU_")]:
+        monkeypatch.delenv(key)
+    monkeypatch.setattr(environment, "_tpu_vm", lambda: False)   # a GPU passthrough host
+    assert environment.count_tpu_device_files(str(fake_tpu_v5e_vfio_dev_dir)) == 0
+    monkeypatch.undo()
+    monkeypatch.setenv("TPU_ACCELERATOR_TYPE", "v5litepod-4")
+    assert environment.count_tpu_device_files(str(fake_tpu_v5e_vfio_dev_dir)) == 4
+
+
+def test_real_process_is_a_script_and_detection_leaves_cuda_alone():
+    found = detect()
+    assert found.platform == "script" and found.frontend == "script"
+    assert found.device_kind == ("cuda" if torch.cuda.device_count() else "cpu")
+    assert not torch.cuda.is_initialized()
+
+
+def test_environment_is_frozen():
+    found = detect(*CASES["script"])
+    with pytest.raises(Exception):
+        found.platform = "colab-gpu"
+    assert isinstance(found, Environment)
+
+
+def test_launch_summary_names_platform_backend_and_display(tmp_path):
+    plan = build_plan(num_processes=2, num_nodes=1, node_rank=0, master_addr="127.0.0.1",
+                      master_port=29500, device_kind="cuda", mixed_precision="no",
+                      start_method="fork", run_id="r", user_env={}, cpu_count=4)
+    line = launch_summary(plan, "fork", tmp_path, platform="kaggle-gpu", display="widget")
+    assert line == (f"notebook_launch: 2 ranks on kaggle-gpu (CUDA GPU, nccl, fork), port 29500, "
+                    f"display widget; logs: {tmp_path}")
+
+
+def test_display_name():
+    from notebook_launch.display import Display, TextDisplay
+    assert display_name(TextDisplay()) == "text"
+    assert display_name(Display()) == "none"
+
+
+def test_a_real_launch_prints_the_platform_line(tmp_path, capsys):
+    def work():
+        return 7
+
+    assert notebook_launcher(work, num_processes=1, log_dir=str(tmp_path), ui="none") == [7]
+    out = capsys.readouterr().out
+    start = "fork" if sys.platform.startswith("linux") else "spawn"
+    assert f"notebook_launch: 1 rank on script (CPU, gloo, {start}), port " in out
+    assert "display none; logs: " in out

@@ -1,0 +1,134 @@
+"""progress() and tqdm inside real launched ranks (fork, real processes)."""
+import importlib
+import itertools
+
+import pytest
+
+from notebook_launch import notebook_launcher, progress
+# The package attribute `progress` is the class; the module of the same name is this:
+progress_module = importlib.import_module("notebook_launch.progress")
+from panel_helpers import keep_state
+
+
+def test_outside_a_launch_progress_is_a_plain_pass_through():
+    data = [1, 2, 3]
+    bar = progress(data, desc="x")
+    assert type(iter(bar)) is type(iter(data))   # no wrapper generator at all
+    assert list(bar) == data
+    bar.update(5, loss=1.0)
+    progress.log(loss=2.0)
+    assert bar.n == 0 and len(bar) == 3
+
+
+def _fast_loop(n):
+    import importlib
+    import time
+    started = time.monotonic()
+    for i in progress(range(n), desc="train"):
+        if i % 50_000 == 0:
+            progress.log(loss=1.0 / (i + 1), step=i)
+    manual = progress(total=1000, desc="manual", unit="batch")
+    for _ in range(1000):
+        manual.update(1, lr=0.01)
+    manual.close()
+    elapsed = time.monotonic() - started
+    module = importlib.import_module("notebook_launch.progress")
+    rep = module.reporter()
+    module.flush()
+    return {"sends": rep.sends, "elapsed": elapsed}
+
+
+def test_bars_reach_the_parent_exactly_and_events_are_batched(monkeypatch):
+    n = 600_000
+    with keep_state(monkeypatch) as displays:
+        results = notebook_launcher(_fast_loop, args=(n,), num_processes=2)
+    state = displays[0].state
+    for rs, result in zip(state.ranks, results):
+        bars = {bar.desc: bar for bar in rs.bars.values()}
+        assert bars["train"].n == n and bars["train"].total == n and bars["train"].closed
+        assert bars["manual"].n == 1000 and bars["manual"].unit == "batch"
+        assert rs.metrics["step"] == 550_000 and rs.metrics["lr"] == 0.01
+        # at most ~10 PROGRESS events a second whatever the step rate (+ the final flushes)
+        assert result["sends"] <= result["elapsed"] * progress_module.MAX_SENDS_PER_SECOND + 3
+        assert rs.updates <= result["sends"] + 1
+
+
+def _tqdm_loops():
+    import sys
+    from tqdm import tqdm as std_tqdm
+    from tqdm.auto import tqdm as auto_tqdm
+    from tqdm.notebook import tqdm as notebook_tqdm
+    for _ in std_tqdm(range(3000), desc="std"):
+        pass
+    with auto_tqdm(total=40, desc="auto") as bar:
+        for _ in range(40):
+            bar.update(1)
+            bar.set_postfix(loss=0.25)
+    for _ in notebook_tqdm(range(77), desc="nb"):
+        pass
+    for _ in std_tqdm(range(5), desc="tty-only", disable=None):   # would be off on a non-terminal
+        pass
+    for _ in std_tqdm(range(5), desc="off", disable=True):
+        pass
+    print("tqdm done", file=sys.stderr)
+    return True
+
+
+def test_tqdm_bars_become_panel_bars_without_garbled_output(monkeypatch):
+    pytest.importorskip("tqdm")
+    with keep_state(monkeypatch) as displays:
+        assert notebook_launcher(_tqdm_loops, num_processes=2) == [True, True]
+    display = displays[0]
+    for rs in display.state.ranks:
+        bars = {bar.desc: bar for bar in rs.bars.values()}
+        assert (bars["std"].n, bars["std"].total) == (3000, 3000)
+        assert (bars["auto"].n, bars["nb"].n, bars["tty-only"].n) == (40, 77, 5)
+        assert "off" not in bars
+        assert all(bar.closed for bar in bars.values())
+        assert rs.metrics["loss"] == 0.25
+    texts = [text for _, _, text in display.lines]
+    assert texts.count("tqdm done") == 2
+    assert not [t for t in texts if "it/s" in t or "%|" in t], texts   # tqdm wrote nothing
+
+
+def _nested(epochs):
+    for _ in progress(range(epochs), desc="epoch"):
+        for _ in progress(range(100), desc="batch"):
+            pass
+    return True
+
+
+def test_nested_bars_final_state(monkeypatch):
+    with keep_state(monkeypatch) as displays:
+        notebook_launcher(_nested, args=(5,), num_processes=2)
+    for rs in displays[0].state.ranks:
+        main = rs.main_bar
+        assert (main.desc, main.n, main.total) == ("epoch", 5, 5)
+        assert [b.n for b in rs.bars.values() if b.desc == "batch"] == [100] * 5
+
+
+def test_progress_iteration_keeps_counting_past_checks():
+    # The hot loop only compares with a threshold; a rank-less bar must still count when it has a
+    # reporter. Simulate one with a recording writer (no parent process involved).
+    import notebook_launch.channel as channel
+
+    class Writer:
+        events = []
+
+        def send(self, kind, payload):
+            self.events.append((kind, payload))
+
+    writer = Writer()
+    channel.install(writer)
+    try:
+        bar = progress(itertools.islice(itertools.count(), 100_000), desc="t", total=100_000)
+        assert sum(1 for _ in bar) == 100_000
+        progress_module.flush()
+        last = {}
+        for kind, payload in writer.events:
+            assert kind == channel.PROGRESS
+            for fields in payload["bars"].values():
+                last.update(fields)
+        assert last["n"] == 100_000 and last["closed"] is True
+    finally:
+        channel.install(None)

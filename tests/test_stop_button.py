@@ -1,0 +1,75 @@
+"""The panel's Stop button in a real kernel, clicked the way a browser clicks it:
+a comm_msg {"method": "custom", "content": {"event": "click"}} on the shell channel
+while the cell is still running. Also checks that a cell queued during the run
+(as "Run All" queues them) still runs afterwards, in order."""
+import queue
+import time
+
+import pytest
+
+jupyter_client = pytest.importorskip("jupyter_client")
+pytest.importorskip("ipywidgets")
+
+CELL = '''
+from notebook_launch import notebook_launcher, progress
+
+def train_slow(n):
+    import time
+    for i in progress(range(n), desc="slow"):
+        time.sleep(0.01)
+    return "never"
+
+notebook_launcher(train_slow, args=(100_000,), num_processes=2)
+'''
+
+
+def test_stop_button_click_interrupts_the_run_and_later_cells_still_run():
+    km, kc = jupyter_client.manager.start_new_kernel(kernel_name="python3")
+    try:
+        kc.execute_interactive("import ipywidgets", timeout=120)
+        # stop_on_error=False: otherwise Jupyter (rightly) aborts cells queued behind an error
+        launch_id = kc.execute(CELL, stop_on_error=False)
+        later_id = kc.execute("print('LATER CELL RAN')")      # queued behind the running cell
+        stop_comm, progressed, texts = None, False, []
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline and not (stop_comm and progressed):
+            msg = kc.get_iopub_msg(timeout=60)
+            content = msg["content"]
+            if msg["msg_type"] == "comm_open":
+                state = content["data"].get("state", {})
+                if state.get("_model_name") == "ButtonModel" and state.get("description") == "Stop":
+                    stop_comm = content["comm_id"]
+            elif msg["msg_type"] == "comm_msg":
+                state = content["data"].get("state", {})
+                if isinstance(state.get("value"), float) and state["value"] > 0:
+                    progressed = True                       # a bar moved: the run is under way
+        assert stop_comm, "the panel showed no Stop button"
+        click = kc.session.msg("comm_msg", {"comm_id": stop_comm, "data": {
+            "method": "custom", "content": {"event": "click"}}})
+        kc.shell_channel.send(click)
+        replies = {}
+        while len(replies) < 2 and time.monotonic() < deadline:
+            try:
+                reply = kc.get_shell_msg(timeout=60)
+            except queue.Empty:
+                break
+            if reply["msg_type"] == "execute_reply":
+                replies[reply["parent_header"]["msg_id"]] = reply["content"]
+        while True:   # collect what the cells printed
+            try:
+                msg = kc.get_iopub_msg(timeout=2)
+            except queue.Empty:
+                break
+            if msg["msg_type"] == "stream":
+                texts.append(msg["content"]["text"])
+            if msg["msg_type"] == "error":
+                texts.append("\n".join(msg["content"]["traceback"]))
+        assert launch_id in replies, f"the launch did not end after the click: {replies}"
+        assert replies[launch_id]["status"] == "error"
+        assert replies[launch_id]["ename"] == "KeyboardInterrupt", replies[launch_id]
+        assert "Stop button" in replies[launch_id]["evalue"]
+        assert later_id in replies and replies[later_id]["status"] == "ok"
+        assert "LATER CELL RAN" in "".join(texts)
+    finally:
+        kc.stop_channels()
+        km.shutdown_kernel(now=True)
