@@ -46,22 +46,40 @@ def where_we_run() -> str:
     return "terminal or script" if sys.stdin is not None and sys.stdin.isatty() else "script"
 
 
+def _detected():
+    """environment.detect() when this version has it (platform, devices, evidence), else None."""
+    from . import environment
+    detect = getattr(environment, "detect", None)
+    try:
+        return detect() if detect is not None else None
+    except Exception:
+        return None
+
+
 def launch_preview() -> dict:
-    """What ``notebook_launcher(fn)`` would choose here, without starting anything."""
+    """What ``notebook_launcher(fn)`` would choose here, without starting anything (same rules)."""
+    from . import launcher
     from .display import choose_display
     from .environment import cuda_device_count
-    from .launcher import default_start_method
     from .plan import DEFAULT_PORT, available_cpus, port_is_free
-    gpus = cuda_device_count()
+    found = _detected()
+    if found is not None:
+        gpus = found.device_count if found.device_kind == "cuda" else 0
+        tpu = bool(getattr(found, "has_tpu", False))
+    else:
+        gpus, tpu = cuda_device_count(), False
     display = choose_display("auto")
+    name_of = getattr(launcher, "display_name", lambda d: type(d).__name__)
     return {
-        "device": f"{gpus} CUDA GPU(s)" if gpus else "CPU",
-        "backend": "nccl" if gpus else "gloo",
-        "start_method": default_start_method(),
+        "device": f"{gpus} CUDA GPU(s)" if gpus else ("TPU" if tpu else "CPU"),
+        "backend": "nccl" if gpus else ("xla" if tpu else "gloo"),
+        "start_method": launcher.default_start_method(),
         "num_processes": gpus or 1,
         "cpus": available_cpus(),
+        "tpu": tpu,
+        "evidence": ", ".join(getattr(found, "evidence", ()) or ()),
         "port": DEFAULT_PORT if port_is_free(DEFAULT_PORT) else f"{DEFAULT_PORT} busy: a free port is picked",
-        "display": type(display).__name__,
+        "display": name_of(display),
     }
 
 
@@ -77,10 +95,11 @@ def cmd_env(args) -> int:
         ("system", f"{platform.system()} {platform.release()} {platform.machine()}"),
         ("cpus", str(preview["cpus"])),
         ("cuda gpus", ", ".join(f"{name} (driver {drv})" for name, drv in gpus) if gpus
-         else preview["device"] if preview["device"] != "CPU" else "none"),
-        ("tpu", "yes (PJRT_DEVICE=TPU)" if os.environ.get("PJRT_DEVICE") == "TPU" or
-         os.environ.get("TPU_NAME") or os.path.exists("/dev/accel0") else "none"),
+         else preview["device"] if "CUDA" in preview["device"] else "none"),
+        ("tpu", "yes" if preview["tpu"] else "none"),
     ]
+    if preview["evidence"]:
+        rows.insert(2, ("evidence", preview["evidence"]))
     rows += [(name, package_version(name)) for name in VERSIONED]
     print("\n".join(f"{key + ':':<17}{value}" for key, value in rows))
     print("\nA launch here would use:")
@@ -89,7 +108,8 @@ def cmd_env(args) -> int:
     print(f"  num_processes:  {preview['num_processes']} by default (num_processes=None: one per GPU, "
           f"else 1; pass num_processes=N for N CPU ranks)")
     print(f"  port:           {preview['port']}")
-    print(f"  display:        {preview['display']} (ui='auto')")
+    hint = "" if preview["display"] == "widget" else "; in a Jupyter notebook: the widget panel"
+    print(f"  display:        {preview['display']} (ui='auto'{hint})")
     return 0
 
 

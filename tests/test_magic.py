@@ -100,6 +100,7 @@ def test_launch_magic_in_a_kernel():
         "print('mp', mp, nproc)",
         GUARD,
         "%%launch -n 2 --ui none\npass",
+        "from notebook_launch.cli import main as cli_main\ncli_main(['env'])",
     )
     nb = run_notebook(nb, allow_errors=True, timeout=300)
     out = [cell_text(c) for c in nb.cells]
@@ -114,3 +115,5 @@ def test_launch_magic_in_a_kernel():
     assert "SyntaxError" in out[6] and "notebook_launch:" not in out[6]   # refused before any launch
     assert "mp bf16 2" in out[8], out[8]
     assert "GuardError" in out[10] and "PartialState" in out[10]
+    # `env` from inside a kernel sees the notebook and the widget panel it would use
+    assert "where:" in out[11] and "display:        widget" in out[11], out[11]
