@@ -158,37 +158,6 @@ def forget_interactive_session() -> None:
             module._IS_INTERACTIVE = False
 
 
-_destroyed_process_groups = []   # kept until os._exit, see keep_destroyed_process_groups
-
-
-def keep_destroyed_process_groups() -> None:
-    """Let ``dist.destroy_process_group()`` forget the groups but never free them in a rank.
-
-    Freeing a gloo group joins its worker thread while holding the GIL; when that thread is
-    itself freeing a finished all_reduce (DDP's last bucket) it needs the GIL: deadlock. It
-    hit ~1 in 20 runs of the common ``destroy_process_group(); return`` with a live DDP model
-    (gdb: ~ProcessGroupGloo -> thread::join vs ~AsyncAllreduceWork -> gil_scoped_acquire).
-    A rank ends with os._exit, so keeping the groups costs nothing and the hang cannot happen.
-    """
-    c10d = sys.modules.get("torch.distributed.distributed_c10d")
-    dist = sys.modules.get("torch.distributed")
-    if c10d is None or dist is None or getattr(c10d.destroy_process_group, "_notebook_launch", False):
-        return
-    original = c10d.destroy_process_group
-
-    def destroy_process_group(group=None):
-        world = getattr(c10d, "_world", None)
-        groups = list(getattr(world, "pg_map", {}) or {}) if world is not None else []
-        _destroyed_process_groups.extend(groups)
-        return original(group)
-
-    destroy_process_group.__doc__ = original.__doc__
-    destroy_process_group.__wrapped__ = original
-    destroy_process_group._notebook_launch = True
-    c10d.destroy_process_group = destroy_process_group
-    dist.destroy_process_group = destroy_process_group
-
-
 def configure_torch(spec) -> None:
     torch = sys.modules.get("torch")
     if torch is None:
@@ -205,7 +174,6 @@ def run_rank(spec, job) -> int:
     writer = channel.current()
     reset_inherited_state()
     forget_interactive_session()
-    keep_destroyed_process_groups()
     configure_torch(spec)
     for hook in rank_hooks:
         hook(spec)
