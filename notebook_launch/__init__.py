@@ -15,4 +15,11 @@ try:  # record where CUDA gets initialized from now on (guards quote it)
 except ImportError:
     pass
 
+
+def load_ipython_extension(ipython) -> None:
+    """``%load_ext notebook_launch``: track where CUDA gets initialized; add the ``%%launch`` magic."""
+    from .magic import load_ipython_extension as _load
+    _load(ipython)
+
+
 __all__ = ["notebook_launcher", "progress", "LaunchError", "GuardError", "LaunchArgumentError", "__version__"]

@@ -89,6 +89,12 @@ def rank_environment(*, global_rank, local_rank, num_processes, num_nodes, node_
         "MASTER_PORT": str(master_port),
         "ACCELERATE_MIXED_PRECISION": mixed_precision,
         "NOTEBOOK_LAUNCH_RUN_ID": run_id,
+        # torchrun's markers: torch.distributed.is_torchelastic_launched() reads the run id, and
+        # Lightning Fabric/Trainer then pick TorchElasticEnvironment (processes exist, join them,
+        # and check devices * num_nodes == WORLD_SIZE) instead of starting processes of their own.
+        "TORCHELASTIC_RUN_ID": run_id,
+        "TORCHELASTIC_RESTART_COUNT": "0",
+        "TORCHELASTIC_MAX_RESTARTS": "0",
         "NOTEBOOK_LAUNCH_RANK": str(global_rank),
     }
     if device_kind == "cpu":

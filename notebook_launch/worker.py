@@ -142,6 +142,22 @@ def reset_inherited_state() -> None:
             pass
 
 
+def forget_interactive_session() -> None:
+    """A rank is not an interactive session, though fork copied the notebook's ``sys.ps1``.
+    Lightning reads it (``_IS_INTERACTIVE``, at import) to choose ``ddp_fork`` and start
+    processes of its own; without the prompt it joins the launched ranks instead."""
+    for name in ("ps1", "ps2", "ps3"):
+        if hasattr(sys, name):
+            delattr(sys, name)
+    for module_name in ("lightning.fabric.utilities.imports", "lightning.fabric.connector",
+                        "lightning_fabric.utilities.imports", "lightning_fabric.connector",
+                        "lightning.pytorch.trainer.connectors.accelerator_connector",
+                        "pytorch_lightning.trainer.connectors.accelerator_connector"):
+        module = sys.modules.get(module_name)
+        if module is not None and getattr(module, "_IS_INTERACTIVE", False):
+            module._IS_INTERACTIVE = False
+
+
 def configure_torch(spec) -> None:
     torch = sys.modules.get("torch")
     if torch is None:
@@ -157,6 +173,7 @@ def run_rank(spec, job) -> int:
     """Run the user's function and report; return the process exit code."""
     writer = channel.current()
     reset_inherited_state()
+    forget_interactive_session()
     configure_torch(spec)
     for hook in rank_hooks:
         hook(spec)

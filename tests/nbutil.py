@@ -54,7 +54,11 @@ def run_notebook(path_or_nb, *, cwd=None, timeout: int = 600, allow_errors: bool
     client = NotebookClient(nb, km=km, timeout=timeout, allow_errors=allow_errors,
                             resources={"metadata": {"path": cwd or "."}},
                             store_widget_state=store_widget_state)
-    client.execute()
+    try:
+        client.execute()
+    finally:  # nbclient leaves a kernel it did not create running: stop it (and its ranks)
+        if km.has_kernel:
+            km.shutdown_kernel(now=True)
     return nb
 
 

@@ -1,0 +1,321 @@
+"""``notebook-launch env | test | demo``: what a launch would do here, whether it works, and a demo.
+
+The functions launched by ``test`` and ``demo`` live in this module (importable),
+so they run with every start method, spawn included.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import shutil
+import sys
+import tempfile
+from importlib import metadata
+from pathlib import Path
+
+VERSIONED = ("torch", "accelerate", "ipywidgets", "ipykernel", "torch_xla", "lightning", "cloudpickle")
+
+
+# --- env -----------------------------------------------------------------------
+
+def package_version(name: str) -> str:
+    """Installed version, read from metadata: never imports the package (torch_xla can crash on import)."""
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return "not installed"
+
+
+def where_we_run() -> str:
+    from . import environment
+    detect = getattr(environment, "detect", None)
+    if detect is not None:  # the full classifier (Colab, Kaggle, VS Code, JupyterLab...) when present
+        try:
+            found = detect()
+            describe = getattr(found, "describe", None)
+            return describe() if callable(describe) else str(found)
+        except Exception as exc:  # a probe must never break `env`
+            return f"unknown ({type(exc).__name__}: {exc})"
+    if os.environ.get("COLAB_RELEASE_TAG") or "google.colab" in sys.modules:
+        return "Google Colab"
+    if os.environ.get("KAGGLE_KERNEL_RUN_TYPE"):
+        return "Kaggle"
+    if environment.in_ipython_kernel():
+        return "Jupyter kernel"
+    return "terminal or script" if sys.stdin is not None and sys.stdin.isatty() else "script"
+
+
+def _detected():
+    """environment.detect() when this version has it (platform, devices, evidence), else None."""
+    from . import environment
+    detect = getattr(environment, "detect", None)
+    try:
+        return detect() if detect is not None else None
+    except Exception:
+        return None
+
+
+def launch_preview() -> dict:
+    """What ``notebook_launcher(fn)`` would choose here, without starting anything (same rules)."""
+    from . import launcher
+    from .display import choose_display
+    from .environment import cuda_device_count
+    from .plan import DEFAULT_PORT, available_cpus, port_is_free
+    found = _detected()
+    if found is not None:
+        gpus = found.device_count if found.device_kind == "cuda" else 0
+        tpu = bool(getattr(found, "has_tpu", False))
+    else:
+        gpus, tpu = cuda_device_count(), False
+    display = choose_display("auto")
+    name_of = getattr(launcher, "display_name", lambda d: type(d).__name__)
+    return {
+        "device": f"{gpus} CUDA GPU(s)" if gpus else ("TPU" if tpu else "CPU"),
+        "backend": "nccl" if gpus else ("xla" if tpu else "gloo"),
+        "start_method": launcher.default_start_method(),
+        "num_processes": gpus or 1,
+        "cpus": available_cpus(),
+        "tpu": tpu,
+        "evidence": ", ".join(getattr(found, "evidence", ()) or ()),
+        "port": DEFAULT_PORT if port_is_free(DEFAULT_PORT) else f"{DEFAULT_PORT} busy: a free port is picked",
+        "display": name_of(display),
+    }
+
+
+def cmd_env(args) -> int:
+    from . import __version__
+    from .environment import cuda_gpus
+    preview = launch_preview()
+    gpus = cuda_gpus()
+    rows = [
+        ("notebook_launch", __version__),
+        ("where", where_we_run()),
+        ("python", f"{platform.python_version()} ({sys.executable})"),
+        ("system", f"{platform.system()} {platform.release()} {platform.machine()}"),
+        ("cpus", str(preview["cpus"])),
+        ("cuda gpus", ", ".join(f"{name} (driver {drv})" for name, drv in gpus) if gpus
+         else preview["device"] if "CUDA" in preview["device"] else "none"),
+        ("tpu", "yes" if preview["tpu"] else "none"),
+    ]
+    if preview["evidence"]:
+        rows.insert(2, ("evidence", preview["evidence"]))
+    rows += [(name, package_version(name)) for name in VERSIONED]
+    print("\n".join(f"{key + ':':<17}{value}" for key, value in rows))
+    print("\nA launch here would use:")
+    print(f"  backend:        {preview['backend']} ({preview['device']})")
+    print(f"  start method:   {preview['start_method']}")
+    print(f"  num_processes:  {preview['num_processes']} by default (num_processes=None: one per GPU, "
+          f"else 1; pass num_processes=N for N CPU ranks)")
+    print(f"  port:           {preview['port']}")
+    hint = "" if preview["display"] == "widget" else "; in a Jupyter notebook: the widget panel"
+    print(f"  display:        {preview['display']} (ui='auto'{hint})")
+    return 0
+
+
+# --- test ----------------------------------------------------------------------
+
+MARK = "notebook-launch-selftest"
+
+
+def selftest_rank():
+    """What every rank of ``notebook-launch test`` does: init, collectives, output, result."""
+    import torch
+    import torch.distributed as dist
+    dist.init_process_group()
+    rank, world = dist.get_rank(), dist.get_world_size()
+    print(f"{MARK} stdout from rank {rank}", flush=True)
+    print(f"{MARK} stderr from rank {rank}", file=sys.stderr, flush=True)
+    total = torch.tensor([float(rank + 1)])
+    dist.all_reduce(total)
+    gathered = [torch.zeros(1) for _ in range(world)]
+    dist.all_gather(gathered, torch.tensor([float(rank * rank)]))
+    dist.barrier()
+    dist.destroy_process_group()
+    return {"rank": rank, "world": world, "sum": total.item(),
+            "gathered": [t.item() for t in gathered], "pid": os.getpid()}
+
+
+def selftest_failing_rank(bad_rank):
+    if int(os.environ["RANK"]) == bad_rank:
+        raise RuntimeError(f"{MARK}: deliberate failure on rank {bad_rank}")
+    import time
+    time.sleep(60)  # the others wait: the launcher must stop them
+
+
+def run_selftest(n: int, start_method=None, timeout: float = 180.0, out=print) -> list:
+    """Launch ``n`` ranks and return the failed checks (empty: everything works)."""
+    from .errors import LaunchError
+    from .launcher import notebook_launcher
+    failures = []
+
+    def check(ok: bool, what: str, detail: str = "") -> None:
+        first, _, rest = (detail or "").partition("\n")
+        out(f"  {'ok  ' if ok else 'FAIL'}  {what}" + (f": {first}" if first and not ok else ""))
+        if not ok:
+            if rest.strip():
+                out("        " + rest.strip().replace("\n", "\n        "))
+            failures.append(f"{what}: {first}" if first else what)
+
+    log_dir = Path(tempfile.mkdtemp(prefix="notebook-launch-test-"))
+    out(f"notebook-launch test: {n} rank(s), start_method={start_method or 'default'}")
+    try:
+        results = notebook_launcher(selftest_rank, num_processes=n, start_method=start_method,
+                                    timeout=timeout, log_dir=str(log_dir), ui="none")
+    except Exception as exc:
+        check(False, "launch", f"{type(exc).__name__}: {exc}")
+        return failures
+    check(isinstance(results, list) and len(results) == n, "one result per rank", repr(results)[:200])
+    ranks = [r.get("rank") for r in results if isinstance(r, dict)]
+    check(ranks == list(range(n)), "results in rank order", str(ranks))
+    check(len({r["pid"] for r in results}) == n and os.getpid() not in {r["pid"] for r in results},
+          "each rank is its own process")
+    check(all(r["world"] == n for r in results), "world size", str([r["world"] for r in results]))
+    expected_sum = n * (n + 1) / 2
+    check(all(r["sum"] == expected_sum for r in results), "all_reduce",
+          f"expected {expected_sum}, got {[r['sum'] for r in results]}")
+    expected_gather = [float(r * r) for r in range(n)]
+    check(all(r["gathered"] == expected_gather for r in results), "all_gather",
+          f"expected {expected_gather}, got {[r['gathered'] for r in results]}")
+    missing = []
+    for rank in range(n):
+        log = (log_dir / f"rank{rank}.log").read_text(errors="replace") if (log_dir / f"rank{rank}.log").exists() else ""
+        if f"{MARK} stdout from rank {rank}" not in log or f"{MARK} stderr from rank {rank}" not in log:
+            missing.append(rank)
+    check(not missing, "output capture (stdout and stderr of every rank)", f"missing for ranks {missing}")
+    bad = n - 1
+    try:
+        notebook_launcher(selftest_failing_rank, args=(bad,), num_processes=n, start_method=start_method,
+                          timeout=timeout, log_dir=str(log_dir / "failure"), ui="none")
+        check(False, "a failing rank raises LaunchError", "the launch returned normally")
+    except LaunchError as exc:
+        check(exc.rank == bad and "deliberate failure" in str(exc), "a failing rank raises LaunchError",
+              f"rank={exc.rank}: {str(exc).splitlines()[0]}")
+    except Exception as exc:
+        check(False, "a failing rank raises LaunchError", f"{type(exc).__name__}: {exc}")
+    if failures:
+        out(f"  the ranks' logs are kept in {log_dir}")
+    else:
+        shutil.rmtree(log_dir, ignore_errors=True)
+    return failures
+
+
+def cmd_test(args) -> int:
+    failures = run_selftest(args.num_processes, args.start_method, args.timeout)
+    if failures:
+        print(f"\nFAILED: {len(failures)} check(s) failed: " + "; ".join(failures))
+        print("Run `notebook-launch env` and include its output when reporting this.")
+        return 1
+    print(f"\nPASSED: {args.num_processes} rank(s) launched, communicated, reported results "
+          f"and output; a failing rank was reported. notebook_launcher works here.")
+    return 0
+
+
+# --- demo ----------------------------------------------------------------------
+
+def _progress_bar(iterable, total, desc):
+    """The live panel's per-rank bar when ``notebook_launch.progress`` exists, else plain prints."""
+    try:
+        from .progress import progress
+    except ImportError:
+        return _PrintingBar(iterable, total, desc)
+    return progress(iterable, total=total, desc=desc)
+
+
+class _PrintingBar:
+    """Fallback bar: a line every fifth of the way, with the latest metrics."""
+
+    def __init__(self, iterable, total, desc):
+        self.iterable, self.total, self.desc, self.postfix = iterable, total, desc, {}
+
+    def set_postfix(self, **metrics):
+        self.postfix.update(metrics)
+
+    def __iter__(self):
+        every = max(1, self.total // 5)
+        for i, item in enumerate(self.iterable, 1):
+            yield item
+            if i % every == 0 or i == self.total:
+                shown = " ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
+                                 for k, v in self.postfix.items())
+                print(f"{self.desc}: {i}/{self.total} {shown}".rstrip(), flush=True)
+
+
+def demo_train(steps: int = 300, lr: float = 0.05):
+    """DDP on synthetic regression data; each rank reads its own shard."""
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    dist.init_process_group()
+    rank = dist.get_rank()
+    torch.manual_seed(0)
+    true_w = torch.tensor([[2.0], [-3.0], [0.5], [1.5]])
+    model = DDP(torch.nn.Sequential(torch.nn.Linear(4, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1)))
+    opt = torch.optim.SGD(model.parameters(), lr=lr)
+    gen = torch.Generator().manual_seed(1000 + rank)
+    loss = torch.tensor(0.0)
+    bar = _progress_bar(range(steps), steps, "train")
+    for step in bar:
+        x = torch.randn(64, 4, generator=gen)
+        loss = torch.nn.functional.mse_loss(model(x), x @ true_w + 1.0)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        if step % 10 == 0 or step == steps - 1:
+            bar.set_postfix(loss=loss.item())
+    dist.barrier()
+    weights = torch.cat([p.detach().flatten() for p in model.module.parameters()])
+    # No destroy_process_group() with the DDP model alive: in torch 2.13 freeing a gloo group
+    # from DDP's Reducer can deadlock on the GIL. The rank ends right after; nothing leaks.
+    return {"rank": rank, "loss": loss.item(), "weights": weights}
+
+
+def cmd_demo(args) -> int:
+    import torch
+    from .launcher import notebook_launcher
+    results = notebook_launcher(demo_train, args=(args.steps,), num_processes=args.num_processes,
+                                start_method=args.start_method, ui=args.ui, timeout=args.timeout)
+    for r in results:
+        print(f"rank {r['rank']}: final loss {r['loss']:.4f}")
+    same = all(torch.equal(results[0]["weights"], r["weights"]) for r in results)
+    print("every rank holds the same weights" if same else "ranks DIVERGED")
+    return 0 if same else 1
+
+
+# --- entry -----------------------------------------------------------------------
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="notebook-launch", description="Check and try notebook_launch on this machine.")
+    sub = parser.add_subparsers(dest="command", metavar="{env,test,demo}")
+    sub.required = True
+    p_env = sub.add_parser("env", help="where we run, devices, versions, and what a launch would do")
+    p_env.set_defaults(func=cmd_env)
+    p_test = sub.add_parser("test", help="launch N ranks and check collectives, results and output")
+    p_test.add_argument("-n", "--num-processes", type=_positive_int, default=2)
+    p_test.add_argument("--start-method", choices=("fork", "spawn"), default=None)
+    p_test.add_argument("--timeout", type=float, default=180.0, help="seconds per launch (default 180)")
+    p_test.set_defaults(func=cmd_test)
+    p_demo = sub.add_parser("demo", help="train a small model on synthetic data across ranks, with the panel")
+    p_demo.add_argument("-n", "--num-processes", type=_positive_int, default=2)
+    p_demo.add_argument("--steps", type=_positive_int, default=300)
+    p_demo.add_argument("--start-method", choices=("fork", "spawn"), default=None)
+    p_demo.add_argument("--ui", default="auto", help="auto, widget, html, rich, text or none")
+    p_demo.add_argument("--timeout", type=float, default=None, help="seconds before the ranks are stopped")
+    p_demo.set_defaults(func=cmd_demo)
+    return parser
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a whole number >= 1; got {text!r}")
+    return value
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    return args.func(args)

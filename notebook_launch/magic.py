@@ -1,0 +1,172 @@
+"""IPython extension: ``%load_ext notebook_launch`` and the ``%%launch`` cell magic.
+
+    %%launch -n 4 --return model_state,losses
+    <the cell body runs on 4 ranks>
+
+The body runs in every rank with the notebook's globals (fork copies them; with
+``--start-method spawn`` the globals the body names travel by cloudpickle), through
+``notebook_launcher``: same guards, panel and LaunchError. Rank 0's values of the
+``--return`` names are assigned in the notebook afterwards.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import sys
+import types
+
+from .errors import LaunchArgumentError
+
+USAGE = ("%%launch [-n N] [--mixed-precision no|fp16|bf16|fp8] [--timeout SECONDS] "
+         "[--start-method fork|spawn] [--ui auto|widget|html|rich|text|none] [--port PORT] "
+         "[--log-dir DIR] [--return NAME[,NAME...]]")
+
+
+class _ArgumentParser(argparse.ArgumentParser):
+    def error(self, message):  # argparse would call sys.exit, which a kernel turns into noise
+        raise LaunchArgumentError(f"%%launch: {message}. Usage: {USAGE}")
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = _ArgumentParser(prog="%%launch", add_help=False, usage=USAGE)
+    p.add_argument("-n", "--num-processes", type=_whole_number("-n/--num-processes"), default=None)
+    p.add_argument("--mixed-precision", default="no")
+    p.add_argument("--timeout", type=_seconds, default=None)
+    p.add_argument("--start-method", default=None)
+    p.add_argument("--ui", default="auto")
+    p.add_argument("--port", default=None)
+    p.add_argument("--log-dir", default=None)
+    p.add_argument("--return", dest="return_names", action="extend", nargs="+", default=[])
+    return p
+
+
+def _whole_number(option):
+    def parse(text):
+        try:
+            return int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{option} must be a whole number, got {text!r}") from None
+    return parse
+
+
+def _seconds(text):
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--timeout must be a number of seconds, got {text!r}") from None
+
+
+def parse_launch_line(line: str) -> dict:
+    """The magic's options as notebook_launcher keyword arguments, plus ``return_names``."""
+    try:
+        words = shlex.split(line)
+    except ValueError as exc:
+        raise LaunchArgumentError(f"%%launch: cannot read the options ({exc}). Usage: {USAGE}") from None
+    args = _parser().parse_args(words)
+    names = [n.strip() for group in args.return_names for n in group.split(",") if n.strip()]
+    bad = [n for n in names if not n.isidentifier()]
+    if bad:
+        raise LaunchArgumentError(
+            f"%%launch: --return takes variable names separated by commas; not names: "
+            f"{', '.join(map(repr, bad))}. Usage: {USAGE}")
+    options = {"num_processes": args.num_processes, "mixed_precision": args.mixed_precision,
+               "timeout": args.timeout, "start_method": args.start_method, "ui": args.ui,
+               "log_dir": args.log_dir, "return_names": tuple(names)}
+    if args.port is not None:
+        options["use_port"] = args.port
+    return options
+
+
+class CellJob:
+    """The callable each rank runs: the cell's code in the notebook's namespace.
+
+    ``namespace`` None means "the IPython user namespace of this process", which a
+    forked rank has as a copy. A spawned rank receives the referenced globals instead.
+    """
+
+    def __init__(self, source: str, filename: str, return_names=(), namespace=None):
+        self.source = source
+        self.filename = filename
+        self.return_names = tuple(return_names)
+        self.namespace = namespace
+
+    def __call__(self):
+        ns = self.namespace
+        if ns is None:
+            from IPython import get_ipython
+            shell = get_ipython()
+            ns = shell.user_ns if shell is not None else {"__name__": "__main__"}
+        _remember_source(self.filename, self.source)
+        exec(compile(self.source, self.filename, "exec"), ns)
+        if not self.return_names or os.environ.get("RANK", "0") != "0":
+            return None
+        missing = [n for n in self.return_names if n not in ns]
+        if missing:
+            raise NameError(f"%%launch --return: the cell did not define {', '.join(missing)} on rank 0")
+        return {n: ns[n] for n in self.return_names}
+
+
+def _remember_source(filename: str, source: str) -> None:
+    """Let tracebacks in the rank show the cell's lines."""
+    import linecache
+    if filename not in linecache.cache:
+        lines = source.splitlines(keepends=True)
+        linecache.cache[filename] = (len(source), None, lines, filename)
+
+
+def referenced_globals(code, user_ns: dict) -> dict:
+    """The notebook globals a cell's code names (recursively through nested code), for spawn."""
+    names, stack = set(), [code]
+    while stack:
+        current = stack.pop()
+        names.update(current.co_names)
+        stack.extend(c for c in current.co_consts if isinstance(c, types.CodeType))
+    return {n: user_ns[n] for n in names if n in user_ns and not n.startswith("_i")}
+
+
+def launch_cell(shell, line: str, cell: str):
+    """Run ``cell`` on N ranks; assign rank 0's ``--return`` values in the notebook."""
+    from .launcher import notebook_launcher
+    options = parse_launch_line(line)
+    return_names = options.pop("return_names")
+    source = shell.transform_cell(cell) if shell is not None else cell
+    filename = _cell_filename(shell, source, cell)
+    code = compile(source, filename, "exec")  # a syntax error shows here, before any rank starts
+    namespace = None
+    if options.get("start_method") == "spawn" and shell is not None:
+        namespace = referenced_globals(code, shell.user_ns)
+        namespace.setdefault("__name__", "__main__")
+    job = CellJob(source, filename, return_names, namespace)
+    results = notebook_launcher(job, **{k: v for k, v in options.items() if v is not None})
+    if return_names and shell is not None:
+        shell.user_ns.update(results[0] or {})
+    return None
+
+
+def _cell_filename(shell, source: str, raw: str) -> str:
+    """IPython's own cell file name (the one its tracebacks show), registered in linecache."""
+    compiler = getattr(shell, "compile", None)
+    if compiler is not None and hasattr(compiler, "cache"):
+        try:
+            return compiler.cache(source, getattr(shell, "execution_count", 0), raw_code=raw)
+        except TypeError:
+            return compiler.cache(source, getattr(shell, "execution_count", 0))
+    return "<%%launch cell>"
+
+
+def load_ipython_extension(ipython) -> None:
+    """``%load_ext notebook_launch``: start recording where CUDA gets initialized, add ``%%launch``."""
+    from . import cuda_tracking
+    if "torch" not in sys.modules:
+        try:
+            import torch  # noqa: F401  (the CUDA witness wraps torch.cuda._lazy_init)
+        except ImportError:
+            pass
+    cuda_tracking.install()
+
+    def launch(line, cell):
+        return launch_cell(ipython, line, cell)
+
+    launch.__doc__ = f"Run the cell on N ranks with notebook_launcher.\n\nUsage: {USAGE}"
+    ipython.register_magic_function(launch, magic_kind="cell", magic_name="launch")
