@@ -39,7 +39,9 @@ def launch(name: str, fn, nprocs: int, **options):
 
 def launch_ours(fn, nprocs, start_method=None):
     from notebook_launch import notebook_launcher
-    results = notebook_launcher(fn, num_processes=nprocs, start_method=start_method)
+    # A free port for every launcher alike: on a shared machine 29500 can be taken
+    # between the launcher's check and rank 0's bind.
+    results = notebook_launcher(fn, num_processes=nprocs, start_method=start_method, use_port=free_port())
     if len(results) != nprocs:
         raise RuntimeError(f"notebook_launcher returned {len(results)} results for {nprocs} ranks")
     return results

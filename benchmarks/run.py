@@ -87,6 +87,19 @@ def measure(config: dict, only: set, log_dir: str, say):
     return rows, companion_outputs
 
 
+def busy_machine_warning(machine: dict):
+    """A load average above the core count means other work shared the CPUs."""
+    try:
+        load = float(machine["load average at start"].split(",")[0])
+        cores = int(machine["cores"].split()[0])
+    except (KeyError, ValueError, IndexError):
+        return None
+    if load <= cores:
+        return None
+    return (f"**The machine was busy (1-minute load average {load:.1f} on {cores} cores at the start): "
+            "these numbers are noisy; rerun on a quiet machine to quote them.**")
+
+
 def notes(config: dict, elapsed: float) -> list:
     preloaded = sorted({name for name, ready in READY_STATES if ready.get("torch._dynamo imported")})
     lines = [
@@ -105,7 +118,12 @@ def notes(config: dict, elapsed: float) -> list:
         "Accelerate's children would inherit that import and skip the 1-4 s each pays in a real notebook. "
         + ("No launcher's process had torch._dynamo imported before its first launch."
            if not preloaded else f"WARNING: torch._dynamo was already imported in: {', '.join(preloaded)}."),
-        "This project: `notebook_launcher(fn, num_processes=n)` with defaults (ui='auto', here the text "
+        "Item 2's function returns without destroy_process_group(): the rank exits right after (every "
+        "launcher here ends ranks with os._exit). Destroying the group and then freeing the DDP model can "
+        "deadlock inside ~ProcessGroupGloo (seen while building this benchmark).",
+        "Every launcher gets a free port per call (use_port / MASTER_PORT / rdzv_endpoint). "
+        "This project: `notebook_launcher(fn, num_processes=n, use_port=<free port>)`, other arguments "
+        "default (ui='auto', here the text "
         "display to /dev/null; rank logs to a temporary folder). Accelerate 1.15 `notebook_launcher(fn, "
         "num_processes=n, use_port=<free port>)`: prints a line ('Launching training on n CUDAs.' even on "
         "CPU), runs `elastic_launch` with fork, returns None; with 1 process it calls the function in the "
@@ -130,7 +148,8 @@ def render(machine: dict, config: dict, rows, companion_outputs, elapsed: float,
            f"Command: `{command}`", "",
            "Machine: " + "; ".join(f"{k}: {v}" for k, v in machine.items() if k != "executable"), "",
            render_table(rows), "", "Notes:", ""]
-    out += [f"- {line}" for line in notes(config, elapsed)]
+    warning = busy_machine_warning(machine)
+    out += [f"- {line}" for line in ([warning] if warning else []) + notes(config, elapsed)]
     for name, text in companion_outputs.items():
         out += ["", f"## Output of benchmarks/{name}", "", "```", text, "```"]
     return "\n".join(out) + "\n"

@@ -24,7 +24,7 @@ import traceback
 
 from .common import REPO_ROOT
 
-REPLY_TIMEOUT = 600.0
+REPLY_TIMEOUT = 300.0  # generous: the slowest call (8 ranks, Accelerate, loaded machine) takes ~1 min
 READY_STATES = []  # (launcher, what the worker had imported before its first launch), for the notes
 
 
@@ -116,12 +116,10 @@ def handle(launcher: str, command: dict, tensors: dict) -> dict:
         if mib not in tensors:
             tensors.clear()
             tensors[mib] = torch.ones(mib * 2**20 // 4, dtype=torch.float32)  # resident: written once
-        holds_tensor, holds_nothing = workloads.memory_probes(tensors[mib])
-        with_tensor = launchers.launch(launcher, holds_tensor, command["ranks"],
-                                       start_method=command["start_method"])
-        without = launchers.launch(launcher, holds_nothing, command["ranks"],
-                                   start_method=command["start_method"])
-        return {"with_tensor": [r["uss"] for r in with_tensor], "baseline": [r["uss"] for r in without]}
+        probes = workloads.memory_probes(tensors[mib])
+        return {kind: [r["uss"] for r in launchers.launch(launcher, probes[kind], command["ranks"],
+                                                          start_method=command["start_method"])]
+                for kind in command["kinds"]}
     if op == "iteration":
         return _iteration(launcher, command)
     raise ValueError(f"unknown op {op!r}")

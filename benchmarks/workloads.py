@@ -11,28 +11,39 @@ def trivial():
 
 def first_step():
     """Time to the first trained step: gloo init, a small model in DDP, one
-    forward/backward/optimizer step, then a clean shutdown."""
+    forward/backward/optimizer step, then return.
+
+    The process group is left to the rank's exit (every launcher measured ends
+    its ranks with os._exit, so nothing is torn down). Not calling
+    destroy_process_group() here is deliberate: destroying it and then freeing
+    the DDP model can deadlock in ~ProcessGroupGloo (the main thread joins a
+    gloo thread while holding the GIL; that thread waits for the GIL), seen
+    here once torch._dynamo was imported before the fork. Only a launch that
+    runs inside the caller (Accelerate with 1 process) must clean up, so the
+    next call can initialize again; it frees the model first."""
     import torch
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    if "RANK" in os.environ:
-        dist.init_process_group("gloo")
-    else:  # Accelerate runs a 1-process launch inside the caller, without the env
+    in_caller = "RANK" not in os.environ  # Accelerate runs a 1-process launch inside the caller
+    if in_caller:
         from .common import free_port
         dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
-    try:
-        torch.manual_seed(0)
-        model = DDP(torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1)))
-        opt = torch.optim.SGD(model.parameters(), lr=0.01)
-        x, y = torch.randn(16, 32), torch.randn(16, 1)
-        loss = torch.nn.functional.mse_loss(model(x), y)
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        return float(loss.detach())
-    finally:
+    else:
+        dist.init_process_group("gloo")
+    torch.manual_seed(0)
+    model = DDP(torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1)))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    x, y = torch.randn(16, 32), torch.randn(16, 1)
+    loss = torch.nn.functional.mse_loss(model(x), y)
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+    value = float(loss.detach())
+    if in_caller:
+        del model, opt, loss
         dist.destroy_process_group()
+    return value
 
 
 WORKLOADS = {"trivial": trivial, "first_step": first_step}
@@ -45,8 +56,9 @@ def rank_uss() -> int:
 
 
 def memory_probes(big):
-    """Two functions that differ only in closing over ``big``: the first reads
-    every byte of it (read-only), then both report their rank's USS."""
+    """Functions that differ only in what they do with ``big``: read every
+    byte of it, ignore it, or write every byte (the calibration: a write must
+    copy under fork, so the method must show about the tensor's size)."""
     def holds_tensor():
         checksum = float(big.sum())
         return {"uss": rank_uss(), "checksum": checksum}
@@ -54,4 +66,8 @@ def memory_probes(big):
     def holds_nothing():
         return {"uss": rank_uss(), "checksum": 0.0}
 
-    return holds_tensor, holds_nothing
+    def writes_tensor():
+        big.add_(0.0)
+        return {"uss": rank_uss(), "checksum": 0.0}
+
+    return {"read": holds_tensor, "nothing": holds_nothing, "write": writes_tensor}
