@@ -128,7 +128,8 @@ def run(config, log_dir, say=print):
     repeats = config["repeats"]
     # Trivial rows share one worker per launcher across rank counts: the
     # trivial function imports nothing, so nothing leaks between rows.
-    say("items 1/6: trivial function, warm processes")
+    if config["trivial_ranks"]:
+        say("items 1/6: trivial function, warm processes")
     workers = start_workers(LAUNCHERS, log_dir) if config["trivial_ranks"] else {}
     try:
         for ranks in config["trivial_ranks"]:
