@@ -19,6 +19,8 @@ def summary(samples):
 
 def fmt_value(value: float, unit: str) -> str:
     if unit == "s":
+        if value < 0.01:
+            return f"{value * 1000:.1f} ms"
         return f"{value * 1000:.0f} ms" if value < 1 else f"{value:.2f} s"
     if unit == "ns":
         return f"{value:.0f} ns"
