@@ -1,0 +1,1 @@
+"""Benchmarks for notebook_launch: one command, one markdown table (see run.py)."""

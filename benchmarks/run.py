@@ -1,0 +1,181 @@
+"""The one benchmark command: measure, in one run on this machine, and write one markdown table.
+
+    .venv/bin/python benchmarks/run.py [--quick] [--repeats N] [--only 1,2,5] [--out benchmarks/RESULTS.md]
+
+(or ``python -m benchmarks.run``). Every timed cell is the median of N runs
+with min and max. --quick shrinks sizes (2 ranks, a 64 MiB tensor, 10^4
+iterations) to check that the harness works, not to quote.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import time
+
+if __package__ in (None, ""):  # run as a script: make the repository importable
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    __package__ = "benchmarks"
+
+from benchmarks import companions, iteration_cost, launch_cost, memory  # noqa: E402
+from benchmarks.common import REPO_ROOT, machine_description  # noqa: E402
+from benchmarks.table import render_table  # noqa: E402
+from benchmarks.worker import READY_STATES  # noqa: E402
+
+ITEMS = ("1", "2", "3", "4", "5", "6")
+DEFAULT_OUT = os.path.join(REPO_ROOT, "benchmarks", "RESULTS.md")
+
+
+def make_config(quick: bool, repeats: int) -> dict:
+    all_launchers = ["ours", "accelerate", "start_processes", "elastic"]
+    if quick:
+        return dict(quick=True, repeats=repeats, trivial_ranks=[2], fresh_ranks=[2], step_ranks=[2],
+                    step_launchers=["ours", "accelerate"], step_launchers_at={},
+                    tensor_mib=64, memory_ranks=2, iterations=10**4)
+    return dict(quick=False, repeats=repeats, trivial_ranks=[1, 2, 4, 8], fresh_ranks=[2],
+                step_ranks=[1, 2, 4, 8], step_launchers=["ours", "accelerate"],
+                step_launchers_at={2: all_launchers}, tensor_mib=1024, memory_ranks=2, iterations=10**6)
+
+
+def restrict(config: dict, only: set) -> dict:
+    """Drop what the selected items do not need (items 1, 2 and 6 share rows)."""
+    config = dict(config)
+    if not only & {"1", "6"}:
+        config["trivial_ranks"] = []
+    elif "6" not in only:
+        config["trivial_ranks"] = [r for r in config["trivial_ranks"] if r in (2, 4)]
+    if not only & {"2", "6"}:
+        config["step_ranks"] = []
+    elif "6" not in only:
+        config["step_ranks"] = [r for r in config["step_ranks"] if r == 2]
+    config["fresh_trivial"] = "1" in only
+    config["fresh_step"] = "2" in only
+    return config
+
+
+def parse_args(argv):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="tiny sizes, to check the harness works")
+    parser.add_argument("--repeats", type=int, default=5, help="timed runs per cell (default 5; quote only >= 5)")
+    parser.add_argument("--only", default=",".join(ITEMS),
+                        help=f"comma-separated items to run, of {','.join(ITEMS)} (default: all)")
+    parser.add_argument("--out", default=DEFAULT_OUT, help="markdown file to write (default benchmarks/RESULTS.md)")
+    args = parser.parse_args(argv)
+    if args.repeats < 1:
+        parser.error(f"--repeats must be >= 1; got {args.repeats}")
+    only = {x.strip() for x in args.only.split(",") if x.strip()}
+    if not only or only - set(ITEMS):
+        parser.error(f"--only takes items among {','.join(ITEMS)}; got {args.only!r}")
+    args.only = only
+    return args
+
+
+def measure(config: dict, only: set, log_dir: str, say):
+    rows, companion_outputs = [], {}
+    if only & {"1", "2", "6"}:
+        rows += launch_cost.run(config, log_dir, say)
+    if "3" in only:
+        rows += iteration_cost.run(config, log_dir, say)
+    if only & {"3", "4"}:
+        item4_rows, companion_outputs = companions.run(config, log_dir, say)
+        if "4" in only:
+            rows += item4_rows
+    if "5" in only:
+        rows += memory.run(config, log_dir, say)
+    rows.sort(key=lambda r: (r.group, r.condition == "fresh", int(r.ranks)))  # stable: fork before spawn
+    return rows, companion_outputs
+
+
+def busy_machine_warning(machine: dict):
+    """A load average above the core count means other work shared the CPUs."""
+    try:
+        load = float(machine["load average at start"].split(",")[0])
+        cores = int(machine["cores"].split()[0])
+    except (KeyError, ValueError, IndexError):
+        return None
+    if load <= cores:
+        return None
+    return (f"**The machine was busy (1-minute load average {load:.1f} on {cores} cores at the start): "
+            "these numbers are noisy; rerun on a quiet machine to quote them.**")
+
+
+def notes(config: dict, elapsed: float) -> list:
+    preloaded = sorted({name for name, ready in READY_STATES if ready.get("torch._dynamo imported")})
+    lines = [
+        f"Each timed cell: median of {config['repeats']} runs (min–max, n). Ratios use medians. "
+        "Goals are checked on items 1 and 2 (2 and 4 ranks for item 1, 2 ranks for item 2); "
+        "item 6 rows show how cost grows with ranks and carry no goal.",
+        "Every launcher runs the same module-level function, on CPU with fork, from its own Python "
+        "process (one per launcher, started fresh for each first-step row) that imported torch and the "
+        "launcher before any timing; the harness asks them in turn and the order rotates every repeat, "
+        "so drift on the machine affects all launchers alike. fd 1 of every process points at /dev/null.",
+        "Warm process rows: one untimed warm-up call per launcher, then the timed calls. Fresh process "
+        "rows: every sample is the first launch in a new interpreter (no warm-up), which is what the "
+        "first launch in a newly started notebook kernel costs, one-time imports included.",
+        "Why separate processes: this project's fork backend imports torch._dynamo once in the parent "
+        "before forking (DDP imports it lazily; forked ranks then share it). In one shared process "
+        "Accelerate's children would inherit that import and skip the 1-4 s each pays in a real notebook. "
+        + ("No launcher's process had torch._dynamo imported before its first launch."
+           if not preloaded else f"WARNING: torch._dynamo was already imported in: {', '.join(preloaded)}."),
+        "Item 2's function returns without destroy_process_group(): the rank exits right after (every "
+        "launcher here ends ranks with os._exit). Destroying the group and then freeing the DDP model can "
+        "deadlock inside ~ProcessGroupGloo (seen while building this benchmark).",
+        "Every launcher gets a free port per call (use_port / MASTER_PORT / rdzv_endpoint). "
+        "This project: `notebook_launcher(fn, num_processes=n, use_port=<free port>)`, other arguments "
+        "default (ui='auto', here the text "
+        "display to /dev/null; rank logs to a temporary folder). Accelerate 1.15 `notebook_launcher(fn, "
+        "num_processes=n, use_port=<free port>)`: prints a line ('Launching training on n CUDAs.' even on "
+        "CPU), runs `elastic_launch` with fork, returns None; with 1 process it calls the function in the "
+        "calling process. `start_processes(entry, nprocs=n, start_method='fork')`: the entry sets RANK, "
+        "WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT (it passes only the index). "
+        "`elastic_launch`: the LaunchConfig Accelerate builds (static rendezvous, monitor_interval 0.1, fork).",
+        "Item 5: extra per rank = USS of a rank whose function closes over the tensor and sums it "
+        "(read-only) minus USS of the same rank index in a launch whose function closes over nothing; "
+        "USS (psutil memory_full_info().uss) counts only pages no other process shares, so copy-on-write "
+        "pages still shared with the notebook do not count. Measured inside each rank while it runs.",
+        "Item 3: the three loops take turns in one launched rank; the parent receives progress events "
+        "meanwhile. Item 4 needs the widget display (a recording comm counts messages).",
+        f"Whole run: {elapsed:.0f} s.",
+    ]
+    if config["quick"]:
+        lines.insert(0, "**QUICK MODE: tiny sizes to check the harness; do not quote these numbers.**")
+    return lines
+
+
+def render(machine: dict, config: dict, rows, companion_outputs, elapsed: float, command: str) -> str:
+    out = ["# notebook_launch benchmarks", "",
+           f"Command: `{command}`", "",
+           "Machine: " + "; ".join(f"{k}: {v}" for k, v in machine.items() if k != "executable"), "",
+           render_table(rows), "", "Notes:", ""]
+    warning = busy_machine_warning(machine)
+    out += [f"- {line}" for line in ([warning] if warning else []) + notes(config, elapsed)]
+    for name, text in companion_outputs.items():
+        out += ["", f"## Output of benchmarks/{name}", "", "```", text, "```"]
+    return "\n".join(out) + "\n"
+
+
+def main(argv=None) -> int:
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    config = restrict(make_config(args.quick, args.repeats), args.only)
+    machine = machine_description()
+    started = time.monotonic()
+
+    def say(message):
+        print(f"[{time.monotonic() - started:6.1f} s] {message}", file=sys.stderr, flush=True)
+
+    with tempfile.TemporaryDirectory(prefix="notebook-launch-bench-") as log_dir:
+        rows, companion_outputs = measure(config, args.only, log_dir, say)
+    elapsed = time.monotonic() - started
+    command = "python benchmarks/run.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    text = render(machine, config, rows, companion_outputs, elapsed, command.strip())
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+    with open(args.out, "w") as f:
+        f.write(text)
+    print(text)
+    say(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

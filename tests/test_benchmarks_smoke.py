@@ -1,0 +1,71 @@
+"""The benchmark command keeps working: run it at tiny sizes and check the
+table has every row, filled in. No timings are asserted (benchmarks report
+speed; tests check behaviour)."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+COMMAND = [sys.executable, os.path.join(ROOT, "benchmarks", "run.py")]
+
+
+def run_command(*args, timeout=900):
+    return subprocess.run(COMMAND + list(args), cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+
+
+def table_rows(text):
+    """Each data row of the markdown table as a list of cells."""
+    lines = [line for line in text.splitlines() if line.startswith("| ") and not line.startswith("| Item")]
+    return [[cell.strip() for cell in line.strip("|").split(" | ")] for line in lines]
+
+
+@pytest.fixture(scope="module")
+def quick_results(tmp_path_factory):
+    out = tmp_path_factory.mktemp("bench") / "RESULTS.md"
+    done = run_command("--quick", "--repeats", "1", "--out", str(out))
+    assert done.returncode == 0, f"stdout:\n{done.stdout[-3000:]}\nstderr:\n{done.stderr[-3000:]}"
+    return out.read_text()
+
+
+@pytest.mark.timeout(1200)
+def test_results_start_with_the_machine_and_the_command(quick_results):
+    head = quick_results.split("| Item", 1)[0]
+    for field in ("date:", "cores:", "memory:", "python:", "torch:", "accelerate:", "Command: `python benchmarks/run.py"):
+        assert field in head, f"{field!r} missing from the header:\n{head}"
+    assert "QUICK MODE" in quick_results
+
+
+@pytest.mark.timeout(1200)
+def test_table_has_every_item_and_every_launcher_measured(quick_results):
+    rows = table_rows(quick_results)
+    by_key = {}
+    for cells in rows:
+        item, measurement, ranks = cells[:3]
+        condition = "fresh" if "fresh" in measurement else "spawn" if measurement.endswith("spawn") else "main"
+        by_key[(item, condition, ranks)] = cells
+    expected = {("1", "main", "2"), ("1", "fresh", "2"), ("2", "main", "2"), ("2", "fresh", "2"),
+                ("3", "main", "1"), ("4", "main", "8"), ("5", "main", "2"), ("5", "spawn", "2")}
+    assert expected <= set(by_key), f"missing rows: {expected - set(by_key)}\n{quick_results}"
+    assert all(len(cells) == 11 for cells in rows), "every row has the 11 columns of the header"
+    # Items 1 and 2: this project and Accelerate measured side by side; no cell failed.
+    for key in [("1", "main", "2"), ("1", "fresh", "2"), ("2", "main", "2"), ("2", "fresh", "2")]:
+        ours, accelerate = by_key[key][3], by_key[key][4]
+        assert "n=1" in ours and "n=1" in accelerate, by_key[key]
+        assert "Accelerate/ours" in by_key[key][8] and by_key[key][10] in ("yes", "**NO (missed)**")
+    for key in [("1", "main", "2"), ("1", "fresh", "2")]:
+        assert "n=1" in by_key[key][5] and "n=1" in by_key[key][6], "start_processes and elastic measured"
+    assert "bare loop:" in by_key[("3", "main", "1")][7] and "tqdm:" in by_key[("3", "main", "1")][7]
+    fork_memory = by_key[("5", "main", "2")]
+    assert "MB" in fork_memory[3] and "calibration" in fork_memory[7]
+    assert not any("error:" in cell for cells in rows for cell in cells), quick_results
+
+
+def test_bad_arguments_name_the_argument_and_the_valid_values():
+    done = run_command("--only", "1,9", timeout=120)
+    assert done.returncode == 2 and "--only" in done.stderr and "1,2,3,4,5,6" in done.stderr
+    done = run_command("--repeats", "0", timeout=120)
+    assert done.returncode == 2 and "--repeats must be >= 1" in done.stderr
