@@ -37,8 +37,9 @@ class Failure:
 class _RankWatch:
     """Parent-side bookkeeping of one rank."""
 
-    def __init__(self, process):
+    def __init__(self, process, pipes):
         self.process = process
+        self.pipes = pipes         # closes go through it: never the same fd twice
         self.events = channel.EventReader()
         self.splitters = {"stdout": LineSplitter(), "stderr": LineSplitter()}
         self.open_fds = set()
@@ -64,7 +65,7 @@ class Supervisor:
         self.logs = logs
         self.timeout = timeout
         self.poll_interval = poll_interval
-        self.watches = [_RankWatch(p) for p in processes]
+        self.watches = [_RankWatch(p, pipes) for p, pipes in zip(processes, pipes_by_rank)]
         self.first_failure: Failure | None = None
         self.selector = selectors.DefaultSelector()
         for watch, pipes in zip(self.watches, pipes_by_rank):
@@ -239,7 +240,7 @@ class Supervisor:
             self.selector.unregister(fd)
         except (KeyError, ValueError):
             pass
-        os.close(fd)
+        watch.pipes.close(fd)
         watch.open_fds.discard(fd)
         if what in ("stdout", "stderr"):
             for text in watch.splitters[what].flush():
