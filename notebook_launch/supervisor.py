@@ -38,9 +38,10 @@ class _RankWatch:
     """Parent-side bookkeeping of one rank. Several ranks may share one process
     (XLA runs one thread per device), so the process is not the rank."""
 
-    def __init__(self, process, local_rank: int):
+    def __init__(self, process, local_rank: int, pipes):
         self.process = process
         self.local_rank = local_rank
+        self.pipes = pipes         # closes go through it: never the same fd twice
         self.events = channel.EventReader()
         self.splitters = {"stdout": LineSplitter(), "stderr": LineSplitter()}
         self.open_fds = set()
@@ -68,7 +69,8 @@ class Supervisor:
         self.timeout = timeout
         self.poll_interval = poll_interval
         self.processes = list(processes)
-        self.watches = sorted((_RankWatch(p, local) for p in self.processes for local in local_ranks_of(p)),
+        self.watches = sorted((_RankWatch(p, local, pipes_by_rank[local])
+                               for p in self.processes for local in local_ranks_of(p)),
                               key=lambda w: w.local_rank)
         self.first_failure: Failure | None = None
         self.selector = selectors.DefaultSelector()
@@ -269,7 +271,7 @@ class Supervisor:
             self.selector.unregister(fd)
         except (KeyError, ValueError):
             pass
-        os.close(fd)
+        watch.pipes.close(fd)
         watch.open_fds.discard(fd)
         if what in ("stdout", "stderr"):
             for text in watch.splitters[what].flush():

@@ -53,13 +53,10 @@ def run_forked_rank(spec, job, pipes, all_pipes, parent_pid):
     code = EXIT_FAILED
     try:
         keep = set(pipes.child_ends())
-        for other in all_pipes:
+        for other in all_pipes:   # RankPipes.close skips fds closed (and maybe reused) already
             for fd in other.parent_ends() + other.child_ends():
                 if fd not in keep:
-                    try:
-                        os.close(fd)
-                    except OSError:
-                        pass
+                    other.close(fd)
         detach_from_parent(parent_pid)
         capture_output(pipes.stdout_w, pipes.stderr_w)
         os.environ.update(spec.env)

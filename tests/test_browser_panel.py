@@ -5,7 +5,12 @@ Runs a 4-rank launch of 50,000 tqdm iterations per rank (printing a line every
 long launch stopped with the panel's Stop button. Checks in the page that every
 bar reaches 100%, that "IOPub message rate exceeded" never appears, that the
 failing rank's row turns red with its error, and that Stop ends the run with
-KeyboardInterrupt. Screenshots go to test-artifacts/.
+KeyboardInterrupt and the kernel lives on (no "kernel died" restart, no zmq
+abort in the server log). Screenshots and the server's log (with the kernel's
+stderr) go to test-artifacts/; on failure the log's tail is printed.
+
+Waits are generous (a loaded 2-core CI machine): a passing run never waits
+them out, and a failing one says which step was slow.
 
 Needs Debian's chromium (scripts/system-packages.sh installs it) and the
 `playwright` Python package (no `playwright install`: no browser download).
@@ -30,7 +35,7 @@ ARTIFACTS = Path(__file__).resolve().parent.parent / "test-artifacts"
 
 pytestmark = [
     pytest.mark.skipif(not os.path.exists(CHROMIUM), reason="needs Debian's chromium: bash scripts/system-packages.sh"),
-    pytest.mark.timeout(420),
+    pytest.mark.timeout(900),
 ]
 
 CELLS = [
@@ -112,7 +117,7 @@ def lab(tmp_path):
          "--LabApp.expose_app_in_browser=True"],
         env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     base = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 120
+    deadline = time.monotonic() + 240
     while True:
         try:
             urllib.request.urlopen(f"{base}/api/status?token={token}", timeout=5)
@@ -127,10 +132,17 @@ def lab(tmp_path):
     finally:
         os.killpg(server.pid, signal.SIGTERM)
         try:
-            server.wait(timeout=20)
+            server.wait(timeout=30)
         except subprocess.TimeoutExpired:
             os.killpg(server.pid, signal.SIGKILL)
         log.close()
+        ARTIFACTS.mkdir(exist_ok=True)
+        shutil.copyfile(tmp_path / "lab.log", ARTIFACTS / "jupyter-server.log")
+
+
+# In the server's log, what a dying kernel leaves: libzmq's abort on an fd
+# closed under it, and the server restarting the kernel.
+KERNEL_DEATH_SIGNS = ("Bad file descriptor", "signaler.cpp", "restarting kernel", "Kernel restarted")
 
 
 def cell(page, index):
@@ -152,11 +164,31 @@ def test_panel_in_jupyterlab(lab):
         page = browser.new_page(viewport={"width": 1500, "height": 1100})
         try:
             run_scenario(page, lab)
-        except Exception:
-            page.screenshot(path=str(ARTIFACTS / "panel-browser-failure.png"), full_page=True)
+            shut_down_kernels(lab)   # its stderr (a zmq abort at exit, say) reaches the log now
+            log = Path(lab["log"]).read_text()
+            signs = [sign for sign in KERNEL_DEATH_SIGNS if sign in log]
+            assert not signs, f"the kernel died or aborted ({signs}):\n{log[-4000:]}"
+        except BaseException:
+            try:
+                page.screenshot(path=str(ARTIFACTS / "panel-browser-failure.png"), full_page=True)
+            except Exception:
+                pass
+            print("---- jupyter server log (tail; whole log: test-artifacts/jupyter-server.log) ----")
+            print(Path(lab["log"]).read_text()[-6000:])
             raise
         finally:
             browser.close()
+
+
+def shut_down_kernels(lab):
+    """Shut the notebook's kernel down through the REST API, as the server does at exit."""
+    headers = {"Authorization": f"token {lab['token']}"}
+    with urllib.request.urlopen(urllib.request.Request(
+            f"{lab['base']}/api/kernels", headers=headers), timeout=60) as reply:
+        kernels = json.load(reply)
+    for kernel in kernels:
+        urllib.request.urlopen(urllib.request.Request(
+            f"{lab['base']}/api/kernels/{kernel['id']}", method="DELETE", headers=headers), timeout=120)
 
 
 def run_scenario(page, lab):
@@ -168,12 +200,12 @@ def run_scenario(page, lab):
     run_cell(page, 0)
 
     # 1. every rank's bar reaches 100% and the run returns every result
-    wait_for_text(page, 0, "RESULTS [0, 1, 2, 3]", 180)
+    wait_for_text(page, 0, "RESULTS [0, 1, 2, 3]", 360)
     bars = cell(page, 0).locator(".widget-hprogress .progress-bar")
     page.wait_for_function(
         "() => { const bars = [...document.querySelectorAll('.jp-CodeCell')][0]"
         ".querySelectorAll('.widget-hprogress .progress-bar');"
-        " return bars.length == 4 && [...bars].every(b => b.style.width == '100%'); }", timeout=30_000)
+        " return bars.length == 4 && [...bars].every(b => b.style.width == '100%'); }", timeout=90_000)
     assert bars.count() == 4
     rows = cell(page, 0).locator(".nl-rank.nl-status-done")
     assert rows.count() == 4
@@ -183,9 +215,9 @@ def run_scenario(page, lab):
 
     # 2. the failing rank's row is red and carries its error
     run_cell(page, 1)
-    wait_for_text(page, 1, "LaunchError", 120)
+    wait_for_text(page, 1, "LaunchError", 240)
     failed = cell(page, 1).locator(".nl-rank.nl-status-failed")
-    failed.first.wait_for(timeout=30_000)
+    failed.first.wait_for(timeout=90_000)
     assert "ValueError: boom at half way" in failed.first.inner_text()
     color = failed.first.locator(".nl-status").evaluate("e => getComputedStyle(e).backgroundColor")
     assert color == "rgb(220, 38, 38)", color
@@ -194,20 +226,20 @@ def run_scenario(page, lab):
     # 3. Stop ends the run like an interrupt; the next cell still runs afterwards
     run_cell(page, 2)
     stop = cell(page, 2).locator(".nl-panel button", has_text="Stop")
-    stop.wait_for(timeout=120_000)
+    stop.wait_for(timeout=240_000)
     page.wait_for_function(
         "() => { const bars = [...document.querySelectorAll('.jp-CodeCell')][2]"
         ".querySelectorAll('.widget-hprogress .progress-bar');"
         " return bars.length == 2 && [...bars].every(b => parseFloat(b.style.width) > 0); }",
-        timeout=60_000)
+        timeout=180_000)
     cell(page, 2).screenshot(path=str(ARTIFACTS / "panel-running-before-stop.png"))
     assert stop.is_enabled()
     stop.click()
-    wait_for_text(page, 2, "KeyboardInterrupt", 60)
-    cell(page, 2).locator(".nl-rank.nl-status-stopped").nth(1).wait_for(timeout=30_000)
+    wait_for_text(page, 2, "KeyboardInterrupt", 180)
+    cell(page, 2).locator(".nl-rank.nl-status-stopped").nth(1).wait_for(timeout=90_000)
     cell(page, 2).screenshot(path=str(ARTIFACTS / "panel-stopped.png"))
     run_cell(page, 3)
-    wait_for_text(page, 3, "AFTER STOP CELL RAN", 60)
+    wait_for_text(page, 3, "AFTER STOP CELL RAN", 180)
 
     # nothing was dropped by the server's IOPub rate limit
     body = page.locator("body").inner_text()

@@ -9,18 +9,25 @@ from __future__ import annotations
 
 import os
 import signal
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 @dataclass
 class RankPipes:
-    """Parent ends (read) and child ends (write) of one rank's three pipes."""
+    """Parent ends (read) and child ends (write) of one rank's three pipes.
+
+    Every close goes through ``close(fd)``, which closes each fd at most once.
+    A second ``os.close`` of a number the kernel has since handed to someone
+    else (a zmq socket's eventfd in a Jupyter kernel) closes THEIR fd: libzmq
+    then aborts with "Bad file descriptor (src/signaler.cpp)" and the notebook
+    kernel dies."""
     events_r: int
     events_w: int
     stdout_r: int
     stdout_w: int
     stderr_r: int
     stderr_w: int
+    closed: set = field(default_factory=set, repr=False, compare=False)
 
     @classmethod
     def open(cls) -> "RankPipes":
@@ -37,19 +44,23 @@ class RankPipes:
     def parent_ends(self):
         return (self.events_r, self.stdout_r, self.stderr_r)
 
-    def close_child_ends(self) -> None:
-        _close_all(self.child_ends())
-
-    def close_parent_ends(self) -> None:
-        _close_all(self.parent_ends())
-
-
-def _close_all(fds) -> None:
-    for fd in fds:
+    def close(self, fd: int) -> None:
+        """Close one of this rank's pipe fds, unless it was closed already."""
+        if fd in self.closed or fd not in self.parent_ends() + self.child_ends():
+            return
+        self.closed.add(fd)
         try:
             os.close(fd)
         except OSError:
             pass
+
+    def close_child_ends(self) -> None:
+        for fd in self.child_ends():
+            self.close(fd)
+
+    def close_parent_ends(self) -> None:
+        for fd in self.parent_ends():
+            self.close(fd)
 
 
 class RankProcess:
