@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from . import channel
 from .errors import LaunchError
 from .output import LineSplitter
-from .state import DONE, FAILED, STOPPED
+from .state import DONE, FAILED, RUNNING, STOPPED  # also what Supervisor.step says
 
 TERM_GRACE = 2.0      # seconds between SIGTERM and SIGKILL at teardown
 DRAIN_AFTER_EXIT = 1.0  # how long to wait for a dead rank's pipes to reach EOF (grandchildren may hold them)
@@ -73,6 +73,8 @@ class Supervisor:
                                for p in self.processes for local in local_ranks_of(p)),
                               key=lambda w: w.local_rank)
         self.first_failure: Failure | None = None
+        self._stopped = False
+        self._closed = False
         self.selector = selectors.DefaultSelector()
         for watch, pipes in zip(self.watches, pipes_by_rank):
             local = watch.local_rank
@@ -90,28 +92,52 @@ class Supervisor:
         """Return the results by local rank, or raise LaunchError / KeyboardInterrupt."""
         deadline = None if self.timeout is None else time.monotonic() + self.timeout
         try:
-            while not all(w.finished for w in self.watches):
+            while True:
                 wait = self.poll_interval
                 if deadline is not None:
                     wait = max(0.0, min(wait, deadline - time.monotonic()))
-                self._pump(wait)
-                self._close_stale_pipes()
-                self.display.refresh(self.state)
-                if self.first_failure is not None:
-                    self._teardown(reason=self._failure_reason())
+                if self.step(wait) != RUNNING:
                     break
-                if self.state.stop_requested:
-                    self._teardown(reason="the Stop button was pressed")
-                    raise KeyboardInterrupt("notebook_launch: run stopped with the Stop button")
                 if deadline is not None and time.monotonic() >= deadline:
-                    self._on_timeout()
+                    self.time_out()
                     break
         except BaseException:
-            self._teardown(reason="an interrupt")
+            self.stop("an interrupt")
             raise
         finally:
-            self._close_all()
+            self.close()
         return self._outcome()
+
+    def step(self, wait: float) -> str:
+        """Watch the ranks for up to ``wait`` seconds and react. Returns RUNNING, DONE, or
+        FAILED (the other ranks are stopped by then); raises KeyboardInterrupt after a Stop
+        click. The elastic agent drives attempts through this too (backends/attempt.py)."""
+        self._pump(wait)
+        self._close_stale_pipes()
+        self.display.refresh(self.state)
+        if self.first_failure is not None:
+            self.stop(self._failure_reason())
+            return FAILED
+        if self.state.stop_requested:
+            self.stop("the Stop button was pressed")
+            raise KeyboardInterrupt("notebook_launch: run stopped with the Stop button")
+        return DONE if all(w.finished for w in self.watches) else RUNNING
+
+    def stop(self, reason: str) -> None:
+        """Stop every live rank (SIGTERM, grace, SIGKILL), once; ``reason`` ends "after ..."."""
+        if not self._stopped:
+            self._stopped = True
+            self._teardown(reason=reason)
+
+    def time_out(self) -> None:
+        """Record the timeout as the failure and stop the ranks."""
+        self._on_timeout()
+
+    def close(self) -> None:
+        """Release pipes, sentinels and processes, once; kills what is still alive."""
+        if not self._closed:
+            self._closed = True
+            self._close_all()
 
     def _pump(self, wait: float) -> None:
         for key, _ in self.selector.select(wait):
@@ -227,7 +253,7 @@ class Supervisor:
         self.first_failure = self.first_failure or Failure(
             -1, "timeout", f"timed out after {self.timeout:g} s; ranks still running: "
             + ", ".join(map(str, running)))
-        self._teardown(reason="the timeout")
+        self.stop("the timeout")
 
     def _teardown(self, reason: str) -> None:
         """SIGTERM every live rank, wait TERM_GRACE, SIGKILL what is left, then drain pipes."""

@@ -12,6 +12,7 @@ from __future__ import annotations
 import re
 import time
 
+from ..state import DONE, FAILED
 from ..supervisor import Failure, Supervisor
 
 # Errors a rank gets because a rank elsewhere died, not because of its own code.
@@ -20,18 +21,16 @@ SECONDARY_PATTERNS = re.compile(
     r"DistNetworkError|DistBackendError|connectFullMesh|NCCL communicator was aborted|"
     r"Socket Timeout|timed out connecting|Connection refused", re.IGNORECASE)
 
-RUNNING, DONE, FAILED = "running", "done", "failed"
 
 
 class AttemptSupervisor(Supervisor):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        self._torn_down = False
-        self._closed = False
         self.results = None
 
     def step(self, wait: float) -> str:
-        """Watch for up to ``wait`` seconds; say whether the attempt is running, done or failed."""
+        """The core step; once done, also load the results (a result that cannot be
+        unpickled is a failure), then keep the display alive while other nodes finish."""
         if self.results is not None:   # done: waiting for the other nodes, nothing left to watch
             self.display.refresh(self.state)
             if self.state.stop_requested:
@@ -39,43 +38,21 @@ class AttemptSupervisor(Supervisor):
             time.sleep(wait)
             return DONE
         try:
-            self._pump(wait)
-            self._close_stale_pipes()
-            self.display.refresh(self.state)
-            if self.first_failure is not None:
-                self.stop(self._failure_reason())
-                return FAILED
-            if self.state.stop_requested:
-                self.stop("the Stop button was pressed")
-                raise KeyboardInterrupt("notebook_launch: run stopped with the Stop button")
+            status = super().step(wait)
         except BaseException:
             self.stop("an interrupt")
             raise
-        if all(w.finished for w in self.watches):
+        if status == DONE:
             results = [self._load_result(w) for w in self.watches]
             if self.first_failure is not None:   # a result that could not be unpickled
                 self.stop(self._failure_reason())
                 return FAILED
             self.results = results
-            return DONE
-        return RUNNING
-
-    def stop(self, reason: str) -> None:
-        """Stop the attempt's live ranks (SIGTERM, grace, SIGKILL) once."""
-        if not self._torn_down:
-            self._torn_down = True
-            self._teardown(reason=reason)
-
-    def time_out(self) -> None:
-        if not self._torn_down:
-            self._on_timeout()
-            self._torn_down = True
+        return status
 
     def close(self) -> None:
-        if not self._closed:
-            self._closed = True
-            self.stop("the run ended")
-            self._close_all()
+        self.stop("the run ended")
+        super().close()
 
     def results_after_close(self):
         return [self._load_result(w) for w in self.watches]

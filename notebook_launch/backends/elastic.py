@@ -38,7 +38,7 @@ from ..node_board import BoardUnreachable, NodeBoard
 from ..plan import free_port
 from ..rendezvous import RendezvousFailed, create_handler
 from ..state import DONE, FAILED, STARTING
-from .attempt import DONE as ATTEMPT_DONE, FAILED as ATTEMPT_FAILED, AttemptSupervisor
+from .attempt import AttemptSupervisor
 from .base import RankPipes
 
 from torch.distributed.elastic.agent.server.api import (  # noqa: E402  (torch is required here)
@@ -96,18 +96,18 @@ class NotebookElasticAgent(SimpleElasticAgent):
     def _monitor_workers(self, worker_group) -> RunResult:
         ctx, sup = self.run_ctx, self.sup
         status = sup.step(ctx.poll_interval)
-        if status not in (ATTEMPT_DONE, ATTEMPT_FAILED) and ctx.deadline is not None \
+        if status not in (DONE, FAILED) and ctx.deadline is not None \
                 and time.monotonic() >= ctx.deadline:
             sup.time_out()
-            status = ATTEMPT_FAILED
+            status = FAILED
         try:
-            if status == ATTEMPT_FAILED:
+            if status == FAILED:
                 return self._after_local_failure(worker_group)
             remote = self.board.failure()
             if remote is not None:
                 sup.stop(f"node {remote['node']}{_rank_words(remote)} failed")
                 return self._failed(remote)
-            if status == ATTEMPT_DONE:
+            if status == DONE:
                 self.board.mark_done()
                 if self.board.all_done():
                     self.results = sup.results
