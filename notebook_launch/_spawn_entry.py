@@ -14,7 +14,7 @@ import sys
 import traceback
 
 from . import channel, spawn_context
-from .worker import EXIT_FAILED, capture_output, detach_from_parent, flush_everything, run_rank
+from .worker import EXIT_FAILED, capture_output, detach_from_parent, exit_with, run_rank
 
 
 def parse_args(argv):
@@ -29,8 +29,7 @@ def parse_args(argv):
 
 def main(argv=None) -> None:
     """Never returns: the process ends with the rank's exit code."""
-    code = EXIT_FAILED
-    try:
+    def body():
         args = parse_args(sys.argv[1:] if argv is None else argv)
         detach_from_parent(args.parent_pid)
         for fd in (args.events_fd, args.exit_fd):
@@ -40,18 +39,13 @@ def main(argv=None) -> None:
         writer = channel.EventWriter(args.events_fd)
         channel.install(writer)
         loaded = load_job(args.payload, args.local_rank, writer)
-        if loaded is not None:
-            spec, job, context = loaded
-            spawn_context.restore_state(context)
-            code = run_rank(spec, job)
-    except BaseException:  # report anything, then exit with a failure code
-        try:
-            traceback.print_exc()
-        except BaseException:
-            pass
-    finally:
-        flush_everything()
-        os._exit(code)
+        if loaded is None:
+            return EXIT_FAILED
+        spec, job, context = loaded
+        spawn_context.restore_state(context)
+        return run_rank(spec, job)
+
+    exit_with(body)
 
 
 def load_job(path, local_rank, writer):

@@ -48,10 +48,25 @@ def flush_progress() -> None:
         pass
 
 
-def run_forked_rank(spec, job, pipes, all_pipes, parent_pid):
-    """Entry point of a forked child. Never returns."""
+def exit_with(body) -> None:
+    """Run ``body()`` as a rank process's whole life, then end the process with its
+    exit code. Never returns: the child must never fall back into the parent's code."""
     code = EXIT_FAILED
     try:
+        code = body()
+    except BaseException:  # report anything, then exit with a failure code
+        try:
+            traceback.print_exc()
+        except BaseException:
+            pass
+    finally:
+        flush_everything()
+        os._exit(code)
+
+
+def run_forked_rank(spec, job, pipes, all_pipes, parent_pid):
+    """Entry point of a forked child. Never returns."""
+    def body():
         keep = set(pipes.child_ends())
         for other in all_pipes:   # RankPipes.close skips fds closed (and maybe reused) already
             for fd in other.parent_ends() + other.child_ends():
@@ -61,15 +76,9 @@ def run_forked_rank(spec, job, pipes, all_pipes, parent_pid):
         capture_output(pipes.stdout_w, pipes.stderr_w)
         os.environ.update(spec.env)
         channel.install(channel.EventWriter(pipes.events_w))
-        code = run_rank(spec, job)
-    except BaseException:  # the child must never fall back into the parent's code
-        try:
-            traceback.print_exc()
-        except BaseException:
-            pass
-    finally:
-        flush_everything()
-        os._exit(code)
+        return run_rank(spec, job)
+
+    exit_with(body)
 
 
 def detach_from_parent(parent_pid: int) -> None:
