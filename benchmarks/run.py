@@ -77,10 +77,9 @@ def measure(config: dict, only: set, log_dir: str, say):
         rows += launch_cost.run(config, log_dir, say)
     if "3" in only:
         rows += iteration_cost.run(config, log_dir, say)
-    if only & {"3", "4"}:
+    if "4" in only:
         item4_rows, companion_outputs = companions.run(config, log_dir, say)
-        if "4" in only:
-            rows += item4_rows
+        rows += item4_rows
     if "5" in only:
         rows += memory.run(config, log_dir, say)
     rows.sort(key=lambda r: (r.group, r.condition == "fresh", int(r.ranks)))  # stable: fork before spawn
@@ -135,7 +134,10 @@ def notes(config: dict, elapsed: float) -> list:
         "USS (psutil memory_full_info().uss) counts only pages no other process shares, so copy-on-write "
         "pages still shared with the notebook do not count. Measured inside each rank while it runs.",
         "Item 3: the three loops take turns in one launched rank; the parent receives progress events "
-        "meanwhile. Item 4 needs the widget display (a recording comm counts messages).",
+        "meanwhile. Item 4: a real WidgetDisplay driven from the run state with every rank folding "
+        "a progress event and a log line every millisecond (100x what a rank sends, since ranks batch "
+        "to 10 events/s whatever their step rate) and refresh() every millisecond; a recording comm "
+        "counts comm messages (benchmarks/widget_traffic.py).",
         f"Whole run: {elapsed:.0f} s.",
     ]
     if config["quick"]:

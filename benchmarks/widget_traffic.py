@@ -1,6 +1,6 @@
 """Comm messages per second the widget panel sends for 8 ranks stepping fast.
 
-Run: python benchmarks/widget_traffic.py [seconds] [ranks]   (default 5 s, 8 ranks)
+Run: python benchmarks/widget_traffic.py [seconds] [ranks]   (default 5 s, 8 ranks; --quick: 3 s)
 Real ipywidgets; a recording comm stands in for the browser and counts what
 would go over IOPub. Every rank folds a progress event and a log line every
 millisecond (100x what a rank really sends), the supervisor's refresh() runs
@@ -16,8 +16,23 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 
 def main():
-    seconds = float(sys.argv[1]) if len(sys.argv) > 1 else 5.0
-    world = int(sys.argv[2]) if len(sys.argv) > 2 else 8
+    argv = [a for a in sys.argv[1:] if a != "--quick"]
+    seconds = float(argv[0]) if argv else (3.0 if "--quick" in sys.argv else 5.0)
+    world = int(argv[1]) if len(argv) > 1 else 8
+    result = measure(seconds, world)
+    print(f"{world} ranks, {result['elapsed']:.1f} s, {result['events_per_second']:,.0f} progress events/s "
+          f"folded, refresh() about every 1 ms\n")
+    print("| measure | value |")
+    print("| --- | ---: |")
+    print(f"| widgets opened (comm_open) | {result['opened']} |")
+    print(f"| redraws | {result['redraws']} ({result['redraws'] / result['elapsed']:.1f}/s) |")
+    print(f"| comm messages while running | {result['running']} ({result['per_second']:.1f}/s) |")
+    print(f"| most comm messages in any 1 s window | {result['window_max']} (budget {result['budget']}) |")
+    print(f"| messages of the final exact state (close) | {result['final']} |")
+
+
+def measure(seconds: float = 5.0, world: int = 8) -> dict:
+    """Drive a real WidgetDisplay with a recording comm; count what it would send."""
     import comm as comm_module
     from comm.base_comm import BaseComm
 
@@ -63,15 +78,9 @@ def main():
         while t - running[j] >= 1.0:
             j += 1
         window_max = max(window_max, i - j + 1)
-    print(f"{world} ranks, {elapsed:.1f} s, {events / elapsed:,.0f} progress events/s folded, "
-          f"refresh() about every 1 ms\n")
-    print("| measure | value |")
-    print("| --- | ---: |")
-    print(f"| widgets opened (comm_open) | {opened} |")
-    print(f"| redraws | {display.redraws} ({display.redraws / elapsed:.1f}/s) |")
-    print(f"| comm messages while running | {len(running)} ({len(running) / elapsed:.1f}/s) |")
-    print(f"| most comm messages in any 1 s window | {window_max} (budget {MESSAGES_PER_SECOND}) |")
-    print(f"| messages of the final exact state (close) | {len(sent) - close_from} |")
+    return {"elapsed": elapsed, "events_per_second": events / elapsed, "opened": opened,
+            "redraws": display.redraws, "running": len(running), "per_second": len(running) / elapsed,
+            "window_max": window_max, "budget": MESSAGES_PER_SECOND, "final": len(sent) - close_from}
 
 
 if __name__ == "__main__":

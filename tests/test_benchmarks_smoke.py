@@ -59,8 +59,10 @@ def test_table_has_every_item_and_every_launcher_measured(quick_results):
     for key in [("1", "main", "2"), ("1", "fresh", "2")]:
         assert "n=1" in by_key[key][5] and "n=1" in by_key[key][6], "start_processes and elastic measured"
     assert "bare loop:" in by_key[("3", "main", "1")][7] and "tqdm:" in by_key[("3", "main", "1")][7]
+    assert "/s on average" in by_key[("4", "main", "8")][3], "item 4 measured, not pointed elsewhere"
     fork_memory = by_key[("5", "main", "2")]
     assert "MB" in fork_memory[3] and "calibration" in fork_memory[7]
+    assert "MB" in by_key[("5", "spawn", "2")][3], "spawn memory measured now that spawn exists"
     assert not any("error:" in cell for cells in rows for cell in cells), quick_results
 
 
