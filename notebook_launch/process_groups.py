@@ -6,10 +6,11 @@ model alive. Every ``backward()`` stashes a ``contextvars`` context in thread-lo
 thread that frees a finished Work must take the GIL (~ThreadLocalState -> SafePyObject
 decref). After ``destroy_process_group()`` only the Reducer owns the group; freeing the DDP
 model (at ``return``) frees the Reducer with the GIL held, ~ProcessGroupGloo joins the gloo
-worker threads, and one of them is waiting for that GIL: a hang (gdb/py-spy stacks in
-pytorch/pytorch#56297, the open issue on blocking destructors bound without a GIL release).
+worker threads, and one of them is waiting for that GIL: a hang (seen with py-spy; the open
+torch issue on blocking destructors run with the GIL held is pytorch/pytorch#56297).
 
-The Python binding of ProcessGroup releases the GIL in its destructor (pytorch/pytorch#154976).
+The Python binding of ProcessGroup releases the GIL in its destructor (IntrusivePtrNoGilDestructor,
+pytorch/pytorch#56381 and #154976); the Reducer's binding does not.
 So each rank keeps a Python reference to the group of every DDP model it builds and lets go
 of destroyed ones only later: after the launched function has returned, or before the next
 rendezvous (a re-init binds MASTER_PORT, which the old group's store holds). The last owner is

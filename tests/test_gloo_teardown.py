@@ -42,6 +42,8 @@ def _ddp_destroy_free_rounds():
         dist.destroy_process_group()
         kept_after_destroy.append(process_groups.kept_group_count() > 0)
         del model                # frees DDP's Reducer: where plain torch 2.13 can deadlock
+        if rounds % 2:           # let go right away too (as before a re-init): the Python
+            process_groups.release_destroyed_groups()   # owner frees the group without the GIL
         rounds += 1
         if rank == 0:
             more = rounds < MAX_ROUNDS and time.monotonic() - started < ROUNDS_FOR
@@ -50,6 +52,8 @@ def _ddp_destroy_free_rounds():
             more = store.get(f"more{rounds}") == b"1"
         if not more:
             break
+    store.set(f"done{rank}", "1")   # rank 0's store must outlive the others' last get()
+    store.wait([f"done{r}" for r in range(world)])
     return {"rounds": rounds, "kept": all(kept_after_destroy)}
 
 
