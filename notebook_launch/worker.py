@@ -11,7 +11,7 @@ import sys
 import traceback
 from dataclasses import dataclass, field
 
-from . import channel
+from . import channel, process_groups
 
 PR_SET_PDEATHSIG = 1
 EXIT_FAILED = 1
@@ -181,6 +181,7 @@ def run_rank(spec, job) -> int:
     reset_inherited_state()
     forget_interactive_session()
     configure_torch(spec)
+    process_groups.keep_groups_used_by_ddp()   # see process_groups: a gloo teardown deadlock
     for hook in rank_hooks:
         hook(spec)
     writer.send(channel.READY, {"pid": os.getpid(), "device": spec.device})
@@ -189,6 +190,7 @@ def run_rank(spec, job) -> int:
             value = job.function(*job.args, **(job.kwargs or {}))
         finally:
             flush_progress()
+            process_groups.release_destroyed_groups()
     except SystemExit as exc:
         if exc.code in (None, 0):
             value = None

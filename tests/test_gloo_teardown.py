@@ -1,0 +1,88 @@
+"""``destroy_process_group(); return`` with a live DDP model must never hang a rank.
+
+torch 2.13 can deadlock there (see notebook_launch/process_groups.py). Without the fix the
+loop below hangs in nearly every run: each round is one more chance (a few % each, more under
+load), and it runs ~100 rounds. A hang shows as the launch timeout; nothing here is timed.
+"""
+import os
+import sys
+import time
+from datetime import timedelta
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from notebook_launch import notebook_launcher  # noqa: E402
+
+ROUNDS_FOR = 15.0        # seconds of rounds (rank 0 decides, so both ranks run the same count)
+MAX_ROUNDS = 100
+
+
+def _ddp_destroy_free_rounds():
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from notebook_launch import process_groups
+
+    sys.setswitchinterval(5.0)   # the main thread keeps the GIL unless it blocks: as under load
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    # One store for all rounds (PrefixStore per round): no re-binding of a port between rounds.
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world,
+                          rank == 0, timeout=timedelta(seconds=60))
+    started = time.monotonic()
+    rounds = 0
+    kept_after_destroy = []
+    while True:
+        dist.init_process_group("gloo", store=dist.PrefixStore(f"round{rounds}", store),
+                                rank=rank, world_size=world)
+        model = DDP(torch.nn.Linear(3, 1))
+        for _ in range(2):
+            model(torch.randn(4, 3)).sum().backward()
+        dist.destroy_process_group()
+        kept_after_destroy.append(process_groups.kept_group_count() > 0)
+        del model                # frees DDP's Reducer: where plain torch 2.13 can deadlock
+        if rounds % 2:           # let go right away too (as before a re-init): the Python
+            process_groups.release_destroyed_groups()   # owner frees the group without the GIL
+        rounds += 1
+        if rank == 0:
+            more = rounds < MAX_ROUNDS and time.monotonic() - started < ROUNDS_FOR
+            store.set(f"more{rounds}", "1" if more else "0")
+        else:
+            more = store.get(f"more{rounds}") == b"1"
+        if not more:
+            break
+    store.set(f"done{rank}", "1")   # rank 0's store must outlive the others' last get()
+    store.wait([f"done{r}" for r in range(world)])
+    return {"rounds": rounds, "kept": all(kept_after_destroy)}
+
+
+def test_freeing_ddp_after_destroy_process_group_never_hangs():
+    results = notebook_launcher(_ddp_destroy_free_rounds, num_processes=2, ui="text", timeout=60)
+    assert results[0]["rounds"] == results[1]["rounds"] >= 1
+    assert all(r["kept"] for r in results)   # the group outlived destroy_process_group()
+
+
+def _destroy_free_then_init_again():
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from notebook_launch import process_groups
+
+    dist.init_process_group()                      # env:// binds MASTER_PORT
+    model = DDP(torch.nn.Linear(3, 1))
+    model(torch.randn(4, 3)).sum().backward()
+    dist.destroy_process_group()
+    kept = process_groups.kept_group_count()
+    del model
+    dist.init_process_group()                      # binds MASTER_PORT again: the kept store is gone
+    t = torch.ones(1)
+    dist.all_reduce(t)
+    dist.destroy_process_group()
+    return {"kept": kept, "after_reinit": process_groups.kept_group_count(), "sum": t.item()}
+
+
+def test_a_kept_group_is_let_go_before_the_next_init():
+    """One rank, so no other rank can race the second rendezvous."""
+    [result] = notebook_launcher(_destroy_free_then_init_again, num_processes=1, ui="text", timeout=120)
+    assert result == {"kept": 1, "after_reinit": 0, "sum": 1.0}
