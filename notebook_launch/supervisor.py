@@ -141,6 +141,10 @@ class Supervisor:
 
     def _pump(self, wait: float) -> None:
         for key, _ in self.selector.select(wait):
+            if self.selector.get_map().get(key.fd) is not key:
+                # Closed earlier in this batch (a drain reached EOF): its number may be
+                # reused by now (in a kernel, by a zmq socket), so never read it.
+                continue
             local, what = key.data
             if what == "exit":  # ``local`` is the process index here
                 self.selector.unregister(key.fd)
