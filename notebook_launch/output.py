@@ -118,18 +118,17 @@ _RUN_DIR = re.compile(r"^\d{8}-\d{6}-\d+$")
 
 
 def prune_old_runs(root: Path, keep: int = KEEP_RUNS) -> None:
-    """Keep the default log root from growing without bound: drop the oldest runs."""
+    """Keep the default log root from growing without bound: drop the oldest runs.
+    Run ids sort by start time, so names alone decide (no stat per folder on every launch)."""
     try:
-        runs = sorted(p for p in root.iterdir() if p.is_dir() and _RUN_DIR.match(p.name))
+        runs = sorted(name for name in os.listdir(root) if _RUN_DIR.match(name))
     except OSError:
         return
-    for old in runs[:-keep] if len(runs) > keep else []:
-        for child in old.iterdir():
-            try:
-                child.unlink()
-            except OSError:
-                pass
+    for name in runs[:-keep] if len(runs) > keep else []:
+        old = root / name
         try:
+            for child in old.iterdir():
+                child.unlink()
             old.rmdir()
         except OSError:
             pass

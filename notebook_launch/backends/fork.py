@@ -41,8 +41,9 @@ def decode_wait_status(status: int):
 
 
 def warm_lazy_imports() -> None:
-    """Import, once in the parent, what DDP imports lazily on first use. Forked
-    children then share it instead of each paying 1-4 s (FIELD_NOTES)."""
+    """Import, once in the parent, what ranks would otherwise import after the fork: DDP's
+    lazy torch._dynamo (1-4 s per rank, FIELD_NOTES) and our own in-rank modules (ms per rank)."""
+    from .. import process_groups, progress, tqdm_bridge  # noqa: F401  (imported, not installed)
     if "torch" not in sys.modules:
         return
     try:

@@ -68,8 +68,9 @@ def _ddp_train(steps=30):
         seen.append(len(loader))
     dist.barrier()
     state = {k: v.detach().clone() for k, v in model.module.state_dict().items()}
-    # No destroy_process_group() while the DDP model is alive: freeing the gloo group from
-    # DDP's Reducer can deadlock on the GIL in torch 2.13 (seen with gdb); the rank exits anyway.
+    # The usual ending, with the DDP model still alive: torch 2.13 alone can deadlock freeing the
+    # gloo group from DDP's Reducer afterwards; notebook_launch.process_groups prevents it.
+    dist.destroy_process_group()
     return {"first": losses[0], "last": losses[-1], "state": state, "batches": seen[0]}
 
 
