@@ -1,6 +1,7 @@
 """notebook_launcher: call -> plan -> guards -> backend starts ranks -> supervisor -> results."""
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sys
@@ -177,27 +178,38 @@ def run_plan(plan, job, *, run_id, log_dir, ui, timeout, poll_interval, line_pre
     display = choose_display(ui, line_prefix=line_prefix)
     print(launch_summary(plan, backend.name, logs.path, platform=platform,
                          display=display_name(display)), flush=True)
-    saved = _save_signal_handlers()
     pipes = []
     try:
+        with presenting(state, display, logs):
+            pipes = [RankPipes.open() for _ in plan.ranks]
+            processes = backend.start(plan, job, pipes)
+            supervisor = Supervisor(plan, processes, pipes, state, display, logs,
+                                    timeout=timeout, poll_interval=poll_interval)
+            results = supervisor.run()
+            state.finish(DONE, f"{plan.num_processes} ranks finished in {state.elapsed:.1f} s")
+            return results
+    finally:
+        for p in pipes:
+            p.close_parent_ends()
+            p.close_child_ends()
+
+
+@contextlib.contextmanager
+def presenting(state, display, logs):
+    """What every run does around its ranks: interrupts reach us as KeyboardInterrupt, the
+    display starts and always closes with the final state, the logs close, and the notebook
+    gets its signal handlers back exactly as they were."""
+    saved = _save_signal_handlers()
+    try:
         _ensure_interruptible()
-        pipes = [RankPipes.open() for _ in plan.ranks]
         display.start(state)
-        processes = backend.start(plan, job, pipes)
-        supervisor = Supervisor(plan, processes, pipes, state, display, logs,
-                                timeout=timeout, poll_interval=poll_interval)
-        results = supervisor.run()
-        state.finish(DONE, f"{plan.num_processes} ranks finished in {state.elapsed:.1f} s")
-        return results
+        yield
     finally:
         if state.ended_at is None:
             state.finish("stopped", "interrupted")
         try:
             display.close(state)
         finally:
-            for p in pipes:
-                p.close_parent_ends()
-                p.close_child_ends()
             logs.close()
             _restore_signal_handlers(saved)
 
@@ -217,9 +229,8 @@ def launch_summary(plan, backend_name: str, log_path, platform=None, display=Non
 
 
 def display_name(display) -> str:
-    """"text", "widget", ... from the display's class name (TextDisplay -> text); "none" for the base."""
-    name = type(display).__name__
-    return name[:-len("Display")].lower() or "none" if name.endswith("Display") else name.lower()
+    """"text", "widget", ...: the ``ui`` value that selects this display."""
+    return display.name
 
 
 def _save_signal_handlers():

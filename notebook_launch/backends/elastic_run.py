@@ -9,8 +9,7 @@ around the run so a notebook kernel gets back exactly what it had.
 from __future__ import annotations
 
 from ..display import choose_display
-from ..launcher import (_ensure_interruptible, _restore_signal_handlers, _save_signal_handlers,
-                        get_backend, launch_summary)
+from ..launcher import get_backend, launch_summary, presenting
 from ..output import RunLogs
 from ..state import RankState, RunState
 
@@ -31,23 +30,12 @@ def run_elastic(plan, job, *, rendezvous, max_restarts, run_id, log_dir, ui, tim
     print(launch_summary(plan, state.backend, logs.path) + "\n" + describe(rendezvous, max_restarts),
           flush=True)
     display = choose_display(ui, line_prefix=line_prefix)
-    saved = _save_signal_handlers()
     outcome = ("interrupt", None)
-    try:
-        _ensure_interruptible()
-        display.start(state)
+    with presenting(state, display, logs):
         run = ElasticRun(plan=plan, job=job, backend=backend, settings=rendezvous,
                          max_restarts=max_restarts, state=state, display=display, logs=logs,
                          poll_interval=poll_interval, timeout=timeout)
         outcome = run.execute()
-    finally:
-        if state.ended_at is None:
-            state.finish("stopped", "interrupted")
-        try:
-            display.close(state)
-        finally:
-            logs.close()
-            _restore_signal_handlers(saved)
     kind, value = outcome
     if kind == "results":
         return value

@@ -11,6 +11,7 @@ class Display:
     ``refresh`` often (a display throttles itself), and ``close`` once with the
     final state, also after a failure or an interrupt.
     """
+    name = "none"  # what ui= selects it, shown in the launch line
 
     def __init__(self, line_prefix=None):
         self.line_prefix = line_prefix or DEFAULT_PREFIX

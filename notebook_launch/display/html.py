@@ -15,6 +15,7 @@ REDRAWS_PER_SECOND = 2
 
 
 class HtmlDisplay(Display):
+    name = "html"  # what ui= selects it, shown in the launch line
     def __init__(self, line_prefix=None, print_lines: bool = True):
         super().__init__(line_prefix)
         self.lines = TextDisplay(line_prefix, stream_is_notebook=True) if print_lines else None

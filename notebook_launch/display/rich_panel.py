@@ -11,6 +11,7 @@ REDRAWS_PER_SECOND = 4
 
 
 class RichDisplay(Display):
+    name = "rich"  # what ui= selects it, shown in the launch line
     def __init__(self, line_prefix=None, console=None):
         super().__init__(line_prefix)
         from rich.console import Console

@@ -17,6 +17,7 @@ SUMMARY_EVERY = 15.0   # seconds between plain-text status summaries (CI logs)
 class TextDisplay(Display):
     """Tagged lines; with ``summary_every`` also a periodic per-rank summary
     (output that is not a terminal cannot redraw a panel, e.g. CI logs)."""
+    name = "text"  # what ui= selects it, shown in the launch line
 
     def __init__(self, line_prefix=None, stream_is_notebook: bool = False, summary_every=None):
         super().__init__(line_prefix)

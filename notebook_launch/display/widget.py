@@ -26,6 +26,8 @@ LOG_REFRESH_SECONDS = 2.0   # recent lines are one click away; they need not be 
 
 
 class WidgetDisplay(Display):
+    name = "widget"  # what ui= selects it, shown in the launch line
+
     def __init__(self, line_prefix=None, print_lines: bool = True, poll_kernel: bool = True):
         super().__init__(line_prefix)
         import ipywidgets
