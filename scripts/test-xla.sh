@@ -2,7 +2,7 @@
 # The real torch_xla lane: builds .venv-xla (scripts/setup-xla.sh: torch 2.9.0 +
 # torch_xla 2.9.0, about 7 GB and 8 minutes the first time, seconds after) and runs
 # the XLA tests on PJRT_DEVICE=CPU (two ordinals as two threads of one process).
-# Not part of scripts/test.sh / .ci/run: the first build alone is over CI's budget.
+# Run by scripts/test.sh (and so by .ci/run) after the main suite.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup-xla.sh

@@ -20,6 +20,7 @@ import psutil  # noqa: E402
 import torch  # noqa: E402
 
 from notebook_launch import GuardError, LaunchArgumentError, LaunchError, notebook_launcher  # noqa: E402
+from notebook_launch.display.base import Display  # noqa: E402
 
 # CPU PJRT runs a 2-device collective reliably only when the threads do not
 # compile and run their graphs at the same time (FIELD_NOTES).
@@ -270,20 +271,14 @@ def test_a_replica_process_that_dies_is_reported(tmp_path):
     assert "a replica process died without a Python exception" in message
 
 
-class RecordingDisplay:
+class RecordingDisplay(Display):
     """A display (the interface the supervisor drives) that keeps the final run state."""
 
+    name = "recording"
+
     def __init__(self):
+        super().__init__()
         self.final = None
-
-    def start(self, state):
-        pass
-
-    def line(self, state, local_rank, stream, text):
-        pass
-
-    def refresh(self, state):
-        pass
 
     def close(self, state):
         self.final = state
