@@ -1,0 +1,60 @@
+"""The install lines the README gives work: a wheel built with ``python -m build`` installs in a clean
+venv (nothing of this checkout on its path) and ``notebook-launch test`` passes from it.
+
+The clean venv gets ``torch==2.13.0`` first (the CPU build these machines have on disk; with no torch
+installed, pip would resolve ``torch>=2.4`` to the newest CUDA build), then the wheel with its other
+dependencies from the registry, as a user's ``pip install notebook_launch-*.whl`` would.
+"""
+from __future__ import annotations
+
+import glob
+import os
+import subprocess
+import sys
+import zipfile
+
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _run(argv: list[str], cwd: str, env: dict | None = None, timeout: float = 600) -> str:
+    done = subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+    output = done.stdout + done.stderr
+    assert done.returncode == 0, f"{' '.join(argv)} exited with {done.returncode}:\n{output[-4000:]}"
+    return output
+
+
+def _clean_env() -> dict:
+    """The environment a user's shell would have: no PYTHONPATH or venv of this checkout."""
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV", "PYTHONHOME")}
+    env["PIP_DISABLE_PIP_VERSION_CHECK"] = "1"
+    return env
+
+
+@pytest.mark.timeout(900)
+def test_wheel_installs_in_a_clean_venv_and_its_selftest_passes(tmp_path):
+    dist = tmp_path / "dist"
+    # sdist first, then the wheel from the unpacked sdist: no stale build/ folder of the checkout leaks in
+    _run([sys.executable, "-m", "build", "--outdir", str(dist), REPO], cwd=str(tmp_path), env=_clean_env())
+    wheels = glob.glob(str(dist / "notebook_launch-*.whl"))
+    assert len(wheels) == 1, os.listdir(dist)
+    with zipfile.ZipFile(wheels[0]) as whl:
+        names = whl.namelist()
+    assert "notebook_launch/__init__.py" in names
+    assert not [n for n in names if n.startswith("tests/")], "the wheel must ship the package only"
+
+    venv = tmp_path / "venv"
+    _run(["python3", "-m", "venv", str(venv)], cwd=str(tmp_path), env=_clean_env())
+    pip = [str(venv / "bin" / "python"), "-m", "pip", "install", "-q"]
+    _run(pip + ["torch==2.13.0"], cwd=str(tmp_path), env=_clean_env())
+    _run(pip + [wheels[0]], cwd=str(tmp_path), env=_clean_env())
+
+    where = _run([str(venv / "bin" / "python"), "-c", "import notebook_launch; print(notebook_launch.__file__)"],
+                 cwd=str(tmp_path), env=_clean_env())
+    assert where.strip().startswith(str(venv)), f"imported from outside the clean venv: {where}"
+
+    env = _clean_env()
+    env["NOTEBOOK_LAUNCH_LOG_DIR"] = str(tmp_path / "runs")
+    output = _run([str(venv / "bin" / "notebook-launch"), "test"], cwd=str(tmp_path), env=env, timeout=300)
+    assert "PASSED" in output, output[-3000:]
