@@ -15,9 +15,9 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-from notebook_launch import channel  # noqa: E402
+from notebook_launch import protocol as channel  # noqa: E402
 
-progress_module = importlib.import_module("notebook_launch.progress")
+progress_module = importlib.import_module("notebook_launch.rank.progress")
 progress = progress_module.progress
 
 
@@ -82,7 +82,7 @@ def main():
         progress_module.flush()
         sends = progress_module.reporter().sends - sends_before
         if have_tqdm:
-            from notebook_launch import tqdm_bridge
+            from notebook_launch.rank import tqdm_bridge
             tqdm_bridge.install()
             rows.append(("tqdm in a rank (bridged to the panel)", "-", best_of(runs, with_tqdm, n)))
     finally:

@@ -13,6 +13,9 @@ import sys
 import tempfile
 from importlib import metadata
 from pathlib import Path
+from typing import Any
+
+from .errors import GuardError, LaunchArgumentError
 
 VERSIONED = ("torch", "accelerate", "ipywidgets", "ipykernel", "torch_xla", "lightning", "cloudpickle")
 
@@ -27,70 +30,49 @@ def package_version(name: str) -> str:
         return "not installed"
 
 
-def where_we_run() -> str:
-    from . import environment
-    detect = getattr(environment, "detect", None)
-    if detect is not None:  # the full classifier (Colab, Kaggle, VS Code, JupyterLab...) when present
-        try:
-            found = detect()
-            describe = getattr(found, "describe", None)
-            return describe() if callable(describe) else str(found)
-        except Exception as exc:  # a probe must never break `env`
-            return f"unknown ({type(exc).__name__}: {exc})"
-    if os.environ.get("COLAB_RELEASE_TAG") or "google.colab" in sys.modules:
-        return "Google Colab"
-    if os.environ.get("KAGGLE_KERNEL_RUN_TYPE"):
-        return "Kaggle"
-    if environment.in_ipython_kernel():
-        return "Jupyter kernel"
-    return "terminal or script" if sys.stdin is not None and sys.stdin.isatty() else "script"
-
-
-def _detected():
-    """environment.detect() when this version has it (platform, devices, evidence), else None."""
-    from . import environment
-    detect = getattr(environment, "detect", None)
+def launch_preview() -> dict[str, Any]:
+    """What ``notebook_launcher(fn)`` would choose here, without starting anything: the
+    launcher's own decision (``detect.target.launch_target``), so the two cannot disagree."""
+    from .detect.target import launch_target
     try:
-        return detect() if detect is not None else None
-    except Exception:
-        return None
+        target = launch_target()
+    except (LaunchArgumentError, GuardError) as exc:   # e.g. a TPU whose layout is unknown
+        from .detect.platform import detect
+        where = detect()
+        return _preview(where, where.describe(), "?", f"? ({exc})", "?")
+    where = target.where
+    gpus = target.device_count
+    device = (f"{gpus} CUDA GPU(s)" if target.device_kind == "cuda"
+              else "XLA" if target.device_kind == "xla" else "CPU")
+    return _preview(where, device, target.dist_backend, target.num_processes, target.start_method)
 
 
-def launch_preview() -> dict:
-    """What ``notebook_launcher(fn)`` would choose here, without starting anything (same rules)."""
-    from . import launcher
+def _preview(where: Any, device: str, backend: str, ranks: Any, start: str) -> dict[str, Any]:
     from .display import choose_display
-    from .environment import cuda_device_count
-    from .plan import DEFAULT_PORT, available_cpus, port_is_free
-    found = _detected()
-    if found is not None:
-        gpus = found.device_count if found.device_kind == "cuda" else 0
-        tpu = bool(getattr(found, "has_tpu", False))
-    else:
-        gpus, tpu = cuda_device_count(), False
-    display = choose_display("auto")
-    name_of = getattr(launcher, "display_name", lambda d: type(d).__name__)
+    from .net import DEFAULT_PORT, port_is_free
+    from .plan import available_cpus
     return {
-        "device": f"{gpus} CUDA GPU(s)" if gpus else ("TPU" if tpu else "CPU"),
-        "backend": "nccl" if gpus else ("xla" if tpu else "gloo"),
-        "start_method": launcher.default_start_method(),
-        "num_processes": gpus or 1,
+        "where": where.describe(),
+        "device": device,
+        "backend": backend,
+        "start_method": start,
+        "num_processes": ranks,
         "cpus": available_cpus(),
-        "tpu": tpu,
-        "evidence": ", ".join(getattr(found, "evidence", ()) or ()),
+        "tpu": where.has_tpu,
+        "evidence": ", ".join(where.evidence),
         "port": DEFAULT_PORT if port_is_free(DEFAULT_PORT) else f"{DEFAULT_PORT} busy: a free port is picked",
-        "display": name_of(display),
+        "display": choose_display("auto").name,
     }
 
 
-def cmd_env(args) -> int:
+def cmd_env(args: argparse.Namespace) -> int:
     from . import __version__
-    from .environment import cuda_gpus
+    from .detect.platform import cuda_gpus
     preview = launch_preview()
     gpus = cuda_gpus()
     rows = [
         ("notebook_launch", __version__),
-        ("where", where_we_run()),
+        ("where", preview["where"]),
         ("python", f"{platform.python_version()} ({sys.executable})"),
         ("system", f"{platform.system()} {platform.release()} {platform.machine()}"),
         ("cpus", str(preview["cpus"])),
@@ -213,34 +195,6 @@ def cmd_test(args) -> int:
 
 # --- demo ----------------------------------------------------------------------
 
-def _progress_bar(iterable, total, desc):
-    """The live panel's per-rank bar when ``notebook_launch.progress`` exists, else plain prints."""
-    try:
-        from .progress import progress
-    except ImportError:
-        return _PrintingBar(iterable, total, desc)
-    return progress(iterable, total=total, desc=desc)
-
-
-class _PrintingBar:
-    """Fallback bar: a line every fifth of the way, with the latest metrics."""
-
-    def __init__(self, iterable, total, desc):
-        self.iterable, self.total, self.desc, self.postfix = iterable, total, desc, {}
-
-    def set_postfix(self, **metrics):
-        self.postfix.update(metrics)
-
-    def __iter__(self):
-        every = max(1, self.total // 5)
-        for i, item in enumerate(self.iterable, 1):
-            yield item
-            if i % every == 0 or i == self.total:
-                shown = " ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
-                                 for k, v in self.postfix.items())
-                print(f"{self.desc}: {i}/{self.total} {shown}".rstrip(), flush=True)
-
-
 def demo_train(steps: int = 300, lr: float = 0.05):
     """DDP on synthetic regression data; each rank reads its own shard."""
     import torch
@@ -254,7 +208,8 @@ def demo_train(steps: int = 300, lr: float = 0.05):
     opt = torch.optim.SGD(model.parameters(), lr=lr)
     gen = torch.Generator().manual_seed(1000 + rank)
     loss = torch.tensor(0.0)
-    bar = _progress_bar(range(steps), steps, "train")
+    from .rank.progress import Progress
+    bar = Progress(range(steps), total=steps, desc="train")
     for step in bar:
         x = torch.randn(64, 4, generator=gen)
         loss = torch.nn.functional.mse_loss(model(x), x @ true_w + 1.0)

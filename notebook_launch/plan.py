@@ -5,21 +5,14 @@ ports and environment variables can be unit-tested directly.
 """
 from __future__ import annotations
 
+import logging
 import os
-import socket
 from dataclasses import dataclass, field
+from typing import Mapping, Sequence
 
-MIXED_PRECISION_CHOICES = ("no", "fp16", "bf16", "fp8")
-DEFAULT_PORT = 29500
+log = logging.getLogger("notebook_launch")
+
 LOOPBACK_ADDRESSES = ("127.0.0.1", "localhost", "::1")
-
-
-class _DefaultPort(str):
-    """The default ``use_port``: a str equal to "29500" that we can tell apart
-    from a port the user chose, so only a chosen port is an error when busy."""
-
-
-DEFAULT_USE_PORT = _DefaultPort(str(DEFAULT_PORT))
 
 
 @dataclass(frozen=True)
@@ -27,7 +20,7 @@ class RankSpec:
     global_rank: int
     local_rank: int
     device: str                 # "cpu", "cuda:0", "xla"
-    env: dict                   # variables this rank adds to the inherited environment
+    env: dict[str, str]         # variables this rank adds to the inherited environment
 
 
 @dataclass(frozen=True)
@@ -41,21 +34,18 @@ class LaunchPlan:
     device_kind: str            # "cpu", "cuda" or "xla"
     dist_backend: str           # "gloo", "nccl" or "xla" (what init_process_group() picks)
     mixed_precision: str
-    start_method: str           # "fork", "spawn", "xla", "elastic"
-    ranks: tuple = field(default_factory=tuple)
-    notes: tuple = field(default_factory=tuple)   # things the launcher should tell the user
-
-    @property
-    def backend_name(self) -> str:
-        return self.start_method
+    start_method: str           # "fork", "spawn" or "xla": how the processes start
+    ranks: tuple[RankSpec, ...] = field(default_factory=tuple)
+    notes: tuple[str, ...] = field(default_factory=tuple)   # things the launcher should tell the user
 
 
-def nccl_workarounds(gpu_names, driver_version: str | None) -> dict:
+def nccl_workarounds(gpu_names: Sequence[str], driver_version: str | None) -> dict[str, str]:
     """NCCL switches consumer RTX 40xx cards need with drivers older than 550:
     peer-to-peer and InfiniBand transports hang there (Accelerate applies the same rule)."""
     if not gpu_names:
         return {}
     rtx40 = any("RTX 40" in name for name in gpu_names)
+    major: int | None
     try:
         major = int(str(driver_version).split(".")[0])
     except (TypeError, ValueError):
@@ -70,9 +60,11 @@ def omp_threads(num_local: int, cpu_count: int) -> int:
     return max(1, cpu_count // max(1, num_local))
 
 
-def rank_environment(*, global_rank, local_rank, num_processes, num_nodes, node_rank,
-                     world_size, master_addr, master_port, device_kind, mixed_precision,
-                     run_id, user_env, cpu_count, gpu_names=(), driver_version=None) -> dict:
+def rank_environment(*, global_rank: int, local_rank: int, num_processes: int, num_nodes: int,
+                     node_rank: int, world_size: int, master_addr: str, master_port: int,
+                     device_kind: str, mixed_precision: str, run_id: str, user_env: Mapping[str, str],
+                     cpu_count: int, gpu_names: Sequence[str] = (),
+                     driver_version: str | None = None) -> dict[str, str]:
     """Every variable torch.distributed, Accelerate and Lightning Fabric read in a rank."""
     env = {
         "RANK": str(global_rank),
@@ -112,13 +104,14 @@ def rank_environment(*, global_rank, local_rank, num_processes, num_nodes, node_
 
 def build_plan(*, num_processes: int, num_nodes: int, node_rank: int, master_addr: str,
                master_port: int, device_kind: str, mixed_precision: str, start_method: str,
-               run_id: str, user_env=None, cpu_count=None, gpu_names=(), driver_version=None,
-               notes=()) -> LaunchPlan:
-    """Describe the ranks of this node. Arguments are assumed validated (see launcher)."""
+               run_id: str, user_env: Mapping[str, str] | None = None, cpu_count: int | None = None,
+               gpu_names: Sequence[str] = (), driver_version: str | None = None,
+               notes: Sequence[str] = ()) -> LaunchPlan:
+    """Describe the ranks of this node. Arguments are assumed validated (see options)."""
     user_env = dict(os.environ if user_env is None else user_env)
     cpu_count = cpu_count or available_cpus()
     world_size = num_processes * num_nodes
-    ranks = []
+    ranks: list[RankSpec] = []
     for local_rank in range(num_processes):
         global_rank = node_rank * num_processes + local_rank
         device = {"cpu": "cpu", "cuda": f"cuda:{local_rank}", "xla": "xla"}[device_kind]
@@ -141,23 +134,5 @@ def available_cpus() -> int:
     try:
         return len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
+        log.debug("no CPU affinity here; counting every CPU")
         return os.cpu_count() or 1
-
-
-def port_is_free(port: int, host: str = "") -> bool:
-    """True when a TCP server (as c10d's TCPStore binds it, with SO_REUSEADDR) could listen on ``port``."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind((host, port))
-        except OSError:
-            return False
-    return True
-
-
-def free_port(host: str = "") -> int:
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return sock.getsockname()[1]

@@ -2,15 +2,38 @@
 
 Displays only read it. Keeping the model apart from how it is drawn lets the
 widget, HTML, rich and text displays (and tests) share one source of truth.
+The methods here are the only writers of the rank fields.
 """
 from __future__ import annotations
 
 import collections
+import enum
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Sequence
 
-# Rank statuses, in the order a rank normally goes through them.
-STARTING, RUNNING, DONE, FAILED, STOPPED = "starting", "running", "done", "failed", "stopped"
+if TYPE_CHECKING:
+    from .plan import RankSpec
+
+
+class Status(str, enum.Enum):
+    """A rank's or a run's status, in the order a rank normally goes through them.
+    A str, so displays compare and print it as its value."""
+    STARTING = "starting"
+    RUNNING = "running"
+    DONE = "done"
+    FAILED = "failed"
+    STOPPED = "stopped"
+
+    def __str__(self) -> str:
+        return self.value
+
+    def __format__(self, spec: str) -> str:
+        return format(self.value, spec)
+
+
+STARTING, RUNNING, DONE, FAILED, STOPPED = (Status.STARTING, Status.RUNNING, Status.DONE,
+                                            Status.FAILED, Status.STOPPED)
 
 RECENT_LINES = 200
 MAX_BARS = 32   # a loop that makes a new bar per epoch must not grow the state without bound
@@ -47,10 +70,10 @@ class RankState:
     local_rank: int
     device: str = "cpu"
     pid: int | None = None
-    status: str = STARTING
-    bars: dict = field(default_factory=dict)          # id -> Bar, in creation order
-    metrics: dict = field(default_factory=dict)       # name -> scalar
-    lines: collections.deque = field(default_factory=lambda: collections.deque(maxlen=RECENT_LINES))
+    status: Status = STARTING
+    bars: dict[str, Bar] = field(default_factory=dict)          # id -> Bar, in creation order
+    metrics: dict[str, Any] = field(default_factory=dict)       # name -> scalar
+    lines: collections.deque[tuple[str, str]] = field(default_factory=lambda: collections.deque(maxlen=RECENT_LINES))
     exit_description: str | None = None   # e.g. "exit code 0", "killed by SIGKILL"
     error: str | None = None              # one line: "ValueError: boom"
     updates: int = 0                      # progress events folded, for displays that diff
@@ -75,14 +98,14 @@ class RunState:
     world_size: int
     backend: str
     log_dir: str
-    ranks: list                           # RankState per local rank
+    ranks: list[RankState]                # RankState per local rank
     node_rank: int = 0
     num_nodes: int = 1
     attempt: int = 0                      # restart number (0: first attempt)
     max_restarts: int = 0                 # restarts allowed (elastic path); attempts = max_restarts + 1
     started_at: float = field(default_factory=time.monotonic)
     ended_at: float | None = None
-    status: str = RUNNING                 # running, done, failed, stopped
+    status: Status = RUNNING              # running, done, failed, stopped
     summary: str | None = None            # final one-line outcome
     stop_requested: bool = False          # set by a display's Stop button
 
@@ -91,18 +114,15 @@ class RunState:
         end = self.ended_at if self.ended_at is not None else time.monotonic()
         return end - self.started_at
 
-    def rank_state(self, local_rank: int) -> RankState:
-        return self.ranks[local_rank]
-
     # --- folding -----------------------------------------------------------
-    def on_ready(self, local_rank: int, payload: dict) -> None:
+    def on_ready(self, local_rank: int, payload: dict[str, Any]) -> None:
         rs = self.ranks[local_rank]
         rs.pid = payload.get("pid", rs.pid)
         rs.device = payload.get("device", rs.device)
         if rs.status == STARTING:
             rs.status = RUNNING
 
-    def on_progress(self, local_rank: int, payload: dict) -> None:
+    def on_progress(self, local_rank: int, payload: dict[str, Any]) -> None:
         """Fold a batched progress event: {"bars": {id: {...}}, "metrics": {...}}."""
         rs = self.ranks[local_rank]
         for bar_id, fields in payload.get("bars", {}).items():
@@ -121,7 +141,7 @@ class RunState:
     def on_line(self, local_rank: int, stream: str, text: str) -> None:
         self.ranks[local_rank].lines.append((stream, text))
 
-    def on_exit(self, local_rank: int, status: str, description: str, error: str | None = None) -> None:
+    def on_exit(self, local_rank: int, status: Status, description: str, error: str | None = None) -> None:
         rs = self.ranks[local_rank]
         rs.status = status
         rs.exit_description = description
@@ -131,13 +151,24 @@ class RunState:
             for bar in rs.bars.values():
                 bar.closed = True
 
-    def finish(self, status: str, summary: str) -> None:
+    def finish(self, status: Status, summary: str) -> None:
+        """The run's outcome (written by the run scaffold, ``run.py``, only)."""
         self.status = status
         self.summary = summary
         self.ended_at = time.monotonic()
 
+    def begin_attempt(self, attempt: int, *, node_rank: int, num_nodes: int, world_size: int,
+                      ranks: Sequence["RankSpec"]) -> None:
+        """A restarted (or first) elastic attempt: ranks as elastic assigned them, fresh rows."""
+        self.attempt = attempt
+        self.node_rank, self.num_nodes, self.world_size = node_rank, num_nodes, world_size
+        for rs, spec in zip(self.ranks, ranks):
+            rs.rank, rs.status, rs.pid = spec.global_rank, STARTING, None
+            rs.bars, rs.metrics = {}, {}
+            rs.exit_description = rs.error = None
 
-def _prune_closed_bars(bars: dict) -> None:
+
+def _prune_closed_bars(bars: dict[str, Bar]) -> None:
     """Drop the oldest closed bars, keeping the first one (the run-level bar)."""
     ids = list(bars)
     for bar_id in ids[1:]:

@@ -30,7 +30,7 @@ class KeepStateDisplay(Display):
 @contextlib.contextmanager
 def keep_state(monkeypatch):
     """Make the next launches use a KeepStateDisplay; yields the list of displays made."""
-    import notebook_launch.launcher as launcher
+    import notebook_launch.run as run_module
     made = []
 
     def choose(ui="auto", *, line_prefix=None):
@@ -38,7 +38,7 @@ def keep_state(monkeypatch):
         made.append(display)
         return display
 
-    monkeypatch.setattr(launcher, "choose_display", choose)
+    monkeypatch.setattr(run_module, "choose_display", choose)
     yield made
 
 

@@ -77,3 +77,23 @@ def test_demo_trains_across_ranks():
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "rank 0: final loss" in proc.stdout and "rank 1: final loss" in proc.stdout
     assert "every rank holds the same weights" in proc.stdout
+
+
+def test_env_preview_is_the_launchers_own_decision(monkeypatch):
+    """`notebook-launch env` asks the function the launcher asks (detect.target.launch_target):
+    a decision changed there shows in both."""
+    from notebook_launch import cli
+    from notebook_launch.detect import target as target_module
+    calls = []
+    real = target_module.launch_target
+
+    def spy(*args, **kwargs):
+        found = real(*args, **kwargs)
+        calls.append(found)
+        return found
+
+    monkeypatch.setattr(target_module, "launch_target", spy)
+    preview = cli.launch_preview()
+    assert len(calls) == 1
+    assert (preview["num_processes"], preview["start_method"], preview["backend"]) == (
+        calls[0].num_processes, calls[0].start_method, calls[0].dist_backend)

@@ -10,9 +10,9 @@ import psutil
 import pytest
 
 from notebook_launch import LaunchArgumentError, LaunchError, notebook_launcher
-from notebook_launch.backends import elastic_run
+from notebook_launch import run as run_module
 from notebook_launch.display import Display
-from notebook_launch.plan import free_port
+from notebook_launch.net import free_port
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -59,7 +59,7 @@ class RecordingDisplay(Display):
 @pytest.fixture
 def recording_display(monkeypatch):
     display = RecordingDisplay()
-    monkeypatch.setattr(elastic_run, "choose_display", lambda ui, line_prefix=None: display)
+    monkeypatch.setattr(run_module, "choose_display", lambda ui, line_prefix=None: display)
     return display
 
 

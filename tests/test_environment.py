@@ -12,9 +12,11 @@ import sys
 import pytest
 import torch
 
-from notebook_launch import environment, notebook_launcher
-from notebook_launch.environment import PLATFORMS, Environment, Probe, detect
-from notebook_launch.launcher import display_name, launch_summary
+from notebook_launch import notebook_launcher
+from notebook_launch.detect import platform as environment
+from notebook_launch.detect import xla as tpu_detection
+from notebook_launch.detect.platform import PLATFORMS, Environment, Probe, detect
+from notebook_launch.run import launch_summary
 from notebook_launch.plan import build_plan
 
 KERNEL = "ipykernel.zmqshell.ZMQInteractiveShell"
@@ -93,7 +95,7 @@ def test_tpu_known_from_environment_alone_counts_chips_from_the_slice_name():
 @pytest.mark.parametrize("slice_name, chips", [("v2-8", 4), ("v3-8", 4), ("v4-8", 4), ("v5litepod-8", 8),
                                                ("v6e-1", 1), ("v5e-4", 4), ("", 0), ("nonsense", 0)])
 def test_tpu_chips_from_slice_name(slice_name, chips):
-    assert environment.tpu_chips_from_type(slice_name) == chips
+    assert tpu_detection.slice_chips(slice_name) == chips
 
 
 def test_colab_gpu_and_cpu_runtimes():
@@ -129,8 +131,8 @@ def test_tpu_device_files_are_counted(tmp_path):
     for i in range(4):
         (fake_tpu_dev_dir / f"accel{i}").touch()
     (fake_tpu_dev_dir / "accelerator_notes").touch()
-    assert environment.count_tpu_device_files(str(fake_tpu_dev_dir)) == 4
-    assert environment.count_tpu_device_files(str(tmp_path / "missing")) == 0
+    assert tpu_detection.count_tpu_device_files(str(fake_tpu_dev_dir)) == 4
+    assert tpu_detection.count_tpu_device_files(str(tmp_path / "missing")) == 0
 
 
 def test_vfio_tpu_chips_count_only_on_a_tpu_vm(tmp_path, monkeypatch):
@@ -140,11 +142,11 @@ def test_vfio_tpu_chips_count_only_on_a_tpu_vm(tmp_path, monkeypatch):
         (fake_tpu_v5e_vfio_dev_dir / "vfio" / name).touch()
     for key in [k for k in os.environ if k.startswith("TPU_")]:
         monkeypatch.delenv(key)
-    monkeypatch.setattr(environment, "_tpu_vm", lambda: False)   # a GPU passthrough host
-    assert environment.count_tpu_device_files(str(fake_tpu_v5e_vfio_dev_dir)) == 0
+    monkeypatch.setattr(tpu_detection, "_tpu_vm", lambda *a, **k: False)   # a GPU passthrough host
+    assert tpu_detection.count_tpu_device_files(str(fake_tpu_v5e_vfio_dev_dir)) == 0
     monkeypatch.undo()
     monkeypatch.setenv("TPU_ACCELERATOR_TYPE", "v5litepod-4")
-    assert environment.count_tpu_device_files(str(fake_tpu_v5e_vfio_dev_dir)) == 4
+    assert tpu_detection.count_tpu_device_files(str(fake_tpu_v5e_vfio_dev_dir)) == 4
 
 
 def test_real_process_is_a_script_and_detection_leaves_cuda_alone():
@@ -172,8 +174,8 @@ def test_launch_summary_names_platform_backend_and_display(tmp_path):
 
 def test_display_name():
     from notebook_launch.display import Display, TextDisplay
-    assert display_name(TextDisplay()) == "text"
-    assert display_name(Display()) == "none"
+    assert TextDisplay().name == "text"
+    assert Display().name == "none"
 
 
 def test_a_real_launch_prints_the_platform_line(tmp_path, capsys):

@@ -12,7 +12,8 @@ import os
 
 import pytest
 
-from notebook_launch import launcher, notebook_launcher
+from notebook_launch import notebook_launcher
+from notebook_launch import run as run_module
 from notebook_launch.display.base import Display
 
 
@@ -39,7 +40,7 @@ def _still_open(fd) -> bool:
 @pytest.fixture
 def bystander_display(monkeypatch):
     display = BystanderDisplay()
-    monkeypatch.setattr(launcher, "choose_display", lambda ui, line_prefix=None: display)
+    monkeypatch.setattr(run_module, "choose_display", lambda ui, line_prefix=None: display)
     yield display
     for fd in display.bystanders:
         if _still_open(fd):

@@ -1,6 +1,6 @@
 """``destroy_process_group(); return`` with a live DDP model must never hang a rank.
 
-torch 2.13 can deadlock there (see notebook_launch/process_groups.py). Without the fix the
+torch 2.13 can deadlock there (see notebook_launch/rank/process_groups.py). Without the fix the
 loop below hangs in nearly every run: each round is one more chance (a few % each, more under
 load), and it runs ~100 rounds. A hang shows as the launch timeout; nothing here is timed.
 """
@@ -23,7 +23,7 @@ def _ddp_destroy_free_rounds():
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    from notebook_launch import process_groups
+    from notebook_launch.rank import process_groups
 
     sys.setswitchinterval(5.0)   # the main thread keeps the GIL unless it blocks: as under load
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
@@ -67,7 +67,7 @@ def _destroy_free_then_init_again():
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    from notebook_launch import process_groups
+    from notebook_launch.rank import process_groups
 
     dist.init_process_group()                      # env:// binds MASTER_PORT
     model = DDP(torch.nn.Linear(3, 1))

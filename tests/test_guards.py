@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from notebook_launch import GuardError, LaunchArgumentError, LaunchError, cuda_tracking, notebook_launcher
-from notebook_launch.plan import free_port
+from notebook_launch.net import free_port
 
 
 def noop():
@@ -135,7 +135,7 @@ def test_non_callable_function():
 @pytest.fixture
 def fake_two_cuda_gpus(monkeypatch):
     """Stands in for a machine with 2 GPUs (none exist here); only the count is faked."""
-    from notebook_launch import environment
+    from notebook_launch.detect import platform as environment
     monkeypatch.setattr(environment, "cuda_device_count", lambda: 2)
 
 

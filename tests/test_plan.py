@@ -1,6 +1,7 @@
 """The plan is pure: ranks, environment and ports without starting anything."""
-from notebook_launch.plan import (DEFAULT_USE_PORT, build_plan, free_port, nccl_workarounds,
-                                  omp_threads, port_is_free)
+from notebook_launch.net import free_port, port_is_free
+from notebook_launch.options import DEFAULT_USE_PORT
+from notebook_launch.plan import build_plan, nccl_workarounds, omp_threads
 
 
 def plan(**kw):

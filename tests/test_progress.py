@@ -5,8 +5,8 @@ import itertools
 import pytest
 
 from notebook_launch import notebook_launcher, progress
-# The package attribute `progress` is the class; the module of the same name is this:
-progress_module = importlib.import_module("notebook_launch.progress")
+# The package attribute `progress` is the public alias of Progress; its module is notebook_launch.rank.progress
+progress_module = importlib.import_module("notebook_launch.rank.progress")
 from panel_helpers import keep_state
 
 
@@ -32,7 +32,7 @@ def _fast_loop(n):
         manual.update(1, lr=0.01)
     manual.close()
     elapsed = time.monotonic() - started
-    module = importlib.import_module("notebook_launch.progress")
+    module = importlib.import_module("notebook_launch.rank.progress")
     rep = module.reporter()
     module.flush()
     return {"sends": rep.sends, "elapsed": elapsed}
@@ -110,7 +110,7 @@ def test_nested_bars_final_state(monkeypatch):
 def test_progress_iteration_keeps_counting_past_checks():
     # The hot loop only compares with a threshold; a rank-less bar must still count when it has a
     # reporter. Simulate one with a recording writer (no parent process involved).
-    import notebook_launch.channel as channel
+    import notebook_launch.protocol as channel
 
     class Writer:
         events = []

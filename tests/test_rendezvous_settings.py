@@ -1,9 +1,10 @@
 """Accelerate-style rendezvous arguments -> what elastic's rendezvous is given."""
 import pytest
 
-from notebook_launch import network
+from notebook_launch import net as network
 from notebook_launch.errors import LaunchArgumentError
-from notebook_launch.rendezvous import DEFAULT_RDZV_TIMEOUT, settings_from_arguments
+from notebook_launch.elastic.rendezvous import settings_from_arguments
+from notebook_launch.options import DEFAULT_RDZV_TIMEOUT
 
 
 def settings(**overrides):

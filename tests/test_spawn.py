@@ -17,10 +17,11 @@ import threading
 import pytest
 import torch
 
-from notebook_launch import GuardError, LaunchArgumentError, LaunchError, guards, notebook_launcher
+from notebook_launch import GuardError, LaunchArgumentError, LaunchError, notebook_launcher, preflight
 from notebook_launch import cuda_tracking
-from notebook_launch.launcher import default_start_method, get_backend
-from notebook_launch.plan import free_port
+from notebook_launch.backends import get_backend
+from notebook_launch.options import default_start_method
+from notebook_launch.net import free_port
 
 LAUNCH_TIMEOUT = 240  # seconds; spawned ranks import torch afresh, slow on a busy machine
 
@@ -249,8 +250,8 @@ def test_cuda_guard_stops_fork_but_lets_spawn_through(monkeypatch):
     # No GPU here: a stand-in says CUDA is initialized in the parent.
     monkeypatch.setattr(cuda_tracking, "is_cuda_initialized", lambda: True, raising=True)
     with pytest.raises(GuardError, match="start_method='spawn'"):
-        guards.check_cuda_not_initialized("fork")
-    guards.check_cuda_not_initialized("spawn")
+        preflight.check_cuda_not_initialized("fork")
+    preflight.check_cuda_not_initialized("spawn")
 
 
 @pytest.mark.parametrize("platform, expected", [("linux", "fork"), ("darwin", "spawn"), ("win32", "spawn")])

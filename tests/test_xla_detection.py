@@ -13,9 +13,12 @@ import types
 
 import pytest
 
-from notebook_launch import GuardError, LaunchArgumentError, launcher, notebook_launcher
-from notebook_launch import xla_env
-from notebook_launch.xla_env import (
+from notebook_launch import GuardError, LaunchArgumentError, notebook_launcher, preflight
+from notebook_launch.backends import get_backend
+from notebook_launch.detect import xla as xla_env
+from notebook_launch.detect.platform import Probe
+from notebook_launch.detect.platform import detect as platform_detect
+from notebook_launch.detect.xla import (
     XlaLayout, detect_xla, expected_layout, resolve_num_ranks, stale_tpu_variables, xla_launch_info,
 )
 
@@ -167,10 +170,29 @@ def test_xla_forced_without_tpu_or_pjrt_device_says_what_to_set(fake_cpu_machine
         resolve_num_ranks(None, info, environ)
 
 
-def test_platform_from_modules_and_environment():
-    assert xla_env.detect_platform({}, {"google.colab": object()}) == "colab"
-    assert xla_env.detect_platform({"KAGGLE_KERNEL_RUN_TYPE": "Batch"}, {}) == "kaggle"
-    assert xla_env.detect_platform({}, {}) == "local"
+def test_platform_from_modules_and_environment(tmp_path):
+    root = fake_root(tmp_path)
+    assert detect_xla({}, root, modules={"google.colab": object()}, xla_installed=True).platform == "colab"
+    assert detect_xla({"KAGGLE_KERNEL_RUN_TYPE": "Batch"}, root, modules={}, xla_installed=True).platform == "kaggle"
+    assert detect_xla({}, root, modules={}, xla_installed=True).platform == "local"
+
+
+# --- one detector: the TPU detector and the platform detector give the same answers ----------
+def test_v6e_16_is_sixteen_chips_for_both_detectors(tmp_path):
+    environ = {"TPU_ACCELERATOR_TYPE": "v6e-16"}   # a multi-host slice: 16 chips in all
+    info = detect_xla(environ, fake_root(tmp_path), modules={}, xla_installed=True)
+    found = platform_detect(environ, Probe())
+    assert info.slice_chips == 16 and found.device_count == 16 and found.device_kind == "xla"
+    assert expected_layout(info, environ) is None   # this host's share is not known from the name
+
+
+@pytest.mark.parametrize("variable, service", [("KAGGLE_DATA_PROXY_URL", "kaggle"),
+                                               ("COLAB_BACKEND_VERSION", "colab")])
+def test_hosted_service_variables_agree_between_detectors(tmp_path, variable, service):
+    environ = {variable: "set by the service"}
+    info = detect_xla(environ, fake_root(tmp_path), modules={}, xla_installed=True)
+    found = platform_detect(environ, Probe())
+    assert info.platform == service and found.hosted == service
 
 
 def test_detection_does_not_import_torch_xla(fake_colab_tpu_machine):
@@ -225,12 +247,12 @@ def fake_torch_xla_with_started_runtime(monkeypatch):
 def test_started_xla_runtime_is_refused_with_what_to_do(fake_torch_xla_with_started_runtime):
     assert xla_env.runtime_initialized()
     with pytest.raises(GuardError) as err:
-        xla_env.check_runtime_not_initialized()
+        preflight.check_runtime_not_initialized()
     message = str(err.value)
     assert "restart the kernel" in message and "inside the function" in message
     fake_torch_xla_with_started_runtime._XLAC = types.SimpleNamespace(
         _xla_runtime_is_initialized=lambda: False)
-    xla_env.check_runtime_not_initialized()
+    preflight.check_runtime_not_initialized()
 
 
 def test_runtime_not_started_when_torch_xla_was_never_imported(monkeypatch):
@@ -241,7 +263,7 @@ def test_runtime_not_started_when_torch_xla_was_never_imported(monkeypatch):
 # --- backend choice --------------------------------------------------------------
 def test_get_backend_xla():
     from notebook_launch.backends.xla import XlaBackend
-    backend = launcher.get_backend("xla")
+    backend = get_backend("xla")
     assert isinstance(backend, XlaBackend) and backend.name == "xla"
 
 

@@ -1,15 +1,27 @@
 """The backend interface: start one process per rank and hand back handles.
 
 A backend knows only how to start processes. Everything a rank does once it
-runs (environment, output capture, reporting) is ``worker.run_rank``; watching
-the ranks is the supervisor's job. So a new way of starting ranks is one
-small module.
+runs (environment, output capture, reporting) is ``rank.bootstrap`` and
+``rank.runner``; watching the ranks is the supervisor's job. So a new way of
+starting ranks is one small module.
 """
 from __future__ import annotations
 
+import logging
 import os
 import signal
+import sys
+import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Callable, Sequence
+
+if TYPE_CHECKING:
+    from ..plan import LaunchPlan, RankSpec
+    from ..rank.runner import Job
+
+log = logging.getLogger("notebook_launch")
+# How a process ended: ("exit", code) or ("signal", signum).
+WaitStatus = tuple[str, int]
 
 
 @dataclass
@@ -38,10 +50,10 @@ class RankPipes:
             os.set_inheritable(fd, False)
         return cls(e[0], e[1], o[0], o[1], r[0], r[1])
 
-    def child_ends(self):
+    def child_ends(self) -> tuple[int, int, int]:
         return (self.events_w, self.stdout_w, self.stderr_w)
 
-    def parent_ends(self):
+    def parent_ends(self) -> tuple[int, int, int]:
         return (self.events_r, self.stdout_r, self.stderr_r)
 
     def close(self, fd: int) -> None:
@@ -52,7 +64,7 @@ class RankPipes:
         try:
             os.close(fd)
         except OSError:
-            pass
+            log.debug("closing fd %d failed", fd, exc_info=True)
 
     def close_child_ends(self) -> None:
         for fd in self.child_ends():
@@ -72,13 +84,25 @@ class RankProcess:
     each rank's pipes and ends them all when the process ends."""
 
     local_rank: int
-    local_ranks: tuple = ()     # empty: just (local_rank,)
+    local_ranks: tuple[int, ...] = ()     # empty: just (local_rank,)
     pid: int
-    sentinel: int
+    sentinel: int | None
 
-    def poll(self):
+    def poll(self) -> WaitStatus | None:
         """None while running; else a wait status description: ("exit", code) or ("signal", signum)."""
         raise NotImplementedError
+
+    def wait(self) -> WaitStatus:
+        """Block until the process ended (its sentinel may fire before waitpid sees it)."""
+        while True:
+            status = self.poll()
+            if status is not None:
+                return status
+            time.sleep(0.005)
+
+    def ranks(self) -> tuple[int, ...]:
+        """The local ranks this process carries: one for fork/spawn, every ordinal of it for XLA."""
+        return self.local_ranks or (self.local_rank,)
 
     def signal(self, signum: int) -> None:
         """Send ``signum`` to the rank and everything it started (its process group)."""
@@ -88,7 +112,7 @@ class RankProcess:
             try:
                 os.kill(self.pid, signum)
             except ProcessLookupError:
-                pass
+                log.debug("rank process %d is gone already", self.pid)
 
     def kill(self) -> None:
         self.signal(signal.SIGKILL)
@@ -102,10 +126,10 @@ class Backend:
 
     name = "base"
 
-    def start(self, plan, job, pipes_by_rank):
-        """Start the processes of ``plan.ranks`` (usually one per rank) running ``worker.run_rank``.
+    def start(self, plan: "LaunchPlan", job: "Job", pipes_by_rank: Sequence[RankPipes]) -> list[RankProcess]:
+        """Start the processes of ``plan.ranks`` (usually one per rank) running ``rank.runner.run_rank``.
 
-        ``job`` is the ``worker.Job`` (function, args, kwargs); ``pipes_by_rank``
+        ``job`` is the ``rank.runner.Job`` (function, args, kwargs); ``pipes_by_rank``
         the ``RankPipes`` of each local rank. Returns a list of RankProcess in
         local-rank order (each covering ``local_ranks`` when it carries several).
         A backend must close the child ends in the parent.
@@ -114,3 +138,25 @@ class Backend:
 
     def prepare_parent(self) -> None:
         """Work to do once in the parent before starting ranks (e.g. warm imports)."""
+
+
+def start_each(plan: "LaunchPlan", pipes_by_rank: Sequence[RankPipes],
+               start_one: Callable[["RankSpec", RankPipes], RankProcess]) -> list[RankProcess]:
+    """Start one process per rank with ``start_one``, closing each rank's child ends in the
+    parent once it runs. If any start fails, the ranks started so far are killed, reaped
+    and released before the error propagates: no half-started run survives."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    processes: list[RankProcess] = []
+    try:
+        for spec in plan.ranks:
+            pipes = pipes_by_rank[spec.local_rank]
+            processes.append(start_one(spec, pipes))
+            pipes.close_child_ends()
+    except BaseException:
+        for process in processes:
+            process.kill()
+            process.wait()
+            process.release()
+        raise
+    return processes

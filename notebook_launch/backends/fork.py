@@ -3,20 +3,28 @@ function defined in a notebook cell without pickling it. Safe while the
 parent holds no CUDA context (guards check that first)."""
 from __future__ import annotations
 
+import logging
 import os
 import sys
+from typing import TYPE_CHECKING, Sequence
 
-from .base import Backend, RankProcess
+from .base import Backend, RankPipes, RankProcess, WaitStatus, start_each
+
+if TYPE_CHECKING:
+    from ..plan import LaunchPlan, RankSpec
+    from ..rank.runner import Job
+
+log = logging.getLogger("notebook_launch")
 
 
 class ForkedRank(RankProcess):
-    def __init__(self, local_rank: int, pid: int):
+    def __init__(self, local_rank: int, pid: int) -> None:
         self.local_rank = local_rank
         self.pid = pid
         self.sentinel = os.pidfd_open(pid)
-        self._status = None
+        self._status: WaitStatus | None = None
 
-    def poll(self):
+    def poll(self) -> WaitStatus | None:
         if self._status is None:
             try:
                 pid, status = os.waitpid(self.pid, os.WNOHANG)
@@ -34,7 +42,7 @@ class ForkedRank(RankProcess):
             self.sentinel = None
 
 
-def decode_wait_status(status: int):
+def decode_wait_status(status: int) -> WaitStatus:
     if os.WIFSIGNALED(status):
         return ("signal", os.WTERMSIG(status))
     return ("exit", os.waitstatus_to_exitcode(status))
@@ -42,15 +50,15 @@ def decode_wait_status(status: int):
 
 def warm_lazy_imports() -> None:
     """Import, once in the parent, what ranks would otherwise import after the fork: DDP's
-    lazy torch._dynamo (1-4 s per rank, FIELD_NOTES) and our own in-rank modules (ms per rank)."""
-    from .. import process_groups, progress, tqdm_bridge  # noqa: F401  (imported, not installed)
+    lazy torch._dynamo (1-4 s per rank) and our own in-rank modules (ms per rank)."""
+    from ..rank import process_groups, progress, tqdm_bridge  # noqa: F401  (imported, not installed)
     if "torch" not in sys.modules:
         return
     try:
         import torch._dynamo  # noqa: F401  (DDP's first construction imports it)
         import torch.nn.parallel  # noqa: F401
     except Exception:
-        pass
+        log.debug("warming torch._dynamo failed; ranks import it themselves", exc_info=True)
 
 
 class ForkBackend(Backend):
@@ -59,24 +67,15 @@ class ForkBackend(Backend):
     def prepare_parent(self) -> None:
         warm_lazy_imports()
 
-    def start(self, plan, job, pipes_by_rank):
-        from ..worker import run_forked_rank
+    def start(self, plan: "LaunchPlan", job: "Job", pipes_by_rank: Sequence[RankPipes]) -> list[RankProcess]:
+        from ..rank.fork_entry import run_forked_rank
 
-        sys.stdout.flush()
-        sys.stderr.flush()
-        processes = []
         parent_pid = os.getpid()
-        try:
-            for spec in plan.ranks:
-                pipes = pipes_by_rank[spec.local_rank]
-                pid = os.fork()
-                if pid == 0:  # child: never returns
-                    run_forked_rank(spec, job, pipes, pipes_by_rank, parent_pid)
-                processes.append(ForkedRank(spec.local_rank, pid))
-                pipes.close_child_ends()
-        except BaseException:
-            for proc in processes:
-                proc.kill()
-                proc.poll()
-            raise
-        return processes
+
+        def start_one(spec: "RankSpec", pipes: RankPipes) -> RankProcess:
+            pid = os.fork()
+            if pid == 0:  # child: never returns
+                run_forked_rank(spec, job, pipes, pipes_by_rank, parent_pid)
+            return ForkedRank(spec.local_rank, pid)
+
+        return start_each(plan, pipes_by_rank, start_one)

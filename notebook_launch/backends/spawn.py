@@ -5,7 +5,7 @@ or class defined in a notebook cell runs there (plain pickle cannot find
 ``__main__.train`` in a fresh process). Used where fork is unsafe: macOS, a
 parent that already initialized CUDA, or when asked for.
 
-Each rank runs ``notebook_launch._spawn_entry``; its stdout and stderr are
+Each rank runs ``notebook_launch.rank.spawn_entry``; its stdout and stderr are
 the rank's pipes from the first byte, the events pipe is passed by number.
 """
 from __future__ import annotations
@@ -15,20 +15,26 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from typing import TYPE_CHECKING, Sequence
 
-from .base import Backend, RankProcess
-from .. import spawn_context
+from ..rank import spawn_context
+from .base import Backend, RankPipes, RankProcess, WaitStatus, start_each
+
+if TYPE_CHECKING:
+    from ..plan import LaunchPlan, RankSpec
+    from ..rank.runner import Job
 
 PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 # Runs in the fresh interpreter: make this notebook_launch importable even when the
 # notebook found it through a sys.path entry the child would not have yet.
 BOOTSTRAP = ("import sys; sys.path.insert(0, sys.argv.pop(1)); "
-             "from notebook_launch._spawn_entry import main; main()")
+             "from notebook_launch.rank.spawn_entry import main; main()")
 
 
 class SpawnedRank(RankProcess):
-    def __init__(self, local_rank: int, popen: subprocess.Popen, payload_dir, exit_fd=None):
+    def __init__(self, local_rank: int, popen: subprocess.Popen, payload_dir: "_PayloadDir",
+                 exit_fd: int | None = None) -> None:
         self.local_rank = local_rank
         self.popen = popen
         self.pid = popen.pid
@@ -38,18 +44,24 @@ class SpawnedRank(RankProcess):
         else:
             self.sentinel = os.pidfd_open(popen.pid)
 
-    def poll(self):
+    def poll(self) -> WaitStatus | None:
         code = self.popen.poll()
         if code is None:
             return None
         return ("signal", -code) if code < 0 else ("exit", code)
+
+    def wait(self) -> WaitStatus:
+        self.popen.wait()
+        status = self.poll()
+        assert status is not None
+        return status
 
     def release(self) -> None:
         if self.sentinel is not None:
             try:
                 os.close(self.sentinel)
             except OSError:
-                pass
+                pass  # the sentinel was ours alone; nothing else can hold its number
             self.sentinel = None
         self._payload_dir.release()
 
@@ -58,7 +70,7 @@ class _PayloadDir:
     """A private folder holding the pickled job; removed once every rank is released
     (each rank reads it at startup)."""
 
-    def __init__(self, users: int):
+    def __init__(self, users: int) -> None:
         self.path = tempfile.mkdtemp(prefix="notebook_launch-spawn-")
         self.users = users
 
@@ -74,35 +86,22 @@ class _PayloadDir:
 class SpawnBackend(Backend):
     name = "spawn"
 
-    def start(self, plan, job, pipes_by_rank):
+    def start(self, plan: "LaunchPlan", job: "Job", pipes_by_rank: Sequence[RankPipes]) -> list[RankProcess]:
         payload = spawn_context.build_payload(job, plan.ranks)
         payload_dir = _PayloadDir(len(plan.ranks))
         payload_path = os.path.join(payload_dir.path, "job.pkl")
+        parent_pid = os.getpid()
         try:
             with open(payload_path, "wb") as f:
                 f.write(payload)
+            return start_each(plan, pipes_by_rank, lambda spec, pipes: self._start_rank(
+                spec, pipes, payload_path, payload_dir, parent_pid))
         except BaseException:
             payload_dir.remove()
             raise
-        sys.stdout.flush()
-        sys.stderr.flush()
-        processes = []
-        parent_pid = os.getpid()
-        try:
-            for spec in plan.ranks:
-                pipes = pipes_by_rank[spec.local_rank]
-                processes.append(self._start_rank(spec, pipes, payload_path, payload_dir, parent_pid))
-                pipes.close_child_ends()
-        except BaseException:
-            for proc in processes:
-                proc.kill()
-                proc.popen.wait()
-                proc.release()
-            payload_dir.remove()
-            raise
-        return processes
 
-    def _start_rank(self, spec, pipes, payload_path, payload_dir, parent_pid):
+    def _start_rank(self, spec: "RankSpec", pipes: RankPipes, payload_path: str, payload_dir: _PayloadDir,
+                    parent_pid: int) -> "SpawnedRank":
         exit_r = exit_w = None
         if not hasattr(os, "pidfd_open"):
             exit_r, exit_w = os.pipe()

@@ -49,7 +49,7 @@ def _is_terminal() -> bool:
 
 
 def _in_notebook() -> bool:
-    from ..environment import in_ipython_kernel
+    from ..detect.platform import in_ipython_kernel
     return in_ipython_kernel()
 
 

@@ -9,7 +9,8 @@ import time
 from . import format as fmt
 from .base import Display
 from .text import TextDisplay
-from .widget import _header_html, _info_html, _label_html
+from ..state import DONE, FAILED
+from .fragments import header_html, info_html, label_html
 
 REDRAWS_PER_SECOND = 2
 
@@ -22,7 +23,6 @@ class HtmlDisplay(Display):
         self.handle = None
         self._last = 0.0
         self._last_html = None
-        self.updates = 0
 
     def start(self, state) -> None:
         from IPython.display import display
@@ -42,7 +42,6 @@ class HtmlDisplay(Display):
         if page != self._last_html or final:
             self.handle.update({"text/html": page, "text/plain": fmt.summary(state)}, raw=True)
             self._last_html = page
-            self.updates += 1
         self._last = now
 
     def close(self, state) -> None:
@@ -55,19 +54,19 @@ def render(state) -> str:
     rows = []
     for rs in state.ranks:
         bar = rs.main_bar
-        fraction = 1.0 if (bar is None or bar.fraction is None) and rs.status == "done" else (
+        fraction = 1.0 if (bar is None or bar.fraction is None) and rs.status == DONE else (
             (bar.fraction or 0.0) if bar is not None else 0.0)
         color = fmt.STATUS_COLORS.get(rs.status, "#2563eb")
-        background = "#fee2e2" if rs.status == "failed" else "transparent"
+        background = "#fee2e2" if rs.status == FAILED else "transparent"
         recent = "\n".join(line for _, line in list(rs.lines)[-20:])
         rows.append(
             f"<tr class='nl-rank nl-status-{rs.status}' style='background:{background}'>"
-            f"<td>{_label_html(rs)}</td>"
+            f"<td>{label_html(rs)}</td>"
             f"<td style='width:30%'><div style='background:#e5e7eb;height:12px;border-radius:3px'>"
             f"<div class='nl-bar' style='width:{fraction * 100:.1f}%;background:{color};height:12px;"
             f"border-radius:3px'></div></div></td>"
-            f"<td>{_info_html(rs)}"
+            f"<td>{info_html(rs)}"
             + (f"<details><summary>recent lines</summary><pre>{html.escape(recent)}</pre></details>"
                if recent else "") + "</td></tr>")
-    return (f"<div class='nl-panel'>{_header_html(state)}"
+    return (f"<div class='nl-panel'>{header_html(state)}"
             f"<table style='width:100%;border-collapse:collapse'>{''.join(rows)}</table></div>")

@@ -13,7 +13,7 @@ messages from the browser wait in the shell channel. Two ways to get ours:
 
 The click handler runs on the subshell thread (ipykernel 7) and only sets a
 flag; the supervisor's thread reads it in ``refresh``. Where neither works,
-``supported`` is False and the panel says to use the kernel's interrupt.
+``mode`` is None and the panel says to use the kernel's interrupt.
 """
 from __future__ import annotations
 
@@ -37,10 +37,6 @@ class CommPoller:
         self.comms = []
         self.subshell_id = None
         self.mode = self._pick_mode()
-
-    @property
-    def supported(self) -> bool:
-        return self.mode is not None
 
     def _pick_mode(self):
         kernel = self.kernel

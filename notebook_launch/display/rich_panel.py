@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 
 from . import format as fmt
+from ..state import DONE, FAILED, STOPPED
 from .base import Display
 
 REDRAWS_PER_SECOND = 4
@@ -62,8 +63,8 @@ def render(state):
                                 complete_style=style or "blue", finished_style="green")
             progress = f"{bar.desc + ' ' if bar.desc else ''}{bar_text(bar, rs.status == 'running')}"
         else:
-            drawn = ProgressBar(total=None if rs.status not in ("done",) else 1.0,
-                                completed=1.0 if rs.status == "done" else 0.0)
+            drawn = ProgressBar(total=None if rs.status != DONE else 1.0,
+                                completed=1.0 if rs.status == DONE else 0.0)
             progress = bar_text(bar) if bar is not None else ""
         outcome = fmt.rank_outcome(rs)
         last = Text(fmt.shorten(outcome, 120), style="bold red") if outcome else \
@@ -73,7 +74,7 @@ def render(state):
     title = (f"notebook_launch {state.run_id} · {state.world_size} ranks · {state.backend} · "
              f"{fmt.run_status(state)} · {fmt.duration(state.elapsed)}")
     subtitle = f"logs: {state.log_dir}"
-    border = {"failed": "red", "done": "green", "stopped": "yellow"}.get(state.status, "blue")
+    border = {FAILED: "red", DONE: "green", STOPPED: "yellow"}.get(state.status, "blue")
     return Panel(table, title=title, subtitle=subtitle, border_style=border)
 
 

@@ -28,9 +28,6 @@ class TextDisplay(Display):
         self._window_count = 0
         self._suppressed = 0
 
-    def start(self, state) -> None:
-        pass
-
     def line(self, state, local_rank, stream, text) -> None:
         if self.budget is not None and not self._within_budget():
             self._suppressed += 1

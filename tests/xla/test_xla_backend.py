@@ -208,14 +208,15 @@ def test_num_processes_pjrt_cannot_run_is_refused_before_starting(tmp_path):
 
 def test_planned_ranks_that_torch_xla_does_not_run_are_reported(tmp_path):
     """When detection guessed wrong (here: 3 planned, 2 devices), rank 0 says so."""
-    from notebook_launch import launcher
-    from notebook_launch.plan import build_plan, free_port
-    from notebook_launch.worker import Job
+    from notebook_launch import run as run_module
+    from notebook_launch.net import free_port
+    from notebook_launch.plan import build_plan
+    from notebook_launch.rank.runner import Job
     plan = build_plan(num_processes=3, num_nodes=1, node_rank=0, master_addr="127.0.0.1",
                       master_port=free_port(), device_kind="xla", mixed_precision="no",
                       start_method="xla", run_id="mismatch")
     with pytest.raises(LaunchError) as err:
-        launcher.run_plan(plan, Job(ordinal_and_tensor, (1.0,)), run_id="mismatch",
+        run_module.run_plan(plan, Job(ordinal_and_tensor, (1.0,)), run_id="mismatch",
                           log_dir=str(tmp_path / "logs"), ui="none", timeout=240, poll_interval=0.1,
                           line_prefix=None)
     assert err.value.rank == 0
@@ -286,7 +287,7 @@ class RecordingDisplay(Display):
 
 def report_progress():
     import torch_xla.runtime as xr
-    from notebook_launch import channel
+    from notebook_launch import protocol as channel
     ordinal = xr.global_ordinal()
     channel.current().send(channel.PROGRESS, {"metrics": {"ordinal": ordinal},
                                               "bars": {"train": {"n": 5 + ordinal, "total": 10}}})
@@ -294,9 +295,9 @@ def report_progress():
 
 
 def test_one_panel_row_per_ordinal_with_its_own_progress(tmp_path, monkeypatch):
-    from notebook_launch import launcher
+    from notebook_launch import run as run_module
     display = RecordingDisplay()
-    monkeypatch.setattr(launcher, "choose_display", lambda ui, line_prefix=None: display)
+    monkeypatch.setattr(run_module, "choose_display", lambda ui, line_prefix=None: display)
     assert launch(report_progress, tmp_path=tmp_path) == [0, 1]
     rows = display.final.ranks
     assert [r.rank for r in rows] == [0, 1]

@@ -1,4 +1,4 @@
-"""Small facts about this node's network that multi-node launches need.
+"""This node's network: free ports, and the facts multi-node launches need.
 
 Two pitfalls motivate this module. Gloo picks the interface whose address the
 hostname resolves to; on many machines (Debian's 127.0.1.1, containers,
@@ -18,6 +18,7 @@ import struct
 import time
 
 SIOCGIFADDR = 0x8915
+DEFAULT_PORT = 29500
 
 
 def ipv4_of(host: str) -> str | None:
@@ -95,3 +96,23 @@ def wait_until_listening(host: str, port: int, deadline: float, poll: float = 0.
         if time.monotonic() >= deadline:
             return False
         time.sleep(poll)
+
+
+def port_is_free(port: int, host: str = "") -> bool:
+    """True when a TCP server (as c10d's TCPStore binds it, with SO_REUSEADDR) could listen on ``port``."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def free_port(host: str = "") -> int:
+    """A port the kernel says is free now (bind to 0)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return sock.getsockname()[1]

@@ -7,7 +7,7 @@ classes in place (the notebook may already hold ``from tqdm.auto import tqdm``
 from before the launch, so swapping module attributes would not be enough):
 every instance counts with tqdm's own ``__iter__``/``update`` and throttling,
 writes nowhere, and its ``display`` hands n/total/desc/postfix to a
-``notebook_launch.progress`` bar. Installed by ``install(spec)`` as a
+``notebook_launch.progress`` bar (``rank.progress.Progress``). Installed by ``install(spec)`` as a
 ``worker.rank_hooks`` entry; only ever runs in rank processes.
 """
 from __future__ import annotations
@@ -15,7 +15,7 @@ from __future__ import annotations
 import importlib.util
 import sys
 
-from .progress import log as log_metrics, progress as panel_bar
+from .progress import Progress as panel_bar, log as log_metrics
 
 _PATCHED_ATTR = "_notebook_launch_patched"
 

@@ -1,6 +1,6 @@
 """Entry point of a spawned rank (started by ``backends.spawn``): detach from
 the notebook like a forked rank, open the event channel, restore the
-notebook's context, load the job and run it with ``worker.run_rank``.
+notebook's context, load the job and run it with ``rank.runner.run_rank``.
 
 If the job cannot be loaded here (a module the function needs is missing in
 a fresh interpreter), the rank reports an ERROR that says what to do.
@@ -11,14 +11,16 @@ import argparse
 import os
 import pickle
 import sys
-import traceback
+from typing import Any
 
-from . import channel, spawn_context
-from .worker import EXIT_FAILED, capture_output, detach_from_parent, exit_with, run_rank
+from .. import protocol
+from . import spawn_context
+from .bootstrap import EXIT_FAILED, capture_output, detach_from_parent, exit_with
+from .runner import run_rank
 
 
-def parse_args(argv):
-    parser = argparse.ArgumentParser(prog="notebook_launch._spawn_entry")
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="notebook_launch.rank.spawn_entry")
     parser.add_argument("--payload", required=True)
     parser.add_argument("--local-rank", type=int, required=True)
     parser.add_argument("--events-fd", type=int, required=True)
@@ -27,17 +29,17 @@ def parse_args(argv):
     return parser.parse_args(argv)
 
 
-def main(argv=None) -> None:
+def main(argv: list[str] | None = None) -> None:
     """Never returns: the process ends with the rank's exit code."""
-    def body():
+    def body() -> int:
         args = parse_args(sys.argv[1:] if argv is None else argv)
         detach_from_parent(args.parent_pid)
         for fd in (args.events_fd, args.exit_fd):
             if fd is not None:  # the user's own subprocesses must not hold them
                 os.set_inheritable(fd, False)
         capture_output(1, 2)
-        writer = channel.EventWriter(args.events_fd)
-        channel.install(writer)
+        writer = protocol.EventWriter(args.events_fd)
+        protocol.install(writer)
         loaded = load_job(args.payload, args.local_rank, writer)
         if loaded is None:
             return EXIT_FAILED
@@ -48,7 +50,7 @@ def main(argv=None) -> None:
     exit_with(body)
 
 
-def load_job(path, local_rank, writer):
+def load_job(path: str, local_rank: int, writer: protocol.EventWriter) -> tuple[Any, Any, dict] | None:
     """(spec, job, context), or None after reporting why the job cannot run here."""
     with open(path, "rb") as f:
         payload = pickle.load(f)
@@ -64,23 +66,18 @@ def load_job(path, local_rank, writer):
     return spec, job, context
 
 
-def report_unloadable_job(writer, spec, exc) -> None:
+def report_unloadable_job(writer: protocol.EventWriter, spec: Any, exc: BaseException) -> None:
     missing = getattr(exc, "name", None) if isinstance(exc, ImportError) else None
     what = f"the module {missing!r}" if missing else "something the function refers to"
-    writer.send(channel.ERROR, {
-        "kind": "exception",
-        "type": type(exc).__qualname__,
-        "message": (
-            f"rank {spec.global_rank} could not load the launched function in its fresh Python "
-            f"process: {type(exc).__name__}: {exc}. With start_method='spawn' each rank unpickles "
-            f"the function and its arguments, so {what} must be importable there. The notebook's "
-            f"working directory and sys.path are restored in the rank; a module that only exists "
-            f"in the notebook's memory is not. What to do: define that code in a notebook cell "
-            f"(it is then shipped by value), put its file in a folder on sys.path or install it "
-            f"with pip, or use start_method='fork' where it is safe."),
-        "traceback": "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)),
-    })
+    writer.send(protocol.ERROR, protocol.error_payload(exc, message=(
+        f"rank {spec.global_rank} could not load the launched function in its fresh Python "
+        f"process: {type(exc).__name__}: {exc}. With start_method='spawn' each rank unpickles "
+        f"the function and its arguments, so {what} must be importable there. The notebook's "
+        f"working directory and sys.path are restored in the rank; a module that only exists "
+        f"in the notebook's memory is not. What to do: define that code in a notebook cell "
+        f"(it is then shipped by value), put its file in a folder on sys.path or install it "
+        f"with pip, or use start_method='fork' where it is safe.")))
 
 
-if __name__ == "__main__":  # python -m notebook_launch._spawn_entry ... works too
+if __name__ == "__main__":  # python -m notebook_launch.rank.spawn_entry ... works too
     main()

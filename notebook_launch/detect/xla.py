@@ -15,16 +15,25 @@ from __future__ import annotations
 
 import glob
 import importlib.util
+import logging
 import os
 import re
 import sys
 from dataclasses import dataclass, field
+from typing import Collection, Mapping
+
+from ..errors import LaunchArgumentError
+from .hosted import hosted_service
+
+log = logging.getLogger("notebook_launch")
 
 GOOGLE_PCI_VENDOR = "0x1ae0"
 # PCI device ids of TPU chips -> TPU generation (torch_xla/_internal/tpu.py lists the ids).
 TPU_PCI_DEVICES = {"0x0027": 3, "0x005e": 4, "0x0056": 5, "0x0062": 5, "0x0063": 5, "0x006f": 6}
+# Variables that show a TPU is attached (Cloud TPU VMs, Colab's and Kaggle's TPU runtimes).
 TPU_ENV_HINTS = ("TPU_ACCELERATOR_TYPE", "TPU_NAME", "TPU_WORKER_ID", "TPU_WORKER_HOSTNAMES",
-                 "TPU_SKIP_MDS_QUERY", "TPU_CHIPS_PER_PROCESS_BOUNDS", "TPU_PROCESS_BOUNDS")
+                 "TPU_SKIP_MDS_QUERY", "TPU_CHIPS_PER_PROCESS_BOUNDS", "TPU_PROCESS_BOUNDS",
+                 "COLAB_TPU_ADDR", "XRT_TPU_CONFIG")
 # Set by Kaggle's TPU VM image; left in the environment they make PJRT expect a
 # multi-host slice ("Expected 4 worker addresses, got 1"). xmp.spawn sets its own.
 STALE_TPU_VARIABLES = ("TPU_PROCESS_ADDRESSES", "CLOUD_TPU_TASK_ID")
@@ -42,6 +51,11 @@ class XlaInfo:
     tpu_version: int | None = None  # 2..6, from TPU_ACCELERATOR_TYPE or the PCI id
     accelerator_type: str | None = None   # e.g. "v2-8", "v5litepod-8"
     evidence: tuple = field(default_factory=tuple)   # what showed it, for messages
+
+    @property
+    def slice_chips(self) -> int:
+        """Chips in the whole slice TPU_ACCELERATOR_TYPE names (0: unknown)."""
+        return slice_chips(self.accelerator_type)
 
     @property
     def device_type(self) -> str | None:
@@ -67,11 +81,17 @@ class XlaLayout:
     def ordinals(self) -> int:
         return self.processes * self.threads_per_process
 
-    def process_of(self, ordinal: int) -> int:
-        return ordinal // self.threads_per_process
+
+def tpu_hints(environ: Mapping[str, str]) -> list[str]:
+    """The variables that show a TPU here (PJRT_DEVICE=TPU included)."""
+    hints = [k for k in TPU_ENV_HINTS if environ.get(k)]
+    if (environ.get("PJRT_DEVICE") or "").strip().upper() == "TPU":
+        hints.append("PJRT_DEVICE=TPU")
+    return hints
 
 
-def detect_xla(environ=None, root: str = "/", modules=None, xla_installed=None) -> XlaInfo:
+def detect_xla(environ: Mapping[str, str] | None = None, root: str = "/",
+               modules: Collection[str] | None = None, xla_installed: bool | None = None) -> XlaInfo:
     """Look for TPU chips and XLA settings. Never imports torch_xla. ``environ``,
     ``root``, ``modules`` and ``xla_installed`` describe another machine (tests)."""
     env = os.environ if environ is None else environ
@@ -85,41 +105,55 @@ def detect_xla(environ=None, root: str = "/", modules=None, xla_installed=None) 
     if chips:
         evidence.append(f"{chips} TPU chip(s) on PCI")
     else:
-        chips = len(_numbered(root, "dev/accel[0-9]*"))
+        chips = count_tpu_device_files(os.path.join(root, "dev"), env, real_machine=root == "/")
         if chips:
-            evidence.append(f"{chips} /dev/accel* device(s)")
-        elif any(env.get(k) for k in TPU_ENV_HINTS):
-            chips = len(_numbered(root, "dev/vfio/[0-9]*"))
-            if chips:
-                evidence.append(f"{chips} /dev/vfio device(s)")
-    hints = [k for k in TPU_ENV_HINTS if env.get(k)]
+            evidence.append(f"{chips} TPU device file(s) in /dev")
+    hints = [k for k in tpu_hints(env) if k != "PJRT_DEVICE=TPU"]
     if hints:
         evidence.append("TPU variables: " + ", ".join(hints))
     accel_type = env.get("TPU_ACCELERATOR_TYPE") or None
     version = tpu_version_from_type(accel_type)
     if version is None and pci:
         version = max(pci)
-    has_tpu = chips > 0 or pjrt == "TPU" or bool(accel_type)
-    return XlaInfo(has_tpu=has_tpu, platform=detect_platform(env, modules), pjrt_device=pjrt,
+    has_tpu = chips > 0 or bool(tpu_hints(env))
+    hosted, _ = hosted_service(env, modules)
+    return XlaInfo(has_tpu=has_tpu, platform=hosted or "local", pjrt_device=pjrt,
                    torch_xla_installed=torch_xla_installed() if xla_installed is None else xla_installed,
                    chips=chips, tpu_version=version,
                    accelerator_type=accel_type, evidence=tuple(evidence))
+
+
+def count_tpu_device_files(dev: str = "/dev", environ: Mapping[str, str] | None = None,
+                           real_machine: bool = True) -> int:
+    """TPU chips as device files: /dev/accel<N> (TPU v2-v4), else numbered VFIO groups
+    (v5e, v6e), which count only on a TPU VM (GPU passthrough hosts have them too)."""
+    accel = _numbered(dev, "accel[0-9]*")
+    if accel:
+        return len(accel)
+    vfio = _numbered(dev, "vfio/[0-9]*")
+    return len(vfio) if vfio and _tpu_vm(environ, real_machine) else 0
+
+
+def _tpu_vm(environ: Mapping[str, str] | None = None, real_machine: bool = True) -> bool:
+    """A TPU variable is set, or (on this machine) libtpu is installed."""
+    env = os.environ if environ is None else environ
+    if any(k.startswith("TPU_") for k in env):
+        return True
+    if not real_machine:
+        return False
+    if any(os.path.exists(p) for p in ("/lib/libtpu.so", "/usr/lib/libtpu.so")):
+        return True
+    try:  # pip's libtpu wheel; find_spec does not import it
+        return importlib.util.find_spec("libtpu") is not None
+    except (ImportError, ValueError):
+        log.debug("looking for libtpu failed", exc_info=True)
+        return False
 
 
 def tpu_version_from_type(accelerator_type: str | None) -> int | None:
     """'v3-8' -> 3, 'v5litepod-8' -> 5, 'v6e-1' -> 6."""
     match = re.match(r"^v(\d)", accelerator_type or "")
     return int(match.group(1)) if match else None
-
-
-def detect_platform(environ=None, modules=None) -> str:
-    env = os.environ if environ is None else environ
-    modules = sys.modules if modules is None else modules
-    if env.get("KAGGLE_KERNEL_RUN_TYPE") or env.get("KAGGLE_URL_BASE"):
-        return "kaggle"
-    if env.get("COLAB_RELEASE_TAG") or env.get("COLAB_GPU") is not None or "google.colab" in modules:
-        return "colab"
-    return "local"
 
 
 def torch_xla_installed() -> bool:
@@ -132,7 +166,7 @@ def torch_xla_installed() -> bool:
         return False
 
 
-def expected_layout(info: XlaInfo, environ=None) -> XlaLayout | None:
+def expected_layout(info: XlaInfo, environ: Mapping[str, str] | None = None) -> XlaLayout | None:
     """The layout xmp.spawn(nprocs=None) will use, or None when it cannot be known beforehand."""
     env = os.environ if environ is None else environ
     device = info.device_type
@@ -150,20 +184,34 @@ def expected_layout(info: XlaInfo, environ=None) -> XlaLayout | None:
     return None
 
 
-def chips_from_accelerator_type(accelerator_type: str | None) -> int | None:
-    """Chips of a single-host slice from its name, for when /dev and sysfs show none:
-    v2/v3/v4/v5p names count TensorCores (2 per chip), v5e ("v5litepod") and v6e count
-    chips. None for multi-host slices and unknown names."""
-    match = re.match(r"^v(\d)([a-z]*)-(\d+)$", accelerator_type or "")
+def slice_chips(accelerator_type: str | None) -> int:
+    """Chips in a TPU slice from its name (0: unknown). v2/v3/v4/v5p names count
+    TensorCores (2 per chip), v5e ("v5litepod", "v5e") and v6e count chips."""
+    match = re.match(r"^v(\d)([a-z]*)-(\d+)$", (accelerator_type or "").strip().lower())
     if not match:
-        return None
+        return 0
     version, variant, count = int(match.group(1)), match.group(2), int(match.group(3))
-    counts_chips = version >= 6 or variant in ("e", "litepod")
-    chips = count if counts_chips else count // 2
-    return chips if 1 <= chips <= (8 if counts_chips else 4) else None
+    if _names_count_chips(version, variant):
+        return count
+    return max(1, count // 2)
 
 
-def stale_tpu_variables(environ=None) -> list:
+def chips_from_accelerator_type(accelerator_type: str | None) -> int | None:
+    """Chips of this host from the slice name, for when /dev and sysfs show none: the
+    slice's chips when the slice fits one host, else None (multi-host slices, unknown names)."""
+    chips = slice_chips(accelerator_type)
+    if not chips:
+        return None
+    version, variant = re.match(r"^v(\d)([a-z]*)", (accelerator_type or "").strip().lower()).groups()
+    per_host = 8 if _names_count_chips(int(version), variant) else 4
+    return chips if chips <= per_host else None
+
+
+def _names_count_chips(version: int, variant: str) -> bool:
+    return version >= 6 or variant in ("e", "litepod")
+
+
+def stale_tpu_variables(environ: Mapping[str, str] | None = None) -> list[str]:
     """Variables to drop in the launcher child before xmp.spawn (the Kaggle workaround)."""
     env = os.environ if environ is None else environ
     return [k for k in STALE_TPU_VARIABLES if k in env]
@@ -182,6 +230,7 @@ def runtime_initialized() -> bool:
     try:
         return bool(check())
     except Exception:
+        log.debug("torch_xla's runtime check failed; assuming the runtime is not started", exc_info=True)
         return False
 
 
@@ -196,7 +245,7 @@ def describe(info: XlaInfo) -> str:
     return f"{what} on {where} ({found})"
 
 
-def _pci_tpu_chips(root: str) -> list:
+def _pci_tpu_chips(root: str) -> list[int]:
     """TPU generations of the Google TPU chips on PCI (sysfs), one entry per chip."""
     chips = []
     for vendor_path in glob.glob(os.path.join(root, "sys/bus/pci/devices/*/vendor")):
@@ -211,7 +260,7 @@ def _pci_tpu_chips(root: str) -> list:
     return chips
 
 
-def _numbered(root: str, pattern: str) -> list:
+def _numbered(root: str, pattern: str) -> list[str]:
     return [p for p in glob.glob(os.path.join(root, pattern)) if re.search(r"\d+$", p)]
 
 
@@ -220,7 +269,7 @@ def _read(path: str) -> str:
         return f.read().strip().lower()
 
 
-def _positive_int(text, default: int) -> int:
+def _positive_int(text: object, default: int) -> int:
     try:
         value = int(str(text).strip())
     except (TypeError, ValueError):
@@ -228,7 +277,7 @@ def _positive_int(text, default: int) -> int:
     return value if value > 0 else default
 
 
-def _mesh_size(text) -> int | None:
+def _mesh_size(text: object) -> int | None:
     """'2,2,1' -> 4; None when unset or malformed."""
     try:
         dims = [int(d) for d in str(text).split(",")]
@@ -239,12 +288,10 @@ def _mesh_size(text) -> int | None:
     return dims[0] * dims[1] * dims[2]
 
 
-def resolve_num_ranks(num_processes, info: XlaInfo, environ=None) -> int:
+def resolve_num_ranks(num_processes: int | None, info: XlaInfo, environ: Mapping[str, str] | None = None) -> int:
     """How many ranks (XLA ordinals) to plan. On XLA, num_processes counts devices
     (8 on a v2-8/v3-8, as in torch_xla's "8 cores"), not processes; xmp.spawn
     only runs all of them (None) or one (1), so other values are refused."""
-    from .errors import LaunchArgumentError
-
     device = info.device_type
     if device is None:
         raise LaunchArgumentError(
@@ -276,25 +323,10 @@ def resolve_num_ranks(num_processes, info: XlaInfo, environ=None) -> int:
         + (", or set CPU_NUM_DEVICES to the number you want." if device == "CPU" else "."))
 
 
-def check_runtime_not_initialized() -> None:
-    """xmp.spawn refuses to run once this process started the XLA runtime, and
-    forked replicas could not use it anyway: refuse first, saying what to do."""
-    from .errors import GuardError
-
-    if runtime_initialized():
-        raise GuardError(
-            "The XLA runtime is already initialized in this notebook (something called "
-            "xm.xla_device(), torch_xla.device() or put a tensor on an XLA device outside the "
-            "launched function), so torch_xla cannot start replicas from it. What to do: restart "
-            "the kernel and keep every XLA call (xm.xla_device(), torch_xla.device(), .to(device), "
-            "an Accelerator) inside the function you pass to notebook_launcher.")
-
-
-def xla_launch_info(start_method, environ=None, root: str = "/", xla_installed=None):
+def xla_launch_info(start_method: str | None, environ: Mapping[str, str] | None = None, root: str = "/",
+                    xla_installed: bool | None = None) -> XlaInfo | None:
     """The XlaInfo when this launch goes through torch_xla, else None.
     start_method=None picks XLA when ``wants_xla``; "xla" insists on it."""
-    from .errors import LaunchArgumentError
-
     if start_method not in (None, "xla"):
         return None
     info = detect_xla(environ, root, xla_installed=xla_installed)
@@ -308,7 +340,7 @@ def xla_launch_info(start_method, environ=None, root: str = "/", xla_installed=N
     return None
 
 
-def xla_note(info: XlaInfo, num_ranks: int, environ=None) -> str:
+def xla_note(info: XlaInfo, num_ranks: int, environ: Mapping[str, str] | None = None) -> str:
     """The launch summary's line about XLA: what was found and how ranks map to devices."""
     layout = expected_layout(info, environ)
     if num_ranks == 1:

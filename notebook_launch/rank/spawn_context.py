@@ -15,9 +15,8 @@ import os
 import pickle
 import sys
 
-from .errors import LaunchArgumentError
+from ..errors import LaunchArgumentError
 
-FORMAT_VERSION = 1
 MAX_CELL_SOURCE_BYTES = 8 << 20
 
 
@@ -25,7 +24,6 @@ def build_payload(job, specs) -> bytes:
     """Bytes for the spawned ranks: the cloudpickled job plus the parent's context."""
     job_bytes = pickle_job(job)
     return pickle.dumps({
-        "version": FORMAT_VERSION,
         "context": capture_context(),
         "specs": {spec.local_rank: spec for spec in specs},
         "job": job_bytes,

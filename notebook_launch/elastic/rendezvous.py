@@ -19,14 +19,15 @@ module adds around it is what a notebook needs and elastic leaves out:
 from __future__ import annotations
 
 import datetime
+import logging
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
-from . import network
-from .errors import LaunchArgumentError
-from .plan import free_port
-
-DEFAULT_RDZV_TIMEOUT = 900.0      # seconds, as torch.distributed.launcher.api.LaunchConfig
+from .. import net as network
+from ..net import free_port
+from ..options import validate_rendezvous
+from . import torch_compat
 ARRIVAL_POLL = 0.1
 ARRIVED_KEY = "notebook_launch/arrived/{round}/{rank}"
 
@@ -57,20 +58,13 @@ class RendezvousSettings:
         return int(self.endpoint.rsplit(":", 1)[1])
 
 
-def settings_from_arguments(*, rdzv_backend: str, rdzv_endpoint: str, rdzv_conf, rdzv_id: str,
-                            rdzv_timeout, master_addr: str, port: int, node_rank: int,
+def settings_from_arguments(*, rdzv_backend: str, rdzv_endpoint: str, rdzv_conf: Any, rdzv_id: str,
+                            rdzv_timeout: Any, master_addr: str, port: int, node_rank: int,
                             num_nodes: int, may_move_port: bool = False) -> RendezvousSettings:
     """Validate and complete the rendezvous arguments the way Accelerate reads them."""
-    if rdzv_conf is not None and not isinstance(rdzv_conf, dict):
-        raise LaunchArgumentError(
-            f"rdzv_conf must be a dict of rendezvous options such as {{'join_timeout': 600}} or None; "
-            f"got {type(rdzv_conf).__name__}")
-    if not isinstance(rdzv_endpoint, str):
-        raise LaunchArgumentError(f"rdzv_endpoint must be a 'host:port' string or ''; got {rdzv_endpoint!r}")
-    if not isinstance(rdzv_id, str) or not rdzv_id:
-        raise LaunchArgumentError(f"rdzv_id must be a non-empty string naming the run; got {rdzv_id!r}")
+    timeout = validate_rendezvous(rdzv_backend=rdzv_backend, rdzv_endpoint=rdzv_endpoint,
+                                  rdzv_conf=rdzv_conf, rdzv_id=rdzv_id, rdzv_timeout=rdzv_timeout)
     config = dict(rdzv_conf or {})
-    timeout = _timeout_from(rdzv_timeout, config, rdzv_backend)
     endpoint = rdzv_endpoint.strip() or f"{master_addr}:{port}"
     if rdzv_backend in ("static", "c10d") and ":" not in endpoint:
         endpoint = f"{endpoint}:{port}"
@@ -93,25 +87,6 @@ def settings_from_arguments(*, rdzv_backend: str, rdzv_endpoint: str, rdzv_conf,
         if not network.is_loopback(host):
             settings["local_addr"] = network.source_address_toward(host)
     return RendezvousSettings(config=config, **settings)
-
-
-def _timeout_from(rdzv_timeout, config: dict, backend: str) -> float:
-    if rdzv_timeout is not None:
-        if isinstance(rdzv_timeout, bool) or not isinstance(rdzv_timeout, (int, float)) or rdzv_timeout <= 0:
-            raise LaunchArgumentError(
-                f"rdzv_timeout must be a number of seconds > 0 (how long to wait for every node); "
-                f"got {rdzv_timeout!r}")
-        return float(rdzv_timeout)
-    for key in ("join_timeout", "timeout"):
-        if key in config:
-            try:
-                value = float(config[key])
-            except (TypeError, ValueError):
-                raise LaunchArgumentError(f"rdzv_conf[{key!r}] must be a number of seconds; "
-                                          f"got {config[key]!r}") from None
-            if value > 0:
-                return value
-    return DEFAULT_RDZV_TIMEOUT
 
 
 def _torch_thinks_host(host: str) -> bool:
@@ -188,15 +163,16 @@ class NotebookRendezvous(_HandlerBase):
 
     def _open_static_store(self, deadline: float) -> None:
         inner = self.inner
-        if getattr(inner, "_store", "missing") is not None:
+        if torch_compat.static_store(inner) is not None:
             return  # created in an earlier round, or a torch whose handler we do not know
         from torch.distributed import TCPStore
         timeout = datetime.timedelta(seconds=max(1.0, self.settings.timeout))
         if inner.rank == 0:
             for tries_left in (2, 1, 0):
                 try:
-                    inner._store = TCPStore(inner.master_addr, inner.master_port, inner.world_size, True,
-                                            timeout, multi_tenant=True, wait_for_workers=False)
+                    torch_compat.set_static_store(inner, TCPStore(
+                        inner.master_addr, inner.master_port, inner.world_size, True, timeout,
+                        multi_tenant=True, wait_for_workers=False))
                     return
                 except Exception as exc:
                     if not (self.settings.may_move_port and tries_left):
@@ -207,7 +183,8 @@ class NotebookRendezvous(_HandlerBase):
                     # one node, default port: taken since the launcher checked it; nobody else needs it
                     inner.master_port = free_port()
         _wait_for_endpoint(self.settings, deadline)
-        inner._store = TCPStore(inner.master_addr, inner.master_port, inner.world_size, False, timeout)
+        torch_compat.set_static_store(
+            inner, TCPStore(inner.master_addr, inner.master_port, inner.world_size, False, timeout))
 
     def _wait_for_all(self, store, rank: int, world_size: int, deadline: float) -> None:
         store.set(ARRIVED_KEY.format(round=self.round, rank=rank), "1")
@@ -252,5 +229,4 @@ class NotebookRendezvous(_HandlerBase):
         try:
             return self.inner.shutdown()
         finally:
-            if hasattr(self.inner, "_store"):
-                self.inner._store = None   # let the store's server close (see elastic backend docs)
+            torch_compat.drop_static_store(self.inner)

@@ -1,12 +1,19 @@
 """Where we run and which devices exist, found without initializing CUDA or XLA."""
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import subprocess
 import sys
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import Any, Mapping
+
+from .hosted import hosted_service
+from .xla import count_tpu_device_files, slice_chips, tpu_hints
+
+log = logging.getLogger("notebook_launch")
 
 
 def cuda_device_count() -> int:
@@ -18,11 +25,12 @@ def cuda_device_count() -> int:
     try:
         return int(torch.cuda.device_count())
     except Exception:
+        log.debug("torch.cuda.device_count() failed; counting no GPU", exc_info=True)
         return 0
 
 
 @lru_cache(maxsize=1)
-def cuda_gpus() -> tuple:
+def cuda_gpus() -> tuple[tuple[str, str], ...]:
     """((name, driver_version), ...) from nvidia-smi, which runs in its own process."""
     exe = shutil.which("nvidia-smi")
     if not exe:
@@ -31,6 +39,7 @@ def cuda_gpus() -> tuple:
         out = subprocess.run([exe, "--query-gpu=name,driver_version", "--format=csv,noheader"],
                              capture_output=True, text=True, timeout=10).stdout
     except (OSError, subprocess.SubprocessError):
+        log.debug("nvidia-smi failed; GPU names unknown", exc_info=True)
         return ()
     rows = []
     for line in out.strip().splitlines():
@@ -41,13 +50,7 @@ def cuda_gpus() -> tuple:
 
 def in_ipython_kernel() -> bool:
     """True inside a Jupyter kernel (as opposed to a terminal IPython or a script)."""
-    ipython = sys.modules.get("IPython")
-    if ipython is None:
-        return False
-    try:
-        shell = ipython.get_ipython()
-    except Exception:
-        return False
+    shell = _ipython_shell()
     return shell is not None and getattr(shell, "kernel", None) is not None
 
 
@@ -55,11 +58,10 @@ def inside_launched_rank() -> bool:
     return "NOTEBOOK_LAUNCH_RANK" in os.environ
 
 
-# --- where we run: one answer for the launcher, the displays and the TPU backend -----------
+# --- where we run: one answer for the launcher, the displays and `notebook-launch env` -----
 
 PLATFORMS = ("colab-gpu", "colab-tpu", "colab-cpu", "kaggle-gpu", "kaggle-tpu", "kaggle-cpu",
              "jupyterlab", "notebook", "vscode", "ipython-terminal", "script")
-TPU_ENV_KEYS = ("COLAB_TPU_ADDR", "TPU_NAME", "TPU_ACCELERATOR_TYPE", "XRT_TPU_CONFIG")
 
 
 @dataclass(frozen=True)
@@ -69,10 +71,10 @@ class Probe:
     shell_class: str | None = None   # "ipykernel.zmqshell.ZMQInteractiveShell", ... or None
     in_kernel: bool = False          # the IPython shell belongs to a Jupyter kernel
     cuda_count: int = 0
-    gpu_names: tuple = ()
+    gpu_names: tuple[str, ...] = ()
     tpu_chips: int = 0               # /dev/accel* (TPU v2-v4) or /dev/vfio/<n> (v5e, v6e)
     server_cmdline: str = ""         # command line of the process that started the kernel
-    modules: frozenset = frozenset()  # relevant modules already imported (google.colab, ...)
+    modules: frozenset[str] = frozenset()  # relevant modules already imported (google.colab, ...)
 
 
 @dataclass(frozen=True)
@@ -82,10 +84,10 @@ class Environment:
     platform: str
     device_kind: str                  # "cpu", "cuda" or "xla"
     device_count: int
-    gpu_names: tuple = ()
+    gpu_names: tuple[str, ...] = ()
     has_tpu: bool = False
     frontend: str = "script"          # "notebook" (a Jupyter kernel), "terminal" or "script"
-    evidence: tuple = ()              # why we think so, for the launch line and bug reports
+    evidence: tuple[str, ...] = ()              # why we think so, for the launch line and bug reports
 
     @property
     def hosted(self) -> str | None:
@@ -108,16 +110,14 @@ class Environment:
         return f"{self.platform}: {what}"
 
 
-def detect(environ=None, probe: Probe | None = None) -> Environment:
+def detect(environ: Mapping[str, str] | None = None, probe: Probe | None = None) -> Environment:
     """Classify where we run from environment variables and ``probe`` (default: the real
     process). Never initializes CUDA or XLA."""
     env = os.environ if environ is None else environ
     probe = system_probe() if probe is None else probe
     evidence = []
 
-    tpu_env = [k for k in TPU_ENV_KEYS if env.get(k)]
-    if env.get("PJRT_DEVICE", "").upper() == "TPU":
-        tpu_env.append("PJRT_DEVICE=TPU")
+    tpu_env = tpu_hints(env)
     has_tpu = probe.tpu_chips > 0 or bool(tpu_env)
     if probe.tpu_chips:
         evidence.append(f"{probe.tpu_chips} TPU device file(s)")
@@ -128,7 +128,7 @@ def detect(environ=None, probe: Probe | None = None) -> Environment:
         evidence.append(f"{probe.cuda_count} CUDA device(s)")
     elif has_tpu:
         device_kind = "xla"
-        device_count = probe.tpu_chips or tpu_chips_from_type(env.get("TPU_ACCELERATOR_TYPE", ""))
+        device_count = probe.tpu_chips or slice_chips(env.get("TPU_ACCELERATOR_TYPE"))
     else:
         device_kind, device_count = "cpu", 0
 
@@ -139,8 +139,9 @@ def detect(environ=None, probe: Probe | None = None) -> Environment:
     else:
         frontend = "script"
 
-    hosted = _hosted(env, probe, evidence)
+    hosted, why = hosted_service(env, probe.modules, probe.shell_class)
     if hosted:
+        evidence.append(why)
         suffix = {"xla": "tpu", "cuda": "gpu", "cpu": "cpu"}[device_kind]
         platform = f"{hosted}-{suffix}"
     elif frontend == "notebook":
@@ -156,20 +157,7 @@ def detect(environ=None, probe: Probe | None = None) -> Environment:
                        has_tpu=has_tpu, frontend=frontend, evidence=tuple(evidence))
 
 
-def _hosted(env, probe, evidence) -> str | None:
-    colab_keys = [k for k in ("COLAB_RELEASE_TAG", "COLAB_GPU", "COLAB_BACKEND_VERSION") if k in env]
-    if colab_keys or "google.colab" in probe.modules or "google.colab" in (probe.shell_class or ""):
-        evidence.append("Colab: " + (", ".join(f"${k}" for k in colab_keys) or "google.colab"))
-        return "colab"
-    kaggle_keys = [k for k in ("KAGGLE_KERNEL_RUN_TYPE", "KAGGLE_URL_BASE", "KAGGLE_DATA_PROXY_URL")
-                   if k in env]
-    if kaggle_keys:
-        evidence.append("Kaggle: " + ", ".join(f"${k}" for k in kaggle_keys))
-        return "kaggle"
-    return None
-
-
-def _notebook_frontend(env, probe, evidence) -> str:
+def _notebook_frontend(env: Mapping[str, str], probe: Probe, evidence: list[str]) -> str:
     """Which frontend drives this kernel: the server's command line says lab or notebook;
     VS Code starts kernels with its own variables."""
     cmd = probe.server_cmdline.lower()
@@ -188,15 +176,6 @@ def _notebook_frontend(env, probe, evidence) -> str:
     return "notebook"
 
 
-def tpu_chips_from_type(accelerator_type: str) -> int:
-    """Chips in a TPU slice name: "v3-8" counts TensorCores (2 per chip), "v5litepod-8"/"v6e-8" chips."""
-    kind, _, size = accelerator_type.strip().lower().rpartition("-")
-    if not size.isdigit():
-        return 0
-    n = int(size)
-    return n if kind.startswith(("v5lite", "v5e", "v6e")) else max(1, n // 2)
-
-
 def system_probe() -> Probe:
     """The real process: IPython shell, CUDA count (NVML, no context), TPU device files."""
     shell = _ipython_shell()
@@ -210,40 +189,14 @@ def system_probe() -> Probe:
                  server_cmdline=_kernel_parent_cmdline() if in_kernel else "", modules=modules)
 
 
-def count_tpu_device_files(dev: str = "/dev") -> int:
-    try:
-        accel = [n for n in os.listdir(dev) if n.startswith("accel") and n[5:].isdigit()]
-    except OSError:
-        accel = []
-    if accel:
-        return len(accel)
-    try:  # v5e/v6e expose chips as numbered VFIO groups (only on TPU VMs)
-        vfio = [n for n in os.listdir(os.path.join(dev, "vfio")) if n.isdigit()]
-    except OSError:
-        vfio = []
-    return len(vfio) if vfio and _tpu_vm() else 0
-
-
-def _tpu_vm() -> bool:
-    """Numbered VFIO groups also exist on GPU passthrough hosts: only count them next to libtpu."""
-    if any(k.startswith("TPU_") for k in os.environ):
-        return True
-    if any(os.path.exists(p) for p in ("/lib/libtpu.so", "/usr/lib/libtpu.so")):
-        return True
-    try:  # pip's libtpu wheel; find_spec does not import it
-        import importlib.util
-        return importlib.util.find_spec("libtpu") is not None
-    except (ImportError, ValueError):
-        return False
-
-
-def _ipython_shell():
+def _ipython_shell() -> Any:
     ipython = sys.modules.get("IPython")
     if ipython is None:
         return None
     try:
         return ipython.get_ipython()
     except Exception:
+        log.debug("IPython.get_ipython() failed", exc_info=True)
         return None
 
 
@@ -253,4 +206,5 @@ def _kernel_parent_cmdline() -> str:
         with open(f"/proc/{pid}/cmdline", "rb") as f:
             return f.read().replace(b"\0", b" ").decode("utf-8", "replace")
     except OSError:
+        log.debug("cannot read the kernel parent's command line", exc_info=True)
         return ""

@@ -18,7 +18,7 @@ import os
 import threading
 import time
 
-from . import channel
+from .. import protocol
 
 MAX_SENDS_PER_SECOND = 10
 SEND_INTERVAL = 1.0 / MAX_SENDS_PER_SECOND
@@ -91,7 +91,7 @@ class _Reporter:
         while True:
             self.wake.wait(SEND_INTERVAL)
             self.wake.clear()
-            if channel.current() is not self.writer:   # the channel was replaced or removed
+            if protocol.current() is not self.writer:   # the channel was replaced or removed
                 return
             started = _monotonic()
             try:
@@ -134,7 +134,7 @@ class _Reporter:
             bar._publish(_monotonic())
         data = self.payload()
         if data is not None:
-            self.writer.send(channel.PROGRESS, data)
+            self.writer.send(protocol.PROGRESS, data)
             self.sends += 1
 
 
@@ -145,7 +145,7 @@ _reporter_lock = threading.Lock()
 def reporter() -> _Reporter | None:
     """The rank's reporter, or None outside a launch (or in a process a rank forked)."""
     global _reporter
-    writer = channel.current()
+    writer = protocol.current()
     if writer is None:
         return None
     rep = _reporter
@@ -182,7 +182,7 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_forget_in_child)
 
 
-class progress:
+class Progress:
     """A progress bar for the panel: ``for x in progress(it, desc="train")`` or manual ``update(n)``.
 
     Metrics: ``update(1, loss=l)``, ``set_postfix(loss=l)`` or ``log(loss=l)``.
@@ -315,4 +315,8 @@ class progress:
 
     def __repr__(self) -> str:
         total = "?" if self.total is None else self.total
-        return f"progress(desc={self.desc!r}, n={self.n}, total={total})"
+        return f"Progress(desc={self.desc!r}, n={self.n}, total={total})"
+
+
+# The public name, as in ``from notebook_launch import progress``.
+progress = Progress

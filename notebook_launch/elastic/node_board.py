@@ -18,9 +18,14 @@ board in the store elastic's rendezvous already shares between the agents:
 from __future__ import annotations
 
 import json
+import logging
 import time
+from typing import Any, Callable
+
+from ..protocol import Failure
 
 PREFIX = "notebook_launch"
+log = logging.getLogger("notebook_launch")
 
 
 class BoardUnreachable(RuntimeError):
@@ -28,7 +33,7 @@ class BoardUnreachable(RuntimeError):
 
 
 class NodeBoard:
-    def __init__(self, store, *, node: int, num_nodes: int, attempt: int, endpoint: str = ""):
+    def __init__(self, store: Any, *, node: int, num_nodes: int, attempt: int, endpoint: str = "") -> None:
         self.store = store
         self.node = node
         self.num_nodes = num_nodes
@@ -39,7 +44,7 @@ class NodeBoard:
     def _key(self, what: str) -> str:
         return f"{PREFIX}/{what}/{self.attempt}"
 
-    def _call(self, fn, *args):
+    def _call(self, fn: Callable[..., Any], *args: Any) -> Any:
         try:
             return fn(*args)
         except Exception as exc:
@@ -50,22 +55,23 @@ class NodeBoard:
                 f"probably ended or was interrupted") from exc
 
     # --- failures -----------------------------------------------------------
-    def publish_failure(self, record: dict) -> dict:
+    def publish_failure(self, record: Failure) -> Failure:
         """Post ``record`` unless another node posted first; return the winning record."""
-        data = json.dumps(record).encode()
+        data = json.dumps(record.to_record()).encode()
         winner = self._call(self.store.compare_set, self._key("failure"), b"", data)
         try:
-            return json.loads(winner)
+            return Failure.from_record(json.loads(winner))
         except (TypeError, ValueError):
+            log.debug("the failure board returned no record; ours stands")
             return record
 
-    def failure(self) -> dict | None:
+    def failure(self) -> Failure | None:
         key = self._key("failure")
         if not self._call(self.store.check, [key]):
             return None
-        return json.loads(self._call(self.store.get, key))
+        return Failure.from_record(json.loads(self._call(self.store.get, key)))
 
-    def wait_for_failure(self, seconds: float, poll: float = 0.1) -> dict | None:
+    def wait_for_failure(self, seconds: float, poll: float = 0.1) -> Failure | None:
         deadline = time.monotonic() + seconds
         while True:
             record = self.failure()
@@ -92,5 +98,5 @@ class NodeBoard:
             while hosting and count < self.num_nodes and time.monotonic() < deadline:
                 time.sleep(0.05)
                 count = self.store.add(f"{PREFIX}/left", 0)
-        except Exception:
-            pass  # the store is gone already: nobody is left to wait for
+        except Exception:  # the store is gone already: nobody is left to wait for
+            log.debug("the rendezvous store is gone; not waiting for the other nodes", exc_info=True)

@@ -8,10 +8,14 @@ disk keeps everything.
 from __future__ import annotations
 
 import itertools
+import logging
 import os
 import re
 import time
 from pathlib import Path
+from typing import IO, Iterable
+
+log = logging.getLogger("notebook_launch")
 
 MAX_LINE = 64 * 1024
 KEEP_RUNS = 100
@@ -21,10 +25,10 @@ class LineSplitter:
     """Feeds bytes, returns complete lines (decoded, without the newline).
     A carriage return keeps only what follows it, as a terminal would show."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self._partial = bytearray()
 
-    def feed(self, data: bytes):
+    def feed(self, data: bytes) -> list[str]:
         self._partial += data
         lines = []
         while True:
@@ -38,7 +42,7 @@ class LineSplitter:
             del self._partial[:MAX_LINE]
         return lines
 
-    def flush(self):
+    def flush(self) -> list[str]:
         """The last, unterminated line (at end of file), if any."""
         if not self._partial:
             return []
@@ -47,7 +51,7 @@ class LineSplitter:
         return [line]
 
 
-def _decode(raw) -> str:
+def _decode(raw: bytes | bytearray) -> str:
     text = bytes(raw).decode("utf-8", errors="replace")
     if "\r" in text:
         text = text.rstrip("\r")
@@ -77,7 +81,8 @@ class RunLogs:
     """The run folder: rank<N>.log per local rank (stdout and stderr lines in
     arrival order, stderr lines marked), plus the failing rank's traceback."""
 
-    def __init__(self, run_id: str, local_ranks, global_ranks, log_dir=None):
+    def __init__(self, run_id: str, local_ranks: Iterable[int], global_ranks: Iterable[int],
+                 log_dir: str | os.PathLike[str] | None = None) -> None:
         if log_dir is None:
             root = default_log_root()
             self.path = root / run_id
@@ -85,7 +90,7 @@ class RunLogs:
         else:
             self.path = Path(log_dir).expanduser()
         self.path.mkdir(parents=True, exist_ok=True)
-        self._files = {}
+        self._files: dict[int, IO[str]] = {}
         for local, global_rank in zip(local_ranks, global_ranks):
             self._files[local] = open(self.path / f"rank{global_rank}.log", "w",
                                       encoding="utf-8", errors="replace", buffering=1 << 16)
@@ -110,7 +115,7 @@ class RunLogs:
             try:
                 f.close()
             except OSError:
-                pass
+                log.debug("closing a rank log failed", exc_info=True)
         self._files.clear()
 
 
@@ -123,6 +128,7 @@ def prune_old_runs(root: Path, keep: int = KEEP_RUNS) -> None:
     try:
         runs = sorted(name for name in os.listdir(root) if _RUN_DIR.match(name))
     except OSError:
+        log.debug("cannot list the log root %s", root, exc_info=True)
         return
     for name in runs[:-keep] if len(runs) > keep else []:
         old = root / name
@@ -131,4 +137,4 @@ def prune_old_runs(root: Path, keep: int = KEEP_RUNS) -> None:
                 child.unlink()
             old.rmdir()
         except OSError:
-            pass
+            log.debug("cannot remove the old run folder %s", old, exc_info=True)

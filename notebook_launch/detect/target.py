@@ -1,0 +1,48 @@
+"""What a launch runs on here: the one decision ``notebook_launcher`` and
+``notebook-launch env`` share, so the preview cannot disagree with the launch."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Mapping
+
+from ..options import default_start_method, validate_num_processes
+from .platform import Environment, Probe, cuda_gpus, detect
+from .xla import XlaInfo, resolve_num_ranks, xla_launch_info, xla_note
+
+
+@dataclass(frozen=True)
+class LaunchTarget:
+    """Where the ranks run: platform, device kind and count, how many ranks, how they start."""
+    where: Environment
+    device_kind: str                  # "cpu", "cuda" or "xla"
+    device_count: int                 # CUDA GPUs (0 unless device_kind is "cuda")
+    num_processes: int
+    start_method: str
+    xla: XlaInfo | None = None
+    notes: tuple[str, ...] = ()
+
+    @property
+    def dist_backend(self) -> str:
+        return {"cuda": "nccl", "xla": "xla"}.get(self.device_kind, "gloo")
+
+    def gpus(self) -> tuple[tuple[str, str], ...]:
+        """((name, driver), ...) of the GPUs the ranks use (nvidia-smi, only on CUDA)."""
+        return cuda_gpus() if self.device_kind == "cuda" else ()
+
+
+def launch_target(start_method: str | None = None, num_processes: int | None = None, *,
+                  environ: Mapping[str, str] | None = None, probe: Probe | None = None,
+                  root: str = "/") -> LaunchTarget:
+    """Detect the machine and settle device kind, rank count and start method.
+    A TPU (or PJRT_DEVICE) with torch_xla goes through xmp.spawn, where
+    num_processes counts XLA devices; otherwise one rank per CUDA GPU, else 1."""
+    where = detect(environ, probe)
+    device_count = where.device_count if where.device_kind == "cuda" else 0
+    xla = xla_launch_info(start_method, environ, root)
+    if xla is not None:
+        ranks = resolve_num_ranks(num_processes, xla, environ)
+        return LaunchTarget(where, "xla", 0, ranks, "xla", xla, (xla_note(xla, ranks, environ),))
+    device_kind = "cuda" if device_count > 0 else "cpu"
+    ranks = validate_num_processes(device_count or 1 if num_processes is None else num_processes,
+                                   device_kind, device_count)
+    return LaunchTarget(where, device_kind, device_count, ranks, start_method or default_start_method())

@@ -1,0 +1,220 @@
+"""The launch options: ``notebook_launcher``'s parameters, checked once and frozen.
+
+Every argument check lives here and runs before anything is detected or
+started; each error names the argument and the values that would work.
+Checks that need to know the machine (num_processes against the GPUs seen)
+are here too and are called once detection has run (``detect.target``).
+"""
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping, Sequence
+
+from .display import UI_CHOICES
+from .errors import LaunchArgumentError
+from .net import DEFAULT_PORT
+
+MIXED_PRECISION_CHOICES = ("no", "fp16", "bf16", "fp8")
+START_METHODS = (None, "fork", "spawn", "xla")
+RDZV_BACKENDS = ("static", "c10d", "etcd", "etcd-v2")
+DEFAULT_RDZV_TIMEOUT = 900.0      # seconds, as torch.distributed.launcher.api.LaunchConfig
+
+
+class _DefaultPort(str):
+    """The default ``use_port``: a str equal to "29500" that we can tell apart
+    from a port the user chose, so only a chosen port is an error when busy."""
+
+
+DEFAULT_USE_PORT = _DefaultPort(str(DEFAULT_PORT))
+
+
+@dataclass(frozen=True)
+class LaunchOptions:
+    """What the user asked for, validated. ``num_processes`` and ``start_method`` may
+    still be None here: detection (``detect.target``) settles them."""
+    function: Callable[..., Any]
+    args: tuple
+    kwargs: dict[str, Any]
+    num_processes: int | None
+    mixed_precision: str
+    port: int
+    port_is_default: bool       # the user left use_port alone: a busy port may be replaced
+    master_addr: str
+    node_rank: int
+    num_nodes: int
+    rdzv_backend: str
+    rdzv_endpoint: str
+    rdzv_conf: Mapping[str, Any] | None
+    rdzv_id: str
+    max_restarts: int
+    poll_interval: float         # the supervisor's tick: min(monitor_interval, 0.1)
+    line_prefix: str | None
+    start_method: str | None
+    timeout: float | None
+    log_dir: str | os.PathLike[str] | None
+    ui: str
+    rdzv_timeout: float | None
+
+    @property
+    def elastic(self) -> bool:
+        """Multi-node or restarts: torch elastic's agent runs the ranks (``elastic/``)."""
+        return self.num_nodes > 1 or self.max_restarts > 0
+
+
+def launch_options(*, function: Any, args: Any, num_processes: Any, mixed_precision: Any, use_port: Any,
+                   master_addr: Any, node_rank: Any, num_nodes: Any, rdzv_backend: Any, rdzv_endpoint: Any,
+                   rdzv_conf: Any, rdzv_id: Any, max_restarts: Any, monitor_interval: Any,
+                   log_line_prefix_template: Any, kwargs: Any, start_method: Any, timeout: Any,
+                   log_dir: Any, ui: Any, rdzv_timeout: Any) -> LaunchOptions:
+    """Check every argument of ``notebook_launcher``; raise LaunchArgumentError naming the first bad one."""
+    validate_function(function)
+    validate_args(args, kwargs)
+    mixed_precision = normalize_mixed_precision(mixed_precision)
+    validate_choice("start_method", start_method, START_METHODS)
+    validate_choice("ui", ui, UI_CHOICES)
+    validate_choice("rdzv_backend", rdzv_backend, RDZV_BACKENDS)
+    num_nodes = validate_int("num_nodes", num_nodes, 1)
+    node_rank = validate_int("node_rank", node_rank, 0, num_nodes - 1)
+    max_restarts = validate_int("max_restarts", max_restarts, 0)
+    timeout = validate_timeout(timeout)
+    port = validate_port(use_port)
+    if not isinstance(monitor_interval, (int, float)) or monitor_interval <= 0:
+        raise LaunchArgumentError(f"monitor_interval must be a number of seconds > 0; got {monitor_interval!r}")
+    if log_line_prefix_template is not None and not isinstance(log_line_prefix_template, str):
+        raise LaunchArgumentError("log_line_prefix_template must be a str such as '[{rank}]: ' or None")
+    options = LaunchOptions(
+        function=function, args=tuple(args), kwargs=dict(kwargs or {}), num_processes=num_processes,
+        mixed_precision=mixed_precision, port=port, port_is_default=isinstance(use_port, _DefaultPort),
+        master_addr=master_addr, node_rank=node_rank, num_nodes=num_nodes, rdzv_backend=rdzv_backend,
+        rdzv_endpoint=rdzv_endpoint, rdzv_conf=rdzv_conf, rdzv_id=rdzv_id, max_restarts=max_restarts,
+        poll_interval=min(float(monitor_interval), 0.1), line_prefix=log_line_prefix_template,
+        start_method=start_method, timeout=timeout, log_dir=log_dir, ui=ui, rdzv_timeout=rdzv_timeout)
+    if options.elastic:
+        validate_elastic_start_method(start_method)
+        validate_rendezvous(rdzv_backend=rdzv_backend, rdzv_endpoint=rdzv_endpoint, rdzv_conf=rdzv_conf,
+                            rdzv_id=rdzv_id, rdzv_timeout=rdzv_timeout)
+    return options
+
+
+def default_start_method() -> str:
+    """fork where it is safe (Linux); spawn elsewhere: Windows has no fork, and macOS
+    system frameworks crash in forked children (CPython defaults to spawn there too)."""
+    return "fork" if hasattr(os, "fork") and sys.platform.startswith("linux") else "spawn"
+
+
+def validate_elastic_start_method(start_method: str | None) -> None:
+    """The elastic agent keys ranks by process; xmp.spawn runs several ranks per process."""
+    if start_method == "xla":
+        raise LaunchArgumentError(
+            "start_method='xla' cannot be combined with num_nodes > 1 or max_restarts > 0: torch_xla "
+            "runs several ranks per process, which torch elastic's agent cannot restart or watch. "
+            "Launch on one node with max_restarts=0, or use start_method='fork' or 'spawn'.")
+
+
+def validate_function(function: object) -> None:
+    if not callable(function):
+        raise LaunchArgumentError(
+            f"function must be callable (e.g. a function defined in a cell); got "
+            f"{type(function).__name__}: {function!r:.80}")
+
+
+def validate_args(args: object, kwargs: object) -> None:
+    if not isinstance(args, (tuple, list)):
+        raise LaunchArgumentError(
+            f"args must be a tuple or list of positional arguments for the function; got "
+            f"{type(args).__name__}. For a single argument write args=(value,).")
+    if kwargs is not None and not isinstance(kwargs, dict):
+        raise LaunchArgumentError(f"kwargs must be a dict or None; got {type(kwargs).__name__}")
+
+
+def normalize_mixed_precision(value: object) -> str:
+    text = "no" if value is None else str(value).lower()
+    if text not in MIXED_PRECISION_CHOICES:
+        raise LaunchArgumentError(
+            f"mixed_precision={value!r} is not valid; choose one of {', '.join(MIXED_PRECISION_CHOICES)}")
+    return text
+
+
+def validate_whole_number(name: str, value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise LaunchArgumentError(
+            f"{name} must be a whole number >= 1 or None (one rank per accelerator); got {value!r}")
+    return value
+
+
+def validate_num_processes(num_processes: object, device_kind: str, device_count: int) -> int:
+    """num_processes against what detection found (CUDA GPUs limit it)."""
+    count = validate_whole_number("num_processes", num_processes)
+    if count < 1:
+        raise LaunchArgumentError(f"num_processes must be >= 1; got {count}")
+    if device_kind == "cuda" and count > device_count:
+        raise LaunchArgumentError(
+            f"num_processes={count} is more than the {device_count} CUDA GPU(s) visible here; "
+            f"use num_processes between 1 and {device_count} (or None for all of them)")
+    return count
+
+
+def validate_int(name: str, value: object, minimum: int, maximum: int | None = None) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise LaunchArgumentError(f"{name} must be a whole number; got {value!r}")
+    if value < minimum or (maximum is not None and value > maximum):
+        bounds = f">= {minimum}" if maximum is None else f"between {minimum} and {maximum}"
+        raise LaunchArgumentError(f"{name} must be {bounds}; got {value}")
+    return value
+
+
+def validate_port(use_port: object) -> int:
+    try:
+        port = int(str(use_port))
+    except (TypeError, ValueError):
+        port = 0
+    if not 1 <= port <= 65535:
+        raise LaunchArgumentError(f"use_port must be a TCP port number between 1 and 65535; got {use_port!r}")
+    return port
+
+
+def validate_timeout(timeout: object) -> float | None:
+    if timeout is None:
+        return None
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0:
+        raise LaunchArgumentError(f"timeout must be a number of seconds > 0, or None; got {timeout!r}")
+    return float(timeout)
+
+
+def validate_choice(name: str, value: object, choices: Sequence[object]) -> None:
+    if value not in choices:
+        shown = ", ".join(repr(c) for c in choices)
+        raise LaunchArgumentError(f"{name}={value!r} is not valid; choose one of {shown}")
+
+
+def validate_rendezvous(*, rdzv_backend: str, rdzv_endpoint: object, rdzv_conf: object, rdzv_id: object,
+                        rdzv_timeout: object) -> float:
+    """Check the rendezvous arguments (multi-node or restarts); return the rendezvous timeout:
+    rdzv_timeout, else rdzv_conf's "join_timeout"/"timeout", else torch elastic's 900 s."""
+    if rdzv_conf is not None and not isinstance(rdzv_conf, dict):
+        raise LaunchArgumentError(
+            f"rdzv_conf must be a dict of rendezvous options such as {{'join_timeout': 600}} or None; "
+            f"got {type(rdzv_conf).__name__}")
+    if not isinstance(rdzv_endpoint, str):
+        raise LaunchArgumentError(f"rdzv_endpoint must be a 'host:port' string or ''; got {rdzv_endpoint!r}")
+    if not isinstance(rdzv_id, str) or not rdzv_id:
+        raise LaunchArgumentError(f"rdzv_id must be a non-empty string naming the run; got {rdzv_id!r}")
+    if rdzv_timeout is not None:
+        if isinstance(rdzv_timeout, bool) or not isinstance(rdzv_timeout, (int, float)) or rdzv_timeout <= 0:
+            raise LaunchArgumentError(
+                f"rdzv_timeout must be a number of seconds > 0 (how long to wait for every node); "
+                f"got {rdzv_timeout!r}")
+        return float(rdzv_timeout)
+    config = rdzv_conf or {}
+    for key in ("join_timeout", "timeout"):
+        if key in config:
+            try:
+                value = float(config[key])
+            except (TypeError, ValueError):
+                raise LaunchArgumentError(f"rdzv_conf[{key!r}] must be a number of seconds; "
+                                          f"got {config[key]!r}") from None
+            if value > 0:
+                return value
+    return DEFAULT_RDZV_TIMEOUT

@@ -1,0 +1,96 @@
+"""Pre-flight checks of the notebook's state, run before any process starts: a launch
+from inside a rank, an Accelerate state ranks would inherit, CUDA or the XLA runtime
+already started, a busy port. Each raises GuardError (or LaunchArgumentError) with
+what happened and what to do about it."""
+from __future__ import annotations
+
+import logging
+import sys
+
+from . import cuda_tracking
+from .detect.platform import inside_launched_rank
+from .detect.xla import runtime_initialized
+from .errors import GuardError, LaunchArgumentError
+from .net import free_port, port_is_free
+
+log = logging.getLogger("notebook_launch")
+
+
+def check_not_inside_rank() -> None:
+    """A launch from inside a launched rank would nest process groups and deadlock."""
+    if inside_launched_rank():
+        raise GuardError(
+            "notebook_launcher was called from inside a launched rank. The function you launch "
+            "already runs on every rank: call the training code directly there instead of "
+            "launching again.")
+
+
+def check_no_accelerate_state() -> None:
+    """Forked ranks would inherit an existing Accelerate state and each run as a lone rank 0.
+    Accelerate's own guard misses a bare PartialState."""
+    if "accelerate" not in sys.modules:
+        return
+    try:
+        from accelerate.state import AcceleratorState, PartialState
+    except Exception:
+        log.debug("accelerate.state cannot be imported; no Accelerate state to check", exc_info=True)
+        return
+    found = []
+    if getattr(AcceleratorState, "_shared_state", None):
+        found.append("an Accelerator or AcceleratorState")
+    if getattr(PartialState, "_shared_state", None) and not found:
+        found.append("a PartialState")
+    if found:
+        raise GuardError(
+            f"This notebook already holds {found[0]} (created outside the launched function). "
+            "Every rank would inherit it and train alone as rank 0. Create the Accelerator inside "
+            "the function you pass to notebook_launcher, then restart the kernel (or call "
+            "accelerate.state.AcceleratorState._reset_state(True) if it touched no GPU) and launch again.")
+
+
+def check_cuda_not_initialized(start_method: str) -> None:
+    """Forking a process that holds a CUDA context gives children a broken CUDA."""
+    if start_method != "fork" or not cuda_tracking.is_cuda_initialized():
+        return
+    where = cuda_tracking.where()
+    raise GuardError(
+        "CUDA is already initialized in this notebook, so ranks cannot be forked from it "
+        "(their CUDA would be unusable)."
+        + (f"\n{where}\n" if where else " ")
+        + "What to do: restart the kernel and keep every CUDA call (.cuda(), .to('cuda'), "
+        "torch.cuda.* queries that create a context, an Accelerator) inside the launched function; "
+        "or pass start_method='spawn' so ranks start fresh (the function and its arguments are then "
+        "shipped with cloudpickle). Tip: `import notebook_launch` or `%load_ext notebook_launch` "
+        "early in the notebook to record where CUDA gets initialized.")
+
+
+def check_runtime_not_initialized() -> None:
+    """xmp.spawn refuses to run once this process started the XLA runtime, and
+    forked replicas could not use it anyway: refuse first, saying what to do."""
+    if runtime_initialized():
+        raise GuardError(
+            "The XLA runtime is already initialized in this notebook (something called "
+            "xm.xla_device(), torch_xla.device() or put a tensor on an XLA device outside the "
+            "launched function), so torch_xla cannot start replicas from it. What to do: restart "
+            "the kernel and keep every XLA call (xm.xla_device(), torch_xla.device(), .to(device), "
+            "an Accelerator) inside the function you pass to notebook_launcher.")
+
+
+def resolve_port(port: int, *, explicit: bool, node_rank: int, notes: list[str],
+                 multi_node: bool = False) -> int:
+    """Only the node that hosts the rendezvous store (node 0) needs the port free.
+    A busy default port is replaced by a free one (said in ``notes``); a busy
+    port the user chose, or one the other nodes were told, is an error."""
+    if node_rank != 0 or port_is_free(port):
+        return port
+    if multi_node:  # the other nodes were told this port: we cannot pick another one for them
+        raise LaunchArgumentError(
+            f"use_port={port} is already in use on node 0 (another launch, or a process still holding "
+            f"it). Pass a free use_port, the same one on every node.")
+    if explicit:
+        raise LaunchArgumentError(
+            f"use_port={port} is already in use on this machine (another launch, or a process "
+            f"still holding it). Pass another port, or leave use_port at its default to pick a free one.")
+    chosen = free_port()
+    notes.append(f"port {port} is busy; using port {chosen} instead")
+    return chosen

@@ -1,0 +1,199 @@
+"""Rank -> parent events over a pipe: length-prefixed pickled frames, their kinds and payloads.
+
+One pipe per rank keeps the parent's reader simple (no interleaving between
+ranks) and lets the parent notice a dead rank as end-of-file. Inside a rank,
+``current()`` returns the writer, or None when the code runs outside a launch;
+the in-rank APIs (``progress``, results, errors) go through it.
+
+Adding an event kind is one line in ``EventKind`` (plus its payload type
+here, and its folding in ``supervise.supervisor``).
+
+This module also holds the one failure vocabulary: ``error_payload`` is the
+only builder of an ERROR payload, ``Failure`` the only failure record (the
+supervisor's, and the one nodes post to each other in an elastic run).
+"""
+from __future__ import annotations
+
+import enum
+import os
+import pickle
+import struct
+import threading
+import traceback as traceback_module
+from dataclasses import asdict, dataclass
+from typing import Any, TypedDict
+
+_HEADER = struct.Struct("!I")
+
+
+class EventKind(str, enum.Enum):
+    """What a rank tells the parent. A str, so a frame carries its plain value."""
+    READY = "ready"          # ReadyPayload
+    PROGRESS = "progress"    # ProgressPayload (see rank.progress)
+    RESULT = "result"        # bytes: the value, already serialized by rank.runner
+    ERROR = "error"          # ErrorPayload
+
+
+# Module-level names for the kinds, as the rank-side code uses them.
+READY, PROGRESS, RESULT, ERROR = EventKind.READY, EventKind.PROGRESS, EventKind.RESULT, EventKind.ERROR
+
+
+class ReadyPayload(TypedDict):
+    pid: int
+    device: str
+
+
+class ProgressPayload(TypedDict, total=False):
+    bars: dict[str, dict[str, Any]]    # bar id -> changed fields
+    metrics: dict[str, Any]
+
+
+class ErrorPayload(TypedDict):
+    kind: str          # FailureKind value
+    type: str          # exception type name
+    message: str
+    traceback: str
+
+
+class FailureKind(str, enum.Enum):
+    """How a rank (or the run) failed; ``LaunchError.kind`` carries the value."""
+    EXCEPTION = "exception"
+    SIGNAL = "signal"
+    EXIT = "exit"
+    RESULT = "result"
+    TIMEOUT = "timeout"
+    STOPPED = "stopped"
+    INTERRUPTED = "interrupted"
+    RENDEZVOUS = "rendezvous"
+
+
+def error_payload(exc: BaseException | None = None, *, kind: str = FailureKind.EXCEPTION.value,
+                  exc_type: str | None = None, message: str | None = None,
+                  traceback: str | None = None, skip_frames: int = 0) -> ErrorPayload:
+    """The ERROR payload for ``exc`` (or for a failure described by ``exc_type``/``message``).
+
+    ``skip_frames`` drops our own frames from the top of the traceback, so it
+    starts at the user's code."""
+    if traceback is None:
+        traceback = ""
+        if exc is not None:
+            tb = exc.__traceback__
+            for _ in range(skip_frames):
+                if tb is not None and tb.tb_next is not None:
+                    tb = tb.tb_next
+            traceback = "".join(traceback_module.format_exception(type(exc), exc, tb))
+    return {
+        "kind": str(FailureKind(kind).value),
+        "type": exc_type or (type(exc).__qualname__ if exc is not None else "RuntimeError"),
+        "message": str(exc) if message is None and exc is not None else (message or ""),
+        "traceback": traceback,
+    }
+
+
+def headline_of(exc_type: str, message: str | None) -> str:
+    """"ValueError: boom", or the type alone when the message is empty."""
+    return f"{exc_type}: {message}" if message else exc_type
+
+
+@dataclass
+class Failure:
+    """One failure: a rank's (``local_rank`` set) or the run's (timeout, interrupt: None).
+
+    ``node``, ``rank``, ``attempt``, ``restartable`` and ``secondary`` are filled
+    on the elastic path, where nodes post the record to each other."""
+    local_rank: int | None
+    kind: str               # FailureKind value
+    headline: str           # "ValueError: boom", "killed by SIGKILL (possibly out of memory)"
+    traceback: str = ""
+    exc_type: str | None = None
+    exc_message: str | None = None
+    node: int | None = None
+    rank: int | None = None         # global rank
+    attempt: int = 0
+    restartable: bool = True
+    secondary: bool = False
+
+    @classmethod
+    def from_payload(cls, local_rank: int | None, payload: ErrorPayload) -> "Failure":
+        return cls(local_rank, payload.get("kind", FailureKind.EXCEPTION.value),
+                   headline_of(payload["type"], payload["message"]),
+                   payload.get("traceback", ""), payload["type"], payload["message"])
+
+    def to_record(self) -> dict[str, Any]:
+        """A JSON-able dict (what the node board stores)."""
+        record = asdict(self)
+        record.pop("local_rank")
+        return record
+
+    @classmethod
+    def from_record(cls, record: dict[str, Any]) -> "Failure":
+        return cls(local_rank=None, kind=record.get("kind", FailureKind.EXCEPTION.value),
+                   headline=record.get("headline", ""), traceback=record.get("traceback") or "",
+                   exc_type=record.get("exc_type"), exc_message=record.get("exc_message"),
+                   node=record.get("node"), rank=record.get("rank"), attempt=record.get("attempt") or 0,
+                   restartable=record.get("restartable", True), secondary=bool(record.get("secondary")))
+
+    def same_as(self, other: "Failure") -> bool:
+        return (self.node, self.rank, self.headline, self.attempt) == \
+            (other.node, other.rank, other.headline, other.attempt)
+
+
+_writer: "EventWriter | None" = None
+# XLA runs several ranks as threads of one process (one per device); each such
+# thread installs its own writer here, so its events carry its own rank.
+_thread_writer = threading.local()
+
+
+class EventWriter:
+    """Writes events to the parent. Thread-safe, so tqdm threads and user threads may share it."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        self._lock = threading.Lock()
+
+    def send(self, kind: EventKind, payload: Any) -> None:
+        data = pickle.dumps((EventKind(kind).value, payload), protocol=pickle.HIGHEST_PROTOCOL)
+        frame = _HEADER.pack(len(data)) + data
+        with self._lock:
+            view = memoryview(frame)
+            while view:
+                written = os.write(self.fd, view)
+                view = view[written:]
+
+
+class EventReader:
+    """Decodes frames from the bytes the parent reads off one rank's pipe."""
+
+    def __init__(self) -> None:
+        self._buffer = bytearray()
+
+    def feed(self, data: bytes) -> list[tuple[EventKind, Any]]:
+        """Add bytes; return the list of complete (kind, payload) events."""
+        self._buffer += data
+        events = []
+        while len(self._buffer) >= _HEADER.size:
+            (size,) = _HEADER.unpack_from(self._buffer)
+            end = _HEADER.size + size
+            if len(self._buffer) < end:
+                break
+            kind, payload = pickle.loads(bytes(self._buffer[_HEADER.size:end]))
+            events.append((EventKind(kind), payload))
+            del self._buffer[:end]
+        return events
+
+
+def install(writer: "EventWriter | None") -> None:
+    """Make ``writer`` this process's channel to the parent (None: outside a launch)."""
+    global _writer
+    _writer = writer
+
+
+def install_for_thread(writer: "EventWriter | None") -> None:
+    """Make ``writer`` the channel of the calling thread only (a rank that is a thread)."""
+    _thread_writer.writer = writer
+
+
+def current() -> "EventWriter | None":
+    """The channel to the parent, or None when this process is not a launched rank.
+    A thread that is a rank of its own (XLA) gets its own; other threads the process's."""
+    return getattr(_thread_writer, "writer", None) or _writer

@@ -1,0 +1,1 @@
+"""What runs inside a rank: bootstrap (detach, capture output, exit), the runner, and in-rank APIs."""

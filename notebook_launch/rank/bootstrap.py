@@ -1,0 +1,105 @@
+"""The start and the end of every rank process, whichever backend started it (fork, spawn, xla).
+
+Detach from the notebook (own process group, death with the parent, default
+signal handlers), point fds 1/2 and sys.stdout/err at the rank's pipes, and
+end the process with its exit code without ever returning into the parent's code.
+"""
+from __future__ import annotations
+
+import ctypes
+import faulthandler
+import io
+import logging
+import os
+import signal
+import sys
+import traceback
+from typing import Callable
+
+PR_SET_PDEATHSIG = 1
+EXIT_FAILED = 1
+log = logging.getLogger("notebook_launch")
+
+
+def exit_with(body: Callable[[], int]) -> None:
+    """Run ``body()`` as a rank process's whole life, then end the process with its
+    exit code. Never returns: the child must never fall back into the parent's code."""
+    code = EXIT_FAILED
+    try:
+        code = body()
+    except BaseException:  # report anything, then exit with a failure code
+        try:
+            traceback.print_exc()
+        except BaseException:
+            pass
+    finally:
+        flush_everything()
+        os._exit(code)
+
+
+def die_with_parent(parent_pid: int) -> None:
+    """SIGKILL this process when ``parent_pid`` ends (Linux); exit now if it already has."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    except (OSError, AttributeError):
+        log.debug("prctl(PR_SET_PDEATHSIG) unavailable; the rank may outlive a killed parent")
+    if os.getppid() != parent_pid:  # the parent died before prctl took effect
+        os._exit(EXIT_FAILED)
+
+
+def detach_from_parent(parent_pid: int) -> None:
+    """Own process group (so teardown reaches what the rank starts, and a
+    terminal's Ctrl-C goes through the parent), death with the parent, and
+    default signal handlers instead of the notebook's."""
+    os.setpgid(0, 0)
+    die_with_parent(parent_pid)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    for name in ("SIGTERM", "SIGHUP", "SIGQUIT", "SIGCHLD", "SIGPIPE", "SIGUSR1", "SIGUSR2"):
+        signum = getattr(signal, name, None)
+        if signum is not None:
+            try:
+                signal.signal(signum, signal.SIG_DFL)
+            except (OSError, ValueError):
+                log.debug("could not reset %s in the rank", name)
+
+
+def redirect_fds(stdout_fd: int, stderr_fd: int) -> None:
+    """Point fds 1 and 2 (C-level output) at the given fds."""
+    flush_everything()
+    os.dup2(stdout_fd, 1)
+    os.dup2(stderr_fd, 2)
+
+
+def capture_output(stdout_fd: int, stderr_fd: int) -> None:
+    """Point fds 1 and 2 (C-level output too) and sys.stdout/stderr at the rank's pipes."""
+    redirect_fds(stdout_fd, stderr_fd)
+    if stdout_fd not in (1, 2):
+        os.close(stdout_fd)
+    if stderr_fd not in (1, 2):
+        os.close(stderr_fd)
+    sys.stdout = sys.__stdout__ = text_stream(1)
+    sys.stderr = sys.__stderr__ = text_stream(2)
+    # A segfault or abort then prints the Python stack into the rank's log and error.
+    faulthandler.enable(file=sys.stderr, all_threads=True)
+
+
+def text_stream(fd: int) -> io.TextIOWrapper:
+    """A line-buffered UTF-8 text stream on ``fd`` that never closes it."""
+    raw = io.FileIO(fd, "w", closefd=False)
+    return io.TextIOWrapper(io.BufferedWriter(raw), encoding="utf-8",
+                            errors="backslashreplace", line_buffering=True, write_through=False)
+
+
+def flush_everything() -> None:
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:
+            log.debug("flushing %r failed", stream, exc_info=True)
+    try:  # C stdio buffers, which os._exit would drop
+        ctypes.CDLL(None).fflush(None)
+    except Exception:
+        log.debug("fflush(NULL) failed", exc_info=True)

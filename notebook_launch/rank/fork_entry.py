@@ -1,0 +1,30 @@
+"""Entry point of a forked rank (started by ``backends.fork``): keep only this rank's
+pipe ends, detach from the notebook, capture output, open the event channel, run."""
+from __future__ import annotations
+
+import os
+from typing import Sequence
+
+from .. import protocol
+from ..backends.base import RankPipes
+from ..plan import RankSpec
+from .bootstrap import capture_output, detach_from_parent, exit_with
+from .runner import Job, run_rank
+
+
+def run_forked_rank(spec: "RankSpec", job: "Job", pipes: "RankPipes", all_pipes: Sequence["RankPipes"],
+                    parent_pid: int) -> None:
+    """Entry point of a forked child. Never returns."""
+    def body() -> int:
+        keep = set(pipes.child_ends())
+        for other in all_pipes:   # RankPipes.close skips fds closed (and maybe reused) already
+            for fd in other.parent_ends() + other.child_ends():
+                if fd not in keep:
+                    other.close(fd)
+        detach_from_parent(parent_pid)
+        capture_output(pipes.stdout_w, pipes.stderr_w)
+        os.environ.update(spec.env)
+        protocol.install(protocol.EventWriter(pipes.events_w))
+        return run_rank(spec, job)
+
+    exit_with(body)

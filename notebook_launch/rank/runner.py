@@ -1,0 +1,172 @@
+"""What runs inside a rank once it is bootstrapped: reset what fork inherited, run the
+user's function, and report its result or exception to the parent (``report_error``
+is the one place a rank sends an ERROR)."""
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from .. import protocol
+from ..plan import RankSpec
+from . import process_groups
+from .bootstrap import EXIT_FAILED, flush_everything
+
+log = logging.getLogger("notebook_launch")
+
+
+@dataclass
+class Job:
+    function: Callable[..., Any]
+    args: tuple = ()
+    kwargs: dict = field(default_factory=dict)
+
+
+# Called with the RankSpec in every rank before the user's function runs.
+rank_hooks: list[Callable[[RankSpec], None]] = []
+
+
+def _install_tqdm_bridge(spec: RankSpec) -> None:
+    try:
+        from . import tqdm_bridge   # tqdm bars in a rank report to the panel
+        tqdm_bridge.install(spec)
+    except Exception:   # a tqdm we cannot patch still works, just as plain text
+        log.debug("tqdm bridge not installed", exc_info=True)
+
+
+rank_hooks.append(_install_tqdm_bridge)
+
+
+def flush_progress() -> None:
+    """Send the bars' last counts before RESULT/ERROR, so the parent's final state is exact."""
+    try:
+        from .progress import flush
+        flush()
+    except Exception:
+        log.debug("final progress flush failed", exc_info=True)
+
+
+def reset_inherited_state() -> None:
+    """Forget singletons the child inherited from the notebook (fork copies them)."""
+    if "accelerate" in sys.modules:
+        try:
+            from accelerate.state import AcceleratorState, GradientState
+            AcceleratorState._reset_state(True)
+            GradientState._reset_state()
+        except Exception:
+            pass
+
+
+def forget_interactive_session() -> None:
+    """A rank is not an interactive session, though fork copied the notebook's ``sys.ps1``.
+    Lightning reads it (``_IS_INTERACTIVE``, at import) to choose ``ddp_fork`` and start
+    processes of its own; without the prompt it joins the launched ranks instead."""
+    for name in ("ps1", "ps2", "ps3"):
+        if hasattr(sys, name):
+            delattr(sys, name)
+    for module_name in ("lightning.fabric.utilities.imports", "lightning.fabric.connector",
+                        "lightning_fabric.utilities.imports", "lightning_fabric.connector",
+                        "lightning.pytorch.trainer.connectors.accelerator_connector",
+                        "pytorch_lightning.trainer.connectors.accelerator_connector"):
+        module = sys.modules.get(module_name)
+        if module is not None and getattr(module, "_IS_INTERACTIVE", False):
+            module._IS_INTERACTIVE = False
+
+
+def configure_torch(spec) -> None:
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return
+    threads = os.environ.get("OMP_NUM_THREADS")
+    if threads and threads.isdigit():
+        torch.set_num_threads(int(threads))  # torch read OMP_NUM_THREADS when the parent imported it
+    if spec.device.startswith("cuda"):
+        torch.cuda.set_device(spec.local_rank)
+
+
+def run_rank(spec: RankSpec, job: Job) -> int:
+    """Run the user's function and report; return the process exit code."""
+    writer = protocol.current()
+    assert writer is not None, "run_rank needs the event channel installed"
+    reset_inherited_state()
+    forget_interactive_session()
+    configure_torch(spec)
+    process_groups.keep_groups_used_by_ddp()   # see process_groups: a gloo teardown deadlock
+    for hook in rank_hooks:
+        hook(spec)
+    writer.send(protocol.READY, {"pid": os.getpid(), "device": spec.device})
+    try:
+        try:
+            value = job.function(*job.args, **(job.kwargs or {}))
+        finally:
+            flush_progress()
+            process_groups.release_destroyed_groups()
+    except SystemExit as exc:
+        if exc.code in (None, 0):
+            value = None
+        else:
+            report_error(protocol.error_payload(exc, skip_frames=1), writer)
+            return exc.code if isinstance(exc.code, int) else EXIT_FAILED
+    except BaseException as exc:
+        report_error(protocol.error_payload(exc, skip_frames=1), writer)
+        return EXIT_FAILED
+    try:
+        payload = serialize_result(value)
+    except Exception as exc:
+        report_error(protocol.error_payload(
+            exc, kind=protocol.FailureKind.RESULT.value, traceback="",
+            message=(f"rank {spec.global_rank} returned a value of type "
+                     f"{type(value).__module__}.{type(value).__qualname__} that cannot be pickled "
+                     f"({type(exc).__name__}: {exc}). Return plain data instead: numbers, strings, "
+                     f"lists, dicts, tensors or a state_dict().")), writer)
+        return EXIT_FAILED
+    writer.send(protocol.RESULT, payload)
+    return 0
+
+
+def report_error(payload: protocol.ErrorPayload, writer: protocol.EventWriter | None = None) -> None:
+    """Send an ERROR to the parent: the one way a rank reports a failure.
+    Output is flushed first, so the rank's log ends with what it printed."""
+    writer = writer or protocol.current()
+    if writer is None:
+        log.debug("no event channel: error not reported: %s", payload["message"])
+        return
+    flush_everything()
+    writer.send(protocol.ERROR, payload)
+
+
+def serialize_result(value) -> bytes:
+    import cloudpickle
+    return cloudpickle.dumps(to_cpu(value))
+
+
+def to_cpu(value):
+    """Move tensors (also inside lists, tuples and dicts) to the CPU, so the
+    parent, which must not initialize CUDA, can unpickle them."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return value
+    if isinstance(value, torch.Tensor):
+        return value.detach().cpu()
+    if type(value) is dict:
+        return {k: to_cpu(v) for k, v in value.items()}
+    if isinstance(value, dict):  # OrderedDict (a state_dict), defaultdict, ...
+        return _rebuild_mapping(value)
+    if isinstance(value, list):
+        return [to_cpu(v) for v in value]
+    if isinstance(value, tuple):
+        items = [to_cpu(v) for v in value]
+        return type(value)(*items) if hasattr(value, "_fields") else tuple(items)
+    return value
+
+
+def _rebuild_mapping(value):
+    try:
+        copy = type(value)()
+        for k, v in value.items():
+            copy[k] = to_cpu(v)
+        return copy
+    except Exception:
+        return value

@@ -1,0 +1,219 @@
+"""The rank side of ``start_method="xla"``: the launcher child that calls xmp.spawn,
+and every replica (thread or process) it starts. See ``backends.xla`` for the layout.
+"""
+from __future__ import annotations
+
+import dataclasses
+import io
+import logging
+import os
+import sys
+import threading
+import traceback
+from typing import Any, Sequence
+
+from .. import protocol
+from ..detect.xla import stale_tpu_variables
+from .bootstrap import EXIT_FAILED, detach_from_parent, die_with_parent, flush_everything, redirect_fds, text_stream
+from ..backends.base import RankPipes
+from ..plan import LaunchPlan
+from .runner import Job, report_error, reset_inherited_state, run_rank
+
+log = logging.getLogger("notebook_launch")
+
+# Variables that name one rank. Threads of one process share os.environ, so
+# these are set only where a process runs a single rank.
+PER_RANK_VARIABLES = ("RANK", "LOCAL_RANK", "ROLE_RANK", "NOTEBOOK_LAUNCH_RANK")
+
+# Set in the launcher child before xmp.spawn; replica processes inherit it by
+# fork, so the user's function and arguments are never pickled.
+_context = None
+_process_lock = threading.Lock()
+_process_setup_pid = None
+
+
+class ReplicaFailed(Exception):
+    """A replica reported its error to the parent already; xmp.spawn only needs to end."""
+
+
+@dataclasses.dataclass
+class _Context:
+    plan: LaunchPlan
+    job: Job
+    pipes_by_rank: Sequence[RankPipes]
+    launcher_pid: int
+    stdout: "ThreadRoutedStream"
+    stderr: "ThreadRoutedStream"
+
+
+def run_launcher(plan: LaunchPlan, job: Job, pipes_by_rank: Sequence[RankPipes], parent_pid: int,
+                 nprocs: int | None) -> None:
+    """Entry point of the launcher child. Never returns."""
+    global _context
+    code = EXIT_FAILED
+    try:
+        for pipes in pipes_by_rank:
+            pipes.close_parent_ends()
+        detach_from_parent(parent_pid)
+        first = pipes_by_rank[0]
+        redirect_fds(first.stdout_w, first.stderr_w)
+        out, err = ThreadRoutedStream(text_stream(1)), ThreadRoutedStream(text_stream(2))
+        sys.stdout = sys.__stdout__ = out
+        sys.stderr = sys.__stderr__ = err
+        os.environ.update(process_environment(plan))
+        for key in stale_tpu_variables():  # the Kaggle workaround (detect.xla.STALE_TPU_VARIABLES)
+            del os.environ[key]
+        if plan.device_kind == "xla" and "PJRT_DEVICE" not in os.environ:
+            os.environ["PJRT_DEVICE"] = "TPU"   # what torch_xla would guess, said outright
+        protocol.install(protocol.EventWriter(first.events_w))
+        reset_inherited_state()
+        _context = _Context(plan, job, pipes_by_rank, os.getpid(), out, err)
+        import torch_xla.distributed.xla_multiprocessing as xmp
+        xmp.spawn(replica_main, nprocs=nprocs, start_method="fork")
+        code = 0
+    except ReplicaFailed:
+        pass  # the replica sent its ERROR already
+    except BaseException as exc:
+        report_launcher_failure(exc)
+    finally:
+        try:
+            if _context is not None:
+                _context.stdout.flush_all()
+                _context.stderr.flush_all()
+        finally:
+            flush_everything()
+            os._exit(code)
+
+
+def process_environment(plan: LaunchPlan) -> dict[str, str]:
+    """The variables every rank shares (WORLD_SIZE, MASTER_ADDR, ...): what the launcher sets."""
+    first = plan.ranks[0].env
+    common = {k: v for k, v in first.items() if all(spec.env.get(k) == v for spec in plan.ranks)}
+    for key in PER_RANK_VARIABLES:
+        common.pop(key, None)
+    common["NOTEBOOK_LAUNCH_RANK"] = first.get("NOTEBOOK_LAUNCH_RANK", "0")  # marks "inside a launch"
+    return common
+
+
+def replica_main(ordinal: int) -> None:
+    """Runs in every replica (called by xmp.spawn with the global ordinal)."""
+    import torch_xla
+    import torch_xla.runtime as xr
+
+    ctx = _context
+    assert ctx is not None, "replica_main runs only under run_launcher"
+    plan = ctx.plan
+    threads = xr.addressable_device_count()
+    device = str(torch_xla._XLAC._xla_get_default_device())   # "xla:0": this thread's device
+    if ordinal >= len(plan.ranks) or xr.world_size() != plan.world_size:
+        report_layout_mismatch(ctx, ordinal, xr.world_size())
+        raise ReplicaFailed(ordinal)
+    spec = plan.ranks[ordinal]
+    pipes = ctx.pipes_by_rank[ordinal]
+    _setup_process(ctx, pipes, first_device=device.endswith(":0"))
+    out, err = text_stream(pipes.stdout_w), text_stream(pipes.stderr_w)
+    ctx.stdout.register(out)
+    ctx.stderr.register(err)
+    protocol.install_for_thread(protocol.EventWriter(pipes.events_w))
+    if threads == 1:  # this process is this rank alone: per-rank variables are safe
+        os.environ.update({k: v for k, v in spec.env.items() if k in PER_RANK_VARIABLES})
+    spec = dataclasses.replace(spec, device=f"{xr.device_type() or 'XLA'}:{ordinal}")
+    try:
+        code = run_rank(spec, ctx.job)
+    finally:
+        for stream in (out, err):
+            try:
+                stream.flush()
+            except Exception:
+                log.debug("flushing rank %d's output failed", ordinal, exc_info=True)
+    if code != 0:  # run_rank has sent the ERROR already
+        raise ReplicaFailed(ordinal)
+
+
+def _setup_process(ctx: _Context, pipes: RankPipes, first_device: bool) -> None:
+    """Once per replica process (not per thread): die with the launcher; C-level
+    output to the rank of the process's first device."""
+    global _process_setup_pid
+    pid = os.getpid()
+    if pid == ctx.launcher_pid:
+        return
+    with _process_lock:
+        if _process_setup_pid != pid:
+            _process_setup_pid = pid
+            die_with_parent(ctx.launcher_pid)
+        if first_device:
+            os.dup2(pipes.stdout_w, 1)
+            os.dup2(pipes.stderr_w, 2)
+
+
+def report_layout_mismatch(ctx: _Context, ordinal: int, world_size: int) -> None:
+    planned = len(ctx.plan.ranks)
+    if ordinal != 0:
+        return  # ordinal 0 always exists and reports for everyone: one clear error
+    message = (f"torch_xla runs {world_size} replica(s) here but notebook_launch planned {planned} "
+               f"from what it detected. Pass num_processes={world_size} (or None), or set "
+               f"TPU_ACCELERATOR_TYPE / CPU_NUM_DEVICES to match the machine.")
+    report_error(protocol.error_payload(exc_type="RuntimeError", message=message),
+                 protocol.EventWriter(ctx.pipes_by_rank[ordinal].events_w))
+
+
+def report_launcher_failure(exc: BaseException) -> None:
+    """xmp.spawn itself failed (runtime start, a replica process killed, ...): say so as rank 0."""
+    text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    try:
+        sys.stderr.write(text)
+    except Exception:
+        log.debug("the launcher's stderr is gone", exc_info=True)
+    message = f"xmp.spawn failed in the XLA launcher process: {exc}"
+    if type(exc).__name__ == "BrokenProcessPool":
+        message = ("a replica process died without a Python exception (killed, out of memory, or a "
+                   "fatal XLA error such as a collective that timed out); its last lines are in the "
+                   "rank logs")
+    # the launcher's main thread holds rank 0's channel
+    report_error(protocol.error_payload(exc, message=message, traceback=text))
+
+
+class ThreadRoutedStream(io.TextIOBase):
+    """sys.stdout/err for a process whose threads are different ranks: each
+    registered thread writes to its own rank's pipe, others to the default."""
+
+    def __init__(self, default: io.TextIOWrapper) -> None:
+        self._default = default
+        self._by_thread: dict[int, io.TextIOWrapper] = {}
+
+    def register(self, stream: io.TextIOWrapper) -> None:
+        self._by_thread[threading.get_ident()] = stream
+
+    def _target(self) -> io.TextIOWrapper:
+        return self._by_thread.get(threading.get_ident(), self._default)
+
+    def write(self, text: str) -> int:  # type: ignore[override]
+        return self._target().write(text)
+
+    def flush(self) -> None:
+        self._target().flush()
+
+    def flush_all(self) -> None:
+        for stream in [self._default, *self._by_thread.values()]:
+            try:
+                stream.flush()
+            except Exception:
+                log.debug("flushing a replica's stream failed", exc_info=True)
+
+    def writable(self) -> bool:
+        return True
+
+    def isatty(self) -> bool:
+        return False
+
+    def fileno(self) -> int:
+        return self._target().fileno()
+
+    @property
+    def encoding(self) -> str:  # type: ignore[override]
+        return "utf-8"
+
+    @property
+    def errors(self) -> str:  # type: ignore[override]
+        return "backslashreplace"
+

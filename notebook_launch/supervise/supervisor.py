@@ -1,0 +1,224 @@
+"""Watch the ranks: fold their events and output into the run state, stop
+everything on the first failure, a timeout, a Stop click or an interrupt.
+
+Runs on the parent's main thread, so KeyboardInterrupt lands here and the
+display is only ever touched from one thread. How fds are read is
+``watch.py``; what an end means and every error text is ``outcome.py``.
+"""
+from __future__ import annotations
+
+import enum
+import logging
+import signal
+import time
+from typing import TYPE_CHECKING, Any, Iterable, Sequence
+
+from .. import protocol
+from ..protocol import Failure
+from ..state import STOPPED, RunState
+from . import outcome
+from .watch import RankWatch, Watcher
+
+if TYPE_CHECKING:
+    from ..backends.base import RankPipes, RankProcess
+    from ..display.base import Display
+    from ..logs import RunLogs
+
+TERM_GRACE = outcome.TERM_GRACE
+DRAIN_AFTER_EXIT = 1.0  # how long to wait for a dead rank's pipes to reach EOF (grandchildren may hold them)
+log = logging.getLogger("notebook_launch")
+
+
+class Step(enum.Enum):
+    """Where the run stands after one ``Supervisor.step``."""
+    RUNNING = "running"
+    FINISHED = "finished"   # every rank ended and its pipes are drained
+    FAILED = "failed"       # a failure was recorded; the other ranks are stopped
+
+
+class Supervisor:
+    """Drives one set of ranks to an end: ``run()`` for a plain launch, ``step()``
+    for the elastic agent, which owns the loop there."""
+
+    def __init__(self, processes: Sequence["RankProcess"], pipes_by_rank: Sequence["RankPipes"],
+                 state: RunState, display: "Display", logs: "RunLogs", *,
+                 timeout: float | None = None, poll_interval: float = 0.1) -> None:
+        self.state = state
+        self.display = display
+        self.logs = logs
+        self.timeout = timeout
+        self.poll_interval = poll_interval
+        self.processes = list(processes)
+        self.watcher = Watcher(self.processes, pipes_by_rank, self)
+        self.watches = self.watcher.watches
+        self.first_failure: Failure | None = None
+        self._stopped = False
+        self._closed = False
+
+    # --- the loop ----------------------------------------------------------
+    def run(self) -> list[Any]:
+        """Return the results by local rank, or raise LaunchError / KeyboardInterrupt."""
+        deadline = None if self.timeout is None else time.monotonic() + self.timeout
+        try:
+            while True:
+                wait = self.poll_interval
+                if deadline is not None:
+                    wait = max(0.0, min(wait, deadline - time.monotonic()))
+                if self.step(wait) is not Step.RUNNING:
+                    break
+                if deadline is not None and time.monotonic() >= deadline:
+                    self.time_out()
+                    break
+        except BaseException:
+            self.stop("an interrupt")
+            raise
+        finally:
+            self.close()
+        results = self.load_results()
+        if self.first_failure is None:
+            return results
+        raise self.launch_error(self.first_failure, results)
+
+    def step(self, wait: float) -> Step:
+        """Watch the ranks for up to ``wait`` seconds and react. Returns FAILED once the
+        other ranks are stopped; raises KeyboardInterrupt after a Stop click."""
+        self.watcher.pump(wait)
+        self.watcher.close_stale(DRAIN_AFTER_EXIT)
+        self.display.refresh(self.state)
+        if self.first_failure is not None:
+            self.stop(self.failure_reason())
+            return Step.FAILED
+        if self.state.stop_requested:
+            self.stop("the Stop button was pressed")
+            raise KeyboardInterrupt("notebook_launch: run stopped with the Stop button")
+        return Step.FINISHED if all(w.finished for w in self.watches) else Step.RUNNING
+
+    def stop(self, reason: str) -> None:
+        """Stop every live rank (SIGTERM, grace, SIGKILL), once; ``reason`` ends "after ..."."""
+        if not self._stopped:
+            self._stopped = True
+            self._teardown(reason=reason)
+
+    def time_out(self) -> None:
+        """Record the timeout as the failure and stop the ranks."""
+        assert self.timeout is not None
+        running = [self.global_rank(w.local_rank) for w in self.watches if w.exit is None]
+        self.first_failure = self.first_failure or outcome.timeout_failure(self.timeout, running)
+        self.stop("the timeout")
+
+    def close(self) -> None:
+        """Release pipes, sentinels and processes, once; kills what is still alive."""
+        if self._closed:
+            return
+        self._closed = True
+        self.watcher.close()
+        for watch in self.watches:
+            if watch.exit is None:
+                if watch.process.poll() is None:  # a sibling rank may have reaped it already
+                    watch.process.kill()
+                watch.exit = watch.process.wait()
+        for process in self.processes:
+            process.release()
+        self.logs.flush()
+
+    # --- what the watcher reports (WatchHandler) ------------------------------
+    def on_event(self, watch: RankWatch, kind: protocol.EventKind, payload: Any) -> None:
+        local = watch.local_rank
+        if kind is protocol.EventKind.PROGRESS:
+            self.state.on_progress(local, payload)
+        elif kind is protocol.EventKind.READY:
+            self.state.on_ready(local, payload)
+        elif kind is protocol.EventKind.RESULT:
+            watch.result = payload
+            watch.has_result = True
+        elif kind is protocol.EventKind.ERROR:
+            watch.error = payload
+            self.fail(Failure.from_payload(local, payload))
+
+    def on_line(self, local_rank: int, stream: str, text: str) -> None:
+        self.state.on_line(local_rank, stream, text)
+        self.logs.write_line(local_rank, stream, text)
+        self.display.line(self.state, local_rank, stream, text)
+
+    def on_process_exit(self, process: "RankProcess") -> None:
+        shared = len(process.ranks()) > 1
+        for watch in self.watcher.watches_of(process):
+            self.watcher.drain_events(watch)   # an ERROR sent just before exiting decides how it ended
+            status = process.poll()
+            if status is None:  # sentinel fired before waitpid can see it: wait for it
+                status = process.wait()
+            watch.exit = status
+            watch.exited_at = time.monotonic()
+            end = outcome.classify_exit(watch, status, shared)
+            self.state.on_exit(watch.local_rank, end.status, end.description, error=end.error)
+            if end.failure is not None:
+                self.fail(end.failure)
+
+    # --- failures and results --------------------------------------------------
+    def fail(self, failure: Failure) -> None:
+        """Record ``failure`` unless an earlier one was recorded (the first one is the cause)."""
+        if self.first_failure is None:
+            self.first_failure = failure
+
+    def failure_reason(self) -> str:
+        failure = self.first_failure
+        assert failure is not None
+        if failure.local_rank is None:
+            return failure.kind
+        return f"rank {self.global_rank(failure.local_rank)} failed"
+
+    def global_rank(self, local_rank: int) -> int:
+        return self.state.ranks[local_rank].rank
+
+    def load_results(self) -> list[Any]:
+        """Every rank's value (None where there is none); a value that cannot be unpickled fails the run."""
+        results = []
+        for watch in self.watches:
+            value, failure = outcome.load_result(watch, self.global_rank(watch.local_rank))
+            if failure is not None:
+                self.fail(failure)
+            results.append(value)
+        return results
+
+    def launch_error(self, failure: Failure, results: list[Any]):  # -> LaunchError
+        """The LaunchError for ``failure``; its traceback also goes to the rank's log."""
+        if failure.traceback and failure.local_rank is not None:
+            self.logs.write_block(failure.local_rank, failure.traceback)
+        return outcome.launch_error(failure, results, self.state)
+
+    # --- ending ------------------------------------------------------------
+    def _teardown(self, reason: str) -> None:
+        """SIGTERM every live rank, wait TERM_GRACE, SIGKILL what is left, then drain pipes."""
+        live = [w for w in self.watches if w.exit is None]
+        for watch in live:
+            watch.stopped_by_us = signal.SIGTERM
+            watch.stop_reason = reason
+        for process in _distinct(w.process for w in live):
+            process.signal(signal.SIGTERM)
+        deadline = time.monotonic() + TERM_GRACE
+        while any(w.exit is None for w in live) and time.monotonic() < deadline:
+            self.watcher.pump(0.05)
+        for watch in live:
+            if watch.exit is None:
+                watch.stopped_by_us = signal.SIGKILL
+        for process in _distinct(w.process for w in live if w.exit is None):
+            process.kill()
+        for watch in live:
+            if watch.exit is None:
+                watch.exit = watch.process.wait()
+                watch.exited_at = time.monotonic()
+                self.state.on_exit(watch.local_rank, STOPPED,
+                                   outcome.stopped_description(watch.stop_reason, watch.exit))
+        for process in _distinct(w.process for w in self.watches if w.open_fds):
+            process.signal(signal.SIGKILL)  # grandchildren of a killed rank may still hold pipes
+        drain_deadline = time.monotonic() + 0.5
+        while any(w.open_fds for w in self.watches) and time.monotonic() < drain_deadline:
+            self.watcher.pump(0.05)
+
+
+def _distinct(processes: Iterable["RankProcess"]) -> list["RankProcess"]:
+    seen: list["RankProcess"] = []
+    for process in processes:
+        if not any(process is p for p in seen):
+            seen.append(process)
+    return seen

@@ -1,0 +1,156 @@
+"""The parent's view of each rank's fds: one selector over every rank's three pipes
+and every process's exit sentinel; bytes become events and whole lines.
+
+Every close goes through ``RankPipes.close`` (each fd at most once) and a key
+closed earlier in a select batch is never read: its number may already belong to
+someone else (in a kernel, a zmq socket).
+"""
+from __future__ import annotations
+
+import logging
+import os
+import selectors
+import time
+from typing import Any, Protocol, Sequence
+
+from .. import protocol
+from ..backends.base import RankPipes, RankProcess, WaitStatus
+from ..logs import LineSplitter
+
+READ_SIZE = 1 << 16
+STREAMS = ("stdout", "stderr")
+log = logging.getLogger("notebook_launch")
+
+
+class RankWatch:
+    """Parent-side bookkeeping of one rank. Several ranks may share one process
+    (XLA runs one thread per device), so the process is not the rank."""
+
+    def __init__(self, process: RankProcess, local_rank: int, pipes: RankPipes) -> None:
+        self.process = process
+        self.local_rank = local_rank
+        self.pipes = pipes         # closes go through it: never the same fd twice
+        self.events = protocol.EventReader()
+        self.splitters = {stream: LineSplitter() for stream in STREAMS}
+        self.open_fds: set[int] = set()
+        self.result: bytes | None = None
+        self.has_result = False
+        self.error: protocol.ErrorPayload | None = None   # payload of an ERROR event
+        self.exit: WaitStatus | None = None
+        self.exited_at: float | None = None
+        self.stopped_by_us: int | None = None  # signal we sent at teardown
+        self.stop_reason = ""      # why we stopped it, e.g. "after rank 1 failed"
+        self.events_fd = pipes.events_r
+
+    @property
+    def finished(self) -> bool:
+        return self.exit is not None and not self.open_fds
+
+
+class WatchHandler(Protocol):
+    """What the watcher reports to (the supervisor)."""
+
+    def on_event(self, watch: RankWatch, kind: protocol.EventKind, payload: Any) -> None: ...
+
+    def on_line(self, local_rank: int, stream: str, text: str) -> None: ...
+
+    def on_process_exit(self, process: RankProcess) -> None: ...
+
+
+class Watcher:
+    """The selector over every rank's pipes and every process's sentinel."""
+
+    def __init__(self, processes: Sequence[RankProcess], pipes_by_rank: Sequence[RankPipes],
+                 handler: WatchHandler) -> None:
+        self.processes = list(processes)
+        self.handler = handler
+        self.watches = sorted((RankWatch(p, local, pipes_by_rank[local])
+                               for p in self.processes for local in p.ranks()),
+                              key=lambda w: w.local_rank)
+        self.selector = selectors.DefaultSelector()
+        for watch in self.watches:
+            pipes = watch.pipes
+            for fd, what in ((pipes.events_r, "events"), (pipes.stdout_r, "stdout"),
+                             (pipes.stderr_r, "stderr")):
+                os.set_blocking(fd, False)
+                self.selector.register(fd, selectors.EVENT_READ, (watch.local_rank, what))
+                watch.open_fds.add(fd)
+        for index, process in enumerate(self.processes):
+            self.selector.register(process.sentinel, selectors.EVENT_READ, (index, "exit"))
+
+    def watches_of(self, process: RankProcess) -> list[RankWatch]:
+        return [w for w in self.watches if w.process is process]
+
+    def pump(self, wait: float) -> None:
+        """Wait up to ``wait`` seconds for output, events or exits, and hand them on."""
+        for key, _ in self.selector.select(wait):
+            if self.selector.get_map().get(key.fd) is not key:
+                # Closed earlier in this batch (a drain reached EOF): its number may be
+                # reused by now (in a kernel, by a zmq socket), so never read it.
+                continue
+            index, what = key.data
+            if what == "exit":  # ``index`` is the process index here
+                self.selector.unregister(key.fd)
+                self.handler.on_process_exit(self.processes[index])
+                continue
+            watch = self.watches[index]
+            try:
+                data = os.read(key.fd, READ_SIZE)
+            except BlockingIOError:
+                continue
+            if not data:
+                self.close_fd(watch, key.fd, what)
+                continue
+            if what == "events":
+                for kind, payload in watch.events.feed(data):
+                    self.handler.on_event(watch, kind, payload)
+            else:
+                for text in watch.splitters[what].feed(data):
+                    self.handler.on_line(index, what, text)
+
+    def drain_events(self, watch: RankWatch) -> None:
+        """Fold the events a rank wrote before it exited (select may report the exit first)."""
+        fd = watch.events_fd
+        while fd in watch.open_fds:
+            try:
+                data = os.read(fd, READ_SIZE)
+            except BlockingIOError:
+                return
+            if not data:
+                self.close_fd(watch, fd, "events")
+                return
+            for kind, payload in watch.events.feed(data):
+                self.handler.on_event(watch, kind, payload)
+
+    def close_fd(self, watch: RankWatch, fd: int, what: str) -> None:
+        """Stop watching ``fd`` and close it (once); a stream's last partial line is handed on."""
+        try:
+            self.selector.unregister(fd)
+        except (KeyError, ValueError):
+            log.debug("fd %d was not registered any more", fd)
+        watch.pipes.close(fd)
+        watch.open_fds.discard(fd)
+        if what in STREAMS:
+            for text in watch.splitters[what].flush():
+                self.handler.on_line(watch.local_rank, what, text)
+
+    def close_rank_fds(self, watch: RankWatch) -> None:
+        for key in list(self.selector.get_map().values()):
+            local, what = key.data
+            if local == watch.local_rank and what != "exit":
+                self.close_fd(watch, key.fd, what)
+
+    def close_stale(self, drain_after_exit: float) -> None:
+        """Close the pipes of ranks that exited ``drain_after_exit`` seconds ago
+        (a grandchild may hold them open forever)."""
+        now = time.monotonic()
+        for watch in self.watches:
+            if watch.exit is not None and watch.open_fds and watch.exited_at is not None \
+                    and now - watch.exited_at > drain_after_exit:
+                self.close_rank_fds(watch)
+
+    def close(self) -> None:
+        """Close every rank fd still open and the selector."""
+        for watch in self.watches:
+            self.close_rank_fds(watch)
+        self.selector.close()
