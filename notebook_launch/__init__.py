@@ -1,15 +1,34 @@
 """notebook_launch: train on every device you have, from a notebook cell, with one call."""
 from __future__ import annotations
 
+import logging
+import os
 from typing import Any
-
-__version__ = "0.1.0"
 
 from . import cuda_tracking as _cuda_tracking
 from . import cuda_tracking  # noqa: F401  (preflight and tests use it)
 from .errors import GuardError, LaunchArgumentError, LaunchError
 from .launcher import notebook_launcher
 from .rank.progress import progress
+
+__version__ = "0.1.0"
+
+
+def _debug_logging_from_environment() -> None:
+    """NOTEBOOK_LAUNCH_DEBUG=1: every fallback the package takes is logged (debug level) to
+    stderr, in the notebook and in every rank (ranks inherit the variable)."""
+    if os.environ.get("NOTEBOOK_LAUNCH_DEBUG", "").strip().lower() not in ("1", "true", "yes", "on"):
+        return
+    logger = logging.getLogger("notebook_launch")
+    logger.setLevel(logging.DEBUG)
+    if not logger.handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("notebook_launch[%(process)d] %(levelname)s %(message)s"))
+        logger.addHandler(handler)
+
+
+_debug_logging_from_environment()
+
 
 try:  # record where CUDA gets initialized from now on (preflight quotes it)
     import torch as _torch  # noqa: F401

@@ -13,7 +13,7 @@ import sys
 import tempfile
 from importlib import metadata
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from .errors import GuardError, LaunchArgumentError
 
@@ -100,7 +100,7 @@ def cmd_env(args: argparse.Namespace) -> int:
 MARK = "notebook-launch-selftest"
 
 
-def selftest_rank():
+def selftest_rank() -> dict[str, Any]:
     """What every rank of ``notebook-launch test`` does: init, collectives, output, result."""
     import torch
     import torch.distributed as dist
@@ -118,14 +118,15 @@ def selftest_rank():
             "gathered": [t.item() for t in gathered], "pid": os.getpid()}
 
 
-def selftest_failing_rank(bad_rank):
+def selftest_failing_rank(bad_rank: int) -> None:
     if int(os.environ["RANK"]) == bad_rank:
         raise RuntimeError(f"{MARK}: deliberate failure on rank {bad_rank}")
     import time
     time.sleep(60)  # the others wait: the launcher must stop them
 
 
-def run_selftest(n: int, start_method=None, timeout: float = 180.0, out=print) -> list:
+def run_selftest(n: int, start_method: str | None = None, timeout: float = 180.0,
+                 out: Callable[[str], Any] = print) -> list[str]:
     """Launch ``n`` ranks and return the failed checks (empty: everything works)."""
     from .errors import LaunchError
     from .launcher import notebook_launcher
@@ -161,7 +162,8 @@ def run_selftest(n: int, start_method=None, timeout: float = 180.0, out=print) -
           f"expected {expected_gather}, got {[r['gathered'] for r in results]}")
     missing = []
     for rank in range(n):
-        log = (log_dir / f"rank{rank}.log").read_text(errors="replace") if (log_dir / f"rank{rank}.log").exists() else ""
+        path = log_dir / f"rank{rank}.log"
+        log = path.read_text(errors="replace") if path.exists() else ""
         if f"{MARK} stdout from rank {rank}" not in log or f"{MARK} stderr from rank {rank}" not in log:
             missing.append(rank)
     check(not missing, "output capture (stdout and stderr of every rank)", f"missing for ranks {missing}")
@@ -182,7 +184,7 @@ def run_selftest(n: int, start_method=None, timeout: float = 180.0, out=print) -
     return failures
 
 
-def cmd_test(args) -> int:
+def cmd_test(args: argparse.Namespace) -> int:
     failures = run_selftest(args.num_processes, args.start_method, args.timeout)
     if failures:
         print(f"\nFAILED: {len(failures)} check(s) failed: " + "; ".join(failures))
@@ -195,7 +197,7 @@ def cmd_test(args) -> int:
 
 # --- demo ----------------------------------------------------------------------
 
-def demo_train(steps: int = 300, lr: float = 0.05):
+def demo_train(steps: int = 300, lr: float = 0.05) -> dict[str, Any]:
     """DDP on synthetic regression data; each rank reads its own shard."""
     import torch
     import torch.distributed as dist
@@ -220,11 +222,11 @@ def demo_train(steps: int = 300, lr: float = 0.05):
             bar.set_postfix(loss=loss.item())
     dist.barrier()
     weights = torch.cat([p.detach().flatten() for p in model.module.parameters()])
-    dist.destroy_process_group()   # safe with the model alive: see notebook_launch.process_groups
+    dist.destroy_process_group()   # safe with the model alive: see notebook_launch.rank.process_groups
     return {"rank": rank, "loss": loss.item(), "weights": weights}
 
 
-def cmd_demo(args) -> int:
+def cmd_demo(args: argparse.Namespace) -> int:
     import torch
     from .launcher import notebook_launcher
     results = notebook_launcher(demo_train, args=(args.steps,), num_processes=args.num_processes,
@@ -270,6 +272,6 @@ def _positive_int(text: str) -> int:
     return value
 
 
-def main(argv=None) -> int:
+def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     return args.func(args)

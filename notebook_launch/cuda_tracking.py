@@ -8,10 +8,13 @@ initialized, which also catches initializations the wrapper cannot see).
 """
 from __future__ import annotations
 
+import logging
 import re
 import sys
 import traceback
+from typing import Any
 
+log = logging.getLogger("notebook_launch")
 _first_init_stack: list | None = None
 _first_cell: tuple | None = None    # (execution_count, first lines of the cell)
 _installed = False
@@ -36,13 +39,13 @@ def _wrap_lazy_init() -> None:
     if getattr(original, "_notebook_launch_wrapped", False):
         return
 
-    def _lazy_init(*args, **kwargs):
+    def _lazy_init(*args: Any, **kwargs: Any) -> Any:
         global _first_init_stack
         if _first_init_stack is None and not cuda.is_initialized():
             _first_init_stack = traceback.extract_stack()[:-1]
         return original(*args, **kwargs)
 
-    _lazy_init._notebook_launch_wrapped = True
+    _lazy_init._notebook_launch_wrapped = True  # type: ignore[attr-defined]
     cuda._lazy_init = _lazy_init
 
 
@@ -55,7 +58,7 @@ def _register_ipython_hook() -> None:
     if shell is None:
         return
 
-    def _after_cell(result):
+    def _after_cell(result: Any) -> None:
         global _first_cell
         torch = sys.modules.get("torch")
         if _first_cell is None and torch is not None and is_cuda_initialized():
@@ -69,7 +72,7 @@ def _register_ipython_hook() -> None:
 _CUDA_HINT = re.compile(r"cuda|\.to\(|device|Accelerator|PartialState", re.IGNORECASE)
 
 
-def likely_culprits(source: str, limit: int = 3):
+def likely_culprits(source: str, limit: int = 3) -> list[str]:
     """The lines of a cell most likely to have touched CUDA, else its first lines."""
     lines = [line for line in source.strip().splitlines() if line.strip()]
     hits = [line for line in lines if _CUDA_HINT.search(line)]
@@ -83,6 +86,7 @@ def is_cuda_initialized() -> bool:
     try:
         return bool(torch.cuda.is_initialized())
     except Exception:
+        log.debug("torch.cuda.is_initialized() failed; assuming CUDA is not initialized", exc_info=True)
         return False
 
 

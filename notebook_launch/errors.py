@@ -1,6 +1,8 @@
 """The exceptions a user can see. Every message says what happened and what to do."""
 from __future__ import annotations
 
+from typing import Any
+
 
 class LaunchError(RuntimeError):
     """A launch failed: a rank raised, died, timed out or could not report its result.
@@ -17,9 +19,10 @@ class LaunchError(RuntimeError):
     run, else None).
     """
 
-    def __init__(self, message: str, *, rank=None, kind="exception", exc_type=None,
-                 exc_message=None, remote_traceback=None, log_dir=None, results=None,
-                 node_rank=None):
+    def __init__(self, message: str, *, rank: int | None = None, kind: str = "exception",
+                 exc_type: str | None = None, exc_message: str | None = None,
+                 remote_traceback: str | None = None, log_dir: str | None = None,
+                 results: list[Any] | None = None, node_rank: int | None = None) -> None:
         super().__init__(message)
         self.rank = rank
         self.kind = kind

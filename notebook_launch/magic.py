@@ -15,6 +15,7 @@ import os
 import shlex
 import sys
 import types
+from typing import Any, Callable, Iterable, NoReturn
 
 from .errors import LaunchArgumentError
 
@@ -24,7 +25,7 @@ USAGE = ("%%launch [-n N] [--mixed-precision no|fp16|bf16|fp8] [--timeout SECOND
 
 
 class _ArgumentParser(argparse.ArgumentParser):
-    def error(self, message):  # argparse would call sys.exit, which a kernel turns into noise
+    def error(self, message: str) -> NoReturn:  # argparse would call sys.exit, which a kernel turns into noise
         raise LaunchArgumentError(f"%%launch: {message}. Usage: {USAGE}")
 
 
@@ -41,8 +42,8 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def _whole_number(option):
-    def parse(text):
+def _whole_number(option: str) -> Callable[[str], int]:
+    def parse(text: str) -> int:
         try:
             return int(text)
         except ValueError:
@@ -50,14 +51,14 @@ def _whole_number(option):
     return parse
 
 
-def _seconds(text):
+def _seconds(text: str) -> float:
     try:
         return float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"--timeout must be a number of seconds, got {text!r}") from None
 
 
-def parse_launch_line(line: str) -> dict:
+def parse_launch_line(line: str) -> dict[str, Any]:
     """The magic's options as notebook_launcher keyword arguments, plus ``return_names``."""
     try:
         words = shlex.split(line)
@@ -85,13 +86,14 @@ class CellJob:
     forked rank has as a copy. A spawned rank receives the referenced globals instead.
     """
 
-    def __init__(self, source: str, filename: str, return_names=(), namespace=None):
+    def __init__(self, source: str, filename: str, return_names: Iterable[str] = (),
+                 namespace: dict[str, Any] | None = None) -> None:
         self.source = source
         self.filename = filename
         self.return_names = tuple(return_names)
         self.namespace = namespace
 
-    def __call__(self):
+    def __call__(self) -> dict[str, Any] | None:
         ns = self.namespace
         if ns is None:
             from IPython import get_ipython
@@ -115,9 +117,10 @@ def _remember_source(filename: str, source: str) -> None:
         linecache.cache[filename] = (len(source), None, lines, filename)
 
 
-def referenced_globals(code, user_ns: dict) -> dict:
+def referenced_globals(code: types.CodeType, user_ns: dict[str, Any]) -> dict[str, Any]:
     """The notebook globals a cell's code names (recursively through nested code), for spawn."""
-    names, stack = set(), [code]
+    names: set[str] = set()
+    stack = [code]
     while stack:
         current = stack.pop()
         names.update(current.co_names)
@@ -125,7 +128,7 @@ def referenced_globals(code, user_ns: dict) -> dict:
     return {n: user_ns[n] for n in names if n in user_ns and not n.startswith("_i")}
 
 
-def launch_cell(shell, line: str, cell: str):
+def launch_cell(shell: Any, line: str, cell: str) -> None:
     """Run ``cell`` on N ranks; assign rank 0's ``--return`` values in the notebook."""
     from .launcher import notebook_launcher
     options = parse_launch_line(line)
@@ -144,28 +147,28 @@ def launch_cell(shell, line: str, cell: str):
     return None
 
 
-def _cell_filename(shell, source: str, raw: str) -> str:
+def _cell_filename(shell: Any, source: str, raw: str) -> str:
     """IPython's own cell file name (the one its tracebacks show), registered in linecache."""
     compiler = getattr(shell, "compile", None)
     if compiler is not None and hasattr(compiler, "cache"):
         try:
-            return compiler.cache(source, getattr(shell, "execution_count", 0), raw_code=raw)
-        except TypeError:
-            return compiler.cache(source, getattr(shell, "execution_count", 0))
+            return str(compiler.cache(source, getattr(shell, "execution_count", 0), raw_code=raw))
+        except TypeError:   # an IPython whose cache() takes no raw_code
+            return str(compiler.cache(source, getattr(shell, "execution_count", 0)))
     return "<%%launch cell>"
 
 
-def load_ipython_extension(ipython) -> None:
+def load_ipython_extension(ipython: Any) -> None:
     """``%load_ext notebook_launch``: start recording where CUDA gets initialized, add ``%%launch``."""
     from . import cuda_tracking
     if "torch" not in sys.modules:
         try:
             import torch  # noqa: F401  (the CUDA witness wraps torch.cuda._lazy_init)
         except ImportError:
-            pass
+            pass  # without torch there is no CUDA to track
     cuda_tracking.install()
 
-    def launch(line, cell):
+    def launch(line: str, cell: str) -> None:
         return launch_cell(ipython, line, cell)
 
     launch.__doc__ = f"Run the cell on N ranks with notebook_launcher.\n\nUsage: {USAGE}"

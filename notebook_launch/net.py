@@ -15,17 +15,20 @@ import fcntl
 import ipaddress
 import socket
 import struct
+import logging
 import time
 
 SIOCGIFADDR = 0x8915
+log = logging.getLogger("notebook_launch")
 DEFAULT_PORT = 29500
 
 
 def ipv4_of(host: str) -> str | None:
     """The IPv4 address ``host`` names, or None when it does not resolve to one."""
     try:
-        return socket.getaddrinfo(host, None, socket.AF_INET, socket.SOCK_STREAM)[0][4][0]
+        return str(socket.getaddrinfo(host, None, socket.AF_INET, socket.SOCK_STREAM)[0][4][0])
     except (OSError, IndexError):
+        log.debug("%s does not resolve to an IPv4 address", host, exc_info=True)
         return None
 
 
@@ -58,8 +61,9 @@ def source_address_toward(host: str) -> str | None:
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
         try:
             sock.connect((addr, 9))
-            return sock.getsockname()[0]
+            return str(sock.getsockname()[0])
         except OSError:
+            log.debug("no route from this node toward %s", addr, exc_info=True)
             return None
 
 

@@ -12,6 +12,9 @@ if [ $# -gt 0 ]; then
   exec .venv/bin/python -m pytest -p no:cacheprovider "$@"
 fi
 status=0
+# Static checks of notebook_launch/ (ruff and mypy, pinned in pyproject's test extra): zero findings.
+.venv/bin/ruff check notebook_launch || status=1
+.venv/bin/mypy || status=1
 # ipywidgets 7.7 lane (Colab's widget stack: ipywidgets 7.7.1, ipykernel 6.17): the widget panel and its
 # Stop button in a real kernel. About 2 minutes, plus a few the first time its venv is built.
 # Skip with NOTEBOOK_LAUNCH_SKIP_IPYW7=1.

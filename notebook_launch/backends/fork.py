@@ -28,7 +28,8 @@ class ForkedRank(RankProcess):
         if self._status is None:
             try:
                 pid, status = os.waitpid(self.pid, os.WNOHANG)
-            except ChildProcessError:
+            except ChildProcessError:   # reaped elsewhere (a SIGCHLD handler): its status is lost
+                log.debug("rank process %d was reaped by someone else; exit status unknown", self.pid)
                 self._status = ("exit", -1)
                 return self._status
             if pid == 0:

@@ -15,7 +15,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 from ..rank import spawn_context
 from .base import Backend, RankPipes, RankProcess, WaitStatus, start_each
@@ -114,7 +114,7 @@ class SpawnBackend(Backend):
                 "--events-fd", str(pipes.events_w), "--parent-pid", str(parent_pid)]
         if exit_w is not None:
             argv += ["--exit-fd", str(exit_w)]
-        extra = {"process_group": 0} if sys.version_info >= (3, 11) else {}
+        extra: dict[str, Any] = {"process_group": 0} if sys.version_info >= (3, 11) else {}
         try:
             popen = subprocess.Popen(
                 argv, stdin=subprocess.DEVNULL, stdout=pipes.stdout_w, stderr=pipes.stderr_w,

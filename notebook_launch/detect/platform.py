@@ -21,6 +21,7 @@ def cuda_device_count() -> int:
     try:
         import torch
     except ImportError:
+        log.debug("torch is not importable: counting no GPU")
         return 0
     try:
         return int(torch.cuda.device_count())

@@ -163,6 +163,7 @@ def torch_xla_installed() -> bool:
     try:
         return importlib.util.find_spec("torch_xla") is not None
     except (ImportError, ValueError):
+        log.debug("looking for torch_xla failed; treating it as not installed", exc_info=True)
         return False
 
 
@@ -202,8 +203,9 @@ def chips_from_accelerator_type(accelerator_type: str | None) -> int | None:
     chips = slice_chips(accelerator_type)
     if not chips:
         return None
-    version, variant = re.match(r"^v(\d)([a-z]*)", (accelerator_type or "").strip().lower()).groups()
-    per_host = 8 if _names_count_chips(int(version), variant) else 4
+    match = re.match(r"^v(\d)([a-z]*)", (accelerator_type or "").strip().lower())
+    assert match is not None   # slice_chips matched the same name
+    per_host = 8 if _names_count_chips(int(match.group(1)), match.group(2)) else 4
     return chips if chips <= per_host else None
 
 

@@ -2,15 +2,17 @@
 sets ``state.stop_requested``). ``choose_display`` picks one for where we run."""
 from __future__ import annotations
 
+import logging
 import sys
 
 from .base import Display
 from .text import SUMMARY_EVERY, TextDisplay
 
+log = logging.getLogger("notebook_launch")
 UI_CHOICES = ("auto", "widget", "html", "rich", "text", "none")
 
 
-def choose_display(ui: str = "auto", *, line_prefix=None) -> Display:
+def choose_display(ui: str = "auto", *, line_prefix: str | None = None) -> Display:
     """auto: the widget panel in a Jupyter kernel with ipywidgets, a rich panel in a
     terminal, plain text (with periodic summaries) otherwise, e.g. in CI logs."""
     if ui == "none":
@@ -37,6 +39,7 @@ def _auto_choice() -> str:
             import ipywidgets  # noqa: F401
             return "widget"
         except ImportError:
+            log.debug("ipywidgets is not installed: the HTML panel stands in for the widget")
             return "html"
     return "rich" if _is_terminal() else "text"
 

@@ -1,6 +1,11 @@
 """The display interface the supervisor drives, from the parent's main thread only."""
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ..state import RunState
+
 DEFAULT_PREFIX = "[rank {rank}]"
 
 
@@ -13,22 +18,22 @@ class Display:
     """
     name = "none"  # what ui= selects it, shown in the launch line
 
-    def __init__(self, line_prefix=None):
+    def __init__(self, line_prefix: str | None = None) -> None:
         self.line_prefix = line_prefix or DEFAULT_PREFIX
 
-    def tag(self, state, local_rank: int) -> str:
+    def tag(self, state: RunState, local_rank: int) -> str:
         rank_state = state.ranks[local_rank]
         return self.line_prefix.format(rank=rank_state.rank, local_rank=local_rank,
                                        role_name="default", node_rank=state.node_rank)
 
-    def start(self, state) -> None:
+    def start(self, state: RunState) -> None:
         pass
 
-    def line(self, state, local_rank: int, stream: str, text: str) -> None:
+    def line(self, state: RunState, local_rank: int, stream: str, text: str) -> None:
         pass
 
-    def refresh(self, state) -> None:
+    def refresh(self, state: RunState) -> None:
         pass
 
-    def close(self, state) -> None:
+    def close(self, state: RunState) -> None:
         pass

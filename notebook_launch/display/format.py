@@ -2,15 +2,17 @@
 widget, the HTML table, the rich panel, text summaries and the text repr."""
 from __future__ import annotations
 
-from ..state import DONE, FAILED, RUNNING, STARTING, STOPPED
+from typing import Any
 
-STATUS_COLORS = {STARTING: "#6b7280", RUNNING: "#2563eb", DONE: "#16a34a",
+from ..state import DONE, FAILED, RUNNING, STARTING, STOPPED, Bar, RankState, RunState
+
+STATUS_COLORS: dict[str, str] = {STARTING: "#6b7280", RUNNING: "#2563eb", DONE: "#16a34a",
                  FAILED: "#dc2626", STOPPED: "#d97706"}
 RICH_STYLES = {STARTING: "dim", RUNNING: "blue", DONE: "green", FAILED: "bold red", STOPPED: "yellow"}
-BAR_STYLES = {DONE: "success", FAILED: "danger", STOPPED: "warning"}   # ipywidgets bar_style
+BAR_STYLES: dict[str, str] = {DONE: "success", FAILED: "danger", STOPPED: "warning"}   # ipywidgets bar_style
 
 
-def duration(seconds) -> str:
+def duration(seconds: float | None) -> str:
     if seconds is None:
         return "?"
     seconds = int(round(seconds))
@@ -19,7 +21,7 @@ def duration(seconds) -> str:
     return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes:02d}:{secs:02d}"
 
 
-def count(value) -> str:
+def count(value: float | None) -> str:
     if value is None:
         return "?"
     if isinstance(value, float) and not value.is_integer():
@@ -34,7 +36,7 @@ def count(value) -> str:
     return str(value)
 
 
-def rate(bar) -> str:
+def rate(bar: Bar) -> str:
     if not bar.rate:
         return ""
     if bar.rate >= 1:
@@ -42,17 +44,17 @@ def rate(bar) -> str:
     return f"{1 / bar.rate:.2f} s/{bar.unit}"
 
 
-def bar_counts(bar) -> str:
+def bar_counts(bar: Bar) -> str:
     total = f"/{count(bar.total)}" if bar.total else ""
     return f"{count(bar.n)}{total}"
 
 
-def bar_percent(bar) -> str:
+def bar_percent(bar: Bar) -> str:
     fraction = bar.fraction
     return "" if fraction is None else f"{fraction * 100:3.0f}%"
 
 
-def bar_details(bar, running: bool = True) -> str:
+def bar_details(bar: Bar, running: bool = True) -> str:
     """'1,000/5,000 120.0 it/s eta 00:33' -- counts, rate, then ETA while the rank runs."""
     parts = [bar_counts(bar)]
     speed = rate(bar)
@@ -65,18 +67,18 @@ def bar_details(bar, running: bool = True) -> str:
     return " ".join(parts)
 
 
-def metric_value(value) -> str:
+def metric_value(value: Any) -> str:
     if isinstance(value, float):
         return f"{value:.4g}"
     return str(value)
 
 
-def metrics(rank_state, limit: int = 6) -> str:
+def metrics(rank_state: RankState, limit: int = 6) -> str:
     items = list(rank_state.metrics.items())[-limit:]
     return " ".join(f"{k}={metric_value(v)}" for k, v in items)
 
 
-def rank_outcome(rank_state) -> str:
+def rank_outcome(rank_state: RankState) -> str:
     """What a person needs from a finished rank: its error line, or how it ended."""
     if rank_state.status == FAILED:
         return rank_state.error or rank_state.exit_description or "failed"
@@ -85,7 +87,7 @@ def rank_outcome(rank_state) -> str:
     return ""
 
 
-def rank_line(rank_state, width: int = 60) -> str:
+def rank_line(rank_state: RankState, width: int = 60) -> str:
     """One plain-text line per rank, for summaries and the text repr."""
     parts = [f"rank {rank_state.rank}", f"[{rank_state.device}]", rank_state.status]
     bar = rank_state.main_bar
@@ -103,24 +105,25 @@ def rank_line(rank_state, width: int = 60) -> str:
     return " ".join(parts)
 
 
-def outcome(state) -> str | None:
+def outcome(state: RunState) -> str | None:
     """The run's final one-liner; a Stop click reads better than the generic 'interrupted'."""
     if state.stop_requested and state.status == STOPPED:
         return "stopped with the Stop button"
     return state.summary
 
 
-def header(state) -> str:
+def header(state: RunState) -> str:
     return (f"notebook_launch run {state.run_id}: {state.world_size} rank"
             f"{'s' if state.world_size != 1 else ''}, {state.backend}, {run_status(state)}, "
             f"{duration(state.elapsed)} elapsed, logs: {state.log_dir}")
 
 
-def summary(state) -> str:
+def summary(state: RunState) -> str:
     """Multi-line plain text: header, one line per rank, and the outcome when known."""
     lines = [header(state)] + ["  " + rank_line(rs) for rs in state.ranks]
-    if outcome(state):
-        lines.append(outcome(state))
+    ending = outcome(state)
+    if ending:
+        lines.append(ending)
     return "\n".join(lines)
 
 
@@ -129,7 +132,7 @@ def shorten(text: str, width: int) -> str:
     return text if len(text) <= width else text[:width - 1] + "…"
 
 
-def run_status(state) -> str:
+def run_status(state: RunState) -> str:
     """The run's status as a person would say it while it runs."""
     if state.status != RUNNING:
         return state.status

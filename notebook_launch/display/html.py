@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import html
 import time
+from typing import Any
 
 from . import format as fmt
 from .base import Display
 from .text import TextDisplay
-from ..state import DONE, FAILED
+from ..state import DONE, FAILED, RunState
 from .fragments import header_html, info_html, label_html
 
 REDRAWS_PER_SECOND = 2
@@ -17,24 +18,24 @@ REDRAWS_PER_SECOND = 2
 
 class HtmlDisplay(Display):
     name = "html"  # what ui= selects it, shown in the launch line
-    def __init__(self, line_prefix=None, print_lines: bool = True):
+    def __init__(self, line_prefix: str | None = None, print_lines: bool = True) -> None:
         super().__init__(line_prefix)
         self.lines = TextDisplay(line_prefix, stream_is_notebook=True) if print_lines else None
-        self.handle = None
+        self.handle: Any = None
         self._last = 0.0
-        self._last_html = None
+        self._last_html: str | None = None
 
-    def start(self, state) -> None:
+    def start(self, state: RunState) -> None:
         from IPython.display import display
         self._last_html = render(state)
         self.handle = display({"text/html": self._last_html, "text/plain": fmt.summary(state)},
                               raw=True, display_id=True)
 
-    def line(self, state, local_rank, stream, text) -> None:
+    def line(self, state: RunState, local_rank: int, stream: str, text: str) -> None:
         if self.lines is not None:
             self.lines.line(state, local_rank, stream, text)
 
-    def refresh(self, state, final: bool = False) -> None:
+    def refresh(self, state: RunState, final: bool = False) -> None:
         now = time.monotonic()
         if self.handle is None or (not final and now - self._last < 1.0 / REDRAWS_PER_SECOND):
             return
@@ -44,13 +45,13 @@ class HtmlDisplay(Display):
             self._last_html = page
         self._last = now
 
-    def close(self, state) -> None:
+    def close(self, state: RunState) -> None:
         self.refresh(state, final=True)
         if self.lines is not None:
             self.lines.close(state)
 
 
-def render(state) -> str:
+def render(state: RunState) -> str:
     rows = []
     for rs in state.ranks:
         bar = rs.main_bar

@@ -17,28 +17,33 @@ flag; the supervisor's thread reads it in ``refresh``. Where neither works,
 """
 from __future__ import annotations
 
+import logging
 import queue
 import threading
+from typing import Any, Callable
+
+log = logging.getLogger("notebook_launch")
 
 
-def _kernel():
+def _kernel() -> Any:
     try:
         from IPython import get_ipython
         shell = get_ipython()
         return getattr(shell, "kernel", None)
     except Exception:
+        log.debug("no IPython kernel here: the Stop button cannot be polled", exc_info=True)
         return None
 
 
 class CommPoller:
-    def __init__(self):
+    def __init__(self) -> None:
         self.kernel = _kernel()
-        self.comm_ids = set()
-        self.comms = []
-        self.subshell_id = None
+        self.comm_ids: set[str] = set()
+        self.comms: list[Any] = []
+        self.subshell_id: Any = None
         self.mode = self._pick_mode()
 
-    def _pick_mode(self):
+    def _pick_mode(self) -> str | None:
         kernel = self.kernel
         if kernel is None:
             return None
@@ -47,13 +52,14 @@ class CommPoller:
             try:
                 from ipykernel.comm.comm import BaseComm
             except ImportError:
+                log.debug("ipykernel's comm module is missing: no Stop button polling")
                 return None
             return "subshell" if hasattr(BaseComm, "_reply_subshell_for") else None
         if getattr(kernel, "shell_stream", None) is not None and hasattr(kernel, "msg_queue"):
             return "queue"
         return None
 
-    def watch(self, widget) -> bool:
+    def watch(self, widget: Any) -> bool:
         """Deliver ``widget``'s messages from the browser during the run; False if impossible."""
         if self.mode is None:
             return False
@@ -73,12 +79,12 @@ class CommPoller:
         return True
 
     # --- ipykernel 7: a private subshell --------------------------------------
-    def _on_channel_thread(self, function, timeout=5.0):
+    def _on_channel_thread(self, function: Callable[[Any], Any], timeout: float = 5.0) -> Any:
         """Run ``function`` on the shell-channel thread (where subshells are managed)."""
         thread = self.kernel.shell_channel_thread
-        answer = queue.Queue()
+        answer: queue.Queue[tuple[bool, Any]] = queue.Queue()
 
-        def call():
+        def call() -> None:
             try:
                 answer.put((True, function(thread.manager)))
             except BaseException as exc:  # noqa: BLE001 - reported to the caller
@@ -90,10 +96,11 @@ class CommPoller:
             raise value
         return value
 
-    def _create_subshell(self):
+    def _create_subshell(self) -> Any:
         try:
             return self._on_channel_thread(lambda manager: manager._create_subshell())
         except Exception:
+            log.debug("creating a kernel subshell failed: no Stop button polling", exc_info=True)
             return None
 
     # --- ipykernel 6: the kernel's message queue --------------------------------
@@ -115,10 +122,11 @@ class CommPoller:
             for item in pending:
                 if not self._handle_if_ours(item):
                     kernel.msg_queue.put_nowait(item)
-        except Exception:
-            self.mode = None   # never risk the kernel's own messages: stop polling
+        except Exception:   # never risk the kernel's own messages: stop polling
+            log.debug("polling the kernel's message queue failed; polling stops", exc_info=True)
+            self.mode = None
 
-    def _handle_if_ours(self, item) -> bool:
+    def _handle_if_ours(self, item: Any) -> bool:
         kernel = self.kernel
         session = kernel.session
         try:
@@ -133,6 +141,7 @@ class CommPoller:
                 return False
             content = session.unpack(_frame_bytes(frames[4]))
         except Exception:
+            log.debug("a kernel message could not be peeked at; left for the kernel", exc_info=True)
             return False
         comm_id = content.get("comm_id")
         if comm_id not in self.comm_ids:
@@ -140,6 +149,7 @@ class CommPoller:
         try:
             msg = session.deserialize(frames, content=True, copy=False)   # ours: consume it
         except Exception:
+            log.debug("a Stop button message could not be decoded; dropped", exc_info=True)
             return True
         saved = (getattr(kernel, "_parent_ident", None),
                  kernel.get_parent() if hasattr(kernel, "get_parent") else None)
@@ -152,7 +162,7 @@ class CommPoller:
                 try:
                     kernel.set_parent(*saved)
                 except Exception:
-                    pass
+                    log.debug("could not restore the kernel's parent message", exc_info=True)
         return True
 
     def close(self) -> None:
@@ -163,8 +173,8 @@ class CommPoller:
             try:
                 self._on_channel_thread(lambda manager: manager._delete_subshell(subshell_id))
             except Exception:
-                pass
+                log.debug("deleting our kernel subshell failed", exc_info=True)
 
 
-def _frame_bytes(frame) -> bytes:
+def _frame_bytes(frame: Any) -> bytes:
     return frame.bytes if hasattr(frame, "bytes") else bytes(frame)

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import time
+from typing import Any
 
 from . import format as fmt
-from ..state import DONE, FAILED, STOPPED
+from ..state import DONE, FAILED, STOPPED, Bar, RunState
 from .base import Display
 
 REDRAWS_PER_SECOND = 4
@@ -13,39 +14,39 @@ REDRAWS_PER_SECOND = 4
 
 class RichDisplay(Display):
     name = "rich"  # what ui= selects it, shown in the launch line
-    def __init__(self, line_prefix=None, console=None):
+    def __init__(self, line_prefix: str | None = None, console: Any = None) -> None:
         super().__init__(line_prefix)
         from rich.console import Console
         self.console = console or Console()
-        self.live = None
+        self.live: Any = None
         self._last = 0.0
 
-    def start(self, state) -> None:
+    def start(self, state: RunState) -> None:
         from rich.live import Live
         self.live = Live(render(state), console=self.console, auto_refresh=False,
                          transient=False, redirect_stdout=False, redirect_stderr=False)
         self.live.start(refresh=True)
 
-    def line(self, state, local_rank, stream, text) -> None:
+    def line(self, state: RunState, local_rank: int, stream: str, text: str) -> None:
         from rich.text import Text
         tag = Text(self.tag(state, local_rank) + " ", style="red" if stream == "stderr" else "cyan")
         self.console.print(tag + Text(text), soft_wrap=True, highlight=False)
 
-    def refresh(self, state) -> None:
+    def refresh(self, state: RunState) -> None:
         now = time.monotonic()
         if self.live is None or now - self._last < 1.0 / REDRAWS_PER_SECOND:
             return
         self._last = now
         self.live.update(render(state), refresh=True)
 
-    def close(self, state) -> None:
+    def close(self, state: RunState) -> None:
         if self.live is not None:
             self.live.update(render(state), refresh=True)
             self.live.stop()
             self.live = None
 
 
-def render(state):
+def render(state: RunState) -> Any:
     from rich.panel import Panel
     from rich.progress_bar import ProgressBar
     from rich.table import Table
@@ -78,7 +79,7 @@ def render(state):
     return Panel(table, title=title, subtitle=subtitle, border_style=border)
 
 
-def bar_text(bar, running: bool = True) -> str:
+def bar_text(bar: Bar, running: bool = True) -> str:
     if bar is None:
         return ""
     return f"{fmt.bar_percent(bar).strip()} {fmt.bar_details(bar, running)}".strip()

@@ -4,7 +4,12 @@ from __future__ import annotations
 import sys
 import time
 
+from typing import TYPE_CHECKING
+
 from .base import Display
+
+if TYPE_CHECKING:
+    from ..state import RunState
 
 # A notebook drops output past ~1000 messages/s (IOPub rate limit) and the
 # browser slows to a crawl long before a million lines; the log files keep all.
@@ -19,7 +24,8 @@ class TextDisplay(Display):
     (output that is not a terminal cannot redraw a panel, e.g. CI logs)."""
     name = "text"  # what ui= selects it, shown in the launch line
 
-    def __init__(self, line_prefix=None, stream_is_notebook: bool = False, summary_every=None):
+    def __init__(self, line_prefix: str | None = None, stream_is_notebook: bool = False,
+                 summary_every: float | None = None) -> None:
         super().__init__(line_prefix)
         self.summary_every = summary_every
         self._last_summary = time.monotonic()
@@ -28,7 +34,7 @@ class TextDisplay(Display):
         self._window_count = 0
         self._suppressed = 0
 
-    def line(self, state, local_rank, stream, text) -> None:
+    def line(self, state: RunState, local_rank: int, stream: str, text: str) -> None:
         if self.budget is not None and not self._within_budget():
             self._suppressed += 1
             return
@@ -42,7 +48,7 @@ class TextDisplay(Display):
             self._window_start = now
             self._window_count = 0
         self._window_count += 1
-        return self._window_count <= self.budget
+        return self.budget is None or self._window_count <= self.budget
 
     def _report_suppressed(self) -> None:
         if self._suppressed:
@@ -50,7 +56,7 @@ class TextDisplay(Display):
                              f"(too fast for the notebook); every line is in the log folder\n")
             self._suppressed = 0
 
-    def refresh(self, state) -> None:
+    def refresh(self, state: RunState) -> None:
         if self.summary_every is None:
             return
         now = time.monotonic()
@@ -58,11 +64,11 @@ class TextDisplay(Display):
             self._last_summary = now
             self._print_summary(state)
 
-    def _print_summary(self, state) -> None:
+    def _print_summary(self, state: RunState) -> None:
         from . import format as fmt
         sys.stdout.write(fmt.summary(state) + "\n")
 
-    def close(self, state) -> None:
+    def close(self, state: RunState) -> None:
         if self.summary_every is not None:
             self._print_summary(state)
         self._report_suppressed()

@@ -12,13 +12,14 @@ from __future__ import annotations
 import collections
 import html
 import time
+from typing import Any
 
 from . import format as fmt
 from . import fragments
 from .base import Display
 from .kernel_poll import CommPoller
 from .text import TextDisplay
-from ..state import DONE
+from ..state import DONE, RankState, RunState
 
 MAX_REDRAWS_PER_SECOND = 5
 MESSAGES_PER_SECOND = 50       # comm messages per second, under a notebook's IOPub limit
@@ -29,27 +30,28 @@ LOG_REFRESH_SECONDS = 2.0   # recent lines are one click away; they need not be 
 class WidgetDisplay(Display):
     name = "widget"  # what ui= selects it, shown in the launch line
 
-    def __init__(self, line_prefix=None, print_lines: bool = True, poll_kernel: bool = True):
+    def __init__(self, line_prefix: str | None = None, print_lines: bool = True,
+                 poll_kernel: bool = True) -> None:
         super().__init__(line_prefix)
         import ipywidgets
         self.widgets = ipywidgets
         self.lines = TextDisplay(line_prefix, stream_is_notebook=True) if print_lines else None
         self.poller = CommPoller() if poll_kernel else None
-        self.sent = {}                         # (id(widget), trait) -> last value sent
-        self.window = collections.deque()      # (time, messages) of the last second
+        self.sent: dict[tuple[int, str], Any] = {}   # (id(widget), trait) -> last value sent
+        self.window: collections.deque[tuple[float, int]] = collections.deque()   # (time, messages), last second
         self.redraws = 0
         self._last_redraw = 0.0
         self._last_logs = 0.0
-        self._lines_seen = {}
-        self.handle = None
-        self.panel = None
+        self._lines_seen: dict[int, int] = {}
+        self.handle: Any = None
+        self.panel: Any = None
 
     # --- building --------------------------------------------------------
-    def start(self, state) -> None:
+    def start(self, state: RunState) -> None:
         w = self.widgets
         self.header = w.HTML()
         self.rows = []
-        for rs in state.ranks:
+        for _rs in state.ranks:
             label = w.HTML(layout=w.Layout(width="190px"))
             bar = w.FloatProgress(min=0.0, max=1.0, value=0.0, layout=w.Layout(width="32%"))
             info = w.HTML(layout=w.Layout(width="auto"))
@@ -82,11 +84,11 @@ class WidgetDisplay(Display):
             self.stop_button.description = "Stopping…"
 
     # --- the supervisor's calls -------------------------------------------
-    def line(self, state, local_rank, stream, text) -> None:
+    def line(self, state: RunState, local_rank: int, stream: str, text: str) -> None:
         if self.lines is not None:
             self.lines.line(state, local_rank, stream, text)
 
-    def refresh(self, state) -> None:
+    def refresh(self, state: RunState) -> None:
         if self.poller is not None:
             self.poller.poll()
         if state.stop_requested and self.panel is not None and not self._stop_shown:
@@ -96,7 +98,7 @@ class WidgetDisplay(Display):
             return
         self._redraw(state, final=False, now=now)
 
-    def close(self, state) -> None:
+    def close(self, state: RunState) -> None:
         if self.poller is not None:
             self.poller.close()
         if self.panel is not None:
@@ -110,7 +112,7 @@ class WidgetDisplay(Display):
             self.lines.close(state)
 
     # --- drawing -----------------------------------------------------------
-    def _redraw(self, state, final: bool, now: float) -> None:
+    def _redraw(self, state: RunState, final: bool, now: float) -> None:
         changes = self._changes(state, final, now)
         if not final and not self._within_budget(len(changes), now):
             return
@@ -129,8 +131,8 @@ class WidgetDisplay(Display):
         used = sum(n for _, n in self.window)
         return needed == 0 or used == 0 or used + needed <= MESSAGES_PER_SECOND
 
-    def _changes(self, state, final: bool, now: float) -> list:
-        wanted = [(self.header, {"value": fragments.header_html(state)})]
+    def _changes(self, state: RunState, final: bool, now: float) -> list[tuple[Any, dict[str, Any]]]:
+        wanted: list[tuple[Any, dict[str, Any]]] = [(self.header, {"value": fragments.header_html(state)})]
         for rs, (row, label, bar, info) in zip(state.ranks, self.rows):
             wanted.append((label, {"value": fragments.label_html(rs)}))
             wanted.append((bar, _bar_traits(rs)))
@@ -152,35 +154,35 @@ class WidgetDisplay(Display):
 _UNSET = object()
 
 
-def _panel_class():
+def _panel_class() -> type:
     import ipywidgets
 
     class Panel(ipywidgets.VBox):
         """The panel box; its repr is the run summary (frontends without widgets show it)."""
         state = None
 
-        def __repr__(self):
+        def __repr__(self) -> str:
             return fmt.summary(self.state) if self.state is not None else "notebook_launch panel"
 
     return Panel
 
 
-def _Panel(children):
+def _Panel(children: list[Any]) -> Any:
     return _panel_class()(children)
 
 
-def _bundle(panel, text: str) -> dict:
+def _bundle(panel: Any, text: str) -> dict[str, Any]:
     return {"text/plain": text,
             "application/vnd.jupyter.widget-view+json": {
                 "version_major": 2, "version_minor": 0, "model_id": panel.model_id}}
 
 
-def _show(panel, text: str):
+def _show(panel: Any, text: str) -> Any:
     from IPython.display import display
     return display(_bundle(panel, text), raw=True, display_id=True)
 
 
-def _bar_traits(rs) -> dict:
+def _bar_traits(rs: RankState) -> dict[str, Any]:
     bar = rs.main_bar
     if bar is None:
         value = 1.0 if rs.status == DONE else 0.0
@@ -191,7 +193,7 @@ def _bar_traits(rs) -> dict:
     return {"value": value, "bar_style": fmt.BAR_STYLES.get(rs.status, "")}
 
 
-def _log_html(rs) -> str:
+def _log_html(rs: RankState) -> str:
     recent = list(rs.lines)[-LOG_LINES_SHOWN:]
     if not recent:
         return "<i>no output yet</i>"

@@ -35,7 +35,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from torch.distributed.elastic.agent.server.api import (  # noqa: E402  (torch is required here)
-    RunResult, SimpleElasticAgent, WorkerGroup, WorkerSpec, WorkerState)
+    RunResult, SimpleElasticAgent, WorkerSpec, WorkerState)
 
 from ..backends.base import RankPipes
 from ..errors import LaunchError
@@ -54,6 +54,9 @@ if TYPE_CHECKING:
     from ..rank.runner import Job
     from .rendezvous import RendezvousSettings
 
+# torch types a WorkerGroup's rank, size, store and address Optional; every hook here runs
+# after the rendezvous assigned them.
+AssignedGroup = Any
 AGENT_TICK = 0.001          # elastic sleeps this between monitor calls; our step() does the waiting
 SECONDARY_GRACE = 5.0       # how long a node with a "connection closed" error waits for the real cause
 WORKER_PORT_KEY = "notebook_launch/worker_port/{attempt}"
@@ -88,7 +91,7 @@ class NotebookElasticAgent(SimpleElasticAgent):
         return torch_compat.attempt_number(self)
 
     # --- elastic's hooks -------------------------------------------------------
-    def _start_workers(self, worker_group: WorkerGroup) -> dict[int, int]:
+    def _start_workers(self, worker_group: AssignedGroup) -> dict[int, int]:
         ctx = self.run_ctx
         attempt = self.attempt
         port = self._agree_worker_port(worker_group, attempt)
@@ -104,7 +107,7 @@ class NotebookElasticAgent(SimpleElasticAgent):
                                      timeout=ctx.timeout, poll_interval=ctx.poll_interval)
         return self.sup.pids()
 
-    def _monitor_workers(self, worker_group: WorkerGroup) -> RunResult:
+    def _monitor_workers(self, worker_group: AssignedGroup) -> RunResult:
         ctx, sup, board = self.run_ctx, self.sup, self.board
         assert sup is not None and board is not None
         status = sup.step(ctx.poll_interval)
@@ -130,14 +133,14 @@ class NotebookElasticAgent(SimpleElasticAgent):
             raise RunEnded(outcome.lost_contact_error(exc, ctx.run.state)) from None
         return RunResult(state=WorkerState.HEALTHY)
 
-    def _stop_workers(self, worker_group: WorkerGroup, *args: Any, **kwargs: Any) -> None:
+    def _stop_workers(self, worker_group: AssignedGroup, *args: Any, **kwargs: Any) -> None:
         self.close_attempt()
 
     def _shutdown(self, death_sig: Any = None, timeout: int = 30, *args: Any, **kwargs: Any) -> None:
         self.close_attempt()
 
     # --- failures ------------------------------------------------------------------
-    def _after_local_failure(self, worker_group: WorkerGroup) -> RunResult:
+    def _after_local_failure(self, worker_group: AssignedGroup) -> RunResult:
         sup, board = self.sup, self.board
         assert sup is not None and board is not None
         sup.close()
@@ -161,7 +164,7 @@ class NotebookElasticAgent(SimpleElasticAgent):
         return RunResult(state=WorkerState.FAILED)
 
     # --- helpers -------------------------------------------------------------------
-    def _agree_worker_port(self, worker_group: WorkerGroup, attempt: int) -> int:
+    def _agree_worker_port(self, worker_group: AssignedGroup, attempt: int) -> int:
         """A fresh store for the ranks of every attempt; see the module docstring."""
         store = worker_group.store
         key = WORKER_PORT_KEY.format(attempt=attempt)
@@ -189,7 +192,7 @@ def _rank_words(record: Failure) -> str:
     return f", rank {record.rank}" if record.rank is not None else ""
 
 
-def attempt_plan(base: LaunchPlan, worker_group: WorkerGroup, port: int, attempt: int, max_restarts: int,
+def attempt_plan(base: LaunchPlan, worker_group: AssignedGroup, port: int, attempt: int, max_restarts: int,
                  run_id: str) -> LaunchPlan:
     """This node's ranks as elastic assigned them, with the environment elastic gives workers."""
     multi_node = worker_group.group_world_size > 1

@@ -28,6 +28,7 @@ from .. import net as network
 from ..net import free_port
 from ..options import validate_rendezvous
 from . import torch_compat
+log = logging.getLogger("notebook_launch")
 ARRIVAL_POLL = 0.1
 ARRIVED_KEY = "notebook_launch/arrived/{round}/{rank}"
 
@@ -68,7 +69,7 @@ def settings_from_arguments(*, rdzv_backend: str, rdzv_endpoint: str, rdzv_conf:
     endpoint = rdzv_endpoint.strip() or f"{master_addr}:{port}"
     if rdzv_backend in ("static", "c10d") and ":" not in endpoint:
         endpoint = f"{endpoint}:{port}"
-    settings = dict(backend=rdzv_backend, endpoint=endpoint, run_id=rdzv_id, node_rank=node_rank,
+    settings: dict[str, Any] = dict(backend=rdzv_backend, endpoint=endpoint, run_id=rdzv_id, node_rank=node_rank,
                     num_nodes=num_nodes, timeout=timeout,
                     may_move_port=may_move_port and num_nodes == 1 and not rdzv_endpoint.strip())
     if rdzv_backend == "static":
@@ -91,13 +92,13 @@ def settings_from_arguments(*, rdzv_backend: str, rdzv_endpoint: str, rdzv_conf:
 
 def _torch_thinks_host(host: str) -> bool:
     try:
-        from torch.distributed.elastic.rendezvous.utils import _matches_machine_hostname
-        return bool(_matches_machine_hostname(host))
+        return torch_compat.matches_machine_hostname(host)
     except Exception:
+        log.debug("torch's hostname match is unavailable; only loopback counts as this host", exc_info=True)
         return network.is_loopback(host)
 
 
-def rendezvous_parameters(settings: RendezvousSettings):
+def rendezvous_parameters(settings: RendezvousSettings) -> Any:
     from torch.distributed.elastic.rendezvous import RendezvousParameters
     return RendezvousParameters(
         backend=settings.backend, endpoint=settings.endpoint, run_id=settings.run_id,
@@ -105,7 +106,7 @@ def rendezvous_parameters(settings: RendezvousSettings):
         local_addr=settings.local_addr, **settings.config)
 
 
-def create_handler(settings: RendezvousSettings):
+def create_handler(settings: RendezvousSettings) -> "NotebookRendezvous":
     """Elastic's handler for ``settings.backend``, wrapped so every wait is interruptible and bounded."""
     from torch.distributed.elastic.rendezvous import registry
     deadline = time.monotonic() + settings.timeout
@@ -128,6 +129,7 @@ def _wait_for_endpoint(settings: RendezvousSettings, deadline: float) -> None:
             f"rdzv_endpoint must be its address), or check that this node can reach it.")
 
 
+_HandlerBase: type
 try:
     from torch.distributed.elastic.rendezvous import RendezvousHandler as _HandlerBase
 except ImportError:  # torch without distributed support: the launcher refuses earlier
@@ -138,14 +140,14 @@ class NotebookRendezvous(_HandlerBase):
     """Delegates to elastic's handler; makes the static backend's waits
     interruptible and reports which nodes never arrived."""
 
-    def __init__(self, inner, settings: RendezvousSettings):
+    def __init__(self, inner: Any, settings: RendezvousSettings) -> None:
         self.inner = inner
         self.settings = settings
         self.round = -1
         self.world_size = settings.num_nodes
 
     # --- the part we add -----------------------------------------------------
-    def next_rendezvous(self):
+    def next_rendezvous(self) -> Any:
         self.round += 1
         deadline = time.monotonic() + self.settings.timeout
         if self.settings.backend == "static":
@@ -186,7 +188,7 @@ class NotebookRendezvous(_HandlerBase):
         torch_compat.set_static_store(
             inner, TCPStore(inner.master_addr, inner.master_port, inner.world_size, False, timeout))
 
-    def _wait_for_all(self, store, rank: int, world_size: int, deadline: float) -> None:
+    def _wait_for_all(self, store: Any, rank: int, world_size: int, deadline: float) -> None:
         store.set(ARRIVED_KEY.format(round=self.round, rank=rank), "1")
         keys = [ARRIVED_KEY.format(round=self.round, rank=r) for r in range(world_size)]
         while True:
@@ -197,7 +199,7 @@ class NotebookRendezvous(_HandlerBase):
                 raise RendezvousFailed(self._timeout_message(missing))
             time.sleep(ARRIVAL_POLL)
 
-    def _timeout_message(self, missing=None) -> str:
+    def _timeout_message(self, missing: list[int] | None = None) -> str:
         s = self.settings
         who = (f"node{'s' if len(missing) > 1 else ''} {', '.join(map(str, missing))} never arrived"
                if missing else f"not all {s.num_nodes} nodes arrived")
@@ -216,7 +218,7 @@ class NotebookRendezvous(_HandlerBase):
     def is_closed(self) -> bool:
         return self.inner.is_closed()
 
-    def set_closed(self):
+    def set_closed(self) -> None:
         return self.inner.set_closed()
 
     def num_nodes_waiting(self) -> int:

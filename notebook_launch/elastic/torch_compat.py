@@ -3,7 +3,8 @@
 torch offers no public accessor for these; each function names the field it
 reads or writes. Checked on torch 2.9 and 2.13: ``SimpleElasticAgent`` keeps
 ``_remaining_restarts`` and ``_store`` (its worker group is public through
-``get_worker_group()``), ``StaticTCPRendezvous`` keeps its TCPStore in ``_store``.
+``get_worker_group()``), ``StaticTCPRendezvous`` keeps its TCPStore in ``_store``,
+and ``rendezvous.utils._matches_machine_hostname`` decides whether c10d hosts the store.
 """
 from __future__ import annotations
 
@@ -29,6 +30,12 @@ def drop_agent_store(agent: "SimpleElasticAgent") -> None:
     """Forget the agent's store, so nothing keeps the TCPStore server (and its port) alive."""
     agent._store = None
     agent.get_worker_group().store = None
+
+
+def matches_machine_hostname(host: str) -> bool:
+    """torch's own test of whether ``host`` names this machine (``_matches_machine_hostname``)."""
+    from torch.distributed.elastic.rendezvous.utils import _matches_machine_hostname
+    return bool(_matches_machine_hostname(host))
 
 
 def static_store(handler: Any) -> Any:

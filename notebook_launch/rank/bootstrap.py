@@ -30,7 +30,7 @@ def exit_with(body: Callable[[], int]) -> None:
     except BaseException:  # report anything, then exit with a failure code
         try:
             traceback.print_exc()
-        except BaseException:
+        except BaseException:  # noqa: S110  (stderr itself is broken: nowhere left to say it)
             pass
     finally:
         flush_everything()
@@ -80,8 +80,8 @@ def capture_output(stdout_fd: int, stderr_fd: int) -> None:
         os.close(stdout_fd)
     if stderr_fd not in (1, 2):
         os.close(stderr_fd)
-    sys.stdout = sys.__stdout__ = text_stream(1)
-    sys.stderr = sys.__stderr__ = text_stream(2)
+    sys.stdout = sys.__stdout__ = text_stream(1)  # type: ignore[misc]
+    sys.stderr = sys.__stderr__ = text_stream(2)  # type: ignore[misc]
     # A segfault or abort then prints the Python stack into the rank's log and error.
     faulthandler.enable(file=sys.stderr, all_threads=True)
 

@@ -19,9 +19,12 @@ uses are left alone (freed inside destroy_process_group as usual).
 """
 from __future__ import annotations
 
+import logging
 import sys
+from typing import Any
 
-_kept = []          # the groups DDP models in this rank were built on
+log = logging.getLogger("notebook_launch")
+_kept: list[Any] = []          # the groups DDP models in this rank were built on
 _PATCHED = "_notebook_launch_keeps_groups"
 
 
@@ -34,25 +37,26 @@ def keep_groups_used_by_ddp() -> None:
         import torch.distributed.distributed_c10d as c10d
         from torch.nn.parallel import DistributedDataParallel
     except Exception:   # a torch built without distributed
+        log.debug("torch.distributed is unavailable; no process groups to keep", exc_info=True)
         return
     rendezvous = getattr(c10d, "rendezvous", None)
     if getattr(DistributedDataParallel, _PATCHED, False) or rendezvous is None:
         return
     build = DistributedDataParallel.__init__
 
-    def __init__(self, *args, **kwargs):
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
         build(self, *args, **kwargs)
         group = getattr(self, "process_group", None)
         if group is not None and not any(kept is group for kept in _kept):
             _kept.append(group)
 
-    def rendezvous_after_release(*args, **kwargs):
+    def rendezvous_after_release(*args: Any, **kwargs: Any) -> Any:
         release_destroyed_groups()   # a re-init binds MASTER_PORT again: free the old store
         return rendezvous(*args, **kwargs)
 
-    __init__.__wrapped__ = build
+    __init__.__wrapped__ = build  # type: ignore[attr-defined]
     __init__.__doc__ = build.__doc__
-    DistributedDataParallel.__init__ = __init__
+    DistributedDataParallel.__init__ = __init__  # type: ignore[method-assign]
     c10d.rendezvous = rendezvous_after_release
     setattr(DistributedDataParallel, _PATCHED, True)
 

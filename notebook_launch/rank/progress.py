@@ -14,11 +14,15 @@ RESULT/ERROR, so the parent's last state is exact).
 from __future__ import annotations
 
 import itertools
+import logging
 import os
 import threading
 import time
+from typing import Any, Iterable, Iterator
 
 from .. import protocol
+
+log_ = logging.getLogger("notebook_launch")
 
 MAX_SENDS_PER_SECOND = 10
 SEND_INTERVAL = 1.0 / MAX_SENDS_PER_SECOND
@@ -29,7 +33,7 @@ STALE_AFTER = 0.5        # a bar silent this long gets checked on its very next 
 _monotonic = time.monotonic
 
 
-def scalar(value):
+def scalar(value: Any) -> Any:
     """Metrics become plain Python scalars right away (a tensor is read now, not later)."""
     if isinstance(value, (int, float, str, bool)) or value is None:
         return value
@@ -38,30 +42,31 @@ def scalar(value):
         try:
             return item()
         except Exception:
-            pass
+            log_.debug("metric %r has an item() that failed; trying float()", type(value), exc_info=True)
     try:
         return float(value)
     except Exception:
+        log_.debug("metric of type %s is shown as text", type(value).__name__)
         return str(value)[:80]
 
 
 class _Reporter:
     """The rank's single batching point between bars and the event channel."""
 
-    def __init__(self, writer):
+    def __init__(self, writer: protocol.EventWriter) -> None:
         self.writer = writer
         self.pid = os.getpid()
         self.lock = threading.Lock()
-        self.live = {}               # bar id -> progress (open bars)
-        self.dirty = {}              # bar id -> progress whose fields changed
-        self.metrics = {}            # metrics not yet sent
-        self.sent = {}               # bar id -> last fields sent
+        self.live: dict[str, Progress] = {}    # bar id -> bar (open bars)
+        self.dirty: dict[str, Progress] = {}   # bar id -> bar whose fields changed
+        self.metrics: dict[str, Any] = {}            # metrics not yet sent
+        self.sent: dict[str, dict[str, Any]] = {}    # bar id -> last fields sent
         self.ids = itertools.count()
         self.wake = threading.Event()
-        self.thread = None
+        self.thread: threading.Thread | None = None
         self.sends = 0
 
-    def register(self, bar) -> str:
+    def register(self, bar: Progress) -> str:
         with self.lock:
             bar_id = f"b{next(self.ids)}"
             self.live[bar_id] = bar
@@ -69,23 +74,24 @@ class _Reporter:
         self._ensure_thread()
         return bar_id
 
-    def touch(self, bar) -> None:
+    def touch(self, bar: Progress) -> None:
         self.dirty[bar._id] = bar   # dict assignment is atomic under the GIL
 
-    def closed(self, bar) -> None:
+    def closed(self, bar: Progress) -> None:
         with self.lock:
             self.live.pop(bar._id, None)
             self.dirty[bar._id] = bar
         self.wake.set()
 
-    def log(self, metrics: dict) -> None:
+    def log(self, metrics: dict[str, Any]) -> None:
         with self.lock:
             self.metrics.update(metrics)
 
     def _ensure_thread(self) -> None:
         if self.thread is None or not self.thread.is_alive():
-            self.thread = threading.Thread(target=self._run, name="notebook_launch-progress", daemon=True)
-            self.thread.start()
+            thread = threading.Thread(target=self._run, name="notebook_launch-progress", daemon=True)
+            self.thread = thread
+            thread.start()
 
     def _run(self) -> None:
         while True:
@@ -97,6 +103,7 @@ class _Reporter:
             try:
                 self.flush()
             except Exception:   # the parent went away: nothing left to report to
+                log_.debug("progress events cannot be sent any more; the flusher stops", exc_info=True)
                 return
             self._poke_stale(started)
             time.sleep(max(0.0, SEND_INTERVAL - (_monotonic() - started)))
@@ -107,7 +114,7 @@ class _Reporter:
             if now - bar._checked_at > STALE_AFTER:
                 bar._next_check = 0
 
-    def payload(self) -> dict | None:
+    def payload(self) -> dict[str, Any] | None:
         with self.lock:
             dirty, self.dirty = self.dirty, {}
             metrics, self.metrics = self.metrics, {}
@@ -166,7 +173,7 @@ def flush() -> None:
         rep.flush()
 
 
-def log(**metrics) -> None:
+def log(**metrics: Any) -> None:
     """Show scalars (loss=..., lr=...) on this rank's row; a no-op outside a launch."""
     rep = reporter()
     if rep is not None and metrics:
@@ -189,12 +196,13 @@ class Progress:
     Outside a launch nothing is reported and iteration is the iterable's own.
     """
 
-    def __init__(self, iterable=None, desc: str = "", total=None, unit: str = "it", initial=0):
+    def __init__(self, iterable: Iterable[Any] | None = None, desc: str = "", total: float | None = None,
+                 unit: str = "it", initial: float = 0) -> None:
         self.iterable = iterable
         self.desc = desc or ""
         if total is None and iterable is not None:
             try:
-                total = len(iterable)
+                total = len(iterable)  # type: ignore[arg-type]
             except (TypeError, AttributeError):
                 total = None
         self.total = total
@@ -206,21 +214,21 @@ class Progress:
         self._check_every = 1
         self._next_check = initial + 1
         self._reporter = reporter()
-        self._id = self._reporter.register(self) if self._reporter is not None else None
-        self._rate = None
+        self._id: str = self._reporter.register(self) if self._reporter is not None else ""
+        self._rate: float | None = None
         self._last_n = initial
         self._last_t = self._started
 
     # --- the hot path ----------------------------------------------------
-    def __iter__(self):
+    def __iter__(self) -> Iterator[Any]:
         if self._reporter is None:
-            return iter(self.iterable)
+            return iter(self.iterable or ())
         return self._counting_iter()
 
-    def _counting_iter(self):
+    def _counting_iter(self) -> Iterator[Any]:
         n = self.n
         try:
-            for item in self.iterable:
+            for item in self.iterable or ():
                 yield item
                 n += 1
                 if n >= self._next_check:
@@ -230,7 +238,7 @@ class Progress:
             self.n = n
             self.close()
 
-    def update(self, n=1, **metrics) -> None:
+    def update(self, n: float = 1, **metrics: Any) -> None:
         """Advance by ``n`` (manual bars); keyword arguments are metrics."""
         if self._reporter is None:
             return
@@ -251,7 +259,8 @@ class Progress:
             self._check_every //= 2
         self._checked_at = now
         self._next_check = self.n + self._check_every
-        self._reporter.touch(self)
+        if self._reporter is not None:
+            self._reporter.touch(self)
 
     def _publish(self, now: float) -> None:
         """Called by the flusher: fold the rate (smoothed, like tqdm) from the last published count."""
@@ -260,9 +269,10 @@ class Progress:
             instant = (self.n - self._last_n) / dt
             self._rate = instant if self._rate is None else 0.3 * instant + 0.7 * self._rate
             self._last_n, self._last_t = self.n, self._checked_at
-            self._reporter.touch(self)
+            if self._reporter is not None:
+                self._reporter.touch(self)
 
-    def _fields(self) -> dict:
+    def _fields(self) -> dict[str, Any]:
         end = self._checked_at if not self.closed else self._closed_at
         return {"desc": self.desc, "n": self.n, "total": self.total, "unit": self.unit,
                 "rate": None if self._rate is None else round(self._rate, 3),
@@ -273,15 +283,15 @@ class Progress:
         if self._reporter is not None:
             self._reporter.touch(self)
 
-    def set_postfix(self, ordered_dict=None, **metrics) -> None:
+    def set_postfix(self, ordered_dict: dict[str, Any] | None = None, **metrics: Any) -> None:
         metrics = dict(ordered_dict or {}, **metrics)
         log(**metrics)
 
     @staticmethod
-    def log(**metrics) -> None:
+    def log(**metrics: Any) -> None:
         log(**metrics)
 
-    def reset(self, total=None) -> None:
+    def reset(self, total: float | None = None) -> None:
         self.n = 0
         self._last_n = 0
         self._rate = None
@@ -302,16 +312,17 @@ class Progress:
         if self._rate is None and self._closed_at > self._started and self.n:
             self._rate = self.n / (self._closed_at - self._started)
         self.closed = True
-        self._reporter.closed(self)
+        if self._reporter is not None:
+            self._reporter.closed(self)
 
-    def __enter__(self):
+    def __enter__(self) -> Progress:
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def __len__(self):
-        return self.total if self.total is not None else len(self.iterable)
+    def __len__(self) -> int:
+        return int(self.total) if self.total is not None else len(self.iterable)  # type: ignore[arg-type]
 
     def __repr__(self) -> str:
         total = "?" if self.total is None else self.total

@@ -56,7 +56,7 @@ def reset_inherited_state() -> None:
             AcceleratorState._reset_state(True)
             GradientState._reset_state()
         except Exception:
-            pass
+            log.debug("the inherited Accelerate state was not reset", exc_info=True)
 
 
 def forget_interactive_session() -> None:
@@ -72,10 +72,10 @@ def forget_interactive_session() -> None:
                         "pytorch_lightning.trainer.connectors.accelerator_connector"):
         module = sys.modules.get(module_name)
         if module is not None and getattr(module, "_IS_INTERACTIVE", False):
-            module._IS_INTERACTIVE = False
+            module._IS_INTERACTIVE = False  # type: ignore[attr-defined]
 
 
-def configure_torch(spec) -> None:
+def configure_torch(spec: RankSpec) -> None:
     torch = sys.modules.get("torch")
     if torch is None:
         return
@@ -137,12 +137,12 @@ def report_error(payload: protocol.ErrorPayload, writer: protocol.EventWriter | 
     writer.send(protocol.ERROR, payload)
 
 
-def serialize_result(value) -> bytes:
+def serialize_result(value: Any) -> bytes:
     import cloudpickle
     return cloudpickle.dumps(to_cpu(value))
 
 
-def to_cpu(value):
+def to_cpu(value: Any) -> Any:
     """Move tensors (also inside lists, tuples and dicts) to the CPU, so the
     parent, which must not initialize CUDA, can unpickle them."""
     torch = sys.modules.get("torch")
@@ -162,11 +162,13 @@ def to_cpu(value):
     return value
 
 
-def _rebuild_mapping(value):
+def _rebuild_mapping(value: Any) -> Any:
     try:
         copy = type(value)()
         for k, v in value.items():
             copy[k] = to_cpu(v)
         return copy
     except Exception:
+        log.debug("a %s result is returned as it is (tensors not moved to the CPU)",
+                  type(value).__name__, exc_info=True)
         return value

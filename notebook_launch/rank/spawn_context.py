@@ -11,16 +11,20 @@ reading it could initialize CUDA in the notebook.
 """
 from __future__ import annotations
 
+import logging
 import os
 import pickle
 import sys
+from typing import Any, Callable, Iterable
 
 from ..errors import LaunchArgumentError
+
+log = logging.getLogger("notebook_launch")
 
 MAX_CELL_SOURCE_BYTES = 8 << 20
 
 
-def build_payload(job, specs) -> bytes:
+def build_payload(job: Any, specs: Iterable[Any]) -> bytes:
     """Bytes for the spawned ranks: the cloudpickled job plus the parent's context."""
     job_bytes = pickle_job(job)
     return pickle.dumps({
@@ -30,7 +34,7 @@ def build_payload(job, specs) -> bytes:
     }, protocol=pickle.HIGHEST_PROTOCOL)
 
 
-def pickle_job(job) -> bytes:
+def pickle_job(job: Any) -> bytes:
     """cloudpickle the job; on failure name the part that cannot be shipped and what to do."""
     import cloudpickle
     try:
@@ -45,7 +49,7 @@ def pickle_job(job) -> bytes:
             f"or use start_method='fork' where it is safe.") from exc
 
 
-def _unpicklable_part(job, cloudpickle) -> str:
+def _unpicklable_part(job: Any, cloudpickle: Any) -> str:
     parts = [("the function", job.function)]
     parts += [(f"args[{i}]", a) for i, a in enumerate(job.args)]
     parts += [(f"kwargs[{k!r}]", v) for k, v in (job.kwargs or {}).items()]
@@ -57,13 +61,14 @@ def _unpicklable_part(job, cloudpickle) -> str:
     return "the job"
 
 
-def capture_context() -> dict:
+def capture_context() -> dict[str, Any]:
     """The notebook's state that a rank should start with. Plain data only."""
     try:
         cwd = os.getcwd()
     except OSError:
+        log.debug("the working directory is gone; ranks keep theirs")
         cwd = None
-    context = {"cwd": cwd, "sys_path": list(sys.path), "random_state": None,
+    context: dict[str, Any] = {"cwd": cwd, "sys_path": list(sys.path), "random_state": None,
                "numpy_state": None, "torch": None, "cell_sources": cell_sources()}
     import random
     context["random_state"] = random.getstate()
@@ -73,17 +78,18 @@ def capture_context() -> dict:
             name, keys, pos, has_gauss, cached = numpy.random.get_state()
             context["numpy_state"] = (name, keys.tolist(), pos, has_gauss, cached)
         except Exception:
-            pass
+            log.debug("numpy's random state is not shipped to the ranks", exc_info=True)
     if "torch" in sys.modules:
         context["torch"] = _torch_settings(sys.modules["torch"])
     return context
 
 
-def cell_sources(limit: int = MAX_CELL_SOURCE_BYTES) -> dict:
+def cell_sources(limit: int = MAX_CELL_SOURCE_BYTES) -> dict[str, list[str]]:
     """Source lines of code that exists only in memory (notebook cells: IPython keeps them
     in linecache without a file), so a rank's traceback shows the failing line."""
     import linecache
-    sources, total = {}, 0
+    sources: dict[str, list[str]] = {}
+    total = 0
     for filename, entry in list(linecache.cache.items()):
         if len(entry) != 4 or entry[1] is not None:  # only entries without a file to reread
             continue
@@ -95,11 +101,11 @@ def cell_sources(limit: int = MAX_CELL_SOURCE_BYTES) -> dict:
     return sources
 
 
-def _torch_flags(torch) -> dict:
+def _torch_flags(torch: Any) -> dict[str, tuple[Callable[[], Any], Callable[[Any], Any]]]:
     """name -> (getter, setter) for the torch settings a forked rank would inherit."""
     cudnn, matmul = torch.backends.cudnn, torch.backends.cuda.matmul
 
-    def attr(obj, name):
+    def attr(obj: Any, name: str) -> tuple[Callable[[], Any], Callable[[Any], Any]]:
         return (lambda: getattr(obj, name)), (lambda v: setattr(obj, name, v))
 
     return {
@@ -120,23 +126,23 @@ def _torch_flags(torch) -> dict:
     }
 
 
-def _torch_settings(torch) -> dict:
+def _torch_settings(torch: Any) -> dict[str, Any]:
     settings = {}
     for key, (getter, _) in _torch_flags(torch).items():
         try:
             settings[key] = getter()
         except Exception:  # e.g. torch refuses to read a flag set through mixed old/new APIs
-            pass
+            log.debug("torch setting %s is not shipped to the ranks", key, exc_info=True)
     return settings
 
 
-def restore_paths(context: dict) -> None:
+def restore_paths(context: dict[str, Any]) -> None:
     """Working directory and sys.path first: unpickling the job may import the user's modules."""
     if context.get("cwd"):
         try:
             os.chdir(context["cwd"])
         except OSError:
-            pass
+            log.debug("the notebook's working directory %s is not reachable here", context["cwd"])
     parent_path = list(context.get("sys_path") or [])
     sys.path[:] = parent_path + [p for p in sys.path if p not in parent_path]
     import linecache
@@ -144,7 +150,7 @@ def restore_paths(context: dict) -> None:
         linecache.cache[filename] = (sum(map(len, lines)), None, lines, filename)
 
 
-def restore_state(context: dict) -> None:
+def restore_state(context: dict[str, Any]) -> None:
     """Random states and torch flags, just before the function runs."""
     import random
     if context.get("random_state") is not None:
@@ -155,13 +161,13 @@ def restore_state(context: dict) -> None:
             name, keys, pos, has_gauss, cached = context["numpy_state"]
             numpy.random.set_state((name, numpy.array(keys, dtype=numpy.uint32), pos, has_gauss, cached))
         except Exception:
-            pass
+            log.debug("numpy's random state was not restored", exc_info=True)
     if context.get("torch") is not None:
         import torch
         _restore_torch(torch, context["torch"])
 
 
-def _restore_torch(torch, settings: dict) -> None:
+def _restore_torch(torch: Any, settings: dict[str, Any]) -> None:
     """Set only what differs from a fresh interpreter, so torch's legacy and new
     precision APIs are not mixed (torch then refuses to read them)."""
     for key, (getter, setter) in _torch_flags(torch).items():
@@ -171,4 +177,4 @@ def _restore_torch(torch, settings: dict) -> None:
             if getter() != settings[key]:
                 setter(settings[key])
         except Exception:
-            pass
+            log.debug("torch setting %s was not restored", key, exc_info=True)

@@ -13,27 +13,30 @@ writes nowhere, and its ``display`` hands n/total/desc/postfix to a
 from __future__ import annotations
 
 import importlib.util
+import logging
 import sys
+from typing import Any
 
 from .progress import Progress as panel_bar, log as log_metrics
 
 _PATCHED_ATTR = "_notebook_launch_patched"
+log = logging.getLogger("notebook_launch")
 
 
 class _Discard:
     """A file that drops tqdm's text output."""
 
-    def write(self, text):
+    def write(self, text: str) -> int:
         return len(text)
 
-    def flush(self):
-        pass
+    def flush(self) -> None:
+        """Nothing is buffered."""
 
-    def isatty(self):
+    def isatty(self) -> bool:
         return False
 
 
-def install(spec=None) -> bool:
+def install(spec: Any = None) -> bool:
     """Patch tqdm in this rank; returns False when tqdm is not installed."""
     if "tqdm" not in sys.modules and importlib.util.find_spec("tqdm") is None:
         return False
@@ -51,22 +54,22 @@ def install(spec=None) -> bool:
     return True
 
 
-def _bound(original, self):
+def _bound(original: Any, self: Any) -> Any:
     """tqdm's __init__ may be a functools.partialmethod (its env-var config): bind like Python does."""
     return original.__get__(self, type(self))
 
 
-def _install_methods(base, originals) -> None:
-    def std_init(self, *args, **kwargs):
+def _install_methods(base: Any, originals: dict[str, Any]) -> None:
+    def std_init(self: Any, *args: Any, **kwargs: Any) -> Any:
         return _bound(originals["__init__"], self)(*args, **kwargs)
 
-    def std_close(self):
+    def std_close(self: Any) -> Any:
         return _bound(originals["close"], self)()
 
-    def std_set_postfix(self, *args, **kwargs):
+    def std_set_postfix(self: Any, *args: Any, **kwargs: Any) -> Any:
         return _bound(originals["set_postfix"], self)(*args, **kwargs)
 
-    def __init__(self, *args, **kwargs):
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
         for key in ("display", "gui", "console", "options", "progress", "nrows"):
             kwargs.pop(key, None)   # drawing options of tqdm.notebook / tqdm.rich / tqdm.gui
         if "disable" in kwargs and kwargs["disable"] is None:
@@ -81,7 +84,7 @@ def _install_methods(base, originals) -> None:
                                                    unit=self.unit, initial=self.n)
             self._panel_sync()
 
-    def _panel_sync(self):
+    def _panel_sync(self: Any) -> None:
         panel = getattr(self, "_panel", None)
         if panel is None or panel.closed:
             return
@@ -92,24 +95,24 @@ def _install_methods(base, originals) -> None:
             panel.total = self.total
         panel.update(self.n - panel.n)
 
-    def display(self, msg=None, pos=None):
+    def display(self: Any, msg: Any = None, pos: Any = None) -> bool:
         self._panel_sync()
         return True
 
-    def close(self):
+    def close(self: Any) -> Any:
         if getattr(self, "_panel", None) is not None and not self.disable:
             self._panel_sync()
             self._panel.close()
         return std_close(self)
 
-    def set_postfix(self, ordered_dict=None, refresh=True, **kwargs):
+    def set_postfix(self: Any, ordered_dict: Any = None, refresh: bool = True, **kwargs: Any) -> None:
         std_set_postfix(self, ordered_dict, refresh=refresh, **kwargs)
         metrics = dict(ordered_dict or {}, **kwargs)
         numeric = {k: v for k, v in metrics.items() if not isinstance(v, str)}
         if numeric and getattr(self, "_panel", None) is not None:
             log_metrics(**numeric)
 
-    def reset(self, total=None):
+    def reset(self: Any, total: Any = None) -> None:
         _bound(originals["reset"], self)(total=total)
         if getattr(self, "_panel", None) is not None:
             self._panel.reset(total=self.total)
@@ -123,7 +126,7 @@ def _install_methods(base, originals) -> None:
     base._notebook_launch_std = originals
     setattr(base, _PATCHED_ATTR, True)
 
-    def __init_subclass__(cls, **kw):
+    def __init_subclass__(cls: Any, **kw: Any) -> None:
         super(base, cls).__init_subclass__(**kw)
         _patch_class(cls, base)
 
@@ -136,7 +139,7 @@ _OVERRIDES = ("__init__", "display", "close", "__iter__", "update", "clear", "re
               "status_printer", "set_postfix", "set_description", "refresh", "moveto")
 
 
-def _patch_tree(base) -> None:
+def _patch_tree(base: Any) -> None:
     stack = list(base.__subclasses__())
     while stack:
         cls = stack.pop()
@@ -144,7 +147,7 @@ def _patch_tree(base) -> None:
         stack.extend(cls.__subclasses__())
 
 
-def _patch_class(cls, base) -> None:
+def _patch_class(cls: Any, base: Any) -> None:
     """tqdm's own variants fall back to the patched base; other libraries' subclasses
     (e.g. one that disables bars by an environment variable) keep their logic and
     reach the patched base through super()."""
@@ -154,5 +157,5 @@ def _patch_class(cls, base) -> None:
                 try:
                     delattr(cls, name)
                 except (AttributeError, TypeError):
-                    pass
+                    log.debug("tqdm subclass %s keeps its own %s", cls.__qualname__, name)
     cls.monitor_interval = 0

@@ -10,7 +10,7 @@ import os
 import sys
 import threading
 import traceback
-from typing import Any, Sequence
+from typing import Sequence
 
 from .. import protocol
 from ..detect.xla import stale_tpu_variables
@@ -58,8 +58,8 @@ def run_launcher(plan: LaunchPlan, job: Job, pipes_by_rank: Sequence[RankPipes],
         first = pipes_by_rank[0]
         redirect_fds(first.stdout_w, first.stderr_w)
         out, err = ThreadRoutedStream(text_stream(1)), ThreadRoutedStream(text_stream(2))
-        sys.stdout = sys.__stdout__ = out
-        sys.stderr = sys.__stderr__ = err
+        sys.stdout = sys.__stdout__ = out  # type: ignore[misc,assignment]
+        sys.stderr = sys.__stderr__ = err  # type: ignore[misc,assignment]
         os.environ.update(process_environment(plan))
         for key in stale_tpu_variables():  # the Kaggle workaround (detect.xla.STALE_TPU_VARIABLES)
             del os.environ[key]
@@ -187,7 +187,7 @@ class ThreadRoutedStream(io.TextIOBase):
     def _target(self) -> io.TextIOWrapper:
         return self._by_thread.get(threading.get_ident(), self._default)
 
-    def write(self, text: str) -> int:  # type: ignore[override]
+    def write(self, text: str) -> int:
         return self._target().write(text)
 
     def flush(self) -> None:

@@ -22,7 +22,7 @@ LAST_LINES_IN_ERROR = 20  # a crash without a Python traceback shows the rank's 
 TERM_GRACE = 2.0          # seconds between SIGTERM and SIGKILL at teardown
 log = logging.getLogger("notebook_launch")
 
-SIGNAL_HINTS = {
+SIGNAL_HINTS: dict[int, str] = {
     signal.SIGKILL: "possibly out of memory (the kernel's OOM killer sends SIGKILL)",
     signal.SIGSEGV: "segmentation fault in native code",
     signal.SIGABRT: "aborted (a C++ assertion or std::terminate)",

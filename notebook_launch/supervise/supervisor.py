@@ -14,6 +14,7 @@ import time
 from typing import TYPE_CHECKING, Any, Iterable, Sequence
 
 from .. import protocol
+from ..errors import LaunchError
 from ..protocol import Failure
 from ..state import STOPPED, RunState
 from . import outcome
@@ -180,7 +181,7 @@ class Supervisor:
             results.append(value)
         return results
 
-    def launch_error(self, failure: Failure, results: list[Any]):  # -> LaunchError
+    def launch_error(self, failure: Failure, results: list[Any]) -> LaunchError:
         """The LaunchError for ``failure``; its traceback also goes to the rank's log."""
         if failure.traceback and failure.local_rank is not None:
             self.logs.write_block(failure.local_rank, failure.traceback)

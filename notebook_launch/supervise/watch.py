@@ -76,6 +76,7 @@ class Watcher:
                 self.selector.register(fd, selectors.EVENT_READ, (watch.local_rank, what))
                 watch.open_fds.add(fd)
         for index, process in enumerate(self.processes):
+            assert process.sentinel is not None, "a started process has its exit sentinel"
             self.selector.register(process.sentinel, selectors.EVENT_READ, (index, "exit"))
 
     def watches_of(self, process: RankProcess) -> list[RankWatch]:
