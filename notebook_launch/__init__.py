@@ -7,6 +7,7 @@ from typing import Any
 
 from . import cuda_tracking as _cuda_tracking
 from . import cuda_tracking  # noqa: F401  (preflight and tests use it)
+from .curves import load_metrics
 from .errors import GuardError, LaunchArgumentError, LaunchError
 from .launcher import notebook_launcher
 from .rank.progress import progress
@@ -43,5 +44,5 @@ def load_ipython_extension(ipython: Any) -> None:
     _load(ipython)
 
 
-__all__ = ["notebook_launcher", "progress", "LaunchError", "GuardError", "LaunchArgumentError",
+__all__ = ["notebook_launcher", "progress", "load_metrics", "LaunchError", "GuardError", "LaunchArgumentError",
            "load_ipython_extension", "__version__"]

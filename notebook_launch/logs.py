@@ -15,6 +15,8 @@ import time
 from pathlib import Path
 from typing import IO, Iterable
 
+from .curves import MetricsFile
+
 log = logging.getLogger("notebook_launch")
 
 MAX_LINE = 64 * 1024
@@ -91,6 +93,7 @@ class RunLogs:
             self.path = Path(log_dir).expanduser()
         self.path.mkdir(parents=True, exist_ok=True)
         self._files: dict[int, IO[str]] = {}
+        self.metrics = MetricsFile(self.path)
         for local, global_rank in zip(local_ranks, global_ranks):
             self._files[local] = open(self.path / f"rank{global_rank}.log", "w",
                                       encoding="utf-8", errors="replace", buffering=1 << 16)
@@ -106,11 +109,18 @@ class RunLogs:
         f = self._files[local_rank]
         f.write(text if text.endswith("\n") else text + "\n")
 
+    def write_metrics(self, rank: int, series: dict[str, list[int | float]] | None) -> None:
+        """Every value a progress event carries, to metrics.jsonl (``rank``: global rank)."""
+        if series:
+            self.metrics.write(rank, series)
+
     def flush(self) -> None:
         for f in self._files.values():
             f.flush()
+        self.metrics.flush()
 
     def close(self) -> None:
+        self.metrics.close()
         for f in self._files.values():
             try:
                 f.close()

@@ -45,7 +45,8 @@ class ReadyPayload(TypedDict):
 
 class ProgressPayload(TypedDict, total=False):
     bars: dict[str, dict[str, Any]]    # bar id -> changed fields
-    metrics: dict[str, Any]
+    metrics: dict[str, Any]            # latest value of each metric logged since the last event
+    series: dict[str, list[int | float]]   # every numeric value logged since then, in order (curves)
 
 
 class ErrorPayload(TypedDict):

@@ -12,6 +12,8 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Sequence
 
+from .curves import Series, fold_series
+
 if TYPE_CHECKING:
     from .plan import RankSpec
 
@@ -73,6 +75,7 @@ class RankState:
     status: Status = STARTING
     bars: dict[str, Bar] = field(default_factory=dict)          # id -> Bar, in creation order
     metrics: dict[str, Any] = field(default_factory=dict)       # name -> scalar
+    curves: dict[str, Series] = field(default_factory=dict)     # name -> decimated curve (numeric metrics)
     lines: collections.deque[tuple[str, str]] = field(default_factory=lambda: collections.deque(maxlen=RECENT_LINES))
     exit_description: str | None = None   # e.g. "exit code 0", "killed by SIGKILL"
     error: str | None = None              # one line: "ValueError: boom"
@@ -132,6 +135,8 @@ class RunState:
             for key, value in fields.items():
                 setattr(bar, key, value)
         rs.metrics.update(payload.get("metrics", {}))
+        if payload.get("series"):
+            fold_series(rs.curves, payload["series"])
         if len(rs.bars) > MAX_BARS:
             _prune_closed_bars(rs.bars)
         rs.updates += 1
@@ -164,7 +169,7 @@ class RunState:
         self.node_rank, self.num_nodes, self.world_size = node_rank, num_nodes, world_size
         for rs, spec in zip(self.ranks, ranks):
             rs.rank, rs.status, rs.pid = spec.global_rank, STARTING, None
-            rs.bars, rs.metrics = {}, {}
+            rs.bars, rs.metrics, rs.curves = {}, {}, {}
             rs.exit_description = rs.error = None
 
 

@@ -50,6 +50,20 @@ def scalar(value: Any) -> Any:
         return str(value)[:80]
 
 
+def series_of(logged: list[dict[str, Any]]) -> dict[str, list[int | float]]:
+    """Every numeric value logged since the last send, by metric, in logging order: the
+    curves and metrics.jsonl get every point, though events go out at most 10 times a second."""
+    series: dict[str, list[int | float]] = {}
+    for metrics in logged:
+        for name, value in metrics.items():
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                values = series.get(name)
+                if values is None:
+                    values = series[name] = []
+                values.append(value)
+    return series
+
+
 class _Reporter:
     """The rank's single batching point between bars and the event channel."""
 
@@ -59,7 +73,8 @@ class _Reporter:
         self.lock = threading.Lock()
         self.live: dict[str, Progress] = {}    # bar id -> bar (open bars)
         self.dirty: dict[str, Progress] = {}   # bar id -> bar whose fields changed
-        self.metrics: dict[str, Any] = {}            # metrics not yet sent
+        self.metrics: dict[str, Any] = {}            # latest value of each metric not yet sent
+        self.logged: list[dict[str, Any]] = []       # every log() call's metrics since the last send
         self.sent: dict[str, dict[str, Any]] = {}    # bar id -> last fields sent
         self.ids = itertools.count()
         self.wake = threading.Event()
@@ -86,6 +101,7 @@ class _Reporter:
     def log(self, metrics: dict[str, Any]) -> None:
         with self.lock:
             self.metrics.update(metrics)
+            self.logged.append(metrics)
 
     def _ensure_thread(self) -> None:
         if self.thread is None or not self.thread.is_alive():
@@ -118,6 +134,7 @@ class _Reporter:
         with self.lock:
             dirty, self.dirty = self.dirty, {}
             metrics, self.metrics = self.metrics, {}
+            logged, self.logged = self.logged, []
         bars = {}
         for bar_id, bar in dirty.items():
             fields = bar._fields()
@@ -131,7 +148,7 @@ class _Reporter:
                 self.sent.pop(bar_id, None)
         if not bars and not metrics:
             return None
-        return {"bars": bars, "metrics": metrics}
+        return {"bars": bars, "metrics": metrics, "series": series_of(logged)}
 
     def flush(self) -> None:
         """Send what changed now (one PROGRESS event at most)."""

@@ -127,6 +127,7 @@ class Supervisor:
         local = watch.local_rank
         if kind is protocol.EventKind.PROGRESS:
             self.state.on_progress(local, payload)
+            self.logs.write_metrics(self.state.ranks[local].rank, payload.get("series"))
         elif kind is protocol.EventKind.READY:
             self.state.on_ready(local, payload)
         elif kind is protocol.EventKind.RESULT:
