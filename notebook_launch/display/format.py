@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..state import DONE, FAILED, RUNNING, STARTING, STOPPED, Bar, RankState, RunState
+from .curves import sparkline
 
 STATUS_COLORS: dict[str, str] = {STARTING: "#6b7280", RUNNING: "#2563eb", DONE: "#16a34a",
                  FAILED: "#dc2626", STOPPED: "#d97706"}
@@ -73,9 +74,18 @@ def metric_value(value: Any) -> str:
     return str(value)
 
 
-def metrics(rank_state: RankState, limit: int = 6) -> str:
+def metrics(rank_state: RankState, limit: int = 6, sparklines: bool = False) -> str:
+    """'loss=0.123 lr=0.001'; with ``sparklines`` each curve's shape follows its value
+    ('loss=0.123 ▇▅▃▂▁'), for displays that cannot draw the panel's charts."""
     items = list(rank_state.metrics.items())[-limit:]
-    return " ".join(f"{k}={metric_value(v)}" for k, v in items)
+    if not sparklines:
+        return " ".join(f"{k}={metric_value(v)}" for k, v in items)
+    parts = []
+    for name, value in items:
+        series = rank_state.curves.get(name)
+        shape = sparkline(series) if series is not None and series.total > 1 else ""
+        parts.append(f"{name}={metric_value(value)}" + (f" {shape}" if shape else ""))
+    return " ".join(parts)
 
 
 def rank_outcome(rank_state: RankState) -> str:
@@ -96,7 +106,7 @@ def rank_line(rank_state: RankState, width: int = 60) -> str:
         details = bar_details(bar, running=rank_state.status == RUNNING)
         parts.append(f"{label}{bar_percent(bar).strip()} {details}".strip())
     if rank_state.metrics:
-        parts.append(metrics(rank_state))
+        parts.append(metrics(rank_state, sparklines=True))
     outcome = rank_outcome(rank_state)
     if outcome:
         parts.append(outcome)

@@ -11,6 +11,7 @@ from . import format as fmt
 from .base import Display
 from .text import TextDisplay
 from ..state import DONE, FAILED, RunState
+from .curves import curves_html
 from .fragments import header_html, info_html, label_html
 
 REDRAWS_PER_SECOND = 2
@@ -69,5 +70,5 @@ def render(state: RunState) -> str:
             f"<td>{info_html(rs)}"
             + (f"<details><summary>recent lines</summary><pre>{html.escape(recent)}</pre></details>"
                if recent else "") + "</td></tr>")
-    return (f"<div class='nl-panel'>{header_html(state)}"
+    return (f"<div class='nl-panel'>{header_html(state)}{curves_html(state)}"
             f"<table style='width:100%;border-collapse:collapse'>{''.join(rows)}</table></div>")

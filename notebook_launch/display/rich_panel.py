@@ -71,7 +71,7 @@ def render(state: RunState) -> Any:
         last = Text(fmt.shorten(outcome, 120), style="bold red") if outcome else \
             Text(fmt.shorten(rs.last_line, 80), style="dim")
         table.add_row(f"rank {rs.rank}", rs.device, Text(rs.status, style=style), drawn,
-                      progress, fmt.metrics(rs, limit=3), last)
+                      progress, fmt.metrics(rs, limit=3, sparklines=True), last)
     title = (f"notebook_launch {state.run_id} · {state.world_size} ranks · {state.backend} · "
              f"{fmt.run_status(state)} · {fmt.duration(state.elapsed)}")
     subtitle = f"logs: {state.log_dir}"

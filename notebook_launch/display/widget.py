@@ -16,6 +16,7 @@ from typing import Any
 
 from . import format as fmt
 from . import fragments
+from .curves import curves_html
 from .base import Display
 from .kernel_poll import CommPoller
 from .text import TextDisplay
@@ -25,6 +26,7 @@ MAX_REDRAWS_PER_SECOND = 5
 MESSAGES_PER_SECOND = 50       # comm messages per second, under a notebook's IOPub limit
 LOG_LINES_SHOWN = 40
 LOG_REFRESH_SECONDS = 2.0   # recent lines are one click away; they need not be live
+CURVES_REFRESH_SECONDS = 1.0   # the metric charts: one message a second at most
 
 
 class WidgetDisplay(Display):
@@ -50,6 +52,9 @@ class WidgetDisplay(Display):
     def start(self, state: RunState) -> None:
         w = self.widgets
         self.header = w.HTML()
+        self.curves = w.HTML()      # the logged metrics as SVG charts (display/curves.py)
+        self.curves.add_class("nl-curves-box")
+        self._last_curves = 0.0
         self.rows = []
         for _rs in state.ranks:
             label = w.HTML(layout=w.Layout(width="190px"))
@@ -66,7 +71,7 @@ class WidgetDisplay(Display):
                                     tooltip="Stop every rank (like an interrupt)")
         self.stop_button.on_click(lambda _button: setattr(state, "stop_requested", True))
         self._stop_shown = False
-        self.panel = _Panel([self.header] + [r[0] for r in self.rows] + [self.accordion, self.stop_button])
+        self.panel = _Panel([self.header, self.curves] + [r[0] for r in self.rows] + [self.accordion, self.stop_button])
         self.panel.state = state
         self.panel.add_class("nl-panel")
         self.handle = _show(self.panel, fmt.summary(state))
@@ -139,6 +144,9 @@ class WidgetDisplay(Display):
             wanted.append((info, {"value": fragments.info_html(rs)}))
             classes = [c for c in row._dom_classes if not c.startswith("nl-status-")]
             wanted.append((row, {"_dom_classes": tuple(classes + [f"nl-status-{rs.status}"])}))
+        if final or now - self._last_curves >= CURVES_REFRESH_SECONDS:
+            self._last_curves = now
+            wanted.append((self.curves, {"value": curves_html(state)}))
         if final or now - self._last_logs >= LOG_REFRESH_SECONDS:
             self._last_logs = now
             for rs, log in zip(state.ranks, self.logs):

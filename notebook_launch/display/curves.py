@@ -1,0 +1,133 @@
+"""Logged metrics drawn as small curves: inline SVG for the widget and HTML panels,
+a one-line sparkline for the rich and text displays. No plotting library.
+
+One chart per metric (the first ``MAX_CHARTS`` metrics logged, counters such as
+``step`` or ``epoch`` left out), one line per rank in that rank's colour (a line
+per rank shows a straggler or a diverging rank at a glance; ranks that agree
+overlap). Each point is a bucket's mean; the first rank's (usually rank 0's)
+min-max band, what that averaging hides, is shaded behind the lines.
+"""
+from __future__ import annotations
+
+import html
+import math
+from typing import TYPE_CHECKING
+
+from ..curves import Series
+
+if TYPE_CHECKING:
+    from ..state import RunState
+
+Point = tuple[float, float, float, float]    # (step, mean, min, max) of a bucket
+
+MAX_CHARTS = 4
+WIDTH, HEIGHT = 260, 64          # px of one chart's plot area
+MAX_POINTS = WIDTH // 2          # per line: a point every 2 px is as fine as the eye sees here
+RANK_COLORS = ("#2563eb", "#dc2626", "#16a34a", "#d97706", "#7c3aed", "#0891b2", "#db2777", "#4b5563")
+SPARK = "▁▂▃▄▅▆▇█"
+SPARK_WIDTH = 12
+NOT_CHARTED = ("step", "global_step", "epoch")   # counters logged as metrics: a diagonal says nothing
+
+
+def metric_names(state: "RunState") -> list[str]:
+    """Metrics with a curve, in the order they first appeared (rank by rank)."""
+    names: dict[str, None] = {}
+    for rs in state.ranks:
+        for name in rs.curves:
+            if name not in NOT_CHARTED:
+                names.setdefault(name, None)
+    return list(names)[:MAX_CHARTS]
+
+
+def _resample(points: list[Point], limit: int) -> list[Point]:
+    """At most ``limit`` (step, mean, min, max) points: neighbours averaged, extremes kept."""
+    if len(points) <= limit:
+        return points
+    out = []
+    for i in range(limit):
+        chunk = points[i * len(points) // limit:(i + 1) * len(points) // limit]
+        out.append((sum(p[0] for p in chunk) / len(chunk), sum(p[1] for p in chunk) / len(chunk),
+                    min(p[2] for p in chunk), max(p[3] for p in chunk)))
+    return out
+
+
+def _finite(points: list[Point]) -> list[Point]:
+    return [p for p in points if all(math.isfinite(v) for v in p)]
+
+
+def chart_svg(name: str, series_by_rank: list[tuple[int, Series]]) -> str:
+    """One metric: ``series_by_rank`` is [(rank, Series)] of the ranks that logged it."""
+    lines = [(rank, _finite(_resample(series.points(), MAX_POINTS))) for rank, series in series_by_rank]
+    lines = [(rank, pts) for rank, pts in lines if pts]
+    if not lines:
+        return ""
+    means = [p[1] for _, pts in lines for p in pts]
+    low, high = min(means), max(means)
+    if _flat(low, high):
+        low, high = low - 0.5, high + 0.5
+    last_step = max(pts[-1][0] for _, pts in lines) or 1.0
+
+    def xy(step: float, value: float) -> str:
+        x = step / last_step * (WIDTH - 2) + 1
+        y = HEIGHT - 1 - (min(max(value, low), high) - low) / (high - low) * (HEIGHT - 2)
+        return f"{x:.1f},{y:.1f}"
+
+    parts = []
+    band_rank, band = lines[0]
+    if len(band) > 1:
+        upper = " L".join(xy(s, hi) for s, _, _, hi in band)
+        lower = " L".join(xy(s, lo) for s, _, lo, _ in reversed(band))
+        parts.append(f"<path class='nl-curve-band' d='M{upper} L{lower} Z' "
+                     f"fill='{_color(band_rank)}' fill-opacity='0.12' stroke='none'/>")
+    for rank, pts in lines:
+        if len(pts) == 1:
+            pts = pts * 2
+        path = "M" + " L".join(xy(s, m) for s, m, _, _ in pts)
+        parts.append(f"<path class='nl-curve nl-curve-rank{rank}' d='{path}' fill='none' "
+                     f"stroke='{_color(rank)}' stroke-width='1.5'><title>rank {rank}</title></path>")
+    first_rank, first = series_by_rank[0]
+    latest = "" if first.last is None else f" {first.last:.4g}"
+    title = (f"<div class='nl-curve-title' style='font-size:11px;color:#374151'><b>{html.escape(name)}</b>"
+             f"{html.escape(latest)} <span style='color:#9ca3af'>rank {first_rank} · "
+             f"{first.total} pts · {low:.4g}…{high:.4g}</span></div>")
+    return (f"<div class='nl-chart' data-metric='{html.escape(name)}' style='display:inline-block;"
+            f"margin:0 12px 4px 0;vertical-align:top'>{title}"
+            f"<svg class='nl-curves-svg' width='{WIDTH}' height='{HEIGHT}' viewBox='0 0 {WIDTH} {HEIGHT}' "
+            f"style='background:#f9fafb;border:1px solid #e5e7eb;border-radius:3px'>{''.join(parts)}</svg></div>")
+
+
+def _flat(low: float, high: float) -> bool:
+    """A constant metric (its bucket means differ only by rounding) draws as a flat line."""
+    return high - low <= 1e-9 * max(abs(low), abs(high), 1e-300)
+
+
+def _color(rank: int) -> str:
+    return RANK_COLORS[rank % len(RANK_COLORS)]
+
+
+def curves_html(state: "RunState") -> str:
+    """Every chart in one block (empty when nothing numeric was logged)."""
+    charts = []
+    for name in metric_names(state):
+        series = [(rs.rank, rs.curves[name]) for rs in state.ranks if name in rs.curves]
+        charts.append(chart_svg(name, series))
+    charts = [c for c in charts if c]
+    if not charts:
+        return ""
+    legend = ""
+    if len(state.ranks) > 1:
+        legend = "<div class='nl-curve-legend' style='font-size:11px'>" + " ".join(
+            f"<span style='color:{_color(rs.rank)}'>━ rank {rs.rank}</span>" for rs in state.ranks) + "</div>"
+    return f"<div class='nl-curves'>{''.join(charts)}{legend}</div>"
+
+
+def sparkline(series: Series, width: int = SPARK_WIDTH) -> str:
+    """'▇▅▄▃▂▁▁' -- the curve's shape in a few characters (the means of ``width`` slices)."""
+    points = _finite(_resample(series.points(), width))
+    if not points:
+        return ""
+    means = [p[1] for p in points]
+    low, high = min(means), max(means)
+    if _flat(low, high):
+        return SPARK[0] * len(means)
+    return "".join(SPARK[min(len(SPARK) - 1, int((v - low) / (high - low) * len(SPARK)))] for v in means)
