@@ -40,3 +40,7 @@ class GuardError(RuntimeError):
 
 class LaunchArgumentError(ValueError):
     """An argument of notebook_launcher is invalid; the message names it and the valid values."""
+
+
+from .render import install as _install_rendering  # noqa: E402  (IPython shows cells, not our frames)
+_install_rendering(LaunchError, GuardError, LaunchArgumentError)

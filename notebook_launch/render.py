@@ -1,0 +1,150 @@
+"""How our errors show themselves in IPython: the failing rank's cells, not our frames.
+
+IPython asks an exception for ``_render_traceback_()`` (a list of lines) before
+formatting its Python traceback; ``install`` gives our error classes that method.
+Only IPython calls it: a script still prints the usual traceback and message.
+
+A LaunchError shows its headline, the rank's traceback with every notebook-cell
+frame named as IPython names it (``Cell In[2], line 6``) with the cell's lines
+around it, frames of notebook_launch left out, then the other ranks' fates and the
+log folder. GuardError and LaunchArgumentError show their message, no frames:
+the message says what to do. ``%tb`` shows the same; ``%debug`` still opens the
+notebook-side frames (the traceback object is untouched).
+"""
+from __future__ import annotations
+
+import linecache
+import logging
+import os
+import re
+from typing import Any
+
+log = logging.getLogger("notebook_launch")
+
+RED, BOLD_RED, GREEN, CYAN, DIM, RESET = "\x1b[31m", "\x1b[1;31m", "\x1b[32m", "\x1b[36m", "\x1b[2m", "\x1b[0m"
+CONTEXT_BEFORE, CONTEXT_AFTER = 2, 1    # cell lines shown around the failing line
+_FRAME = re.compile(r'^  File "(?P<file>[^"]+)", line (?P<line>\d+)(?:, in (?P<name>.+))?$')
+_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+_TAIL_STARTS = ("Other ranks:", "Ranks:")
+
+
+def install(*classes: type) -> None:
+    """Give each error class IPython's rendering hook."""
+    for cls in classes:
+        cls._render_traceback_ = _render_traceback_
+
+
+def _render_traceback_(self: BaseException) -> list[str]:
+    try:
+        if getattr(self, "remote_traceback", None) is not None or hasattr(self, "log_dir"):
+            return render_launch_error(self)
+        return render_message(self)
+    except Exception:   # IPython falls back to its own traceback when this raises; say why
+        log.debug("rendering %s failed", type(self).__name__, exc_info=True)
+        raise
+
+
+def render_message(error: BaseException) -> list[str]:
+    """GuardError / LaunchArgumentError: what went wrong and what to do, no frames."""
+    lines = str(error).splitlines() or [""]
+    return [f"{BOLD_RED}{type(error).__name__}{RESET}: {lines[0]}"] + lines[1:]
+
+
+def render_launch_error(error: Any) -> list[str]:
+    message = str(error)
+    lines = message.splitlines() or [""]
+    out = [f"{BOLD_RED}{type(error).__name__}{RESET}: {BOLD_RED}{lines[0]}{RESET}"]
+    remote = getattr(error, "remote_traceback", None)
+    tail = _tail(lines)
+    if remote:
+        rank = getattr(error, "rank", None)
+        out += ["", f"{CYAN}Traceback from rank {rank}{RESET} (most recent call last):"]
+        out += render_remote_traceback(remote)
+        out += [""] + tail
+    else:
+        out += lines[1:]
+    return out
+
+
+def _tail(lines: list[str]) -> list[str]:
+    """The message's part after the traceback: the other ranks' fates and the log folder."""
+    for index in range(len(lines) - 1, -1, -1):
+        if lines[index].startswith(_TAIL_STARTS):
+            return lines[index:]
+    return [line for line in lines if line.startswith("Logs:")]
+
+
+def render_remote_traceback(text: str) -> list[str]:
+    """A rank's formatted traceback with cell frames named as IPython names them and our
+    own frames left out. Lines that are not frames (chaining notes, the exception) stay."""
+    out: list[str] = []
+    lines = text.rstrip("\n").splitlines()
+    index = 0
+    hidden = 0
+    while index < len(lines):
+        line = lines[index]
+        match = _FRAME.match(line)
+        if line.startswith("Traceback (most recent call last)"):
+            index += 1
+            continue
+        if match is None:
+            out.append(f"{BOLD_RED}{line}{RESET}" if _is_exception_line(line) else line)
+            index += 1
+            continue
+        body = []
+        index += 1
+        while index < len(lines) and lines[index].startswith("    "):
+            body.append(lines[index])
+            index += 1
+        filename, lineno, name = match["file"], int(match["line"]), match["name"]
+        if os.path.abspath(filename).startswith(_PACKAGE_DIR):
+            hidden += 1
+            continue
+        out += render_frame(filename, lineno, name, body)
+    if hidden:
+        out.append(f"{DIM}({hidden} frame{'s' if hidden != 1 else ''} of notebook_launch hidden){RESET}")
+    return out
+
+
+def _is_exception_line(line: str) -> bool:
+    return bool(line) and not line.startswith(" ") and ":" in line and not line.startswith(
+        ("During handling", "The above exception"))
+
+
+def render_frame(filename: str, lineno: int, name: str | None, body: list[str]) -> list[str]:
+    """One frame: ``Cell In[2], line 6, in train`` and the cell's lines, or the file's as given."""
+    where = f", in {name}" if name else ""
+    cell = cell_label(filename)
+    if cell is None:
+        return [f"{GREEN}File {filename}:{lineno}{RESET}{where}"] + body
+    source = linecache.getlines(filename)
+    if not source:
+        return [f"{GREEN}{cell}, line {lineno}{RESET}{where}"] + body
+    first = max(1, lineno - CONTEXT_BEFORE)
+    last = min(len(source), lineno + CONTEXT_AFTER)
+    shown = [f"{GREEN}{cell}, line {lineno}{RESET}{where}"]
+    for number in range(first, last + 1):
+        text = source[number - 1].rstrip("\n")
+        if number == lineno:
+            shown.append(f"{GREEN}---> {number:<3}{RESET}{text}")
+        else:
+            shown.append(f"     {number:<3}{text}")
+    return shown
+
+
+def cell_label(filename: str) -> str | None:
+    """'Cell In[2]' for a file IPython compiled a cell to (this kernel's cells), else None."""
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return None
+    shell = get_ipython()
+    compiler = getattr(shell, "compile", None)
+    if compiler is None:
+        return None
+    format_code_name = getattr(compiler, "format_code_name", None)
+    if format_code_name is not None:
+        named = format_code_name(filename)
+        return None if named is None else f"{named[0]} {named[1]}"
+    number = getattr(compiler, "_filename_map", {}).get(filename)
+    return None if number is None else f"Cell In[{number}]"
