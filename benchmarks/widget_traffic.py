@@ -2,8 +2,8 @@
 
 Run: python benchmarks/widget_traffic.py [seconds] [ranks]   (default 5 s, 8 ranks; --quick: 3 s)
 Real ipywidgets; a recording comm stands in for the browser and counts what
-would go over IOPub. Every rank folds a progress event and a log line every
-millisecond (100x what a rank really sends), the supervisor's refresh() runs
+would go over IOPub. Every rank folds a progress event (with a logged loss,
+so the curves are drawn too) and a log line every millisecond (100x what a rank really sends), the supervisor's refresh() runs
 every millisecond (100x its real rate). Prints a markdown table; never asserts.
 """
 from __future__ import annotations
@@ -59,7 +59,8 @@ def measure(seconds: float = 5.0, world: int = 8) -> dict:
         n += 1000
         for local in range(world):
             state.on_progress(local, {"bars": {"b0": {"desc": "train", "n": n, "total": 10 ** 9}},
-                                      "metrics": {"loss": 1.0 / n}})
+                                      "metrics": {"loss": 1.0 / n},
+                                      "series": {"loss": [1.0 / n]}})   # the curves redraw too
             state.on_line(local, "stdout", f"step {n}")
             events += 1
         display.refresh(state)

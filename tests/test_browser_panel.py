@@ -4,7 +4,9 @@ Runs a 4-rank launch of 50,000 tqdm iterations per rank (printing a line every
 50 steps, far faster than the notebook could show), a failing launch, and a
 long launch stopped with the panel's Stop button. Checks in the page that every
 bar reaches 100%, that "IOPub message rate exceeded" never appears, that the
-failing rank's row turns red with its error, and that Stop ends the run with
+failing rank's row turns red with its error (and the error output names the
+cell, "Cell In[..]", not our files), that the logged loss is drawn as a curve
+(an SVG path per rank), and that Stop ends the run with
 KeyboardInterrupt and the kernel lives on (no "kernel died" restart, no zmq
 abort in the server log). Screenshots and the server's log (with the kernel's
 stderr) go to test-artifacts/; on failure the log's tail is printed.
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -212,6 +215,11 @@ def run_scenario(page, lab):
     panel_text = cell(page, 0).locator(".nl-panel").inner_text()
     assert "50000/50000" in panel_text and "loss=" in panel_text, panel_text
     cell(page, 0).screenshot(path=str(ARTIFACTS / "panel-4-ranks-done.png"))
+    # the logged loss drawn as a curve: one SVG path per rank in the panel
+    curves = cell(page, 0).locator(".nl-panel .nl-curves-box svg path.nl-curve")
+    assert curves.count() == 4, cell(page, 0).locator(".nl-panel").inner_html()[:3000]
+    assert all(curves.nth(i).get_attribute("d").startswith("M") for i in range(4))
+    cell(page, 0).locator(".nl-panel .nl-curves-box").screenshot(path=str(ARTIFACTS / "panel-curves.png"))
 
     # 2. the failing rank's row is red and carries its error
     run_cell(page, 1)
@@ -219,6 +227,11 @@ def run_scenario(page, lab):
     failed = cell(page, 1).locator(".nl-rank.nl-status-failed")
     failed.first.wait_for(timeout=90_000)
     assert "ValueError: boom at half way" in failed.first.inner_text()
+    # the error points at the cell the rank ran, not at notebook_launch's files
+    wait_for_text(page, 1, "Cell In[", 60)
+    output_text = cell(page, 1).locator(".jp-OutputArea").inner_text()
+    assert "Cell In[2], line 6, in train_fails" in output_text, output_text
+    assert not re.search(r"notebook_launch/[\w/]*\.py", output_text), output_text
     color = failed.first.locator(".nl-status").evaluate("e => getComputedStyle(e).backgroundColor")
     assert color == "rgb(220, 38, 38)", color
     cell(page, 1).screenshot(path=str(ARTIFACTS / "panel-failed-rank.png"))
