@@ -19,8 +19,9 @@ import json
 import logging
 import math
 import os
+from collections.abc import Iterable
 from pathlib import Path
-from typing import IO, Any, Iterable
+from typing import IO, Any
 
 log = logging.getLogger("notebook_launch")
 
@@ -46,7 +47,7 @@ class Series:
     survive every merge, so spikes stay visible.
     """
 
-    __slots__ = ("width", "total", "counts", "sums", "mins", "maxs", "last")
+    __slots__ = ("counts", "last", "maxs", "mins", "sums", "total", "width")
 
     def __init__(self) -> None:
         self.width = 1
@@ -76,8 +77,8 @@ class Series:
             start += len(chunk)
             self.total += len(chunk)
             self.last = chunk[-1]
-            if any(v != v for v in chunk):   # NaN: counted as a step, left out of the values
-                chunk = [v for v in chunk if v == v]
+            if any(math.isnan(v) for v in chunk):   # NaN: counted as a step, left out of the values
+                chunk = [v for v in chunk if not math.isnan(v)]
                 if not chunk:
                     continue
             self.counts[index] += len(chunk)
@@ -113,7 +114,7 @@ class Series:
         return out
 
 
-def fold_series(curves: dict, series: dict) -> None:
+def fold_series(curves: dict[str, Series], series: dict[str, list[int | float]]) -> None:
     """Add a progress event's ``series`` ({metric: [values]}) to a rank's curves."""
     for name, values in series.items():
         curve = curves.get(name)
@@ -143,11 +144,11 @@ class MetricsFile:
         self._file: IO[str] | None = None
         self._steps: dict[tuple[int, str], int] = {}
 
-    def write(self, rank: int, series: dict) -> None:
+    def write(self, rank: int, series: dict[str, list[int | float]]) -> None:
         if not series:
             return
         if self._file is None:
-            self._file = open(self.path, "a", encoding="utf-8", buffering=1 << 16)
+            self._file = open(self.path, "a", encoding="utf-8", buffering=1 << 16)  # noqa: SIM115 (open for the run)
         lines = []
         for name, values in series.items():
             key = (rank, name)
@@ -190,7 +191,7 @@ def load_metrics(run_dir: str | os.PathLike[str] | None = None, *, pandas: bool 
     if not Path(run_dir).expanduser().is_dir():
         raise FileNotFoundError(f"load_metrics: {run_dir} is not a run folder; pass the 'logs:' "
                                 f"folder the launch printed (or LaunchError.log_dir)")
-    columns: dict[str, list] = {name: [] for name in COLUMNS}
+    columns: dict[str, list[Any]] = {name: [] for name in COLUMNS}
     if path.exists():
         with open(path, encoding="utf-8") as f:
             for line in f:

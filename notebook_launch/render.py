@@ -21,17 +21,17 @@ from typing import Any
 
 log = logging.getLogger("notebook_launch")
 
-RED, BOLD_RED, GREEN, CYAN, DIM, RESET = "\x1b[31m", "\x1b[1;31m", "\x1b[32m", "\x1b[36m", "\x1b[2m", "\x1b[0m"
+BOLD_RED, GREEN, CYAN, DIM, RESET = "\x1b[1;31m", "\x1b[32m", "\x1b[36m", "\x1b[2m", "\x1b[0m"
 CONTEXT_BEFORE, CONTEXT_AFTER = 2, 1    # cell lines shown around the failing line
 _FRAME = re.compile(r'^  File "(?P<file>[^"]+)", line (?P<line>\d+)(?:, in (?P<name>.+))?$')
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
-_TAIL_STARTS = ("Other ranks:", "Ranks:")
+_TAIL_STARTS = ("Other ranks:", "Ranks:", "Ranks on this node")
 
 
 def install(*classes: type) -> None:
     """Give each error class IPython's rendering hook."""
     for cls in classes:
-        cls._render_traceback_ = _render_traceback_
+        cls._render_traceback_ = _render_traceback_  # type: ignore[attr-defined]
 
 
 def _render_traceback_(self: BaseException) -> list[str]:
@@ -51,19 +51,25 @@ def render_message(error: BaseException) -> list[str]:
 
 
 def render_launch_error(error: Any) -> list[str]:
+    """The message as it is, with the rank's traceback block replaced by its rendering."""
     message = str(error)
     lines = message.splitlines() or [""]
     out = [f"{BOLD_RED}{type(error).__name__}{RESET}: {BOLD_RED}{lines[0]}{RESET}"]
-    remote = getattr(error, "remote_traceback", None)
-    tail = _tail(lines)
-    if remote:
+    remote = (getattr(error, "remote_traceback", None) or "").rstrip()
+    if not remote:
+        return out + lines[1:]
+    at = message.find(remote)
+    if at >= 0:   # headline, "Traceback from rank N ...:", the traceback, what follows it
+        before = message[:at].splitlines()[1:]
+        after = message[at + len(remote):].splitlines()
+        if after and not after[0].strip():
+            after = after[1:]
+    else:         # the message quotes the traceback shortened: keep the text around it we know
         rank = getattr(error, "rank", None)
-        out += ["", f"{CYAN}Traceback from rank {rank}{RESET} (most recent call last):"]
-        out += render_remote_traceback(remote)
-        out += [""] + tail
-    else:
-        out += lines[1:]
-    return out
+        before, after = ["", f"Traceback from rank {rank}:"], [""] + _tail(lines)
+    if before and before[-1].startswith("Traceback from"):
+        before[-1] = f"{CYAN}{before[-1].rstrip(':')}{RESET} (most recent call last):"
+    return out + before + render_remote_traceback(remote) + after
 
 
 def _tail(lines: list[str]) -> list[str]:
@@ -71,7 +77,7 @@ def _tail(lines: list[str]) -> list[str]:
     for index in range(len(lines) - 1, -1, -1):
         if lines[index].startswith(_TAIL_STARTS):
             return lines[index:]
-    return [line for line in lines if line.startswith("Logs:")]
+    return [line for line in lines if line.startswith("Logs")]
 
 
 def render_remote_traceback(text: str) -> list[str]:

@@ -87,7 +87,7 @@ def test_a_script_prints_the_usual_traceback_and_message(tmp_path):
         if __name__ == "__main__":
             notebook_launcher(train, args=(10,), num_processes=2, ui="none")
         '''))
-    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300)
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300, check=False)
     assert done.returncode == 1
     err = done.stderr
     assert "Traceback (most recent call last):" in err
@@ -97,6 +97,7 @@ def test_a_script_prints_the_usual_traceback_and_message(tmp_path):
 
 def test_frames_of_ours_are_left_out_and_counted():
     import os
+
     import notebook_launch
     ours = os.path.join(os.path.dirname(notebook_launch.__file__), "progress.py")
     remote = (
@@ -119,3 +120,23 @@ def test_frames_of_ours_are_left_out_and_counted():
     lines = [ANSI.sub("", line) for line in error._render_traceback_()]
     assert lines[0] == "LaunchError: rank 0 failed: KeyError: 'k'"
     assert lines[-3:] == ["Other ranks:", "  rank 1: finished", "Logs: /tmp/x"]
+
+
+def test_text_around_the_traceback_is_kept_also_when_the_message_shortened_it():
+    remote = 'Traceback (most recent call last):\n  File "/u/t.py", line 3, in f\n    g()\nValueError: x\n'
+    noted = LaunchError("node 1, rank 3 failed: ValueError: x\n\nTraceback from rank 3 (node 1):\n"
+                        + remote.rstrip() + "\n\nRanks on this node (node 0):\n  rank 0: stopped\n"
+                        "Logs of this node: /tmp/a (node 1 has its own)\nAttempt 2 of 2: no restarts left.",
+                        rank=3, remote_traceback=remote, log_dir="/tmp/a")
+    lines = [ANSI.sub("", line) for line in noted._render_traceback_()]
+    assert lines[:3] == ["LaunchError: node 1, rank 3 failed: ValueError: x", "",
+                         "Traceback from rank 3 (node 1) (most recent call last):"]
+    assert "File /u/t.py:3, in f" in lines
+    assert lines[-5:] == ["", "Ranks on this node (node 0):", "  rank 0: stopped",
+                          "Logs of this node: /tmp/a (node 1 has its own)", "Attempt 2 of 2: no restarts left."]
+    shortened = LaunchError("rank 3 failed: ValueError: x\n\nTraceback from rank 3:\n  ... (cut) ...\n"
+                            "ValueError: x\n\nOther ranks:\n  rank 0: finished\nLogs: /tmp/b",
+                            rank=3, remote_traceback=remote, log_dir="/tmp/b")
+    lines = [ANSI.sub("", line) for line in shortened._render_traceback_()]
+    assert "File /u/t.py:3, in f" in lines     # the full traceback from the attribute
+    assert lines[-3:] == ["Other ranks:", "  rank 0: finished", "Logs: /tmp/b"]

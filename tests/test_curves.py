@@ -5,15 +5,15 @@ import json
 import math
 
 import pytest
+from panel_helpers import keep_state
 
 from notebook_launch import load_metrics, notebook_launcher, progress
 from notebook_launch.curves import CAPACITY, METRICS_FILE, MetricsFile, Series
-from notebook_launch.display import html as html_display
 from notebook_launch.display import format as fmt
+from notebook_launch.display import html as html_display
 from notebook_launch.display.curves import curves_html, sparkline
 from notebook_launch.display.rich_panel import RichDisplay
 from notebook_launch.state import RankState, RunState
-from panel_helpers import keep_state
 
 
 def test_a_million_points_cost_at_most_a_thousand_and_keep_min_max_mean():

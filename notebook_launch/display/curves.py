@@ -29,7 +29,7 @@ SPARK_WIDTH = 12
 NOT_CHARTED = ("step", "global_step", "epoch")   # counters logged as metrics: a diagonal says nothing
 
 
-def metric_names(state: "RunState") -> list[str]:
+def metric_names(state: RunState) -> list[str]:
     """Metrics with a curve, in the order they first appeared (rank by rank)."""
     names: dict[str, None] = {}
     for rs in state.ranks:
@@ -105,7 +105,7 @@ def _color(rank: int) -> str:
     return RANK_COLORS[rank % len(RANK_COLORS)]
 
 
-def curves_html(state: "RunState") -> str:
+def curves_html(state: RunState) -> str:
     """Every chart in one block (empty when nothing numeric was logged)."""
     charts = []
     for name in metric_names(state):
