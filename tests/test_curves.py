@@ -161,3 +161,23 @@ def test_widget_panel_state_holds_the_curves_after_a_run_in_a_kernel():
     for rank in range(2):
         assert f"class='nl-curve nl-curve-rank{rank}' d='M" in html
     assert "5000 pts" in html
+
+
+def _logs_without_a_bar(seconds):
+    import time
+    started = time.monotonic()
+    i = 0
+    while time.monotonic() - started < seconds:
+        progress.log(loss=1.0 / (i + 1))
+        i += 1
+        time.sleep(0.001)
+    return i
+
+
+def test_values_logged_without_any_bar_are_sent_while_the_rank_runs(monkeypatch, tmp_path):
+    with keep_state(monkeypatch) as displays:
+        [count] = notebook_launcher(_logs_without_a_bar, args=(1.0,), num_processes=1, log_dir=str(tmp_path))
+    rs = displays[0].state.ranks[0]
+    assert rs.updates >= 2          # not only the final flush: the rank holds no backlog
+    assert rs.curves["loss"].total == count
+    assert len(load_metrics(tmp_path, pandas=False)["value"]) == count

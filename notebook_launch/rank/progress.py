@@ -102,6 +102,8 @@ class _Reporter:
         with self.lock:
             self.metrics.update(metrics)
             self.logged.append(metrics)
+        if self.thread is None:   # log() without any bar: the flusher still sends (and frees) them
+            self._ensure_thread()
 
     def _ensure_thread(self) -> None:
         if self.thread is None or not self.thread.is_alive():
