@@ -151,11 +151,21 @@ def _cell_filename(shell: Any, source: str, raw: str) -> str:
     """IPython's own cell file name (the one its tracebacks show), registered in linecache."""
     compiler = getattr(shell, "compile", None)
     if compiler is not None and hasattr(compiler, "cache"):
+        number = _running_cell_number(shell, compiler)
         try:
-            return str(compiler.cache(source, getattr(shell, "execution_count", 0), raw_code=raw))
+            return str(compiler.cache(source, number, raw_code=raw))
         except TypeError:   # an IPython whose cache() takes no raw_code
-            return str(compiler.cache(source, getattr(shell, "execution_count", 0)))
+            return str(compiler.cache(source, number))
     return "<%%launch cell>"
+
+
+def _running_cell_number(shell: Any, compiler: Any) -> int:
+    """The In[n] of the cell running now. IPython 9 counts ``execution_count`` up before the
+    cell runs (older versions after), but the running cell is always the newest one cached."""
+    numbers = getattr(compiler, "_filename_map", None)
+    if numbers:
+        return int(max(numbers.values()))
+    return int(getattr(shell, "execution_count", 0))
 
 
 def load_ipython_extension(ipython: Any) -> None:

@@ -41,6 +41,8 @@ def executed():
         "notebook_launcher(train, args=(10,), num_processes=2, ui='text', start_method='spawn')",
         "notebook_launcher(train, num_processes=0)",
         "import sys\nprint('LAST', type(sys.last_value).__name__, sys.last_traceback is not None)",
+        "%load_ext notebook_launch",
+        "%%launch -n 2 --ui text\nimport os\nif os.environ['RANK'] == '0':\n    raise KeyError('from the magic cell')",
     ), allow_errors=True)
 
 
@@ -60,6 +62,12 @@ def test_failing_rank_shows_its_cell_and_no_frame_of_ours(executed, index):
     assert "launcher.py" not in text and "supervisor" not in text
     # the other ranks' fates and the log folder
     assert "Other ranks:" in text and "rank 0:" in text and "Logs: " in text
+
+
+def test_a_launch_cell_is_named_too(executed):
+    text = shown(error_outputs(executed.cells[8])[0])
+    assert "Cell In[9], line 3" in text and "raise KeyError('from the magic cell')" in text, text
+    assert not re.search(r"notebook_launch/[\w/]*\.py", text), text
 
 
 def test_tb_magic_shows_the_same(executed):
