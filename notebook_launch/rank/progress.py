@@ -71,6 +71,7 @@ class _Reporter:
         self.writer = writer
         self.pid = os.getpid()
         self.lock = threading.Lock()
+        self.send_lock = threading.Lock()   # take-and-send is one step: events leave in logging order
         self.live: dict[str, Progress] = {}    # bar id -> bar (open bars)
         self.dirty: dict[str, Progress] = {}   # bar id -> bar whose fields changed
         self.metrics: dict[str, Any] = {}            # latest value of each metric not yet sent
@@ -156,12 +157,15 @@ class _Reporter:
         """Send what changed now (one PROGRESS event at most)."""
         if os.getpid() != self.pid:
             return
-        for bar in list(self.live.values()):
-            bar._publish(_monotonic())
-        data = self.payload()
-        if data is not None:
-            self.writer.send(protocol.PROGRESS, data)
-            self.sends += 1
+        # The flusher thread and the rank's final flush() may both get here: without the lock
+        # the batch taken first could be sent second, and values would reach the file out of order.
+        with self.send_lock:
+            for bar in list(self.live.values()):
+                bar._publish(_monotonic())
+            data = self.payload()
+            if data is not None:
+                self.writer.send(protocol.PROGRESS, data)
+                self.sends += 1
 
 
 _reporter: _Reporter | None = None
