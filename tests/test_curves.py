@@ -119,7 +119,7 @@ def _logs_every_step(n):
 
 
 def test_every_logged_point_reaches_the_run_folder_though_events_are_batched(monkeypatch, tmp_path):
-    n = 200_000
+    n = 100_000
     with keep_state(monkeypatch) as displays:
         notebook_launcher(_logs_every_step, args=(n,), num_processes=2, log_dir=str(tmp_path))
     state = displays[0].state
