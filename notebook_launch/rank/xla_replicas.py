@@ -7,6 +7,7 @@ import dataclasses
 import io
 import logging
 import os
+import signal
 import sys
 import threading
 import traceback
@@ -55,6 +56,9 @@ def run_launcher(plan: LaunchPlan, job: Job, pipes_by_rank: Sequence[RankPipes],
         for pipes in pipes_by_rank:
             pipes.close_parent_ends()
         detach_from_parent(parent_pid)
+        # xmp.spawn's process pool writes to pipes of replica processes that may have died: a
+        # broken pipe must reach it as BrokenPipeError (Python's default), not kill this launcher.
+        signal.signal(signal.SIGPIPE, signal.SIG_IGN)
         first = pipes_by_rank[0]
         redirect_fds(first.stdout_w, first.stderr_w)
         out, err = ThreadRoutedStream(text_stream(1)), ThreadRoutedStream(text_stream(2))

@@ -1,0 +1,32 @@
+"""NOTEBOOK_LAUNCH_DEBUG=1 shows the fallbacks the package takes (debug level, on stderr)."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+SCRIPT = ("import logging, notebook_launch\n"
+          "from notebook_launch.net import ipv4_of\n"
+          "print(logging.getLogger('notebook_launch').getEffectiveLevel())\n"
+          "print(ipv4_of('no-such-host.invalid'))\n")
+
+
+def run(debug: str | None) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k != "NOTEBOOK_LAUNCH_DEBUG"}
+    if debug is not None:
+        env["NOTEBOOK_LAUNCH_DEBUG"] = debug
+    return subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, env=env, timeout=120)
+
+
+def test_debug_variable_turns_on_fallback_logging():
+    proc = run("1")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["10", "None"]   # logging.DEBUG; the fallback's answer
+    assert "no-such-host.invalid does not resolve to an IPv4 address" in proc.stderr
+
+
+def test_without_the_variable_fallbacks_stay_quiet():
+    proc = run(None)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split()[1] == "None"
+    assert "does not resolve" not in proc.stderr
