@@ -4,7 +4,6 @@ Transformers Trainer's notebook progress among them), and notebook classes in re
 import os
 
 import pytest
-
 from nbutil import cell_text, make_notebook, run_notebook
 
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"

@@ -44,7 +44,7 @@ def test_new_outputs_appear_at_once_and_updates_are_coalesced_to_the_latest():
 
 
 def test_the_final_content_is_published_even_within_the_throttle_interval():
-    displays, published, clock = relay()
+    displays, published, _ = relay()
     displays.on_event(0, show("a", display_id="x"))
     displays.pump()
     displays.on_event(0, show("b", display_id="x", update=True))
@@ -55,7 +55,7 @@ def test_the_final_content_is_published_even_within_the_throttle_interval():
 
 
 def test_clear_output_empties_the_ranks_own_outputs_and_a_redisplay_reuses_them():
-    displays, published, clock = relay()
+    displays, published, _ = relay()
     displays.on_event(0, show("first"))
     displays.on_event(0, show("second", display_id="d"))
     for i in range(50):   # the clear_output(wait=True); display(...) loop

@@ -19,7 +19,8 @@ import os
 import queue
 import signal
 import threading
-from typing import Callable, NoReturn
+from collections.abc import Callable
+from typing import NoReturn
 
 log = logging.getLogger("notebook_launch")
 
@@ -31,7 +32,7 @@ class _Request:
         self.child = child
         self.done = threading.Event()
         self.pid: int | None = None
-        self.error: BaseException | None = None
+        self.error: OSError | None = None
 
 
 class _ForkThread:
@@ -51,7 +52,7 @@ class _ForkThread:
             request = self.requests.get()
             try:
                 pid = os.fork()
-            except BaseException as exc:  # noqa: BLE001  (handed to the requesting thread)
+            except OSError as exc:   # handed to the requesting thread, which raises it
                 request.error = exc
                 request.done.set()
                 continue
@@ -101,7 +102,7 @@ def _wait_despite_interrupts(request: _Request) -> None:
     while not request.done.is_set():
         try:
             request.done.wait()
-        except BaseException:  # noqa: BLE001  (a second interrupt: the fork takes milliseconds)
+        except BaseException:   # a second interrupt: keep waiting, a fork takes milliseconds
             log.debug("interrupt while waiting for the fork helper; waiting on", exc_info=True)
 
 

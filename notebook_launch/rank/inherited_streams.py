@@ -14,7 +14,8 @@ from __future__ import annotations
 import io
 import logging
 import sys
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 log = logging.getLogger("notebook_launch")
 
