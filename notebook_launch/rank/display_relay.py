@@ -2,8 +2,8 @@
 
 A forked rank inherits the kernel's IPython shell, so ``display()``,
 ``update_display``, ``DisplayHandle.update`` and ``clear_output`` (and what
-uses them: the Transformers Trainer's notebook progress, matplotlib's inline
-``plt.show()``) all call the shell's display publisher. That publisher sends
+uses them, such as the Transformers Trainer's notebook progress) all call the
+shell's display publisher. That publisher sends
 on the kernel's zmq socket, which ipykernel refuses from a forked process
 ("attempted to send message from fork"), so the output would be lost. Here
 the publisher sends each call over the rank's event pipe instead; the
