@@ -2,13 +2,14 @@
 from __future__ import annotations
 
 import os
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
 from . import preflight
 from .detect.target import launch_target
 from .errors import GuardError, LaunchArgumentError, LaunchError
 from .logs import make_run_id
-from .options import DEFAULT_USE_PORT, LaunchOptions, launch_options, validate_elastic_start_method
+from .options import (DEFAULT_USE_PORT, LaunchOptions, check_display_ranks_exist, launch_options,
+                      validate_elastic_start_method)
 from .plan import build_plan
 from .rank.runner import Job
 from .run import run_plan
@@ -23,7 +24,8 @@ def notebook_launcher(function: Callable[..., Any], args: tuple | list = (), num
                       log_line_prefix_template: str | None = None, *, kwargs: dict[str, Any] | None = None,
                       start_method: str | None = None, timeout: float | None = None,
                       log_dir: str | os.PathLike[str] | None = None, ui: str = "auto",
-                      rdzv_timeout: float | None = None) -> list[Any]:
+                      rdzv_timeout: float | None = None,
+                      display_ranks: int | Iterable[int] | str | None = None) -> list[Any]:
     """Run ``function(*args, **kwargs)`` on ``num_processes`` ranks and return every rank's result.
 
     The first fourteen parameters mean what they mean in Hugging Face Accelerate's
@@ -38,6 +40,8 @@ def notebook_launcher(function: Callable[..., Any], args: tuple | list = (), num
     ui: "auto", "widget", "html", "rich", "text" or "none".
     rdzv_timeout: seconds every node has to join the rendezvous (multi-node or max_restarts > 0);
         default rdzv_conf's "join_timeout"/"timeout", else 900 s (torch elastic's default).
+    display_ranks: whose IPython display() calls (HTML, images, the Transformers Trainer's
+        notebook progress) the cell shows: None for rank 0, a global rank or a list of them, or "all".
 
     Returns a list with each local rank's return value, in rank order (tensors moved to CPU).
     Raises LaunchError when a rank fails (naming it, with its traceback), GuardError when
@@ -52,7 +56,7 @@ def notebook_launcher(function: Callable[..., Any], args: tuple | list = (), num
             rdzv_backend=rdzv_backend, rdzv_endpoint=rdzv_endpoint, rdzv_conf=rdzv_conf, rdzv_id=rdzv_id,
             max_restarts=max_restarts, monitor_interval=monitor_interval,
             log_line_prefix_template=log_line_prefix_template, kwargs=kwargs, start_method=start_method,
-            timeout=timeout, log_dir=log_dir, ui=ui, rdzv_timeout=rdzv_timeout)
+            timeout=timeout, log_dir=log_dir, ui=ui, rdzv_timeout=rdzv_timeout, display_ranks=display_ranks)
         return launch(options)
     except (LaunchError, GuardError, LaunchArgumentError, KeyboardInterrupt) as err:
         # The user needs the rank's traceback (in the message), not our supervisor's frames.
@@ -81,6 +85,7 @@ def launch(options: LaunchOptions) -> list[Any]:
         master_addr=options.master_addr, master_port=port, device_kind=target.device_kind,
         mixed_precision=options.mixed_precision, start_method=target.start_method, run_id=run_id,
         gpu_names=[g[0] for g in gpus], driver_version=gpus[0][1] if gpus else None, notes=notes)
+    check_display_ranks_exist(options.display_ranks, plan.world_size)
     job = Job(options.function, options.args, options.kwargs)
     if options.elastic:
         from .elastic import run_elastic
@@ -93,7 +98,7 @@ def launch(options: LaunchOptions) -> list[Any]:
         return run_elastic(plan, job, rendezvous=rendezvous, max_restarts=options.max_restarts, run_id=run_id,
                            log_dir=options.log_dir, ui=options.ui, timeout=options.timeout,
                            poll_interval=options.poll_interval, line_prefix=options.line_prefix,
-                           platform=target.where.platform)
+                           platform=target.where.platform, display_ranks=options.display_ranks)
     return run_plan(plan, job, run_id=run_id, log_dir=options.log_dir, ui=options.ui, timeout=options.timeout,
                     poll_interval=options.poll_interval, line_prefix=options.line_prefix,
-                    platform=target.where.platform)
+                    platform=target.where.platform, display_ranks=options.display_ranks)

@@ -7,10 +7,11 @@ are here too and are called once detection has run (``detect.target``).
 """
 from __future__ import annotations
 
+import operator
 import os
 import sys
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from .display import UI_CHOICES
 from .errors import LaunchArgumentError
@@ -56,6 +57,7 @@ class LaunchOptions:
     log_dir: str | os.PathLike[str] | None
     ui: str
     rdzv_timeout: float | None
+    display_ranks: frozenset[int] | None = frozenset({0})   # whose display() the cell shows; None: all
 
     @property
     def elastic(self) -> bool:
@@ -67,7 +69,7 @@ def launch_options(*, function: Any, args: Any, num_processes: Any, mixed_precis
                    master_addr: Any, node_rank: Any, num_nodes: Any, rdzv_backend: Any, rdzv_endpoint: Any,
                    rdzv_conf: Any, rdzv_id: Any, max_restarts: Any, monitor_interval: Any,
                    log_line_prefix_template: Any, kwargs: Any, start_method: Any, timeout: Any,
-                   log_dir: Any, ui: Any, rdzv_timeout: Any) -> LaunchOptions:
+                   log_dir: Any, ui: Any, rdzv_timeout: Any, display_ranks: Any = None) -> LaunchOptions:
     """Check every argument of ``notebook_launcher``; raise LaunchArgumentError naming the first bad one."""
     validate_function(function)
     validate_args(args, kwargs)
@@ -90,7 +92,8 @@ def launch_options(*, function: Any, args: Any, num_processes: Any, mixed_precis
         master_addr=master_addr, node_rank=node_rank, num_nodes=num_nodes, rdzv_backend=rdzv_backend,
         rdzv_endpoint=rdzv_endpoint, rdzv_conf=rdzv_conf, rdzv_id=rdzv_id, max_restarts=max_restarts,
         poll_interval=min(float(monitor_interval), 0.1), line_prefix=log_line_prefix_template,
-        start_method=start_method, timeout=timeout, log_dir=log_dir, ui=ui, rdzv_timeout=rdzv_timeout)
+        start_method=start_method, timeout=timeout, log_dir=log_dir, ui=ui, rdzv_timeout=rdzv_timeout,
+        display_ranks=validate_display_ranks(display_ranks))
     if options.elastic:
         validate_elastic_start_method(start_method)
         validate_rendezvous(rdzv_backend=rdzv_backend, rdzv_endpoint=rdzv_endpoint, rdzv_conf=rdzv_conf,
@@ -181,6 +184,38 @@ def validate_timeout(timeout: object) -> float | None:
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0:
         raise LaunchArgumentError(f"timeout must be a number of seconds > 0, or None; got {timeout!r}")
     return float(timeout)
+
+
+def validate_display_ranks(value: object) -> frozenset[int] | None:
+    """``display_ranks``: whose display() calls the cell shows. None means rank 0 (what a
+    single process would show), "all" every rank (returned as None), else one or more ranks."""
+    if value is None:
+        return frozenset({0})
+    if isinstance(value, str):
+        if value == "all":
+            return None
+        raise LaunchArgumentError(f"display_ranks={value!r} is not valid; pass 'all', a rank or a list of "
+                                  f"ranks such as [0, 1], or None for rank 0")
+    items = list(value) if isinstance(value, Iterable) else [value]
+    ranks = set()
+    for item in items:
+        if isinstance(item, bool) or not hasattr(item, "__index__") or operator.index(item) < 0:
+            raise LaunchArgumentError(f"display_ranks={value!r}: {item!r} is not a rank; pass whole numbers "
+                                      f">= 0 (global ranks), 'all', or None for rank 0")
+        ranks.add(operator.index(item))
+    if not ranks:
+        raise LaunchArgumentError("display_ranks=[] would hide every rank's display(); pass a rank such "
+                                  "as [0], 'all', or None for rank 0")
+    return frozenset(ranks)
+
+
+def check_display_ranks_exist(ranks: frozenset[int] | None, world_size: int) -> None:
+    """Every rank named in ``display_ranks`` exists in the run (known once the world size is)."""
+    missing = sorted(rank for rank in ranks or () if rank >= world_size)
+    if missing:
+        raise LaunchArgumentError(
+            f"display_ranks names rank {missing[0]}, but this run has {world_size} rank"
+            f"{'s' if world_size != 1 else ''} (0 to {world_size - 1}); pass ranks in that range, or 'all'")
 
 
 def validate_choice(name: str, value: object, choices: Sequence[object]) -> None:

@@ -32,6 +32,7 @@ class EventKind(str, enum.Enum):
     PROGRESS = "progress"    # ProgressPayload (see rank.progress)
     RESULT = "result"        # bytes: the value, already serialized by rank.runner
     ERROR = "error"          # ErrorPayload
+    DISPLAY = "display"      # DisplayPayload: an IPython display call (rank.display_relay)
 
 
 # Module-level names for the kinds, as the rank-side code uses them.
@@ -47,6 +48,15 @@ class ProgressPayload(TypedDict, total=False):
     bars: dict[str, dict[str, Any]]    # bar id -> changed fields
     metrics: dict[str, Any]            # latest value of each metric logged since the last event
     series: dict[str, list[int | float]]   # every numeric value logged since then, in order (curves)
+
+
+class DisplayPayload(TypedDict, total=False):
+    op: str                     # "display" (also an update) or "clear"
+    data: dict[str, Any]        # the mime bundle, as IPython formatted it
+    metadata: dict[str, Any]
+    display_id: str | None      # the rank's own display id
+    update: bool                # update_display / DisplayHandle.update
+    wait: bool                  # clear_output(wait=...)
 
 
 class ErrorPayload(TypedDict):

@@ -17,7 +17,9 @@ from typing import Any, Callable, Iterator, TypeVar
 from .backends import get_backend
 from .backends.base import Backend, RankPipes
 from .display import choose_display
+from .detect.platform import in_ipython_kernel
 from .display.base import Display
+from .display.rank_displays import RankDisplays
 from .errors import LaunchError
 from .logs import RunLogs
 from .plan import LaunchPlan
@@ -38,11 +40,12 @@ class RunContext:
     logs: RunLogs
     state: RunState
     display: Display
+    rank_displays: RankDisplays | None = None   # the ranks' display() calls, in a Jupyter kernel
 
 
 def run_plan(plan: LaunchPlan, job: Job, *, run_id: str, log_dir: Any = None, ui: str = "auto",
              timeout: float | None = None, poll_interval: float = 0.1, line_prefix: str | None = None,
-             platform: str | None = None) -> list[Any]:
+             platform: str | None = None, display_ranks: frozenset[int] | None = frozenset({0})) -> list[Any]:
     """Start the plan's ranks and supervise them until results or one clear error."""
     def body(ctx: RunContext) -> list[Any]:
         pipes = []
@@ -50,19 +53,20 @@ def run_plan(plan: LaunchPlan, job: Job, *, run_id: str, log_dir: Any = None, ui
             pipes = [RankPipes.open() for _ in plan.ranks]
             processes = ctx.backend.start(plan, job, pipes)
             return Supervisor(processes, pipes, ctx.state, ctx.display, ctx.logs,
-                              timeout=timeout, poll_interval=poll_interval).run()
+                              timeout=timeout, poll_interval=poll_interval, rank_displays=ctx.rank_displays).run()
         finally:
             for p in pipes:
                 p.close_parent_ends()
                 p.close_child_ends()
 
     return run_with_scaffold(plan, body, run_id=run_id, log_dir=log_dir, ui=ui, line_prefix=line_prefix,
-                             platform=platform)
+                             platform=platform, display_ranks=display_ranks)
 
 
 def run_with_scaffold(plan: LaunchPlan, body: Callable[[RunContext], T], *, run_id: str, log_dir: Any,
                       ui: str, line_prefix: str | None, platform: str | None = None,
-                      backend_suffix: str = "", max_restarts: int = 0, extra_lines: tuple[str, ...] = ()) -> T:
+                      backend_suffix: str = "", max_restarts: int = 0, extra_lines: tuple[str, ...] = (),
+                      display_ranks: frozenset[int] | None = frozenset({0})) -> T:
     """Set up the run around ``body`` and tear it down whatever happens; ``body``
     returns this node's results or raises LaunchError / KeyboardInterrupt."""
     backend = get_backend(plan.start_method)
@@ -76,9 +80,10 @@ def run_with_scaffold(plan: LaunchPlan, body: Callable[[RunContext], T], *, run_
     display = choose_display(ui, line_prefix=line_prefix)
     print("\n".join((launch_summary(plan, state.backend, logs.path, platform=platform, display=display.name),
                      *extra_lines)), flush=True)
-    with presenting(state, display, logs):
+    rank_displays = RankDisplays(display_ranks, run_id) if in_ipython_kernel() else None
+    with presenting(state, display, logs, rank_displays):
         try:
-            results = body(RunContext(plan, backend, logs, state, display))
+            results = body(RunContext(plan, backend, logs, state, display, rank_displays))
         except LaunchError as error:
             state.finish(FAILED, error_summary(error))
             raise
@@ -87,10 +92,12 @@ def run_with_scaffold(plan: LaunchPlan, body: Callable[[RunContext], T], *, run_
 
 
 @contextlib.contextmanager
-def presenting(state: RunState, display: Display, logs: RunLogs) -> Iterator[None]:
+def presenting(state: RunState, display: Display, logs: RunLogs,
+               rank_displays: RankDisplays | None = None) -> Iterator[None]:
     """What every run does around its ranks: interrupts reach us as KeyboardInterrupt, the
-    display starts and always closes with the final state, the logs close, and the notebook
-    gets its signal handlers back exactly as they were."""
+    display starts and always closes with the final state, the ranks' display() outputs get
+    their final content, the logs close, and the notebook gets its signal handlers back
+    exactly as they were."""
     saved = _save_signal_handlers()
     try:
         _ensure_interruptible()
@@ -100,6 +107,8 @@ def presenting(state: RunState, display: Display, logs: RunLogs) -> Iterator[Non
         if state.ended_at is None:
             state.finish(STOPPED, "interrupted")
         try:
+            if rank_displays is not None:
+                rank_displays.close()
             display.close(state)
         finally:
             logs.close()

@@ -34,11 +34,13 @@ def kernel_spec_dir() -> str:
 
 
 def run_notebook(path_or_nb, *, cwd=None, timeout: int = 600, allow_errors: bool = False,
-                 store_widget_state: bool = True):
+                 store_widget_state: bool = True, messages: list | None = None):
     """Execute every cell in a fresh kernel and return the executed notebook (nbformat node).
 
     ``path_or_nb`` is a notebook file or an nbformat notebook; cells run in ``cwd``
-    (default: the notebook's folder, or the current folder).
+    (default: the notebook's folder, or the current folder). With ``messages``, every
+    IOPub message the cells got is appended to it as (cell index, msg_type, content):
+    the notebook itself keeps only the result of update_display_data and clear_output.
     """
     from jupyter_client.kernelspec import KernelSpecManager
     from jupyter_client.manager import KernelManager
@@ -51,7 +53,8 @@ def run_notebook(path_or_nb, *, cwd=None, timeout: int = 600, allow_errors: bool
         nb = path_or_nb
     km = KernelManager(kernel_name=KERNEL_NAME,
                        kernel_spec_manager=KernelSpecManager(kernel_dirs=[kernel_spec_dir()]))
-    client = NotebookClient(nb, km=km, timeout=timeout, allow_errors=allow_errors,
+    client_class = NotebookClient if messages is None else _recording_client(NotebookClient, messages)
+    client = client_class(nb, km=km, timeout=timeout, allow_errors=allow_errors,
                             resources={"metadata": {"path": cwd or "."}},
                             store_widget_state=store_widget_state)
     try:
@@ -60,6 +63,14 @@ def run_notebook(path_or_nb, *, cwd=None, timeout: int = 600, allow_errors: bool
         if km.has_kernel:
             km.shutdown_kernel(now=True)
     return nb
+
+
+def _recording_client(base, messages: list):
+    class RecordingClient(base):
+        def process_message(self, msg, cell, cell_index):
+            messages.append((cell_index, msg["msg_type"], msg["content"]))
+            return super().process_message(msg, cell, cell_index)
+    return RecordingClient
 
 
 def make_notebook(*sources: str):

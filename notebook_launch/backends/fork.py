@@ -6,9 +6,10 @@ from __future__ import annotations
 import logging
 import os
 import sys
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING, NoReturn, Sequence
 
 from .base import Backend, RankPipes, RankProcess, WaitStatus, start_each
+from .fork_thread import fork_from_clean_thread
 
 if TYPE_CHECKING:
     from ..plan import LaunchPlan, RankSpec
@@ -74,9 +75,11 @@ class ForkBackend(Backend):
         parent_pid = os.getpid()
 
         def start_one(spec: "RankSpec", pipes: RankPipes) -> RankProcess:
-            pid = os.fork()
-            if pid == 0:  # child: never returns
-                run_forked_rank(spec, job, pipes, pipes_by_rank, parent_pid)
-            return ForkedRank(spec.local_rank, pid)
+            def child() -> NoReturn:
+                run_forked_rank(spec, job, pipes, pipes_by_rank, parent_pid)   # never returns
+                os._exit(1)
+
+            # Not os.fork() here: this thread may have run an OpenMP region (see fork_thread).
+            return ForkedRank(spec.local_rank, fork_from_clean_thread(child))
 
         return start_each(plan, pipes_by_rank, start_one)

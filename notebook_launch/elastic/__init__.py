@@ -20,7 +20,8 @@ if TYPE_CHECKING:
 
 def run_elastic(plan: "LaunchPlan", job: "Job", *, rendezvous: "RendezvousSettings", max_restarts: int,
                 run_id: str, log_dir: Any, ui: str, timeout: float | None, poll_interval: float,
-                line_prefix: str | None, platform: str | None = None) -> list[Any]:
+                line_prefix: str | None, platform: str | None = None,
+                display_ranks: frozenset[int] | None = frozenset({0})) -> list[Any]:
     """Run ``plan``'s ranks under elastic's agent; return this node's results or raise LaunchError."""
     from .agent import ElasticRun, describe
 
@@ -35,4 +36,4 @@ def run_elastic(plan: "LaunchPlan", job: "Job", *, rendezvous: "RendezvousSettin
 
     return run_with_scaffold(plan, body, run_id=run_id, log_dir=log_dir, ui=ui, line_prefix=line_prefix,
                              platform=platform, backend_suffix="+elastic", max_restarts=max_restarts,
-                             extra_lines=(describe(rendezvous, max_restarts),))
+                             extra_lines=(describe(rendezvous, max_restarts),), display_ranks=display_ranks)

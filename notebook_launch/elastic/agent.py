@@ -104,7 +104,8 @@ class NotebookElasticAgent(SimpleElasticAgent):
         self.pipes = [RankPipes.open() for _ in plan.ranks]
         processes = ctx.run.backend.start(plan, ctx.job, self.pipes)
         self.sup = AttemptSupervisor(processes, self.pipes, ctx.run.state, ctx.run.display, ctx.run.logs,
-                                     timeout=ctx.timeout, poll_interval=ctx.poll_interval)
+                                     timeout=ctx.timeout, poll_interval=ctx.poll_interval,
+                                     rank_displays=ctx.run.rank_displays)
         return self.sup.pids()
 
     def _monitor_workers(self, worker_group: AssignedGroup) -> RunResult:

@@ -16,6 +16,8 @@ import sys
 import traceback
 from typing import Callable
 
+from .inherited_streams import redirect_inherited_streams
+
 PR_SET_PDEATHSIG = 1
 EXIT_FAILED = 1
 log = logging.getLogger("notebook_launch")
@@ -80,10 +82,18 @@ def capture_output(stdout_fd: int, stderr_fd: int) -> None:
         os.close(stdout_fd)
     if stderr_fd not in (1, 2):
         os.close(stderr_fd)
-    sys.stdout = sys.__stdout__ = text_stream(1)  # type: ignore[misc]
-    sys.stderr = sys.__stderr__ = text_stream(2)  # type: ignore[misc]
+    install_std_streams(text_stream(1), text_stream(2))
     # A segfault or abort then prints the Python stack into the rank's log and error.
     faulthandler.enable(file=sys.stderr, all_threads=True)
+
+
+def install_std_streams(stdout: io.TextIOBase, stderr: io.TextIOBase) -> None:
+    """Make ``stdout``/``stderr`` the rank's sys.stdout/stderr (and ``__stdout__``/``__stderr__``),
+    and forward the streams they replace, which the notebook's logging handlers may hold."""
+    previous_out, previous_err = (sys.stdout, sys.__stdout__), (sys.stderr, sys.__stderr__)
+    sys.stdout = sys.__stdout__ = stdout  # type: ignore[misc,assignment]
+    sys.stderr = sys.__stderr__ = stderr  # type: ignore[misc,assignment]
+    redirect_inherited_streams(previous_out, previous_err, stdout, stderr)
 
 
 def text_stream(fd: int) -> io.TextIOWrapper:

@@ -25,6 +25,6 @@ def run_forked_rank(spec: "RankSpec", job: "Job", pipes: "RankPipes", all_pipes:
         capture_output(pipes.stdout_w, pipes.stderr_w)
         os.environ.update(spec.env)
         protocol.install(protocol.EventWriter(pipes.events_w))
-        return run_rank(spec, job)
+        return run_rank(spec, job, forked_from_notebook=True)
 
     exit_with(body)

@@ -11,7 +11,7 @@ from typing import Any, Callable
 
 from .. import protocol
 from ..plan import RankSpec
-from . import process_groups
+from . import display_relay, process_groups, result_pickle
 from .bootstrap import EXIT_FAILED, flush_everything
 
 log = logging.getLogger("notebook_launch")
@@ -37,6 +37,17 @@ def _install_tqdm_bridge(spec: RankSpec) -> None:
 
 
 rank_hooks.append(_install_tqdm_bridge)
+
+
+def _install_display_relay(spec: RankSpec) -> None:
+    """display() in a rank forked from a Jupyter kernel reaches the cell (rank.display_relay)."""
+    try:
+        display_relay.install_display_relay()
+    except Exception:   # display() then goes where ipykernel sends it from a fork: nowhere
+        log.debug("display relay not installed", exc_info=True)
+
+
+rank_hooks.append(_install_display_relay)
 
 
 def flush_progress() -> None:
@@ -86,8 +97,10 @@ def configure_torch(spec: RankSpec) -> None:
         torch.cuda.set_device(spec.local_rank)
 
 
-def run_rank(spec: RankSpec, job: Job) -> int:
-    """Run the user's function and report; return the process exit code."""
+def run_rank(spec: RankSpec, job: Job, *, forked_from_notebook: bool = False) -> int:
+    """Run the user's function and report; return the process exit code.
+    ``forked_from_notebook``: this process's ``__main__`` is a copy of the notebook's,
+    so classes defined in cells travel back by reference (see ``result_pickle``)."""
     writer = protocol.current()
     assert writer is not None, "run_rank needs the event channel installed"
     reset_inherited_state()
@@ -113,7 +126,7 @@ def run_rank(spec: RankSpec, job: Job) -> int:
         report_error(protocol.error_payload(exc, skip_frames=1), writer)
         return EXIT_FAILED
     try:
-        payload = serialize_result(value)
+        payload = serialize_result(value, main_classes_by_reference=forked_from_notebook)
     except Exception as exc:
         report_error(protocol.error_payload(
             exc, kind=protocol.FailureKind.RESULT.value, traceback="",
@@ -137,9 +150,8 @@ def report_error(payload: protocol.ErrorPayload, writer: protocol.EventWriter | 
     writer.send(protocol.ERROR, payload)
 
 
-def serialize_result(value: Any) -> bytes:
-    import cloudpickle
-    return cloudpickle.dumps(to_cpu(value))
+def serialize_result(value: Any, *, main_classes_by_reference: bool = False) -> bytes:
+    return result_pickle.dumps(to_cpu(value), main_classes_by_reference=main_classes_by_reference)
 
 
 def to_cpu(value: Any) -> Any:

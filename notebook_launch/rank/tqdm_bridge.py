@@ -6,7 +6,8 @@ a child process that has no kernel connection. The bridge patches the tqdm
 classes in place (the notebook may already hold ``from tqdm.auto import tqdm``
 from before the launch, so swapping module attributes would not be enough):
 every instance counts with tqdm's own ``__iter__``/``update`` and throttling,
-writes nowhere, and its ``display`` hands n/total/desc/postfix to a
+writes nowhere (except into a file of the user's own, ``tqdm(file=f)``, which
+gets what plain tqdm writes), and its ``display`` hands n/total/desc/postfix to a
 ``notebook_launch.progress`` bar (``rank.progress.Progress``). Installed by ``install(spec)`` as a
 ``worker.rank_hooks`` entry; only ever runs in rank processes.
 """
@@ -17,6 +18,7 @@ import logging
 import sys
 from typing import Any
 
+from .inherited_streams import writes_to_rank_output
 from .progress import Progress as panel_bar, log as log_metrics
 
 _PATCHED_ATTR = "_notebook_launch_patched"
@@ -74,7 +76,13 @@ def _install_methods(base: Any, originals: dict[str, Any]) -> None:
             kwargs.pop(key, None)   # drawing options of tqdm.notebook / tqdm.rich / tqdm.gui
         if "disable" in kwargs and kwargs["disable"] is None:
             kwargs["disable"] = False   # "off when not a terminal": the panel is the terminal here
-        kwargs["file"] = _Discard()
+        # The user's own file gets what plain tqdm writes; the rank's stdout/stderr (tqdm's
+        # default) get nothing, the panel shows the bar. ``file`` is tqdm's 5th parameter.
+        file = args[4] if len(args) > 4 else kwargs.get("file")
+        self._writes_user_file = not writes_to_rank_output(file)
+        if not self._writes_user_file:
+            args = args[:4]
+            kwargs["file"] = _Discard()
         kwargs.setdefault("mininterval", 0.1)
         self._panel = None
         std_init(self, *args, **kwargs)
@@ -97,6 +105,8 @@ def _install_methods(base: Any, originals: dict[str, Any]) -> None:
 
     def display(self: Any, msg: Any = None, pos: Any = None) -> bool:
         self._panel_sync()
+        if getattr(self, "_writes_user_file", False):
+            return _bound(originals["display"], self)(msg, pos)
         return True
 
     def close(self: Any) -> Any:

@@ -15,7 +15,8 @@ from typing import Sequence
 
 from .. import protocol
 from ..detect.xla import stale_tpu_variables
-from .bootstrap import EXIT_FAILED, detach_from_parent, die_with_parent, flush_everything, redirect_fds, text_stream
+from .bootstrap import (EXIT_FAILED, detach_from_parent, die_with_parent, flush_everything, install_std_streams,
+                        redirect_fds, text_stream)
 from ..backends.base import RankPipes
 from ..plan import LaunchPlan
 from .runner import Job, report_error, reset_inherited_state, run_rank
@@ -62,8 +63,7 @@ def run_launcher(plan: LaunchPlan, job: Job, pipes_by_rank: Sequence[RankPipes],
         first = pipes_by_rank[0]
         redirect_fds(first.stdout_w, first.stderr_w)
         out, err = ThreadRoutedStream(text_stream(1)), ThreadRoutedStream(text_stream(2))
-        sys.stdout = sys.__stdout__ = out  # type: ignore[misc,assignment]
-        sys.stderr = sys.__stderr__ = err  # type: ignore[misc,assignment]
+        install_std_streams(out, err)
         os.environ.update(process_environment(plan))
         for key in stale_tpu_variables():  # the Kaggle workaround (detect.xla.STALE_TPU_VARIABLES)
             del os.environ[key]

@@ -23,6 +23,7 @@ from .watch import RankWatch, Watcher
 if TYPE_CHECKING:
     from ..backends.base import RankPipes, RankProcess
     from ..display.base import Display
+    from ..display.rank_displays import RankDisplays
     from ..logs import RunLogs
 
 TERM_GRACE = outcome.TERM_GRACE
@@ -43,8 +44,10 @@ class Supervisor:
 
     def __init__(self, processes: Sequence["RankProcess"], pipes_by_rank: Sequence["RankPipes"],
                  state: RunState, display: "Display", logs: "RunLogs", *,
-                 timeout: float | None = None, poll_interval: float = 0.1) -> None:
+                 timeout: float | None = None, poll_interval: float = 0.1,
+                 rank_displays: "RankDisplays | None" = None) -> None:
         self.state = state
+        self.rank_displays = rank_displays   # re-publishes the ranks' display() calls (in a kernel)
         self.display = display
         self.logs = logs
         self.timeout = timeout
@@ -86,6 +89,8 @@ class Supervisor:
         self.watcher.pump(wait)
         self.watcher.close_stale(DRAIN_AFTER_EXIT)
         self.display.refresh(self.state)
+        if self.rank_displays is not None:
+            self.rank_displays.pump()
         if self.first_failure is not None:
             self.stop(self.failure_reason())
             return Step.FAILED
@@ -136,6 +141,8 @@ class Supervisor:
         elif kind is protocol.EventKind.ERROR:
             watch.error = payload
             self.fail(Failure.from_payload(local, payload))
+        elif kind is protocol.EventKind.DISPLAY and self.rank_displays is not None:
+            self.rank_displays.on_event(self.global_rank(local), payload)
 
     def on_line(self, local_rank: int, stream: str, text: str) -> None:
         self.state.on_line(local_rank, stream, text)
