@@ -38,8 +38,9 @@ class LineSplitter:
             lines.append(_decode(self._partial[:cut]))
             del self._partial[:cut + 1]
         while len(self._partial) > MAX_LINE:
-            lines.append(_decode(self._partial[:MAX_LINE]))
-            del self._partial[:MAX_LINE]
+            cut = utf8_boundary(self._partial, MAX_LINE)
+            lines.append(_decode(self._partial[:cut]))
+            del self._partial[:cut]
         return lines
 
     def flush(self) -> list[str]:
@@ -49,6 +50,16 @@ class LineSplitter:
         line = _decode(self._partial)
         self._partial.clear()
         return [line]
+
+
+def utf8_boundary(data: bytes | bytearray, limit: int) -> int:
+    """Where to cut ``data`` at most ``limit`` bytes in without splitting a UTF-8 character
+    (a split one would show as U+FFFD on both sides): back up over continuation bytes
+    (0b10xxxxxx), at most three, to the start of the character that straddles the cut."""
+    cut = limit
+    while cut > limit - 3 and (data[cut] & 0xC0) == 0x80:
+        cut -= 1
+    return cut if (data[cut] & 0xC0) != 0x80 else limit   # not UTF-8 at all: cut where asked
 
 
 def _decode(raw: bytes | bytearray) -> str:
