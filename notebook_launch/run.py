@@ -75,7 +75,7 @@ def run_with_scaffold(plan: LaunchPlan, body: Callable[[RunContext], T], *, run_
                             for r in plan.ranks])
     display = choose_display(ui, line_prefix=line_prefix)
     print("\n".join((launch_summary(plan, state.backend, logs.path, platform=platform, display=display.name),
-                     *extra_lines)), flush=True)
+                     *(f"notebook_launch: {note}" for note in logs.notes), *extra_lines)), flush=True)
     with presenting(state, display, logs):
         try:
             results = body(RunContext(plan, backend, logs, state, display))
