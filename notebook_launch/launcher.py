@@ -55,6 +55,8 @@ def notebook_launcher(function: Callable[..., Any], args: tuple | list = (), num
             timeout=timeout, log_dir=log_dir, ui=ui, rdzv_timeout=rdzv_timeout)
         return launch(options)
     except (LaunchError, GuardError, LaunchArgumentError, KeyboardInterrupt) as err:
+        if isinstance(err, LaunchError):   # torch elastic's ChildFailedError.name: the entrypoint's name
+            err.name = getattr(function, "__name__", type(function).__name__)
         # The user needs the rank's traceback (in the message), not our supervisor's frames.
         raise err.with_traceback(None) from None
 
