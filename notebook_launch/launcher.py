@@ -4,7 +4,7 @@ from __future__ import annotations
 import os
 from typing import Any, Callable, Mapping
 
-from . import preflight
+from . import fd_budget, preflight
 from .detect.target import launch_target
 from .errors import GuardError, LaunchArgumentError, LaunchError
 from .logs import make_run_id
@@ -72,6 +72,9 @@ def launch(options: LaunchOptions) -> list[Any]:
         preflight.check_runtime_not_initialized()
 
     notes = list(target.notes)
+    raised_limit = fd_budget.ensure_fd_budget(target.num_processes)   # before any pipe or log file opens
+    if raised_limit:
+        notes.append(raised_limit)
     port = options.port
     if not (options.elastic and options.rdzv_endpoint):  # an explicit rdzv_endpoint names the store's port
         port = preflight.resolve_port(port, explicit=not options.port_is_default, node_rank=options.node_rank,

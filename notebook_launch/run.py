@@ -45,9 +45,10 @@ def run_plan(plan: LaunchPlan, job: Job, *, run_id: str, log_dir: Any = None, ui
              platform: str | None = None) -> list[Any]:
     """Start the plan's ranks and supervise them until results or one clear error."""
     def body(ctx: RunContext) -> list[Any]:
-        pipes = []
+        pipes: list[RankPipes] = []
         try:
-            pipes = [RankPipes.open() for _ in plan.ranks]
+            for _ in plan.ranks:   # one by one: a failure midway still closes those opened
+                pipes.append(RankPipes.open())
             processes = ctx.backend.start(plan, job, pipes)
             return Supervisor(processes, pipes, ctx.state, ctx.display, ctx.logs,
                               timeout=timeout, poll_interval=poll_interval).run()

@@ -43,9 +43,17 @@ class RankPipes:
 
     @classmethod
     def open(cls) -> "RankPipes":
-        e = os.pipe()
-        o = os.pipe()
-        r = os.pipe()
+        opened: list[int] = []
+        try:   # out of fds midway (EMFILE): close what this call opened, leak nothing
+            e = os.pipe()
+            opened += e
+            o = os.pipe()
+            opened += o
+            r = os.pipe()
+        except OSError:
+            for fd in opened:
+                os.close(fd)
+            raise
         for fd in (e[0], o[0], r[0]):
             os.set_inheritable(fd, False)
         return cls(e[0], e[1], o[0], o[1], r[0], r[1])
