@@ -4,7 +4,6 @@ from __future__ import annotations
 from typing import Any
 
 
-
 def _child_failed_error() -> type:
     """torch elastic's ChildFailedError: Accelerate's launcher raises it, so code written for it
     catches it around the launch. The package imports torch anyway (CUDA tracking); this adds

@@ -74,7 +74,7 @@ def _check_format_template(template: str) -> None:
         parsed = list(string.Formatter().parse(template))
     except ValueError as exc:
         raise _bad(template, f"is not a valid format string ({exc})") from None
-    for _, name, spec, conversion in parsed:
+    for _, name, _, _ in parsed:
         if name is None:
             continue
         if name not in FIELDS:

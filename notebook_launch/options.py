@@ -193,24 +193,30 @@ def validate_port(use_port: object) -> int:
     return port
 
 
-def is_seconds(value: object) -> bool:
-    """A real number > 0 (NaN is not: every comparison with it is False)."""
-    return not isinstance(value, bool) and isinstance(value, numbers.Real) and float(value) > 0
+def seconds_or_none(value: object) -> float | None:
+    """``value`` as seconds when it is a real number > 0 (NaN is not: every comparison with
+    it is False; a bool is not either), else None."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        return None
+    seconds = float(value)
+    return seconds if seconds > 0 else None
 
 
 def validate_timeout(timeout: object) -> float | None:
     """Seconds > 0; float("inf") means no timeout, as None does."""
     if timeout is None:
         return None
-    if not is_seconds(timeout):
+    seconds = seconds_or_none(timeout)
+    if seconds is None:
         raise LaunchArgumentError(f"timeout must be a number of seconds > 0, or None; got {timeout!r}")
-    return None if math.isinf(float(timeout)) else float(timeout)
+    return None if math.isinf(seconds) else seconds
 
 
 def validate_monitor_interval(value: object) -> float:
-    if not is_seconds(value) or math.isinf(float(value)):   # type: ignore[arg-type]
+    seconds = seconds_or_none(value)
+    if seconds is None or math.isinf(seconds):
         raise LaunchArgumentError(f"monitor_interval must be a finite number of seconds > 0; got {value!r}")
-    return float(value)   # type: ignore[arg-type]
+    return seconds
 
 
 def validate_master_addr(master_addr: object) -> None:
@@ -248,11 +254,12 @@ def validate_rendezvous(*, rdzv_backend: str, rdzv_endpoint: object, rdzv_conf: 
     if not isinstance(rdzv_id, str) or not rdzv_id:
         raise LaunchArgumentError(f"rdzv_id must be a non-empty string naming the run; got {rdzv_id!r}")
     if rdzv_timeout is not None:
-        if not is_seconds(rdzv_timeout) or math.isinf(float(rdzv_timeout)):  # type: ignore[arg-type]
+        seconds = seconds_or_none(rdzv_timeout)
+        if seconds is None or math.isinf(seconds):
             raise LaunchArgumentError(
                 f"rdzv_timeout must be a number of seconds > 0 (how long to wait for every node); "
                 f"got {rdzv_timeout!r}")
-        return float(rdzv_timeout)
+        return seconds
     config = rdzv_conf or {}
     for key in ("join_timeout", "timeout"):
         if key in config:

@@ -57,23 +57,10 @@ def write_error_file(folder: str | None, facts: RankFailureFacts) -> str:
 
 def process_failures(facts: list[RankFailureFacts], log_dir: str | None) -> dict[int, Any]:
     """{global rank: torch ProcessFailure} (plain records when torch elastic is unavailable)."""
-    try:
-        from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
-    except Exception as exc:   # a torch build without torch.distributed
-        log.debug("torch elastic's ProcessFailure unavailable (%s); plain records instead", exc)
-        ProcessFailure = None
     failures: dict[int, Any] = {}
     for fact in facts:
         error_file = write_error_file(log_dir, fact)
-        if ProcessFailure is not None:
-            try:
-                record = ProcessFailure(local_rank=fact.local_rank, pid=fact.pid, exitcode=fact.exitcode,
-                                        error_file=error_file)
-            except Exception as exc:
-                log.debug("ProcessFailure for rank %d failed (%s)", fact.rank, exc)
-                record = _PlainFailure(fact, error_file)
-        else:
-            record = _PlainFailure(fact, error_file)
+        record: Any = _torch_record(fact, error_file) or _PlainFailure(fact, error_file)
         record.rank = fact.rank
         if error_file == NOT_AVAILABLE and fact.exitcode >= 0:
             record.message = fact.headline   # torch's text would be its generic "To enable traceback" hint
@@ -81,11 +68,22 @@ def process_failures(facts: list[RankFailureFacts], log_dir: str | None) -> dict
     return failures
 
 
+def _torch_record(fact: RankFailureFacts, error_file: str) -> Any:
+    """torch's ProcessFailure (it reads the error file itself), or None without torch elastic."""
+    try:
+        from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
+        return ProcessFailure(local_rank=fact.local_rank, pid=fact.pid, exitcode=fact.exitcode,
+                              error_file=error_file)
+    except Exception as exc:   # a torch build without torch.distributed, or an unreadable file
+        log.debug("torch elastic's ProcessFailure unavailable for rank %d (%s)", fact.rank, exc)
+        return None
+
+
 class _PlainFailure:
     """The same fields as torch's ProcessFailure, for a torch without torch.distributed."""
 
     def __init__(self, fact: RankFailureFacts, error_file: str) -> None:
-        self.local_rank, self.pid, self.exitcode = fact.local_rank, fact.pid, fact.exitcode
+        self.rank, self.local_rank, self.pid, self.exitcode = fact.rank, fact.local_rank, fact.pid, fact.exitcode
         self.error_file = error_file
         self.message: Any = fact.headline
         self.timestamp = int(time.time())

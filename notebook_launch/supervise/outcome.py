@@ -148,7 +148,7 @@ def failure_facts(watches: Sequence["RankWatch"], state: RunState, failure: Fail
             headline, traceback = failure.headline, failure.traceback
         else:
             headline = rs.error or rs.exit_description or failure.headline
-            traceback = (watch.error or {}).get("traceback", "") if rs.status == FAILED else ""
+            traceback = watch.error["traceback"] if watch.error is not None and rs.status == FAILED else ""
         facts.append(RankFailureFacts(rank=rs.rank, local_rank=watch.local_rank, pid=watch.process.pid,
                                       exitcode=exitcode_of(watch.exit), headline=headline, traceback=traceback))
     return facts
