@@ -53,9 +53,10 @@ def test_an_exception_after_closing_every_fd_is_still_named(log_dir):
     assert info.value.kind == "exception"
 
 
-def test_a_result_after_closing_every_fd_still_comes_back(log_dir):
-    assert notebook_launcher(close_fds_then_return, num_processes=2, log_dir=log_dir) == \
-        [{"rank": 0}, {"rank": 1}]
+@pytest.mark.parametrize("start_method", ["fork", "spawn"])
+def test_a_result_after_closing_every_fd_still_comes_back(log_dir, start_method):
+    assert notebook_launcher(close_fds_then_return, num_processes=2, log_dir=log_dir,
+                             start_method=start_method) == [{"rank": 0}, {"rank": 1}]
 
 
 def clean_exit_on_sigterm():

@@ -213,6 +213,7 @@ class Supervisor:
         for watch in live:
             if watch.exit is None:
                 watch.exit = watch.process.wait()
+                watch.pipes.close(watch.pipes.events_w)   # its end is gone: let its event pipe reach EOF
                 watch.exited_at = time.monotonic()
                 self.state.on_exit(watch.local_rank, STOPPED,
                                    outcome.stopped_description(watch.stop_reason, watch.exit))
