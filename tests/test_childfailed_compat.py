@@ -64,3 +64,12 @@ def test_a_timeout_is_a_child_failed_error_naming_the_ranks_it_stopped(log_dir):
         notebook_launcher(time.sleep, (100,), num_processes=2, timeout=1, log_dir=log_dir)
     assert info.value.kind == "timeout" and sorted(info.value.failures) == [0, 1]
     assert all(f.exitcode == -15 for f in info.value.failures.values())
+
+
+def test_accelerates_own_test_monitoring_passes_with_our_launcher(monkeypatch):
+    """Accelerate's test_notebook.py::test_monitoring itself, with notebook_launcher swapped for
+    ours: it expects ChildFailedError with the even rank's message, well before the odd rank's sleep."""
+    script = pytest.importorskip("accelerate.test_utils.scripts.test_notebook")
+    monkeypatch.setattr(script, "notebook_launcher", notebook_launcher)
+    monkeypatch.setattr(script, "NUM_PROCESSES", 2)
+    script.test_monitoring()
