@@ -6,6 +6,8 @@ that forks ranks, so scenarios that need CUDA initialized in the notebook run in
 """
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from gpu_lane import SKIP_REASON, cuda_devices
@@ -15,8 +17,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if SKIP_REASON is None:
         return
     marker = pytest.mark.skip(reason=f"GPU lane: {SKIP_REASON}")
+    here = Path(__file__).resolve().parent
     for item in items:
-        if "tests/gpu/" in item.nodeid.replace("\\", "/"):
+        if here in Path(str(item.path)).resolve().parents:
             item.add_marker(marker)
 
 

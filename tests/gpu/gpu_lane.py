@@ -26,7 +26,8 @@ def _skip_reason() -> str | None:
     except ImportError:
         return "torch is not installed"
     if not torch.version.cuda:
-        return f"torch {torch.__version__} is a CPU build (the CUDA lane runs where a CUDA torch is: scripts/test-gpu.sh)"
+        return (f"torch {torch.__version__} is a CPU build "
+                f"(the CUDA lane runs where a CUDA torch is: scripts/test-gpu.sh)")
     if cuda_devices() == 0:
         return "no CUDA device is visible (nvidia-smi / CUDA_VISIBLE_DEVICES)"
     return None
