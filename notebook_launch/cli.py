@@ -145,6 +145,9 @@ def run_selftest(n: int, start_method: str | None = None, timeout: float = 180.0
     try:
         results = notebook_launcher(selftest_rank, num_processes=n, start_method=start_method,
                                     timeout=timeout, log_dir=str(log_dir), ui="none")
+    except LaunchArgumentError:   # a usage error (main() reports it as one), not a fault of the machine
+        shutil.rmtree(log_dir, ignore_errors=True)
+        raise
     except Exception as exc:
         check(False, "launch", f"{type(exc).__name__}: {exc}")
         return failures
@@ -241,6 +244,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 # --- entry -----------------------------------------------------------------------
 
 def build_parser() -> argparse.ArgumentParser:
+    from .display import UI_CHOICES
     parser = argparse.ArgumentParser(
         prog="notebook-launch", description="Check and try notebook_launch on this machine.")
     sub = parser.add_subparsers(dest="command", metavar="{env,test,demo}")
@@ -250,15 +254,15 @@ def build_parser() -> argparse.ArgumentParser:
     p_test = sub.add_parser("test", help="launch N ranks and check collectives, results and output")
     p_test.add_argument("-n", "--num-processes", type=_positive_int, default=2)
     p_test.add_argument("--start-method", choices=("fork", "spawn"), default=None)
-    p_test.add_argument("--timeout", type=float, default=180.0, help="seconds per launch (default 180)")
-    p_test.set_defaults(func=cmd_test)
+    p_test.add_argument("--timeout", type=_seconds, default=180.0, help="seconds per launch (default 180)")
+    p_test.set_defaults(func=cmd_test, parser=p_test)
     p_demo = sub.add_parser("demo", help="train a small model on synthetic data across ranks, with the panel")
     p_demo.add_argument("-n", "--num-processes", type=_positive_int, default=2)
     p_demo.add_argument("--steps", type=_positive_int, default=300)
     p_demo.add_argument("--start-method", choices=("fork", "spawn"), default=None)
-    p_demo.add_argument("--ui", default="auto", help="auto, widget, html, rich, text or none")
-    p_demo.add_argument("--timeout", type=float, default=None, help="seconds before the ranks are stopped")
-    p_demo.set_defaults(func=cmd_demo)
+    p_demo.add_argument("--ui", default="auto", choices=UI_CHOICES, help="how the run is shown (default auto)")
+    p_demo.add_argument("--timeout", type=_seconds, default=None, help="seconds before the ranks are stopped")
+    p_demo.set_defaults(func=cmd_demo, parser=p_demo)
     return parser
 
 
@@ -272,6 +276,24 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _seconds(text: str) -> float:
+    """A finite number of seconds > 0 ("nan", "inf", "-5" and "0" are usage errors)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a number of seconds > 0; got {text!r}")
+    return value
+
+
 def main(argv: list[str] | None = None) -> int:
+    """Usage errors (also a LaunchArgumentError from the launch a command makes) exit 2 with
+    argparse's usage line, never a traceback or a report of a broken machine."""
     args = build_parser().parse_args(argv)
-    return args.func(args)
+    try:
+        return args.func(args)
+    except LaunchArgumentError as err:
+        parser = getattr(args, "parser", None) or build_parser()
+        parser.error(str(err))   # exits 2
+        return 2   # (not reached: error() exits)

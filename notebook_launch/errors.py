@@ -4,7 +4,19 @@ from __future__ import annotations
 from typing import Any
 
 
-class LaunchError(RuntimeError):
+def _child_failed_error() -> type:
+    """torch elastic's ChildFailedError: Accelerate's launcher raises it, so code written for it
+    catches it around the launch. The package imports torch anyway (CUDA tracking); this adds
+    torch elastic's small errors module. A stand-in serves a torch built without torch.distributed."""
+    try:
+        from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    except Exception:
+        class ChildFailedError(Exception):  # type: ignore[no-redef]
+            """Stand-in for torch elastic's ChildFailedError (same fields: name, failures)."""
+    return ChildFailedError
+
+
+class LaunchError(RuntimeError, _child_failed_error()):  # type: ignore[misc]
     """A launch failed: a rank raised, died, timed out or could not report its result.
 
     The first line of the message names the failing rank (and node, for
@@ -17,13 +29,22 @@ class LaunchError(RuntimeError):
     ``results`` (the values of the ranks that finished, by local rank; missing
     ones are None), ``node_rank`` (the node of the failing rank in a multi-node
     run, else None).
+
+    It is also torch elastic's ``ChildFailedError`` (what Accelerate's launcher raises), so
+    ``except ChildFailedError`` catches it: ``name`` is the launched function's name and
+    ``failures`` maps each failed global rank to torch's ``ProcessFailure`` (``local_rank``,
+    ``pid``, ``exitcode`` (-signal when killed), ``error_file``, ``message``, ``timestamp``,
+    and ``rank``); empty only when no rank ran (a rendezvous that never completed).
     """
 
     def __init__(self, message: str, *, rank: int | None = None, kind: str = "exception",
                  exc_type: str | None = None, exc_message: str | None = None,
                  remote_traceback: str | None = None, log_dir: str | None = None,
-                 results: list[Any] | None = None, node_rank: int | None = None) -> None:
-        super().__init__(message)
+                 results: list[Any] | None = None, node_rank: int | None = None,
+                 name: str = "notebook_launcher", failures: dict[int, Any] | None = None) -> None:
+        RuntimeError.__init__(self, message)   # our text, not ChildFailedError's torch-format one
+        self.name = name
+        self.failures = dict(failures or {})
         self.rank = rank
         self.kind = kind
         self.exc_type = exc_type

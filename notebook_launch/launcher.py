@@ -4,7 +4,7 @@ from __future__ import annotations
 import os
 from typing import Any, Callable, Iterable, Mapping
 
-from . import preflight
+from . import fd_budget, preflight
 from .detect.target import launch_target
 from .errors import GuardError, LaunchArgumentError, LaunchError
 from .logs import make_run_id
@@ -59,6 +59,8 @@ def notebook_launcher(function: Callable[..., Any], args: tuple | list = (), num
             timeout=timeout, log_dir=log_dir, ui=ui, rdzv_timeout=rdzv_timeout, display_ranks=display_ranks)
         return launch(options)
     except (LaunchError, GuardError, LaunchArgumentError, KeyboardInterrupt) as err:
+        if isinstance(err, LaunchError):   # torch elastic's ChildFailedError.name: the entrypoint's name
+            err.name = getattr(function, "__name__", type(function).__name__)
         # The user needs the rank's traceback (in the message), not our supervisor's frames.
         raise err.with_traceback(None) from None
 
@@ -74,6 +76,9 @@ def launch(options: LaunchOptions) -> list[Any]:
         preflight.check_runtime_not_initialized()
 
     notes = list(target.notes)
+    raised_limit = fd_budget.ensure_fd_budget(target.num_processes)   # before any pipe or log file opens
+    if raised_limit:
+        notes.append(raised_limit)
     port = options.port
     if not (options.elastic and options.rdzv_endpoint):  # an explicit rdzv_endpoint names the store's port
         port = preflight.resolve_port(port, explicit=not options.port_is_default, node_rank=options.node_rank,

@@ -7,15 +7,18 @@ disk keeps everything.
 """
 from __future__ import annotations
 
+import errno
 import itertools
 import logging
 import os
 import re
+import tempfile
 import time
 from pathlib import Path
-from typing import IO, Iterable
+from typing import IO, Callable, Iterable
 
 from .curves import MetricsFile
+from .errors import LaunchArgumentError
 
 log = logging.getLogger("notebook_launch")
 
@@ -40,8 +43,9 @@ class LineSplitter:
             lines.append(_decode(self._partial[:cut]))
             del self._partial[:cut + 1]
         while len(self._partial) > MAX_LINE:
-            lines.append(_decode(self._partial[:MAX_LINE]))
-            del self._partial[:MAX_LINE]
+            cut = utf8_boundary(self._partial, MAX_LINE)
+            lines.append(_decode(self._partial[:cut]))
+            del self._partial[:cut]
         return lines
 
     def flush(self) -> list[str]:
@@ -51,6 +55,16 @@ class LineSplitter:
         line = _decode(self._partial)
         self._partial.clear()
         return [line]
+
+
+def utf8_boundary(data: bytes | bytearray, limit: int) -> int:
+    """Where to cut ``data`` at most ``limit`` bytes in without splitting a UTF-8 character
+    (a split one would show as U+FFFD on both sides): back up over continuation bytes
+    (0b10xxxxxx), at most three, to the start of the character that straddles the cut."""
+    cut = limit
+    while cut > limit - 3 and (data[cut] & 0xC0) == 0x80:
+        cut -= 1
+    return cut if (data[cut] & 0xC0) != 0x80 else limit   # not UTF-8 at all: cut where asked
 
 
 def _decode(raw: bytes | bytearray) -> str:
@@ -81,52 +95,135 @@ def make_run_id() -> str:
 
 class RunLogs:
     """The run folder: rank<N>.log per local rank (stdout and stderr lines in
-    arrival order, stderr lines marked), plus the failing rank's traceback."""
+    arrival order, stderr lines marked), plus the failing rank's traceback.
+
+    Logging never ends a run: a write that fails (a full disk, a folder gone) stops
+    the logging, says so once through ``on_problem`` (the cell), and the run goes on.
+    A default log root that cannot be written falls back to a temporary folder
+    (``notes`` says where); a ``log_dir`` the user chose that cannot be used is a
+    LaunchArgumentError, before any rank starts."""
 
     def __init__(self, run_id: str, local_ranks: Iterable[int], global_ranks: Iterable[int],
-                 log_dir: str | os.PathLike[str] | None = None) -> None:
-        if log_dir is None:
-            root = default_log_root()
-            self.path = root / run_id
-            prune_old_runs(root)
-        else:
-            self.path = Path(log_dir).expanduser()
-        self.path.mkdir(parents=True, exist_ok=True)
+                 log_dir: str | os.PathLike[str] | None = None,
+                 on_problem: Callable[[str], None] | None = None) -> None:
+        self.notes: list[str] = []     # for the launch line: where the logs went, if not where expected
+        self._on_problem = on_problem or _tell_the_cell
+        self._stopped_because: str | None = None
         self._files: dict[int, IO[str]] = {}
+        self.metrics: MetricsFile | None = None
+        names = {local: f"rank{global_rank}.log" for local, global_rank in zip(local_ranks, global_ranks)}
+        if log_dir is not None:
+            self.path = Path(log_dir).expanduser()
+            try:
+                self._open(names)
+            except OSError as exc:
+                if exc.errno in (errno.EMFILE, errno.ENFILE):
+                    raise
+                raise LaunchArgumentError(
+                    f"log_dir={os.fspath(log_dir)!r} cannot be used: {_reason(exc)}. Pass a folder you "
+                    f"can write to, or log_dir=None for a new folder per run in the user cache.") from None
+            return
+        root = default_log_root()
+        self.path = root / run_id
+        try:
+            prune_old_runs(root)
+            self._open(names)
+        except OSError as exc:
+            if exc.errno in (errno.EMFILE, errno.ENFILE):
+                raise
+            fallback = fallback_log_root()
+            self.notes.append(f"cannot write logs under {root} ({_reason(exc)}); this run's logs go to "
+                              f"{fallback / run_id} (set NOTEBOOK_LAUNCH_LOG_DIR or log_dir= to choose)")
+            self.path = fallback / run_id
+            self._open(names)
+
+    def _open(self, names: dict[int, str]) -> None:
+        """Create the folder and every rank's file; on failure close what was opened."""
+        try:
+            self.path.mkdir(parents=True, exist_ok=True)
+            for local, name in names.items():
+                self._files[local] = open(self.path / name, "w", encoding="utf-8", errors="replace",
+                                          buffering=1 << 16)
+        except OSError:
+            self._close_files()
+            raise
         self.metrics = MetricsFile(self.path)
-        for local, global_rank in zip(local_ranks, global_ranks):
-            self._files[local] = open(self.path / f"rank{global_rank}.log", "w",
-                                      encoding="utf-8", errors="replace", buffering=1 << 16)
 
     def write_line(self, local_rank: int, stream: str, text: str) -> None:
+        if self._stopped_because is not None:
+            return
         f = self._files[local_rank]
-        if stream == "stderr":
-            f.write("[stderr] ")
-        f.write(text)
-        f.write("\n")
+        try:
+            if stream == "stderr":
+                f.write("[stderr] ")
+            f.write(text)
+            f.write("\n")
+        except OSError as exc:
+            self._stop_logging(exc)
 
     def write_block(self, local_rank: int, text: str) -> None:
-        f = self._files[local_rank]
-        f.write(text if text.endswith("\n") else text + "\n")
+        if self._stopped_because is not None:
+            return
+        try:
+            self._files[local_rank].write(text if text.endswith("\n") else text + "\n")
+        except OSError as exc:
+            self._stop_logging(exc)
 
     def write_metrics(self, rank: int, series: dict[str, list[int | float]] | None) -> None:
         """Every value a progress event carries, to metrics.jsonl (``rank``: global rank)."""
-        if series:
+        if not series or self._stopped_because is not None or self.metrics is None:
+            return
+        try:
             self.metrics.write(rank, series)
+        except OSError as exc:
+            self._stop_logging(exc)
 
     def flush(self) -> None:
-        for f in self._files.values():
-            f.flush()
-        self.metrics.flush()
+        if self._stopped_because is not None:
+            return
+        try:
+            for f in self._files.values():
+                f.flush()
+            if self.metrics is not None:
+                self.metrics.flush()
+        except OSError as exc:
+            self._stop_logging(exc)
 
     def close(self) -> None:
-        self.metrics.close()
+        if self._stopped_because is None:
+            self.flush()
+        self._close_files()
+
+    def _stop_logging(self, exc: OSError) -> None:
+        """Give up on the log files for the rest of the run, and say so once."""
+        self._stopped_because = _reason(exc)
+        self._close_files()
+        self._on_problem(f"notebook_launch: stopped writing the logs in {self.path} ({self._stopped_because}); "
+                         f"the run goes on, and its output is still shown here")
+
+    def _close_files(self) -> None:
+        if self.metrics is not None:
+            self.metrics.close()
         for f in self._files.values():
             try:
                 f.close()
-            except OSError:
+            except OSError:   # the buffered rest cannot be written (the disk that is full)
                 log.debug("closing a rank log failed", exc_info=True)
         self._files.clear()
+
+
+def _reason(exc: OSError) -> str:
+    return exc.strerror or str(exc) or type(exc).__name__
+
+
+def _tell_the_cell(text: str) -> None:
+    print(text, flush=True)
+
+
+def fallback_log_root() -> Path:
+    """Where logs go when the default root cannot be written: a per-user folder in the temp dir."""
+    user = os.getuid() if hasattr(os, "getuid") else os.getpid()
+    return Path(tempfile.gettempdir()) / f"notebook_launch-{user}" / "runs"
 
 
 _RUN_DIR = re.compile(r"^\d{8}-\d{6}-\d+$")

@@ -7,6 +7,8 @@ are here too and are called once detection has run (``detect.target``).
 """
 from __future__ import annotations
 
+import math
+import numbers
 import operator
 import os
 import sys
@@ -15,7 +17,9 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from .display import UI_CHOICES
 from .errors import LaunchArgumentError
+from .line_prefix import parse_line_prefix
 from .net import DEFAULT_PORT
+from .plan import available_cpus
 
 MIXED_PRECISION_CHOICES = ("no", "fp16", "bf16", "fp8")
 START_METHODS = (None, "fork", "spawn", "xla")
@@ -73,6 +77,8 @@ def launch_options(*, function: Any, args: Any, num_processes: Any, mixed_precis
     """Check every argument of ``notebook_launcher``; raise LaunchArgumentError naming the first bad one."""
     validate_function(function)
     validate_args(args, kwargs)
+    if num_processes is not None:
+        num_processes = validate_whole_number("num_processes", num_processes)
     mixed_precision = normalize_mixed_precision(mixed_precision)
     validate_choice("start_method", start_method, START_METHODS)
     validate_choice("ui", ui, UI_CHOICES)
@@ -82,10 +88,10 @@ def launch_options(*, function: Any, args: Any, num_processes: Any, mixed_precis
     max_restarts = validate_int("max_restarts", max_restarts, 0)
     timeout = validate_timeout(timeout)
     port = validate_port(use_port)
-    if not isinstance(monitor_interval, (int, float)) or monitor_interval <= 0:
-        raise LaunchArgumentError(f"monitor_interval must be a number of seconds > 0; got {monitor_interval!r}")
-    if log_line_prefix_template is not None and not isinstance(log_line_prefix_template, str):
-        raise LaunchArgumentError("log_line_prefix_template must be a str such as '[{rank}]: ' or None")
+    monitor_interval = validate_monitor_interval(monitor_interval)
+    parse_line_prefix(log_line_prefix_template)   # a bad template fails here, not at a rank's first line
+    validate_master_addr(master_addr)
+    validate_log_dir(log_dir)
     options = LaunchOptions(
         function=function, args=tuple(args), kwargs=dict(kwargs or {}), num_processes=num_processes,
         mixed_precision=mixed_precision, port=port, port_is_default=isinstance(use_port, _DefaultPort),
@@ -141,10 +147,17 @@ def normalize_mixed_precision(value: object) -> str:
 
 
 def validate_whole_number(name: str, value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
+    """Any integral number (int, NumPy's int64, ...), as Accelerate accepts; not a bool or a float."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         raise LaunchArgumentError(
             f"{name} must be a whole number >= 1 or None (one rank per accelerator); got {value!r}")
-    return value
+    return int(value)
+
+
+def max_cpu_ranks(cpus: int | None = None) -> int:
+    """The most CPU ranks one machine runs: beyond 8 per core they only time-slice the same
+    cores (each is a whole process with its pipes and log file); 64 at least."""
+    return max(64, 8 * (cpus or available_cpus()))
 
 
 def validate_num_processes(num_processes: object, device_kind: str, device_count: int) -> int:
@@ -152,6 +165,10 @@ def validate_num_processes(num_processes: object, device_kind: str, device_count
     count = validate_whole_number("num_processes", num_processes)
     if count < 1:
         raise LaunchArgumentError(f"num_processes must be >= 1; got {count}")
+    if device_kind == "cpu" and count > max_cpu_ranks():
+        raise LaunchArgumentError(
+            f"num_processes={count} CPU ranks is more than this machine can run usefully: at most "
+            f"{max_cpu_ranks()} ({available_cpus()} CPU cores, 8 ranks per core, 64 at least). Use fewer ranks.")
     if device_kind == "cuda" and count > device_count:
         raise LaunchArgumentError(
             f"num_processes={count} is more than the {device_count} CUDA GPU(s) visible here; "
@@ -160,8 +177,9 @@ def validate_num_processes(num_processes: object, device_kind: str, device_count
 
 
 def validate_int(name: str, value: object, minimum: int, maximum: int | None = None) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         raise LaunchArgumentError(f"{name} must be a whole number; got {value!r}")
+    value = int(value)
     if value < minimum or (maximum is not None and value > maximum):
         bounds = f">= {minimum}" if maximum is None else f"between {minimum} and {maximum}"
         raise LaunchArgumentError(f"{name} must be {bounds}; got {value}")
@@ -178,12 +196,46 @@ def validate_port(use_port: object) -> int:
     return port
 
 
+def seconds_or_none(value: object) -> float | None:
+    """``value`` as seconds when it is a real number > 0 (NaN is not: every comparison with
+    it is False; a bool is not either), else None."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        return None
+    seconds = float(value)
+    return seconds if seconds > 0 else None
+
+
 def validate_timeout(timeout: object) -> float | None:
+    """Seconds > 0; float("inf") means no timeout, as None does."""
     if timeout is None:
         return None
-    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0:
+    seconds = seconds_or_none(timeout)
+    if seconds is None:
         raise LaunchArgumentError(f"timeout must be a number of seconds > 0, or None; got {timeout!r}")
-    return float(timeout)
+    return None if math.isinf(seconds) else seconds
+
+
+def validate_monitor_interval(value: object) -> float:
+    seconds = seconds_or_none(value)
+    if seconds is None or math.isinf(seconds):
+        raise LaunchArgumentError(f"monitor_interval must be a finite number of seconds > 0; got {value!r}")
+    return seconds
+
+
+def validate_master_addr(master_addr: object) -> None:
+    if not isinstance(master_addr, str) or not master_addr.strip():
+        raise LaunchArgumentError(
+            f"master_addr must be a host name or IP address of node 0, such as '127.0.0.1' (the default) "
+            f"or '10.0.0.1'; got {master_addr!r}")
+
+
+def validate_log_dir(log_dir: object) -> None:
+    """A path (str or os.PathLike) or None; "" would mean the working directory, never wanted."""
+    if log_dir is None:
+        return
+    if not isinstance(log_dir, (str, os.PathLike)) or not os.fspath(log_dir).strip():
+        raise LaunchArgumentError(
+            f"log_dir must be a folder path or None (a new folder per run in the user cache); got {log_dir!r}")
 
 
 def validate_display_ranks(value: object) -> frozenset[int] | None:
@@ -237,11 +289,12 @@ def validate_rendezvous(*, rdzv_backend: str, rdzv_endpoint: object, rdzv_conf: 
     if not isinstance(rdzv_id, str) or not rdzv_id:
         raise LaunchArgumentError(f"rdzv_id must be a non-empty string naming the run; got {rdzv_id!r}")
     if rdzv_timeout is not None:
-        if isinstance(rdzv_timeout, bool) or not isinstance(rdzv_timeout, (int, float)) or rdzv_timeout <= 0:
+        seconds = seconds_or_none(rdzv_timeout)
+        if seconds is None or math.isinf(seconds):
             raise LaunchArgumentError(
                 f"rdzv_timeout must be a number of seconds > 0 (how long to wait for every node); "
                 f"got {rdzv_timeout!r}")
-        return float(rdzv_timeout)
+        return seconds
     config = rdzv_conf or {}
     for key in ("join_timeout", "timeout"):
         if key in config:

@@ -15,6 +15,7 @@ supervisor's, and the one nodes post to each other in an elastic run).
 from __future__ import annotations
 
 import enum
+import errno
 import os
 import pickle
 import struct
@@ -96,9 +97,21 @@ def error_payload(exc: BaseException | None = None, *, kind: str = FailureKind.E
     return {
         "kind": str(FailureKind(kind).value),
         "type": exc_type or (type(exc).__qualname__ if exc is not None else "RuntimeError"),
-        "message": str(exc) if message is None and exc is not None else (message or ""),
+        "message": safe_str(exc) if message is None and exc is not None else (message or ""),
         "traceback": traceback,
     }
+
+
+def safe_str(exc: BaseException) -> str:
+    """``str(exc)``, or a note when the exception's own ``__str__`` raises: it is still
+    reported as the exception it is, never as a rank that died without one."""
+    try:
+        return str(exc)
+    except Exception as inner:
+        try:
+            return f"<str() failed: {type(inner).__qualname__}: {inner}>"
+        except Exception:
+            return "<str() failed>"
 
 
 def headline_of(exc_type: str, message: str | None) -> str:
@@ -156,20 +169,56 @@ _thread_writer = threading.local()
 
 
 class EventWriter:
-    """Writes events to the parent. Thread-safe, so tqdm threads and user threads may share it."""
+    """Writes events to the parent. Thread-safe, so tqdm threads and user threads may share it.
 
-    def __init__(self, fd: int) -> None:
+    The user's function may close our fd (``os.closerange(3, ...)``, a daemonizing library)
+    and the number may then be another file's: every send checks the fd is still our pipe
+    (same device and inode), and otherwise reopens the pipe through the parent's read end
+    (``reopen``, /proc/<parent pid>/fd/<n>: Linux opens the same pipe), so a result or an
+    exception still arrives and is never written into the user's file."""
+
+    def __init__(self, fd: int, reopen: str | None = None) -> None:
         self.fd = fd
+        self._pipe = _identity(fd)
+        self._reopen = reopen
         self._lock = threading.Lock()
 
     def send(self, kind: EventKind, payload: Any) -> None:
         data = pickle.dumps((EventKind(kind).value, payload), protocol=pickle.HIGHEST_PROTOCOL)
         frame = _HEADER.pack(len(data)) + data
         with self._lock:
+            self._ensure_our_pipe()
             view = memoryview(frame)
             while view:
                 written = os.write(self.fd, view)
                 view = view[written:]
+
+
+    def _ensure_our_pipe(self) -> None:
+        if self._pipe is None or _identity(self.fd) == self._pipe:
+            return
+        if self._reopen is None:
+            raise OSError(errno.EBADF, f"the event pipe to the notebook (fd {self.fd}) was closed in this rank")
+        # O_NONBLOCK: opening a pipe's write end waits for a reader; the parent may be gone
+        fd = os.open(self._reopen, os.O_WRONLY | os.O_CLOEXEC | os.O_NONBLOCK)
+        if _identity(fd) != self._pipe:
+            os.close(fd)
+            raise OSError(errno.EBADF, f"{self._reopen} is not this rank's event pipe any more")
+        os.set_blocking(fd, True)
+        self.fd = fd
+
+
+def parent_end(parent_pid: int, fd: int) -> str:
+    """Where a rank can reopen its event pipe: the parent's read end, seen through /proc."""
+    return f"/proc/{parent_pid}/fd/{fd}"
+
+
+def _identity(fd: int) -> tuple[int, int] | None:
+    try:
+        st = os.fstat(fd)
+    except OSError:
+        return None
+    return (st.st_dev, st.st_ino)
 
 
 class EventReader:

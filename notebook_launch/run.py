@@ -48,9 +48,10 @@ def run_plan(plan: LaunchPlan, job: Job, *, run_id: str, log_dir: Any = None, ui
              platform: str | None = None, display_ranks: frozenset[int] | None = frozenset({0})) -> list[Any]:
     """Start the plan's ranks and supervise them until results or one clear error."""
     def body(ctx: RunContext) -> list[Any]:
-        pipes = []
+        pipes: list[RankPipes] = []
         try:
-            pipes = [RankPipes.open() for _ in plan.ranks]
+            for _ in plan.ranks:   # one by one: a failure midway still closes those opened
+                pipes.append(RankPipes.open())
             processes = ctx.backend.start(plan, job, pipes)
             return Supervisor(processes, pipes, ctx.state, ctx.display, ctx.logs,
                               timeout=timeout, poll_interval=poll_interval, rank_displays=ctx.rank_displays).run()
@@ -79,7 +80,7 @@ def run_with_scaffold(plan: LaunchPlan, body: Callable[[RunContext], T], *, run_
                             for r in plan.ranks])
     display = choose_display(ui, line_prefix=line_prefix)
     print("\n".join((launch_summary(plan, state.backend, logs.path, platform=platform, display=display.name),
-                     *extra_lines)), flush=True)
+                     *(f"notebook_launch: {note}" for note in logs.notes), *extra_lines)), flush=True)
     rank_displays = RankDisplays(display_ranks, run_id) if in_ipython_kernel() else None
     with presenting(state, display, logs, rank_displays):
         try:

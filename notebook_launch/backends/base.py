@@ -43,9 +43,17 @@ class RankPipes:
 
     @classmethod
     def open(cls) -> "RankPipes":
-        e = os.pipe()
-        o = os.pipe()
-        r = os.pipe()
+        opened: list[int] = []
+        try:   # out of fds midway (EMFILE): close what this call opened, leak nothing
+            e = os.pipe()
+            opened += e
+            o = os.pipe()
+            opened += o
+            r = os.pipe()
+        except OSError:
+            for fd in opened:
+                os.close(fd)
+            raise
         for fd in (e[0], o[0], r[0]):
             os.set_inheritable(fd, False)
         return cls(e[0], e[1], o[0], o[1], r[0], r[1])
@@ -66,9 +74,10 @@ class RankPipes:
         except OSError:
             log.debug("closing fd %d failed", fd, exc_info=True)
 
-    def close_child_ends(self) -> None:
+    def close_child_ends(self, keep: tuple[int, ...] = ()) -> None:
         for fd in self.child_ends():
-            self.close(fd)
+            if fd not in keep:
+                self.close(fd)
 
     def close_parent_ends(self) -> None:
         for fd in self.parent_ends():
@@ -152,7 +161,10 @@ def start_each(plan: "LaunchPlan", pipes_by_rank: Sequence[RankPipes],
         for spec in plan.ranks:
             pipes = pipes_by_rank[spec.local_rank]
             processes.append(start_one(spec, pipes))
-            pipes.close_child_ends()
+            # The parent keeps the event pipe's write end until the rank exits: a function that
+            # closes every fd (os.closerange) then gets no EOF here, and the rank can reopen the
+            # pipe through /proc (protocol.EventWriter) to still send its result or error.
+            pipes.close_child_ends(keep=(pipes.events_w,))
     except BaseException:
         for process in processes:
             process.kill()

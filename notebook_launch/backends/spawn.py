@@ -111,7 +111,8 @@ class SpawnBackend(Backend):
         env.setdefault("PYTHONUNBUFFERED", "1")
         argv = [sys.executable, "-c", BOOTSTRAP, PACKAGE_ROOT,
                 "--payload", payload_path, "--local-rank", str(spec.local_rank),
-                "--events-fd", str(pipes.events_w), "--parent-pid", str(parent_pid)]
+                "--events-fd", str(pipes.events_w), "--parent-pid", str(parent_pid),
+                "--events-parent-fd", str(pipes.events_r)]
         if exit_w is not None:
             argv += ["--exit-fd", str(exit_w)]
         extra: dict[str, Any] = {"process_group": 0} if sys.version_info >= (3, 11) else {}

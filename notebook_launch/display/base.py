@@ -3,10 +3,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from ..line_prefix import parse_line_prefix
+
 if TYPE_CHECKING:
     from ..state import RunState
-
-DEFAULT_PREFIX = "[rank {rank}]"
 
 
 class Display:
@@ -19,12 +19,12 @@ class Display:
     name = "none"  # what ui= selects it, shown in the launch line
 
     def __init__(self, line_prefix: str | None = None) -> None:
-        self.line_prefix = line_prefix or DEFAULT_PREFIX
+        self.line_prefix = parse_line_prefix(line_prefix)   # log_line_prefix_template, checked by options
 
     def tag(self, state: RunState, local_rank: int) -> str:
+        """What goes before a rank's line, separator included ("[rank 0] ", "default-0: ")."""
         rank_state = state.ranks[local_rank]
-        return self.line_prefix.format(rank=rank_state.rank, local_rank=local_rank,
-                                       role_name="default", node_rank=state.node_rank)
+        return self.line_prefix.render(rank=rank_state.rank, local_rank=local_rank, node_rank=state.node_rank)
 
     def start(self, state: RunState) -> None:
         pass

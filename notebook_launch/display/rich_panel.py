@@ -29,7 +29,7 @@ class RichDisplay(Display):
 
     def line(self, state: RunState, local_rank: int, stream: str, text: str) -> None:
         from rich.text import Text
-        tag = Text(self.tag(state, local_rank) + " ", style="red" if stream == "stderr" else "cyan")
+        tag = Text(self.tag(state, local_rank), style="red" if stream == "stderr" else "cyan")
         self.console.print(tag + Text(text), soft_wrap=True, highlight=False)
 
     def refresh(self, state: RunState) -> None:

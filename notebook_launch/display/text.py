@@ -39,7 +39,7 @@ class TextDisplay(Display):
             self._suppressed += 1
             return
         out = sys.stderr if stream == "stderr" else sys.stdout
-        out.write(f"{self.tag(state, local_rank)} {text}\n")
+        out.write(f"{self.tag(state, local_rank)}{text}\n")
 
     def _within_budget(self) -> bool:
         now = time.monotonic()

@@ -101,7 +101,9 @@ class NotebookElasticAgent(SimpleElasticAgent):
                                num_nodes=worker_group.group_world_size, attempt=attempt,
                                endpoint=ctx.settings.endpoint)
         self.failure = None
-        self.pipes = [RankPipes.open() for _ in plan.ranks]
+        self.pipes = []
+        for _ in plan.ranks:   # one by one: a failure midway still closes those opened
+            self.pipes.append(RankPipes.open())
         processes = ctx.run.backend.start(plan, ctx.job, self.pipes)
         self.sup = AttemptSupervisor(processes, self.pipes, ctx.run.state, ctx.run.display, ctx.run.logs,
                                      timeout=ctx.timeout, poll_interval=ctx.poll_interval,

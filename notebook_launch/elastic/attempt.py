@@ -69,7 +69,8 @@ class AttemptSupervisor(Supervisor):
         if not looks_secondary(first):
             return first
         for watch in self.watches:
-            if watch.error and not looks_secondary(Failure.from_payload(watch.local_rank, watch.error)):
+            if watch.error and not watch.error_after_stop \
+                    and not looks_secondary(Failure.from_payload(watch.local_rank, watch.error)):
                 return Failure.from_payload(watch.local_rank, watch.error)
         return first
 

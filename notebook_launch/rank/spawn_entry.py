@@ -25,6 +25,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--local-rank", type=int, required=True)
     parser.add_argument("--events-fd", type=int, required=True)
     parser.add_argument("--parent-pid", type=int, required=True)
+    parser.add_argument("--events-parent-fd", type=int, default=None)   # to reopen a pipe the function closed
     parser.add_argument("--exit-fd", type=int, default=None)
     return parser.parse_args(argv)
 
@@ -38,7 +39,9 @@ def main(argv: list[str] | None = None) -> None:
             if fd is not None:  # the user's own subprocesses must not hold them
                 os.set_inheritable(fd, False)
         capture_output(1, 2)
-        writer = protocol.EventWriter(args.events_fd)
+        reopen = None if args.events_parent_fd is None else protocol.parent_end(args.parent_pid,
+                                                                                 args.events_parent_fd)
+        writer = protocol.EventWriter(args.events_fd, reopen=reopen)
         protocol.install(writer)
         loaded = load_job(args.payload, args.local_rank, writer)
         if loaded is None:

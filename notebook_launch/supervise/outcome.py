@@ -6,6 +6,7 @@ functions decide, and the run scaffold (``run.py``) writes the final status.
 from __future__ import annotations
 
 import logging
+import os
 import signal
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Sequence
@@ -13,12 +14,15 @@ from typing import TYPE_CHECKING, Any, Sequence
 from ..errors import LaunchError
 from ..protocol import Failure, FailureKind, headline_of
 from ..state import DONE, FAILED, STOPPED, RunState, Status
+from .child_failed import RankFailureFacts, exitcode_of, process_failures
 
 if TYPE_CHECKING:
     from ..backends.base import WaitStatus
     from .watch import RankWatch
 
 LAST_LINES_IN_ERROR = 20  # a crash without a Python traceback shows the rank's last output instead
+MESSAGE_LIMIT = 4_000     # characters of an exception message in a LaunchError (or the panel)
+TRACEBACK_LIMIT = 32_000  # characters of a traceback in a LaunchError; the rank's log keeps it whole
 TERM_GRACE = 2.0          # seconds between SIGTERM and SIGKILL at teardown
 log = logging.getLogger("notebook_launch")
 
@@ -46,15 +50,18 @@ class RankEnd:
 def classify_exit(watch: "RankWatch", status: "WaitStatus", shares_process: bool) -> RankEnd:
     """Decide how a rank ended from its wait status and what it sent before."""
     local = watch.local_rank
-    if watch.has_result and watch.error is None and (status == ("exit", 0) or shares_process):
+    if watch.has_result and watch.result_before_stop and watch.error is None \
+            and (status == ("exit", 0) or shares_process):
         # a rank that shares its process is done once its result arrived,
         # even if the process was then stopped because a sibling failed
         return RankEnd(DONE, "finished")
-    if watch.stopped_by_us is not None and watch.error is None:
+    if watch.stopped_by_us is not None and (watch.error is None or watch.error_after_stop):
+        # we stopped it: whatever it did then (returned from a SIGTERM handler, raised) is our stop
         return RankEnd(STOPPED, stopped_description(watch.stop_reason, status))
     description = describe_status(status)
     if watch.error is not None:
-        return RankEnd(FAILED, description, error=headline_of(watch.error["type"], watch.error["message"]))
+        headline = headline_of(watch.error["type"], watch.error["message"])
+        return RankEnd(FAILED, description, error=clip_middle(headline, MESSAGE_LIMIT))
     if status == ("exit", 0):
         failure = Failure(local, FailureKind.EXIT.value, "exited with code 0 without returning from the "
                           "function (os._exit(0) or a library that ended the process)")
@@ -90,8 +97,9 @@ def timeout_failure(timeout: float, running_ranks: Sequence[int]) -> Failure:
 
 
 def load_result(watch: "RankWatch", global_rank: int) -> tuple[Any, Failure | None]:
-    """The rank's returned value, unpickled here; a value that cannot be is a failure."""
-    if not watch.has_result:
+    """The rank's returned value, unpickled here; a value that cannot be is a failure.
+    A value sent only after we stopped the rank is not a result: it did not finish."""
+    if not watch.has_result or not watch.result_before_stop:
         return None, None
     import cloudpickle
     try:
@@ -113,20 +121,57 @@ def crash_report_lines(lines: Sequence[str]) -> list[str]:
 
 # --- the error the user sees --------------------------------------------------------------
 
-def launch_error(failure: Failure, results: list[Any], state: RunState) -> LaunchError:
+def clip_middle(text: str, limit: int, where: str = "the rank's log") -> str:
+    """``text`` itself when short enough, else its head and tail around a note saying how much
+    was left out and where the whole is: a 5 MB exception message must not make a 10 MB error."""
+    if len(text) <= limit:
+        return text
+    head = limit * 3 // 4
+    tail = limit - head
+    left_out = len(text) - head - tail
+    return f"{text[:head]} [... {left_out:,} characters left out; all of it is in {where} ...] {text[-tail:]}"
+
+
+def failure_facts(watches: Sequence["RankWatch"], state: RunState, failure: Failure) -> list[RankFailureFacts]:
+    """What torch's ProcessFailure records need about each failed rank (every rank we
+    stopped, for a timeout): its pid, exit code and message."""
+    facts = []
+    for watch in watches:
+        rs = state.ranks[watch.local_rank]
+        if failure.local_rank is None:
+            include = watch.stopped_by_us is not None
+        else:
+            include = watch.local_rank == failure.local_rank or rs.status == FAILED
+        if not include:
+            continue
+        if watch.local_rank == failure.local_rank:
+            headline, traceback = failure.headline, failure.traceback
+        else:
+            headline = rs.error or rs.exit_description or failure.headline
+            traceback = watch.error["traceback"] if watch.error is not None and rs.status == FAILED else ""
+        facts.append(RankFailureFacts(rank=rs.rank, local_rank=watch.local_rank, pid=watch.process.pid,
+                                      exitcode=exitcode_of(watch.exit), headline=headline, traceback=traceback))
+    return facts
+
+
+def launch_error(failure: Failure, results: list[Any], state: RunState,
+                 facts: Sequence[RankFailureFacts] = ()) -> LaunchError:
     """The LaunchError for a failure on this node: the failing rank, its traceback (or last
-    output), what happened to the other ranks, where the logs are."""
+    output), what happened to the other ranks, where the logs are. Long messages and
+    tracebacks are capped (head and tail); the rank's log has them whole."""
     node = f"node {state.node_rank}, " if state.num_nodes > 1 else ""
     rank: int | None
+    where = "the rank's log"
     if failure.local_rank is None:
         first = f"notebook_launch: {failure.headline}"
         rank = None
     else:
         rank = state.ranks[failure.local_rank].rank
-        first = f"{node}rank {rank} failed: {failure.headline}"
+        where = os.path.join(state.log_dir, f"rank{rank}.log")
+        first = f"{node}rank {rank} failed: {clip_middle(failure.headline, MESSAGE_LIMIT, where)}"
     lines = [first]
     if failure.traceback:
-        lines += ["", f"Traceback from rank {rank}:", failure.traceback.rstrip()]
+        lines += ["", f"Traceback from rank {rank}:", clip_middle(failure.traceback.rstrip(), TRACEBACK_LIMIT, where)]
     elif failure.local_rank is not None and state.ranks[failure.local_rank].lines:
         recent = crash_report_lines([text for _, text in state.ranks[failure.local_rank].lines])
         lines += ["", f"Last output of rank {rank}:"] + [f"  {text}" for text in recent]
@@ -139,30 +184,42 @@ def launch_error(failure: Failure, results: list[Any], state: RunState) -> Launc
             fate = f"also failed: {rs.error}"
         lines.append(f"  rank {rs.rank}: {fate}")
     lines.append(f"Logs: {state.log_dir}")
+    exc_message = None if failure.exc_message is None else clip_middle(failure.exc_message, MESSAGE_LIMIT, where)
     return LaunchError("\n".join(lines), rank=rank, kind=failure.kind, exc_type=failure.exc_type,
-                       exc_message=failure.exc_message, remote_traceback=failure.traceback or None,
+                       exc_message=exc_message,
+                       remote_traceback=clip_middle(failure.traceback, TRACEBACK_LIMIT, where) or None,
                        log_dir=state.log_dir, results=results,
-                       node_rank=state.node_rank if state.num_nodes > 1 else None)
+                       node_rank=state.node_rank if state.num_nodes > 1 else None,
+                       failures=process_failures(list(facts), state.log_dir))
 
 
 def remote_error(record: Failure, state: RunState) -> LaunchError:
     """The LaunchError on this node for a failure another node posted."""
     node, rank = record.node, record.rank
     rank_words = f", rank {rank}" if rank is not None else ""
-    first = f"node {node}{rank_words} failed: {record.headline}"
+    where = f"node {node}'s log of rank {rank}"
+    headline = clip_middle(record.headline, MESSAGE_LIMIT, where)
+    first = f"node {node}{rank_words} failed: {headline}"
     if rank is None:
-        first = f"node {node}: {record.headline}"
+        first = f"node {node}: {headline}"
     lines = [first]
     if record.traceback:
-        lines += ["", f"Traceback from rank {rank} (node {node}):", record.traceback.rstrip()]
+        lines += ["", f"Traceback from rank {rank} (node {node}):",
+                  clip_middle(record.traceback.rstrip(), TRACEBACK_LIMIT, where)]
     lines += ["", f"Ranks on this node (node {state.node_rank}):"]
     for rs in state.ranks:
         lines.append(f"  rank {rs.rank}: {rs.exit_description or rs.status}")
     lines.append(f"Logs of this node: {state.log_dir} (node {node} has its own)")
+    # another node's rank: its pid and local rank are not known here (-1); exit code 1
+    facts = [] if rank is None else [RankFailureFacts(rank=rank, local_rank=-1, pid=-1, exitcode=1,
+                                                      headline=record.headline, traceback=record.traceback)]
     return LaunchError("\n".join(lines), rank=rank, node_rank=node, kind=record.kind,
-                       exc_type=record.exc_type, exc_message=record.exc_message,
-                       remote_traceback=record.traceback or None, log_dir=state.log_dir,
-                       results=[None] * len(state.ranks))
+                       exc_type=record.exc_type,
+                       exc_message=None if record.exc_message is None else clip_middle(record.exc_message,
+                                                                                        MESSAGE_LIMIT, where),
+                       remote_traceback=clip_middle(record.traceback, TRACEBACK_LIMIT, where) or None,
+                       log_dir=state.log_dir, results=[None] * len(state.ranks),
+                       failures=process_failures(facts, state.log_dir))
 
 
 def with_attempts(error: LaunchError, used: int, max_restarts: int) -> LaunchError:

@@ -138,8 +138,12 @@ class Supervisor:
         elif kind is protocol.EventKind.RESULT:
             watch.result = payload
             watch.has_result = True
+            watch.result_before_stop = watch.stopped_by_us is None
         elif kind is protocol.EventKind.ERROR:
             watch.error = payload
+            if watch.stopped_by_us is not None:   # what our SIGTERM made it raise: it was stopped
+                watch.error_after_stop = True
+                return
             self.fail(Failure.from_payload(local, payload))
         elif kind is protocol.EventKind.DISPLAY and self.rank_displays is not None:
             self.rank_displays.on_event(self.global_rank(local), payload)
@@ -152,6 +156,7 @@ class Supervisor:
     def on_process_exit(self, process: "RankProcess") -> None:
         shared = len(process.ranks()) > 1
         for watch in self.watcher.watches_of(process):
+            watch.pipes.close(watch.pipes.events_w)   # kept open while it ran (backends.base.start_each)
             self.watcher.drain_events(watch)   # an ERROR sent just before exiting decides how it ended
             status = process.poll()
             if status is None:  # sentinel fired before waitpid can see it: wait for it
@@ -192,8 +197,9 @@ class Supervisor:
     def launch_error(self, failure: Failure, results: list[Any]) -> LaunchError:
         """The LaunchError for ``failure``; its traceback also goes to the rank's log."""
         if failure.traceback and failure.local_rank is not None:
-            self.logs.write_block(failure.local_rank, failure.traceback)
-        return outcome.launch_error(failure, results, self.state)
+            self.logs.write_block(failure.local_rank, failure.traceback)   # whole; the error is capped
+        return outcome.launch_error(failure, results, self.state,
+                                    facts=outcome.failure_facts(self.watches, self.state, failure))
 
     # --- ending ------------------------------------------------------------
     def _teardown(self, reason: str) -> None:
@@ -215,6 +221,7 @@ class Supervisor:
         for watch in live:
             if watch.exit is None:
                 watch.exit = watch.process.wait()
+                watch.pipes.close(watch.pipes.events_w)   # its end is gone: let its event pipe reach EOF
                 watch.exited_at = time.monotonic()
                 self.state.on_exit(watch.local_rank, STOPPED,
                                    outcome.stopped_description(watch.stop_reason, watch.exit))

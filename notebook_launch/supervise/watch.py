@@ -35,7 +35,9 @@ class RankWatch:
         self.open_fds: set[int] = set()
         self.result: bytes | None = None
         self.has_result = False
+        self.result_before_stop = False   # it returned before we stopped it (else it did not finish)
         self.error: protocol.ErrorPayload | None = None   # payload of an ERROR event
+        self.error_after_stop = False     # it raised only once we had stopped it (a SIGTERM handler)
         self.exit: WaitStatus | None = None
         self.exited_at: float | None = None
         self.stopped_by_us: int | None = None  # signal we sent at teardown

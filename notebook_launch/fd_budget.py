@@ -1,0 +1,61 @@
+"""Open files a launch needs, checked against RLIMIT_NOFILE before anything opens.
+
+Each local rank costs the notebook's process three pipes (six fds until its fork, three
+after), a process fd (the supervisor's sentinel) and its log file. A launch past the soft
+limit used to fail midway with a raw ``OSError: [Errno 24]``. Checked first, the soft limit
+is raised when the hard limit allows (ranks inherit it, as from a shell's ``ulimit -n``);
+otherwise the error says how many ranks fit and how to get more.
+"""
+from __future__ import annotations
+
+import logging
+import os
+
+from .errors import LaunchArgumentError
+
+log = logging.getLogger("notebook_launch")
+
+FDS_PER_RANK = 8        # 3 pipes (6 fds while starting), a process fd, a log file
+FDS_SPARE = 64          # selector, display, kernel sockets opened during the run, the user's files
+
+
+def fds_in_use() -> int:
+    """Open fds of this process (a Jupyter kernel holds dozens of zmq sockets)."""
+    for folder in ("/proc/self/fd", "/dev/fd"):
+        try:
+            return len(os.listdir(folder))
+        except OSError:
+            continue
+    return 0
+
+
+def ensure_fd_budget(num_local_ranks: int) -> str | None:
+    """Make room for ``num_local_ranks`` ranks, or raise LaunchArgumentError naming the limit.
+
+    Returns a note for the launch line when the soft limit was raised, else None."""
+    try:
+        import resource
+    except ImportError:      # Windows: no RLIMIT_NOFILE
+        return None
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    fixed = fds_in_use() + FDS_SPARE
+    needed = fixed + FDS_PER_RANK * num_local_ranks
+    if soft == resource.RLIM_INFINITY or needed <= soft:
+        return None
+    if hard == resource.RLIM_INFINITY or needed <= hard:
+        target = needed if hard == resource.RLIM_INFINITY else min(hard, max(needed, 2 * soft))
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+        except (ValueError, OSError) as exc:
+            log.debug("could not raise RLIMIT_NOFILE from %d to %d: %s", soft, target, exc)
+        else:
+            return (f"raised this process's open-file limit (ulimit -n) from {soft} to {target} "
+                    f"for {num_local_ranks} ranks")
+    limit = soft if hard == resource.RLIM_INFINITY else max(soft, hard)
+    fits = max(0, (limit - fixed) // FDS_PER_RANK)
+    raise LaunchArgumentError(
+        f"num_processes={num_local_ranks} needs about {needed} open files in this process "
+        f"({FDS_PER_RANK} per rank: pipes, process handle, log file; plus {fixed} for what is already "
+        f"open and spare), but the open-file limit is {soft} (hard limit {hard}). Use at most {fits} "
+        f"ranks here, or raise the hard limit before starting Jupyter (`ulimit -Hn`, or LimitNOFILE= "
+        f"in its systemd unit).")

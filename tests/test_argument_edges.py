@@ -1,0 +1,66 @@
+"""Arguments at the edges: each bad one is a LaunchArgumentError before anything starts;
+integral numbers of any type (NumPy's) are accepted, as Accelerate accepts them."""
+import os
+
+import numpy as np
+import pytest
+
+from notebook_launch import LaunchArgumentError, notebook_launcher
+
+
+def must_not_run():
+    raise AssertionError("a rank started despite a bad argument")
+
+
+def rank_of_each():
+    return int(os.environ["RANK"])
+
+
+@pytest.mark.parametrize("kwargs,message", [
+    ({"timeout": float("nan")}, "timeout must be a number of seconds > 0, or None; got nan"),
+    ({"timeout": -5}, "timeout must be a number of seconds > 0"),
+    ({"monitor_interval": float("nan")}, "monitor_interval must be a finite number of seconds > 0; got nan"),
+    ({"monitor_interval": float("inf")}, "monitor_interval must be a finite number of seconds > 0"),
+    ({"log_dir": ""}, "log_dir must be a folder path or None"),
+    ({"log_dir": 3}, "log_dir must be a folder path or None"),
+    ({"master_addr": None}, "master_addr must be a host name or IP address"),
+    ({"master_addr": ""}, "master_addr must be a host name or IP address"),
+    ({"num_processes": 2.0}, "num_processes must be a whole number"),
+    ({"num_processes": np.float64(2)}, "num_processes must be a whole number"),
+    ({"num_processes": 10_000}, "num_processes=10000"),
+    ({"num_nodes": np.int64(0)}, "num_nodes must be >= 1"),
+])
+def test_bad_argument_fails_before_anything_starts(kwargs, message, tmp_path, capsys):
+    args = {"num_processes": 2, "log_dir": str(tmp_path / "logs"), **kwargs}
+    with pytest.raises(LaunchArgumentError) as info:
+        notebook_launcher(must_not_run, **args)
+    assert message in str(info.value)
+    assert "notebook_launch: " not in capsys.readouterr().out, "nothing may start (no launch line)"
+    assert not (tmp_path / "logs").exists(), "no log folder may be made"
+
+
+def test_log_dir_that_is_a_file_is_refused(tmp_path):
+    target = tmp_path / "a_file"
+    target.write_text("")
+    with pytest.raises(LaunchArgumentError, match="log_dir=.* cannot be used"):
+        notebook_launcher(must_not_run, num_processes=1, log_dir=str(target / "sub"))
+
+
+def test_numpy_integers_are_accepted(log_dir):
+    results = notebook_launcher(rank_of_each, num_processes=np.int64(2), max_restarts=np.int32(0),
+                                node_rank=np.int64(0), num_nodes=np.int8(1), log_dir=log_dir)
+    assert results == [0, 1]
+
+
+def test_an_infinite_timeout_means_no_timeout(log_dir):
+    assert notebook_launcher(rank_of_each, num_processes=1, timeout=float("inf"), log_dir=log_dir) == [0]
+
+
+def test_ten_thousand_cpu_ranks_fail_before_opening_any_log(tmp_path, monkeypatch):
+    monkeypatch.setenv("NOTEBOOK_LAUNCH_LOG_DIR", str(tmp_path / "runs"))
+    fds_before = len(os.listdir("/proc/self/fd"))
+    with pytest.raises(LaunchArgumentError) as info:
+        notebook_launcher(must_not_run, num_processes=10_000)
+    assert "num_processes=10000" in str(info.value)
+    assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())
+    assert len(os.listdir("/proc/self/fd")) == fds_before

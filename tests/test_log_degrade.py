@@ -1,0 +1,103 @@
+"""Logging never kills a healthy run: a full disk under the log folder stops the logging (said
+once in the cell) while training goes on; an unwritable default log root falls back to a
+temporary folder and says where the logs went."""
+import errno
+import os
+import subprocess
+import tempfile
+
+import pytest
+
+from notebook_launch import LaunchArgumentError, notebook_launcher
+from notebook_launch.logs import RunLogs
+
+
+def chatty(lines):
+    for i in range(lines):
+        print(f"line {i:06d} " + "x" * 200)
+    return int(os.environ["RANK"])
+
+
+@pytest.fixture
+def full_disk(tmp_path):
+    """A 64 KiB tmpfs: the real 'No space left on device' (needs root and mount)."""
+    mount_point = tmp_path / "tiny"
+    mount_point.mkdir()
+    proc = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(mount_point)],
+                          capture_output=True, text=True)
+    if proc.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here ({proc.stderr.strip() or proc.returncode}); "
+                    f"test_disk_full_file_object_stands_in covers the logic")
+    try:
+        yield mount_point
+    finally:
+        subprocess.run(["umount", "-l", str(mount_point)], check=False)
+
+
+def test_a_full_disk_stops_logging_not_the_run(full_disk, capsys):
+    results = notebook_launcher(chatty, args=(3000,), num_processes=2, log_dir=str(full_disk / "logs"))
+    assert results == [0, 1], "training must go on when the log folder's disk is full"
+    out = capsys.readouterr()
+    said = (out.out + out.err).count("stopped writing the logs")
+    assert said == 1, out.out[-3000:] + out.err[-3000:]
+    assert "No space left on device" in out.out + out.err
+
+
+class DiskFullFile:
+    """Stands in for a log file on a full disk: every write and flush raises ENOSPC."""
+    def __init__(self):
+        self.closed = False
+
+    def write(self, text):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    def flush(self):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    def close(self):
+        self.closed = True
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+
+def test_disk_full_file_object_stands_in(tmp_path):
+    notes = []
+    logs = RunLogs("run", [0, 1], [0, 1], log_dir=str(tmp_path), on_problem=notes.append)
+    for local in (0, 1):
+        logs._files[local].close()
+        logs._files[local] = DiskFullFile()
+    for _ in range(3):
+        logs.write_line(0, "stdout", "hello")
+        logs.write_line(1, "stderr", "hello")
+    logs.write_block(0, "Traceback ...")
+    logs.flush()
+    logs.close()
+    assert len(notes) == 1 and "No space left on device" in notes[0] and str(tmp_path) in notes[0]
+
+
+def test_an_unwritable_default_log_root_falls_back_to_a_temp_folder(tmp_path, monkeypatch, capsys):
+    blocker = tmp_path / "a_file"
+    blocker.write_text("")      # a regular file as the parent: even root cannot make folders in it
+    monkeypatch.setenv("NOTEBOOK_LAUNCH_LOG_DIR", str(blocker / "runs"))
+    assert notebook_launcher(chatty, args=(3,), num_processes=2) == [0, 1]
+    out = capsys.readouterr().out
+    assert f"cannot write logs under {blocker / 'runs'}" in out, out
+    launch_line = next(line for line in out.splitlines() if line.startswith("notebook_launch: 2 ranks"))
+    run_dir = launch_line.rsplit("logs: ", 1)[1].strip()
+    assert run_dir.startswith(tempfile.gettempdir())
+    assert "line 000002" in open(os.path.join(run_dir, "rank1.log")).read()
+
+
+def test_an_unwritable_home_cache_falls_back_too(tmp_path, monkeypatch, capsys):
+    blocker = tmp_path / "a_file"
+    blocker.write_text("")
+    monkeypatch.delenv("NOTEBOOK_LAUNCH_LOG_DIR")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(blocker))
+    assert notebook_launcher(chatty, args=(1,), num_processes=1) == [0]
+    assert "cannot write logs under" in capsys.readouterr().out
+
+
+def test_an_unwritable_log_dir_you_chose_is_an_argument_error(tmp_path):
+    blocker = tmp_path / "a_file"
+    blocker.write_text("")
+    with pytest.raises(LaunchArgumentError, match="log_dir=.* cannot be used"):
+        notebook_launcher(chatty, args=(1,), num_processes=1, log_dir=str(blocker / "logs"))
