@@ -1,5 +1,8 @@
 """Rank -> parent events over a pipe: length-prefixed pickled frames, their kinds and payloads.
 
+The events "pipe" is a socket pair, so the parent can answer on it too: the one
+frame going down is INPUT_REPLY, the answer to a rank's INPUT_REQUEST (a prompt).
+
 One pipe per rank keeps the parent's reader simple (no interleaving between
 ranks) and lets the parent notice a dead rank as end-of-file. Inside a rank,
 ``current()`` returns the writer, or None when the code runs outside a launch;
@@ -32,6 +35,8 @@ class EventKind(str, enum.Enum):
     PROGRESS = "progress"    # ProgressPayload (see rank.progress)
     RESULT = "result"        # bytes: the value, already serialized by rank.runner
     ERROR = "error"          # ErrorPayload
+    INPUT_REQUEST = "input_request"   # InputRequestPayload: the rank waits for an INPUT_REPLY
+    INPUT_REPLY = "input_reply"       # InputReplyPayload, parent -> rank on the same socket
 
 
 # Module-level names for the kinds, as the rank-side code uses them.
@@ -46,6 +51,18 @@ class ReadyPayload(TypedDict):
 class ProgressPayload(TypedDict, total=False):
     bars: dict[str, dict[str, Any]]    # bar id -> changed fields
     metrics: dict[str, Any]
+
+
+class InputRequestPayload(TypedDict):
+    prompt: str
+    password: bool
+    caller: str        # "input()", "getpass()", "sys.stdin": named in the error where nobody can answer
+
+
+class InputReplyPayload(TypedDict, total=False):
+    line: str          # what was typed, without the newline
+    eof: str           # the user ended input (Ctrl-D): EOFError in the rank
+    unavailable: str   # nobody can answer: the whole message of the rank's StdinUnavailableError
 
 
 class ErrorPayload(TypedDict):

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import socket
 import sys
 import time
 from dataclasses import dataclass, field
@@ -43,7 +44,10 @@ class RankPipes:
 
     @classmethod
     def open(cls) -> "RankPipes":
-        e = os.pipe()
+        # The events channel is a socket pair, not a pipe: the parent answers a rank's
+        # prompt (input(), pdb) on it (supervise/prompts.py), with no extra fds per rank.
+        events_parent, events_rank = socket.socketpair()
+        e = (events_parent.detach(), events_rank.detach())
         o = os.pipe()
         r = os.pipe()
         for fd in (e[0], o[0], r[0]):

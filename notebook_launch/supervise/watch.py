@@ -123,6 +123,23 @@ class Watcher:
             for kind, payload in watch.events.feed(data):
                 self.handler.on_event(watch, kind, payload)
 
+    def drain_streams(self, watch: RankWatch) -> None:
+        """Hand on every whole line the rank wrote so far (what it printed before a prompt)."""
+        for key in list(self.selector.get_map().values()):
+            local, what = key.data
+            if local != watch.local_rank or what not in STREAMS:
+                continue
+            while key.fd in watch.open_fds:
+                try:
+                    data = os.read(key.fd, READ_SIZE)
+                except BlockingIOError:
+                    break
+                if not data:
+                    self.close_fd(watch, key.fd, what)
+                    break
+                for text in watch.splitters[what].feed(data):
+                    self.handler.on_line(local, what, text)
+
     def close_fd(self, watch: RankWatch, fd: int, what: str) -> None:
         """Stop watching ``fd`` and close it (once); a stream's last partial line is handed on."""
         try:
