@@ -9,7 +9,6 @@ import textwrap
 from dataclasses import dataclass, field
 
 import pytest
-
 from nbutil import KERNEL_NAME, cell_text, kernel_spec_dir, make_notebook, run_notebook
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="fork ranks: Linux")
@@ -163,7 +162,7 @@ def test_a_script_without_a_terminal_gets_a_clear_error(tmp_path):
     script = tmp_path / "no_tty.py"
     script.write_text(NO_TTY_SCRIPT)
     done = subprocess.run([sys.executable, str(script)], stdin=subprocess.DEVNULL, capture_output=True,
-                          text=True, timeout=120)
+                          text=True, timeout=120, check=False)
     assert done.returncode != 0
     assert ("rank 0 failed: StdinUnavailableError: rank 0: input() needs an answer from the notebook, but "
             "the notebook process has no terminal") in done.stderr

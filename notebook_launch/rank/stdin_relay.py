@@ -90,12 +90,15 @@ class RankStdin(io.TextIOBase):
             return ""
 
     def read(self, size: int | None = -1) -> str:
-        lines = []
-        while size is None or size < 0 or sum(map(len, lines)) < size:
+        """Lines until end of input (or until ``size`` characters): one prompt per line."""
+        lines: list[str] = []
+        count = 0
+        while size is None or size < 0 or count < size:
             line = self.readline()
             if not line:
                 break
             lines.append(line)
+            count += len(line)
         return "".join(lines)
 
     def fileno(self) -> int:
@@ -111,7 +114,7 @@ def install(spec: object = None) -> None:
             os.close(null)
     except OSError:
         log.debug("could not point fd 0 of the rank at /dev/null", exc_info=True)
-    sys.stdin = sys.__stdin__ = RankStdin()
+    sys.stdin = sys.__stdin__ = RankStdin()  # type: ignore[misc,assignment]
     builtins.input = rank_input
     getpass.getpass = rank_getpass
     _route_the_forked_kernel()

@@ -16,8 +16,8 @@ import logging
 import signal
 import sys
 import threading
+from collections.abc import Iterator
 from types import FrameType
-from typing import Iterator
 
 log = logging.getLogger("notebook_launch")
 

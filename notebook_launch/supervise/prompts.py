@@ -17,7 +17,8 @@ import os
 import select
 import sys
 from collections import deque
-from typing import Any, Callable, Protocol
+from collections.abc import Callable
+from typing import Any, Protocol
 
 from .. import protocol
 
@@ -163,6 +164,7 @@ def _running_kernel() -> Any:
     try:
         shell = ipython.get_ipython()
     except Exception:
+        log.debug("IPython is imported but get_ipython() failed", exc_info=True)
         return None
     return getattr(shell, "kernel", None)
 
