@@ -207,3 +207,19 @@ def test_a_script_in_a_terminal_asks_there_and_hides_the_password(tmp_path):
     text = shown.decode(errors="replace")
     assert "RESULT ['alice:s3cret']" in text, text
     assert "s3cret\r\n" not in text.split("RESULT")[0], "the password was echoed"
+
+
+def test_a_spawned_rank_asks_too(kernel):
+    """spawn starts a fresh interpreter: the relay is installed there as in a forked rank."""
+    seen = run_cell(kernel, """
+        from notebook_launch import notebook_launcher
+
+        def ask_spawned():
+            import getpass
+            return input("name? "), getpass.getpass("secret? ")
+
+        print("RESULT", notebook_launcher(ask_spawned, num_processes=1, start_method="spawn", ui="text"))
+        """, answers_by_rank)
+    assert seen.status == "ok", seen.output
+    assert seen.prompts == [("[rank 0] name? ", False), ("[rank 0] secret? ", True)]
+    assert "RESULT [('name-0', 'secret-0')]" in seen.output

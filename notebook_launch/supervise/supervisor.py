@@ -120,6 +120,8 @@ class Supervisor:
         with interrupts.tearing_down():
             self.prompts.close("the run ended")
             self.watcher.close()
+            for process in _distinct(w.process for w in self.watches if w.exit is None):
+                leftovers.end_rank_group(process.pid)   # alive or not yet reaped: the group id is still its own
             for watch in self.watches:
                 if watch.exit is None:
                     if watch.process.poll() is None:  # a sibling rank may have reaped it already
