@@ -108,7 +108,7 @@ def test_breakpoint_gives_a_pdb_session_line_by_line(kernel):
         return next(commands) if prompt.endswith("db> ") else answers_by_rank(prompt, password)
 
     seen = run_cell(kernel, ASK_AND_DEBUG + "print('RESULT', notebook_launcher(ask_then_debug, args=(1,), "
-                    "num_processes=2, ui='text'))", answer)
+                    "num_processes=2))", answer)   # ui="auto": the widget panel, lines below it
     assert seen.status == "ok", seen.output
     debugger_prompts = [p for p, _ in seen.prompts if p.endswith("db> ")]
     assert len(debugger_prompts) == 4 and set(debugger_prompts) == {debugger_prompts[0]}
