@@ -230,8 +230,8 @@ class Supervisor:
                 watch.exited_at = time.monotonic()
                 self.state.on_exit(watch.local_rank, STOPPED,
                                    outcome.stopped_description(watch.stop_reason, watch.exit))
-        for process in _distinct(w.process for w in self.watches if w.open_fds):
-            process.signal(signal.SIGKILL)  # grandchildren of a killed rank may still hold pipes
+        # No signal after reaping (the pid may be someone else's by now): each rank's group got
+        # SIGKILL while the rank was alive or an unreaped zombie (kill() above, on_process_exit).
         drain_deadline = time.monotonic() + 0.5
         while any(w.open_fds for w in self.watches) and time.monotonic() < drain_deadline:
             self.watcher.pump(0.05)
