@@ -32,6 +32,7 @@ def kernel():
     client = km.client()
     client.start_channels()
     client.wait_for_ready(timeout=120)
+    client.kernel_manager = km   # for interrupt_kernel()
     try:
         yield client
     finally:
@@ -48,7 +49,9 @@ def run_cell(client, source: str, answer) -> Exchange:
     def on_input(msg):
         prompt, password = msg["content"]["prompt"], msg["content"]["password"]
         seen.prompts.append((prompt, password))
-        client.input(answer(prompt, password))
+        typed = answer(prompt, password)
+        if typed is not None:   # None: leave the prompt unanswered
+            client.input(typed)
 
     def on_output(msg):
         content = msg["content"]
@@ -223,3 +226,32 @@ def test_a_spawned_rank_asks_too(kernel):
     assert seen.status == "ok", seen.output
     assert seen.prompts == [("[rank 0] name? ", False), ("[rank 0] secret? ", True)]
     assert "RESULT [('name-0', 'secret-0')]" in seen.output
+
+
+def test_an_interrupt_while_a_rank_waits_at_a_prompt_stops_the_run_and_the_kernel_stays_usable(kernel):
+    def interrupt_instead(prompt, password):
+        kernel.kernel_manager.interrupt_kernel()   # the user presses the stop button instead of typing
+        return None
+
+    seen = run_cell(kernel, """
+        import os
+        from notebook_launch import notebook_launcher
+
+        def waits_for_an_answer(folder):
+            open(os.path.join(folder, f"rank{os.environ['RANK']}.pid"), "w").write(str(os.getpid()))
+            return input("name? ")
+
+        folder = __import__("tempfile").mkdtemp()
+        notebook_launcher(waits_for_an_answer, args=(folder,), num_processes=2, ui="text")
+        """, interrupt_instead)
+    assert seen.status == "error" and "KeyboardInterrupt" in seen.output, seen.output
+    assert seen.prompts and all(p.endswith("] name? ") for p, _ in seen.prompts)
+    after = run_cell(kernel, """
+        import psutil
+        pids = [int(open(os.path.join(folder, f)).read()) for f in os.listdir(folder)]
+        left = [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+        print("LEFT", left, "TYPED", input("in the notebook itself? "))
+        """, lambda prompt, password: "yes")
+    assert after.status == "ok", after.output
+    assert after.prompts == [("in the notebook itself? ", False)]
+    assert "LEFT [] TYPED yes" in after.output

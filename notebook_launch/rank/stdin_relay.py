@@ -56,7 +56,10 @@ def ask(prompt: str, *, password: bool = False, caller: str = "input()") -> str:
 def _read_reply(fd: int) -> protocol.InputReplyPayload:
     reader = protocol.EventReader()
     while True:
-        data = os.read(fd, 4096)
+        try:
+            data = os.read(fd, 4096)
+        except ConnectionResetError:
+            data = b""
         if not data:
             raise StdinUnavailableError("the notebook closed the rank's channel while it waited for input")
         for kind, payload in reader.feed(data):

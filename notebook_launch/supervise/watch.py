@@ -103,6 +103,10 @@ class Watcher:
             data = os.read(fd, READ_SIZE)
         except BlockingIOError:
             return False
+        except ConnectionResetError:
+            # The event socket's end-of-file when the rank died with an answer to its prompt
+            # still unread (a socket pair, unlike a pipe, reports that as a reset).
+            data = b""
         if not data:
             self.close_fd(watch, fd, what)
             return False
