@@ -255,3 +255,48 @@ def test_an_interrupt_while_a_rank_waits_at_a_prompt_stops_the_run_and_the_kerne
     assert after.status == "ok", after.output
     assert after.prompts == [("in the notebook itself? ", False)]
     assert "LEFT [] TYPED yes" in after.output
+
+
+def test_other_ranks_output_keeps_flowing_while_a_prompt_waits(kernel):
+    """The prompt does not block the supervisor: rank 0's lines reach the cell while rank 1
+    waits, and only then is the prompt answered."""
+    source = textwrap.dedent("""
+        import os, tempfile, time
+        from notebook_launch import notebook_launcher
+
+        def tick_while_rank_1_asks(flag):
+            if os.environ["RANK"] == "1":
+                answer = input("go? ")
+                open(flag, "w").close()
+                return answer
+            ticks = 0
+            while not os.path.exists(flag) and ticks < 1200:
+                print(f"tick {ticks}", flush=True)
+                ticks += 1
+                time.sleep(0.05)
+            return ticks
+
+        print("RESULT", notebook_launcher(tick_while_rank_1_asks, args=(tempfile.mktemp(),), num_processes=2,
+                                          ui="text"))
+        """)
+    state = {"asked": False, "ticks_after": 0, "answered": False, "text": []}
+
+    def on_input(msg):
+        state["asked"] = True
+
+    def on_output(msg):
+        if msg["msg_type"] != "stream":
+            return
+        state["text"].append(msg["content"]["text"])
+        if state["asked"] and not state["answered"]:
+            state["ticks_after"] += msg["content"]["text"].count("[rank 0] tick")
+            if state["ticks_after"] >= 3:
+                state["answered"] = True
+                kernel.input("yes")
+
+    reply = kernel.execute_interactive(source, allow_stdin=True, stdin_hook=on_input, output_hook=on_output,
+                                       timeout=300)
+    output = "".join(state["text"])
+    assert reply["content"]["status"] == "ok", output
+    assert state["answered"], "no line of rank 0 reached the cell while rank 1 waited at its prompt"
+    assert "RESULT [" in output and ", 'yes']" in output
