@@ -163,6 +163,8 @@ class Supervisor:
         for watch in self.watcher.watches_of(process):
             self.prompts.forget(watch.local_rank)
             self.watcher.drain_events(watch)   # an ERROR sent just before exiting decides how it ended
+            if watch.exit is not None:   # the teardown reaped and described it already
+                continue
             status = process.poll()
             if status is None:  # sentinel fired before waitpid can see it: wait for it
                 status = process.wait()
@@ -219,6 +221,7 @@ class Supervisor:
         deadline = time.monotonic() + TERM_GRACE
         while any(w.exit is None for w in live) and time.monotonic() < deadline and not interrupts.hurry():
             self.watcher.pump(0.05)
+        hurried = interrupts.hurry()
         for watch in live:
             if watch.exit is None:
                 watch.stopped_by_us = signal.SIGKILL
@@ -229,7 +232,7 @@ class Supervisor:
                 watch.exit = watch.process.wait()
                 watch.exited_at = time.monotonic()
                 self.state.on_exit(watch.local_rank, STOPPED,
-                                   outcome.stopped_description(watch.stop_reason, watch.exit))
+                                   outcome.stopped_description(watch.stop_reason, watch.exit, hurried))
         # No signal after reaping (the pid may be someone else's by now): each rank's group got
         # SIGKILL while the rank was alive or an unreaped zombie (kill() above, on_process_exit).
         drain_deadline = time.monotonic() + 0.5
