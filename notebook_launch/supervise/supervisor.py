@@ -157,10 +157,12 @@ class Supervisor:
         self.display.line(self.state, local_rank, stream, text)
 
     def on_process_exit(self, process: "RankProcess") -> None:
-        # Before reaping: the rank's pid, and so its group id, cannot have been reused yet.
-        leftovers.end_rank_group(process.pid)
+        watches = self.watcher.watches_of(process)
+        if any(w.exit is None for w in watches):
+            # Not reaped yet: the rank's pid, and so its group id, cannot have been reused.
+            leftovers.end_rank_group(process.pid)
         shared = len(process.ranks()) > 1
-        for watch in self.watcher.watches_of(process):
+        for watch in watches:
             self.prompts.forget(watch.local_rank)
             self.watcher.drain_events(watch)   # an ERROR sent just before exiting decides how it ended
             if watch.exit is not None:   # the teardown reaped and described it already
