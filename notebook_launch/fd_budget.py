@@ -15,7 +15,7 @@ from .errors import LaunchArgumentError
 
 log = logging.getLogger("notebook_launch")
 
-FDS_PER_RANK = 8        # 3 pipes (6 fds while starting), a process fd, a log file
+FDS_PER_RANK = 10       # 4 pipes (8 fds while starting), a process fd, a log file
 FDS_SPARE = 64          # selector, display, kernel sockets opened during the run, the user's files
 
 

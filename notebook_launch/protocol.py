@@ -1,5 +1,8 @@
 """Rank -> parent events over a pipe: length-prefixed pickled frames, their kinds and payloads.
 
+The one frame going the other way, INPUT_REPLY (the answer to a rank's INPUT_REQUEST,
+a prompt), uses the same framing on the rank's answers pipe (``RankPipes.answers_*``).
+
 One pipe per rank keeps the parent's reader simple (no interleaving between
 ranks) and lets the parent notice a dead rank as end-of-file. Inside a rank,
 ``current()`` returns the writer, or None when the code runs outside a launch;
@@ -34,6 +37,8 @@ class EventKind(str, enum.Enum):
     RESULT = "result"        # bytes: the value, already serialized by rank.runner
     ERROR = "error"          # ErrorPayload
     DISPLAY = "display"      # DisplayPayload: an IPython display call (rank.display_relay)
+    INPUT_REQUEST = "input_request"   # InputRequestPayload: the rank waits for an INPUT_REPLY
+    INPUT_REPLY = "input_reply"       # InputReplyPayload, parent -> rank on the same socket
 
 
 # Module-level names for the kinds, as the rank-side code uses them.
@@ -58,6 +63,18 @@ class DisplayPayload(TypedDict, total=False):
     display_id: str | None      # the rank's own display id
     update: bool                # update_display / DisplayHandle.update
     wait: bool                  # clear_output(wait=...)
+
+
+class InputRequestPayload(TypedDict):
+    prompt: str
+    password: bool
+    caller: str        # "input()", "getpass()", "sys.stdin": named in the error where nobody can answer
+
+
+class InputReplyPayload(TypedDict, total=False):
+    line: str          # what was typed, without the newline
+    eof: str           # the user ended input (Ctrl-D): EOFError in the rank
+    unavailable: str   # nobody can answer: the whole message of the rank's StdinUnavailableError
 
 
 class ErrorPayload(TypedDict):
@@ -177,8 +194,9 @@ class EventWriter:
     (``reopen``, /proc/<parent pid>/fd/<n>: Linux opens the same pipe), so a result or an
     exception still arrives and is never written into the user's file."""
 
-    def __init__(self, fd: int, reopen: str | None = None) -> None:
+    def __init__(self, fd: int, reopen: str | None = None, answers_fd: int | None = None) -> None:
         self.fd = fd
+        self.answers_fd = answers_fd   # where the notebook's INPUT_REPLY frames arrive (rank.stdin_relay)
         self._pipe = _identity(fd)
         self._reopen = reopen
         self._lock = threading.Lock()

@@ -26,6 +26,7 @@ from .plan import LaunchPlan
 from .rank.runner import Job
 from .state import DONE, FAILED, STOPPED, RankState, RunState
 from .supervise.outcome import error_summary
+from .supervise import interrupts
 from .supervise.supervisor import Supervisor
 
 _SAVED_SIGNALS = ("SIGINT", "SIGTERM", "SIGHUP", "SIGQUIT", "SIGCHLD")
@@ -101,19 +102,22 @@ def presenting(state: RunState, display: Display, logs: RunLogs,
     exactly as they were."""
     saved = _save_signal_handlers()
     try:
-        _ensure_interruptible()
-        display.start(state)
-        yield
+        with interrupts.guarding_run():   # a second Ctrl-C cannot cut the teardown short
+            try:
+                display.start(state)
+                yield
+            finally:
+                with interrupts.tearing_down():
+                    if state.ended_at is None:
+                        state.finish(STOPPED, "interrupted")
+                    try:
+                        if rank_displays is not None:
+                            rank_displays.close()
+                        display.close(state)
+                    finally:
+                        logs.close()
     finally:
-        if state.ended_at is None:
-            state.finish(STOPPED, "interrupted")
-        try:
-            if rank_displays is not None:
-                rank_displays.close()
-            display.close(state)
-        finally:
-            logs.close()
-            _restore_signal_handlers(saved)
+        _restore_signal_handlers(saved)
 
 
 def launch_summary(plan: LaunchPlan, backend_name: str, log_path: str | Path, platform: str | None = None,
@@ -142,10 +146,3 @@ def _restore_signal_handlers(saved: dict[str, Any]) -> None:
     for name, handler in saved.items():
         if handler is not None:
             signal.signal(getattr(signal, name), handler)
-
-
-def _ensure_interruptible() -> None:
-    """An interrupt must reach the supervisor as KeyboardInterrupt, even if SIGINT was ignored."""
-    if threading.current_thread() is threading.main_thread():
-        if signal.getsignal(signal.SIGINT) in (signal.SIG_IGN, signal.SIG_DFL, None):
-            signal.signal(signal.SIGINT, signal.default_int_handler)

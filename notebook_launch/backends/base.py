@@ -26,7 +26,9 @@ WaitStatus = tuple[str, int]
 
 @dataclass
 class RankPipes:
-    """Parent ends (read) and child ends (write) of one rank's three pipes.
+    """The four pipes of one rank: events, stdout and stderr (rank -> notebook), and
+    answers (notebook -> rank: what the user typed at a prompt of the rank's, see
+    rank/stdin_relay.py). ``parent_ends`` are the notebook's, ``child_ends`` the rank's.
 
     Every close goes through ``close(fd)``, which closes each fd at most once.
     A second ``os.close`` of a number the kernel has since handed to someone
@@ -39,6 +41,8 @@ class RankPipes:
     stdout_w: int
     stderr_r: int
     stderr_w: int
+    answers_r: int      # the rank reads the notebook's answers here
+    answers_w: int
     closed: set = field(default_factory=set, repr=False, compare=False)
 
     @classmethod
@@ -50,19 +54,22 @@ class RankPipes:
             o = os.pipe()
             opened += o
             r = os.pipe()
+            opened += r
+            a = os.pipe()
         except OSError:
             for fd in opened:
                 os.close(fd)
             raise
-        for fd in (e[0], o[0], r[0]):
+        for fd in (e[0], o[0], r[0], a[1]):
             os.set_inheritable(fd, False)
-        return cls(e[0], e[1], o[0], o[1], r[0], r[1])
+        os.set_blocking(a[1], False)   # an answer never blocks the supervisor
+        return cls(e[0], e[1], o[0], o[1], r[0], r[1], a[0], a[1])
 
-    def child_ends(self) -> tuple[int, int, int]:
-        return (self.events_w, self.stdout_w, self.stderr_w)
+    def child_ends(self) -> tuple[int, ...]:
+        return (self.events_w, self.stdout_w, self.stderr_w, self.answers_r)
 
-    def parent_ends(self) -> tuple[int, int, int]:
-        return (self.events_r, self.stdout_r, self.stderr_r)
+    def parent_ends(self) -> tuple[int, ...]:
+        return (self.events_r, self.stdout_r, self.stderr_r, self.answers_w)
 
     def close(self, fd: int) -> None:
         """Close one of this rank's pipe fds, unless it was closed already."""

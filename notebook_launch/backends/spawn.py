@@ -112,14 +112,14 @@ class SpawnBackend(Backend):
         argv = [sys.executable, "-c", BOOTSTRAP, PACKAGE_ROOT,
                 "--payload", payload_path, "--local-rank", str(spec.local_rank),
                 "--events-fd", str(pipes.events_w), "--parent-pid", str(parent_pid),
-                "--events-parent-fd", str(pipes.events_r)]
+                "--events-parent-fd", str(pipes.events_r), "--answers-fd", str(pipes.answers_r)]
         if exit_w is not None:
             argv += ["--exit-fd", str(exit_w)]
         extra: dict[str, Any] = {"process_group": 0} if sys.version_info >= (3, 11) else {}
         try:
             popen = subprocess.Popen(
                 argv, stdin=subprocess.DEVNULL, stdout=pipes.stdout_w, stderr=pipes.stderr_w,
-                pass_fds=tuple(fd for fd in (pipes.events_w, exit_w) if fd is not None),
+                pass_fds=tuple(fd for fd in (pipes.events_w, pipes.answers_r, exit_w) if fd is not None),
                 env=env, close_fds=True, **extra)
         except BaseException:
             if exit_r is not None:

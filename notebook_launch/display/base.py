@@ -35,5 +35,9 @@ class Display:
     def refresh(self, state: RunState) -> None:
         pass
 
+    def prompting(self, state: RunState, showing: bool) -> None:
+        """A rank's prompt waits in the terminal (``showing``) or was answered: a display that
+        redraws the terminal stops doing so meanwhile."""
+
     def close(self, state: RunState) -> None:
         pass

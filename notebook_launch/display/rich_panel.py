@@ -20,6 +20,7 @@ class RichDisplay(Display):
         self.console = console or Console()
         self.live: Any = None
         self._last = 0.0
+        self._paused = False   # stopped while a rank's prompt waits in the terminal
 
     def start(self, state: RunState) -> None:
         from rich.live import Live
@@ -39,7 +40,21 @@ class RichDisplay(Display):
         self._last = now
         self.live.update(render(state), refresh=True)
 
+    def prompting(self, state: RunState, showing: bool) -> None:
+        """Stop the live panel while a rank's prompt waits below it (redraws would overwrite what
+        is typed); the panel stays on screen as it was and starts again after the answer."""
+        if showing and self.live is not None:
+            self.live.stop()
+            self.live = None
+            self._paused = True
+        elif not showing and self._paused:
+            self._paused = False
+            self.start(state)
+
     def close(self, state: RunState) -> None:
+        if self._paused:   # closed while a prompt waited: show the final panel once
+            self._paused = False
+            self.console.print(render(state))
         if self.live is not None:
             self.live.update(render(state), refresh=True)
             self.live.stop()

@@ -24,7 +24,8 @@ def run_forked_rank(spec: "RankSpec", job: "Job", pipes: "RankPipes", all_pipes:
         detach_from_parent(parent_pid)
         capture_output(pipes.stdout_w, pipes.stderr_w)
         os.environ.update(spec.env)
-        protocol.install(protocol.EventWriter(pipes.events_w, reopen=protocol.parent_end(parent_pid, pipes.events_r)))
+        protocol.install(protocol.EventWriter(pipes.events_w, reopen=protocol.parent_end(parent_pid, pipes.events_r),
+                                              answers_fd=pipes.answers_r))
         return run_rank(spec, job, forked_from_notebook=True)
 
     exit_with(body)

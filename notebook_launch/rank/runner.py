@@ -11,7 +11,7 @@ from typing import Any, Callable
 
 from .. import protocol
 from ..plan import RankSpec
-from . import display_relay, process_groups, result_pickle
+from . import display_relay, process_groups, result_pickle, stdin_relay
 from .bootstrap import EXIT_FAILED, flush_everything
 
 log = logging.getLogger("notebook_launch")
@@ -37,6 +37,7 @@ def _install_tqdm_bridge(spec: RankSpec) -> None:
 
 
 rank_hooks.append(_install_tqdm_bridge)
+rank_hooks.append(stdin_relay.install)   # input(), getpass(), pdb ask the notebook
 
 
 def _install_display_relay(spec: RankSpec) -> None:

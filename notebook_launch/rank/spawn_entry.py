@@ -26,6 +26,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--events-fd", type=int, required=True)
     parser.add_argument("--parent-pid", type=int, required=True)
     parser.add_argument("--events-parent-fd", type=int, default=None)   # to reopen a pipe the function closed
+    parser.add_argument("--answers-fd", type=int, default=None)   # the notebook's answers to prompts
     parser.add_argument("--exit-fd", type=int, default=None)
     return parser.parse_args(argv)
 
@@ -35,13 +36,13 @@ def main(argv: list[str] | None = None) -> None:
     def body() -> int:
         args = parse_args(sys.argv[1:] if argv is None else argv)
         detach_from_parent(args.parent_pid)
-        for fd in (args.events_fd, args.exit_fd):
+        for fd in (args.events_fd, args.answers_fd, args.exit_fd):
             if fd is not None:  # the user's own subprocesses must not hold them
                 os.set_inheritable(fd, False)
         capture_output(1, 2)
         reopen = None if args.events_parent_fd is None else protocol.parent_end(args.parent_pid,
                                                                                  args.events_parent_fd)
-        writer = protocol.EventWriter(args.events_fd, reopen=reopen)
+        writer = protocol.EventWriter(args.events_fd, reopen=reopen, answers_fd=args.answers_fd)
         protocol.install(writer)
         loaded = load_job(args.payload, args.local_rank, writer)
         if loaded is None:

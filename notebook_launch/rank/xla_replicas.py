@@ -69,7 +69,7 @@ def run_launcher(plan: LaunchPlan, job: Job, pipes_by_rank: Sequence[RankPipes],
             del os.environ[key]
         if plan.device_kind == "xla" and "PJRT_DEVICE" not in os.environ:
             os.environ["PJRT_DEVICE"] = "TPU"   # what torch_xla would guess, said outright
-        protocol.install(protocol.EventWriter(first.events_w))
+        protocol.install(protocol.EventWriter(first.events_w, answers_fd=first.answers_r))
         reset_inherited_state()
         _context = _Context(plan, job, pipes_by_rank, os.getpid(), out, err)
         import torch_xla.distributed.xla_multiprocessing as xmp
@@ -118,7 +118,7 @@ def replica_main(ordinal: int) -> None:
     out, err = text_stream(pipes.stdout_w), text_stream(pipes.stderr_w)
     ctx.stdout.register(out)
     ctx.stderr.register(err)
-    protocol.install_for_thread(protocol.EventWriter(pipes.events_w))
+    protocol.install_for_thread(protocol.EventWriter(pipes.events_w, answers_fd=pipes.answers_r))
     if threads == 1:  # this process is this rank alone: per-rank variables are safe
         os.environ.update({k: v for k, v in spec.env.items() if k in PER_RANK_VARIABLES})
     spec = dataclasses.replace(spec, device=f"{xr.device_type() or 'XLA'}:{ordinal}")
@@ -158,7 +158,8 @@ def report_layout_mismatch(ctx: _Context, ordinal: int, world_size: int) -> None
                f"from what it detected. Pass num_processes={world_size} (or None), or set "
                f"TPU_ACCELERATOR_TYPE / CPU_NUM_DEVICES to match the machine.")
     report_error(protocol.error_payload(exc_type="RuntimeError", message=message),
-                 protocol.EventWriter(ctx.pipes_by_rank[ordinal].events_w))
+                 protocol.EventWriter(ctx.pipes_by_rank[ordinal].events_w,
+                                      answers_fd=ctx.pipes_by_rank[ordinal].answers_r))
 
 
 def report_launcher_failure(exc: BaseException) -> None:

@@ -82,12 +82,14 @@ def describe_status(status: "WaitStatus") -> str:
     return f"exit code {value}"
 
 
-def stopped_description(stop_reason: str, status: "WaitStatus") -> str:
+def stopped_description(stop_reason: str, status: "WaitStatus", hurried: bool = False) -> str:
+    """``hurried``: Ctrl-C was pressed again during the stop, so SIGKILL came without the grace."""
     if status == ("exit", 0):
         return f"stopped after {stop_reason} (it exited cleanly when asked)"
     how = "SIGTERM" if status == ("signal", signal.SIGTERM) else describe_status(status)
     if status == ("signal", signal.SIGKILL):
-        how = f"SIGKILL, it ignored SIGTERM for {TERM_GRACE:g} s"
+        how = ("SIGKILL at once, Ctrl-C was pressed again" if hurried
+               else f"SIGKILL, it ignored SIGTERM for {TERM_GRACE:g} s")
     return f"stopped by notebook_launch ({how}) after {stop_reason}"
 
 

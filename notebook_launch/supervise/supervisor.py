@@ -17,7 +17,8 @@ from .. import protocol
 from ..errors import LaunchError
 from ..protocol import Failure
 from ..state import STOPPED, RunState
-from . import outcome
+from . import interrupts, leftovers, outcome
+from .prompts import StdinRelay, reply_on
 from .watch import RankWatch, Watcher
 
 if TYPE_CHECKING:
@@ -58,6 +59,8 @@ class Supervisor:
         self.first_failure: Failure | None = None
         self._stopped = False
         self._closed = False
+        self.prompts = StdinRelay(lambda local: f"rank {self.global_rank(local)}",
+                                  on_terminal_prompt=lambda showing: display.prompting(self.state, showing))
 
     # --- the loop ----------------------------------------------------------
     def run(self) -> list[Any]:
@@ -87,6 +90,7 @@ class Supervisor:
         """Watch the ranks for up to ``wait`` seconds and react. Returns FAILED once the
         other ranks are stopped; raises KeyboardInterrupt after a Stop click."""
         self.watcher.pump(wait)
+        self.prompts.poll()
         self.watcher.close_stale(DRAIN_AFTER_EXIT)
         self.display.refresh(self.state)
         if self.rank_displays is not None:
@@ -103,7 +107,8 @@ class Supervisor:
         """Stop every live rank (SIGTERM, grace, SIGKILL), once; ``reason`` ends "after ..."."""
         if not self._stopped:
             self._stopped = True
-            self._teardown(reason=reason)
+            with interrupts.tearing_down():   # a second Ctrl-C hurries the teardown, never aborts it
+                self._teardown(reason=reason)
 
     def time_out(self) -> None:
         """Record the timeout as the failure and stop the ranks."""
@@ -117,15 +122,20 @@ class Supervisor:
         if self._closed:
             return
         self._closed = True
-        self.watcher.close()
-        for watch in self.watches:
-            if watch.exit is None:
-                if watch.process.poll() is None:  # a sibling rank may have reaped it already
-                    watch.process.kill()
-                watch.exit = watch.process.wait()
-        for process in self.processes:
-            process.release()
-        self.logs.flush()
+        with interrupts.tearing_down():
+            self.prompts.close("the run ended")
+            self.watcher.close()
+            for process in _distinct(w.process for w in self.watches if w.exit is None):
+                leftovers.end_rank_group(process.pid)   # alive or not yet reaped: the group id is still its own
+            for watch in self.watches:
+                if watch.exit is None:
+                    if watch.process.poll() is None:  # a sibling rank may have reaped it already
+                        watch.process.kill()
+                    watch.exit = watch.process.wait()
+            for process in self.processes:
+                process.release()
+            leftovers.sweep(self.state.run_id)   # what left a rank's group (setsid) ends with the run
+            self.logs.flush()
 
     # --- what the watcher reports (WatchHandler) ------------------------------
     def on_event(self, watch: RankWatch, kind: protocol.EventKind, payload: Any) -> None:
@@ -147,6 +157,11 @@ class Supervisor:
             self.fail(Failure.from_payload(local, payload))
         elif kind is protocol.EventKind.DISPLAY and self.rank_displays is not None:
             self.rank_displays.on_event(self.global_rank(local), payload)
+        elif kind is protocol.EventKind.INPUT_REQUEST:
+            self.watcher.drain_streams(watch)   # what the rank printed (pdb's listing) shows first
+            self.display.refresh(self.state)
+            pipes = watch.pipes
+            self.prompts.request(local, payload, reply_on(pipes.answers_w, lambda: pipes.answers_w not in pipes.closed))
 
     def on_line(self, local_rank: int, stream: str, text: str) -> None:
         self.state.on_line(local_rank, stream, text)
@@ -154,10 +169,17 @@ class Supervisor:
         self.display.line(self.state, local_rank, stream, text)
 
     def on_process_exit(self, process: "RankProcess") -> None:
+        watches = self.watcher.watches_of(process)
+        if any(w.exit is None for w in watches):
+            # Not reaped yet: the rank's pid, and so its group id, cannot have been reused.
+            leftovers.end_rank_group(process.pid)
         shared = len(process.ranks()) > 1
-        for watch in self.watcher.watches_of(process):
+        for watch in watches:
             watch.pipes.close(watch.pipes.events_w)   # kept open while it ran (backends.base.start_each)
+            self.prompts.forget(watch.local_rank)
             self.watcher.drain_events(watch)   # an ERROR sent just before exiting decides how it ended
+            if watch.exit is not None:   # the teardown reaped and described it already
+                continue
             status = process.poll()
             if status is None:  # sentinel fired before waitpid can see it: wait for it
                 status = process.wait()
@@ -203,7 +225,9 @@ class Supervisor:
 
     # --- ending ------------------------------------------------------------
     def _teardown(self, reason: str) -> None:
-        """SIGTERM every live rank, wait TERM_GRACE, SIGKILL what is left, then drain pipes."""
+        """SIGTERM every live rank, wait TERM_GRACE (cut short by another Ctrl-C), SIGKILL what
+        is left, then drain pipes."""
+        self.prompts.close(f"the run is stopping after {reason}")
         live = [w for w in self.watches if w.exit is None]
         for watch in live:
             watch.stopped_by_us = signal.SIGTERM
@@ -211,8 +235,9 @@ class Supervisor:
         for process in _distinct(w.process for w in live):
             process.signal(signal.SIGTERM)
         deadline = time.monotonic() + TERM_GRACE
-        while any(w.exit is None for w in live) and time.monotonic() < deadline:
+        while any(w.exit is None for w in live) and time.monotonic() < deadline and not interrupts.hurry():
             self.watcher.pump(0.05)
+        hurried = interrupts.hurry()
         for watch in live:
             if watch.exit is None:
                 watch.stopped_by_us = signal.SIGKILL
@@ -224,9 +249,9 @@ class Supervisor:
                 watch.pipes.close(watch.pipes.events_w)   # its end is gone: let its event pipe reach EOF
                 watch.exited_at = time.monotonic()
                 self.state.on_exit(watch.local_rank, STOPPED,
-                                   outcome.stopped_description(watch.stop_reason, watch.exit))
-        for process in _distinct(w.process for w in self.watches if w.open_fds):
-            process.signal(signal.SIGKILL)  # grandchildren of a killed rank may still hold pipes
+                                   outcome.stopped_description(watch.stop_reason, watch.exit, hurried))
+        # No signal after reaping (the pid may be someone else's by now): each rank's group got
+        # SIGKILL while the rank was alive or an unreaped zombie (kill() above, on_process_exit).
         drain_deadline = time.monotonic() + 0.5
         while any(w.open_fds for w in self.watches) and time.monotonic() < drain_deadline:
             self.watcher.pump(0.05)

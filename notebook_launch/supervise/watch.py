@@ -96,34 +96,38 @@ class Watcher:
                 self.selector.unregister(key.fd)
                 self.handler.on_process_exit(self.processes[index])
                 continue
-            watch = self.watches[index]
-            try:
-                data = os.read(key.fd, READ_SIZE)
-            except BlockingIOError:
-                continue
-            if not data:
-                self.close_fd(watch, key.fd, what)
-                continue
-            if what == "events":
-                for kind, payload in watch.events.feed(data):
-                    self.handler.on_event(watch, kind, payload)
-            else:
-                for text in watch.splitters[what].feed(data):
-                    self.handler.on_line(index, what, text)
+            self.read_once(self.watches[index], key.fd, what)
+
+    def read_once(self, watch: RankWatch, fd: int, what: str) -> bool:
+        """One read of ``fd``, handed on as events or whole lines. False when there was nothing
+        to read now, or at end-of-file (then the fd is closed)."""
+        try:
+            data = os.read(fd, READ_SIZE)
+        except BlockingIOError:
+            return False
+        if not data:
+            self.close_fd(watch, fd, what)
+            return False
+        if what == "events":
+            for kind, payload in watch.events.feed(data):
+                self.handler.on_event(watch, kind, payload)
+        else:
+            for text in watch.splitters[what].feed(data):
+                self.handler.on_line(watch.local_rank, what, text)
+        return True
 
     def drain_events(self, watch: RankWatch) -> None:
         """Fold the events a rank wrote before it exited (select may report the exit first)."""
-        fd = watch.events_fd
-        while fd in watch.open_fds:
-            try:
-                data = os.read(fd, READ_SIZE)
-            except BlockingIOError:
-                return
-            if not data:
-                self.close_fd(watch, fd, "events")
-                return
-            for kind, payload in watch.events.feed(data):
-                self.handler.on_event(watch, kind, payload)
+        while watch.events_fd in watch.open_fds and self.read_once(watch, watch.events_fd, "events"):
+            pass
+
+    def drain_streams(self, watch: RankWatch) -> None:
+        """Hand on every whole line the rank wrote so far (what it printed before a prompt)."""
+        for key in list(self.selector.get_map().values()):
+            local, what = key.data
+            if local == watch.local_rank and what in STREAMS:
+                while key.fd in watch.open_fds and self.read_once(watch, key.fd, what):
+                    pass
 
     def close_fd(self, watch: RankWatch, fd: int, what: str) -> None:
         """Stop watching ``fd`` and close it (once); a stream's last partial line is handed on."""

@@ -1,0 +1,75 @@
+"""Teardown finishes whatever the user presses.
+
+Ctrl-C (or the kernel's interrupt button) pressed again while we stop the ranks used
+to raise KeyboardInterrupt inside the teardown itself: a rank kept running, zombies and
+pipe fds stayed, and the panel still said "running". For the whole run the scaffold
+installs ``guarding_run()``: the first interrupt raises KeyboardInterrupt (that stops
+the run); any later one, and any during a ``tearing_down()`` block, is only counted.
+A counted press also cuts the SIGTERM grace short (``hurry()``): the ranks get SIGKILL
+at once. When the teardown is over, one KeyboardInterrupt is raised for the counted
+presses, unless one is already on its way.
+"""
+from __future__ import annotations
+
+import contextlib
+import logging
+import signal
+import sys
+import threading
+from collections.abc import Iterator
+from types import FrameType
+
+log = logging.getLogger("notebook_launch")
+
+
+class _Gate:
+    stopping = False   # the first interrupt was raised: the run is ending
+    depth = 0          # nesting of tearing_down()
+    presses = 0        # interrupts counted instead of raised
+
+
+_gate = _Gate()
+
+
+def hurry() -> bool:
+    """True once the user pressed Ctrl-C again while the run stops: skip the rest of the grace."""
+    return _gate.presses > 0
+
+
+@contextlib.contextmanager
+def guarding_run() -> Iterator[None]:
+    """For a whole run: the first SIGINT raises KeyboardInterrupt, later ones only count."""
+    if threading.current_thread() is not threading.main_thread():
+        yield   # signals reach the main thread only: nothing to guard here
+        return
+    previous = signal.getsignal(signal.SIGINT)
+    _gate.stopping, _gate.depth, _gate.presses = False, 0, 0
+    signal.signal(signal.SIGINT, _on_sigint)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous if previous is not None else signal.default_int_handler)
+
+
+@contextlib.contextmanager
+def tearing_down() -> Iterator[None]:
+    """Interrupts during the block are counted, not raised; one KeyboardInterrupt follows it."""
+    _gate.depth += 1
+    try:
+        yield
+    finally:
+        _gate.depth -= 1
+        if _gate.depth == 0 and _gate.presses:
+            presses, _gate.presses = _gate.presses, 0
+            if not isinstance(sys.exc_info()[1], BaseException):
+                log.debug("%d interrupt(s) while stopping the ranks: raising one now", presses)
+                _gate.stopping = True
+                raise KeyboardInterrupt("notebook_launch: interrupted while stopping the ranks")
+
+
+def _on_sigint(signum: int, frame: FrameType | None) -> None:
+    if _gate.stopping or _gate.depth > 0:
+        _gate.presses += 1
+        return
+    _gate.stopping = True
+    raise KeyboardInterrupt
