@@ -9,6 +9,7 @@ from . import cuda_tracking as _cuda_tracking
 from . import cuda_tracking  # noqa: F401  (preflight and tests use it)
 from .errors import GuardError, LaunchArgumentError, LaunchError
 from .launcher import notebook_launcher
+from .persistent import Ranks, start_ranks
 from .rank.progress import progress
 
 __version__ = "0.1.0"
@@ -38,10 +39,10 @@ except ImportError:
 
 
 def load_ipython_extension(ipython: Any) -> None:
-    """``%load_ext notebook_launch``: track where CUDA gets initialized; add the ``%%launch`` magic."""
+    """``%load_ext notebook_launch``: track where CUDA gets initialized; add ``%%launch`` and ``%ranks``/``%%ranks``."""
     from .magic import load_ipython_extension as _load
     _load(ipython)
 
 
-__all__ = ["notebook_launcher", "progress", "LaunchError", "GuardError", "LaunchArgumentError",
+__all__ = ["notebook_launcher", "start_ranks", "Ranks", "progress", "LaunchError", "GuardError", "LaunchArgumentError",
            "load_ipython_extension", "__version__"]

@@ -175,6 +175,21 @@ def with_attempts(error: LaunchError, used: int, max_restarts: int) -> LaunchErr
     return error
 
 
+def with_note(error: LaunchError, note: str) -> LaunchError:
+    """Add a closing line to the error: what became of persistent ranks after it."""
+    error.args = (error.args[0] + "\n" + note,)
+    return error
+
+
+def ranks_not_back_note(not_back: Sequence[int], grace: float, cause: str) -> str:
+    """Why persistent ranks were stopped after an interrupt they did not answer."""
+    who = ", ".join(f"rank {r}" for r in not_back)
+    return (f"{who} did not come back within {grace:g} s of the interrupt after {cause} (code waiting "
+            f"in C, e.g. a gloo collective or barrier, does not return to Python on an interrupt): "
+            f"every rank was stopped. The next call starts fresh ranks; their state (models, "
+            f"variables, process group) is lost.")
+
+
 def lost_contact_error(exc: Exception, state: RunState) -> LaunchError:
     message = f"node {state.node_rank}: {exc}. This node's ranks were stopped."
     return LaunchError(message, kind=FailureKind.RENDEZVOUS.value, node_rank=state.node_rank,
