@@ -41,7 +41,9 @@ except ImportError:
 def load_ipython_extension(ipython: Any) -> None:
     """``%load_ext notebook_launch``: track where CUDA gets initialized; add ``%%launch`` and ``%ranks``/``%%ranks``."""
     from .magic import load_ipython_extension as _load
+    from .persistent.magic import register as _register_ranks
     _load(ipython)
+    _register_ranks(ipython)
 
 
 __all__ = ["notebook_launcher", "start_ranks", "Ranks", "progress", "LaunchError", "GuardError", "LaunchArgumentError",

@@ -23,11 +23,12 @@ log = logging.getLogger("notebook_launch")
 DRAIN_ROUNDS = 64   # reads of what a call printed before its RESULT (64 KiB each)
 
 
-class LogSection:
+class LogSection(RunLogs):
     """The pool's run logs as one call sees them: ``close`` ends the call's section, not the files."""
 
-    def __init__(self, logs: RunLogs, title: str) -> None:
+    def __init__(self, logs: RunLogs, title: str) -> None:   # no super().__init__: the files are the pool's
         self.logs = logs
+        self.path = logs.path
         for local_rank in logs._files:
             logs.write_block(local_rank, f"----- {title} -----")
 
@@ -101,13 +102,12 @@ class CallSupervisor(Supervisor):
                 if self.state.stop_requested:
                     raise KeyboardInterrupt("notebook_launch: Stop pressed twice")
         except KeyboardInterrupt:
-            self.lost = ("a second interrupt (or Stop) stopped them while they were being interrupted; "
-                         "their state (models, variables, process group) is lost")
+            self.lost = "a second interrupt (or Stop) came while they were being interrupted"
             self.stop_all(f"a second interrupt after {reason}")
             raise
         not_back = [w for w in running if not reported(w)]
         if not_back and self.lost is None:
-            self.lost = outcome.ranks_not_back_note([self.global_rank(w.local_rank) for w in not_back],
+            self.lost = outcome.ranks_not_back([self.global_rank(w.local_rank) for w in not_back],
                                                     self.grace, reason)
             self.stop_all(reason)
 
@@ -143,7 +143,9 @@ class CallSupervisor(Supervisor):
             self.state.on_exit(local, FAILED, "raised", error=protocol.headline_of(payload["type"],
                                                                                    payload["message"]))
 
-    def on_process_exit(self, process: "RankProcess") -> None:
+    def on_process_exit(self, process: RankProcess) -> None:
+        if all(w.exit is not None for w in self.watcher.watches_of(process)):
+            return   # stopped (and reaped) by stop_all already
         super().on_process_exit(process)
         for watch in self.watcher.watches_of(process):
             if self.lost is None and watch.stopped_by_us is None:

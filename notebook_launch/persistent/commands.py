@@ -30,7 +30,7 @@ class CommandPipe:
     write_fd: int
 
     @classmethod
-    def open(cls) -> "CommandPipe":
+    def open(cls) -> CommandPipe:
         read_fd, write_fd = os.pipe()
         os.set_inheritable(write_fd, False)
         return cls(read_fd, write_fd)

@@ -18,7 +18,8 @@ import os
 import signal
 import time
 import weakref
-from typing import Any, Callable, TypeVar
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from ..backends import get_backend
 from ..backends.base import RankPipes, RankProcess
@@ -26,8 +27,14 @@ from ..display import choose_display
 from ..errors import GuardError, LaunchArgumentError, LaunchError
 from ..launcher import plan_launch
 from ..logs import RunLogs
-from ..options import DEFAULT_USE_PORT, LaunchOptions, launch_options, validate_args, validate_function, \
-    validate_timeout
+from ..options import (
+    DEFAULT_USE_PORT,
+    LaunchOptions,
+    launch_options,
+    validate_args,
+    validate_function,
+    validate_timeout,
+)
 from ..plan import LaunchPlan
 from ..preflight import check_not_inside_rank
 from ..rank.runner import Job
@@ -50,7 +57,7 @@ def _trimmed(method: Callable[..., T]) -> Callable[..., T]:
     """Our errors show one frame, not the supervisor's internals (as notebook_launcher's)."""
     @functools.wraps(method)
     def wrapper(*args: Any, **kwargs: Any) -> T:
-        __tracebackhide__ = True  # noqa: F841
+        __tracebackhide__ = True
         try:
             return method(*args, **kwargs)
         except (LaunchError, GuardError, LaunchArgumentError, KeyboardInterrupt) as err:
@@ -64,7 +71,7 @@ def start_ranks(num_processes: int | None = None, mixed_precision: str = "no",
                 start_method: str | None = None, timeout: float | None = None,
                 log_dir: str | os.PathLike[str] | None = None, ui: str = "auto",
                 log_line_prefix_template: str | None = None,
-                interrupt_grace: float = DEFAULT_GRACE) -> "Ranks":
+                interrupt_grace: float = DEFAULT_GRACE) -> Ranks:
     """Fork ``num_processes`` ranks now and keep them: each ``run()`` then calls a function
     on the same processes, whose namespace (models, data, an initialized process group)
     lives on between calls. Options mean what they mean for ``notebook_launcher``;
@@ -154,7 +161,7 @@ class Ranks:
         if self.logs is not None:
             self.logs.close()
 
-    def __enter__(self) -> "Ranks":
+    def __enter__(self) -> Ranks:
         return self
 
     def __exit__(self, *exc_info: object) -> None:
@@ -261,8 +268,8 @@ class Ranks:
                 commands.send(pipe.write_fd, frame)
             except BrokenPipeError:   # that rank is gone: the supervisor sees its exit
                 log.debug("rank command pipe %d is broken", pipe.write_fd)
-        with presenting(state, display, section):  # type: ignore[arg-type]  (a section of the logs)
-            supervisor = CallSupervisor(self._processes, self._pipes, state, display, section,  # type: ignore[arg-type]
+        with presenting(state, display, section):
+            supervisor = CallSupervisor(self._processes, self._pipes, state, display, section,
                                         timeout=timeout, poll_interval=self.options.poll_interval,
                                         grace=self.grace)
             try:
@@ -280,10 +287,7 @@ class Ranks:
     def _after_failure(self, lost: str | None) -> str:
         if lost is None:
             return "The ranks are still running, with their state; the next call runs on them."
-        if "did not come back" in lost or "second interrupt" in lost:
-            return lost
-        return (f"{lost}; every rank was stopped. The next call starts fresh ranks; their state (models, "
-                f"variables, process group) is lost.")
+        return outcome.ranks_lost_note(lost)
 
     def _stop_processes(self, graceful: bool) -> None:
         """End every rank process and close the pool's fds (each once)."""

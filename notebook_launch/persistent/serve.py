@@ -13,8 +13,9 @@ import logging
 import os
 import signal
 import types
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any
 
 from .. import protocol
 from ..rank import runner
@@ -46,7 +47,7 @@ class _Interruptible:
         log.debug("interrupt between calls ignored")
 
 
-def serve_calls(plan: "LaunchPlan", pipes: Sequence[commands.CommandPipe]) -> None:
+def serve_calls(plan: LaunchPlan, pipes: Sequence[commands.CommandPipe]) -> None:
     """The function a persistent rank runs: one call after the other until STOP (or until
     the notebook goes away: end of file on the command pipe)."""
     local_rank = int(os.environ["LOCAL_RANK"])
