@@ -312,3 +312,25 @@ def test_bad_arguments_are_named_before_anything_starts(ranks):
         ranks.run(print, args=(threading.Lock(),))
     with pytest.raises(LaunchError, match="NameError: 'nothing_here' not defined"):
         ranks.pull("nothing_here")
+
+
+def test_an_interrupt_counts_for_the_call_it_names_only():
+    """A SIGINT that lands before a rank started the call still interrupts it (as the call
+    starts); one meant for an earlier call is ignored."""
+    from notebook_launch.persistent.commands import InterruptSlot
+    from notebook_launch.persistent.serve import _Interruptible
+    slot = InterruptSlot()
+    interrupts = _Interruptible(slot)
+    slot.request(4)
+    interrupts.start(5)                                # an interrupt of call 4: not this one
+    interrupts.handler(signal.SIGINT, None)            # ... and late: ignored
+    interrupts.calling = False
+    slot.request(6)                                    # call 6 interrupted before it started
+    with pytest.raises(KeyboardInterrupt):
+        interrupts.start(6)
+    interrupts.calling = True
+    with pytest.raises(KeyboardInterrupt):
+        interrupts.handler(signal.SIGINT, None)
+    interrupts.calling = False
+    interrupts.handler(signal.SIGINT, None)            # between calls: ignored
+    slot.close()

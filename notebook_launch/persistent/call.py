@@ -15,6 +15,7 @@ from ..state import DONE, FAILED, STOPPED
 from ..supervise import outcome
 from ..supervise.supervisor import Supervisor
 from ..supervise.watch import RankWatch, Watcher
+from .commands import InterruptSlot
 
 if TYPE_CHECKING:
     from ..backends.base import RankProcess
@@ -69,9 +70,11 @@ class CallSupervisor(Supervisor):
 
     watcher_class = CallWatcher
 
-    def __init__(self, *args: Any, grace: float, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, grace: float, slot: InterruptSlot, call_number: int, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.grace = grace
+        self.slot = slot
+        self.call_number = call_number
         self.lost: str | None = None   # why the ranks are gone (died, not back, stopped)
 
     def finished(self) -> bool:
@@ -86,6 +89,7 @@ class CallSupervisor(Supervisor):
             self.stop_all(reason)
             return
         running = [w for w in self.watches if not reported(w)]
+        self.slot.request(self.call_number)   # before the signal: a rank may not have started yet
         for watch in running:
             watch.stopped_by_us = signal.SIGINT
             watch.stop_reason = reason

@@ -91,3 +91,27 @@ def _read_exactly(fd: int, size: int) -> bytes | None:
         chunks.append(chunk)
         left -= len(chunk)
     return b"".join(chunks)
+
+
+class InterruptSlot:
+    """Which call the notebook interrupted, in memory shared with the ranks (made before the
+    fork). A SIGINT alone cannot say which call it is for: it may land before the rank has
+    started the call (the rank then raises as the call starts) or after the rank finished
+    it (the rank then ignores it)."""
+
+    def __init__(self) -> None:
+        import mmap
+        self._memory = mmap.mmap(-1, _SLOT.size)   # anonymous: shared with forked children
+        self.request(0)
+
+    def request(self, call_number: int) -> None:
+        _SLOT.pack_into(self._memory, 0, call_number)
+
+    def requested(self, call_number: int) -> bool:
+        return bool(_SLOT.unpack_from(self._memory, 0)[0] == call_number)
+
+    def close(self) -> None:
+        self._memory.close()
+
+
+_SLOT = struct.Struct("q")

@@ -32,13 +32,24 @@ class RankNamespace:
             if name not in _IGNORED and name not in self.owned:
                 self.globals[name] = value
 
-    def adopt(self, function: Callable[..., Any]) -> Callable[..., Any]:
-        """A notebook function that arrived by value, rebound to this namespace (after
-        merging the globals it brought); any other callable is returned as it is."""
-        if not isinstance(function, types.FunctionType) or function.__globals__ is self.globals \
-                or function.__module__ != "__main__":
+    def adopt(self, function: Any) -> Any:
+        """A notebook function that arrived by value, rebound to this namespace, and so are
+        the notebook functions it names (cloudpickle gave them one shared globals dict, which
+        also brought the notebook's values: those are merged first). Anything else is returned
+        as it is."""
+        if not self._by_value(function):
             return function
-        self.merge(function.__globals__)
+        shipped = function.__globals__
+        rebound = {name: self._rebind(value) for name, value in shipped.items()
+                   if self._by_value(value) and value.__globals__ is shipped}
+        self.merge({**shipped, **rebound})
+        return self._rebind(function)
+
+    def _by_value(self, value: Any) -> bool:
+        return isinstance(value, types.FunctionType) and value.__module__ == "__main__" \
+            and value.__globals__ is not self.globals
+
+    def _rebind(self, function: types.FunctionType) -> types.FunctionType:
         rebound = types.FunctionType(function.__code__, self.globals, function.__name__,
                                      function.__defaults__, function.__closure__)
         rebound.__kwdefaults__ = function.__kwdefaults__

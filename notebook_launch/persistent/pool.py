@@ -113,6 +113,7 @@ class Ranks:
         self._processes: list[RankProcess] = []   # the same list object for the pool's life
         self._pipes: list[RankPipes] = []
         self._commands: list[commands.CommandPipe] = []
+        self._slot: commands.InterruptSlot | None = None
         self._lost: str | None = None    # why the ranks are gone (the next call restarts them)
         self._finalizer = weakref.finalize(self, _kill_all, self._processes)
 
@@ -207,19 +208,21 @@ class Ranks:
                                 [r.global_rank for r in plan.ranks], self.options.log_dir)
         pipes = [RankPipes.open() for _ in plan.ranks]
         command_pipes = [commands.CommandPipe.open() for _ in plan.ranks]
+        slot = commands.InterruptSlot()
         try:
-            processes = backend.start(plan, Job(serve_calls, (plan, command_pipes)), pipes)
+            processes = backend.start(plan, Job(serve_calls, (plan, command_pipes, slot)), pipes)
         except BaseException:
             for p in pipes:
                 p.close_parent_ends()
                 p.close_child_ends()
             for c in command_pipes:
                 c.close_write_end()
+            slot.close()
             raise
         finally:
             for c in command_pipes:
                 c.close_read_end()
-        self.plan, self._pipes, self._commands = plan, pipes, command_pipes
+        self.plan, self._pipes, self._commands, self._slot = plan, pipes, command_pipes, slot
         self._processes[:] = processes
         self._lost = None
         if self.restarts == 0:
@@ -248,13 +251,14 @@ class Ranks:
 
     def _call(self, call: Call, title: str, timeout: float | None) -> list[Any]:
         self._ensure_running()
+        call.number = self.calls + 1
         try:
             frame = commands.encode(commands.Command.CALL, call)
         except Exception as exc:
             raise LaunchArgumentError(
                 f"{title} cannot be sent to the ranks: {type(exc).__name__}: {exc}. The function, its "
                 f"arguments and the notebook globals it names must pickle with cloudpickle.") from None
-        assert self.plan is not None and self.logs is not None
+        assert self.plan is not None and self.logs is not None and self._slot is not None
         self.calls += 1
         state = RunState(run_id=f"{self.run_id}-call{self.calls}", world_size=self.plan.world_size,
                          backend=BACKEND_NAME, log_dir=str(self.logs.path),
@@ -271,7 +275,7 @@ class Ranks:
         with presenting(state, display, section):
             supervisor = CallSupervisor(self._processes, self._pipes, state, display, section,
                                         timeout=timeout, poll_interval=self.options.poll_interval,
-                                        grace=self.grace)
+                                        grace=self.grace, slot=self._slot, call_number=self.calls)
             try:
                 results = supervisor.run()
             except LaunchError as error:
@@ -313,6 +317,9 @@ class Ranks:
             pipes.close_child_ends()
         self._processes[:] = []
         self._pipes, self._commands = [], []
+        if self._slot is not None:
+            self._slot.close()
+            self._slot = None
 
 
 def _kill_all(processes: list[RankProcess]) -> None:

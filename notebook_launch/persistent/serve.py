@@ -32,22 +32,32 @@ class Call:
     """What one CALL frame carries: the job, and how many frames of ours sit between the
     call wrapper and the user's code (tracebacks start at the user's code)."""
     job: runner.Job
+    number: int = 0          # the pool's call count: what an interrupt names
     hidden_frames: int = 0
 
 
 class _Interruptible:
-    """SIGINT raises KeyboardInterrupt only while a call's code runs."""
+    """SIGINT raises KeyboardInterrupt only while the code of the call it was meant for runs;
+    an interrupt that came before the code started raises as it starts."""
 
-    def __init__(self) -> None:
+    def __init__(self, slot: commands.InterruptSlot) -> None:
+        self.slot = slot
         self.calling = False
+        self.number = 0
 
     def handler(self, signum: int, frame: types.FrameType | None) -> None:
-        if self.calling:
+        if self.calling and self.slot.requested(self.number):
             raise KeyboardInterrupt
-        log.debug("interrupt between calls ignored")
+        log.debug("an interrupt outside the call it was meant for is ignored")
+
+    def start(self, number: int) -> None:
+        self.number = number
+        self.calling = True
+        if self.slot.requested(number):
+            raise KeyboardInterrupt
 
 
-def serve_calls(plan: LaunchPlan, pipes: Sequence[commands.CommandPipe]) -> None:
+def serve_calls(plan: LaunchPlan, pipes: Sequence[commands.CommandPipe], slot: commands.InterruptSlot) -> None:
     """The function a persistent rank runs: one call after the other until STOP (or until
     the notebook goes away: end of file on the command pipe)."""
     local_rank = int(os.environ["LOCAL_RANK"])
@@ -59,7 +69,7 @@ def serve_calls(plan: LaunchPlan, pipes: Sequence[commands.CommandPipe]) -> None
         pipe.close_write_end()
     writer = protocol.current()
     assert writer is not None, "serve_calls runs inside a rank"
-    interrupts = _Interruptible()
+    interrupts = _Interruptible(slot)
     signal.signal(signal.SIGINT, interrupts.handler)
     ns = namespace.current()
     while True:
@@ -80,17 +90,18 @@ def run_one(spec: Any, call: Call, ns: namespace.RankNamespace, interrupts: _Int
     """One call through the runner's report path, interruptible only inside the user's code."""
     job = call.job
     function = ns.adopt(job.function)
+    args = tuple(ns.adopt(arg) for arg in job.args)   # e.g. a notebook loss function passed in
     before = ns.snapshot()
 
     def interruptible(*args: Any, **kwargs: Any) -> Any:
-        interrupts.calling = True
         try:
+            interrupts.start(call.number)
             return function(*args, **kwargs)
         finally:
             interrupts.calling = False
 
     try:
-        runner.call_and_report(spec, runner.Job(interruptible, job.args, job.kwargs), writer,
+        runner.call_and_report(spec, runner.Job(interruptible, args, job.kwargs), writer,
                                own_frames=2 + call.hidden_frames)
     finally:
         ns.own_changes(before)
