@@ -1,8 +1,9 @@
 """The panel as a person sees it: a real JupyterLab server, headless Chromium.
 
 Runs a 4-rank launch of 50,000 tqdm iterations per rank (printing a line every
-50 steps, far faster than the notebook could show), a failing launch, and a
-long launch stopped with the panel's Stop button. Checks in the page that every
+50 steps, far faster than the notebook could show), a failing launch, a
+long launch stopped with the panel's Stop button, and persistent ranks: a
+``%%ranks`` cell with a bar, one stopped with Stop, and the state pulled after. Checks in the page that every
 bar reaches 100%, that "IOPub message rate exceeded" never appears, that the
 failing rank's row turns red with its error, and that Stop ends the run with
 KeyboardInterrupt and the kernel lives on (no "kernel died" restart, no zmq
@@ -75,6 +76,20 @@ notebook_launcher(train_fails, args=(20_000,), num_processes=2)''',
 
 notebook_launcher(train_slow, args=(100_000,), num_processes=2)''',
     'print("AFTER STOP CELL RAN")',
+    # 4-7: persistent ranks: a %%ranks cell with a bar, one stopped with Stop, then the state is still there
+    '%load_ext notebook_launch\n%ranks start -n 2',
+    '''%%ranks
+import os
+rank = int(os.environ["RANK"])
+counted = 0
+for i in progress(range(2000), desc="ranks cell"):
+    counted += 1
+print(f"persistent rank {rank} counted {counted}")''',
+    '''%%ranks
+import time
+for i in progress(range(100_000), desc="slow"):
+    time.sleep(0.01)''',
+    'pulled = %ranks pull counted\nprint("PULLED", pulled)\n%ranks stop',
 ]
 
 
@@ -240,6 +255,33 @@ def run_scenario(page, lab):
     cell(page, 2).screenshot(path=str(ARTIFACTS / "panel-stopped.png"))
     run_cell(page, 3)
     wait_for_text(page, 3, "AFTER STOP CELL RAN", 180)
+
+    # 4. a %%ranks cell: the same panel per call; Stop interrupts it and the ranks keep their state
+    run_cell(page, 4)
+    wait_for_text(page, 4, "fork, persistent", 240)
+    run_cell(page, 5)
+    wait_for_text(page, 5, "persistent rank 1 counted 2000", 240)
+    page.wait_for_function(
+        "() => { const bars = [...document.querySelectorAll('.jp-CodeCell')][5]"
+        ".querySelectorAll('.widget-hprogress .progress-bar');"
+        " return bars.length == 2 && [...bars].every(b => b.style.width == '100%'); }", timeout=90_000)
+    assert cell(page, 5).locator(".nl-rank.nl-status-done").count() == 2
+    cell(page, 5).screenshot(path=str(ARTIFACTS / "panel-ranks-cell.png"))
+    run_cell(page, 6)
+    stop = cell(page, 6).locator(".nl-panel button", has_text="Stop")
+    stop.wait_for(timeout=240_000)
+    page.wait_for_function(
+        "() => { const bars = [...document.querySelectorAll('.jp-CodeCell')][6]"
+        ".querySelectorAll('.widget-hprogress .progress-bar');"
+        " return bars.length == 2 && [...bars].every(b => parseFloat(b.style.width) > 0); }",
+        timeout=180_000)
+    stop.click()
+    wait_for_text(page, 6, "KeyboardInterrupt", 180)
+    cell(page, 6).locator(".nl-rank.nl-status-stopped").nth(1).wait_for(timeout=90_000)
+    assert "alive, state kept" in cell(page, 6).locator(".nl-panel").inner_text()
+    cell(page, 6).screenshot(path=str(ARTIFACTS / "panel-ranks-stopped.png"))
+    run_cell(page, 7)
+    wait_for_text(page, 7, "PULLED [2000, 2000]", 180)
 
     # nothing was dropped by the server's IOPub rate limit
     body = page.locator("body").inner_text()

@@ -334,3 +334,39 @@ def test_an_interrupt_counts_for_the_call_it_names_only():
     interrupts.calling = False
     interrupts.handler(signal.SIGINT, None)            # between calls: ignored
     slot.close()
+
+
+def init_with_short_timeout():
+    global kept
+    import datetime
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=1))
+    kept = "still here"
+
+
+def fail_while_rank_0_waits_in_an_all_reduce():
+    if dist.get_rank() == 1:
+        time.sleep(0.3)
+        raise ValueError("boom before the all_reduce")
+    dist.all_reduce(torch.ones(1))
+
+
+def recreate_group_and_all_reduce():
+    import datetime
+    dist.destroy_process_group()
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=1))
+    total = torch.ones(1)
+    dist.all_reduce(total)
+    return kept, total.item()
+
+
+def test_a_group_timeout_shorter_than_the_grace_keeps_a_stuck_ranks_state(log_dir):
+    """What the README recommends for collectives: the group's own timeout brings the waiting
+    rank back within the grace, so nothing is restarted; the group is re-created in a call."""
+    with start_ranks(2, ui="none", log_dir=log_dir, interrupt_grace=10) as ranks:
+        ranks.run(init_with_short_timeout)
+        pids = ranks.pids
+        with pytest.raises(LaunchError) as caught:
+            ranks.run(fail_while_rank_0_waits_in_an_all_reduce)
+        assert caught.value.rank == 1 and "still running, with their state" in str(caught.value)
+        assert ranks.run(recreate_group_and_all_reduce) == [("still here", 2.0)] * 2
+        assert ranks.pids == pids and ranks.restarts == 0
