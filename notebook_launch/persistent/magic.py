@@ -14,10 +14,10 @@ from __future__ import annotations
 import argparse
 import logging
 import shlex
-from typing import Any, NoReturn
+from typing import Any
 
 from ..errors import LaunchArgumentError
-from ..magic import _cell_filename, _seconds, _whole_number, referenced_globals
+from ..magic import _ArgumentParser, _cell_filename, _seconds, options_parser, referenced_globals
 from .pool import DEFAULT_GRACE, Ranks, start_ranks
 
 log = logging.getLogger("notebook_launch")
@@ -28,19 +28,8 @@ _NOTEBOOK_ONLY = frozenset({"In", "Out", "get_ipython", "exit", "quit"})
 _active: Ranks | None = None
 
 
-class _ArgumentParser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:  # argparse would sys.exit
-        raise LaunchArgumentError(f"%ranks: {message}. Usage: {USAGE}")
-
-
 def _start_parser() -> argparse.ArgumentParser:
-    p = _ArgumentParser(prog="%ranks start", add_help=False, usage=USAGE)
-    p.add_argument("-n", "--num-processes", type=_whole_number("-n/--num-processes"), default=None)
-    p.add_argument("--mixed-precision", default="no")
-    p.add_argument("--timeout", type=_seconds, default=None)
-    p.add_argument("--ui", default="auto")
-    p.add_argument("--port", default=None)
-    p.add_argument("--log-dir", default=None)
+    p = options_parser("%ranks start", USAGE)
     p.add_argument("--grace", type=_seconds, default=DEFAULT_GRACE)
     return p
 
