@@ -261,20 +261,13 @@ def run_scenario(page, lab):
     wait_for_text(page, 4, "fork, persistent", 240)
     run_cell(page, 5)
     wait_for_text(page, 5, "persistent rank 1 counted 2000", 240)
-    page.wait_for_function(
-        "() => { const bars = [...document.querySelectorAll('.jp-CodeCell')][5]"
-        ".querySelectorAll('.widget-hprogress .progress-bar');"
-        " return bars.length == 2 && [...bars].every(b => b.style.width == '100%'); }", timeout=90_000)
+    wait_for_bars(page, 5, 2, "b.style.width == '100%'", 90)
     assert cell(page, 5).locator(".nl-rank.nl-status-done").count() == 2
     cell(page, 5).screenshot(path=str(ARTIFACTS / "panel-ranks-cell.png"))
     run_cell(page, 6)
     stop = cell(page, 6).locator(".nl-panel button", has_text="Stop")
     stop.wait_for(timeout=240_000)
-    page.wait_for_function(
-        "() => { const bars = [...document.querySelectorAll('.jp-CodeCell')][6]"
-        ".querySelectorAll('.widget-hprogress .progress-bar');"
-        " return bars.length == 2 && [...bars].every(b => parseFloat(b.style.width) > 0); }",
-        timeout=180_000)
+    wait_for_bars(page, 6, 2, "parseFloat(b.style.width) > 0", 180)
     stop.click()
     wait_for_text(page, 6, "KeyboardInterrupt", 180)
     cell(page, 6).locator(".nl-rank.nl-status-stopped").nth(1).wait_for(timeout=90_000)
@@ -289,6 +282,14 @@ def run_scenario(page, lab):
     assert "IOPub data rate exceeded" not in body
     page.screenshot(path=str(ARTIFACTS / "panel-notebook.png"), full_page=True)
     assert "rate exceeded" not in Path(lab["log"]).read_text()
+
+
+def wait_for_bars(page, index, count, each, timeout_s):
+    """Wait until cell ``index`` shows ``count`` bars and ``each`` (JS, of bar ``b``) holds for all."""
+    page.wait_for_function(
+        f"() => {{ const bars = [...document.querySelectorAll('.jp-CodeCell')][{index}]"
+        ".querySelectorAll('.widget-hprogress .progress-bar');"
+        f" return bars.length == {count} && [...bars].every(b => {each}); }}", timeout=timeout_s * 1000)
 
 
 def run_cell(page, index):
