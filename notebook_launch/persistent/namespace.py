@@ -13,7 +13,7 @@ from __future__ import annotations
 import linecache
 import sys
 import types
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 _IGNORED = frozenset({"__builtins__", "__name__", "__doc__", "__package__", "__loader__", "__spec__"})
