@@ -37,10 +37,14 @@ def step():
             "initialized": dist.is_initialized(), "pid": os.getpid()}
 
 
-def fail_on_rank_1_while_rank_0_waits_in_python():
+def fail_on_rank_1_while_rank_0_waits_in_python(marker_dir):
     global rank0_was_interrupted
+    marker = os.path.join(marker_dir, "rank0-waits")
     if dist.get_rank() == 1:
+        while not os.path.exists(marker):   # rank 0 is in its loop by then
+            time.sleep(0.01)
         raise ValueError("boom on rank 1")
+    open(marker, "w").close()
     try:
         while True:
             time.sleep(0.01)
@@ -159,11 +163,11 @@ def test_notebook_functions_run_in_the_ranks_namespace(ranks):
     assert ranks.run(notebook["use"]) == [("rank copy", 20), ("rank copy", 20)]
 
 
-def test_an_exception_interrupts_the_other_ranks_and_keeps_them_alive(ranks):
+def test_an_exception_interrupts_the_other_ranks_and_keeps_them_alive(ranks, tmp_path):
     ranks.run(build, args=(2,))
     pids = ranks.pids
     with pytest.raises(LaunchError) as caught:
-        ranks.run(fail_on_rank_1_while_rank_0_waits_in_python)
+        ranks.run(fail_on_rank_1_while_rank_0_waits_in_python, args=(str(tmp_path),))
     message = str(caught.value)
     assert caught.value.rank == 1 and caught.value.exc_type == "ValueError"
     assert message.startswith("rank 1 failed: ValueError: boom on rank 1")
