@@ -374,3 +374,20 @@ def test_a_group_timeout_shorter_than_the_grace_keeps_a_stuck_ranks_state(log_di
         assert caught.value.rank == 1 and "still running, with their state" in str(caught.value)
         assert ranks.run(recreate_group_and_all_reduce) == [("still here", 2.0)] * 2
         assert ranks.pids == pids and ranks.restarts == 0
+
+
+def test_the_magics_name_bad_options_before_anything_starts():
+    from notebook_launch.persistent.magic import ranks_magic
+    with pytest.raises(LaunchArgumentError, match="%ranks start: unrecognized arguments: --bogus"):
+        ranks_magic(None, "start -n 2 --bogus")
+    with pytest.raises(LaunchArgumentError, match="-n/--num-processes must be a whole number"):
+        ranks_magic(None, "start -n two")
+    with pytest.raises(LaunchArgumentError, match="%ranks pull takes variable names"):
+        ranks_magic(None, "pull")
+    with pytest.raises(LaunchArgumentError, match="unknown command 'restart'"):
+        ranks_magic(None, "restart")
+    with pytest.raises(LaunchArgumentError, match="no ranks are running"):
+        ranks_magic(None, "", "x = 1")
+    with pytest.raises(LaunchArgumentError, match="%%launch: unrecognized arguments: --grace"):
+        from notebook_launch.magic import parse_launch_line
+        parse_launch_line("-n 2 --grace 3")

@@ -134,7 +134,8 @@ class Ranks:
     def push(self, **values: Any) -> None:
         """Set names in every rank's namespace (they are the ranks' from then on)."""
         if values:
-            self._call(Call(Job(namespace.push, (values,))), f"push {', '.join(values)}", self._timeout(None))
+            self._call(Call(Job(namespace.push, (values,))), f"push {', '.join(values)}", self._timeout(None),
+                       quiet=True)
 
     @_trimmed
     def pull(self, *names: str, timeout: float | None = None) -> list[Any]:
@@ -144,7 +145,7 @@ class Ranks:
             raise LaunchArgumentError(f"pull takes one or more variable names as strings, e.g. "
                                       f"pull('val_loss'); got {', '.join(map(repr, bad or names)) or 'none'}")
         return self._call(Call(Job(namespace.pull, (names,))), f"pull {', '.join(names)}",
-                          self._timeout(timeout))
+                          self._timeout(timeout), quiet=True)
 
     @_trimmed
     def run_cell(self, source: str, filename: str, values: dict[str, Any] | None = None, *,
@@ -249,7 +250,8 @@ class Ranks:
                   f"variables, process group) is lost: this call runs on fresh ranks.", flush=True)
             self._start()
 
-    def _call(self, call: Call, title: str, timeout: float | None) -> list[Any]:
+    def _call(self, call: Call, title: str, timeout: float | None, quiet: bool = False) -> list[Any]:
+        """One call on every rank. ``quiet`` (push, pull): no panel, only an error if one comes."""
         self._ensure_running()
         call.number = self.calls + 1
         try:
@@ -265,7 +267,7 @@ class Ranks:
                          ranks=[RankState(rank=r.global_rank, local_rank=r.local_rank, device=r.device,
                                           pid=p.pid, status=RUNNING)
                                 for r, p in zip(self.plan.ranks, self._processes)])
-        display = choose_display(self.options.ui, line_prefix=self.options.line_prefix)
+        display = choose_display("none" if quiet else self.options.ui, line_prefix=self.options.line_prefix)
         section = LogSection(self.logs, f"call {self.calls}: {title}")
         for pipe in self._commands:
             try:
