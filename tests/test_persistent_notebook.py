@@ -19,6 +19,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 from notebook_launch import start_ranks, LaunchError
+from notebook_launch.net import free_port
 
 MARKERS = {markers!r}
 
@@ -50,12 +51,16 @@ def bad_batch():
     while True:
         time.sleep(0.01)
 
-def train_until_interrupted():
+def evaluate_until_interrupted():
+    # No collective inside: the interrupt lands in Python on every rank (an interrupt in the middle
+    # of a DDP step usually catches one rank inside the gradient all_reduce: see the README).
     global interrupted
     open(os.path.join(MARKERS, f"running{{dist.get_rank()}}"), "w").close()
+    x, _ = data
     try:
-        while True:
-            train_epoch()
+        with torch.no_grad():
+            while True:
+                model.module(x)
     except KeyboardInterrupt:
         interrupted = True
         raise
@@ -115,13 +120,13 @@ def test_a_notebook_session_on_persistent_ranks(tmp_path):
     markers.mkdir()
     nb = make_notebook(
         SETUP.format(markers=str(markers)),
-        "ranks = start_ranks(2, ui='text', interrupt_grace=5)",             # 1
+        "ranks = start_ranks(2, ui='text', interrupt_grace=5, use_port=free_port())",             # 1
         "ranks.run(build, args=(8,))",                                      # 2
         "first = ranks.run(train_epoch); second = ranks.run(train_epoch); (first, second)",  # 3
         "ranks.push(lr=0.05); ranks.run(set_lr)",                           # 4
         "ranks.pull('lr')",                                                 # 5
         "ranks.run(bad_batch)",                                             # 6: exception
-        "pids = ranks.pids; ranks.run(train_until_interrupted)",            # 7: interrupt
+        "pids = ranks.pids; ranks.run(evaluate_until_interrupted)",            # 7: interrupt
         "after = ranks.run(still_there); (after, [a[3] for a in after] == pids)",  # 8
         "ranks.run(crash)",                                                 # 9: a crash
         "ranks.run(build, args=(8,)); set(ranks.pids).isdisjoint(pids)",   # 10: restart
@@ -162,7 +167,7 @@ def test_the_ranks_magics(tmp_path):
     from nbutil import run_notebook
     nb = make_notebook(
         "%load_ext notebook_launch",
-        "%ranks start -n 2 --ui text",
+        "from notebook_launch.net import free_port\n%ranks start -n 2 --ui text --port {free_port()}",
         "%%ranks\nimport torch.distributed as dist\ndist.init_process_group('gloo')\nx = dist.get_rank() * 10\n"
         "print('rank', dist.get_rank(), 'ready')",
         "offset = 5   # defined in the notebook after the start",

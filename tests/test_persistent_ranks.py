@@ -14,6 +14,7 @@ import torch
 import torch.distributed as dist
 
 from notebook_launch import LaunchArgumentError, LaunchError, start_ranks
+from notebook_launch.net import free_port   # not 29500: on a shared machine it can be taken before rank 0 binds it
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -124,7 +125,7 @@ def our_children():
 
 @pytest.fixture
 def ranks(log_dir):
-    with start_ranks(2, ui="none", log_dir=log_dir, interrupt_grace=2.0) as pool:
+    with start_ranks(2, ui="none", log_dir=log_dir, interrupt_grace=2.0, use_port=free_port()) as pool:
         yield pool
     assert our_children() == []
 
@@ -235,7 +236,7 @@ def test_the_notebooks_interrupt_raises_in_the_ranks_and_keeps_them(ranks, tmp_p
 
 
 def test_a_second_interrupt_stops_ranks_that_do_not_come_back(log_dir, tmp_path, capsys):
-    with start_ranks(2, ui="none", log_dir=log_dir, interrupt_grace=60) as ranks:
+    with start_ranks(2, ui="none", log_dir=log_dir, interrupt_grace=60, use_port=free_port()) as ranks:
         ranks.run(build, args=(2,))
         old_pids = ranks.pids
         interrupt_when_running(str(tmp_path), count=2)
@@ -343,7 +344,7 @@ def test_an_interrupt_counts_for_the_call_it_names_only():
 def init_with_short_timeout():
     global kept
     import datetime
-    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=1))
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=3))
     kept = "still here"
 
 
@@ -357,7 +358,7 @@ def fail_while_rank_0_waits_in_an_all_reduce():
 def recreate_group_and_all_reduce():
     import datetime
     dist.destroy_process_group()
-    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=1))
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=3))
     total = torch.ones(1)
     dist.all_reduce(total)
     return kept, total.item()
@@ -366,7 +367,7 @@ def recreate_group_and_all_reduce():
 def test_a_group_timeout_shorter_than_the_grace_keeps_a_stuck_ranks_state(log_dir):
     """What the README recommends for collectives: the group's own timeout brings the waiting
     rank back within the grace, so nothing is restarted; the group is re-created in a call."""
-    with start_ranks(2, ui="none", log_dir=log_dir, interrupt_grace=10) as ranks:
+    with start_ranks(2, ui="none", log_dir=log_dir, interrupt_grace=10, use_port=free_port()) as ranks:
         ranks.run(init_with_short_timeout)
         pids = ranks.pids
         with pytest.raises(LaunchError) as caught:
