@@ -18,12 +18,12 @@ if __package__ in (None, ""):  # run as a script: make the repository importable
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     __package__ = "benchmarks"
 
-from benchmarks import companions, iteration_cost, launch_cost, memory  # noqa: E402
+from benchmarks import companions, iteration_cost, launch_cost, memory, persistent_cost  # noqa: E402
 from benchmarks.common import REPO_ROOT, machine_description  # noqa: E402
 from benchmarks.table import render_table  # noqa: E402
 from benchmarks.worker import READY_STATES  # noqa: E402
 
-ITEMS = ("1", "2", "3", "4", "5", "6")
+ITEMS = ("1", "2", "3", "4", "5", "6", "7")
 DEFAULT_OUT = os.path.join(REPO_ROOT, "benchmarks", "RESULTS.md")
 
 
@@ -82,6 +82,8 @@ def measure(config: dict, only: set, log_dir: str, say):
         rows += item4_rows
     if "5" in only:
         rows += memory.run(config, log_dir, say)
+    if "7" in only:
+        rows += persistent_cost.run(config, log_dir, say)
     rows.sort(key=lambda r: (r.group, r.condition == "fresh", int(r.ranks)))  # stable: fork before spawn
     return rows, companion_outputs
 
@@ -138,6 +140,12 @@ def notes(config: dict, elapsed: float) -> list:
         "a progress event and a log line every millisecond (100x what a rank sends, since ranks batch "
         "to 10 events/s whatever their step rate) and refresh() every millisecond; a recording comm "
         "counts comm messages (benchmarks/widget_traffic.py).",
+        "Item 7 (persistent ranks, `start_ranks`): one 'ours' worker runs every column: "
+        f"{persistent_cost.CALLS_PER_REPEAT} trivial `ranks.run` calls, one fresh `notebook_launcher` launch "
+        f"and {persistent_cost.CALLS_PER_REPEAT} ipyparallel `view.apply_sync` calls (2 engines of "
+        "`ipyparallel.Cluster(n=2)`) per repeat, in rotating order; ui left at its default as for every "
+        "launcher. The DDP row times `ranks.run(one_step)` call to return in the worker against "
+        f"{persistent_cost.STEPS_INSIDE} steps per repeat timed inside rank 0 of one call.",
         f"Whole run: {elapsed:.0f} s.",
     ]
     if config["quick"]:

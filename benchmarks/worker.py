@@ -122,6 +122,9 @@ def handle(launcher: str, command: dict, tensors: dict) -> dict:
                 for kind in command["kinds"]}
     if op == "iteration":
         return _iteration(launcher, command)
+    if op == "persistent":
+        from .persistent_cost import measure_in_worker
+        return measure_in_worker(command["repeats"], command["width"])
     raise ValueError(f"unknown op {op!r}")
 
 

@@ -10,6 +10,7 @@ from . import cuda_tracking  # noqa: F401  (preflight and tests use it)
 from .curves import load_metrics
 from .errors import GuardError, LaunchArgumentError, LaunchError
 from .launcher import notebook_launcher
+from .persistent import Ranks, start_ranks
 from .rank.progress import progress
 
 __version__ = "0.1.0"
@@ -39,10 +40,13 @@ except ImportError:
 
 
 def load_ipython_extension(ipython: Any) -> None:
-    """``%load_ext notebook_launch``: track where CUDA gets initialized; add the ``%%launch`` magic."""
+    """``%load_ext notebook_launch``: track where CUDA gets initialized; add ``%%launch`` and ``%ranks``/``%%ranks``."""
     from .magic import load_ipython_extension as _load
+    from .persistent.magic import register as _register_ranks
     _load(ipython)
+    _register_ranks(ipython)
 
 
-__all__ = ["notebook_launcher", "progress", "load_metrics", "LaunchError", "GuardError", "LaunchArgumentError",
+__all__ = ["notebook_launcher", "start_ranks", "Ranks", "progress", "load_metrics", "LaunchError", "GuardError",
+           "LaunchArgumentError",
            "load_ipython_extension", "__version__"]

@@ -5,12 +5,12 @@ import os
 from typing import Any, Callable, Iterable, Mapping
 
 from . import fd_budget, preflight
-from .detect.target import launch_target
+from .detect.target import LaunchTarget, launch_target
 from .errors import GuardError, LaunchArgumentError, LaunchError
 from .logs import make_run_id
 from .options import (DEFAULT_USE_PORT, LaunchOptions, check_display_ranks_exist, launch_options,
                       validate_elastic_start_method)
-from .plan import build_plan
+from .plan import LaunchPlan, build_plan
 from .rank.runner import Job
 from .run import run_plan
 
@@ -67,6 +67,29 @@ def notebook_launcher(function: Callable[..., Any], args: tuple | list = (), num
 
 def launch(options: LaunchOptions) -> list[Any]:
     """The launch itself, from validated options; notebook_launcher only trims the traceback of its errors."""
+    target, plan, run_id = plan_launch(options)
+    port = plan.master_port
+    job = Job(options.function, options.args, options.kwargs)
+    if options.elastic:
+        from .elastic import run_elastic
+        from .elastic.rendezvous import settings_from_arguments
+        rendezvous = settings_from_arguments(
+            rdzv_backend=options.rdzv_backend, rdzv_endpoint=options.rdzv_endpoint,
+            rdzv_conf=options.rdzv_conf, rdzv_id=options.rdzv_id, rdzv_timeout=options.rdzv_timeout,
+            master_addr=options.master_addr, port=port, node_rank=options.node_rank,
+            num_nodes=options.num_nodes, may_move_port=options.port_is_default)
+        return run_elastic(plan, job, rendezvous=rendezvous, max_restarts=options.max_restarts, run_id=run_id,
+                           log_dir=options.log_dir, ui=options.ui, timeout=options.timeout,
+                           poll_interval=options.poll_interval, line_prefix=options.line_prefix,
+                           platform=target.where.platform, display_ranks=options.display_ranks)
+    return run_plan(plan, job, run_id=run_id, log_dir=options.log_dir, ui=options.ui, timeout=options.timeout,
+                    poll_interval=options.poll_interval, line_prefix=options.line_prefix,
+                    platform=target.where.platform, display_ranks=options.display_ranks)
+
+
+def plan_launch(options: LaunchOptions) -> tuple[LaunchTarget, LaunchPlan, str]:
+    """Detect, check the notebook's state, settle the port and describe this node's ranks:
+    what every way of starting ranks (a launch, persistent ranks) does before starting them."""
     target = launch_target(options.start_method, options.num_processes)
     if options.elastic:
         validate_elastic_start_method(target.start_method)
@@ -91,19 +114,4 @@ def launch(options: LaunchOptions) -> list[Any]:
         mixed_precision=options.mixed_precision, start_method=target.start_method, run_id=run_id,
         gpu_names=[g[0] for g in gpus], driver_version=gpus[0][1] if gpus else None, notes=notes)
     check_display_ranks_exist(options.display_ranks, plan.world_size)
-    job = Job(options.function, options.args, options.kwargs)
-    if options.elastic:
-        from .elastic import run_elastic
-        from .elastic.rendezvous import settings_from_arguments
-        rendezvous = settings_from_arguments(
-            rdzv_backend=options.rdzv_backend, rdzv_endpoint=options.rdzv_endpoint,
-            rdzv_conf=options.rdzv_conf, rdzv_id=options.rdzv_id, rdzv_timeout=options.rdzv_timeout,
-            master_addr=options.master_addr, port=port, node_rank=options.node_rank,
-            num_nodes=options.num_nodes, may_move_port=options.port_is_default)
-        return run_elastic(plan, job, rendezvous=rendezvous, max_restarts=options.max_restarts, run_id=run_id,
-                           log_dir=options.log_dir, ui=options.ui, timeout=options.timeout,
-                           poll_interval=options.poll_interval, line_prefix=options.line_prefix,
-                           platform=target.where.platform, display_ranks=options.display_ranks)
-    return run_plan(plan, job, run_id=run_id, log_dir=options.log_dir, ui=options.ui, timeout=options.timeout,
-                    poll_interval=options.poll_interval, line_prefix=options.line_prefix,
-                    platform=target.where.platform, display_ranks=options.display_ranks)
+    return target, plan, run_id

@@ -25,19 +25,28 @@ USAGE = ("%%launch [-n N] [--mixed-precision no|fp16|bf16|fp8] [--timeout SECOND
 
 
 class _ArgumentParser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:  # argparse would call sys.exit, which a kernel turns into noise
-        raise LaunchArgumentError(f"%%launch: {message}. Usage: {USAGE}")
+    """argparse would call sys.exit on bad options, which a kernel turns into noise: raise
+    LaunchArgumentError naming the magic (``prog``) and its usage instead."""
+
+    def error(self, message: str) -> NoReturn:
+        raise LaunchArgumentError(f"{self.prog}: {message}. Usage: {self.usage}")
 
 
-def _parser() -> argparse.ArgumentParser:
-    p = _ArgumentParser(prog="%%launch", add_help=False, usage=USAGE)
+def options_parser(prog: str, usage: str) -> argparse.ArgumentParser:
+    """The options %%launch and %ranks start share with notebook_launcher."""
+    p = _ArgumentParser(prog=prog, add_help=False, usage=usage)
     p.add_argument("-n", "--num-processes", type=_whole_number("-n/--num-processes"), default=None)
     p.add_argument("--mixed-precision", default="no")
     p.add_argument("--timeout", type=_seconds, default=None)
-    p.add_argument("--start-method", default=None)
     p.add_argument("--ui", default="auto")
     p.add_argument("--port", default=None)
     p.add_argument("--log-dir", default=None)
+    return p
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = options_parser("%%launch", USAGE)
+    p.add_argument("--start-method", default=None)
     p.add_argument("--return", dest="return_names", action="extend", nargs="+", default=[])
     return p
 

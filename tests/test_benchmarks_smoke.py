@@ -71,3 +71,24 @@ def test_bad_arguments_name_the_argument_and_the_valid_values():
     assert done.returncode == 2 and "--only" in done.stderr and "1,2,3,4,5,6" in done.stderr
     done = run_command("--repeats", "0", timeout=120)
     assert done.returncode == 2 and "--repeats must be >= 1" in done.stderr
+
+
+@pytest.mark.timeout(900)
+def test_persistent_ranks_rows_measure_every_column(tmp_path):
+    """Item 7 alone: persistent run() against a fresh launch and ipyparallel, and the DDP step
+    in a new run() against one inside a call; every column measured, the goals judged."""
+    out = tmp_path / "RESULTS.md"
+    done = run_command("--quick", "--repeats", "1", "--only", "7", "--out", str(out))
+    assert done.returncode == 0, f"stdout:\n{done.stdout[-3000:]}\nstderr:\n{done.stderr[-3000:]}"
+    rows = [cells for cells in table_rows(out.read_text()) if cells[0] == "7"]
+    assert len(rows) == 2 and all(len(cells) == 11 for cells in rows), rows
+    trivial, step = rows
+    assert "persistent run():" in trivial[3] and "n=10" in trivial[3]
+    assert "notebook_launcher launch:" in trivial[7] and "n=1" in trivial[7]
+    assert "ipyparallel apply_sync:" in trivial[7] and "n=10" in trivial[7].split("ipyparallel")[1]
+    assert "launch/persistent" in trivial[8] and "ipyparallel/persistent" in trivial[8]
+    assert "step in a new run():" in step[3] and "step inside one call:" in step[7]
+    assert "new run()/inside" in step[8]
+    for cells in rows:
+        assert cells[10] in ("yes", "**NO (missed)**")
+        assert not any("error:" in cell or "not available" in cell for cell in cells), cells

@@ -1,8 +1,9 @@
 """The panel as a person sees it: a real JupyterLab server, headless Chromium.
 
 Runs a 4-rank launch of 50,000 tqdm iterations per rank (printing a line every
-50 steps, far faster than the notebook could show), a failing launch, and a
-long launch stopped with the panel's Stop button. Checks in the page that every
+50 steps, far faster than the notebook could show), a failing launch, a
+long launch stopped with the panel's Stop button, and persistent ranks: a
+``%%ranks`` cell with a bar, one stopped with Stop, and the state pulled after. Checks in the page that every
 bar reaches 100%, that "IOPub message rate exceeded" never appears, that the
 failing rank's row turns red with its error (and the error output names the
 cell, "Cell In[..]", not our files), that the logged loss is drawn as a curve
@@ -78,6 +79,20 @@ notebook_launcher(train_fails, args=(20_000,), num_processes=2)''',
 
 notebook_launcher(train_slow, args=(100_000,), num_processes=2)''',
     'print("AFTER STOP CELL RAN")',
+    # 4-7: persistent ranks: a %%ranks cell with a bar, one stopped with Stop, then the state is still there
+    '%load_ext notebook_launch\n%ranks start -n 2',
+    '''%%ranks
+import os
+rank = int(os.environ["RANK"])
+counted = 0
+for i in progress(range(2000), desc="ranks cell"):
+    counted += 1
+print(f"persistent rank {rank} counted {counted}")''',
+    '''%%ranks
+import time
+for i in progress(range(100_000), desc="slow"):
+    time.sleep(0.01)''',
+    'pulled = %ranks pull counted\nprint("PULLED", pulled)\n%ranks stop',
 ]
 
 
@@ -254,12 +269,40 @@ def run_scenario(page, lab):
     run_cell(page, 3)
     wait_for_text(page, 3, "AFTER STOP CELL RAN", 180)
 
+    # 4. a %%ranks cell: the same panel per call; Stop interrupts it and the ranks keep their state
+    run_cell(page, 4)
+    wait_for_text(page, 4, "fork, persistent", 240)
+    run_cell(page, 5)
+    wait_for_text(page, 5, "persistent rank 1 counted 2000", 240)
+    wait_for_bars(page, 5, 2, "b.style.width == '100%'", 90)
+    assert cell(page, 5).locator(".nl-rank.nl-status-done").count() == 2
+    cell(page, 5).screenshot(path=str(ARTIFACTS / "panel-ranks-cell.png"))
+    run_cell(page, 6)
+    stop = cell(page, 6).locator(".nl-panel button", has_text="Stop")
+    stop.wait_for(timeout=240_000)
+    wait_for_bars(page, 6, 2, "parseFloat(b.style.width) > 0", 180)
+    stop.click()
+    wait_for_text(page, 6, "KeyboardInterrupt", 180)
+    cell(page, 6).locator(".nl-rank.nl-status-stopped").nth(1).wait_for(timeout=90_000)
+    assert "alive, state kept" in cell(page, 6).locator(".nl-panel").inner_text()
+    cell(page, 6).screenshot(path=str(ARTIFACTS / "panel-ranks-stopped.png"))
+    run_cell(page, 7)
+    wait_for_text(page, 7, "PULLED [2000, 2000]", 180)
+
     # nothing was dropped by the server's IOPub rate limit
     body = page.locator("body").inner_text()
     assert "IOPub message rate exceeded" not in body
     assert "IOPub data rate exceeded" not in body
     page.screenshot(path=str(ARTIFACTS / "panel-notebook.png"), full_page=True)
     assert "rate exceeded" not in Path(lab["log"]).read_text()
+
+
+def wait_for_bars(page, index, count, each, timeout_s):
+    """Wait until cell ``index`` shows ``count`` bars and ``each`` (JS, of bar ``b``) holds for all."""
+    page.wait_for_function(
+        f"() => {{ const bars = [...document.querySelectorAll('.jp-CodeCell')][{index}]"
+        ".querySelectorAll('.widget-hprogress .progress-bar');"
+        f" return bars.length == {count} && [...bars].every(b => {each}); }}", timeout=timeout_s * 1000)
 
 
 def run_cell(page, index):

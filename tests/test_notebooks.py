@@ -53,3 +53,21 @@ def test_notebooks_are_stored_without_outputs():
         nb = nbformat.read(str(path), as_version=4)
         nbformat.validate(nb)
         assert all(not c.get("outputs") for c in nb.cells if c.cell_type == "code"), path.name
+
+
+def test_interactive_ranks():
+    nb = run_notebook(NOTEBOOKS / "interactive_ranks.ipynb", timeout=300)
+    assert not _errors(nb)
+    text = _outputs(nb)
+    assert "2 ranks on notebook (CPU, gloo, fork, persistent)" in text
+    first = re.search(r"losses after epoch 1: \[([0-9.]+), ([0-9.]+)\]", text)
+    second = re.search(r"losses after epoch 2: \[([0-9.]+), ([0-9.]+)\]", text)
+    assert first and second and float(second.group(1)) < float(first.group(1)), text  # the same model trained on
+    assert "same weights on every rank: True" in text
+    learned = re.search(r"learned weights: \[([-0-9., ]+)\]", text)
+    assert learned and abs(float(learned.group(1).split(",")[0]) - 2.0) < 0.2, text
+    assert "failed rank: 1" in text
+    assert "last line: The ranks are still running, with their state; the next call runs on them." in text
+    assert "training goes on: [" in text
+    assert "rank 1 sees total 3.0" in text
+    assert "[3.0, 3.0]" in text

@@ -111,6 +111,15 @@ def run_rank(spec: RankSpec, job: Job, *, forked_from_notebook: bool = False) ->
     for hook in rank_hooks:
         hook(spec)
     writer.send(protocol.READY, {"pid": os.getpid(), "device": spec.device})
+    return call_and_report(spec, job, writer, forked_from_notebook=forked_from_notebook)
+
+
+def call_and_report(spec: RankSpec, job: Job, writer: protocol.EventWriter, own_frames: int = 1, *,
+                    forked_from_notebook: bool = False) -> int:
+    """Call the user's function once and send its RESULT or ERROR; return the exit code
+    that outcome means. A launched rank does this once; a persistent rank once per call.
+    ``own_frames``: our frames above the user's code, left out of the traceback;
+    ``forked_from_notebook``: as for ``run_rank``."""
     try:
         try:
             value = job.function(*job.args, **(job.kwargs or {}))
@@ -121,10 +130,10 @@ def run_rank(spec: RankSpec, job: Job, *, forked_from_notebook: bool = False) ->
         if exc.code in (None, 0):
             value = None
         else:
-            report_error(protocol.error_payload(exc, skip_frames=1), writer)
+            report_error(protocol.error_payload(exc, skip_frames=own_frames), writer)
             return exc.code if isinstance(exc.code, int) else EXIT_FAILED
     except BaseException as exc:
-        report_error(protocol.error_payload(exc, skip_frames=1), writer)
+        report_error(protocol.error_payload(exc, skip_frames=own_frames), writer)
         return EXIT_FAILED
     try:
         payload = serialize_result(value, main_classes_by_reference=forked_from_notebook)
@@ -136,6 +145,7 @@ def run_rank(spec: RankSpec, job: Job, *, forked_from_notebook: bool = False) ->
                      f"({type(exc).__name__}: {exc}). Return plain data instead: numbers, strings, "
                      f"lists, dicts, tensors or a state_dict().")), writer)
         return EXIT_FAILED
+    flush_everything()   # the call's output reaches its pipes before its RESULT
     writer.send(protocol.RESULT, payload)
     return 0
 

@@ -234,6 +234,25 @@ def with_attempts(error: LaunchError, used: int, max_restarts: int) -> LaunchErr
     return error
 
 
+def with_note(error: LaunchError, note: str) -> LaunchError:
+    """Add a closing line to the error: what became of persistent ranks after it."""
+    error.args = (error.args[0] + "\n" + note,)
+    return error
+
+
+def ranks_not_back(not_back: Sequence[int], grace: float, cause: str) -> str:
+    """Why persistent ranks were stopped: they did not answer the interrupt."""
+    who = ", ".join(f"rank {r}" for r in not_back)
+    return (f"{who} did not come back within {grace:g} s of the interrupt after {cause} (code waiting "
+            f"in C, e.g. a gloo collective or barrier, does not return to Python on an interrupt)")
+
+
+def ranks_lost_note(lost: str) -> str:
+    """The closing line of a call's error when its persistent ranks had to be stopped."""
+    return (f"Every rank was stopped because {lost}. The next call starts fresh ranks; their state "
+            f"(models, variables, process group) is lost.")
+
+
 def lost_contact_error(exc: Exception, state: RunState) -> LaunchError:
     message = f"node {state.node_rank}: {exc}. This node's ranks were stopped."
     return LaunchError(message, kind=FailureKind.RENDEZVOUS.value, node_rank=state.node_rank,

@@ -41,7 +41,10 @@ class Step(enum.Enum):
 
 class Supervisor:
     """Drives one set of ranks to an end: ``run()`` for a plain launch, ``step()``
-    for the elastic agent, which owns the loop there."""
+    for the elastic agent, which owns the loop there. Persistent ranks
+    (``persistent.call``) supervise one call at a time with a subclass."""
+
+    watcher_class = Watcher
 
     def __init__(self, processes: Sequence["RankProcess"], pipes_by_rank: Sequence["RankPipes"],
                  state: RunState, display: "Display", logs: "RunLogs", *,
@@ -54,7 +57,7 @@ class Supervisor:
         self.timeout = timeout
         self.poll_interval = poll_interval
         self.processes = list(processes)
-        self.watcher = Watcher(self.processes, pipes_by_rank, self)
+        self.watcher = self.watcher_class(self.processes, pipes_by_rank, self)
         self.watches = self.watcher.watches
         self.first_failure: Failure | None = None
         self._stopped = False
@@ -101,7 +104,11 @@ class Supervisor:
         if self.state.stop_requested:
             self.stop("the Stop button was pressed")
             raise KeyboardInterrupt("notebook_launch: run stopped with the Stop button")
-        return Step.FINISHED if all(w.finished for w in self.watches) else Step.RUNNING
+        return Step.FINISHED if self.finished() else Step.RUNNING
+
+    def finished(self) -> bool:
+        """Whether the run has ended: every rank exited and its pipes are drained."""
+        return all(w.finished for w in self.watches)
 
     def stop(self, reason: str) -> None:
         """Stop every live rank (SIGTERM, grace, SIGKILL), once; ``reason`` ends "after ..."."""

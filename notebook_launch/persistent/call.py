@@ -1,0 +1,165 @@
+"""The notebook side of one call on persistent ranks: the supervisor of a launch, except
+that a call ends when every rank has reported (the processes live on), a failure
+interrupts the other ranks instead of stopping them, and the pipes stay open."""
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import time
+from typing import TYPE_CHECKING, Any
+
+from .. import protocol
+from ..logs import RunLogs
+from ..state import DONE, FAILED, STOPPED
+from ..supervise import outcome
+from ..supervise.supervisor import Supervisor
+from ..supervise.watch import RankWatch, Watcher
+from .commands import InterruptSlot
+
+if TYPE_CHECKING:
+    from ..backends.base import RankProcess
+
+log = logging.getLogger("notebook_launch")
+DRAIN_ROUNDS = 64   # reads of what a call printed before its RESULT (64 KiB each)
+
+
+class LogSection(RunLogs):
+    """The pool's run logs as one call sees them: ``close`` ends the call's section, not the files."""
+
+    def __init__(self, logs: RunLogs, title: str) -> None:   # no super().__init__: the files are the pool's
+        self.logs = logs
+        self.path = logs.path
+        for local_rank in logs._files:
+            logs.write_block(local_rank, f"----- {title} -----")
+
+    def write_line(self, local_rank: int, stream: str, text: str) -> None:
+        self.logs.write_line(local_rank, stream, text)
+
+    def write_block(self, local_rank: int, text: str) -> None:
+        self.logs.write_block(local_rank, text)
+
+    def flush(self) -> None:
+        self.logs.flush()
+
+    def close(self) -> None:
+        self.logs.flush()
+
+
+class CallWatcher(Watcher):
+    """Watches the pool's pipes for one call; closing it leaves them open for the next."""
+
+    def close(self) -> None:
+        for _ in range(DRAIN_ROUNDS):   # what the ranks printed before they reported
+            ready = [key for key, _ in self.selector.select(0) if key.data[1] in ("stdout", "stderr")]
+            if not ready:
+                break
+            self.pump(0)
+        for watch in self.watches:
+            for what in ("stdout", "stderr"):
+                for text in watch.splitters[what].flush():
+                    self.handler.on_line(watch.local_rank, what, text)
+        self.selector.close()
+
+
+class CallSupervisor(Supervisor):
+    """One call: results when every rank reported; on a failure, a timeout, Stop or the
+    notebook's interrupt, SIGINT to the ranks still running and ``grace`` seconds for them
+    to come back. Ranks that do not (or a second interrupt) get every rank stopped, and
+    ``lost`` says why: the pool then starts fresh ranks for the next call."""
+
+    watcher_class = CallWatcher
+
+    def __init__(self, *args: Any, grace: float, slot: InterruptSlot, call_number: int, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.grace = grace
+        self.slot = slot
+        self.call_number = call_number
+        self.lost: str | None = None   # why the ranks are gone (died, not back, stopped)
+
+    def finished(self) -> bool:
+        return all(reported(w) for w in self.watches)
+
+    # --- a failure interrupts instead of stopping ---------------------------------------
+    def stop(self, reason: str) -> None:
+        if self._stopped:
+            return
+        self._stopped = True
+        if self.lost is not None:   # a rank died: the group is broken, interrupting helps nothing
+            self.stop_all(reason)
+            return
+        running = [w for w in self.watches if not reported(w)]
+        self.slot.request(self.call_number)   # before the signal: a rank may not have started yet
+        for watch in running:
+            watch.stopped_by_us = signal.SIGINT
+            watch.stop_reason = reason
+            try:
+                os.kill(watch.process.pid, signal.SIGINT)
+            except ProcessLookupError:
+                log.debug("rank %d is gone already", watch.local_rank)
+        self.state.stop_requested = False
+        deadline = time.monotonic() + self.grace
+        try:
+            while not all(reported(w) for w in running) and time.monotonic() < deadline:
+                self.watcher.pump(0.05)
+                self.display.refresh(self.state)
+                if self.state.stop_requested:
+                    raise KeyboardInterrupt("notebook_launch: Stop pressed twice")
+        except KeyboardInterrupt:
+            self.lost = "a second interrupt (or Stop) came while they were being interrupted"
+            self.stop_all(f"a second interrupt after {reason}")
+            raise
+        not_back = [w for w in running if not reported(w)]
+        if not_back and self.lost is None:
+            self.lost = outcome.ranks_not_back([self.global_rank(w.local_rank) for w in not_back],
+                                                    self.grace, reason)
+            self.stop_all(reason)
+
+    def stop_all(self, reason: str) -> None:
+        """Stop every rank of the pool (the group is unusable once one rank is gone)."""
+        for watch in self.watches:
+            if watch.exit is None:
+                watch.stopped_by_us = signal.SIGKILL
+                watch.stop_reason = reason
+                watch.process.kill()
+                watch.exit = watch.process.wait()
+                self.state.on_exit(watch.local_rank, STOPPED, f"stopped by notebook_launch after {reason}")
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self.watcher.close()
+        self.logs.flush()
+
+    # --- what the ranks report ------------------------------------------------------------
+    def on_event(self, watch: RankWatch, kind: protocol.EventKind, payload: Any) -> None:
+        local = watch.local_rank
+        if kind is protocol.EventKind.ERROR and watch.stopped_by_us is not None \
+                and payload.get("type") == "KeyboardInterrupt":
+            watch.error = payload   # it answered the interrupt: alive, with its state
+            self.state.on_exit(local, STOPPED, f"interrupted after {watch.stop_reason} (alive, state kept)")
+            return
+        super().on_event(watch, kind, payload)
+        if kind is protocol.EventKind.RESULT:
+            self.state.on_exit(local, DONE, "returned")
+        elif kind is protocol.EventKind.ERROR:
+            self.state.on_exit(local, FAILED, "raised", error=protocol.headline_of(payload["type"],
+                                                                                   payload["message"]))
+
+    def on_process_exit(self, process: RankProcess) -> None:
+        if all(w.exit is not None for w in self.watcher.watches_of(process)):
+            return   # stopped (and reaped) by stop_all already
+        super().on_process_exit(process)
+        for watch in self.watcher.watches_of(process):
+            if self.lost is None and watch.stopped_by_us is None:
+                self.lost = (f"rank {self.global_rank(watch.local_rank)} died "
+                             f"({outcome.describe_status(watch.exit or ('exit', -1))})")
+
+
+def reported(watch: RankWatch) -> bool:
+    """A rank is done with the call once it sent its RESULT or ERROR, or ended."""
+    return watch.has_result or watch.error is not None or watch.exit is not None
+
+
+__all__ = ["CallSupervisor", "LogSection"]

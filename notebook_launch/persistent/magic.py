@@ -1,0 +1,128 @@
+"""``%ranks`` and ``%%ranks``: persistent ranks from IPython.
+
+    %ranks start -n 4 [--mixed-precision bf16] [--timeout S] [--ui ...] [--port P] [--log-dir D] [--grace S]
+    %%ranks [--timeout S]      <- the body runs on every rank, in the ranks' persistent namespace
+    %ranks push NAME [NAME...] <- the notebook's values of these names, into every rank
+    %ranks pull NAME [NAME...] <- every rank's value (a list, in rank order)
+    %ranks stop                (also: %ranks status)
+
+A cell's body sees the notebook's current values of the globals it names, except
+names the ranks assigned themselves (theirs win; see ``persistent.namespace``).
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import shlex
+from typing import Any
+
+from ..errors import LaunchArgumentError
+from ..magic import _ArgumentParser, _cell_filename, _seconds, options_parser, referenced_globals
+from .pool import DEFAULT_GRACE, Ranks, start_ranks
+
+log = logging.getLogger("notebook_launch")
+USAGE = ("%ranks start [-n N] [--mixed-precision no|fp16|bf16|fp8] [--timeout S] "
+         "[--ui auto|widget|html|rich|text|none] [--port PORT] [--log-dir DIR] [--grace S] | "
+         "%ranks push NAME... | %ranks pull NAME... | %ranks stop | %ranks status | %%ranks [--timeout S]")
+_NOTEBOOK_ONLY = frozenset({"In", "Out", "get_ipython", "exit", "quit"})
+_active: Ranks | None = None
+
+
+def _start_parser() -> argparse.ArgumentParser:
+    p = options_parser("%ranks start", USAGE)
+    p.add_argument("--grace", type=_seconds, default=DEFAULT_GRACE)
+    return p
+
+
+def _cell_parser() -> argparse.ArgumentParser:
+    p = _ArgumentParser(prog="%%ranks", add_help=False, usage=USAGE)
+    p.add_argument("--timeout", type=_seconds, default=None)
+    return p
+
+
+def active() -> Ranks:
+    """The ranks ``%ranks start`` made (an error that says what to do if there are none)."""
+    if _active is None or _active.closed:
+        raise LaunchArgumentError("no ranks are running: start them with %ranks start -n N")
+    return _active
+
+
+def ranks_magic(shell: Any, line: str, cell: str | None = None) -> Any:
+    """Dispatch ``%ranks ...`` (line) and ``%%ranks`` (cell)."""
+    global _active
+    try:
+        words = shlex.split(line)
+    except ValueError as exc:
+        raise LaunchArgumentError(f"%ranks: cannot read the options ({exc}). Usage: {USAGE}") from None
+    if cell is not None:
+        options = _cell_parser().parse_args(words)
+        return run_cell(shell, active(), cell, options.timeout)
+    command, rest = (words[0], words[1:]) if words else ("status", [])
+    if command == "start":
+        if _active is not None and not _active.closed:
+            raise LaunchArgumentError(f"%ranks start: ranks are already running ({_active!r}); "
+                                      f"stop them first with %ranks stop")
+        args = _start_parser().parse_args(rest)
+        kwargs: dict[str, Any] = {"num_processes": args.num_processes, "mixed_precision": args.mixed_precision,
+                                  "timeout": args.timeout, "ui": args.ui, "log_dir": args.log_dir,
+                                  "interrupt_grace": args.grace}
+        if args.port is not None:
+            kwargs["use_port"] = args.port
+        _active = start_ranks(**kwargs)
+        return None
+    if command == "stop":
+        if _active is not None:
+            _active.close()
+            _active = None
+        return None
+    if command == "status":
+        print(repr(_active) if _active is not None else "no ranks are running (%ranks start -n N)")
+        return None
+    if command in ("push", "pull"):
+        names = [n.strip() for word in rest for n in word.split(",") if n.strip()]
+        if not names:
+            raise LaunchArgumentError(f"%ranks {command} takes variable names. Usage: {USAGE}")
+        if command == "pull":
+            return active().pull(*names)
+        namespace = shell.user_ns if shell is not None else {}
+        missing = [n for n in names if n not in namespace]
+        if missing:
+            raise LaunchArgumentError(f"%ranks push: not defined in the notebook: {', '.join(missing)}")
+        active().push(**{n: namespace[n] for n in names})
+        return None
+    raise LaunchArgumentError(f"%ranks: unknown command {command!r}. Usage: {USAGE}")
+
+
+def run_cell(shell: Any, ranks: Ranks, cell: str, timeout: float | None) -> None:
+    """Run the cell on every rank with the notebook values it names (those that pickle)."""
+    source = shell.transform_cell(cell) if shell is not None else cell
+    filename = _cell_filename(shell, source, cell) if shell is not None else "<%%ranks cell>"
+    code = compile(source, filename, "exec")   # a syntax error shows here, before any rank runs it
+    values = shippable(referenced_globals(code, shell.user_ns)) if shell is not None else {}
+    ranks.run_cell(source, filename, values, timeout=timeout)
+
+
+def shippable(values: dict[str, Any]) -> dict[str, Any]:
+    """Leave out what only the notebook has (IPython's own names, the ranks handle) and
+    values that do not pickle (the ranks may have their fork-time copy of those)."""
+    import cloudpickle
+    kept = {}
+    for name, value in values.items():
+        if name in _NOTEBOOK_ONLY or isinstance(value, Ranks):
+            continue
+        try:
+            cloudpickle.dumps(value)
+        except Exception:
+            log.debug("%%ranks: %s does not pickle; the ranks keep their own value", name, exc_info=True)
+            continue
+        kept[name] = value
+    return kept
+
+
+def register(ipython: Any) -> None:
+    """Add ``%ranks`` / ``%%ranks`` to IPython."""
+    def ranks(line: str, cell: str | None = None) -> Any:
+        return ranks_magic(ipython, line, cell)
+
+    ranks.__doc__ = f"Persistent ranks.\n\nUsage: {USAGE}"
+    ipython.register_magic_function(ranks, magic_kind="line_cell", magic_name="ranks")

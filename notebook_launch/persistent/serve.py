@@ -1,0 +1,107 @@
+"""The life of a persistent rank: started like any forked rank (``rank.fork_entry`` ->
+``rank.runner.run_rank``, which runs ``serve_calls`` as its function), it then takes
+calls from its command pipe and runs each through ``runner.call_and_report``: the
+same RESULT/ERROR reporting, result encoding and progress flushing as a launch.
+
+Interrupts: the notebook sends SIGINT to interrupt a call. It raises KeyboardInterrupt
+only while a call's code runs; between calls (and while a result is being sent, which
+a half-written frame would corrupt) it is ignored, so the rank stays alive and in step.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import types
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from .. import protocol
+from ..rank import runner
+from . import commands, namespace
+
+if TYPE_CHECKING:
+    from ..plan import LaunchPlan
+
+log = logging.getLogger("notebook_launch")
+
+
+@dataclass
+class Call:
+    """What one CALL frame carries: the job, and how many frames of ours sit between the
+    call wrapper and the user's code (tracebacks start at the user's code)."""
+    job: runner.Job
+    number: int = 0          # the pool's call count: what an interrupt names
+    hidden_frames: int = 0
+
+
+class _Interruptible:
+    """SIGINT raises KeyboardInterrupt only while the code of the call it was meant for runs;
+    an interrupt that came before the code started raises as it starts."""
+
+    def __init__(self, slot: commands.InterruptSlot) -> None:
+        self.slot = slot
+        self.calling = False
+        self.number = 0
+
+    def handler(self, signum: int, frame: types.FrameType | None) -> None:
+        if self.calling and self.slot.requested(self.number):
+            raise KeyboardInterrupt
+        log.debug("an interrupt outside the call it was meant for is ignored")
+
+    def start(self, number: int) -> None:
+        self.number = number
+        self.calling = True
+        if self.slot.requested(number):
+            raise KeyboardInterrupt
+
+
+def serve_calls(plan: LaunchPlan, pipes: Sequence[commands.CommandPipe], slot: commands.InterruptSlot) -> None:
+    """The function a persistent rank runs: one call after the other until STOP (or until
+    the notebook goes away: end of file on the command pipe)."""
+    local_rank = int(os.environ["LOCAL_RANK"])
+    spec = plan.ranks[local_rank]
+    own = pipes[local_rank]
+    for index, pipe in enumerate(pipes):   # keep only this rank's read end
+        if index != local_rank:
+            pipe.close_read_end()
+        pipe.close_write_end()
+    writer = protocol.current()
+    assert writer is not None, "serve_calls runs inside a rank"
+    interrupts = _Interruptible(slot)
+    signal.signal(signal.SIGINT, interrupts.handler)
+    ns = namespace.current()
+    while True:
+        try:
+            kind, payload = commands.receive(own.read_fd)
+        except Exception as exc:   # the frame was read whole; only this call is lost
+            runner.report_error(protocol.error_payload(
+                exc, message=f"rank {spec.global_rank} could not unpickle the call "
+                f"({type(exc).__name__}: {exc}); define what it needs in the notebook or push it"), writer)
+            continue
+        if kind is commands.Command.STOP:
+            return
+        run_one(spec, payload, ns, interrupts, writer)
+
+
+def run_one(spec: Any, call: Call, ns: namespace.RankNamespace, interrupts: _Interruptible,
+            writer: protocol.EventWriter) -> None:
+    """One call through the runner's report path, interruptible only inside the user's code."""
+    job = call.job
+    function = ns.adopt(job.function)
+    args = tuple(ns.adopt(arg) for arg in job.args)   # e.g. a notebook loss function passed in
+    before = ns.snapshot()
+
+    def interruptible(*args: Any, **kwargs: Any) -> Any:
+        try:
+            interrupts.start(call.number)
+            return function(*args, **kwargs)
+        finally:
+            interrupts.calling = False
+
+    try:
+        runner.call_and_report(spec, runner.Job(interruptible, args, job.kwargs), writer,
+                               own_frames=2 + call.hidden_frames, forked_from_notebook=True)
+    finally:
+        ns.own_changes(before)
