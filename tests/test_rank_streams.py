@@ -63,16 +63,21 @@ OPENMP_AFTER_NOTEBOOK_RAN_ONE = textwrap.dedent("""
     for ranks in (1, 2):
         results = notebook_launcher(first_parallel_op, num_processes=ranks, timeout=60, ui="none")
         print(json.dumps(results), flush=True)
+    from notebook_launch import start_ranks   # persistent ranks fork the same way
+    for ranks in (1, 2):
+        with start_ranks(ranks, timeout=60, ui="none") as pool:
+            print(json.dumps(pool.run(first_parallel_op)), flush=True)
 """)
 
 
 def test_ranks_forked_after_an_openmp_region_in_the_notebook_do_not_hang(tmp_path):
+    """notebook_launcher and persistent ranks, 1 and 2 ranks of 2 threads each."""
     pytest.importorskip("torch")
     script = tmp_path / "openmp_then_fork.py"
     script.write_text(OPENMP_AFTER_NOTEBOOK_RAN_ONE)
     env = dict(os.environ, OMP_NUM_THREADS="2")   # every rank keeps 2 threads, also with 2 ranks on 2 cores
-    proc = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True,
-                          timeout=400, check=False)
+    proc = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=400, check=False)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     lines = [line for line in proc.stdout.splitlines() if line.startswith("[[")]
-    assert lines == ["[[2, 67108864.0]]", "[[2, 67108864.0], [2, 67108864.0]]"], proc.stdout[-3000:]
+    expected = ["[[2, 67108864.0]]", "[[2, 67108864.0], [2, 67108864.0]]"]
+    assert lines == expected * 2, proc.stdout[-3000:]
