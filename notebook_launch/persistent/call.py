@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 from .. import protocol
 from ..logs import RunLogs
 from ..state import DONE, FAILED, STOPPED
-from ..supervise import outcome
+from ..supervise import interrupts, outcome
 from ..supervise.supervisor import Supervisor
 from ..supervise.watch import RankWatch, Watcher
 from .commands import InterruptSlot
@@ -105,6 +105,8 @@ class CallSupervisor(Supervisor):
                 self.display.refresh(self.state)
                 if self.state.stop_requested:
                     raise KeyboardInterrupt("notebook_launch: Stop pressed twice")
+                if interrupts.hurry():   # the run's SIGINT guard counted a second Ctrl-C
+                    raise KeyboardInterrupt("notebook_launch: interrupted twice")
         except KeyboardInterrupt:
             self.lost = "a second interrupt (or Stop) came while they were being interrupted"
             self.stop_all(f"a second interrupt after {reason}")
