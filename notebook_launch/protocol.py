@@ -30,7 +30,7 @@ class EventKind(str, enum.Enum):
     """What a rank tells the parent. A str, so a frame carries its plain value."""
     READY = "ready"          # ReadyPayload
     PROGRESS = "progress"    # ProgressPayload (see rank.progress)
-    RESULT = "result"        # bytes: the value, already serialized by rank.runner
+    RESULT = "result"        # bytes: the value, serialized by rank.runner (tensor bytes in the rank's result file)
     ERROR = "error"          # ErrorPayload
 
 
@@ -145,10 +145,14 @@ _thread_writer = threading.local()
 
 
 class EventWriter:
-    """Writes events to the parent. Thread-safe, so tqdm threads and user threads may share it."""
+    """Writes events to the parent. Thread-safe, so tqdm threads and user threads may share it.
 
-    def __init__(self, fd: int) -> None:
+    ``tensors_fd``: the rank's result file (``shared_tensors``), where the RESULT's
+    tensor bytes go; None: they travel inside the RESULT frame."""
+
+    def __init__(self, fd: int, tensors_fd: int | None = None) -> None:
         self.fd = fd
+        self.tensors_fd = tensors_fd
         self._lock = threading.Lock()
 
     def send(self, kind: EventKind, payload: Any) -> None:

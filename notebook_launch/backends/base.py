@@ -15,6 +15,8 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable, Sequence
 
+from .. import shared_tensors
+
 if TYPE_CHECKING:
     from ..plan import LaunchPlan, RankSpec
     from ..rank.runner import Job
@@ -32,13 +34,18 @@ class RankPipes:
     A second ``os.close`` of a number the kernel has since handed to someone
     else (a zmq socket's eventfd in a Jupyter kernel) closes THEIR fd: libzmq
     then aborts with "Bad file descriptor (src/signaler.cpp)" and the notebook
-    kernel dies."""
+    kernel dies.
+
+    ``tensors`` is the rank's result file (a memfd, see ``shared_tensors``; None
+    where there are none): both sides hold it, the rank writes the bytes of its
+    result's tensors there and the parent maps them; it goes with the parent ends."""
     events_r: int
     events_w: int
     stdout_r: int
     stdout_w: int
     stderr_r: int
     stderr_w: int
+    tensors: int | None = None
     closed: set = field(default_factory=set, repr=False, compare=False)
 
     @classmethod
@@ -48,7 +55,7 @@ class RankPipes:
         r = os.pipe()
         for fd in (e[0], o[0], r[0]):
             os.set_inheritable(fd, False)
-        return cls(e[0], e[1], o[0], o[1], r[0], r[1])
+        return cls(e[0], e[1], o[0], o[1], r[0], r[1], tensors=shared_tensors.create_file())
 
     def child_ends(self) -> tuple[int, int, int]:
         return (self.events_w, self.stdout_w, self.stderr_w)
@@ -56,9 +63,12 @@ class RankPipes:
     def parent_ends(self) -> tuple[int, int, int]:
         return (self.events_r, self.stdout_r, self.stderr_r)
 
+    def all_fds(self) -> tuple[int, ...]:
+        return self.parent_ends() + self.child_ends() + ((self.tensors,) if self.tensors is not None else ())
+
     def close(self, fd: int) -> None:
-        """Close one of this rank's pipe fds, unless it was closed already."""
-        if fd in self.closed or fd not in self.parent_ends() + self.child_ends():
+        """Close one of this rank's fds, unless it was closed already."""
+        if fd in self.closed or fd not in self.all_fds():
             return
         self.closed.add(fd)
         try:
@@ -71,7 +81,8 @@ class RankPipes:
             self.close(fd)
 
     def close_parent_ends(self) -> None:
-        for fd in self.parent_ends():
+        """The parent's ends and its hold on the result file (after the results were loaded)."""
+        for fd in self.parent_ends() + ((self.tensors,) if self.tensors is not None else ()):
             self.close(fd)
 
 

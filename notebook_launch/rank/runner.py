@@ -9,7 +9,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from .. import protocol
+from .. import protocol, shared_tensors
 from ..plan import RankSpec
 from . import process_groups
 from .bootstrap import EXIT_FAILED, flush_everything
@@ -113,7 +113,14 @@ def run_rank(spec: RankSpec, job: Job) -> int:
         report_error(protocol.error_payload(exc, skip_frames=1), writer)
         return EXIT_FAILED
     try:
-        payload = serialize_result(value)
+        payload = serialize_result(value, writer.tensors_fd)
+    except OSError as exc:   # the result file: out of memory, or a memfd limit
+        report_error(protocol.error_payload(
+            exc, kind=protocol.FailureKind.RESULT.value, traceback="",
+            message=(f"rank {spec.global_rank} could not write its result's tensors to shared memory "
+                     f"({type(exc).__name__}: {exc}). Free memory on the machine, or return less "
+                     f"(for example only rank 0's state_dict).")), writer)
+        return EXIT_FAILED
     except Exception as exc:
         report_error(protocol.error_payload(
             exc, kind=protocol.FailureKind.RESULT.value, traceback="",
@@ -137,9 +144,10 @@ def report_error(payload: protocol.ErrorPayload, writer: protocol.EventWriter | 
     writer.send(protocol.ERROR, payload)
 
 
-def serialize_result(value: Any) -> bytes:
-    import cloudpickle
-    return cloudpickle.dumps(to_cpu(value))
+def serialize_result(value: Any, tensors_fd: int | None = None) -> bytes:
+    """The RESULT payload: ``value`` pickled with cloudpickle; the bytes of its tensors
+    (also inside modules, dataclasses, containers) go to ``tensors_fd`` (see shared_tensors)."""
+    return shared_tensors.dumps(to_cpu(value), tensors_fd)
 
 
 def to_cpu(value: Any) -> Any:

@@ -10,6 +10,7 @@ import signal
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Sequence
 
+from .. import shared_tensors
 from ..errors import LaunchError
 from ..protocol import Failure, FailureKind, headline_of
 from ..state import DONE, FAILED, STOPPED, RunState, Status
@@ -93,9 +94,8 @@ def load_result(watch: "RankWatch", global_rank: int) -> tuple[Any, Failure | No
     """The rank's returned value, unpickled here; a value that cannot be is a failure."""
     if not watch.has_result:
         return None, None
-    import cloudpickle
-    try:
-        return cloudpickle.loads(watch.result), None
+    try:   # tensors come back over the pages of the rank's result file, not copied
+        return shared_tensors.loads(watch.result, watch.pipes.tensors), None
     except Exception as exc:
         return None, Failure(watch.local_rank, FailureKind.RESULT.value,
                              f"the result of rank {global_rank} could not be unpickled in the notebook "
