@@ -122,6 +122,9 @@ def handle(launcher: str, command: dict, tensors: dict) -> dict:
                 for kind in command["kinds"]}
     if op == "iteration":
         return _iteration(launcher, command)
+    if op == "transfer":
+        from .result_transfer import measure_in_worker
+        return measure_in_worker(command, lambda fn, ranks: launchers.launch(launcher, fn, ranks))
     raise ValueError(f"unknown op {op!r}")
 
 
