@@ -89,7 +89,7 @@ def test_a_fresh_process_pays_for_torch_dynamo_only_when_it_launches_training(tm
     env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""),
                NOTEBOOK_LAUNCH_LOG_DIR=str(tmp_path / "runs"))
     done = subprocess.run([sys.executable, "-c", FRESH_KERNEL], capture_output=True, text=True, env=env,
-                          timeout=240)
+                          timeout=240, check=False)
     assert done.returncode == 0, done.stderr[-3000:]
     lines = [line for line in done.stdout.splitlines() if not line.startswith("notebook_launch")]
     assert lines == ["[False, False] False",    # a quick function: nothing imported, here or in ranks

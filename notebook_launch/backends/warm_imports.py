@@ -23,7 +23,8 @@ import functools
 import logging
 import sys
 import types
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 log = logging.getLogger("notebook_launch")
 
@@ -48,10 +49,8 @@ def _functions_of(target: Any) -> list[types.FunctionType]:
         return [target]
     if isinstance(target, type):
         return [v for v in vars(target).values() if isinstance(v, types.FunctionType)]
-    call = getattr(type(target), "__call__", None)
-    if isinstance(call, types.FunctionType):
-        return [call]
-    return []
+    call = vars(type(target)).get("__call__")   # an object of a class that defines __call__
+    return [call] if isinstance(call, types.FunctionType) else []
 
 
 def _code_objects(code: types.CodeType) -> list[types.CodeType]:
@@ -97,7 +96,7 @@ def warm_for(function: Callable[..., Any]) -> None:
     except Exception:   # an odd callable: import, as before
         log.debug("could not read the launched function's code", exc_info=True)
     try:
-        import torch._dynamo  # noqa: F401
+        import torch._dynamo
         import torch.nn.parallel  # noqa: F401
     except Exception:
         log.debug("warming torch._dynamo failed; ranks import it themselves", exc_info=True)
