@@ -80,7 +80,7 @@ def pickler_class(base: type) -> type:
     than before. Other objects go to ``base``'s own ``reducer_override`` (cloudpickle's
     by-value functions and classes, or a runner's ``__main__`` handling)."""
 
-    class SharedTensorPickler(base):  # type: ignore[misc, valid-type]
+    class SharedTensorPickler(base):
         def __init__(self, file: Any, fd: int | None, **kwargs: Any) -> None:
             super().__init__(file, **kwargs)
             self._fd = fd
@@ -192,15 +192,16 @@ def _map_private(fd: int, offset: int, nbytes: int) -> Any:
     and writes stay private. A buffer object that unmaps itself when the last user (the
     tensor's storage) lets go. Not Python's ``mmap.mmap``: it keeps a duplicate of the fd
     open for as long as the mapping lives, one per tensor."""
-    assert _LIBC is not None
-    address = _LIBC.mmap(None, nbytes, mmap.PROT_READ | mmap.PROT_WRITE, mmap.MAP_PRIVATE, fd, offset)
+    libc: Any = _LIBC
+    assert libc is not None, "memfds exist only where libc does"
+    address = libc.mmap(None, nbytes, mmap.PROT_READ | mmap.PROT_WRITE, mmap.MAP_PRIVATE, fd, offset)
     if address in (None, _MAP_FAILED):
         errno = ctypes.get_errno()
         raise OSError(errno, f"mapping {nbytes} bytes of the tensor file failed: {os.strerror(errno)}")
 
-    class Mapping(ctypes.c_uint8 * nbytes):  # type: ignore[misc, valid-type]
+    class Mapping(ctypes.c_uint8 * nbytes):  # type: ignore[misc]
         def __del__(self) -> None:
-            _LIBC.munmap(address, nbytes)
+            libc.munmap(address, nbytes)
 
     return Mapping.from_address(address)
 

@@ -92,7 +92,7 @@ def timeout_failure(timeout: float, running_ranks: Sequence[int]) -> Failure:
 
 def load_result(watch: "RankWatch", global_rank: int) -> tuple[Any, Failure | None]:
     """The rank's returned value, unpickled here; a value that cannot be is a failure."""
-    if not watch.has_result:
+    if not watch.has_result or watch.result is None:
         return None, None
     try:   # tensors come back over the pages of the rank's result file, not copied
         return shared_tensors.loads(watch.result, watch.pipes.tensors), None
