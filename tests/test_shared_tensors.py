@@ -185,6 +185,31 @@ def test_objects_without_tensors_pickle_as_before():
     assert cloudpickle.loads(cloudpickle.dumps(value))["numbers"] == got["numbers"]
 
 
+class Marker:
+    pass
+
+
+def test_a_runner_pickler_with_its_own_reducer_override_keeps_working():
+    """The runner may pickle with its own cloudpickle subclass (e.g. notebook classes by
+    reference): tensors still go to the file, and its reducer_override still runs."""
+    import cloudpickle
+
+    class RunnerPickler(cloudpickle.Pickler):
+        def reducer_override(self, obj):
+            if isinstance(obj, Marker):
+                return str, ("handled by the runner's pickler",)
+            return super().reducer_override(obj)
+
+    fd = shared_tensors.create_file()
+    try:
+        data = shared_tensors.dumps({"m": Marker(), "t": torch.ones(BIG), "f": lambda: 3}, fd, RunnerPickler)
+        got = shared_tensors.loads(data, fd)
+    finally:
+        os.close(fd)
+    assert got["m"] == "handled by the runner's pickler" and got["f"]() == 3
+    assert float(got["t"].sum()) == BIG and len(data) < BIG
+
+
 def test_the_file_cannot_shrink_under_a_mapping():
     fd = shared_tensors.create_file()
     try:
