@@ -98,10 +98,16 @@ def make_row(workload, condition, ranks, cells, goal_item):
     vs_elastic = ratio(row.median("elastic"), ours)
     row.ratios = (f"Accelerate/ours {fmt_ratio(vs_accelerate)}; ours/start_processes {fmt_ratio(vs_start)}; "
                   f"elastic/ours {fmt_ratio(vs_elastic)}")
-    if goal_item == "1":
+    if goal_item == "1" and condition == "fresh":   # issue 12: the first launch in a fresh kernel
+        row.goal = "Accelerate/ours ≥ 1x"
+        row.met = _met(vs_accelerate is not None and vs_accelerate >= 1, known=vs_accelerate)
+    elif goal_item == "1":
         row.goal = "Accelerate/ours ≥ 2x and ours/start_processes ≤ 1.5x"
         row.met = _met(vs_accelerate is not None and vs_accelerate >= 2,
                        vs_start is not None and vs_start <= 1.5, known=vs_accelerate and vs_start)
+    elif goal_item == "2" and condition == "fresh":
+        row.goal = "Accelerate/ours ≥ 1.5x"
+        row.met = _met(vs_accelerate is not None and vs_accelerate >= 1.5, known=vs_accelerate)
     elif goal_item == "2":
         row.goal = "Accelerate/ours ≥ 10x"
         row.met = _met(vs_accelerate is not None and vs_accelerate >= 10, known=vs_accelerate)

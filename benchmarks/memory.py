@@ -8,7 +8,9 @@ returns its own USS (unique set size: pages no other process shares, psutil
 ``memory_full_info().uss``) while it is still running. Extra per rank =
 USS(reads tensor) - USS(holds nothing) for the same rank index within one
 repeat. Under fork the tensor's pages stay shared copy-on-write, so they do
-not count; under spawn the tensor is pickled into each rank, which owns a copy.
+not count; under spawn the tensor's bytes go once into a memfd that every rank
+maps copy-on-write (shared_tensors), so what a rank reads is shared too, once
+every rank has read it (USS counts a page mapped by one process only).
 Calibration (fork): a function that writes every byte must show about the
 tensor's size, or the method could not see a copy.
 """
@@ -70,6 +72,6 @@ def run(config, log_dir, say=print):
             row.met = ("unknown (not measured)" if median is None
                        else "yes" if median < FORK_GOAL_MB else "**NO (missed)**")
         else:
-            row.goal = "— (reported: spawn must copy)"
+            row.goal = "— (reported: ranks map the notebook's one copy)"
         rows.append(row)
     return rows

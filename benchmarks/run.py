@@ -18,12 +18,12 @@ if __package__ in (None, ""):  # run as a script: make the repository importable
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     __package__ = "benchmarks"
 
-from benchmarks import companions, iteration_cost, launch_cost, memory, persistent_cost  # noqa: E402
+from benchmarks import companions, iteration_cost, launch_cost, memory, persistent_cost, result_transfer  # noqa: E402
 from benchmarks.common import REPO_ROOT, machine_description  # noqa: E402
 from benchmarks.table import render_table  # noqa: E402
 from benchmarks.worker import READY_STATES  # noqa: E402
 
-ITEMS = ("1", "2", "3", "4", "5", "6", "7")
+ITEMS = ("1", "2", "3", "4", "5", "6", "7", "8")
 DEFAULT_OUT = os.path.join(REPO_ROOT, "benchmarks", "RESULTS.md")
 
 
@@ -84,6 +84,8 @@ def measure(config: dict, only: set, log_dir: str, say):
         rows += memory.run(config, log_dir, say)
     if "7" in only:
         rows += persistent_cost.run(config, log_dir, say)
+    if "8" in only:
+        rows += result_transfer.run(config, log_dir, say)
     rows.sort(key=lambda r: (r.group, r.condition == "fresh", int(r.ranks)))  # stable: fork before spawn
     return rows, companion_outputs
 
@@ -105,8 +107,9 @@ def notes(config: dict, elapsed: float) -> list:
     preloaded = sorted({name for name, ready in READY_STATES if ready.get("torch._dynamo imported")})
     lines = [
         f"Each timed cell: median of {config['repeats']} runs (min–max, n). Ratios use medians. "
-        "Goals are checked on items 1 and 2 (2 and 4 ranks for item 1, 2 ranks for item 2); "
-        "item 6 rows show how cost grows with ranks and carry no goal.",
+        "Goals are checked on items 1 and 2 (2 and 4 ranks for item 1, 2 ranks for item 2; the fresh-process "
+        "rows have their own goals, issue 12) and item 7; item 6 rows show how cost grows with ranks and "
+        "carry no goal.",
         "Every launcher runs the same module-level function, on CPU with fork, from its own Python "
         "process (one per launcher, started fresh for each first-step row) that imported torch and the "
         "launcher before any timing; the harness asks them in turn and the order rotates every repeat, "
@@ -115,7 +118,8 @@ def notes(config: dict, elapsed: float) -> list:
         "rows: every sample is the first launch in a new interpreter (no warm-up), which is what the "
         "first launch in a newly started notebook kernel costs, one-time imports included.",
         "Why separate processes: this project's fork backend imports torch._dynamo once in the parent "
-        "before forking (DDP imports it lazily; forked ranks then share it). In one shared process "
+        "before forking when the launched code looks like training (DDP imports it lazily; forked ranks "
+        "then share it; a trivial function does not trigger it). In one shared process "
         "Accelerate's children would inherit that import and skip the 1-4 s each pays in a real notebook. "
         + ("No launcher's process had torch._dynamo imported before its first launch."
            if not preloaded else f"WARNING: torch._dynamo was already imported in: {', '.join(preloaded)}."),
@@ -146,6 +150,11 @@ def notes(config: dict, elapsed: float) -> list:
         "`ipyparallel.Cluster(n=2)`) per repeat, in rotating order; ui left at its default as for every "
         "launcher. The DDP row times `ranks.run(one_step)` call to return in the worker against "
         f"{persistent_cost.STEPS_INSIDE} steps per repeat timed inside rank 0 of one call.",
+        "Item 8 (result transfer): see benchmarks/result_transfer.py for the method. Each way runs in its own worker "
+        "process after one untimed call; the parents that fork stay on one torch thread (libgomp: a child "
+        "forked after its parent ran an OpenMP region hangs). Ours and the Queue include the ranks building "
+        "their state_dicts; ours returns tensors over the pages the ranks wrote (mapped copy-on-write), so "
+        "the read of every byte afterwards is shown apart.",
         f"Whole run: {elapsed:.0f} s.",
     ]
     if config["quick"]:

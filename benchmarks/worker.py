@@ -125,6 +125,9 @@ def handle(launcher: str, command: dict, tensors: dict) -> dict:
     if op == "persistent":
         from .persistent_cost import measure_in_worker
         return measure_in_worker(command["repeats"], command["width"])
+    if op == "transfer":
+        from .result_transfer import measure_in_worker
+        return measure_in_worker(command, lambda fn, ranks: launchers.launch(launcher, fn, ranks))
     raise ValueError(f"unknown op {op!r}")
 
 

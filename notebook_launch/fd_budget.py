@@ -15,7 +15,7 @@ from .errors import LaunchArgumentError
 
 log = logging.getLogger("notebook_launch")
 
-FDS_PER_RANK = 10       # 4 pipes (8 fds while starting), a process fd, a log file
+FDS_PER_RANK = 11       # 4 pipes (8 fds while starting), a result file, a process fd, a log file
 FDS_SPARE = 64          # selector, display, kernel sockets opened during the run, the user's files
 
 
@@ -55,7 +55,7 @@ def ensure_fd_budget(num_local_ranks: int) -> str | None:
     fits = max(0, (limit - fixed) // FDS_PER_RANK)
     raise LaunchArgumentError(
         f"num_processes={num_local_ranks} needs about {needed} open files in this process "
-        f"({FDS_PER_RANK} per rank: pipes, process handle, log file; plus {fixed} for what is already "
+        f"({FDS_PER_RANK} per rank: pipes, result file, process handle, log file; plus {fixed} for what is already "
         f"open and spare), but the open-file limit is {soft} (hard limit {hard}). Use at most {fits} "
         f"ranks here, or raise the hard limit before starting Jupyter (`ulimit -Hn`, or LimitNOFILE= "
         f"in its systemd unit).")

@@ -34,7 +34,7 @@ class EventKind(str, enum.Enum):
     """What a rank tells the parent. A str, so a frame carries its plain value."""
     READY = "ready"          # ReadyPayload
     PROGRESS = "progress"    # ProgressPayload (see rank.progress)
-    RESULT = "result"        # bytes: the value, already serialized by rank.runner
+    RESULT = "result"        # bytes: the value, serialized by rank.runner (tensor bytes in the rank's result file)
     ERROR = "error"          # ErrorPayload
     DISPLAY = "display"      # DisplayPayload: an IPython display call (rank.display_relay)
     INPUT_REQUEST = "input_request"   # InputRequestPayload: the rank waits for an INPUT_REPLY
@@ -192,11 +192,17 @@ class EventWriter:
     and the number may then be another file's: every send checks the fd is still our pipe
     (same device and inode), and otherwise reopens the pipe through the parent's read end
     (``reopen``, /proc/<parent pid>/fd/<n>: Linux opens the same pipe), so a result or an
-    exception still arrives and is never written into the user's file."""
+    exception still arrives and is never written into the user's file.
 
-    def __init__(self, fd: int, reopen: str | None = None, answers_fd: int | None = None) -> None:
+    ``answers_fd``: where the notebook's INPUT_REPLY frames arrive (rank.stdin_relay).
+    ``tensors_fd``: the rank's result file (``shared_tensors``), where the RESULT's
+    tensor bytes go; None: they travel inside the RESULT frame."""
+
+    def __init__(self, fd: int, reopen: str | None = None, answers_fd: int | None = None,
+                 tensors_fd: int | None = None) -> None:
         self.fd = fd
-        self.answers_fd = answers_fd   # where the notebook's INPUT_REPLY frames arrive (rank.stdin_relay)
+        self.answers_fd = answers_fd
+        self.tensors_fd = tensors_fd
         self._pipe = _identity(fd)
         self._reopen = reopen
         self._lock = threading.Lock()

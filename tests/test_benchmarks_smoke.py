@@ -48,7 +48,8 @@ def test_table_has_every_item_and_every_launcher_measured(quick_results):
         condition = "fresh" if "fresh" in measurement else "spawn" if measurement.endswith("spawn") else "main"
         by_key[(item, condition, ranks)] = cells
     expected = {("1", "main", "2"), ("1", "fresh", "2"), ("2", "main", "2"), ("2", "fresh", "2"),
-                ("3", "main", "1"), ("4", "main", "8"), ("5", "main", "2"), ("5", "spawn", "2")}
+                ("3", "main", "1"), ("4", "main", "8"), ("5", "main", "2"), ("5", "spawn", "2"),
+                ("8", "main", "1"), ("8", "main", "2")}
     assert expected <= set(by_key), f"missing rows: {expected - set(by_key)}\n{quick_results}"
     assert all(len(cells) == 11 for cells in rows), "every row has the 11 columns of the header"
     # Items 1 and 2: this project and Accelerate measured side by side; no cell failed.
@@ -66,21 +67,39 @@ def test_table_has_every_item_and_every_launcher_measured(quick_results):
     assert not any("error:" in cell for cells in rows for cell in cells), quick_results
 
 
+@pytest.mark.timeout(1200)
+def test_result_transfer_rows_compare_ours_with_the_queue_and_the_memcpy_floor(quick_results):
+    rows = [cells for cells in table_rows(quick_results) if cells[0] == "8"]
+    timed = [cells for cells in rows if "call to return" in cells[1]]
+    memory = [cells for cells in rows if "peak extra memory" in cells[1]]
+    assert len(timed) == len(memory) == 3 and {cells[2] for cells in timed} == {"1", "2"}, quick_results
+    for cells in timed:
+        assert "n=1" in cells[3], cells
+        for label in ("torch.multiprocessing Queue (fork):", "memcpy of the same bytes in the notebook:",
+                      "ours, then reading every byte once:", "ours, same launch returning None:"):
+            assert label in cells[7] and "n=1" in cells[7].split(label)[1].split(";")[0], cells
+        assert "ours/memcpy" in cells[8] and "s per GiB" in cells[8]
+    two_ranks = next(cells for cells in timed if cells[2] == "2")
+    assert two_ranks[9] == "transfer/memcpy ≤ 2x" and two_ranks[10] in ("yes", "**NO (missed)**")
+    for cells in memory:
+        assert cells[3].startswith("notebook ") and "rank " in cells[3], cells
+        assert "Queue (fork): notebook " in cells[7] and "ours/payload: notebook" in cells[8], cells
+    two_ranks = next(cells for cells in memory if cells[2] == "2")
+    assert two_ranks[9] == "≤ 1.1 x payload, each side" and two_ranks[10] in ("yes", "**NO (missed)**")
+
+
 def test_bad_arguments_name_the_argument_and_the_valid_values():
     done = run_command("--only", "1,9", timeout=120)
-    assert done.returncode == 2 and "--only" in done.stderr and "1,2,3,4,5,6" in done.stderr
+    assert done.returncode == 2 and "--only" in done.stderr and "1,2,3,4,5,6,7,8" in done.stderr
     done = run_command("--repeats", "0", timeout=120)
     assert done.returncode == 2 and "--repeats must be >= 1" in done.stderr
 
 
-@pytest.mark.timeout(900)
-def test_persistent_ranks_rows_measure_every_column(tmp_path):
-    """Item 7 alone: persistent run() against a fresh launch and ipyparallel, and the DDP step
+@pytest.mark.timeout(1200)
+def test_persistent_ranks_rows_measure_every_column(quick_results):
+    """Item 7: persistent run() against a fresh launch and ipyparallel, and the DDP step
     in a new run() against one inside a call; every column measured, the goals judged."""
-    out = tmp_path / "RESULTS.md"
-    done = run_command("--quick", "--repeats", "1", "--only", "7", "--out", str(out))
-    assert done.returncode == 0, f"stdout:\n{done.stdout[-3000:]}\nstderr:\n{done.stderr[-3000:]}"
-    rows = [cells for cells in table_rows(out.read_text()) if cells[0] == "7"]
+    rows = [cells for cells in table_rows(quick_results) if cells[0] == "7"]
     assert len(rows) == 2 and all(len(cells) == 11 for cells in rows), rows
     trivial, step = rows
     assert "persistent run():" in trivial[3] and "n=10" in trivial[3]

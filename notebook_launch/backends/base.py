@@ -15,6 +15,8 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable, Sequence
 
+from .. import shared_tensors
+
 if TYPE_CHECKING:
     from ..plan import LaunchPlan, RankSpec
     from ..rank.runner import Job
@@ -34,7 +36,11 @@ class RankPipes:
     A second ``os.close`` of a number the kernel has since handed to someone
     else (a zmq socket's eventfd in a Jupyter kernel) closes THEIR fd: libzmq
     then aborts with "Bad file descriptor (src/signaler.cpp)" and the notebook
-    kernel dies."""
+    kernel dies.
+
+    ``tensors`` is the rank's result file (a memfd, see ``shared_tensors``; None
+    where there are none): both sides hold it, the rank writes the bytes of its
+    result's tensors there and the parent maps them; it goes with the parent ends."""
     events_r: int
     events_w: int
     stdout_r: int
@@ -43,6 +49,7 @@ class RankPipes:
     stderr_w: int
     answers_r: int      # the rank reads the notebook's answers here
     answers_w: int
+    tensors: int | None = None
     closed: set = field(default_factory=set, repr=False, compare=False)
 
     @classmethod
@@ -56,6 +63,8 @@ class RankPipes:
             r = os.pipe()
             opened += r
             a = os.pipe()
+            opened += a
+            tensors = shared_tensors.create_file()   # the rank's result file (None where there is no memfd)
         except OSError:
             for fd in opened:
                 os.close(fd)
@@ -63,7 +72,7 @@ class RankPipes:
         for fd in (e[0], o[0], r[0], a[1]):
             os.set_inheritable(fd, False)
         os.set_blocking(a[1], False)   # an answer never blocks the supervisor
-        return cls(e[0], e[1], o[0], o[1], r[0], r[1], a[0], a[1])
+        return cls(e[0], e[1], o[0], o[1], r[0], r[1], a[0], a[1], tensors=tensors)
 
     def child_ends(self) -> tuple[int, ...]:
         return (self.events_w, self.stdout_w, self.stderr_w, self.answers_r)
@@ -71,9 +80,12 @@ class RankPipes:
     def parent_ends(self) -> tuple[int, ...]:
         return (self.events_r, self.stdout_r, self.stderr_r, self.answers_w)
 
+    def all_fds(self) -> tuple[int, ...]:
+        return self.parent_ends() + self.child_ends() + ((self.tensors,) if self.tensors is not None else ())
+
     def close(self, fd: int) -> None:
-        """Close one of this rank's pipe fds, unless it was closed already."""
-        if fd in self.closed or fd not in self.parent_ends() + self.child_ends():
+        """Close one of this rank's fds, unless it was closed already."""
+        if fd in self.closed or fd not in self.all_fds():
             return
         self.closed.add(fd)
         try:
@@ -87,7 +99,8 @@ class RankPipes:
                 self.close(fd)
 
     def close_parent_ends(self) -> None:
-        for fd in self.parent_ends():
+        """The parent's ends and its hold on the result file (after the results were loaded)."""
+        for fd in self.parent_ends() + ((self.tensors,) if self.tensors is not None else ()):
             self.close(fd)
 
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import logging
 import os
-import sys
 from typing import TYPE_CHECKING, NoReturn, Sequence
 
 from .base import Backend, RankPipes, RankProcess, WaitStatus, start_each
 from .fork_thread import fork_from_clean_thread
+from .warm_imports import warm_for
 
 if TYPE_CHECKING:
     from ..plan import LaunchPlan, RankSpec
@@ -50,27 +50,13 @@ def decode_wait_status(status: int) -> WaitStatus:
     return ("exit", os.waitstatus_to_exitcode(status))
 
 
-def warm_lazy_imports() -> None:
-    """Import, once in the parent, what ranks would otherwise import after the fork: DDP's
-    lazy torch._dynamo (1-4 s per rank) and our own in-rank modules (ms per rank)."""
-    from ..rank import process_groups, progress, tqdm_bridge  # noqa: F401  (imported, not installed)
-    if "torch" not in sys.modules:
-        return
-    try:
-        import torch._dynamo  # noqa: F401  (DDP's first construction imports it)
-        import torch.nn.parallel  # noqa: F401
-    except Exception:
-        log.debug("warming torch._dynamo failed; ranks import it themselves", exc_info=True)
-
-
 class ForkBackend(Backend):
     name = "fork"
 
-    def prepare_parent(self) -> None:
-        warm_lazy_imports()
-
     def start(self, plan: "LaunchPlan", job: "Job", pipes_by_rank: Sequence[RankPipes]) -> list[RankProcess]:
         from ..rank.fork_entry import run_forked_rank
+
+        warm_for(job.function)   # what the ranks would import after the fork (torch._dynamo for training)
 
         parent_pid = os.getpid()
 

@@ -17,6 +17,7 @@ import sys
 import tempfile
 from typing import TYPE_CHECKING, Any, Sequence
 
+from .. import shared_tensors
 from ..rank import spawn_context
 from .base import Backend, RankPipes, RankProcess, WaitStatus, start_each
 
@@ -87,21 +88,28 @@ class SpawnBackend(Backend):
     name = "spawn"
 
     def start(self, plan: "LaunchPlan", job: "Job", pipes_by_rank: Sequence[RankPipes]) -> list[RankProcess]:
-        payload = spawn_context.build_payload(job, plan.ranks)
-        payload_dir = _PayloadDir(len(plan.ranks))
-        payload_path = os.path.join(payload_dir.path, "job.pkl")
-        parent_pid = os.getpid()
+        # The job's tensors go once into a memfd that every rank maps copy-on-write; the
+        # parent lets go of it once the ranks hold it (it dies with its last holder).
+        job_tensors = shared_tensors.create_file()
         try:
-            with open(payload_path, "wb") as f:
-                f.write(payload)
-            return start_each(plan, pipes_by_rank, lambda spec, pipes: self._start_rank(
-                spec, pipes, payload_path, payload_dir, parent_pid))
-        except BaseException:
-            payload_dir.remove()
-            raise
+            payload = spawn_context.build_payload(job, plan.ranks, job_tensors)
+            payload_dir = _PayloadDir(len(plan.ranks))
+            payload_path = os.path.join(payload_dir.path, "job.pkl")
+            parent_pid = os.getpid()
+            try:
+                with open(payload_path, "wb") as f:
+                    f.write(payload)
+                return start_each(plan, pipes_by_rank, lambda spec, pipes: self._start_rank(
+                    spec, pipes, payload_path, payload_dir, parent_pid, job_tensors))
+            except BaseException:
+                payload_dir.remove()
+                raise
+        finally:
+            if job_tensors is not None:
+                os.close(job_tensors)
 
     def _start_rank(self, spec: "RankSpec", pipes: RankPipes, payload_path: str, payload_dir: _PayloadDir,
-                    parent_pid: int) -> "SpawnedRank":
+                    parent_pid: int, job_tensors: int | None = None) -> "SpawnedRank":
         exit_r = exit_w = None
         if not hasattr(os, "pidfd_open"):
             exit_r, exit_w = os.pipe()
@@ -115,11 +123,15 @@ class SpawnBackend(Backend):
                 "--events-parent-fd", str(pipes.events_r), "--answers-fd", str(pipes.answers_r)]
         if exit_w is not None:
             argv += ["--exit-fd", str(exit_w)]
+        for option, fd in (("--tensors-fd", pipes.tensors), ("--job-tensors-fd", job_tensors)):
+            if fd is not None:
+                argv += [option, str(fd)]
         extra: dict[str, Any] = {"process_group": 0} if sys.version_info >= (3, 11) else {}
         try:
             popen = subprocess.Popen(
                 argv, stdin=subprocess.DEVNULL, stdout=pipes.stdout_w, stderr=pipes.stderr_w,
-                pass_fds=tuple(fd for fd in (pipes.events_w, pipes.answers_r, exit_w) if fd is not None),
+                pass_fds=tuple(fd for fd in (pipes.events_w, pipes.answers_r, exit_w, pipes.tensors, job_tensors)
+                               if fd is not None),
                 env=env, close_fds=True, **extra)
         except BaseException:
             if exit_r is not None:

@@ -69,6 +69,9 @@ def serve_calls(plan: LaunchPlan, pipes: Sequence[commands.CommandPipe], slot: c
         pipe.close_write_end()
     writer = protocol.current()
     assert writer is not None, "serve_calls runs inside a rank"
+    # Results travel inside the RESULT frame, not through the rank's result file: that file
+    # only grows until it is closed (shared_tensors), and these ranks answer many calls.
+    writer.tensors_fd = None
     interrupts = _Interruptible(slot)
     signal.signal(signal.SIGINT, interrupts.handler)
     ns = namespace.current()

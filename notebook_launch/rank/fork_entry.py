@@ -16,16 +16,16 @@ def run_forked_rank(spec: "RankSpec", job: "Job", pipes: "RankPipes", all_pipes:
                     parent_pid: int) -> None:
     """Entry point of a forked child. Never returns."""
     def body() -> int:
-        keep = set(pipes.child_ends())
+        keep = set(pipes.child_ends()) | {pipes.tensors}
         for other in all_pipes:   # RankPipes.close skips fds closed (and maybe reused) already
-            for fd in other.parent_ends() + other.child_ends():
+            for fd in other.all_fds():
                 if fd not in keep:
                     other.close(fd)
         detach_from_parent(parent_pid)
         capture_output(pipes.stdout_w, pipes.stderr_w)
         os.environ.update(spec.env)
         protocol.install(protocol.EventWriter(pipes.events_w, reopen=protocol.parent_end(parent_pid, pipes.events_r),
-                                              answers_fd=pipes.answers_r))
+                                              answers_fd=pipes.answers_r, tensors_fd=pipes.tensors))
         return run_rank(spec, job, forked_from_notebook=True)
 
     exit_with(body)

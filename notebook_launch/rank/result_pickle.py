@@ -34,6 +34,11 @@ class _MainClassesByReference(cloudpickle.Pickler):
         return super().reducer_override(obj)
 
 
+def pickler_base(main_classes_by_reference: bool) -> type:
+    """The pickler a result is written with (shared_tensors adds its tensor handling on top)."""
+    return _MainClassesByReference if main_classes_by_reference else cloudpickle.Pickler
+
+
 def dumps(value: Any, *, main_classes_by_reference: bool) -> bytes:
     """``value`` pickled for the notebook; with ``main_classes_by_reference`` (fork)
     the notebook's own classes are named, not copied."""

@@ -9,7 +9,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from .. import protocol
+from .. import protocol, shared_tensors
 from ..plan import RankSpec
 from . import display_relay, process_groups, result_pickle, stdin_relay
 from .bootstrap import EXIT_FAILED, flush_everything
@@ -136,7 +136,14 @@ def call_and_report(spec: RankSpec, job: Job, writer: protocol.EventWriter, own_
         report_error(protocol.error_payload(exc, skip_frames=own_frames), writer)
         return EXIT_FAILED
     try:
-        payload = serialize_result(value, main_classes_by_reference=forked_from_notebook)
+        payload = serialize_result(value, writer.tensors_fd, main_classes_by_reference=forked_from_notebook)
+    except OSError as exc:   # the result file: out of memory, or a memfd limit
+        report_error(protocol.error_payload(
+            exc, kind=protocol.FailureKind.RESULT.value, traceback="",
+            message=(f"rank {spec.global_rank} could not write its result's tensors to shared memory "
+                     f"({type(exc).__name__}: {exc}). Free memory on the machine, or return less "
+                     f"(for example only rank 0's state_dict).")), writer)
+        return EXIT_FAILED
     except Exception as exc:
         report_error(protocol.error_payload(
             exc, kind=protocol.FailureKind.RESULT.value, traceback="",
@@ -161,8 +168,12 @@ def report_error(payload: protocol.ErrorPayload, writer: protocol.EventWriter | 
     writer.send(protocol.ERROR, payload)
 
 
-def serialize_result(value: Any, *, main_classes_by_reference: bool = False) -> bytes:
-    return result_pickle.dumps(to_cpu(value), main_classes_by_reference=main_classes_by_reference)
+def serialize_result(value: Any, tensors_fd: int | None = None, *, main_classes_by_reference: bool = False) -> bytes:
+    """The RESULT payload: ``value`` pickled with cloudpickle (``__main__`` classes by reference
+    when the rank is a fork of the notebook, see result_pickle); the bytes of its tensors
+    (also inside modules, dataclasses, containers) go to ``tensors_fd`` (see shared_tensors)."""
+    return shared_tensors.dumps(to_cpu(value), tensors_fd,
+                                base=result_pickle.pickler_base(main_classes_by_reference))
 
 
 def to_cpu(value: Any) -> Any:

@@ -17,6 +17,7 @@ import pickle
 import sys
 from typing import Any, Callable, Iterable
 
+from .. import shared_tensors
 from ..errors import LaunchArgumentError
 
 log = logging.getLogger("notebook_launch")
@@ -24,9 +25,10 @@ log = logging.getLogger("notebook_launch")
 MAX_CELL_SOURCE_BYTES = 8 << 20
 
 
-def build_payload(job: Any, specs: Iterable[Any]) -> bytes:
-    """Bytes for the spawned ranks: the cloudpickled job plus the parent's context."""
-    job_bytes = pickle_job(job)
+def build_payload(job: Any, specs: Iterable[Any], tensors_fd: int | None = None) -> bytes:
+    """Bytes for the spawned ranks: the cloudpickled job plus the parent's context.
+    The bytes of the job's tensors go to ``tensors_fd`` (see shared_tensors)."""
+    job_bytes = pickle_job(job, tensors_fd)
     return pickle.dumps({
         "context": capture_context(),
         "specs": {spec.local_rank: spec for spec in specs},
@@ -34,11 +36,11 @@ def build_payload(job: Any, specs: Iterable[Any]) -> bytes:
     }, protocol=pickle.HIGHEST_PROTOCOL)
 
 
-def pickle_job(job: Any) -> bytes:
+def pickle_job(job: Any, tensors_fd: int | None = None) -> bytes:
     """cloudpickle the job; on failure name the part that cannot be shipped and what to do."""
     import cloudpickle
     try:
-        return cloudpickle.dumps(job, protocol=pickle.HIGHEST_PROTOCOL)
+        return shared_tensors.dumps(job, tensors_fd)
     except Exception as exc:
         culprit = _unpicklable_part(job, cloudpickle)
         raise LaunchArgumentError(

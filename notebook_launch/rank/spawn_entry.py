@@ -13,7 +13,7 @@ import pickle
 import sys
 from typing import Any
 
-from .. import protocol
+from .. import protocol, shared_tensors
 from . import spawn_context
 from .bootstrap import EXIT_FAILED, capture_output, detach_from_parent, exit_with
 from .runner import run_rank
@@ -28,6 +28,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--events-parent-fd", type=int, default=None)   # to reopen a pipe the function closed
     parser.add_argument("--answers-fd", type=int, default=None)   # the notebook's answers to prompts
     parser.add_argument("--exit-fd", type=int, default=None)
+    parser.add_argument("--tensors-fd", type=int, default=None)       # this rank's result file
+    parser.add_argument("--job-tensors-fd", type=int, default=None)   # the job's tensors
     return parser.parse_args(argv)
 
 
@@ -36,15 +38,20 @@ def main(argv: list[str] | None = None) -> None:
     def body() -> int:
         args = parse_args(sys.argv[1:] if argv is None else argv)
         detach_from_parent(args.parent_pid)
-        for fd in (args.events_fd, args.answers_fd, args.exit_fd):
+        for fd in (args.events_fd, args.answers_fd, args.exit_fd, args.tensors_fd, args.job_tensors_fd):
             if fd is not None:  # the user's own subprocesses must not hold them
                 os.set_inheritable(fd, False)
         capture_output(1, 2)
         reopen = None if args.events_parent_fd is None else protocol.parent_end(args.parent_pid,
                                                                                  args.events_parent_fd)
-        writer = protocol.EventWriter(args.events_fd, reopen=reopen, answers_fd=args.answers_fd)
+        writer = protocol.EventWriter(args.events_fd, reopen=reopen, answers_fd=args.answers_fd,
+                                      tensors_fd=args.tensors_fd)
         protocol.install(writer)
-        loaded = load_job(args.payload, args.local_rank, writer)
+        try:
+            loaded = load_job(args.payload, args.local_rank, writer, args.job_tensors_fd)
+        finally:   # the job's tensors map its pages; the fd itself is not needed any more
+            if args.job_tensors_fd is not None:
+                os.close(args.job_tensors_fd)
         if loaded is None:
             return EXIT_FAILED
         spec, job, context = loaded
@@ -54,16 +61,17 @@ def main(argv: list[str] | None = None) -> None:
     exit_with(body)
 
 
-def load_job(path: str, local_rank: int, writer: protocol.EventWriter) -> tuple[Any, Any, dict] | None:
-    """(spec, job, context), or None after reporting why the job cannot run here."""
+def load_job(path: str, local_rank: int, writer: protocol.EventWriter,
+             tensors_fd: int | None = None) -> tuple[Any, Any, dict] | None:
+    """(spec, job, context), or None after reporting why the job cannot run here.
+    The job's tensors map the pages of ``tensors_fd`` copy-on-write (see shared_tensors)."""
     with open(path, "rb") as f:
         payload = pickle.load(f)
     spec = payload["specs"][local_rank]
     context = payload["context"]
     spawn_context.restore_paths(context)
-    import cloudpickle
     try:
-        job = cloudpickle.loads(payload["job"])
+        job = shared_tensors.loads(payload["job"], tensors_fd)
     except Exception as exc:
         report_unloadable_job(writer, spec, exc)
         return None

@@ -11,6 +11,7 @@ import signal
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Sequence
 
+from .. import shared_tensors
 from ..errors import LaunchError
 from ..protocol import Failure, FailureKind, headline_of
 from ..state import DONE, FAILED, STOPPED, RunState, Status
@@ -101,11 +102,10 @@ def timeout_failure(timeout: float, running_ranks: Sequence[int]) -> Failure:
 def load_result(watch: "RankWatch", global_rank: int) -> tuple[Any, Failure | None]:
     """The rank's returned value, unpickled here; a value that cannot be is a failure.
     A value sent only after we stopped the rank is not a result: it did not finish."""
-    if not watch.has_result or not watch.result_before_stop:
+    if not watch.has_result or not watch.result_before_stop or watch.result is None:
         return None, None
-    import cloudpickle
-    try:
-        return cloudpickle.loads(watch.result), None
+    try:   # tensors come back over the pages of the rank's result file, not copied
+        return shared_tensors.loads(watch.result, watch.pipes.tensors), None
     except Exception as exc:
         return None, Failure(watch.local_rank, FailureKind.RESULT.value,
                              f"the result of rank {global_rank} could not be unpickled in the notebook "

@@ -89,7 +89,7 @@ if __name__ == "__main__":
     a = ap.parse_args()
     if a.variant == "ours-nowarm":
         import notebook_launch.backends.fork as fk
-        fk.warm_lazy_imports = lambda: None
+        fk.warm_for = lambda function: None
     if a.variant in ("tmp-dynamo", "accel-dynamo"):
         import torch._dynamo  # noqa
         import torch.nn.parallel  # noqa

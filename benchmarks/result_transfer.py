@@ -1,0 +1,306 @@
+"""Item 8: a rank returns a state_dict; how long until the notebook holds it, and at what memory cost.
+
+Three ways to move the same bytes, side by side in one run:
+- ours: ``notebook_launcher(fn, num_processes=ranks)`` where each rank builds the
+  state_dict and returns it (fork, ``ui`` default, a free port);
+- the ``torch.multiprocessing`` anchor: ``ranks`` processes forked with its
+  context, each building the same state_dict and putting it on a
+  ``torch.multiprocessing.Queue`` (shared memory), the parent taking every one;
+- the memcpy floor: copying the same number of bytes once in the notebook
+  (``torch.empty_like(t).copy_(t)`` of a tensor of ranks x size).
+
+Each way runs in its own worker process. The two that fork keep their parent on one
+torch thread: a child forked after its parent ran an OpenMP parallel region hangs
+in its own first one (libgomp, see FIELD_NOTES); the memcpy floor uses torch's
+default threads.
+
+Time: call to return (ours), start to the last ``get`` (Queue); both include
+the ranks building their tensors. The transfer alone is ours minus the same
+launch whose ranks build the state_dict and return None (the goal's ratio).
+Peak extra memory, notebook: VmHWM after the call and after reading every
+byte of what came back, minus VmRSS before
+(the peak is reset with /proc/self/clear_refs). Peak extra memory per rank:
+a thread in each rank samples, after the state_dict is built, its VmRSS plus
+what its tensor memfds hold (our result file is written with pwrite, so its
+pages are in no process's RSS), minus the value when the state_dict was
+ready; the largest sample is reported.
+"""
+from __future__ import annotations
+
+import gc
+import os
+import threading
+import time
+
+from .table import Cell, Row, fmt_ratio, ratio
+from .worker import Worker, WorkerError
+
+TENSORS_PER_STATE_DICT = 8
+WAYS = ["ours", "baseline", "queue", "memcpy"]
+SAMPLE_SECONDS = 0.002
+
+
+def sizes(config: dict):
+    """(MiB per rank, ranks) rows: full run 64/256/1024 MiB on 1 rank and 2 x 1 GiB."""
+    if config["quick"]:
+        return [(16, 1), (64, 1), (64, 2)]
+    return [(64, 1), (256, 1), (1024, 1), (1024, 2)]
+
+
+# --- inside a rank --------------------------------------------------------------
+
+def _status_kib(field: str) -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    return 0
+
+
+def _tensor_file_bytes() -> int:
+    """Bytes held by this process's notebook_launch memfds (allocated pages)."""
+    total = 0
+    for name in os.listdir("/proc/self/fd"):
+        try:
+            if "notebook_launch" in os.readlink(f"/proc/self/fd/{name}"):
+                total += os.fstat(int(name)).st_blocks * 512
+        except OSError:
+            pass
+    return total
+
+
+def _rank_memory_probe(report_path: str) -> None:
+    """Sample RSS + memfd bytes until the process ends; keep the peak above the start in a file."""
+    start = _status_kib("VmRSS") * 1024 + _tensor_file_bytes()
+    peak = 0
+    fd = os.open(report_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+
+    def sample() -> None:
+        nonlocal peak
+        while True:
+            now = _status_kib("VmRSS") * 1024 + _tensor_file_bytes() - start
+            if now > peak:
+                peak = now
+                os.pwrite(fd, f"{peak:<24d}".encode(), 0)
+            time.sleep(SAMPLE_SECONDS)
+
+    threading.Thread(target=sample, daemon=True).start()
+
+
+def build_state_dict(mib: int, rank: int):
+    import collections
+
+    import torch
+    numel = mib * 2**20 // 4 // TENSORS_PER_STATE_DICT
+    return collections.OrderedDict(
+        (f"layer{i}.weight", torch.full((numel,), float(rank + i))) for i in range(TENSORS_PER_STATE_DICT))
+
+
+class ReturnsStateDict:
+    """The launched function (module-level class, so every path gets the same code)."""
+
+    def __init__(self, mib: int, report_dir: str, returns: bool = True) -> None:
+        self.mib, self.report_dir, self.returns = mib, report_dir, returns
+
+    def __call__(self, rank: int | None = None):
+        rank = int(os.environ.get("RANK", "0")) if rank is None else rank
+        state_dict = build_state_dict(self.mib, rank)
+        if not self.returns:   # the baseline: the same launch, nothing to transfer
+            return None
+        _rank_memory_probe(os.path.join(self.report_dir, f"rank{rank}"))
+        return state_dict
+
+
+def _queue_child(fn, rank, queue, done) -> None:
+    queue.put(fn(rank))
+    done.wait()   # torch shares storages by fd: stay alive until the parent has them
+
+
+# --- in the worker process (the notebook) ----------------------------------------
+
+def _reset_peak() -> int:
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:
+        pass
+    return _status_kib("VmRSS") * 1024
+
+
+def _read_all(results) -> float:
+    total = 0.0
+    for state_dict in results:
+        for tensor in state_dict.values():
+            total += float(tensor.sum())
+    return total
+
+
+def _rank_peaks(report_dir: str, ranks: int):
+    peaks = []
+    for rank in range(ranks):
+        try:
+            with open(os.path.join(report_dir, f"rank{rank}")) as f:
+                peaks.append(int(f.read().strip() or 0))
+        except (OSError, ValueError):
+            peaks.append(0)
+    return peaks
+
+
+def measure_in_worker(command: dict, launch) -> dict:
+    """One sample of one way (``command["way"]``); runs in a benchmark worker process."""
+    import tempfile
+
+    import torch
+    mib, ranks, way = command["mib"], command["ranks"], command["way"]
+    if way != "memcpy":
+        torch.set_num_threads(1)   # no OpenMP pool in a parent that forks (see the module docstring)
+    gc.collect()
+    if way == "memcpy":
+        source = torch.ones(mib * ranks * 2**20 // 4)
+        before = _reset_peak()
+        started = time.perf_counter()
+        copy = torch.empty_like(source).copy_(source)
+        seconds = time.perf_counter() - started
+        extra = _status_kib("VmHWM") * 1024 - before
+        del copy, source
+        return {"seconds": seconds, "notebook_extra": extra, "rank_extra": []}
+    with tempfile.TemporaryDirectory(prefix="nl-transfer-") as report_dir:
+        if way == "baseline":
+            started = time.perf_counter()
+            launch(ReturnsStateDict(mib, report_dir, returns=False), ranks)
+            return {"seconds": time.perf_counter() - started}
+        fn = ReturnsStateDict(mib, report_dir)
+        before = _reset_peak()
+        started = time.perf_counter()
+        results = launch(fn, ranks) if way == "ours" else _through_queue(fn, ranks)
+        seconds = time.perf_counter() - started
+        got = sum(t.numel() for sd in results for t in sd.values()) * 4
+        if got != mib * ranks * 2**20:
+            raise RuntimeError(f"{way}: got {got} bytes back, expected {mib * ranks * 2**20}")
+        read_started = time.perf_counter()
+        _read_all(results)
+        read_seconds = time.perf_counter() - read_started
+        extra = _status_kib("VmHWM") * 1024 - before
+        del results
+        gc.collect()
+        return {"seconds": seconds, "read_seconds": read_seconds, "notebook_extra": extra,
+                "rank_extra": _rank_peaks(report_dir, ranks)}
+
+
+def _through_queue(fn, ranks: int):
+    import torch.multiprocessing as mp
+    context = mp.get_context("fork")
+    queue, done = context.Queue(), context.Event()
+    children = [context.Process(target=_queue_child, args=(fn, rank, queue, done)) for rank in range(ranks)]
+    for child in children:
+        child.start()
+    results = [queue.get() for _ in children]
+    done.set()
+    for child in children:
+        child.join()
+    return sorted(results, key=lambda sd: float(sd["layer0.weight"][0]))
+
+
+# --- the parent: rows --------------------------------------------------------------
+
+def _label(mib: int) -> str:
+    return f"{mib / 1024:g} GiB" if mib >= 1024 else f"{mib} MiB"
+
+
+def run(config: dict, log_dir: str, say=print):
+    rows = []
+    ours = Worker("ours", log_dir=log_dir)
+    workers = {"ours": ours, "baseline": ours, "queue": Worker("start_processes", log_dir=log_dir),
+               "memcpy": Worker("start_processes", log_dir=log_dir)}
+    try:
+        smallest, broken = min(sizes(config)), {}
+        for way, worker in workers.items():   # untimed: first-launch imports are items 1 and 2's business
+            try:
+                worker.ask(op="transfer", way=way, mib=smallest[0], ranks=smallest[1])
+            except WorkerError as exc:
+                broken[way] = f"error: {exc}"
+        for mib, ranks in sizes(config):
+            say(f"item 8: result transfer, {ranks} x {_label(mib)}")
+            samples: dict = {way: [] for way in WAYS}
+            errors = dict(broken)
+            for repeat in range(config["repeats"]):
+                for way in WAYS[repeat % len(WAYS):] + WAYS[:repeat % len(WAYS)]:
+                    if way in errors:
+                        continue
+                    try:
+                        samples[way].append(workers[way].ask(op="transfer", way=way, mib=mib, ranks=ranks))
+                    except WorkerError as exc:
+                        errors[way] = f"error: {exc}"
+            rows += _rows(mib, ranks, samples, errors)
+    finally:
+        for worker in set(workers.values()):
+            worker.close()
+    return rows
+
+
+def _cell(replies, key, scale=1.0, text=""):
+    if text:
+        return Cell(text=text)
+    return Cell(samples=[r[key] * scale for r in replies])
+
+
+def _rows(mib, ranks, samples, errors):
+    payload = mib * 2**20 * ranks
+    what = f"{ranks} x {_label(mib)}" if ranks > 1 else _label(mib)
+    time_row = Row(item="8", measurement=f"rank returns a state_dict of {what} (8 float32 tensors), "
+                                         "call to return", ranks=str(ranks), unit="s", group=5)
+    time_row.cells["ours"] = _cell(samples["ours"], "seconds", text=errors.get("ours", ""))
+    queue = _cell(samples["queue"], "seconds", text=errors.get("queue", ""))
+    memcpy = _cell(samples["memcpy"], "seconds", text=errors.get("memcpy", ""))
+    queue.label, memcpy.label = "torch.multiprocessing Queue (fork)", "memcpy of the same bytes in the notebook"
+    read = _cell(samples["ours"], "read_seconds", text=errors.get("ours", ""))
+    read.label = "ours, then reading every byte once"
+    time_row.cells["other"] = [queue, memcpy, read]
+    for name in ("accelerate", "start_processes", "elastic"):
+        time_row.cells[name] = Cell(text="returns None" if name != "elastic" else "not measured")
+    baseline = _cell(samples["baseline"], "seconds", text=errors.get("baseline", ""))
+    baseline.label = "ours, same launch returning None"
+    time_row.cells["other"].append(baseline)
+    ours, floor = time_row.median("ours"), memcpy.median()
+    transfer = ours - baseline.median() if ours is not None and baseline.median() is not None else None
+    vs_floor, vs_queue = ratio(ours, floor), ratio(queue.median(), ours)
+    transfer_vs_floor = ratio(transfer, floor)
+    per_gib = f"; ours {ours / (payload / 2**30):.2f} s per GiB" if ours else ""
+    time_row.ratios = (f"transfer (ours minus returning None)/memcpy {fmt_ratio(transfer_vs_floor)}; "
+                       f"ours/memcpy {fmt_ratio(vs_floor)}; Queue/ours {fmt_ratio(vs_queue)}{per_gib}")
+    if ranks == 2:
+        time_row.goal = "transfer/memcpy ≤ 2x"
+        time_row.met = ("unknown (a cell is missing)" if transfer_vs_floor is None
+                        else "yes" if transfer_vs_floor <= 2 else "**NO (missed)**")
+    memory_row = Row(item="8", measurement=f"peak extra memory moving a state_dict of {what}: "
+                                           "notebook; per rank", ranks=str(ranks), unit="MB", group=5)
+    memory_row.cells["ours"] = _memory_cell(samples["ours"], errors.get("ours", ""))
+    queue_memory = _memory_cell(samples["queue"], errors.get("queue", ""))
+    queue_memory.label = "torch.multiprocessing Queue (fork)"
+    memory_row.cells["other"] = [queue_memory]
+    for name in ("accelerate", "start_processes", "elastic"):
+        memory_row.cells[name] = Cell(text="not measured")
+    notebook, rank = _medians(samples["ours"])
+    if notebook is not None:
+        memory_row.ratios = (f"ours/payload: notebook {notebook / payload:.2f}, "
+                             f"rank {rank / (payload / ranks):.2f}")
+        if ranks == 2:   # the goal's row; smaller ones show the fixed cost (a few MB of pickling)
+            memory_row.goal = "≤ 1.1 x payload, each side"
+            memory_row.met = ("yes" if notebook <= 1.1 * payload and rank <= 1.1 * payload / ranks
+                              else "**NO (missed)**")
+    return [time_row, memory_row]
+
+
+def _medians(replies):
+    if not replies:
+        return None, None
+    import statistics
+    return (statistics.median(r["notebook_extra"] for r in replies),
+            statistics.median(max(r["rank_extra"] or [0]) for r in replies))
+
+
+def _memory_cell(replies, text):
+    if text or not replies:
+        return Cell(text=text or "—")
+    notebook, rank = _medians(replies)
+    return Cell(text=f"notebook {notebook / 1e6:.0f} MB; rank {rank / 1e6:.0f} MB (median of {len(replies)})")
