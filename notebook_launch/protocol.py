@@ -203,6 +203,7 @@ class EventWriter:
         self.fd = fd
         self.answers_fd = answers_fd
         self.tensors_fd = tensors_fd
+        self._tensors_file = None if tensors_fd is None else _identity(tensors_fd)
         self._pipe = _identity(fd)
         self._reopen = reopen
         self._lock = threading.Lock()
@@ -217,6 +218,13 @@ class EventWriter:
                 written = os.write(self.fd, view)
                 view = view[written:]
 
+
+    def result_file(self) -> int | None:
+        """``tensors_fd`` while it is still the rank's result file; None once the function closed
+        it (the number may be another file's by now): the tensors then travel in the frame."""
+        if self.tensors_fd is None or _identity(self.tensors_fd) != self._tensors_file:
+            return None
+        return self.tensors_fd
 
     def _ensure_our_pipe(self) -> None:
         if self._pipe is None or _identity(self.fd) == self._pipe:

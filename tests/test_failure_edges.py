@@ -59,6 +59,21 @@ def test_a_result_after_closing_every_fd_still_comes_back(log_dir, start_method)
                              start_method=start_method) == [{"rank": 0}, {"rank": 1}]
 
 
+def close_fds_then_return_a_big_tensor():
+    import torch
+    os.closerange(3, 4096)   # the rank's shared-memory result file goes too
+    with open(os.devnull, "w") as reused:   # a low fd number is someone else's now
+        reused.write("")
+        return torch.full((1 << 18,), float(rank()))   # 1 MiB: big enough for the result file
+
+
+def test_tensors_returned_after_closing_every_fd_travel_inline(log_dir):
+    import torch
+    results = notebook_launcher(close_fds_then_return_a_big_tensor, num_processes=2, log_dir=log_dir)
+    for r, tensor in enumerate(results):
+        assert torch.equal(tensor, torch.full((1 << 18,), float(r)))
+
+
 def clean_exit_on_sigterm():
     if rank() == 1:
         time.sleep(0.5)

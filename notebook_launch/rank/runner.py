@@ -136,7 +136,7 @@ def call_and_report(spec: RankSpec, job: Job, writer: protocol.EventWriter, own_
         report_error(protocol.error_payload(exc, skip_frames=own_frames), writer)
         return EXIT_FAILED
     try:
-        payload = serialize_result(value, writer.tensors_fd, main_classes_by_reference=forked_from_notebook)
+        payload = serialize_result(value, writer.result_file(), main_classes_by_reference=forked_from_notebook)
     except OSError as exc:   # the result file: out of memory, or a memfd limit
         report_error(protocol.error_payload(
             exc, kind=protocol.FailureKind.RESULT.value, traceback="",
