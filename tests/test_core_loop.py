@@ -23,7 +23,7 @@ from notebook_launch.errors import LaunchError
 from notebook_launch.logs import MAX_LINE, LineSplitter, RunLogs
 from notebook_launch.protocol import EventKind, EventReader, EventWriter, Failure
 from notebook_launch.state import DONE, FAILED, STOPPED, RankState, RunState
-from notebook_launch.supervise import outcome, supervisor as supervisor_module
+from notebook_launch.supervise import outcome, teardown
 from notebook_launch.supervise.supervisor import Step, Supervisor
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="fork and pidfd: Linux")
@@ -137,7 +137,7 @@ def test_the_first_failure_stays_the_cause(tmp_path):
 
 
 def test_teardown_escalates_to_sigkill_for_a_rank_that_ignores_sigterm(tmp_path, monkeypatch):
-    monkeypatch.setattr(supervisor_module, "TERM_GRACE", 0.3)
+    monkeypatch.setattr(teardown, "TERM_GRACE", 0.3)
     sup, state, _, logs = supervise(tmp_path, [sleeps(ignore_term=True), raises("boom", delay=0.5)])
     with pytest.raises(LaunchError):
         sup.run()

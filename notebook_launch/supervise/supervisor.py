@@ -9,15 +9,14 @@ from __future__ import annotations
 
 import enum
 import logging
-import signal
 import time
-from typing import TYPE_CHECKING, Any, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 from .. import protocol
 from ..errors import LaunchError
 from ..protocol import Failure
-from ..state import STOPPED, RunState
-from . import interrupts, leftovers, outcome
+from ..state import RunState
+from . import interrupts, leftovers, outcome, teardown
 from .prompts import StdinRelay, reply_on
 from .watch import RankWatch, Watcher
 
@@ -27,7 +26,6 @@ if TYPE_CHECKING:
     from ..display.rank_displays import RankDisplays
     from ..logs import RunLogs
 
-TERM_GRACE = outcome.TERM_GRACE
 DRAIN_AFTER_EXIT = 1.0  # how long to wait for a dead rank's pipes to reach EOF (grandchildren may hold them)
 log = logging.getLogger("notebook_launch")
 
@@ -115,7 +113,8 @@ class Supervisor:
         if not self._stopped:
             self._stopped = True
             with interrupts.tearing_down():   # a second Ctrl-C hurries the teardown, never aborts it
-                self._teardown(reason=reason)
+                self.prompts.close(f"the run is stopping after {reason}")
+                teardown.stop_ranks(self.watches, self.watcher, self.state, reason)
 
     def time_out(self) -> None:
         """Record the timeout as the failure and stop the ranks."""
@@ -132,7 +131,7 @@ class Supervisor:
         with interrupts.tearing_down():
             self.prompts.close("the run ended")
             self.watcher.close()
-            for process in _distinct(w.process for w in self.watches if w.exit is None):
+            for process in teardown.distinct(w.process for w in self.watches if w.exit is None):
                 leftovers.end_rank_group(process.pid)   # alive or not yet reaped: the group id is still its own
             for watch in self.watches:
                 if watch.exit is None:
@@ -229,44 +228,3 @@ class Supervisor:
             self.logs.write_block(failure.local_rank, failure.traceback)   # whole; the error is capped
         return outcome.launch_error(failure, results, self.state,
                                     facts=outcome.failure_facts(self.watches, self.state, failure))
-
-    # --- ending ------------------------------------------------------------
-    def _teardown(self, reason: str) -> None:
-        """SIGTERM every live rank, wait TERM_GRACE (cut short by another Ctrl-C), SIGKILL what
-        is left, then drain pipes."""
-        self.prompts.close(f"the run is stopping after {reason}")
-        live = [w for w in self.watches if w.exit is None]
-        for watch in live:
-            watch.stopped_by_us = signal.SIGTERM
-            watch.stop_reason = reason
-        for process in _distinct(w.process for w in live):
-            process.signal(signal.SIGTERM)
-        deadline = time.monotonic() + TERM_GRACE
-        while any(w.exit is None for w in live) and time.monotonic() < deadline and not interrupts.hurry():
-            self.watcher.pump(0.05)
-        hurried = interrupts.hurry()
-        for watch in live:
-            if watch.exit is None:
-                watch.stopped_by_us = signal.SIGKILL
-        for process in _distinct(w.process for w in live if w.exit is None):
-            process.kill()
-        for watch in live:
-            if watch.exit is None:
-                watch.exit = watch.process.wait()
-                watch.pipes.close(watch.pipes.events_w)   # its end is gone: let its event pipe reach EOF
-                watch.exited_at = time.monotonic()
-                self.state.on_exit(watch.local_rank, STOPPED,
-                                   outcome.stopped_description(watch.stop_reason, watch.exit, hurried))
-        # No signal after reaping (the pid may be someone else's by now): each rank's group got
-        # SIGKILL while the rank was alive or an unreaped zombie (kill() above, on_process_exit).
-        drain_deadline = time.monotonic() + 0.5
-        while any(w.open_fds for w in self.watches) and time.monotonic() < drain_deadline:
-            self.watcher.pump(0.05)
-
-
-def _distinct(processes: Iterable["RankProcess"]) -> list["RankProcess"]:
-    seen: list["RankProcess"] = []
-    for process in processes:
-        if not any(process is p for p in seen):
-            seen.append(process)
-    return seen

@@ -1,0 +1,58 @@
+"""The stop policy: how a run ends the ranks still running once it must stop (a failure, the
+timeout, an interrupt, Stop). SIGTERM first, so a rank can clean up; SIGKILL after a grace,
+or at once when the user presses Ctrl-C again; then reap, and drain what they wrote last."""
+from __future__ import annotations
+
+import signal
+import time
+from typing import TYPE_CHECKING, Iterable, Sequence
+
+from ..state import STOPPED, RunState
+from . import interrupts, outcome
+
+if TYPE_CHECKING:
+    from ..backends.base import RankProcess
+    from .watch import RankWatch, Watcher
+
+TERM_GRACE = outcome.TERM_GRACE
+
+
+def stop_ranks(watches: Sequence["RankWatch"], watcher: "Watcher", state: RunState, reason: str) -> None:
+    """SIGTERM every live rank, wait TERM_GRACE (cut short by another Ctrl-C), SIGKILL what
+    is left, then drain pipes. ``reason`` ends "after ..." in each stopped rank's row."""
+    live = [w for w in watches if w.exit is None]
+    for watch in live:
+        watch.stopped_by_us = signal.SIGTERM
+        watch.stop_reason = reason
+    for process in distinct(w.process for w in live):
+        process.signal(signal.SIGTERM)
+    deadline = time.monotonic() + TERM_GRACE
+    while any(w.exit is None for w in live) and time.monotonic() < deadline and not interrupts.hurry():
+        watcher.pump(0.05)
+    hurried = interrupts.hurry()
+    for watch in live:
+        if watch.exit is None:
+            watch.stopped_by_us = signal.SIGKILL
+    for process in distinct(w.process for w in live if w.exit is None):
+        process.kill()
+    for watch in live:
+        if watch.exit is None:
+            watch.exit = watch.process.wait()
+            watch.pipes.close(watch.pipes.events_w)   # its end is gone: let its event pipe reach EOF
+            watch.exited_at = time.monotonic()
+            state.on_exit(watch.local_rank, STOPPED,
+                          outcome.stopped_description(watch.stop_reason, watch.exit, hurried))
+    # No signal after reaping (the pid may be someone else's by now): each rank's group got
+    # SIGKILL while the rank was alive or an unreaped zombie (kill() above, on_process_exit).
+    drain_deadline = time.monotonic() + 0.5
+    while any(w.open_fds for w in watches) and time.monotonic() < drain_deadline:
+        watcher.pump(0.05)
+
+
+def distinct(processes: Iterable["RankProcess"]) -> list["RankProcess"]:
+    """Each process once (an XLA process carries several ranks)."""
+    seen: list["RankProcess"] = []
+    for process in processes:
+        if not any(process is p for p in seen):
+            seen.append(process)
+    return seen
