@@ -297,31 +297,38 @@ class Ranks:
 
     def _stop_processes(self, graceful: bool) -> None:
         """End every rank process and close the pool's fds (each once)."""
-        if graceful:
-            try:
-                frame = commands.encode(commands.Command.STOP, None)
-                for pipe in self._commands:
-                    try:
-                        commands.send(pipe.write_fd, frame)
-                    except OSError:
-                        log.debug("STOP not delivered to fd %d", pipe.write_fd)
-            except Exception:
-                log.debug("STOP could not be encoded", exc_info=True)
-        for pipe in self._commands:
-            pipe.close_write_end()   # end of file: a rank between calls ends its loop
-        deadline = time.monotonic() + (STOP_GRACE if graceful else 0.0)
-        for process in self._processes:
-            while process.poll() is None and time.monotonic() < deadline:
-                time.sleep(0.01)
-        _kill_all(self._processes)
-        for pipes in self._pipes:
-            pipes.close_parent_ends()
-            pipes.close_child_ends()
+        stop_processes(self._processes, self._pipes, self._commands, graceful)
         self._processes[:] = []
         self._pipes, self._commands = [], []
         if self._slot is not None:
             self._slot.close()
             self._slot = None
+
+
+def stop_processes(processes: list[RankProcess], pipes: list[RankPipes], command_pipes: list[commands.CommandPipe],
+                   graceful: bool) -> None:
+    """Ask each rank to end between calls (STOP, then end of file on its command pipe), give
+    ``graceful`` ranks STOP_GRACE seconds, SIGKILL the rest, and close the pool's fds."""
+    if graceful:
+        try:
+            frame = commands.encode(commands.Command.STOP, None)
+            for pipe in command_pipes:
+                try:
+                    commands.send(pipe.write_fd, frame)
+                except OSError:
+                    log.debug("STOP not delivered to fd %d", pipe.write_fd)
+        except Exception:
+            log.debug("STOP could not be encoded", exc_info=True)
+    for pipe in command_pipes:
+        pipe.close_write_end()   # end of file: a rank between calls ends its loop
+    deadline = time.monotonic() + (STOP_GRACE if graceful else 0.0)
+    for process in processes:
+        while process.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+    _kill_all(processes)
+    for rank_pipes in pipes:
+        rank_pipes.close_parent_ends()
+        rank_pipes.close_child_ends()
 
 
 def _kill_all(processes: list[RankProcess]) -> None:
