@@ -10,6 +10,7 @@ import time
 
 import psutil
 import pytest
+from fd_helpers import fd_links
 
 from notebook_launch import LaunchError, notebook_launcher
 
@@ -95,7 +96,7 @@ def resources():
     me = psutil.Process()
     handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP,
                                                  signal.SIGQUIT, signal.SIGCHLD)}
-    return {"fds": me.num_fds(), "threads": threading.active_count(), "os_threads": me.num_threads(),
+    return {"fds": sorted(fd_links().values()), "threads": threading.active_count(), "os_threads": me.num_threads(),
             "handlers": handlers, "env": dict(os.environ),
             "sockets": sorted((c.laddr, c.status) for c in me.net_connections(kind="inet"))}
 
@@ -112,7 +113,9 @@ def test_fifty_launches_in_a_row_leak_nothing(tmp_path):
             assert fn is not ok, err
     after = resources()
     assert psutil.Process().children(recursive=True) == [], "a child or zombie is left"
-    assert after["fds"] == before["fds"], f"file descriptors leaked: {before['fds']} -> {after['fds']}"
+    assert after["fds"] == before["fds"], \
+        f"file descriptors leaked: {len(before['fds'])} -> {len(after['fds'])}: " \
+        f"{sorted(set(after['fds']) ^ set(before['fds']))}"
     assert (after["threads"], after["os_threads"]) == (before["threads"], before["os_threads"]), \
         f"threads: {before['threads']}/{before['os_threads']} -> {after['threads']}/{after['os_threads']}"
     assert after["handlers"] == before["handlers"], "signal handlers were not restored"

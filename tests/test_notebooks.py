@@ -68,6 +68,7 @@ def test_interactive_ranks():
     assert learned and abs(float(learned.group(1).split(",")[0]) - 2.0) < 0.2, text
     assert "failed rank: 1" in text
     assert "last line: The ranks are still running, with their state; the next call runs on them." in text
-    assert "training goes on: [" in text
+    failing_call = next(cell_text(c) for c in nb.cells if c.cell_type == "code" and "bad_step" in c.source)
+    assert "training goes on: [" in failing_call, failing_call
     assert "rank 1 sees total 3.0" in text
     assert "[3.0, 3.0]" in text

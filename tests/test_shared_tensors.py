@@ -16,6 +16,7 @@ import time
 import warnings
 
 import pytest
+from fd_helpers import fd_links
 import torch
 
 from notebook_launch import LaunchError, notebook_launcher, shared_tensors
@@ -88,16 +89,6 @@ def assert_storages_still_shared(got: dict) -> None:
     assert got["checkpoint"].weights.untyped_storage().data_ptr() == ptr
     state["fp32"][0, 1] = -42.0
     assert state["transposed"][1, 0] == -42.0 and state["same"][0, 1] == -42.0
-
-
-def fd_links() -> dict:
-    links = {}
-    for name in os.listdir("/proc/self/fd"):
-        try:
-            links[name] = os.readlink(f"/proc/self/fd/{name}")
-        except OSError:   # the fd listing the folder itself
-            pass
-    return links
 
 
 def tensor_file_mappings() -> list:
