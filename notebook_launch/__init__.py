@@ -7,6 +7,7 @@ from typing import Any
 
 from . import cuda_tracking as _cuda_tracking
 from . import cuda_tracking  # noqa: F401  (preflight and tests use it)
+from .cluster import RayCluster
 from .curves import load_metrics
 from .errors import GuardError, LaunchArgumentError, LaunchError
 from .launcher import notebook_launcher
@@ -47,6 +48,6 @@ def load_ipython_extension(ipython: Any) -> None:
     _register_ranks(ipython)
 
 
-__all__ = ["notebook_launcher", "start_ranks", "Ranks", "progress", "load_metrics", "LaunchError", "GuardError",
-           "LaunchArgumentError",
+__all__ = ["notebook_launcher", "RayCluster", "start_ranks", "Ranks", "progress", "load_metrics", "LaunchError",
+           "GuardError", "LaunchArgumentError",
            "load_ipython_extension", "__version__"]

@@ -2,17 +2,20 @@
 from __future__ import annotations
 
 import os
-from typing import Any, Callable, Iterable, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping
 
 from . import fd_budget, preflight
 from .detect.target import LaunchTarget, launch_target
 from .errors import GuardError, LaunchArgumentError, LaunchError
 from .logs import make_run_id
 from .options import (DEFAULT_USE_PORT, LaunchOptions, check_display_ranks_exist, launch_options,
-                      validate_elastic_start_method)
+                      validate_cluster_launch, validate_cluster_type, validate_elastic_start_method)
 from .plan import LaunchPlan, build_plan
 from .rank.runner import Job
 from .run import run_plan
+
+if TYPE_CHECKING:
+    from .cluster import RayCluster
 
 
 def notebook_launcher(function: Callable[..., Any], args: tuple | list = (), num_processes: int | None = None,
@@ -25,7 +28,8 @@ def notebook_launcher(function: Callable[..., Any], args: tuple | list = (), num
                       start_method: str | None = None, timeout: float | None = None,
                       log_dir: str | os.PathLike[str] | None = None, ui: str = "auto",
                       rdzv_timeout: float | None = None,
-                      display_ranks: int | Iterable[int] | str | None = None) -> list[Any]:
+                      display_ranks: int | Iterable[int] | str | None = None,
+                      cluster: "RayCluster | None" = None) -> list[Any]:
     """Run ``function(*args, **kwargs)`` on ``num_processes`` ranks and return every rank's result.
 
     The first fourteen parameters mean what they mean in Hugging Face Accelerate's
@@ -40,8 +44,11 @@ def notebook_launcher(function: Callable[..., Any], args: tuple | list = (), num
     ui: "auto", "widget", "html", "rich", "text" or "none".
     rdzv_timeout: seconds every node has to join the rendezvous (multi-node or max_restarts > 0);
         default rdzv_conf's "join_timeout"/"timeout", else 900 s (torch elastic's default).
+        With cluster=, how long to wait for Ray to place every rank.
     display_ranks: whose IPython display() calls (HTML, images, the Transformers Trainer's
         notebook progress) the cell shows: None for rank 0, a global rank or a list of them, or "all".
+    cluster: RayCluster(address=..., resources_per_rank=..., placement=...) runs num_processes ranks
+        as Ray actors on that cluster (one placement group), instead of processes on this machine.
 
     Returns a list with each local rank's return value, in rank order (tensors moved to CPU).
     Raises LaunchError when a rank fails (naming it, with its traceback), GuardError when
@@ -57,12 +64,23 @@ def notebook_launcher(function: Callable[..., Any], args: tuple | list = (), num
             max_restarts=max_restarts, monitor_interval=monitor_interval,
             log_line_prefix_template=log_line_prefix_template, kwargs=kwargs, start_method=start_method,
             timeout=timeout, log_dir=log_dir, ui=ui, rdzv_timeout=rdzv_timeout, display_ranks=display_ranks)
+        if cluster is not None:
+            return launch_on_cluster(options, cluster)
         return launch(options)
     except (LaunchError, GuardError, LaunchArgumentError, KeyboardInterrupt) as err:
         if isinstance(err, LaunchError):   # torch elastic's ChildFailedError.name: the entrypoint's name
             err.name = getattr(function, "__name__", type(function).__name__)
         # The user needs the rank's traceback (in the message), not our supervisor's frames.
         raise err.with_traceback(None) from None
+
+
+def launch_on_cluster(options: LaunchOptions, cluster: "RayCluster") -> list[Any]:
+    """cluster=: the ranks run on a Ray cluster (Ray is imported only here)."""
+    from .cluster import RayCluster
+    validate_cluster_type(cluster, RayCluster)
+    world_size = validate_cluster_launch(options)
+    from .backends.ray_launch import run_on_ray
+    return run_on_ray(options, cluster, world_size)
 
 
 def launch(options: LaunchOptions) -> list[Any]:

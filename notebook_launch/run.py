@@ -127,8 +127,9 @@ def launch_summary(plan: LaunchPlan, backend_name: str, log_path: str | Path, pl
     nodes = f" on node {plan.node_rank} of {plan.num_nodes}" if plan.num_nodes > 1 else ""
     where = f" on {platform}" if platform else ""
     shown = f", display {display}" if display else ""
+    port = f", port {plan.master_port}" if plan.master_port else ""   # 0: chosen on rank 0's node (Ray)
     line = (f"notebook_launch: {plan.num_processes} rank{'s' if plan.num_processes != 1 else ''}{where} "
-            f"({what}, {plan.dist_backend}, {backend_name}){nodes}, port {plan.master_port}{shown}; "
+            f"({what}, {plan.dist_backend}, {backend_name}){nodes}{port}{shown}; "
             f"logs: {log_path}")
     for note in plan.notes:
         line += f"\nnotebook_launch: {note}"

@@ -72,6 +72,7 @@ class RankState:
     local_rank: int
     device: str = "cpu"
     pid: int | None = None
+    node: str = ""                        # where the rank runs when that is not this machine (Ray)
     status: Status = STARTING
     bars: dict[str, Bar] = field(default_factory=dict)          # id -> Bar, in creation order
     metrics: dict[str, Any] = field(default_factory=dict)       # name -> scalar

@@ -14,6 +14,9 @@ def get_backend(start_method: str) -> Backend:
     if start_method == "spawn":
         from .spawn import SpawnBackend
         return SpawnBackend()
+    if start_method == "ray":  # cluster=RayCluster(...): ranks are Ray actors (backends.ray_launch)
+        from .ray_gang import RayBackend
+        return RayBackend()
     if start_method == "xla":
         from .xla import XlaBackend
         return XlaBackend()

@@ -116,6 +116,7 @@ class RankProcess:
     local_ranks: tuple[int, ...] = ()     # empty: just (local_rank,)
     pid: int
     sentinel: int | None
+    end_note: str | None = None           # how it ended when no exit status says it (a Ray actor's death)
 
     def poll(self) -> WaitStatus | None:
         """None while running; else a wait status description: ("exit", code) or ("signal", signum)."""

@@ -24,7 +24,8 @@ class Display:
     def tag(self, state: RunState, local_rank: int) -> str:
         """What goes before a rank's line, separator included ("[rank 0] ", "default-0: ")."""
         rank_state = state.ranks[local_rank]
-        return self.line_prefix.render(rank=rank_state.rank, local_rank=local_rank, node_rank=state.node_rank)
+        node_rank = state.node_rank if rank_state.node_rank is None else rank_state.node_rank   # Ray: its own
+        return self.line_prefix.render(rank=rank_state.rank, local_rank=local_rank, node_rank=node_rank)
 
     def start(self, state: RunState) -> None:
         pass

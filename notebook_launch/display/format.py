@@ -97,9 +97,14 @@ def rank_outcome(rank_state: RankState) -> str:
     return ""
 
 
+def placement(rank_state: RankState) -> str:
+    """The rank's device, and its node when it runs on another machine (Ray): 'cpu on node 1 (10.0.0.2)'."""
+    return f"{rank_state.device} on {rank_state.node}" if rank_state.node else rank_state.device
+
+
 def rank_line(rank_state: RankState, width: int = 60) -> str:
     """One plain-text line per rank, for summaries and the text repr."""
-    parts = [f"rank {rank_state.rank}", f"[{rank_state.device}]", rank_state.status]
+    parts = [f"rank {rank_state.rank}", f"[{placement(rank_state)}]", rank_state.status]
     bar = rank_state.main_bar
     if bar is not None:
         label = f"{bar.desc}: " if bar.desc else ""

@@ -23,7 +23,7 @@ def header_html(state: RunState) -> str:
 
 def label_html(rs: RankState) -> str:
     color = fmt.STATUS_COLORS.get(rs.status, "#6b7280")
-    return (f"<span class='nl-label'><b>rank {rs.rank}</b> <small>{html.escape(rs.device)}</small> "
+    return (f"<span class='nl-label'><b>rank {rs.rank}</b> <small>{html.escape(fmt.placement(rs))}</small> "
             f"<span class='nl-status' style='background:{color};color:white;border-radius:3px;"
             f"padding:0 4px'>{html.escape(rs.status)}</span></span>")
 

@@ -85,7 +85,7 @@ def render(state: RunState) -> Any:
         outcome = fmt.rank_outcome(rs)
         last = Text(fmt.shorten(outcome, 120), style="bold red") if outcome else \
             Text(fmt.shorten(rs.last_line, 80), style="dim")
-        table.add_row(f"rank {rs.rank}", rs.device, Text(rs.status, style=style), drawn,
+        table.add_row(f"rank {rs.rank}", fmt.placement(rs), Text(rs.status, style=style), drawn,
                       progress, fmt.metrics(rs, limit=3, sparklines=True), last)
     title = (f"notebook_launch {state.run_id} · {state.world_size} ranks · {state.backend} · "
              f"{fmt.run_status(state)} · {fmt.duration(state.elapsed)}")

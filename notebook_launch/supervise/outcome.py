@@ -60,6 +60,10 @@ def classify_exit(watch: "RankWatch", status: "WaitStatus", shares_process: bool
         # we stopped it: whatever it did then (returned from a SIGTERM handler, raised) is our stop
         return RankEnd(STOPPED, stopped_description(watch.stop_reason, status))
     description = describe_status(status)
+    note = watch.process.end_note   # e.g. a Ray actor's death: Ray knows why, no exit status does
+    if note and watch.error is None:
+        failure = Failure(local, FailureKind.SIGNAL.value, note)
+        return RankEnd(FAILED, note, error=note, failure=failure)
     if watch.error is not None:
         headline = headline_of(watch.error["type"], watch.error["message"])
         return RankEnd(FAILED, description, error=clip_middle(headline, MESSAGE_LIMIT))
@@ -164,6 +168,8 @@ def launch_error(failure: Failure, results: list[Any], state: RunState,
     node = f"node {state.node_rank}, " if state.num_nodes > 1 else ""
     rank: int | None
     where = "the rank's log"
+    if failure.local_rank is not None and state.ranks[failure.local_rank].node:
+        node = f"{state.ranks[failure.local_rank].node}, "   # ranks on other machines (Ray)
     if failure.local_rank is None:
         first = f"notebook_launch: {failure.headline}"
         rank = None
@@ -184,7 +190,8 @@ def launch_error(failure: Failure, results: list[Any], state: RunState,
         fate = rs.exit_description or rs.status
         if rs.status == FAILED and rs.error:
             fate = f"also failed: {rs.error}"
-        lines.append(f"  rank {rs.rank}: {fate}")
+        where = f" ({rs.node})" if rs.node else ""
+        lines.append(f"  rank {rs.rank}{where}: {fate}")
     lines.append(f"Logs: {state.log_dir}")
     exc_message = None if failure.exc_message is None else clip_middle(failure.exc_message, MESSAGE_LIMIT, where)
     return LaunchError("\n".join(lines), rank=rank, kind=failure.kind, exc_type=failure.exc_type,
@@ -264,6 +271,14 @@ def rendezvous_error(text: str, *, node_rank: int, num_nodes: int, state: RunSta
                f"(node_rank={node_rank}, num_nodes={num_nodes}).")
     return LaunchError(message, kind=FailureKind.RENDEZVOUS.value, node_rank=node_rank,
                        log_dir=state.log_dir, results=[None] * len(state.ranks))
+
+
+def cluster_error(text: str, state: RunState, *, rank: int | None = None,
+                  kind: str = FailureKind.RENDEZVOUS.value) -> LaunchError:
+    """A run on a cluster (Ray) that ended before its ranks ran: placement timed out, ranks could
+    not connect back to the notebook, or a rank's actor failed to start."""
+    return LaunchError(f"notebook_launch: {text}", rank=rank, kind=kind, log_dir=state.log_dir,
+                       results=[None] * len(state.ranks))
 
 
 def restart_notice(record: Failure, next_attempt: int, max_restarts: int, multi_node: bool) -> str:

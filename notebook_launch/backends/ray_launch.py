@@ -1,0 +1,211 @@
+"""``notebook_launcher(..., cluster=RayCluster(...))``: ranks on a Ray cluster, inside the same
+run scaffold, supervisor and outcome as a local launch.
+
+What is Ray-specific: connecting (``ray_connect``), gang-placing the ranks and ending
+them (``ray_gang``), the rank side (``rank.ray_actor``) and the transport: each rank
+connects its events, stdout and stderr back to a listener the notebook opens on the
+interface that reaches the cluster (``socket_pipes``), so the supervisor selects on
+those sockets as it does on a local rank's pipes, and the display, logs and
+errors are the local ones.
+"""
+from __future__ import annotations
+
+import logging
+import pickle
+import time
+from typing import TYPE_CHECKING, Any
+
+from .. import cuda_tracking
+from ..errors import GuardError, LaunchError
+from ..logs import make_run_id
+from ..net import source_address_toward
+from ..options import DEFAULT_RDZV_TIMEOUT
+from ..plan import LaunchPlan, RankSpec
+from ..protocol import Failure, FailureKind
+from ..rank.runner import Job
+from ..rank.spawn_context import capture_context, pickle_job
+from ..run import RunContext, run_with_scaffold
+from ..supervise import outcome
+from ..supervise.outcome import describe_status
+from ..supervise.supervisor import Supervisor
+from . import ray_connect
+from .ray_gang import Gang, Placement, RayRank, Waiter, visible_devices_by_node
+from .socket_pipes import StreamListener
+
+if TYPE_CHECKING:
+    from ..cluster import RayCluster
+    from ..options import LaunchOptions
+
+log = logging.getLogger("notebook_launch")
+RESTARTABLE = (FailureKind.EXCEPTION.value, FailureKind.SIGNAL.value, FailureKind.EXIT.value)
+
+
+def run_on_ray(options: "LaunchOptions", cluster: "RayCluster", world_size: int) -> list[Any]:
+    """Connect, check the cluster can hold the ranks, then run them inside the run scaffold
+    (restarting every rank up to ``options.max_restarts`` times after a rank failure)."""
+    cuda_before = cuda_tracking.is_cuda_initialized()
+    ray = ray_connect.connect(cluster)
+    if not cuda_before and cuda_tracking.is_cuda_initialized():  # pragma: no cover - a Ray regression
+        raise GuardError("connecting to Ray initialized CUDA in the notebook; please report this")
+    nodes = ray_connect.alive_nodes(ray)
+    ray_connect.check_resources(world_size, cluster, nodes)
+    host = _notebook_address(ray, cluster)
+    run_id = make_run_id()
+    plan = notebook_plan(world_size, cluster, options.mixed_precision)
+    payload = pickle.dumps({"context": capture_context(),
+                            "job": pickle_job(Job(options.function, options.args, options.kwargs))},
+                           protocol=pickle.HIGHEST_PROTOCOL)
+    rdzv_timeout = options.rdzv_timeout or DEFAULT_RDZV_TIMEOUT
+
+    def body(ctx: RunContext) -> list[Any]:
+        payload_ref = ray.put(payload)
+        attempt = 0
+        while True:
+            if attempt:
+                ctx.state.begin_attempt(attempt, node_rank=0, num_nodes=1, world_size=world_size,
+                                        ranks=plan.ranks)
+            try:
+                return run_attempt(ray, cluster, ctx, payload_ref, host=host, run_id=run_id,
+                                   mixed_precision=options.mixed_precision, rdzv_timeout=rdzv_timeout,
+                                   timeout=options.timeout, poll_interval=options.poll_interval)
+            except LaunchError as error:
+                if attempt >= options.max_restarts or error.kind not in RESTARTABLE:
+                    raise outcome.with_attempts(error, attempt, options.max_restarts) from None
+                attempt += 1
+                print(outcome.restart_notice(_failure_of(error), attempt, options.max_restarts, False), flush=True)
+
+    summary = (f"notebook_launch: Ray cluster {ray_connect.gcs_host(ray) or cluster.address}: "
+               f"{ray_connect.describe_cluster(nodes)}; {world_size} ranks x "
+               f"{dict(cluster.resources_per_rank)}, placement {cluster.placement}")
+    return run_with_scaffold(plan, body, run_id=run_id, log_dir=options.log_dir, ui=options.ui,
+                             line_prefix=options.line_prefix or "[{node} rank {rank}]",
+                             max_restarts=options.max_restarts, extra_lines=(summary,))
+
+
+def notebook_plan(world_size: int, cluster: "RayCluster", mixed_precision: str) -> LaunchPlan:
+    """The notebook's view of the run: one row per global rank (its index is the rank). Each
+    rank's real environment is made on its node, once Ray placed it (``rank.ray_actor``)."""
+    device = "cuda" if cluster.device_kind == "cuda" else "cpu"
+    ranks = tuple(RankSpec(rank, rank, device, {}) for rank in range(world_size))
+    return LaunchPlan(num_processes=world_size, num_nodes=1, node_rank=0, world_size=world_size,
+                      master_addr="", master_port=0, device_kind=cluster.device_kind,
+                      dist_backend="nccl" if cluster.device_kind == "cuda" else "gloo",
+                      mixed_precision=mixed_precision, start_method="ray", ranks=ranks)
+
+
+def run_attempt(ray: Any, cluster: "RayCluster", ctx: RunContext, payload_ref: Any, *, host: str, run_id: str,
+                mixed_precision: str, rdzv_timeout: float, timeout: float | None,
+                poll_interval: float) -> list[Any]:
+    """Place, start and supervise one attempt; whatever happens, nothing of it stays on the cluster."""
+    state, world_size = ctx.state, ctx.plan.world_size
+    gang = Gang(ray, cluster, world_size)
+    listener: StreamListener | None = None
+    pipes: list[Any] = []
+    started = time.monotonic()
+    deadline = started + rdzv_timeout
+
+    def waiting() -> None:
+        ctx.display.refresh(state)
+        if state.stop_requested:
+            raise KeyboardInterrupt("notebook_launch: run stopped with the Stop button")
+
+    try:
+        for rank_state in state.ranks:
+            state.on_line(rank_state.local_rank, "stdout",
+                          f"waiting for Ray to place {world_size} ranks x {dict(cluster.resources_per_rank)} "
+                          f"({cluster.placement})")
+        try:
+            placements = gang.reserve(deadline, waiting)
+        except TimeoutError:
+            raise placement_timeout_error(ray, cluster, world_size, rdzv_timeout, state) from None
+        gang.start_actors(placements)
+        infos = ray.get([actor.describe.remote(p.global_rank == 0)
+                         for actor, p in zip(gang.actors, placements)])
+        node_labels = {}
+        for p, info in zip(placements, infos):
+            node_labels[p.node_id] = f"node {p.node_rank} ({info['address']})"
+            state.ranks[p.global_rank].node = node_labels[p.node_id]
+            state.ranks[p.global_rank].pid = info["pid"]
+        master = infos[0]
+        devices = visible_devices_by_node(placements, [info["gpu_ids"] for info in infos])
+        listener = StreamListener(host, world_size)
+        num_nodes = len({p.node_id for p in placements})
+        futures = []
+        for actor, p, info in zip(gang.actors, placements, infos):
+            assignment = rank_assignment(p, info, master, num_nodes=num_nodes, world_size=world_size,
+                                         cluster=cluster, mixed_precision=mixed_precision, run_id=run_id,
+                                         cuda_visible_devices=devices.get(p.node_id))
+            futures.append(actor.run.remote(assignment, payload_ref,
+                                            (listener.address[0], listener.address[1], listener.token)))
+
+        def check() -> None:
+            waiting()
+            done, _ = ray.wait(futures, num_returns=1, timeout=0)
+            if done:   # a rank ended before it connected: its actor failed to start the run
+                index = futures.index(done[0])
+                status, note = _end_now(ray, done[0])
+                raise outcome.cluster_error(f"{state.ranks[index].node}, rank {index} failed before it "
+                                            f"connected to the notebook: {note or describe_status(status)}",
+                                            state, rank=index, kind=FailureKind.EXIT.value)
+
+        try:
+            pipes = listener.accept_all(deadline, check)
+        except TimeoutError as exc:
+            raise outcome.cluster_error(f"{exc} within rdzv_timeout={rdzv_timeout:g} s; a firewall between "
+                                        f"the cluster and the notebook ({host}) blocks it, or the nodes "
+                                        f"reach the notebook through another address", state) from None
+        processes = [RayRank(ray, p.global_rank, actor, info["pid"], pipes[p.global_rank])
+                     for actor, p, info in zip(gang.actors, placements, infos)]
+        gang.waiter = Waiter(ray, futures, processes)
+        gang.waiter.start()
+        return Supervisor(processes, pipes, state, ctx.display, ctx.logs,
+                          timeout=timeout, poll_interval=poll_interval).run()
+    finally:
+        if listener is not None:
+            listener.close(keep=pipes)
+        gang.end()
+
+
+def rank_assignment(p: Placement, info: dict[str, Any], master: dict[str, Any], *, num_nodes: int,
+                    world_size: int, cluster: "RayCluster", mixed_precision: str, run_id: str,
+                    cuda_visible_devices: str | None) -> dict[str, Any]:
+    """What one actor needs to build its rank's environment on its node."""
+    cpus = cluster.cpus_per_rank or 1
+    return {"global_rank": p.global_rank, "local_rank": p.local_rank, "local_world_size": p.local_world_size,
+            "node_rank": p.node_rank, "num_nodes": num_nodes, "world_size": world_size,
+            "master_addr": master["address"], "master_port": master["port"],
+            "device_kind": cluster.device_kind, "mixed_precision": mixed_precision, "run_id": run_id,
+            "cpu_count": max(1, int(cpus * p.local_world_size)), "interface": info["interface"],
+            "cuda_visible_devices": cuda_visible_devices}
+
+
+def placement_timeout_error(ray: Any, cluster: "RayCluster", world_size: int, rdzv_timeout: float,
+                            state: Any) -> LaunchError:
+    free = ray.available_resources()
+    wanted = {k: float(v) for k, v in cluster.resources_per_rank.items() if float(v) > 0}
+    short = ", ".join(f"{world_size * v:g} {k} requested, {free.get(k, 0):g} free" for k, v in wanted.items())
+    return outcome.cluster_error(
+        f"Ray could not place {world_size} ranks x {wanted} ({cluster.placement}) within "
+        f"rdzv_timeout={rdzv_timeout:g} s: {short}. Other jobs hold the rest; wait for them, lower "
+        f"num_processes, or raise rdzv_timeout. No rank was started.", state)
+
+
+def _end_now(ray: Any, future: Any) -> tuple[Any, str | None]:
+    from .ray_gang import end_of
+    return end_of(ray, future, None)
+
+
+def _failure_of(error: LaunchError) -> Failure:
+    """The failure record a restart notice names, from the attempt's LaunchError."""
+    headline = str(error).splitlines()[0].split(" failed: ", 1)[-1]
+    return Failure(None, error.kind, headline, rank=error.rank)
+
+
+def _notebook_address(ray: Any, cluster: "RayCluster") -> str:
+    """The notebook's address on the interface that reaches the cluster's head."""
+    head = ray_connect.gcs_host(ray) or ray_connect.host_of(cluster.address)
+    address = source_address_toward(head) if head else None
+    if not address:
+        raise GuardError(f"cannot tell which local address reaches the Ray cluster (head: {head!r}); "
+                         f"ranks could not send their output back to this notebook")
+    return address

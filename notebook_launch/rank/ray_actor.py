@@ -1,0 +1,143 @@
+"""A rank on a Ray cluster: the actor the notebook starts once per rank (``backends.ray_launch``).
+
+``describe`` tells the notebook where the actor landed (node address, the
+interface that carries it, its GPUs, a free port there). ``run`` connects the
+rank's three streams back to the notebook, points fds 1/2 and the event channel
+at them, sets the same environment a local rank gets (``plan.rank_environment``)
+plus the interface gloo and NCCL must bind, loads the cloudpickled job and runs
+it with ``rank.runner.run_rank``: from there on a Ray rank is a local rank.
+
+Nothing here imports Ray at module level: a node imports this module only
+inside a Ray worker, where Ray is already loaded.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import sys
+import threading
+from typing import Any
+
+from .. import protocol
+from ..backends.socket_pipes import SIGNAL_FRAME, connect_streams
+from ..net import free_port, interface_with_address
+from ..plan import RankSpec, rank_environment
+from .bootstrap import EXIT_FAILED, capture_output, flush_everything
+
+log = logging.getLogger("notebook_launch")
+
+
+class RankActor:
+    """One rank. Ray runs its methods one at a time on the worker's main thread."""
+
+    def describe(self, want_port: bool) -> dict[str, Any]:
+        import ray
+        address = ray.util.get_node_ip_address()
+        return {"node_id": ray.get_runtime_context().get_node_id(), "address": address,
+                "interface": interface_with_address(address), "hostname": os.uname().nodename,
+                "gpu_ids": [str(g) for g in ray.get_gpu_ids()], "pid": os.getpid(),
+                "port": free_port() if want_port else None, "cpu_count": os.cpu_count() or 1}
+
+    def run(self, assignment: dict[str, Any], job_payload: bytes, channel: tuple[str, int, bytes]) -> int:
+        """Run the rank; return its exit code. Output and events go to the notebook as it runs."""
+        host, port, token = channel
+        rank = assignment["global_rank"]
+        socks = connect_streams(host, port, token, rank)
+        saved_fds = (os.dup(1), os.dup(2))
+        saved_streams = (sys.stdout, sys.stderr)
+        saved_term = signal.getsignal(signal.SIGTERM)
+        finished = threading.Event()
+        events_fd = socks[0].fileno()
+        code = EXIT_FAILED
+        try:
+            # Ray turns SIGTERM into SystemExit inside the user's code; a stopped rank must just end.
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            capture_output(os.dup(socks[1].fileno()), os.dup(socks[2].fileno()))
+            socks[1].close()
+            socks[2].close()
+            writer = protocol.EventWriter(events_fd)
+            protocol.install(writer)
+            threading.Thread(target=_obey_notebook, args=(socks[0], finished), daemon=True,
+                             name="notebook_launch-control").start()
+            spec = _rank_spec(assignment)
+            os.environ.update(spec.env)
+            job = _load_job(job_payload, spec, writer)
+            if job is not None:
+                from .runner import run_rank
+                code = run_rank(spec, job)
+        except BaseException as exc:
+            from .runner import report_error
+            report_error(protocol.error_payload(exc, message=f"rank {rank} could not start on its Ray "
+                                                f"actor: {type(exc).__name__}: {exc}"))
+        finally:
+            finished.set()
+            flush_everything()
+            os.dup2(saved_fds[0], 1)
+            os.dup2(saved_fds[1], 2)
+            for fd in saved_fds:
+                os.close(fd)
+            sys.stdout, sys.stderr = saved_streams
+            protocol.install(None)
+            socks[0].close()
+            signal.signal(signal.SIGTERM, saved_term)
+        return code
+
+
+def _rank_spec(assignment: dict[str, Any]) -> RankSpec:
+    """The rank's environment: a local rank's (``rank_environment``) on its node, plus the
+    interface that reaches the other nodes and the GPUs Ray gave this node's ranks."""
+    a = assignment
+    env = rank_environment(
+        global_rank=a["global_rank"], local_rank=a["local_rank"], num_processes=a["local_world_size"],
+        num_nodes=a["num_nodes"], node_rank=a["node_rank"], world_size=a["world_size"],
+        master_addr=a["master_addr"], master_port=a["master_port"], device_kind=a["device_kind"],
+        mixed_precision=a["mixed_precision"], run_id=a["run_id"], user_env=os.environ,
+        cpu_count=a["cpu_count"])
+    interface = a.get("interface")
+    if interface:
+        for name in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"):
+            if name not in os.environ:
+                env[name] = interface
+    if a.get("cuda_visible_devices") is not None:
+        env["CUDA_VISIBLE_DEVICES"] = a["cuda_visible_devices"]
+    device = f"cuda:{a['local_rank']}" if a["device_kind"] == "cuda" else "cpu"
+    return RankSpec(a["global_rank"], a["local_rank"], device, env)
+
+
+def _load_job(payload: bytes, spec: RankSpec, writer: protocol.EventWriter) -> Any:
+    """The job, with the notebook's context restored first; None after reporting why not."""
+    import pickle
+
+    from . import spawn_context
+    from .spawn_entry import report_unloadable_job
+    data = pickle.loads(payload)
+    spawn_context.restore_paths(data["context"])
+    import cloudpickle
+    try:
+        job = cloudpickle.loads(data["job"])
+    except Exception as exc:
+        report_unloadable_job(writer, spec, exc)
+        return None
+    spawn_context.restore_state(data["context"])
+    return job
+
+
+def _obey_notebook(sock: Any, finished: threading.Event) -> None:
+    """Deliver the signals the notebook sends (Stop, timeout, another rank failed); if the
+    notebook goes away while the rank runs, end the rank (as a local rank dies with its parent)."""
+    buffer = b""
+    while True:
+        try:
+            data = sock.recv(64)
+        except OSError:
+            data = b""
+        if not data:
+            if not finished.is_set():
+                os._exit(EXIT_FAILED)
+            return
+        buffer += data
+        while len(buffer) >= SIGNAL_FRAME.size:
+            (signum,) = SIGNAL_FRAME.unpack_from(buffer)
+            buffer = buffer[SIGNAL_FRAME.size:]
+            os.kill(os.getpid(), signum)

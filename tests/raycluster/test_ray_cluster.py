@@ -1,0 +1,221 @@
+"""notebook_launcher(..., cluster=RayCluster(...)) on a real two-node Ray cluster (see conftest.py):
+the notebook is a Jupyter kernel on node A; ranks are Ray actors on both nodes.
+
+After every scenario nothing of the run may stay on the cluster: no live actor,
+no placement group that is not removed, no worker process still carrying a rank.
+"""
+from __future__ import annotations
+
+import json
+import re
+import time
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.timeout(600)
+
+SETUP = """
+import json, os, time
+from notebook_launch import notebook_launcher, RayCluster, LaunchError
+HEAD = {head!r}
+def cluster(**kw):
+    kw.setdefault("placement", "SPREAD")
+    return RayCluster(address=HEAD, **kw)
+def error_json(err):
+    return json.dumps({{"type": type(err).__name__, "message": str(err), "rank": getattr(err, "rank", None),
+                       "kind": getattr(err, "kind", None), "log_dir": getattr(err, "log_dir", None)}})
+"""
+
+LEFTOVERS = """
+import json, ray
+from ray.util.placement_group import placement_group_table
+actors = [a for a in ray._private.state.actors().values()
+          if a["State"] != "DEAD" and "RankActor" in a.get("ActorClassName", "")]
+groups = [g for g in placement_group_table().values() if g["state"] != "REMOVED"]
+print(json.dumps({"actors": len(actors), "groups": len(groups)}))
+"""
+
+
+@pytest.fixture(scope="module")
+def notebook(ray_nodes):
+    ray_nodes.notebook.value(SETUP.format(head=ray_nodes.head) + "\nprint(json.dumps(True))")
+    return ray_nodes.notebook
+
+
+def assert_nothing_left(ray_nodes, notebook) -> None:
+    """No live actor and no placement group of ours in Ray's state, and no process on either
+    node still carrying a rank (Ray reports an actor dead slightly before its process exits)."""
+    assert notebook.value(LEFTOVERS) == {"actors": 0, "groups": 0}
+    deadline = time.monotonic() + 30
+    while ray_nodes.rank_processes() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert ray_nodes.rank_processes() == []
+
+
+def launch_error(notebook, code: str) -> dict:
+    """Run a cell that must raise LaunchError; return what it said."""
+    result = notebook.value("try:\n" + "\n".join("    " + line for line in code.strip().splitlines())
+                            + "\nexcept LaunchError as err:\n    print(error_json(err))\n"
+                            "else:\n    print(json.dumps({'type': None}))")
+    assert result["type"] == "LaunchError", result
+    return result
+
+
+def test_four_ranks_on_two_nodes_all_reduce_and_ddp_step(ray_nodes, notebook):
+    out = notebook.run("""
+import torch, torch.distributed as dist
+def train(scale):
+    from notebook_launch import progress
+    dist.init_process_group("gloo")
+    total = torch.tensor([float(dist.get_rank())])
+    dist.all_reduce(total)
+    torch.manual_seed(0)
+    model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 1))
+    model(torch.ones(2, 4) * (dist.get_rank() + 1)).sum().backward()
+    grad = model.module.weight.grad.clone()
+    for _ in progress(range(5), desc="steps"):
+        pass
+    print(f"rank {dist.get_rank()} line", flush=True)
+    keys = ("RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "NODE_RANK", "GROUP_RANK", "WORLD_SIZE", "MASTER_ADDR",
+            "MASTER_PORT", "GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME", "ACCELERATE_USE_CPU",
+            "ACCELERATE_MIXED_PRECISION", "TORCHELASTIC_RUN_ID")
+    env = {k: os.environ.get(k) for k in keys}
+    import socket, fcntl, struct
+    dist.destroy_process_group()
+    return {"sum": total.item() * scale, "grad": grad.tolist(), "env": env, "pid": os.getpid()}
+results = notebook_launcher(train, args=(10,), num_processes=4, cluster=cluster(), ui="text")
+print(json.dumps(results))
+""")
+    assert out["error"] is None, out
+    results = json.loads(out["stdout"].strip().splitlines()[-1])
+    assert [r["env"]["RANK"] for r in results] == ["0", "1", "2", "3"]      # global rank order
+    assert all(r["sum"] == 60.0 for r in results)                            # all_reduce over both nodes
+    assert all(r["grad"] == results[0]["grad"] for r in results)            # DDP averaged the gradients
+    envs = [r["env"] for r in results]
+    assert {e["WORLD_SIZE"] for e in envs} == {"4"}
+    # grouped by node as torchrun does: ranks 0,1 on node 0 and 2,3 on node 1
+    assert [(e["NODE_RANK"], e["GROUP_RANK"], e["LOCAL_RANK"], e["LOCAL_WORLD_SIZE"]) for e in envs] == [
+        ("0", "0", "0", "2"), ("0", "0", "1", "2"), ("1", "1", "0", "2"), ("1", "1", "1", "2")]
+    node_of = {0: envs[0]["GLOO_SOCKET_IFNAME"], 1: envs[2]["GLOO_SOCKET_IFNAME"]}
+    # gloo and NCCL bind the veth end of each rank's own node (the only interface besides lo)
+    assert set(node_of.values()) == set(ray_nodes.links)
+    assert all(e["NCCL_SOCKET_IFNAME"] == e["GLOO_SOCKET_IFNAME"] for e in envs)
+    rank0_address = ray_nodes.addresses[ray_nodes.links.index(node_of[0])]
+    assert {e["MASTER_ADDR"] for e in envs} == {rank0_address}
+    assert len({e["MASTER_PORT"] for e in envs}) == 1 and int(envs[0]["MASTER_PORT"]) > 0
+    assert {e["ACCELERATE_USE_CPU"] for e in envs} == {"true"}
+    assert len({e["TORCHELASTIC_RUN_ID"] for e in envs}) == 1
+    # every output line reached the cell tagged with node and rank, and each rank's log has its lines
+    for rank in range(4):
+        node = 0 if rank < 2 else 1
+        address = rank0_address if node == 0 else next(a for a in ray_nodes.addresses if a != rank0_address)
+        assert f"[node {node} ({address}) rank {rank}] rank {rank} line" in out["stdout"]
+    log_dir = Path(re.search(r"logs: (\S+)", out["stdout"]).group(1))
+    for rank in range(4):
+        assert f"rank {rank} line" in (log_dir / f"rank{rank}.log").read_text()
+    assert "steps" in out["stdout"] or "4 ranks finished" in out["stdout"]
+    assert_nothing_left(ray_nodes, notebook)
+
+
+def test_failing_rank_on_the_second_node_stops_every_rank(ray_nodes, notebook):
+    error = launch_error(notebook, """
+def train():
+    import socket
+    if os.environ["NODE_RANK"] == "1" and os.environ["LOCAL_RANK"] == "1":
+        raise ValueError("boom on the second node")
+    time.sleep(600)
+notebook_launcher(train, num_processes=4, cluster=cluster(), ui="none")
+""")
+    first = error["message"].splitlines()[0]
+    assert error["rank"] == 3
+    assert re.match(r"node 1 \(10\.\d+\.\d+\.\d\), rank 3 failed: ValueError: boom on the second node", first), first
+    assert "raise ValueError" in error["message"]           # the rank's traceback
+    for rank in (0, 1, 2):                                   # the others were stopped, not left running
+        assert re.search(rf"rank {rank} \(node \d \([\d.]+\)\): stopped", error["message"]), error["message"]
+    assert_nothing_left(ray_nodes, notebook)
+
+
+def test_killed_actor_is_a_failure_naming_rank_and_node(ray_nodes, notebook):
+    error = launch_error(notebook, """
+def train():
+    if os.environ["RANK"] == "2":
+        os.kill(os.getpid(), 9)            # the actor's worker process dies
+    time.sleep(600)
+notebook_launcher(train, num_processes=4, cluster=cluster(), ui="none")
+""")
+    first = error["message"].splitlines()[0]
+    assert error["rank"] == 2
+    assert re.match(r"node 1 \(10\.\d+\.\d+\.\d\), rank 2 failed: .*Ray actor died", first), first
+    assert_nothing_left(ray_nodes, notebook)
+
+
+def test_timeout_ends_every_actor(ray_nodes, notebook):
+    error = launch_error(notebook, """
+def train():
+    time.sleep(600)
+notebook_launcher(train, num_processes=4, cluster=cluster(), timeout=20, ui="none")
+""")
+    assert error["kind"] == "timeout"
+    assert "timed out after 20 s; ranks still running: 0, 1, 2, 3" in error["message"]
+    assert_nothing_left(ray_nodes, notebook)
+
+
+def test_interrupt_ends_every_actor(ray_nodes, notebook, tmp_path):
+    marker = tmp_path / "started"
+    msg_id = notebook.submit(f"""
+def train():
+    if os.environ["RANK"] == "3":
+        open({str(marker)!r}, "w").close()
+    time.sleep(600)
+try:
+    notebook_launcher(train, num_processes=4, cluster=cluster(), ui="none")
+except KeyboardInterrupt:
+    print(json.dumps("interrupted"))
+""")
+    deadline = time.monotonic() + 180
+    while not marker.exists() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert marker.exists(), "rank 3 never started"
+    notebook.km.interrupt_kernel()
+    out = notebook.collect(msg_id, timeout=120)
+    assert out["error"] is None, out
+    assert out["stdout"].strip().splitlines()[-1] == '"interrupted"'
+    assert_nothing_left(ray_nodes, notebook)
+
+
+def test_not_enough_resources_names_what_is_missing(ray_nodes, notebook):
+    result = notebook.value("""
+try:
+    notebook_launcher(print, num_processes=16, cluster=cluster(resources_per_rank={"GPU": 1}), ui="none")
+except Exception as err:
+    print(json.dumps([type(err).__name__, str(err)]))
+""")
+    assert result[0] == "GuardError"
+    assert "16 ranks x 1 GPU requested; the cluster has 0 GPUs on 2 nodes" in result[1]
+    result = notebook.value("""
+try:
+    notebook_launcher(print, num_processes=3, cluster=cluster(placement="STRICT_SPREAD"), ui="none")
+except Exception as err:
+    print(json.dumps([type(err).__name__, str(err)]))
+""")
+    assert result[0] == "GuardError"
+    assert "at most one rank per node: 3 ranks requested; the cluster has 2 nodes" in result[1]
+    assert_nothing_left(ray_nodes, notebook)
+
+
+def test_busy_cluster_waits_then_says_what_is_missing(ray_nodes, notebook):
+    """Enough CPUs in total, but another job holds them: the launch waits (the panel says so)
+    and ends with a clear error after rdzv_timeout, leaving nothing behind."""
+    error = launch_error(notebook, """
+from ray.util.placement_group import placement_group, remove_placement_group
+holder = placement_group([{"CPU": 4}], strategy="PACK")
+ray.get(holder.ready())
+try:
+    notebook_launcher(print, num_processes=8, cluster=cluster(), rdzv_timeout=5, ui="text")
+finally:
+    remove_placement_group(holder)
+""")
+    assert error["kind"] == "rendezvous"
+    assert "could not place 8 ranks" in error["message"] and "8 CPU requested, 4 free" in error["message"]
+    assert_nothing_left(ray_nodes, notebook)
