@@ -173,3 +173,9 @@ def _read_line(fd: int) -> bytes:
         assert chunk, f"EOF after {data!r}"
         data += chunk
     return data
+
+
+def test_a_raising_call_is_not_called_a_death():
+    error_type = type("RayTaskError(ConnectionRefusedError)", (Exception,), {})
+    reason = death_reason(error_type("ray::RankActor.run()\n  File x\nConnectionRefusedError: [Errno 111] refused"))
+    assert reason == "its Ray actor raised ConnectionRefusedError: [Errno 111] refused"

@@ -142,11 +142,14 @@ class Waiter(threading.Thread):
 def end_of(ray: Any, future: Any, sent_signal: int | None) -> tuple[WaitStatus, str | None]:
     """How a rank's ``run`` call ended: its exit code, or the actor's death and Ray's reason."""
     try:
-        return ("exit", int(ray.get(future))), None
+        code = int(ray.get(future))
     except Exception as exc:  # RayActorError, ActorDiedError, node death, ...
         if sent_signal is not None:
             return ("signal", sent_signal), None
         return ("signal", signal.SIGKILL), death_reason(exc)
+    if sent_signal is not None and code != 0:   # it unwound on the notebook's SIGTERM (rank.ray_actor)
+        return ("signal", sent_signal), None
+    return ("exit", code), None
 
 
 def death_reason(exc: BaseException) -> str:
@@ -157,6 +160,9 @@ def death_reason(exc: BaseException) -> str:
             return "its Ray actor died because its node died (node lost)"
     if "unexpectedly" in text or "SIGKILL" in text or "killed" in text:
         return "its Ray actor died unexpectedly (the worker process was killed or crashed)"
+    if type(exc).__name__.startswith("RayTaskError"):   # the call raised instead of the actor dying
+        last = [line for line in str(exc).strip().splitlines() if line.strip()][-1:]
+        return f"its Ray actor raised {last[0].strip()[:300] if last else type(exc).__name__}"
     return f"its Ray actor died: {type(exc).__name__}: {text[:300]}"
 
 

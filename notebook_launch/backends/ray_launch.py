@@ -26,10 +26,9 @@ from ..rank.runner import Job
 from ..rank.spawn_context import capture_context, pickle_job
 from ..run import RunContext, run_with_scaffold
 from ..supervise import outcome
-from ..supervise.outcome import describe_status
 from ..supervise.supervisor import Supervisor
 from . import ray_connect
-from .ray_gang import Gang, Placement, RayRank, Waiter, visible_devices_by_node
+from .ray_gang import Gang, Placement, RayRank, Waiter, death_reason, visible_devices_by_node
 from .socket_pipes import StreamListener
 
 if TYPE_CHECKING:
@@ -67,7 +66,8 @@ def run_on_ray(options: "LaunchOptions", cluster: "RayCluster", world_size: int)
             try:
                 return run_attempt(ray, cluster, ctx, payload_ref, host=host, run_id=run_id,
                                    mixed_precision=options.mixed_precision, rdzv_timeout=rdzv_timeout,
-                                   timeout=options.timeout, poll_interval=options.poll_interval)
+                                   timeout=options.timeout, poll_interval=options.poll_interval,
+                                   restarts=(attempt, options.max_restarts))
             except LaunchError as error:
                 if attempt >= options.max_restarts or error.kind not in RESTARTABLE:
                     raise outcome.with_attempts(error, attempt, options.max_restarts) from None
@@ -95,7 +95,7 @@ def notebook_plan(world_size: int, cluster: "RayCluster", mixed_precision: str) 
 
 def run_attempt(ray: Any, cluster: "RayCluster", ctx: RunContext, payload_ref: Any, *, host: str, run_id: str,
                 mixed_precision: str, rdzv_timeout: float, timeout: float | None,
-                poll_interval: float) -> list[Any]:
+                poll_interval: float, restarts: tuple[int, int] = (0, 0)) -> list[Any]:
     """Place, start and supervise one attempt; whatever happens, nothing of it stays on the cluster."""
     state, world_size = ctx.state, ctx.plan.world_size
     gang = Gang(ray, cluster, world_size)
@@ -134,19 +134,23 @@ def run_attempt(ray: Any, cluster: "RayCluster", ctx: RunContext, payload_ref: A
         for actor, p, info in zip(gang.actors, placements, infos):
             assignment = rank_assignment(p, info, master, num_nodes=num_nodes, world_size=world_size,
                                          cluster=cluster, mixed_precision=mixed_precision, run_id=run_id,
-                                         cuda_visible_devices=devices.get(p.node_id))
+                                         cuda_visible_devices=devices.get(p.node_id), restarts=restarts)
             futures.append(actor.run.remote(assignment, payload_ref,
                                             (listener.address[0], listener.address[1], listener.token)))
 
         def check() -> None:
+            """A run call that returned connected first (its streams wait in the listen queue);
+            one that raised never connected: its actor died or could not reach the notebook."""
             waiting()
-            done, _ = ray.wait(futures, num_returns=1, timeout=0)
-            if done:   # a rank ended before it connected: its actor failed to start the run
-                index = futures.index(done[0])
-                status, note = _end_now(ray, done[0])
-                raise outcome.cluster_error(f"{state.ranks[index].node}, rank {index} failed before it "
-                                            f"connected to the notebook: {note or describe_status(status)}",
-                                            state, rank=index, kind=FailureKind.EXIT.value)
+            done, _ = ray.wait(futures, num_returns=len(futures), timeout=0)
+            for future in done:
+                index = futures.index(future)
+                try:
+                    ray.get(future)
+                except Exception as exc:
+                    raise outcome.cluster_error(
+                        f"{state.ranks[index].node}, rank {index} failed before it connected to the notebook "
+                        f"at {host}: {death_reason(exc)}", state, rank=index, kind=FailureKind.EXIT.value) from None
 
         try:
             pipes = listener.accept_all(deadline, check)
@@ -168,7 +172,7 @@ def run_attempt(ray: Any, cluster: "RayCluster", ctx: RunContext, payload_ref: A
 
 def rank_assignment(p: Placement, info: dict[str, Any], master: dict[str, Any], *, num_nodes: int,
                     world_size: int, cluster: "RayCluster", mixed_precision: str, run_id: str,
-                    cuda_visible_devices: str | None) -> dict[str, Any]:
+                    cuda_visible_devices: str | None, restarts: tuple[int, int] = (0, 0)) -> dict[str, Any]:
     """What one actor needs to build its rank's environment on its node."""
     cpus = cluster.cpus_per_rank or 1
     return {"global_rank": p.global_rank, "local_rank": p.local_rank, "local_world_size": p.local_world_size,
@@ -176,7 +180,7 @@ def rank_assignment(p: Placement, info: dict[str, Any], master: dict[str, Any], 
             "master_addr": master["address"], "master_port": master["port"],
             "device_kind": cluster.device_kind, "mixed_precision": mixed_precision, "run_id": run_id,
             "cpu_count": max(1, int(cpus * p.local_world_size)), "interface": info["interface"],
-            "cuda_visible_devices": cuda_visible_devices}
+            "cuda_visible_devices": cuda_visible_devices, "attempt": restarts[0], "max_restarts": restarts[1]}
 
 
 def placement_timeout_error(ray: Any, cluster: "RayCluster", world_size: int, rdzv_timeout: float,
@@ -188,11 +192,6 @@ def placement_timeout_error(ray: Any, cluster: "RayCluster", world_size: int, rd
         f"Ray could not place {world_size} ranks x {wanted} ({cluster.placement}) within "
         f"rdzv_timeout={rdzv_timeout:g} s: {short}. Other jobs hold the rest; wait for them, lower "
         f"num_processes, or raise rdzv_timeout. No rank was started.", state)
-
-
-def _end_now(ray: Any, future: Any) -> tuple[Any, str | None]:
-    from .ray_gang import end_of
-    return end_of(ray, future, None)
 
 
 def _failure_of(error: LaunchError) -> Failure:

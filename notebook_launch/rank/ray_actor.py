@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import socket
 import sys
 import threading
 from typing import Any
@@ -51,13 +52,12 @@ class RankActor:
         events_fd = socks[0].fileno()
         code = EXIT_FAILED
         try:
-            # Ray turns SIGTERM into SystemExit inside the user's code; a stopped rank must just end.
-            signal.signal(signal.SIGTERM, signal.SIG_DFL)
             capture_output(os.dup(socks[1].fileno()), os.dup(socks[2].fileno()))
             socks[1].close()
             socks[2].close()
-            writer = protocol.EventWriter(events_fd)
+            writer = StoppableWriter(events_fd)
             protocol.install(writer)
+            signal.signal(signal.SIGTERM, writer.stop_rank)
             threading.Thread(target=_obey_notebook, args=(socks[0], finished), daemon=True,
                              name="notebook_launch-control").start()
             spec = _rank_spec(assignment)
@@ -72,6 +72,7 @@ class RankActor:
                                                 f"actor: {type(exc).__name__}: {exc}"))
         finally:
             finished.set()
+            signal.signal(signal.SIGTERM, saved_term)
             flush_everything()
             os.dup2(saved_fds[0], 1)
             os.dup2(saved_fds[1], 2)
@@ -79,9 +80,34 @@ class RankActor:
                 os.close(fd)
             sys.stdout, sys.stderr = saved_streams
             protocol.install(None)
-            socks[0].close()
-            signal.signal(signal.SIGTERM, saved_term)
+            _close(socks[0])
         return code
+
+
+class StoppableWriter(protocol.EventWriter):
+    """The rank's event channel, which goes quiet once the notebook stopped the rank: the
+    notebook decided how the run ends, so what the stopped rank would report is moot."""
+    muted = False
+
+    def send(self, kind: protocol.EventKind, payload: Any) -> None:
+        if not self.muted:
+            super().send(kind, payload)
+
+    def stop_rank(self, signum: int, frame: Any) -> None:
+        """SIGTERM from the notebook (Stop, timeout, interrupt, another rank failed): unwind the
+        user's code (its finally blocks run) and end the run call quietly, so Ray sees an actor
+        that finished its task, not a crash (a crash prints a warning in the notebook)."""
+        self.muted = True
+        raise SystemExit(128 + signum)
+
+
+def _close(sock: Any) -> None:
+    """Shut the connection down first, so the notebook sees EOF and the control thread wakes."""
+    try:
+        sock.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        log.debug("events connection already closed", exc_info=True)
+    sock.close()
 
 
 def _rank_spec(assignment: dict[str, Any]) -> RankSpec:
@@ -94,6 +120,8 @@ def _rank_spec(assignment: dict[str, Any]) -> RankSpec:
         master_addr=a["master_addr"], master_port=a["master_port"], device_kind=a["device_kind"],
         mixed_precision=a["mixed_precision"], run_id=a["run_id"], user_env=os.environ,
         cpu_count=a["cpu_count"])
+    env["TORCHELASTIC_RESTART_COUNT"] = str(a.get("attempt", 0))   # as torch elastic numbers restarts
+    env["TORCHELASTIC_MAX_RESTARTS"] = str(a.get("max_restarts", 0))
     interface = a.get("interface")
     if interface:
         for name in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"):
@@ -140,4 +168,5 @@ def _obey_notebook(sock: Any, finished: threading.Event) -> None:
         while len(buffer) >= SIGNAL_FRAME.size:
             (signum,) = SIGNAL_FRAME.unpack_from(buffer)
             buffer = buffer[SIGNAL_FRAME.size:]
-            os.kill(os.getpid(), signum)
+            if not finished.is_set():   # never into the actor's next call
+                os.kill(os.getpid(), signum)

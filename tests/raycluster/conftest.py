@@ -56,21 +56,26 @@ def unavailable_reason() -> str | None:
     return None
 
 
+def kernel_manager(namespace: str, tmp: Path) -> Any:
+    """A (not yet started) kernel in ``namespace``, reached over ipc:// files."""
+    from jupyter_client.kernelspec import KernelSpecManager
+    from jupyter_client.manager import KernelManager
+    root = Path(tempfile.mkdtemp(prefix="nlr-kernel-", dir=tmp))
+    spec = root / "nlray"
+    spec.mkdir()
+    (spec / "kernel.json").write_text(json.dumps({
+        "argv": ["ip", "netns", "exec", namespace, sys.executable, "-m", "ipykernel_launcher",
+                 "-f", "{connection_file}"],
+        "display_name": "notebook_launch on node A", "language": "python"}))
+    return KernelManager(kernel_name="nlray", kernel_spec_manager=KernelSpecManager(kernel_dirs=[str(root)]),
+                         transport="ipc", ip=str(root / "zmq"))
+
+
 class Notebook:
     """A Jupyter kernel in node A's namespace: cells run there as in a notebook."""
 
     def __init__(self, namespace: str, env: dict[str, str], tmp: Path) -> None:
-        from jupyter_client.kernelspec import KernelSpecManager
-        from jupyter_client.manager import KernelManager
-        root = Path(tempfile.mkdtemp(prefix="nlr-kernel-", dir=tmp))
-        spec = root / "nlray"
-        spec.mkdir()
-        (spec / "kernel.json").write_text(json.dumps({
-            "argv": ["ip", "netns", "exec", namespace, sys.executable, "-m", "ipykernel_launcher",
-                     "-f", "{connection_file}"],
-            "display_name": "notebook_launch on node A", "language": "python"}))
-        self.km = KernelManager(kernel_name="nlray", kernel_spec_manager=KernelSpecManager(kernel_dirs=[str(root)]),
-                                transport="ipc", ip=str(root / "zmq"))
+        self.km = kernel_manager(namespace, tmp)
         self.km.start_kernel(env=env, cwd=str(tmp))
         self.kc = self.km.client()
         self.kc.start_channels()
@@ -150,13 +155,27 @@ class RayTwoNodes:
             _ip("-n", ns, "link", "set", "lo", "up")
         common = [f"--num-cpus={CPUS_PER_NODE}", f"--object-store-memory={OBJECT_STORE_BYTES}",
                   "--disable-usage-stats"]
-        self.ray(0, "start", "--head", f"--node-ip-address={self.addresses[0]}", f"--port={HEAD_PORT}",
-                 "--include-dashboard=false", f"--temp-dir={self.temp_dir}", *common)
-        self.ray(1, "start", f"--address={self.head}", f"--node-ip-address={self.addresses[1]}", *common)
+        self.start_node(0, "--head", f"--node-ip-address={self.addresses[0]}", f"--port={HEAD_PORT}",
+                        "--include-dashboard=false", f"--temp-dir={self.temp_dir}", *common)
+        self.start_node(1, f"--address={self.head}", f"--node-ip-address={self.addresses[1]}", *common)
         self.notebook = Notebook(self.namespaces[0], self.env, self.tmp)
         self.notebook.value("import json, ray\n"
                             f"ray.init(address={self.head!r}, log_to_driver=False)\n"
                             "print(json.dumps(len([n for n in ray.nodes() if n['Alive']])))")
+
+    def start_node(self, node: int, *args: str, attempts: int = 3) -> None:
+        """`ray start` on a node. Ray gives a raylet 30 s to register, which a loaded 2-core
+        machine can miss: then everything of that node is killed and it starts again."""
+        for attempt in range(attempts):
+            try:
+                self.ray(node, "start", *args)
+                return
+            except RuntimeError:
+                if attempt == attempts - 1:
+                    raise
+                self.kill_node(node)
+                if node == 0:
+                    shutil.rmtree(self.temp_dir, ignore_errors=True)
 
     def ray(self, node: int, *args: str) -> str:
         result = subprocess.run(["ip", "netns", "exec", self.namespaces[node], str(RAY), *args], env=self.env,
@@ -181,22 +200,26 @@ class RayTwoNodes:
                 found.append(f"{pid}: {title.strip()}")
         return found
 
-    def down(self) -> None:
-        if self.notebook is not None:
-            try:
-                self.notebook.shutdown()
-            except Exception:
-                pass
+    def kill_node(self, node: int | None) -> None:
+        """SIGKILL every process in the node's namespace (both when None), until none is left."""
         for _ in range(100):   # raylets restart nothing once killed, but workers may be mid-fork
-            pids = self.pids()
+            pids = self.pids(node)
             if not pids:
-                break
+                return
             for pid in pids:
                 try:
                     os.kill(pid, signal.SIGKILL)
                 except ProcessLookupError:
                     pass
             time.sleep(0.1)
+
+    def down(self) -> None:
+        if self.notebook is not None:
+            try:
+                self.notebook.shutdown()
+            except Exception:
+                pass
+        self.kill_node(None)
         for ns in self.namespaces:
             _ip("netns", "del", ns, check=False)   # also removes the veth pair
         shutil.rmtree(self.temp_dir, ignore_errors=True)
@@ -213,3 +236,14 @@ def ray_nodes(tmp_path_factory) -> Iterator[RayTwoNodes]:
         yield nodes
     finally:
         nodes.down()
+
+
+@pytest.fixture
+def node_a_kernel(ray_nodes, tmp_path) -> Iterator[Any]:
+    """A fresh kernel manager for a notebook on node A (nbclient starts it); stopped afterwards."""
+    km = kernel_manager(ray_nodes.namespaces[0], tmp_path)
+    try:
+        yield km
+    finally:
+        if km.has_kernel:
+            km.shutdown_kernel(now=True)

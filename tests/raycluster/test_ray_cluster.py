@@ -204,6 +204,64 @@ except Exception as err:
     assert_nothing_left(ray_nodes, notebook)
 
 
+def test_max_restarts_restarts_every_rank(ray_nodes, notebook, tmp_path):
+    marker = tmp_path / "failed-once"
+    out = notebook.run(f"""
+def train():
+    if os.environ["RANK"] == "1" and not os.path.exists({str(marker)!r}):
+        open({str(marker)!r}, "w").close()
+        raise RuntimeError("first attempt fails")
+    return (os.environ["RANK"], os.environ["TORCHELASTIC_RESTART_COUNT"], os.environ["TORCHELASTIC_MAX_RESTARTS"])
+print(json.dumps(notebook_launcher(train, num_processes=4, cluster=cluster(), max_restarts=2, ui="text")))
+""")
+    assert out["error"] is None, out
+    assert "rank 1 failed (RuntimeError: first attempt fails); restarting every rank (restart 1 of 2)" \
+        in out["stdout"]
+    assert json.loads(out["stdout"].strip().splitlines()[-1]) == [[str(r), "1", "2"] for r in range(4)]
+    assert_nothing_left(ray_nodes, notebook)
+
+
+def test_widget_panel_in_a_notebook_shows_each_rank_and_its_node(ray_nodes, notebook, node_a_kernel):
+    """nbclient runs a real notebook (its kernel on node A); the saved widget state holds one
+    row per rank with its node, bars at their final value, and the tagged lines reach the cell."""
+    import nbclient
+    import nbformat
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell(SETUP.format(head=ray_nodes.head)), nbformat.v4.new_code_cell("""
+from notebook_launch import progress
+def train(n):
+    for i in progress(range(n), desc="train"):
+        if i % 100 == 0:
+            progress.log(loss=1.0 / (i + 1))
+    print("rank", os.environ["RANK"], "finished", flush=True)
+    return int(os.environ["RANK"])
+notebook_launcher(train, args=(500,), num_processes=4, cluster=cluster())
+""")]
+    client = nbclient.NotebookClient(nb, km=node_a_kernel, timeout=300, store_widget_state=True, allow_errors=True)
+    client.execute(env=ray_nodes.env, cwd=str(ray_nodes.tmp))
+    cell = nb.cells[1]
+    errors = [o for o in cell.outputs if o.output_type == "error"]
+    assert not errors, "\n".join(errors[0].traceback)
+    assert any("[0, 1, 2, 3]" in o.get("data", {}).get("text/plain", "") for o in cell.outputs)
+    views = [o for o in cell.outputs if o.output_type == "display_data"
+             and "application/vnd.jupyter.widget-view+json" in o.data]
+    assert len(views) == 1
+    summary = views[0].data["text/plain"]
+    nodes = [ray_nodes.addresses.index(m) for m in re.findall(r"rank \d \[cpu on node \d \(([\d.]+)\)\] done", summary)]
+    assert len(nodes) == 4 and set(nodes) == {0, 1}, summary
+    for rank in range(4):
+        assert re.search(rf"rank {rank} \[cpu on node \d \([\d.]+\)\] done train: 100% 500/500", summary), summary
+    models = nb.metadata["widgets"]["application/vnd.jupyter.widget-state+json"]["state"]
+    bars = [m["state"] for m in models.values() if m["model_name"] == "FloatProgressModel"]
+    assert len(bars) == 4 and all(b["value"] == 1.0 and b["bar_style"] == "success" for b in bars), bars
+    labels = " ".join(m["state"].get("value", "") for m in models.values() if m["model_name"] == "HTMLModel")
+    assert len(re.findall(r"cpu on node \d \(10\.[\d.]+\)", labels)) >= 4 and "loss=" in labels
+    streamed = "".join(o.get("text", "") for o in cell.outputs if o.output_type == "stream")
+    for rank in range(4):
+        assert re.search(rf"\[node \d \([\d.]+\) rank {rank}\] rank {rank} finished", streamed), streamed
+    assert_nothing_left(ray_nodes, notebook)
+
+
 def test_busy_cluster_waits_then_says_what_is_missing(ray_nodes, notebook):
     """Enough CPUs in total, but another job holds them: the launch waits (the panel says so)
     and ends with a clear error after rdzv_timeout, leaving nothing behind."""
