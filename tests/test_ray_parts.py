@@ -34,7 +34,8 @@ def test_nothing_of_ray_is_imported_without_cluster():
 
 
 @pytest.mark.parametrize("kwargs, words", [
-    ({"placement": "EVERYWHERE"}, "RayCluster(placement='EVERYWHERE') is not valid; choose one of 'PACK', 'SPREAD', 'STRICT_SPREAD'"),
+    ({"placement": "EVERYWHERE"},
+     "RayCluster(placement='EVERYWHERE') is not valid; choose one of 'PACK', 'SPREAD', 'STRICT_SPREAD'"),
     ({"resources_per_rank": {}}, "must be a non-empty dict"),
     ({"resources_per_rank": {"GPU": -1}}, "amounts >= 0; got 'GPU': -1"),
     ({"resources_per_rank": {"CPU": 0}}, "reserves nothing"),

@@ -1,0 +1,225 @@
+"""A real two-node Ray cluster on one machine, and a notebook that drives it
+(tests/raycluster's fixtures and the Ray rows of benchmarks/run.py use it).
+
+Two network namespaces joined by a veth pair are two hosts: each has only
+loopback and its end of the link. `ray start --head` runs in the first,
+`ray start --address` in the second, and the "notebook" is a real Jupyter
+kernel in the first namespace (ZMQ over ipc:// files, since the tests' own
+namespace cannot reach the namespaces' addresses). The tests use one cluster per
+module; everything that ran in the namespaces is killed at the end, pass or fail.
+
+Needs root and iproute2 (as tests/multinode); otherwise the tests skip and say why.
+Resources are logical (--num-cpus), the object store small and the dashboard off,
+so the cluster fits a 2-core machine.
+"""
+from __future__ import annotations
+
+import json
+import os
+import queue
+import secrets
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+
+REPO = Path(__file__).resolve().parents[2]
+RAY = Path(sys.executable).with_name("ray")
+CPUS_PER_NODE = 4
+OBJECT_STORE_BYTES = 80 * 2**20
+HEAD_PORT = 6379
+
+
+def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess:
+    return subprocess.run(["ip", *args], check=check, capture_output=True, text=True, timeout=30)
+
+
+def unavailable_reason() -> str | None:
+    try:
+        import ray  # noqa: F401
+    except ImportError:
+        return "needs ray (pip install -e '.[test]')"
+    if shutil.which("ip") is None:
+        return "needs the `ip` command (apt-get install iproute2; scripts/system-packages.sh does it)"
+    if os.geteuid() != 0:
+        return "needs root to create network namespaces (ip netns add)"
+    probe = f"nlr-probe-{secrets.token_hex(3)}"
+    result = _ip("netns", "add", probe, check=False)
+    if result.returncode != 0:
+        return f"`ip netns add` failed here ({result.stderr.strip()}); namespaces need CAP_SYS_ADMIN"
+    _ip("netns", "del", probe, check=False)
+    return None
+
+
+def kernel_manager(namespace: str, tmp: Path) -> Any:
+    """A (not yet started) kernel in ``namespace``, reached over ipc:// files."""
+    from jupyter_client.kernelspec import KernelSpecManager
+    from jupyter_client.manager import KernelManager
+    root = Path(tempfile.mkdtemp(prefix="nlr-kernel-", dir=tmp))
+    spec = root / "nlray"
+    spec.mkdir()
+    (spec / "kernel.json").write_text(json.dumps({
+        "argv": ["ip", "netns", "exec", namespace, sys.executable, "-m", "ipykernel_launcher",
+                 "-f", "{connection_file}"],
+        "display_name": "notebook_launch on node A", "language": "python"}))
+    return KernelManager(kernel_name="nlray", kernel_spec_manager=KernelSpecManager(kernel_dirs=[str(root)]),
+                         transport="ipc", ip=str(root / "zmq"))
+
+
+class Notebook:
+    """A Jupyter kernel in node A's namespace: cells run there as in a notebook."""
+
+    def __init__(self, namespace: str, env: dict[str, str], tmp: Path) -> None:
+        self.km = kernel_manager(namespace, tmp)
+        self.km.start_kernel(env=env, cwd=str(tmp))
+        self.kc = self.km.client()
+        self.kc.start_channels()
+        self.kc.wait_for_ready(timeout=120)
+
+    def submit(self, code: str) -> str:
+        return self.kc.execute(code, store_history=False)
+
+    def collect(self, msg_id: str, timeout: float) -> dict[str, Any]:
+        """Everything the cell showed until it finished: stdout, stderr, the error if any."""
+        out: dict[str, Any] = {"stdout": "", "stderr": "", "error": None, "displays": []}
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                msg = self.kc.get_iopub_msg(timeout=max(0.1, deadline - time.monotonic()))
+            except queue.Empty:
+                raise TimeoutError(f"cell did not finish within {timeout} s; so far: {out}") from None
+            if msg["parent_header"].get("msg_id") != msg_id:
+                continue
+            kind, content = msg["msg_type"], msg["content"]
+            if kind == "stream":
+                out[content["name"]] += content["text"]
+            elif kind == "error":
+                out["error"] = content
+            elif kind in ("display_data", "update_display_data", "execute_result"):
+                out["displays"].append(content)
+            elif kind == "status" and content["execution_state"] == "idle":
+                return out
+
+    def run(self, code: str, timeout: float = 240) -> dict[str, Any]:
+        return self.collect(self.submit(code), timeout)
+
+    def value(self, code: str, timeout: float = 240) -> Any:
+        """Run a cell whose last line prints one JSON document; return it."""
+        out = self.run(code, timeout)
+        if out["error"]:
+            raise AssertionError(f"cell failed: {out['error']['ename']}: {out['error']['evalue']}\n"
+                                 + "\n".join(out["error"]["traceback"]) + "\n" + out["stdout"] + out["stderr"])
+        return json.loads(out["stdout"].strip().splitlines()[-1])
+
+    def shutdown(self) -> None:
+        try:
+            self.kc.stop_channels()
+        finally:
+            if self.km.has_kernel:
+                self.km.shutdown_kernel(now=True)
+
+
+class RayTwoNodes:
+    """Node A (head, and the notebook) and node B, each in its own namespace."""
+
+    def __init__(self, tmp: Path) -> None:
+        tag = secrets.token_hex(3)
+        self.namespaces = [f"nlr-a-{tag}", f"nlr-b-{tag}"]
+        self.links = [f"nlra{tag}", f"nlrb{tag}"]
+        octets = (200 + secrets.randbelow(50), secrets.randbelow(250))
+        self.addresses = [f"10.{octets[0]}.{octets[1]}.{i}" for i in (1, 2)]
+        self.tmp = tmp
+        self.temp_dir = f"/tmp/nlr-{tag}"   # short: Ray's unix socket paths must fit 107 bytes
+        self.env = dict(os.environ, PYTHONPATH=str(REPO), RAY_USAGE_STATS_ENABLED="0",
+                        NOTEBOOK_LAUNCH_LOG_DIR=str(tmp / "runs"))
+        self.env.pop("RAY_ADDRESS", None)
+        self.notebook: Notebook | None = None
+
+    @property
+    def head(self) -> str:
+        return f"{self.addresses[0]}:{HEAD_PORT}"
+
+    def up(self) -> None:
+        for ns in self.namespaces:
+            _ip("netns", "add", ns)
+        _ip("link", "add", self.links[0], "type", "veth", "peer", "name", self.links[1])
+        for ns, link, addr in zip(self.namespaces, self.links, self.addresses):
+            _ip("link", "set", link, "netns", ns)
+            _ip("-n", ns, "addr", "add", f"{addr}/24", "dev", link)
+            _ip("-n", ns, "link", "set", link, "up")
+            _ip("-n", ns, "link", "set", "lo", "up")
+        common = [f"--num-cpus={CPUS_PER_NODE}", f"--object-store-memory={OBJECT_STORE_BYTES}",
+                  "--disable-usage-stats"]
+        self.start_node(0, "--head", f"--node-ip-address={self.addresses[0]}", f"--port={HEAD_PORT}",
+                        "--include-dashboard=false", f"--temp-dir={self.temp_dir}", *common)
+        self.start_node(1, f"--address={self.head}", f"--node-ip-address={self.addresses[1]}", *common)
+        self.notebook = Notebook(self.namespaces[0], self.env, self.tmp)
+        self.notebook.value("import json, ray\n"
+                            f"ray.init(address={self.head!r}, log_to_driver=False)\n"
+                            "print(json.dumps(len([n for n in ray.nodes() if n['Alive']])))")
+
+    def start_node(self, node: int, *args: str, attempts: int = 3) -> None:
+        """`ray start` on a node. Ray gives a raylet 30 s to register, which a loaded 2-core
+        machine can miss: then everything of that node is killed and it starts again."""
+        for attempt in range(attempts):
+            try:
+                self.ray(node, "start", *args)
+                return
+            except RuntimeError:
+                if attempt == attempts - 1:
+                    raise
+                self.kill_node(node)
+                if node == 0:
+                    shutil.rmtree(self.temp_dir, ignore_errors=True)
+
+    def ray(self, node: int, *args: str) -> str:
+        result = subprocess.run(["ip", "netns", "exec", self.namespaces[node], str(RAY), *args], env=self.env,
+                                capture_output=True, text=True, timeout=180)
+        if result.returncode:
+            raise RuntimeError(f"ray {' '.join(args)} failed on node {node}:\n{result.stdout}\n{result.stderr}")
+        return result.stdout
+
+    def pids(self, node: int | None = None) -> list[int]:
+        nodes = range(2) if node is None else (node,)
+        return [int(p) for n in nodes for p in _ip("netns", "pids", self.namespaces[n], check=False).stdout.split()]
+
+    def rank_processes(self) -> list[str]:
+        """Ray workers that still carry one of our rank actors (Ray names the process after it)."""
+        found = []
+        for pid in self.pids():
+            try:
+                title = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            except OSError:
+                continue
+            if "RankActor" in title:
+                found.append(f"{pid}: {title.strip()}")
+        return found
+
+    def kill_node(self, node: int | None) -> None:
+        """SIGKILL every process in the node's namespace (both when None), until none is left."""
+        for _ in range(100):   # raylets restart nothing once killed, but workers may be mid-fork
+            pids = self.pids(node)
+            if not pids:
+                return
+            for pid in pids:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            time.sleep(0.1)
+
+    def down(self) -> None:
+        if self.notebook is not None:
+            try:
+                self.notebook.shutdown()
+            except Exception as exc:   # the kernel may be gone already; its processes are killed below
+                print(f"stopping the notebook kernel: {exc!r}", file=sys.stderr)
+        self.kill_node(None)
+        for ns in self.namespaces:
+            _ip("netns", "del", ns, check=False)   # also removes the veth pair
+        shutil.rmtree(self.temp_dir, ignore_errors=True)
