@@ -18,12 +18,13 @@ if __package__ in (None, ""):  # run as a script: make the repository importable
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     __package__ = "benchmarks"
 
-from benchmarks import companions, iteration_cost, launch_cost, memory, persistent_cost, result_transfer  # noqa: E402
+from benchmarks import (companions, iteration_cost, launch_cost, memory, persistent_cost,  # noqa: E402
+                        ray_cluster, result_transfer)
 from benchmarks.common import REPO_ROOT, machine_description  # noqa: E402
 from benchmarks.table import render_table  # noqa: E402
 from benchmarks.worker import READY_STATES  # noqa: E402
 
-ITEMS = ("1", "2", "3", "4", "5", "6", "7", "8")
+ITEMS = ("1", "2", "3", "4", "5", "6", "7", "8", "9")   # 9: Ray cluster rows (needs root for network namespaces)
 DEFAULT_OUT = os.path.join(REPO_ROOT, "benchmarks", "RESULTS.md")
 
 
@@ -86,6 +87,8 @@ def measure(config: dict, only: set, log_dir: str, say):
         rows += persistent_cost.run(config, log_dir, say)
     if "8" in only:
         rows += result_transfer.run(config, log_dir, say)
+    if "9" in only:
+        rows += ray_cluster.run(config, log_dir, say)
     rows.sort(key=lambda r: (r.group, r.condition == "fresh", int(r.ranks)))  # stable: fork before spawn
     return rows, companion_outputs
 
@@ -168,7 +171,8 @@ def render(machine: dict, config: dict, rows, companion_outputs, elapsed: float,
            "Machine: " + "; ".join(f"{k}: {v}" for k, v in machine.items() if k != "executable"), "",
            render_table(rows), "", "Notes:", ""]
     warning = busy_machine_warning(machine)
-    out += [f"- {line}" for line in ([warning] if warning else []) + notes(config, elapsed)]
+    ray_notes = [ray_cluster.NOTES] if any(row.item == "9" for row in rows) else []
+    out += [f"- {line}" for line in ([warning] if warning else []) + notes(config, elapsed) + ray_notes]
     for name, text in companion_outputs.items():
         out += ["", f"## Output of benchmarks/{name}", "", "```", text, "```"]
     return "\n".join(out) + "\n"

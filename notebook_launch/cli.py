@@ -83,6 +83,8 @@ def cmd_env(args: argparse.Namespace) -> int:
     if preview["evidence"]:
         rows.insert(2, ("evidence", preview["evidence"]))
     rows += [(name, package_version(name)) for name in VERSIONED]
+    from .backends.ray_connect import environment_report
+    rows.append(("ray", environment_report()))   # cluster=RayCluster(...): the cluster it would use
     print("\n".join(f"{key + ':':<17}{value}" for key, value in rows))
     print("\nA launch here would use:")
     print(f"  backend:        {preview['backend']} ({preview['device']})")

@@ -8,6 +8,7 @@ only drives the cluster), and the kernel's SIGTERM/SIGINT handlers restored
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import threading
 from dataclasses import dataclass
@@ -153,28 +154,35 @@ def _restore_handlers(saved: dict[str, Any]) -> None:
             signal.signal(getattr(signal, name), handler)
 
 
-def environment_report() -> str | None:
-    """For ``notebook-launch env``: the Ray cluster this machine can reach, or None when Ray is
-    not installed or no cluster is reachable (never starts one)."""
+def environment_report() -> str:
+    """For ``notebook-launch env``: Ray's version and the cluster this machine belongs to (nodes,
+    CPUs, GPUs). Ray is imported, and a cluster asked, only when one is configured here
+    (RAY_ADDRESS, or `ray start` on this machine); a Ray cluster is never started."""
+    import importlib.metadata
     try:
-        import ray
-    except ImportError:
-        return None
+        version = importlib.metadata.version("ray")
+    except importlib.metadata.PackageNotFoundError:
+        return "not installed (pip install 'notebook_launch[ray]' for cluster=RayCluster(...))"
+    address = os.environ.get("RAY_ADDRESS") or _current_cluster_address()
+    if not address:
+        return f"ray {version}; no cluster configured here (set RAY_ADDRESS or run `ray start`)"
+    import ray
     if not ray.is_initialized():
-        from ray._private.services import canonicalize_bootstrap_address
-        try:
-            address = canonicalize_bootstrap_address("auto")
-        except Exception:
-            log.debug("no Ray cluster address found", exc_info=True)
-            return None
-        if not address:
-            return None
         saved = _save_handlers()
         try:
-            ray.init(address=address, log_to_driver=False, logging_level=logging.WARNING,
-                     configure_logging=False)
-        except Exception as exc:
-            return f"ray {ray.__version__}: no cluster reachable at {address} ({type(exc).__name__})"
+            ray.init(address=address, log_to_driver=False, logging_level=logging.WARNING, configure_logging=False)
+        except Exception as exc:  # a stale address: say so, env must not fail
+            return f"ray {version}; no cluster reachable at {address} ({type(exc).__name__}: {exc})"
         finally:
             _restore_handlers(saved)
-    return f"ray {ray.__version__}: cluster at {gcs_host(ray)}: {describe_cluster(alive_nodes(ray))}"
+    return f"ray {version}; cluster at {gcs_host(ray) or address}: {describe_cluster(alive_nodes(ray))}"
+
+
+def _current_cluster_address() -> str | None:
+    """The address `ray start --head` on this machine left in Ray's default temp folder."""
+    import tempfile
+    try:
+        with open(os.path.join(tempfile.gettempdir(), "ray", "ray_current_cluster")) as f:
+            return f.read().strip() or None
+    except OSError:
+        return None

@@ -127,7 +127,10 @@ class Notebook:
 class RayTwoNodes:
     """Node A (head, and the notebook) and node B, each in its own namespace."""
 
-    def __init__(self, tmp: Path) -> None:
+    def __init__(self, tmp: Path, bind_gloo_in_node_env: bool = False) -> None:
+        """``bind_gloo_in_node_env``: start each node with GLOO_SOCKET_IFNAME naming its link, as
+        an administrator would for launchers that do not find the interface themselves."""
+        self.bind_gloo_in_node_env = bind_gloo_in_node_env
         tag = secrets.token_hex(3)
         self.namespaces = [f"nlr-a-{tag}", f"nlr-b-{tag}"]
         self.links = [f"nlra{tag}", f"nlrb{tag}"]
@@ -178,7 +181,8 @@ class RayTwoNodes:
                     shutil.rmtree(self.temp_dir, ignore_errors=True)
 
     def ray(self, node: int, *args: str) -> str:
-        result = subprocess.run(["ip", "netns", "exec", self.namespaces[node], str(RAY), *args], env=self.env,
+        env = dict(self.env, GLOO_SOCKET_IFNAME=self.links[node]) if self.bind_gloo_in_node_env else self.env
+        result = subprocess.run(["ip", "netns", "exec", self.namespaces[node], str(RAY), *args], env=env,
                                 capture_output=True, text=True, timeout=180)
         if result.returncode:
             raise RuntimeError(f"ray {' '.join(args)} failed on node {node}:\n{result.stdout}\n{result.stderr}")

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -277,3 +279,14 @@ finally:
     assert error["kind"] == "rendezvous"
     assert "could not place 8 ranks" in error["message"] and "8 CPU requested, 4 free" in error["message"]
     assert_nothing_left(ray_nodes, notebook)
+
+
+def test_env_reports_the_ray_cluster(ray_nodes):
+    """`notebook-launch env` on node A, with RAY_ADDRESS naming the head, reports the cluster."""
+    env = dict(ray_nodes.env, RAY_ADDRESS=ray_nodes.head)
+    out = subprocess.run(["ip", "netns", "exec", ray_nodes.namespaces[0], sys.executable, "-m", "notebook_launch",
+                          "env"], env=env, capture_output=True, text=True, timeout=180)
+    assert out.returncode == 0, out.stderr
+    line = next(line for line in out.stdout.splitlines() if line.startswith("ray:"))
+    assert re.search(rf"ray 2\.\d+\.\d+; cluster at {re.escape(ray_nodes.addresses[0])}: 2 nodes, 8 CPUs, 0 GPUs "
+                     r"\(10\.[\d.]+: 4 CPU; 10\.[\d.]+: 4 CPU\)", line), line
