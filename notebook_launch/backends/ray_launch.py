@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import pickle
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 from .. import cuda_tracking
 from ..errors import GuardError, LaunchError
@@ -25,6 +25,7 @@ from ..protocol import Failure, FailureKind
 from ..rank.runner import Job
 from ..rank.spawn_context import capture_context, pickle_job
 from ..run import RunContext, run_with_scaffold
+from ..state import RunState
 from ..supervise import outcome
 from ..supervise.supervisor import Supervisor
 from . import ray_connect
@@ -119,8 +120,7 @@ def run_attempt(ray: Any, cluster: "RayCluster", ctx: RunContext, payload_ref: A
         except TimeoutError:
             raise placement_timeout_error(ray, cluster, world_size, rdzv_timeout, state) from None
         gang.start_actors(placements)
-        infos = ray.get([actor.describe.remote(p.global_rank == 0)
-                         for actor, p in zip(gang.actors, placements)])
+        infos = describe_actors(ray, gang, placements, state, waiting)
         node_labels = {}
         for p, info in zip(placements, infos):
             node_labels[p.node_id] = f"node {p.node_rank} ({info['address']})"
@@ -170,6 +170,26 @@ def run_attempt(ray: Any, cluster: "RayCluster", ctx: RunContext, payload_ref: A
         gang.end()
 
 
+def describe_actors(ray: Any, gang: Gang, placements: list[Placement], state: RunState,
+                    waiting: Callable[[], None]) -> list[dict[str, Any]]:
+    """Where each actor landed; an actor that cannot start (notebook_launch or a package missing on
+    its node, a bad runtime_env) is a LaunchError naming the rank and what to do."""
+    calls = [actor.describe.remote(p.global_rank == 0) for actor, p in zip(gang.actors, placements)]
+    while ray.wait(calls, num_returns=len(calls), timeout=0.1)[1]:
+        waiting()
+    infos = []
+    for p, call in zip(placements, calls):
+        try:
+            infos.append(ray.get(call))
+        except Exception as exc:
+            raise outcome.cluster_error(
+                f"the Ray actor of rank {p.global_rank} could not start on its node: {death_reason(exc)}. Every "
+                f"node needs notebook_launch (the notebook's version) and the packages your function imports, "
+                f"or RayCluster(runtime_env={{...}}) that brings them.", state, rank=p.global_rank,
+                kind=FailureKind.EXIT.value) from None
+    return infos
+
+
 def rank_assignment(p: Placement, info: dict[str, Any], master: dict[str, Any], *, num_nodes: int,
                     world_size: int, cluster: "RayCluster", mixed_precision: str, run_id: str,
                     cuda_visible_devices: str | None, restarts: tuple[int, int] = (0, 0)) -> dict[str, Any]:
@@ -184,7 +204,7 @@ def rank_assignment(p: Placement, info: dict[str, Any], master: dict[str, Any], 
 
 
 def placement_timeout_error(ray: Any, cluster: "RayCluster", world_size: int, rdzv_timeout: float,
-                            state: Any) -> LaunchError:
+                            state: RunState) -> LaunchError:
     free = ray.available_resources()
     wanted = {k: float(v) for k, v in cluster.resources_per_rank.items() if float(v) > 0}
     short = ", ".join(f"{world_size * v:g} {k} requested, {free.get(k, 0):g} free" for k, v in wanted.items())

@@ -156,10 +156,10 @@ def test_timeout_ends_every_actor(ray_nodes, notebook):
     error = launch_error(notebook, """
 def train():
     time.sleep(600)
-notebook_launcher(train, num_processes=4, cluster=cluster(), timeout=20, ui="none")
+notebook_launcher(train, num_processes=4, cluster=cluster(), timeout=5, ui="none")
 """)
     assert error["kind"] == "timeout"
-    assert "timed out after 20 s; ranks still running: 0, 1, 2, 3" in error["message"]
+    assert "timed out after 5 s; ranks still running: 0, 1, 2, 3" in error["message"]
     assert_nothing_left(ray_nodes, notebook)
 
 
@@ -214,12 +214,12 @@ def train():
         open({str(marker)!r}, "w").close()
         raise RuntimeError("first attempt fails")
     return (os.environ["RANK"], os.environ["TORCHELASTIC_RESTART_COUNT"], os.environ["TORCHELASTIC_MAX_RESTARTS"])
-print(json.dumps(notebook_launcher(train, num_processes=4, cluster=cluster(), max_restarts=2, ui="text")))
+print(json.dumps(notebook_launcher(train, num_processes=2, cluster=cluster(), max_restarts=2, ui="text")))
 """)
     assert out["error"] is None, out
     assert "rank 1 failed (RuntimeError: first attempt fails); restarting every rank (restart 1 of 2)" \
         in out["stdout"]
-    assert json.loads(out["stdout"].strip().splitlines()[-1]) == [[str(r), "1", "2"] for r in range(4)]
+    assert json.loads(out["stdout"].strip().splitlines()[-1]) == [[str(r), "1", "2"] for r in range(2)]
     assert_nothing_left(ray_nodes, notebook)
 
 
