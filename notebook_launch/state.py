@@ -126,6 +126,12 @@ class RunState:
         if rs.status == STARTING:
             rs.status = RUNNING
 
+    def on_placed(self, local_rank: int, node: str) -> None:
+        """A cluster placed the rank on ``node`` (Ray): its row says where, its line that it starts."""
+        rs = self.ranks[local_rank]
+        rs.node = node
+        rs.lines.append(("stdout", f"starting on {node}"))
+
     def on_progress(self, local_rank: int, payload: dict[str, Any]) -> None:
         """Fold a batched progress event: {"bars": {id: {...}}, "metrics": {...}}."""
         rs = self.ranks[local_rank]

@@ -9,18 +9,16 @@ from __future__ import annotations
 
 import logging
 import os
-import signal
-import threading
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from ..errors import GuardError, LaunchArgumentError
+from ..run import _restore_signal_handlers, _save_signal_handlers
 
 if TYPE_CHECKING:
     from ..cluster import RayCluster
 
 log = logging.getLogger("notebook_launch")
-_SIGNALS = ("SIGTERM", "SIGINT")
 
 
 @dataclass(frozen=True)
@@ -53,7 +51,7 @@ def connect(cluster: "RayCluster") -> Any:
         raise LaunchArgumentError(
             "RayCluster(address=None) uses the Ray this notebook connected to, but ray.init() was not "
             "called; call ray.init(...) first or pass address='auto' / 'host:port' / 'ray://host:port'")
-    saved = _save_handlers()
+    saved = _save_signal_handlers()
     try:
         ray.init(address=cluster.address, log_to_driver=False, logging_level=logging.WARNING,
                  configure_logging=False)
@@ -63,7 +61,7 @@ def connect(cluster: "RayCluster") -> Any:
             f"`ray start --head` (or check the address: 'auto' finds the cluster this machine belongs to, "
             f"'host:6379' names a head's GCS, 'ray://host:10001' goes through Ray Client).") from None
     finally:
-        _restore_handlers(saved)
+        _restore_signal_handlers(saved)
     return ray
 
 
@@ -142,18 +140,6 @@ def _resources(per_rank: Mapping[str, float]) -> str:
     return "{" + ", ".join(f"{k}: {_amount(v)}" for k, v in per_rank.items()) + "}"
 
 
-def _save_handlers() -> dict[str, Any]:
-    if threading.current_thread() is not threading.main_thread():
-        return {}
-    return {name: signal.getsignal(getattr(signal, name)) for name in _SIGNALS}
-
-
-def _restore_handlers(saved: dict[str, Any]) -> None:
-    for name, handler in saved.items():
-        if handler is not None:
-            signal.signal(getattr(signal, name), handler)
-
-
 def environment_report() -> str:
     """For ``notebook-launch env``: Ray's version and the cluster this machine belongs to (nodes,
     CPUs, GPUs). Ray is imported, and a cluster asked, only when one is configured here
@@ -168,13 +154,13 @@ def environment_report() -> str:
         return f"ray {version}; no cluster configured here (set RAY_ADDRESS or run `ray start`)"
     import ray
     if not ray.is_initialized():
-        saved = _save_handlers()
+        saved = _save_signal_handlers()
         try:
             ray.init(address=address, log_to_driver=False, logging_level=logging.WARNING, configure_logging=False)
         except Exception as exc:  # a stale address: say so, env must not fail
             return f"ray {version}; no cluster reachable at {address} ({type(exc).__name__}: {exc})"
         finally:
-            _restore_handlers(saved)
+            _restore_signal_handlers(saved)
     return f"ray {version}; cluster at {gcs_host(ray) or address}: {describe_cluster(alive_nodes(ray))}"
 
 

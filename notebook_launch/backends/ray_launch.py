@@ -121,11 +121,8 @@ def run_attempt(ray: Any, cluster: "RayCluster", ctx: RunContext, payload_ref: A
             raise placement_timeout_error(ray, cluster, world_size, rdzv_timeout, state) from None
         gang.start_actors(placements)
         infos = describe_actors(ray, gang, placements, state, waiting)
-        node_labels = {}
         for p, info in zip(placements, infos):
-            node_labels[p.node_id] = f"node {p.node_rank} ({info['address']})"
-            state.ranks[p.global_rank].node = node_labels[p.node_id]
-            state.ranks[p.global_rank].pid = info["pid"]
+            state.on_placed(p.global_rank, f"node {p.node_rank} ({info['address']})")
         master = infos[0]
         devices = visible_devices_by_node(placements, [info["gpu_ids"] for info in infos])
         listener = StreamListener(host, world_size)
