@@ -290,3 +290,33 @@ def test_env_reports_the_ray_cluster(ray_nodes):
     line = next(line for line in out.stdout.splitlines() if line.startswith("ray:"))
     assert re.search(rf"ray 2\.\d+\.\d+; cluster at {re.escape(ray_nodes.addresses[0])}: 2 nodes, 8 CPUs, 0 GPUs "
                      r"\(10\.[\d.]+: 4 CPU; 10\.[\d.]+: 4 CPU\)", line), line
+
+
+def test_lost_node_stops_every_rank_and_names_it(ray_nodes, notebook, tmp_path):
+    """Every process of one node dies at once (raylet, workers): the ranks there are reported as
+    lost with their node, the others are stopped. Last in this module: the node stays down."""
+    started = tmp_path / "started"
+    started.mkdir()
+    msg_id = notebook.submit(f"""
+def train():
+    open(os.path.join({str(started)!r}, os.environ["RANK"]), "w").close()
+    time.sleep(600)
+try:
+    notebook_launcher(train, num_processes=4, cluster=cluster(), ui="none")
+except LaunchError as err:
+    print(error_json(err))
+""")
+    deadline = time.monotonic() + 240
+    while len(list(started.iterdir())) < 4 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert len(list(started.iterdir())) == 4, "the ranks never all started"
+    ray_nodes.kill_node(1)
+    out = notebook.collect(msg_id, timeout=300)
+    assert out["error"] is None, out
+    error = json.loads(out["stdout"].strip().splitlines()[-1])
+    first = error["message"].splitlines()[0]
+    lost = re.escape(ray_nodes.addresses[1])
+    assert re.match(rf"node \d \({lost}\), rank \d failed: its Ray actor died because its node died", first), first
+    survivors = re.findall(rf"rank (\d) \(node \d \({re.escape(ray_nodes.addresses[0])}\)\): stopped", error["message"])
+    assert len(survivors) == 2, error["message"]
+    assert_nothing_left(ray_nodes, notebook)
