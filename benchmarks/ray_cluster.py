@@ -222,5 +222,6 @@ NOTES = ("Item 7 (Ray): a real two-node Ray cluster on this machine (two network
          "accelerate imported (untimed), then both call `notebook_launcher(num_processes=2, num_nodes=2, "
          "node_rank=i)` at once; time to the last rank's first step. TorchTrainer: `fit()` with "
          "`ScalingConfig(num_workers=4, placement_strategy='SPREAD')`, time to the last worker's first "
-         "step (each writes its time to a file; `fit()` itself returns later). Relay: each rank prints 20k lines and runs a 200k-step progress() loop; "
+         "step (each writes its time to a file; `fit()` itself returns later). Relay: each rank prints 20k "
+         "lines and runs a 200k-step progress() loop; "
          "rates are over the slowest rank; the cost row compares the same print loop into /dev/null.")

@@ -8,8 +8,6 @@ and say why.
 """
 import json
 import os
-import secrets
-import shutil
 import signal
 import subprocess
 import sys
@@ -17,59 +15,31 @@ import time
 from pathlib import Path
 
 import pytest
+from netns_pair import create_pair, delete_pair, pair_names, unavailable_reason
 
 REPO = Path(__file__).resolve().parents[2]
 NODE_SCRIPT = Path(__file__).with_name("node_script.py")
 PORT = 29400
 
 
-def _ip(*args, check=True):
-    return subprocess.run(["ip", *args], check=check, capture_output=True, text=True, timeout=30)
-
-
-def _netns_unavailable_reason():
-    if shutil.which("ip") is None:
-        return "needs the `ip` command (apt-get install iproute2; scripts/system-packages.sh does it)"
-    if os.geteuid() != 0:
-        return "needs root to create network namespaces (ip netns add)"
-    probe = f"nl-probe-{secrets.token_hex(3)}"
-    result = _ip("netns", "add", probe, check=False)
-    if result.returncode != 0:
-        return f"`ip netns add` failed here ({result.stderr.strip()}); namespaces need CAP_SYS_ADMIN"
-    _ip("netns", "del", probe, check=False)
-    return None
-
-
 class TwoNodes:
     """Namespaces A (node 0, 10.x.y.1) and B (node 1, 10.x.y.2)."""
 
     def __init__(self, tmp_path: Path):
-        tag = secrets.token_hex(3)
-        self.namespaces = [f"nl-a-{tag}", f"nl-b-{tag}"]
-        self.links = [f"nla{tag}", f"nlb{tag}"]
-        octets = (200 + secrets.randbelow(50), secrets.randbelow(250))
-        self.addresses = [f"10.{octets[0]}.{octets[1]}.{i}" for i in (1, 2)]
+        self.namespaces, self.links, self.addresses = pair_names("nl")
         self.tmp = tmp_path
         self.port = PORT   # each namespace has its own ports: no clash with anything outside
         self.procs = []
 
     def create(self):
-        for ns in self.namespaces:
-            _ip("netns", "add", ns)
-        _ip("link", "add", self.links[0], "type", "veth", "peer", "name", self.links[1])
-        for ns, link, addr in zip(self.namespaces, self.links, self.addresses):
-            _ip("link", "set", link, "netns", ns)
-            _ip("-n", ns, "addr", "add", f"{addr}/24", "dev", link)
-            _ip("-n", ns, "link", "set", link, "up")
-            _ip("-n", ns, "link", "set", "lo", "up")
+        create_pair(self.namespaces, self.links, self.addresses)
 
     def destroy(self):
         for proc in self.procs:
             if proc.poll() is None:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait(timeout=30)
-        for ns in self.namespaces:
-            _ip("netns", "del", ns, check=False)   # also removes the veth pair
+        delete_pair(self.namespaces)
 
     def start(self, node_rank: int, scenario: str, **options):
         """Start node ``node_rank``'s notebook_launcher call in its namespace."""
@@ -108,7 +78,7 @@ class TwoNodes:
 
 @pytest.fixture
 def two_nodes(tmp_path):
-    reason = _netns_unavailable_reason()
+    reason = unavailable_reason()
     if reason:
         pytest.skip(reason)
     nodes = TwoNodes(tmp_path)

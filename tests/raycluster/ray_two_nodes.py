@@ -17,7 +17,6 @@ from __future__ import annotations
 import json
 import os
 import queue
-import secrets
 import shutil
 import signal
 import subprocess
@@ -27,6 +26,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # tests/: netns_pair (also for benchmarks)
+import netns_pair  # noqa: E402
+
 
 REPO = Path(__file__).resolve().parents[2]
 RAY = Path(sys.executable).with_name("ray")
@@ -35,25 +37,12 @@ OBJECT_STORE_BYTES = 80 * 2**20
 HEAD_PORT = 6379
 
 
-def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess:
-    return subprocess.run(["ip", *args], check=check, capture_output=True, text=True, timeout=30)
-
-
 def unavailable_reason() -> str | None:
     try:
         import ray  # noqa: F401
     except ImportError:
         return "needs ray (pip install -e '.[test]')"
-    if shutil.which("ip") is None:
-        return "needs the `ip` command (apt-get install iproute2; scripts/system-packages.sh does it)"
-    if os.geteuid() != 0:
-        return "needs root to create network namespaces (ip netns add)"
-    probe = f"nlr-probe-{secrets.token_hex(3)}"
-    result = _ip("netns", "add", probe, check=False)
-    if result.returncode != 0:
-        return f"`ip netns add` failed here ({result.stderr.strip()}); namespaces need CAP_SYS_ADMIN"
-    _ip("netns", "del", probe, check=False)
-    return None
+    return netns_pair.unavailable_reason()
 
 
 def kernel_manager(namespace: str, tmp: Path) -> Any:
@@ -131,13 +120,9 @@ class RayTwoNodes:
         """``bind_gloo_in_node_env``: start each node with GLOO_SOCKET_IFNAME naming its link, as
         an administrator would for launchers that do not find the interface themselves."""
         self.bind_gloo_in_node_env = bind_gloo_in_node_env
-        tag = secrets.token_hex(3)
-        self.namespaces = [f"nlr-a-{tag}", f"nlr-b-{tag}"]
-        self.links = [f"nlra{tag}", f"nlrb{tag}"]
-        octets = (200 + secrets.randbelow(50), secrets.randbelow(250))
-        self.addresses = [f"10.{octets[0]}.{octets[1]}.{i}" for i in (1, 2)]
+        self.namespaces, self.links, self.addresses = netns_pair.pair_names("nlr")
         self.tmp = tmp
-        self.temp_dir = f"/tmp/nlr-{tag}"   # short: Ray's unix socket paths must fit 107 bytes
+        self.temp_dir = f"/tmp/{self.namespaces[0]}"   # short: Ray's unix socket paths must fit 107 bytes
         self.env = dict(os.environ, PYTHONPATH=str(REPO), RAY_USAGE_STATS_ENABLED="0",
                         NOTEBOOK_LAUNCH_LOG_DIR=str(tmp / "runs"))
         self.env.pop("RAY_ADDRESS", None)
@@ -148,14 +133,7 @@ class RayTwoNodes:
         return f"{self.addresses[0]}:{HEAD_PORT}"
 
     def up(self) -> None:
-        for ns in self.namespaces:
-            _ip("netns", "add", ns)
-        _ip("link", "add", self.links[0], "type", "veth", "peer", "name", self.links[1])
-        for ns, link, addr in zip(self.namespaces, self.links, self.addresses):
-            _ip("link", "set", link, "netns", ns)
-            _ip("-n", ns, "addr", "add", f"{addr}/24", "dev", link)
-            _ip("-n", ns, "link", "set", link, "up")
-            _ip("-n", ns, "link", "set", "lo", "up")
+        netns_pair.create_pair(self.namespaces, self.links, self.addresses)
         common = [f"--num-cpus={CPUS_PER_NODE}", f"--object-store-memory={OBJECT_STORE_BYTES}",
                   "--disable-usage-stats"]
         self.start_node(0, "--head", f"--node-ip-address={self.addresses[0]}", f"--port={HEAD_PORT}",
@@ -190,7 +168,8 @@ class RayTwoNodes:
 
     def pids(self, node: int | None = None) -> list[int]:
         nodes = range(2) if node is None else (node,)
-        return [int(p) for n in nodes for p in _ip("netns", "pids", self.namespaces[n], check=False).stdout.split()]
+        listed = (netns_pair.ip("netns", "pids", self.namespaces[n], check=False).stdout for n in nodes)
+        return [int(pid) for text in listed for pid in text.split()]
 
     def rank_processes(self) -> list[str]:
         """Ray workers that still carry one of our rank actors (Ray names the process after it)."""
@@ -224,6 +203,5 @@ class RayTwoNodes:
             except Exception as exc:   # the kernel may be gone already; its processes are killed below
                 print(f"stopping the notebook kernel: {exc!r}", file=sys.stderr)
         self.kill_node(None)
-        for ns in self.namespaces:
-            _ip("netns", "del", ns, check=False)   # also removes the veth pair
+        netns_pair.delete_pair(self.namespaces)
         shutil.rmtree(self.temp_dir, ignore_errors=True)
