@@ -115,6 +115,8 @@ def test_cluster_words():
 def test_death_reasons_name_node_loss_and_crashes():
     assert "node died" in death_reason(RuntimeError("The actor died because its node has died. Node Id: x"))
     assert "unexpectedly" in death_reason(RuntimeError("The actor died unexpectedly before finishing"))
+    unavailable = type("ActorUnavailableError", (Exception,), {})
+    assert "unreachable" in death_reason(unavailable("The actor is temporarily unavailable: RpcError"))
 
 
 def test_three_streams_per_rank_over_tcp_and_signals_back():

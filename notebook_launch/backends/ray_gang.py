@@ -158,6 +158,8 @@ def death_reason(exc: BaseException) -> str:
     for marker in ("The actor died because its node has died", "The actor is dead because its node has died"):
         if marker in text:
             return "its Ray actor died because its node died (node lost)"
+    if type(exc).__name__ == "ActorUnavailableError":   # the connection to it broke (max_restarts=0: for good)
+        return "its Ray actor is unreachable (its worker process or its node went away)"
     if "unexpectedly" in text or "SIGKILL" in text or "killed" in text:
         return "its Ray actor died unexpectedly (the worker process was killed or crashed)"
     if type(exc).__name__.startswith("RayTaskError"):   # the call raised instead of the actor dying

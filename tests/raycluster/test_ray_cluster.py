@@ -316,7 +316,9 @@ except LaunchError as err:
     error = json.loads(out["stdout"].strip().splitlines()[-1])
     first = error["message"].splitlines()[0]
     lost = re.escape(ray_nodes.addresses[1])
-    assert re.match(rf"node \d \({lost}\), rank \d failed: its Ray actor died because its node died", first), first
+    # Ray says "node died" once its health checks noticed, "unreachable" when the call broke first
+    assert re.match(rf"node \d \({lost}\), rank \d failed: its Ray actor (died because its node died|is "
+                    r"unreachable \(its worker process or its node went away\))", first), first
     survivors = re.findall(rf"rank (\d) \(node \d \({re.escape(ray_nodes.addresses[0])}\)\): stopped", error["message"])
     assert len(survivors) == 2, error["message"]
     assert_nothing_left(ray_nodes, notebook)
