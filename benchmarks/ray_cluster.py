@@ -54,14 +54,15 @@ def loop_for_trainer(config):
 def relay(lines, updates, sink):
     import sys
     from notebook_launch import progress
-    out = open(os.devnull, "w") if sink == "nowhere" else sys.stdout
+    # the baseline: the same line-buffered writes into a file on the rank's own node
+    out = tempfile.TemporaryFile("w", buffering=1) if sink == "local file" else sys.stdout
     start = time.perf_counter()
     for i in range(lines):
         print(f"line {{i}} of a rank's output, about sixty characters long ....", file=out)
     out.flush()
     lines_s = time.perf_counter() - start
     start = time.perf_counter()
-    if sink == "nowhere":
+    if sink == "local file":
         for i in range(updates):
             pass
     else:
@@ -120,7 +121,7 @@ def run(config: dict, log_dir: str, say=print) -> list[Row]:
                 goal="≥3x faster than TorchTrainer", group=7),
             Row("7", "Ray cluster: relay of output lines / progress updates into the notebook (4 ranks)",
                 str(RANKS), "/s", goal="— (throughput)", group=7),
-            Row("7", "Ray cluster: rank loop time with the relay / without (printing 20k lines)", str(RANKS), "x",
+            Row("7", "Ray cluster: rank's print loop, relayed / into a local file (20k lines)", str(RANKS), "x",
                 goal="— (cost)", group=7)]
     reason = unavailable_reason()
     if reason:
@@ -201,16 +202,16 @@ def measure_relay(nodes, rates: Row, cost: Row, config: dict, say) -> None:
         say(f"item 7: relay, repeat {repeat + 1}/{config['repeats']}")
         relayed = nodes.notebook.value(RELAY.format(lines=lines, updates=updates, sink="notebook", ranks=RANKS),
                                        timeout=600)
-        nowhere = nodes.notebook.value(RELAY.format(lines=lines, updates=updates, sink="nowhere", ranks=RANKS),
-                                       timeout=600)
+        local = nodes.notebook.value(RELAY.format(lines=lines, updates=updates, sink="local file", ranks=RANKS),
+                                     timeout=600)
         slowest_lines = max(t[0] for t in relayed)
         slowest_updates = max(t[1] for t in relayed)
         rates.cell("ours").samples.append(RANKS * lines / slowest_lines)
         rates.cells.setdefault("other", [Cell(label="progress updates/s")])[0].samples.append(
             RANKS * updates / slowest_updates)
-        cost.cell("ours").samples.append(slowest_lines / max(t[0] for t in nowhere))
+        cost.cell("ours").samples.append(slowest_lines / max(t[0] for t in local))
     rates.ratios = "lines/s in the ours column; progress() updates/s (batched to 10 events/s per rank) in other"
-    cost.ratios = "1.00x = the relay costs the rank nothing"
+    cost.ratios = "1.00x = relaying a line costs the rank what writing it to a local file does"
 
 
 NOTES = ("Item 7 (Ray): a real two-node Ray cluster on this machine (two network namespaces joined by a veth "
@@ -224,4 +225,5 @@ NOTES = ("Item 7 (Ray): a real two-node Ray cluster on this machine (two network
          "`ScalingConfig(num_workers=4, placement_strategy='SPREAD')`, time to the last worker's first "
          "step (each writes its time to a file; `fit()` itself returns later). Relay: each rank prints 20k "
          "lines and runs a 200k-step progress() loop; "
-         "rates are over the slowest rank; the cost row compares the same print loop into /dev/null.")
+         "rates are over the slowest rank; the cost row compares the same line-buffered print loop into a "
+         "local file on the rank's node.")
