@@ -73,6 +73,7 @@ class RankState:
     device: str = "cpu"
     pid: int | None = None
     node: str = ""                        # where the rank runs when that is not this machine (Ray)
+    node_rank: int | None = None          # its node's index there (NODE_RANK)
     status: Status = STARTING
     bars: dict[str, Bar] = field(default_factory=dict)          # id -> Bar, in creation order
     metrics: dict[str, Any] = field(default_factory=dict)       # name -> scalar
@@ -126,11 +127,11 @@ class RunState:
         if rs.status == STARTING:
             rs.status = RUNNING
 
-    def on_placed(self, local_rank: int, node: str) -> None:
-        """A cluster placed the rank on ``node`` (Ray): its row says where, its line that it starts."""
+    def on_placed(self, local_rank: int, node_rank: int, address: str) -> None:
+        """A cluster placed the rank on a node (Ray): its row says where, its line that it starts."""
         rs = self.ranks[local_rank]
-        rs.node = node
-        rs.lines.append(("stdout", f"starting on {node}"))
+        rs.node, rs.node_rank = f"node {node_rank} ({address})", node_rank
+        rs.lines.append(("stdout", f"starting on {rs.node}"))
 
     def on_progress(self, local_rank: int, payload: dict[str, Any]) -> None:
         """Fold a batched progress event: {"bars": {id: {...}}, "metrics": {...}}."""

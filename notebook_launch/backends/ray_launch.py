@@ -122,7 +122,7 @@ def run_attempt(ray: Any, cluster: "RayCluster", ctx: RunContext, payload_ref: A
         gang.start_actors(placements)
         infos = describe_actors(ray, gang, placements, state, waiting)
         for p, info in zip(placements, infos):
-            state.on_placed(p.global_rank, f"node {p.node_rank} ({info['address']})")
+            state.on_placed(p.global_rank, p.node_rank, info["address"])
         master = infos[0]
         devices = visible_devices_by_node(placements, [info["gpu_ids"] for info in infos])
         listener = StreamListener(host, world_size)

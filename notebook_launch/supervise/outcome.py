@@ -198,8 +198,16 @@ def launch_error(failure: Failure, results: list[Any], state: RunState,
                        exc_message=exc_message,
                        remote_traceback=clip_middle(failure.traceback, TRACEBACK_LIMIT, where) or None,
                        log_dir=state.log_dir, results=results,
-                       node_rank=state.node_rank if state.num_nodes > 1 else None,
+                       node_rank=node_rank_of(failure, state),
                        failures=process_failures(list(facts), state.log_dir))
+
+
+def node_rank_of(failure: Failure, state: RunState) -> int | None:
+    """The failing rank's node: its own when a cluster placed it (Ray), else this node's in a
+    multi-node run, else None."""
+    if failure.local_rank is not None and state.ranks[failure.local_rank].node_rank is not None:
+        return state.ranks[failure.local_rank].node_rank
+    return state.node_rank if state.num_nodes > 1 else None
 
 
 def remote_error(record: Failure, state: RunState) -> LaunchError:

@@ -26,6 +26,7 @@ def cluster(**kw):
     return RayCluster(address=HEAD, **kw)
 def error_json(err):
     return json.dumps({{"type": type(err).__name__, "message": str(err), "rank": getattr(err, "rank", None),
+                       "node_rank": getattr(err, "node_rank", None),
                        "kind": getattr(err, "kind", None), "log_dir": getattr(err, "log_dir", None)}})
 """
 
@@ -56,11 +57,15 @@ def assert_nothing_left(ray_nodes, notebook) -> None:
 
 
 def launch_error(notebook, code: str) -> dict:
-    """Run a cell that must raise LaunchError; return what it said."""
-    result = notebook.value("try:\n" + "\n".join("    " + line for line in code.strip().splitlines())
-                            + "\nexcept LaunchError as err:\n    print(error_json(err))\n"
-                            "else:\n    print(json.dumps({'type': None}))")
+    """Run a cell that must raise LaunchError; return what it said (and, as "printed", what the
+    cell printed before)."""
+    out = notebook.run("try:\n" + "\n".join("    " + line for line in code.strip().splitlines())
+                       + "\nexcept LaunchError as err:\n    print(error_json(err))\n"
+                       "else:\n    print(json.dumps({'type': None}))")
+    assert out["error"] is None, out
+    result = json.loads(out["stdout"].strip().splitlines()[-1])
     assert result["type"] == "LaunchError", result
+    result["printed"] = out["stdout"]
     return result
 
 
@@ -130,7 +135,7 @@ def train():
 notebook_launcher(train, num_processes=4, cluster=cluster(), ui="none")
 """)
     first = error["message"].splitlines()[0]
-    assert error["rank"] == 3
+    assert error["rank"] == 3 and error["node_rank"] == 1
     assert re.match(r"node 1 \(10\.\d+\.\d+\.\d\), rank 3 failed: ValueError: boom on the second node", first), first
     assert "raise ValueError" in error["message"]           # the rank's traceback
     for rank in (0, 1, 2):                                   # the others were stopped, not left running
@@ -278,6 +283,10 @@ finally:
 """)
     assert error["kind"] == "rendezvous"
     assert "could not place 8 ranks" in error["message"] and "8 CPU requested, 4 free" in error["message"]
+    # the panel (here the text display's final summary) showed each rank waiting for its placement
+    for rank in range(8):
+        assert f"rank {rank} [cpu] starting | waiting for Ray to place 8 ranks x {{'CPU': 1.0}} (SPREAD)" \
+            in error["printed"], error["printed"]
     assert_nothing_left(ray_nodes, notebook)
 
 
