@@ -1,4 +1,4 @@
-"""Item 7: one cell on a Ray cluster. On a real two-node Ray cluster (two network namespaces
+"""Item 9: one cell on a Ray cluster. On a real two-node Ray cluster (two network namespaces
 joined by a veth pair, tests/raycluster/ray_two_nodes.py), driven from a Jupyter kernel on
 node A, side by side and in rotating order:
 
@@ -117,12 +117,12 @@ print("done", flush=True)
 
 def run(config: dict, log_dir: str, say=print) -> list[Row]:
     from ray_two_nodes import RayTwoNodes, unavailable_reason
-    rows = [Row("7", "Ray cluster: call to first trained DDP step (4 ranks, 2 nodes)", str(RANKS), "s",
-                goal="≥3x faster than TorchTrainer", group=7),
-            Row("7", "Ray cluster: relay of output lines / progress updates into the notebook (4 ranks)",
-                str(RANKS), "/s", goal="— (throughput)", group=7),
-            Row("7", "Ray cluster: rank's print loop, relayed / into a local file (20k lines)", str(RANKS), "x",
-                goal="— (cost)", group=7)]
+    rows = [Row("9", "Ray cluster: call to first trained DDP step (4 ranks, 2 nodes)", str(RANKS), "s",
+                goal="≥3x faster than TorchTrainer", group=9),
+            Row("9", "Ray cluster: relay of output lines / progress updates into the notebook (4 ranks)",
+                str(RANKS), "/s", goal="— (throughput)", group=9),
+            Row("9", "Ray cluster: rank's print loop, relayed / into a local file (20k lines)", str(RANKS), "x",
+                goal="— (cost)", group=9)]
     reason = unavailable_reason()
     if reason:
         for row in rows:
@@ -130,7 +130,7 @@ def run(config: dict, log_dir: str, say=print) -> list[Row]:
         return rows
     nodes = RayTwoNodes(Path(log_dir), bind_gloo_in_node_env=True)
     try:
-        say("item 7: starting a two-node Ray cluster")
+        say("item 9: starting a two-node Ray cluster")
         nodes.up()
         nodes.notebook.value(SETUP.format(head=nodes.head), timeout=300)
         measure_first_step(nodes, rows[0], config["repeats"], log_dir, say)
@@ -146,7 +146,7 @@ def measure_first_step(nodes, row: Row, repeats: int, log_dir: str, say) -> None
     order = ["ours", "trainer", "accelerate"]
     for repeat in range(repeats):
         for name in order[repeat % 3:] + order[:repeat % 3]:
-            say(f"item 7: first step, {name}, repeat {repeat + 1}/{repeats}")
+            say(f"item 9: first step, {name}, repeat {repeat + 1}/{repeats}")
             try:
                 if name == "ours":
                     row.cell("ours").samples.append(nodes.notebook.value(OURS.format(ranks=RANKS), timeout=600))
@@ -155,7 +155,7 @@ def measure_first_step(nodes, row: Row, repeats: int, log_dir: str, say) -> None
                 else:
                     row.cell("accelerate").samples.append(accelerate_per_node(nodes, log_dir, repeat))
             except Exception as exc:  # one launcher failing must not lose the others' rows
-                say(f"item 7: {name} failed: {exc}")
+                say(f"item 9: {name} failed: {exc}")
                 cell = trainer if name == "trainer" else row.cell(name)
                 cell.text = f"error: {type(exc).__name__}: {str(exc).splitlines()[0][:120]}"
     speedup = ratio(trainer.median(), row.median("ours"))
@@ -199,7 +199,7 @@ def measure_relay(nodes, rates: Row, cost: Row, config: dict, say) -> None:
     lines = LINES_PER_RANK // (10 if config["quick"] else 1)
     updates = UPDATES_PER_RANK // (10 if config["quick"] else 1)
     for repeat in range(config["repeats"]):
-        say(f"item 7: relay, repeat {repeat + 1}/{config['repeats']}")
+        say(f"item 9: relay, repeat {repeat + 1}/{config['repeats']}")
         relayed = nodes.notebook.value(RELAY.format(lines=lines, updates=updates, sink="notebook", ranks=RANKS),
                                        timeout=600)
         local = nodes.notebook.value(RELAY.format(lines=lines, updates=updates, sink="local file", ranks=RANKS),
@@ -214,7 +214,7 @@ def measure_relay(nodes, rates: Row, cost: Row, config: dict, say) -> None:
     cost.ratios = "1.00x = relaying a line costs the rank what writing it to a local file does"
 
 
-NOTES = ("Item 7 (Ray): a real two-node Ray cluster on this machine (two network namespaces joined by a veth "
+NOTES = ("Item 9 (Ray): a real two-node Ray cluster on this machine (two network namespaces joined by a veth "
          "pair, `ray start --head` / `ray start --address`, 4 logical CPUs per node, dashboard off), driven "
          "from a Jupyter kernel on node A; every sample is a new launch on the running cluster (its actors "
          "start new worker processes, which import torch). The nodes were started with GLOO_SOCKET_IFNAME "

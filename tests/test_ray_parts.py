@@ -121,10 +121,10 @@ def test_death_reasons_name_node_loss_and_crashes():
 
 def test_three_streams_per_rank_over_tcp_and_signals_back():
     """A rank's events, stdout and stderr arrive on the notebook's sockets (in any connection
-    order), and a signal number travels back on the events connection."""
+    order); a signal number travels back on the events connection, an answer on its own."""
     listener = StreamListener("127.0.0.1", world_size=2)
     host, port = listener.address
-    received = {}
+    received, answers = {}, {}
 
     def rank(number: int) -> None:
         socks = connect_streams(host, port, listener.token, number)
@@ -132,6 +132,9 @@ def test_three_streams_per_rank_over_tcp_and_signals_back():
         socks[1].sendall(f"out {number}\n".encode())
         socks[2].sendall(f"err {number}\n".encode())
         received[number] = socks[0].recv(SIGNAL_FRAME.size)
+        answers[number] = b""
+        while len(answers[number]) < len("answer 0"):
+            answers[number] += socks[3].recv(64)
         for sock in socks:
             sock.close()
 
@@ -148,10 +151,12 @@ def test_three_streams_per_rank_over_tcp_and_signals_back():
             assert _read_line(rank_pipes.stdout_r) == f"out {number}\n".encode()
             assert _read_line(rank_pipes.stderr_r) == f"err {number}\n".encode()
             assert rank_pipes.send_signal(signal.SIGTERM)
+            os.write(rank_pipes.answers_w, f"answer {number}".encode())
         for thread in threads:
             thread.join(timeout=30)
         assert {n: SIGNAL_FRAME.unpack(data)[0] for n, data in received.items()} == {
             0: signal.SIGTERM, 1: signal.SIGTERM}
+        assert answers == {0: b"answer 0", 1: b"answer 1"}
     finally:
         listener.close(keep=pipes)
         for rank_pipes in pipes:

@@ -79,8 +79,9 @@ def run_on_ray(options: "LaunchOptions", cluster: "RayCluster", world_size: int)
                f"{ray_connect.describe_cluster(nodes)}; {world_size} ranks x "
                f"{dict(cluster.resources_per_rank)}, placement {cluster.placement}")
     return run_with_scaffold(plan, body, run_id=run_id, log_dir=options.log_dir, ui=options.ui,
-                             line_prefix=options.line_prefix or "[{node} rank {rank}]",
-                             max_restarts=options.max_restarts, extra_lines=(summary,))
+                             line_prefix=options.line_prefix or "[node {node_rank} rank {rank}]",
+                             max_restarts=options.max_restarts, extra_lines=(summary,),
+                             display_ranks=options.display_ranks)
 
 
 def notebook_plan(world_size: int, cluster: "RayCluster", mixed_precision: str) -> LaunchPlan:

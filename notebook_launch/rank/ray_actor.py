@@ -55,7 +55,7 @@ class RankActor:
             capture_output(os.dup(socks[1].fileno()), os.dup(socks[2].fileno()))
             socks[1].close()
             socks[2].close()
-            writer = StoppableWriter(events_fd)
+            writer = StoppableWriter(events_fd, answers_fd=socks[3].fileno())
             protocol.install(writer)
             signal.signal(signal.SIGTERM, writer.stop_rank)
             threading.Thread(target=_obey_notebook, args=(socks[0], finished), daemon=True,
@@ -81,6 +81,7 @@ class RankActor:
             sys.stdout, sys.stderr = saved_streams
             protocol.install(None)
             _close(socks[0])
+            socks[3].close()
         return code
 
 
