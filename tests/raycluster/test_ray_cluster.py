@@ -267,6 +267,24 @@ notebook_launcher(train, args=(500,), num_processes=4, cluster=cluster())
     assert_nothing_left(ray_nodes, notebook)
 
 
+def test_input_in_a_rank_on_the_other_node_is_answered_from_the_notebook(ray_nodes, notebook):
+    """input() in a rank asks the notebook's frontend; the answer travels back over the rank's
+    answers connection."""
+    msg_id = notebook.submit("""
+def ask():
+    if os.environ["RANK"] == "3":
+        return input("value for rank 3? ")
+print(json.dumps(notebook_launcher(ask, num_processes=4, cluster=cluster(), ui="none")))
+""")
+    request = notebook.kc.get_stdin_msg(timeout=240)
+    assert request["msg_type"] == "input_request" and "value for rank 3?" in request["content"]["prompt"]
+    notebook.kc.input("forty-two")
+    out = notebook.collect(msg_id, timeout=240)
+    assert out["error"] is None, out
+    assert json.loads(out["stdout"].strip().splitlines()[-1]) == [None, None, None, "forty-two"]
+    assert_nothing_left(ray_nodes, notebook)
+
+
 def test_busy_cluster_waits_then_says_what_is_missing(ray_nodes, notebook):
     """Enough CPUs in total, but another job holds them: the launch waits (the panel says so)
     and ends with a clear error after rdzv_timeout, leaving nothing behind."""
