@@ -128,7 +128,7 @@ def run(config: dict, log_dir: str, say=print) -> list[Row]:
         for row in rows:
             row.cell("ours").text = f"not measured: {reason}"
         return rows
-    nodes = RayTwoNodes(Path(log_dir), bind_gloo_in_node_env=True)
+    nodes = RayTwoNodes(Path(log_dir), bind_gloo_in_node_env=True, cpus_per_node=4)
     try:
         say("item 9: starting a two-node Ray cluster")
         nodes.up()

@@ -32,7 +32,9 @@ import netns_pair  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 RAY = Path(sys.executable).with_name("ray")
-CPUS_PER_NODE = 4
+# 2 logical CPUs per node: 4 ranks x 1 CPU then land 2 + 2 whatever Ray's SPREAD prefers, so the
+# tests know which ranks share a node
+CPUS_PER_NODE = 2
 OBJECT_STORE_BYTES = 80 * 2**20
 HEAD_PORT = 6379
 
@@ -116,10 +118,11 @@ class Notebook:
 class RayTwoNodes:
     """Node A (head, and the notebook) and node B, each in its own namespace."""
 
-    def __init__(self, tmp: Path, bind_gloo_in_node_env: bool = False) -> None:
+    def __init__(self, tmp: Path, bind_gloo_in_node_env: bool = False, cpus_per_node: int = CPUS_PER_NODE) -> None:
         """``bind_gloo_in_node_env``: start each node with GLOO_SOCKET_IFNAME naming its link, as
         an administrator would for launchers that do not find the interface themselves."""
         self.bind_gloo_in_node_env = bind_gloo_in_node_env
+        self.cpus_per_node = cpus_per_node
         self.namespaces, self.links, self.addresses = netns_pair.pair_names("nlr")
         self.tmp = tmp
         self.temp_dir = f"/tmp/{self.namespaces[0]}"   # short: Ray's unix socket paths must fit 107 bytes
@@ -134,7 +137,7 @@ class RayTwoNodes:
 
     def up(self) -> None:
         netns_pair.create_pair(self.namespaces, self.links, self.addresses)
-        common = [f"--num-cpus={CPUS_PER_NODE}", f"--object-store-memory={OBJECT_STORE_BYTES}",
+        common = [f"--num-cpus={self.cpus_per_node}", f"--object-store-memory={OBJECT_STORE_BYTES}",
                   "--disable-usage-stats"]
         self.start_node(0, "--head", f"--node-ip-address={self.addresses[0]}", f"--port={HEAD_PORT}",
                         "--include-dashboard=false", f"--temp-dir={self.temp_dir}", *common)

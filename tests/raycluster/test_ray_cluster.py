@@ -290,18 +290,18 @@ def test_busy_cluster_waits_then_says_what_is_missing(ray_nodes, notebook):
     and ends with a clear error after rdzv_timeout, leaving nothing behind."""
     error = launch_error(notebook, """
 from ray.util.placement_group import placement_group, remove_placement_group
-holder = placement_group([{"CPU": 4}], strategy="PACK")
+holder = placement_group([{"CPU": 2}], strategy="PACK")
 ray.get(holder.ready())
 try:
-    notebook_launcher(print, num_processes=8, cluster=cluster(), rdzv_timeout=5, ui="text")
+    notebook_launcher(print, num_processes=4, cluster=cluster(), rdzv_timeout=5, ui="text")
 finally:
     remove_placement_group(holder)
 """)
     assert error["kind"] == "rendezvous"
-    assert "could not place 8 ranks" in error["message"] and "8 CPU requested, 4 free" in error["message"]
+    assert "could not place 4 ranks" in error["message"] and "4 CPU requested, 2 free" in error["message"]
     # the panel (here the text display's final summary) showed each rank waiting for its placement
-    for rank in range(8):
-        assert f"rank {rank} [cpu] starting | waiting for Ray to place 8 ranks x {{'CPU': 1.0}} (SPREAD)" \
+    for rank in range(4):
+        assert f"rank {rank} [cpu] starting | waiting for Ray to place 4 ranks x {{'CPU': 1.0}} (SPREAD)" \
             in error["printed"], error["printed"]
     assert_nothing_left(ray_nodes, notebook)
 
@@ -313,8 +313,8 @@ def test_env_reports_the_ray_cluster(ray_nodes):
                           "env"], env=env, capture_output=True, text=True, timeout=180)
     assert out.returncode == 0, out.stderr
     line = next(line for line in out.stdout.splitlines() if line.startswith("ray:"))
-    assert re.search(rf"ray 2\.\d+\.\d+; cluster at {re.escape(ray_nodes.addresses[0])}: 2 nodes, 8 CPUs, 0 GPUs "
-                     r"\(10\.[\d.]+: 4 CPU; 10\.[\d.]+: 4 CPU\)", line), line
+    assert re.search(rf"ray 2\.\d+\.\d+; cluster at {re.escape(ray_nodes.addresses[0])}: 2 nodes, 4 CPUs, 0 GPUs "
+                     r"\(10\.[\d.]+: 2 CPU; 10\.[\d.]+: 2 CPU\)", line), line
 
 
 def test_lost_node_stops_every_rank_and_names_it(ray_nodes, notebook, tmp_path):
