@@ -2,7 +2,7 @@
 
 ``torch._dynamo`` is the expensive one: DDP's constructor and forward, and every
 optimizer's ``step``/``zero_grad``, import it lazily (about 800 modules, 1-4 s in
-each rank; FIELD_NOTES). Imported once in the parent, forked ranks get it for
+each rank, measured in benchmarks/ items 2 and 6). Imported once in the parent, forked ranks get it for
 free. But a launch that never trains (a quick check, a data job) would pay it
 (1-2 s) for nothing, on the first launch in a fresh kernel, which is what users
 see first. So the parent imports it only when the launched code looks like
