@@ -73,3 +73,35 @@ def test_accelerates_own_test_monitoring_passes_with_our_launcher(monkeypatch):
     monkeypatch.setattr(script, "notebook_launcher", notebook_launcher)
     monkeypatch.setattr(script, "NUM_PROCESSES", 2)
     script.test_monitoring()
+
+
+class SlowFlushStdout:
+    """A user's sys.stdout whose flush takes a while: the rank's exit (which flushes) comes
+    well after its ERROR, the window in which a teardown SIGTERM used to turn exit 1 into -15."""
+
+    def __init__(self, inner):
+        self.inner = inner
+
+    def write(self, text):
+        return self.inner.write(text)
+
+    def flush(self):
+        time.sleep(1.0)
+        self.inner.flush()
+
+
+def fails_then_exits_slowly():
+    import sys
+    if int(os.environ["RANK"]) == 0:
+        sys.stdout = SlowFlushStdout(sys.stdout)
+        raise RuntimeError("rank 0 failed on its own")
+    time.sleep(100)
+
+
+def test_the_failing_rank_keeps_its_own_exit_code_while_the_others_are_stopped(log_dir):
+    with pytest.raises(ChildFailedError) as info:
+        notebook_launcher(fails_then_exits_slowly, num_processes=2, log_dir=log_dir)
+    assert list(info.value.failures) == [0]
+    assert info.value.failures[0].exitcode == 1, "the rank that raised was not sent our SIGTERM"
+    assert "rank 0 failed on its own" in str(info.value)
+    assert "stopped" in str(info.value) and "rank 1" in str(info.value)

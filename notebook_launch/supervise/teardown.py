@@ -21,10 +21,13 @@ def stop_ranks(watches: Sequence["RankWatch"], watcher: "Watcher", state: RunSta
     """SIGTERM every live rank, wait TERM_GRACE (cut short by another Ctrl-C), SIGKILL what
     is left, then drain pipes. ``reason`` ends "after ..." in each stopped rank's row."""
     live = [w for w in watches if w.exit is None]
-    for watch in live:
+    # A rank that reported its own exception is already on its way out with exit code 1: a
+    # SIGTERM racing its exit would record -15, as if we had stopped it. It gets the grace too.
+    to_term = [w for w in live if not leaving_on_its_own(w)]
+    for watch in to_term:
         watch.stopped_by_us = signal.SIGTERM
         watch.stop_reason = reason
-    for process in distinct(w.process for w in live):
+    for process in distinct(w.process for w in to_term):
         process.signal(signal.SIGTERM)
     deadline = time.monotonic() + TERM_GRACE
     while any(w.exit is None for w in live) and time.monotonic() < deadline and not interrupts.hurry():
@@ -33,6 +36,7 @@ def stop_ranks(watches: Sequence["RankWatch"], watcher: "Watcher", state: RunSta
     for watch in live:
         if watch.exit is None:
             watch.stopped_by_us = signal.SIGKILL
+            watch.stop_reason = reason
     for process in distinct(w.process for w in live if w.exit is None):
         process.kill()
     for watch in live:
@@ -47,6 +51,11 @@ def stop_ranks(watches: Sequence["RankWatch"], watcher: "Watcher", state: RunSta
     drain_deadline = time.monotonic() + 0.5
     while any(w.open_fds for w in watches) and time.monotonic() < drain_deadline:
         watcher.pump(0.05)
+
+
+def leaving_on_its_own(watch: "RankWatch") -> bool:
+    """Whether the rank sent its own ERROR (not one our SIGTERM made it raise) and so exits by itself."""
+    return watch.error is not None and not watch.error_after_stop
 
 
 def distinct(processes: Iterable["RankProcess"]) -> list["RankProcess"]:
