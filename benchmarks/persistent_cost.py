@@ -17,7 +17,7 @@ from .table import Cell, Row, fmt_ratio, ratio
 from .worker import Worker, WorkerError
 
 CALLS_PER_REPEAT = 10
-STEPS_INSIDE = 5
+STEPS_INSIDE = 20
 GOAL_MS = 3.0
 GOAL_VS_LAUNCH = 10.0
 GOAL_VS_IPYPARALLEL = 2.0

@@ -21,7 +21,7 @@ from .errors import LaunchArgumentError
 
 USAGE = ("%%launch [-n N] [--mixed-precision no|fp16|bf16|fp8] [--timeout SECONDS] "
          "[--start-method fork|spawn] [--ui auto|widget|html|rich|text|none] [--port PORT] "
-         "[--log-dir DIR] [--return NAME[,NAME...]]")
+         "[--log-dir DIR] [--display-ranks all|R,R] [--return NAME[,NAME...]]")
 
 
 class _ArgumentParser(argparse.ArgumentParser):
@@ -41,7 +41,19 @@ def options_parser(prog: str, usage: str) -> argparse.ArgumentParser:
     p.add_argument("--ui", default="auto")
     p.add_argument("--port", default=None)
     p.add_argument("--log-dir", default=None)
+    p.add_argument("--display-ranks", type=_display_ranks, default=None)
     return p
+
+
+def _display_ranks(text: str) -> str | list[int]:
+    """``all`` or ranks separated by commas (``0,1``); the options module checks the ranks."""
+    if text.strip() == "all":
+        return "all"
+    try:
+        return [int(word) for word in text.split(",") if word.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"--display-ranks takes 'all' or ranks separated by commas such as 0,1; got {text!r}") from None
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -82,7 +94,7 @@ def parse_launch_line(line: str) -> dict[str, Any]:
             f"{', '.join(map(repr, bad))}. Usage: {USAGE}")
     options = {"num_processes": args.num_processes, "mixed_precision": args.mixed_precision,
                "timeout": args.timeout, "start_method": args.start_method, "ui": args.ui,
-               "log_dir": args.log_dir, "return_names": tuple(names)}
+               "log_dir": args.log_dir, "display_ranks": args.display_ranks, "return_names": tuple(names)}
     if args.port is not None:
         options["use_port"] = args.port
     return options

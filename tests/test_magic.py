@@ -13,9 +13,11 @@ def test_options_become_launcher_arguments():
     opts = parse_launch_line("-n 4 --mixed-precision bf16 --timeout 30 --start-method fork "
                              "--ui text --return model_state,losses --return acc --port 29600")
     assert opts == {"num_processes": 4, "mixed_precision": "bf16", "timeout": 30.0,
-                    "start_method": "fork", "ui": "text", "log_dir": None,
+                    "start_method": "fork", "ui": "text", "log_dir": None, "display_ranks": None,
                     "return_names": ("model_state", "losses", "acc"), "use_port": "29600"}
     assert parse_launch_line("")["num_processes"] is None
+    assert parse_launch_line("--display-ranks 0,2")["display_ranks"] == [0, 2]
+    assert parse_launch_line("--display-ranks all")["display_ranks"] == "all"
 
 
 @pytest.mark.parametrize("line, words", [
@@ -23,6 +25,7 @@ def test_options_become_launcher_arguments():
     ("--bogus 1", "unrecognized arguments: --bogus 1"),
     ("--return 'a b'", "not names: 'a b'"),
     ("--timeout soon", "--timeout must be a number of seconds"),
+    ("--display-ranks first", "--display-ranks takes 'all' or ranks separated by commas"),
 ])
 def test_bad_options_name_the_option_and_show_usage(line, words):
     with pytest.raises(LaunchArgumentError) as info:

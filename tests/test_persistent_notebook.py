@@ -212,3 +212,36 @@ def test_kernel_shutdown_leaves_no_rank(tmp_path):
     assert pids and not any(psutil.pid_exists(p) for p in pids)
     assert os.path.exists(pid_file)
 
+
+
+def test_display_from_persistent_ranks_reaches_the_cell(tmp_path):
+    """display() in ranks.run and in a %%ranks cell is relayed per call as for notebook_launcher:
+    rank 0's by default, the ranks named by display_ranks / --display-ranks otherwise."""
+    from nbutil import run_notebook
+    messages = []
+    nb = make_notebook(
+        "%load_ext notebook_launch\n"
+        "from IPython.display import HTML, display\n"
+        "from notebook_launch import start_ranks\n"
+        "from notebook_launch.net import free_port\n"
+        "def show(tag):\n"
+        "    import os\n"
+        "    display(HTML(f\"<b>{tag} from rank {os.environ['RANK']}</b>\"))\n"
+        "    return os.environ['RANK']\n"
+        "ranks = start_ranks(2, ui='text', use_port=free_port())",
+        "ranks.run(show, args=('first call',))",
+        "ranks.run(show, args=('second call',))",
+        "ranks.close()\n%ranks start -n 2 --ui text --display-ranks 1 --port {free_port()}",
+        "%%ranks\nimport os\ndisplay(HTML(f\"<i>cell from rank {os.environ['RANK']}</i>\"))",
+        "%ranks stop",
+    )
+    run_notebook(nb, cwd=str(tmp_path), messages=messages)
+
+    def html_of(index):
+        return [c.get("data", {}).get("text/html", "") for i, kind, c in messages
+                if i == index and kind == "display_data"]
+
+    assert html_of(1) == ["<b>first call from rank 0</b>"]
+    assert html_of(2) == ["<b>second call from rank 0</b>"], "each call relays its own display()"
+    assert html_of(4) == ["<i>cell from rank 1</i>"]
+    assert result(nb.cells[2]) == "['0', '1']"

@@ -22,7 +22,8 @@ from .pool import DEFAULT_GRACE, Ranks, start_ranks
 
 log = logging.getLogger("notebook_launch")
 USAGE = ("%ranks start [-n N] [--mixed-precision no|fp16|bf16|fp8] [--timeout S] "
-         "[--ui auto|widget|html|rich|text|none] [--port PORT] [--log-dir DIR] [--grace S] | "
+         "[--ui auto|widget|html|rich|text|none] [--port PORT] [--log-dir DIR] [--display-ranks all|R,R] "
+         "[--grace S] | "
          "%ranks push NAME... | %ranks pull NAME... | %ranks stop | %ranks status | %%ranks [--timeout S]")
 _NOTEBOOK_ONLY = frozenset({"In", "Out", "get_ipython", "exit", "quit"})
 _active: Ranks | None = None
@@ -65,7 +66,7 @@ def ranks_magic(shell: Any, line: str, cell: str | None = None) -> Any:
         args = _start_parser().parse_args(rest)
         kwargs: dict[str, Any] = {"num_processes": args.num_processes, "mixed_precision": args.mixed_precision,
                                   "timeout": args.timeout, "ui": args.ui, "log_dir": args.log_dir,
-                                  "interrupt_grace": args.grace}
+                                  "interrupt_grace": args.grace, "display_ranks": args.display_ranks}
         if args.port is not None:
             kwargs["use_port"] = args.port
         _active = start_ranks(**kwargs)

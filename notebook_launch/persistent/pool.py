@@ -18,18 +18,21 @@ import os
 import signal
 import time
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
 from ..backends import get_backend
 from ..backends.base import RankPipes, RankProcess
+from ..detect.platform import in_ipython_kernel
 from ..display import choose_display
+from ..display.rank_displays import RankDisplays
 from ..errors import GuardError, LaunchArgumentError, LaunchError
 from ..launcher import plan_launch
 from ..logs import RunLogs
 from ..options import (
     DEFAULT_USE_PORT,
     LaunchOptions,
+    check_display_ranks_exist,
     launch_options,
     validate_args,
     validate_function,
@@ -71,7 +74,8 @@ def start_ranks(num_processes: int | None = None, mixed_precision: str = "no",
                 start_method: str | None = None, timeout: float | None = None,
                 log_dir: str | os.PathLike[str] | None = None, ui: str = "auto",
                 log_line_prefix_template: str | None = None,
-                interrupt_grace: float = DEFAULT_GRACE) -> Ranks:
+                interrupt_grace: float = DEFAULT_GRACE,
+                display_ranks: int | Iterable[int] | str | None = None) -> Ranks:
     """Fork ``num_processes`` ranks now and keep them: each ``run()`` then calls a function
     on the same processes, whose namespace (models, data, an initialized process group)
     lives on between calls. Options mean what they mean for ``notebook_launcher``;
@@ -92,7 +96,7 @@ def start_ranks(num_processes: int | None = None, mixed_precision: str = "no",
         use_port=use_port, master_addr=master_addr, node_rank=0, num_nodes=1, rdzv_backend="static",
         rdzv_endpoint="", rdzv_conf=None, rdzv_id="none", max_restarts=0, monitor_interval=0.1,
         log_line_prefix_template=log_line_prefix_template, kwargs=None, start_method=start_method,
-        timeout=timeout, log_dir=log_dir, ui=ui, rdzv_timeout=None)
+        timeout=timeout, log_dir=log_dir, ui=ui, rdzv_timeout=None, display_ranks=display_ranks)
     ranks = Ranks(options, float(interrupt_grace))
     ranks._start()
     return ranks
@@ -201,6 +205,7 @@ class Ranks:
             raise LaunchArgumentError(
                 f"persistent ranks are forked, but this machine launches with {plan.start_method!r}; "
                 f"use notebook_launcher here")
+        check_display_ranks_exist(self.options.display_ranks, plan.world_size)
         backend = get_backend("fork")
         backend.prepare_parent()
         if self.logs is None:
@@ -268,16 +273,18 @@ class Ranks:
                                           pid=p.pid, status=RUNNING)
                                 for r, p in zip(self.plan.ranks, self._processes)])
         display = choose_display("none" if quiet else self.options.ui, line_prefix=self.options.line_prefix)
+        rank_displays = RankDisplays(self.options.display_ranks, state.run_id) if in_ipython_kernel() else None
         section = LogSection(self.logs, f"call {self.calls}: {title}")
         for pipe in self._commands:
             try:
                 commands.send(pipe.write_fd, frame)
             except BrokenPipeError:   # that rank is gone: the supervisor sees its exit
                 log.debug("rank command pipe %d is broken", pipe.write_fd)
-        with presenting(state, display, section):
+        with presenting(state, display, section, rank_displays):
             supervisor = CallSupervisor(self._processes, self._pipes, state, display, section,
                                         timeout=timeout, poll_interval=self.options.poll_interval,
-                                        grace=self.grace, slot=self._slot, call_number=self.calls)
+                                        grace=self.grace, slot=self._slot, call_number=self.calls,
+                                        rank_displays=rank_displays)
             try:
                 results = supervisor.run()
             except LaunchError as error:
