@@ -18,13 +18,13 @@ if __package__ in (None, ""):  # run as a script: make the repository importable
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     __package__ = "benchmarks"
 
-from benchmarks import (companions, iteration_cost, launch_cost, memory, persistent_cost,  # noqa: E402
-                        ray_cluster, result_transfer)
+from benchmarks import (companions, iteration_cost, kernel_first_launch, launch_cost, memory,  # noqa: E402
+                        persistent_cost, ray_cluster, result_transfer)
 from benchmarks.common import REPO_ROOT, machine_description  # noqa: E402
 from benchmarks.table import render_table  # noqa: E402
 from benchmarks.worker import READY_STATES  # noqa: E402
 
-ITEMS = ("1", "2", "3", "4", "5", "6", "7", "8", "9")   # 9: Ray cluster rows (needs root for network namespaces)
+ITEMS = ("1", "2", "3", "4", "5", "6", "7", "8", "9", "10")   # 9: Ray cluster rows (needs root for network namespaces)
 DEFAULT_OUT = os.path.join(REPO_ROOT, "benchmarks", "RESULTS.md")
 
 
@@ -89,7 +89,10 @@ def measure(config: dict, only: set, log_dir: str, say):
         rows += result_transfer.run(config, log_dir, say)
     if "9" in only:
         rows += ray_cluster.run(config, log_dir, say)
-    rows.sort(key=lambda r: (r.group, r.condition == "fresh", int(r.ranks)))  # stable: fork before spawn
+    if "10" in only:
+        rows += kernel_first_launch.run(config, log_dir, say)
+    order = {"fresh": 1, "kernel": 2}   # warm process, fresh process, fresh kernel
+    rows.sort(key=lambda r: (r.group, order.get(r.condition, 0), int(r.ranks)))  # stable: fork before spawn
     return rows, companion_outputs
 
 
@@ -153,6 +156,11 @@ def notes(config: dict, elapsed: float) -> list:
         "`ipyparallel.Cluster(n=2)`) per repeat, in rotating order; ui left at its default as for every "
         "launcher. The DDP row times `ranks.run(one_step)` call to return in the worker against "
         f"{persistent_cost.STEPS_INSIDE} steps per repeat timed inside rank 0 of one call.",
+        "Item 10 (benchmarks/kernel_first_launch.py): every sample starts a new Jupyter kernel, runs a cell "
+        "importing torch and the launcher, waits 0 s (Run All) or 3 s (a person reading), then times the "
+        "launch cell from execute request to reply (ui left at its default: this project shows its widget "
+        "panel). In a kernel this project imports torch._dynamo between cells and the next cell waits for "
+        "that import: the 0 s rows show its cost when no one waits in between, the 3 s rows what it saves.",
         "Item 8 (result transfer): see benchmarks/result_transfer.py for the method. Each way runs in its own worker "
         "process after one untimed call; the parents that fork stay on one torch thread (libgomp: a child "
         "forked after its parent ran an OpenMP region hangs). Ours and the Queue include the ranks building "

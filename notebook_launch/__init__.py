@@ -40,6 +40,19 @@ except ImportError:
     pass  # without torch there is no CUDA to track
 
 
+def _warm_between_cells_in_a_kernel() -> None:
+    """In a Jupyter kernel, import torch._dynamo between cells (backends.warm_imports)."""
+    from .detect.platform import in_ipython_kernel, inside_launched_rank
+    if inside_launched_rank() or not in_ipython_kernel():
+        return
+    from .backends.warm_imports import warm_between_cells
+    from IPython import get_ipython
+    warm_between_cells(get_ipython())
+
+
+_warm_between_cells_in_a_kernel()
+
+
 def load_ipython_extension(ipython: Any) -> None:
     """``%load_ext notebook_launch``: track where CUDA gets initialized; add ``%%launch`` and ``%ranks``/``%%ranks``."""
     from .magic import load_ipython_extension as _load

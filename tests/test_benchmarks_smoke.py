@@ -64,6 +64,10 @@ def test_table_has_every_item_and_every_launcher_measured(quick_results):
     fork_memory = by_key[("5", "main", "2")]
     assert "MB" in fork_memory[3] and "calibration" in fork_memory[7]
     assert "MB" in by_key[("5", "spawn", "2")][3], "spawn memory measured now that spawn exists"
+    kernel_rows = [cells for cells in rows if cells[0] == "10"]   # first launch in fresh Jupyter kernels
+    assert len(kernel_rows) == 4, kernel_rows
+    assert all("n=1" in cells[3] and "n=1" in cells[4] and "Accelerate/ours" in cells[8]
+               for cells in kernel_rows), kernel_rows
     assert not any("error:" in cell for cells in rows for cell in cells), quick_results
 
 
@@ -90,7 +94,7 @@ def test_result_transfer_rows_compare_ours_with_the_queue_and_the_memcpy_floor(q
 
 def test_bad_arguments_name_the_argument_and_the_valid_values():
     done = run_command("--only", "1,99", timeout=120)   # 99 names no item
-    assert done.returncode == 2 and "--only" in done.stderr and "1,2,3,4,5,6,7,8,9" in done.stderr
+    assert done.returncode == 2 and "--only" in done.stderr and "1,2,3,4,5,6,7,8,9,10" in done.stderr
     done = run_command("--repeats", "0", timeout=120)
     assert done.returncode == 2 and "--repeats must be >= 1" in done.stderr
 

@@ -95,3 +95,37 @@ def test_a_fresh_process_pays_for_torch_dynamo_only_when_it_launches_training(tm
     assert lines == ["[False, False] False",    # a quick function: nothing imported, here or in ranks
                      "[True, True] True",       # training: imported once here, ranks inherit it
                      "[True, True]"], done.stdout  # and it stays for every later launch
+
+
+PREIMPORT_CHECK = """
+import sys, threading
+def state():
+    return ('torch._dynamo' in sys.modules,
+            [t.name for t in threading.enumerate() if t.name == 'notebook_launch-preimport'])
+"""
+
+
+def test_a_kernel_imports_torch_dynamo_between_cells_and_the_next_cell_waits_for_it():
+    """In a kernel the import happens after the cell that imported notebook_launch; the next
+    cell (here run at once) starts only when it is done, and a launch in it forks ranks that
+    have it already (a rank's own check, even for a function that does not train)."""
+    from nbutil import make_notebook, run_notebook
+    nb = run_notebook(make_notebook(
+        PREIMPORT_CHECK + "import torch\nbefore = state()\nfrom notebook_launch import notebook_launcher",
+        "print(before, state())",
+        "def rank_has_it():\n    import sys\n    return 'torch._dynamo' in sys.modules\n"
+        "print(notebook_launcher(rank_has_it, num_processes=2, ui='none'))",
+    ), timeout=300)
+    text = ["".join(out.get("text", "") for out in cell.outputs) for cell in nb.cells]
+    assert "(False, []) (True, [])" in text[1], text
+    assert "[True, True]" in text[2], text
+
+
+def test_the_kernel_import_can_be_turned_off():
+    from nbutil import make_notebook, run_notebook
+    nb = run_notebook(make_notebook(
+        PREIMPORT_CHECK + "import os\nos.environ['NOTEBOOK_LAUNCH_PREIMPORT'] = '0'\n"
+                          "import torch\nfrom notebook_launch import notebook_launcher",
+        "import time\ntime.sleep(0.5)\nprint(state())",
+    ), timeout=300)
+    assert "(False, [])" in nb.cells[1].outputs[0]["text"]

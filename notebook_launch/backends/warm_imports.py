@@ -12,16 +12,22 @@ helpers). Both ways of being wrong are safe: a miss means the ranks import it
 themselves (as they do under Accelerate), a false hit means today's cost. Once
 imported it stays imported, so later launches never pay it again.
 
-Measured and not chosen (README, Benchmarks): importing it on a background thread
-when ``notebook_launch`` is imported. A fork while another thread holds an import
-lock leaves the child deadlocked on that module, so every fork would have to wait
-for the import to finish: the first launch would pay it all the same.
+In a Jupyter kernel the import can also happen while nobody waits for it: between
+cells (``warm_between_cells``). When a cell ends with torch imported, a background
+thread imports torch._dynamo while the user reads and types; the next cell waits for
+it before it runs (so no notebook code, and no fork, ever runs beside an import: a
+fork while another thread holds an import lock leaves the child deadlocked on that
+module), and so does any fork in the meantime (``os.register_at_fork``). A launch in
+a later cell then finds it imported. Not at ``import notebook_launch`` in a script:
+there the launch usually follows at once and would wait for it all the same.
 """
 from __future__ import annotations
 
 import functools
 import logging
+import os
 import sys
+import threading
 import types
 from collections.abc import Callable
 from typing import Any
@@ -87,6 +93,7 @@ def looks_like_training(function: Callable[..., Any]) -> bool:
 
 def warm_for(function: Callable[..., Any]) -> None:
     """Import in the parent what the ranks of this launch would import after the fork."""
+    wait_for_background_import()
     from ..rank import process_groups, progress, tqdm_bridge  # noqa: F401  (ours: ms per rank)
     if "torch" not in sys.modules or "torch._dynamo" in sys.modules:
         return
@@ -95,8 +102,62 @@ def warm_for(function: Callable[..., Any]) -> None:
             return
     except Exception:   # an odd callable: import, as before
         log.debug("could not read the launched function's code", exc_info=True)
+    import_training_modules()
+
+
+def import_training_modules() -> None:
+    """torch._dynamo and DDP's module: what a training rank would import after the fork."""
     try:
         import torch._dynamo
         import torch.nn.parallel  # noqa: F401
     except Exception:
         log.debug("warming torch._dynamo failed; ranks import it themselves", exc_info=True)
+
+
+# --- between cells, in a Jupyter kernel -------------------------------------------------
+
+OPT_OUT = "NOTEBOOK_LAUNCH_PREIMPORT"    # =0: never import torch._dynamo between cells
+_background: threading.Thread | None = None
+_hooked = False
+
+
+def warm_between_cells(shell: Any) -> bool:
+    """Hook ``shell`` (a Jupyter kernel's) so torch._dynamo is imported after a cell, while
+    the kernel waits for the user; False when not hooked (opted out, or already hooked)."""
+    global _hooked
+    if _hooked or os.environ.get(OPT_OUT, "").strip().lower() in ("0", "false", "no", "off"):
+        return False
+    shell.events.register("post_run_cell", _after_cell)
+    shell.events.register("pre_run_cell", _before_cell)
+    os.register_at_fork(before=wait_for_background_import)
+    _hooked = True
+    return True
+
+
+def _after_cell(result: Any = None) -> None:
+    """The kernel is about to wait for the user: import now if a launch will want it."""
+    global _background
+    if _background is not None or "torch" not in sys.modules or "torch._dynamo" in sys.modules:
+        return
+    if "NOTEBOOK_LAUNCH_RANK" in os.environ:   # a rank (a forked kernel): nothing to prepare
+        return
+    _background = threading.Thread(target=import_training_modules, name="notebook_launch-preimport",
+                                   daemon=True)
+    _background.start()
+
+
+def _before_cell(info: Any = None) -> None:
+    wait_for_background_import()
+
+
+def wait_for_background_import() -> None:
+    """Block until the between-cells import is done (at most once per kernel, about a second):
+    the next cell, a fork and a launch never run beside it."""
+    thread = _background
+    if thread is None or thread is threading.current_thread():
+        return
+    while thread.is_alive():
+        try:
+            thread.join()
+        except KeyboardInterrupt:   # an interrupt must not let a cell run beside the import
+            log.debug("interrupt while waiting for the torch._dynamo import; still waiting")
