@@ -1,30 +1,35 @@
 """Item 10: the first launch in a fresh Jupyter kernel, as a notebook runs it: one cell
 imports torch and the launcher, a later cell launches.
 
-Every sample starts a new kernel (this interpreter's ipykernel), runs the import cell,
-waits ``think`` seconds (0: "Run All", cells back to back; 3: a person reading the
-output before running the next cell), then times the launch cell from the execute
-request to its reply. In a kernel this project imports torch._dynamo between cells
-(backends/warm_imports.py), and the next cell waits for that import, so the 0 s rows
-show what it costs when nobody waits in between and the 3 s rows what it saves.
+Every sample starts a new kernel (this interpreter's ipykernel), runs the import cell
+and a cell defining the function, waits ``think`` seconds (0: "Run All", cells back to
+back; 3: a person reading before running the next cell), then times the launch cell
+from the execute request to its reply. In a kernel this project imports torch._dynamo
+between cells once the notebook defines training code (backends/warm_imports.py), and
+the next cell waits for that import, so the 0 s rows show what it costs when nobody
+waits in between and the 3 s rows what it saves.
 Launchers take turns in an order that rotates every repeat.
 """
 from __future__ import annotations
 
+import inspect
 import os
 import time
 
+from . import workloads
 from .common import REPO_ROOT
 from .launch_cost import MEASUREMENTS, rotated
 from .table import Cell, Row, fmt_ratio, ratio
 
 LAUNCHERS = ("ours", "accelerate")
 THINK_SECONDS = (0.0, 3.0)
+# As a notebook is laid out: a cell of imports, a cell that defines the function (in the
+# notebook, where this project reads it to decide whether to import torch._dynamo between
+# cells), and the launch cell, the first to run after the definition.
 IMPORT_CELL = {
-    "ours": "import torch\nfrom notebook_launch import notebook_launcher",
-    "accelerate": "import torch\nfrom accelerate import notebook_launcher",
+    "ours": "import torch\nfrom notebook_launch import notebook_launcher\nfrom benchmarks.common import free_port",
+    "accelerate": "import torch\nfrom accelerate import notebook_launcher\nfrom benchmarks.common import free_port",
 }
-SETUP_CELL = "from benchmarks.workloads import {workload}\nfrom benchmarks.common import free_port"
 LAUNCH_CELL = {
     "ours": "notebook_launcher({workload}, num_processes={ranks}, use_port=free_port())",
     "accelerate": "notebook_launcher({workload}, num_processes={ranks}, use_port=str(free_port()))",
@@ -39,8 +44,8 @@ def time_in_new_kernel(launcher: str, workload: str, ranks: int, think: float, l
     env["NOTEBOOK_LAUNCH_LOG_DIR"] = os.path.join(log_dir, "rank-logs")
     manager, client = start_new_kernel(kernel_name="python3", cwd=REPO_ROOT, env=env, startup_timeout=120)
     try:
-        for cell in (IMPORT_CELL[launcher], SETUP_CELL.format(workload=workload)):
-            _execute(client, cell)
+        _execute(client, IMPORT_CELL[launcher])
+        _execute(client, "import os\n" + inspect.getsource(getattr(workloads, workload)))
         time.sleep(think)
         started = time.perf_counter()
         _execute(client, LAUNCH_CELL[launcher].format(workload=workload, ranks=ranks))

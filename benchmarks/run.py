@@ -157,9 +157,10 @@ def notes(config: dict, elapsed: float) -> list:
         "launcher. The DDP row times `ranks.run(one_step)` call to return in the worker against "
         f"{persistent_cost.STEPS_INSIDE} steps per repeat timed inside rank 0 of one call.",
         "Item 10 (benchmarks/kernel_first_launch.py): every sample starts a new Jupyter kernel, runs a cell "
-        "importing torch and the launcher, waits 0 s (Run All) or 3 s (a person reading), then times the "
-        "launch cell from execute request to reply (ui left at its default: this project shows its widget "
-        "panel). In a kernel this project imports torch._dynamo between cells and the next cell waits for "
+        "importing torch and the launcher and a cell defining the function (the workload's source), waits "
+        "0 s (Run All) or 3 s (a person reading), then times the launch cell from execute request to reply "
+        "(ui left at its default: this project shows its widget panel). In a kernel this project imports "
+        "torch._dynamo between cells once the notebook defines training code, and the next cell waits for "
         "that import: the 0 s rows show its cost when no one waits in between, the 3 s rows what it saves.",
         "Item 8 (result transfer): see benchmarks/result_transfer.py for the method. Each way runs in its own worker "
         "process after one untimed call; the parents that fork stay on one torch thread (libgomp: a child "

@@ -105,20 +105,24 @@ def state():
 """
 
 
-def test_a_kernel_imports_torch_dynamo_between_cells_and_the_next_cell_waits_for_it():
-    """In a kernel the import happens after the cell that imported notebook_launch; the next
+def test_a_kernel_imports_torch_dynamo_between_cells_once_the_notebook_defines_training_code():
+    """In a kernel the import happens after the cell that defines a training function; the next
     cell (here run at once) starts only when it is done, and a launch in it forks ranks that
-    have it already (a rank's own check, even for a function that does not train)."""
+    have it already. A notebook that defines only quick functions never pays for it."""
     from nbutil import make_notebook, run_notebook
     nb = run_notebook(make_notebook(
         PREIMPORT_CHECK + "import torch\nbefore = state()\nfrom notebook_launch import notebook_launcher",
+        "def quick():\n    return 1",
         "print(before, state())",
+        "def train():\n    model = torch.nn.Linear(2, 1)\n    model(torch.ones(1, 2)).sum().backward()",
+        "print(state())",
         "def rank_has_it():\n    import sys\n    return 'torch._dynamo' in sys.modules\n"
         "print(notebook_launcher(rank_has_it, num_processes=2, ui='none'))",
     ), timeout=300)
     text = ["".join(out.get("text", "") for out in cell.outputs) for cell in nb.cells]
-    assert "(False, []) (True, [])" in text[1], text
-    assert "[True, True]" in text[2], text
+    assert "(False, []) (False, [])" in text[2], text
+    assert "(True, [])" in text[4], text
+    assert "[True, True]" in text[5], text
 
 
 def test_the_kernel_import_can_be_turned_off():
@@ -126,6 +130,7 @@ def test_the_kernel_import_can_be_turned_off():
     nb = run_notebook(make_notebook(
         PREIMPORT_CHECK + "import os\nos.environ['NOTEBOOK_LAUNCH_PREIMPORT'] = '0'\n"
                           "import torch\nfrom notebook_launch import notebook_launcher",
+        "def train(model):\n    model(torch.ones(1, 2)).sum().backward()",
         "import time\ntime.sleep(0.5)\nprint(state())",
     ), timeout=300)
-    assert "(False, [])" in nb.cells[1].outputs[0]["text"]
+    assert "(False, [])" in nb.cells[2].outputs[0]["text"]

@@ -13,7 +13,8 @@ themselves (as they do under Accelerate), a false hit means today's cost. Once
 imported it stays imported, so later launches never pay it again.
 
 In a Jupyter kernel the import can also happen while nobody waits for it: between
-cells (``warm_between_cells``). When a cell ends with torch imported, a background
+cells (``warm_between_cells``). When a cell ends with torch imported and the notebook
+now defines a function or class that looks like training (the same test), a background
 thread imports torch._dynamo while the user reads and types; the next cell waits for
 it before it runs (so no notebook code, and no fork, ever runs beside an import: a
 fork while another thread holds an import lock leaves the child deadlocked on that
@@ -29,6 +30,7 @@ import os
 import sys
 import threading
 import types
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -119,14 +121,17 @@ def import_training_modules() -> None:
 OPT_OUT = "NOTEBOOK_LAUNCH_PREIMPORT"    # =0: never import torch._dynamo between cells
 _background: threading.Thread | None = None
 _hooked = False
+_shell: Any = None
+_read: "weakref.WeakSet[Any]" = weakref.WeakSet()   # notebook functions and classes already read
 
 
 def warm_between_cells(shell: Any) -> bool:
     """Hook ``shell`` (a Jupyter kernel's) so torch._dynamo is imported after a cell, while
     the kernel waits for the user; False when not hooked (opted out, or already hooked)."""
-    global _hooked
+    global _hooked, _shell
     if _hooked or os.environ.get(OPT_OUT, "").strip().lower() in ("0", "false", "no", "off"):
         return False
+    _shell = shell
     shell.events.register("post_run_cell", _after_cell)
     shell.events.register("pre_run_cell", _before_cell)
     os.register_at_fork(before=wait_for_background_import)
@@ -141,9 +146,31 @@ def _after_cell(result: Any = None) -> None:
         return
     if "NOTEBOOK_LAUNCH_RANK" in os.environ:   # a rank (a forked kernel): nothing to prepare
         return
+    if not notebook_defines_training():   # a quick launch must not wait for an import it never needs
+        return
     _background = threading.Thread(target=import_training_modules, name="notebook_launch-preimport",
                                    daemon=True)
     _background.start()
+
+
+def notebook_defines_training() -> bool:
+    """Whether a function or class defined in the notebook (read once each) looks like training."""
+    namespace = getattr(_shell, "user_ns", None) or {}
+    for value in list(namespace.values()):
+        if not isinstance(value, (types.FunctionType, type)) or getattr(value, "__module__", None) != "__main__":
+            continue
+        try:
+            if value in _read:
+                continue
+            _read.add(value)
+        except TypeError:   # not weak-referenceable: read it every time
+            pass
+        try:
+            if looks_like_training(value):
+                return True
+        except Exception:
+            log.debug("could not read %r", value, exc_info=True)
+    return False
 
 
 def _before_cell(info: Any = None) -> None:

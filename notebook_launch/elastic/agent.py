@@ -195,12 +195,18 @@ def _rank_words(record: Failure) -> str:
     return f", rank {record.rank}" if record.rank is not None else ""
 
 
+SOCKET_IFNAME_VARIABLES = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
+
+
 def attempt_plan(base: LaunchPlan, worker_group: AssignedGroup, port: int, attempt: int, max_restarts: int,
                  run_id: str) -> LaunchPlan:
     """This node's ranks as elastic assigned them, with the environment elastic gives workers."""
     multi_node = worker_group.group_world_size > 1
+    # Both collectives bind to the interface that reaches rank 0's node (gloo and NCCL would
+    # otherwise pick the first one up, e.g. docker0); a variable the user set wins.
+    unset = [name for name in SOCKET_IFNAME_VARIABLES if name not in os.environ]
     iface = None
-    if multi_node and "GLOO_SOCKET_IFNAME" not in os.environ and not is_loopback(worker_group.master_addr):
+    if multi_node and unset and not is_loopback(worker_group.master_addr):
         iface = interface_toward(worker_group.master_addr)
     ranks = []
     for spec, worker in zip(base.ranks, worker_group.workers):
@@ -220,7 +226,7 @@ def attempt_plan(base: LaunchPlan, worker_group: AssignedGroup, port: int, attem
             "TORCH_NCCL_ASYNC_ERROR_HANDLING": os.environ.get("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1"),
         })
         if iface:
-            env["GLOO_SOCKET_IFNAME"] = iface
+            env.update({name: iface for name in unset})
         ranks.append(dataclasses.replace(spec, global_rank=worker.global_rank, env=env))
     return dataclasses.replace(
         base, node_rank=worker_group.group_rank, num_nodes=worker_group.group_world_size,

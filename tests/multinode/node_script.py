@@ -37,7 +37,8 @@ def train(scenario):
     dist.destroy_process_group()
     return {"rank": rank, "world_size": world, "local_rank": int(os.environ["LOCAL_RANK"]),
             "node_rank": int(os.environ["GROUP_RANK"]), "sum": total.item(), "attempt": attempt,
-            "gloo_ifname": os.environ.get("GLOO_SOCKET_IFNAME")}
+            "gloo_ifname": os.environ.get("GLOO_SOCKET_IFNAME"),
+            "nccl_ifname": os.environ.get("NCCL_SOCKET_IFNAME")}
 
 
 def main():

@@ -27,6 +27,7 @@ def test_four_rank_all_reduce_across_two_nodes(two_nodes, rdzv_backend):
         assert all(r["sum"] == 1 + 2 + 3 + 4 for r in results)
         # gloo was pointed at the veth link, not at loopback (the hostname resolves to 127.0.0.1)
         assert all(r["gloo_ifname"] == two_nodes.links[node_rank] for r in results)
+        assert all(r["nccl_ifname"] == two_nodes.links[node_rank] for r in results)
         assert f"[rank {2 * node_rank}] rank {2 * node_rank} of 4: sum 10" in outcome["printed"]
         _clean_exit(outcome)
 
