@@ -238,7 +238,10 @@ def test_an_interrupt_while_a_rank_waits_at_a_prompt_stops_the_run_and_the_kerne
         from notebook_launch import notebook_launcher
 
         def waits_for_an_answer(folder):
-            open(os.path.join(folder, f"rank{os.environ['RANK']}.pid"), "w").write(str(os.getpid()))
+            # Written whole or not at all: the interrupt's SIGTERM can land between open() and write().
+            path = os.path.join(folder, f"rank{os.environ['RANK']}.pid")
+            open(path + ".tmp", "w").write(str(os.getpid()))
+            os.replace(path + ".tmp", path)
             return input("name? ")
 
         folder = __import__("tempfile").mkdtemp()
@@ -248,7 +251,7 @@ def test_an_interrupt_while_a_rank_waits_at_a_prompt_stops_the_run_and_the_kerne
     assert seen.prompts and all(p.endswith("] name? ") for p, _ in seen.prompts)
     after = run_cell(kernel, """
         import psutil
-        pids = [int(open(os.path.join(folder, f)).read()) for f in os.listdir(folder)]
+        pids = [int(open(os.path.join(folder, f)).read()) for f in os.listdir(folder) if f.endswith(".pid")]
         left = [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
         print("LEFT", left, "TYPED", input("in the notebook itself? "))
         """, lambda prompt, password: "yes")
