@@ -9,6 +9,6 @@ if [ ! -x .venv-ipyw7/bin/python ]; then
 fi
 .venv-ipyw7/bin/python -m pip install -q --upgrade pip
 .venv-ipyw7/bin/python -m pip install -q "torch==2.13.0"
-.venv-ipyw7/bin/python -m pip install -q -e . "ipywidgets==7.7.1" "ipykernel==6.17.1" \
+bash scripts/pip-install.sh .venv-ipyw7/bin/python -e . "ipywidgets==7.7.1" "ipykernel==6.17.1" \
   "jupyterlab_widgets<2" "widgetsnbextension<4" "pytest>=8" "pytest-timeout>=2.3" \
   "nbclient>=0.10" "nbformat>=5.9" "jupyter_client>=7" "tqdm>=4.66" "psutil>=5.9" "cloudpickle>=2.2"

@@ -15,6 +15,6 @@ fi
 V=.venv-xla/bin/python
 if ! "$V" -c 'import torch, torch_xla, sys; sys.exit(not (torch.__version__.startswith("2.9.0") and torch_xla.__version__.startswith("2.9.0")))' 2>/dev/null; then
   "$V" -m pip install -q --upgrade pip
-  "$V" -m pip install -q "torch==2.9.0" "torch_xla==2.9.0"
+  bash scripts/pip-install.sh "$V" "torch==2.9.0" "torch_xla==2.9.0"   # about 3 GB from PyPI
 fi
-"$V" -m pip install -q -e ".[test]"
+bash scripts/pip-install.sh "$V" -e ".[test]"

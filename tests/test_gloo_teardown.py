@@ -52,8 +52,13 @@ def _ddp_destroy_free_rounds():
             more = store.get(f"more{rounds}") == b"1"
         if not more:
             break
-    store.set(f"done{rank}", "1")   # rank 0's store must outlive the others' last get()
-    store.wait([f"done{r}" for r in range(world)])
+    # Rank 0's store (its process) must outlive the others' last request. A TCPStore set() gets no
+    # reply, so a rank that ends on set() never reads from a store that is gone; rank 0 waits until
+    # every other rank's set arrived (after their last get()), then may end.
+    if rank == 0:
+        store.wait([f"done{r}" for r in range(1, world)])
+    else:
+        store.set(f"done{rank}", "1")
     return {"rounds": rounds, "kept": all(kept_after_destroy)}
 
 
