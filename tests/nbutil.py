@@ -59,10 +59,22 @@ def run_notebook(path_or_nb, *, cwd=None, timeout: int = 600, allow_errors: bool
                             store_widget_state=store_widget_state)
     try:
         client.execute()
-    finally:  # nbclient leaves a kernel it did not create running: stop it (and its ranks)
-        if km.has_kernel:
-            km.shutdown_kernel(now=True)
+    finally:
+        stop_kernel(client, km)
     return nb
+
+
+def stop_kernel(client, km) -> None:
+    """What nbclient leaves undone when it is handed a kernel manager (``owns_km`` is False): it
+    stops neither the kernel (and so its ranks) nor its kernel client's channels. A heartbeat
+    channel left running reconnects to the dead kernel every second from its own thread,
+    opening a new socket each time, which an fd leak check of a later test in this process
+    would count as ours."""
+    if client.kc is not None:
+        client.kc.stop_channels()
+        client.kc = None
+    if km.has_kernel:
+        km.shutdown_kernel(now=True)
 
 
 def _recording_client(base, messages: list):

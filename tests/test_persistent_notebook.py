@@ -8,7 +8,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from nbutil import KERNEL_NAME, cell_text, kernel_spec_dir, make_notebook
+from nbutil import KERNEL_NAME, cell_text, kernel_spec_dir, make_notebook, stop_kernel
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -102,8 +102,7 @@ def execute_with_interrupts(nb, cwd, markers, ranks=2):
     finally:
         done.set()
         kernel_pid = km.provisioner.process.pid if km.has_kernel else None
-        if km.has_kernel:
-            km.shutdown_kernel(now=True)
+        stop_kernel(client, km)
     return kernel_pid
 
 

@@ -231,6 +231,7 @@ def test_widget_panel_in_a_notebook_shows_each_rank_and_its_node(ray_nodes, note
     row per rank with its node, bars at their final value, and the tagged lines reach the cell."""
     import nbclient
     import nbformat
+    from nbutil import stop_kernel
     nb = nbformat.v4.new_notebook()
     nb.cells = [nbformat.v4.new_code_cell(SETUP.format(head=ray_nodes.head)), nbformat.v4.new_code_cell("""
 from notebook_launch import progress
@@ -243,7 +244,10 @@ def train(n):
 notebook_launcher(train, args=(500,), num_processes=4, cluster=cluster())
 """)]
     client = nbclient.NotebookClient(nb, km=node_a_kernel, timeout=300, store_widget_state=True, allow_errors=True)
-    client.execute(env=ray_nodes.env, cwd=str(ray_nodes.tmp))
+    try:
+        client.execute(env=ray_nodes.env, cwd=str(ray_nodes.tmp))
+    finally:
+        stop_kernel(client, node_a_kernel)
     cell = nb.cells[1]
     errors = [o for o in cell.outputs if o.output_type == "error"]
     assert not errors, "\n".join(errors[0].traceback)
