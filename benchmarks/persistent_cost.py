@@ -103,6 +103,9 @@ def measure_in_worker(repeats: int, width: int) -> dict:
                     started = time.perf_counter()
                     call()
                     samples[name].append(time.perf_counter() - started)
+        # ipyparallel's controller and engines (5 processes, each with its own heartbeat and
+        # event loops) are done: on 2 cores they would take turns with the DDP ranks below.
+        stop_ipyparallel(cluster)
         ranks.run(build_ddp, args=(width,))
         for repeat in range(repeats):   # as many steps each way, alternating which goes first
             for way in rotated(["new_run", "inside"], repeat):
@@ -113,13 +116,16 @@ def measure_in_worker(repeats: int, width: int) -> dict:
                     started = time.perf_counter()
                     ranks.run(one_step)
                     samples["new_run"].append(time.perf_counter() - started)
+    samples["ipyparallel_not_available"] = not_available
+    return samples
+
+
+def stop_ipyparallel(cluster) -> None:
     if cluster is not None:
         try:
             cluster.stop_cluster_sync()
         except Exception:
             pass   # engines end with the worker anyway
-    samples["ipyparallel_not_available"] = not_available
-    return samples
 
 
 # --- in the harness ----------------------------------------------------------------------
