@@ -55,17 +55,26 @@ def measure_warm(workers, workload, ranks, repeats):
     return cells
 
 
+FLOOR = "floor"   # first-step rows: `import torch._dynamo` alone in a fresh process
+
+
 def measure_fresh(launchers, workload, ranks, repeats, log_dir):
-    """Every sample: a new interpreter, imports done, then the first launch."""
-    cells = {name: Cell() for name in launchers}
+    """Every sample: a new interpreter, imports done, then the first launch. For the first
+    step, also the floor: the same fresh process importing torch._dynamo (and DDP's module)
+    and nothing else, which every training rank needs once (DDP and the optimizers import it)
+    and no launcher can skip: this project pays it once in the parent, Accelerate in every rank."""
+    names = list(launchers) + ([FLOOR] if workload == "first_step" else [])
+    cells = {name: Cell() for name in names}
     for repeat in range(repeats):
-        for name in rotated(launchers, repeat):
+        for name in rotated(names, repeat):
             if cells[name].text:
                 continue
-            worker = Worker(name, log_dir=log_dir)
+            worker = Worker("ours" if name == FLOOR else name, log_dir=log_dir)
             try:
                 worker.wait_ready()
-                _record(cells, name, worker.ask(op="time", workload=workload, ranks=ranks))
+                command = {"op": "import_dynamo"} if name == FLOOR else {
+                    "op": "time", "workload": workload, "ranks": ranks}
+                _record(cells, name, worker.ask(**command))
             except WorkerError as exc:
                 cells[name] = Cell(text=f"error: {exc}")
             finally:
@@ -88,7 +97,9 @@ def close_workers(workers):
 def make_row(workload, condition, ranks, cells, goal_item):
     label = MEASUREMENTS[workload] + (", warm process" if condition == "warm"
                                       else ", first launch in a fresh Python process")
-    row = Row(item=goal_item or "6", measurement=label, ranks=str(ranks), unit="s", cells=dict(cells),
+    cells = dict(cells)
+    floor = cells.pop(FLOOR, None)
+    row = Row(item=goal_item or "6", measurement=label, ranks=str(ranks), unit="s", cells=cells,
               group=0 if workload == "trivial" else 1, condition=condition)
     for name in LAUNCHERS:
         row.cells.setdefault(name, Cell(text="not measured"))
@@ -98,6 +109,11 @@ def make_row(workload, condition, ranks, cells, goal_item):
     vs_elastic = ratio(row.median("elastic"), ours)
     row.ratios = (f"Accelerate/ours {fmt_ratio(vs_accelerate)}; ours/start_processes {fmt_ratio(vs_start)}; "
                   f"elastic/ours {fmt_ratio(vs_elastic)}")
+    if floor is not None:
+        floor.label = "floor: `import torch._dynamo` alone, fresh process"
+        row.cells["other"] = [floor]
+        row.ratios += (f"; ours/floor {fmt_ratio(ratio(ours, floor.median()))}; "
+                       f"Accelerate/floor {fmt_ratio(ratio(row.median('accelerate'), floor.median()))}")
     if goal_item == "1" and condition == "fresh":   # issue 12: the first launch in a fresh kernel
         row.goal = "Accelerate/ours ≥ 1x"
         row.met = _met(vs_accelerate is not None and vs_accelerate >= 1, known=vs_accelerate)

@@ -129,6 +129,11 @@ def notes(config: dict, elapsed: float) -> list:
         "Accelerate's children would inherit that import and skip the 1-4 s each pays in a real notebook. "
         + ("No launcher's process had torch._dynamo imported before its first launch."
            if not preloaded else f"WARNING: torch._dynamo was already imported in: {', '.join(preloaded)}."),
+        "The fresh-process first-step row also times the floor: a fresh 'ours' worker (torch and the "
+        "launcher imported) importing torch._dynamo and torch.nn.parallel and nothing else, which every "
+        "training rank needs once (DDP's constructor and the optimizers import it) and no launcher can "
+        "skip after the call. Accelerate/floor is what a launcher costing nothing beyond that import "
+        "would reach against Accelerate.",
         "Item 2's function returns without destroy_process_group(): the rank exits right after (every "
         "launcher here ends ranks with os._exit). Destroying the group and then freeing the DDP model can "
         "deadlock inside ~ProcessGroupGloo (seen while building this benchmark).",

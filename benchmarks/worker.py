@@ -110,6 +110,11 @@ def handle(launcher: str, command: dict, tensors: dict) -> dict:
         launchers.launch(launcher, fn, command["ranks"])
         seconds = time.perf_counter() - started
         return {"seconds": seconds, **_modules_state()}
+    if op == "import_dynamo":   # the floor of a first training step in a fresh process
+        started = time.perf_counter()
+        import torch._dynamo  # noqa: F401
+        import torch.nn.parallel  # noqa: F401
+        return {"seconds": time.perf_counter() - started}
     if op == "memory":
         import torch
         mib = command["tensor_mib"]
