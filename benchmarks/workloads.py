@@ -55,19 +55,34 @@ def rank_uss() -> int:
     return psutil.Process().memory_full_info().uss
 
 
+def every_rank_got_here():
+    """A barrier before a rank reads its USS: a page that the ranks share (spawn: the argument's
+    memfd) counts as one rank's own until another rank has mapped it too, so without it the
+    spawn row read 0 or the whole tensor depending on which rank got there first."""
+    if int(os.environ.get("WORLD_SIZE", "1")) < 2:
+        return
+    import torch.distributed as dist
+    dist.init_process_group("gloo")
+    dist.barrier()
+    dist.destroy_process_group()
+
+
 def memory_probes(big):
     """Functions that differ only in what they do with ``big``: read every
     byte of it, ignore it, or write every byte (the calibration: a write must
     copy under fork, so the method must show about the tensor's size)."""
     def holds_tensor():
         checksum = float(big.sum())
+        every_rank_got_here()
         return {"uss": rank_uss(), "checksum": checksum}
 
     def holds_nothing():
+        every_rank_got_here()
         return {"uss": rank_uss(), "checksum": 0.0}
 
     def writes_tensor():
         big.add_(0.0)
+        every_rank_got_here()
         return {"uss": rank_uss(), "checksum": 0.0}
 
     return {"read": holds_tensor, "nothing": holds_nothing, "write": writes_tensor}
