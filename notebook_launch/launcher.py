@@ -4,7 +4,7 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping
 
-from . import fd_budget, preflight
+from . import fd_budget, net, preflight
 from .detect.target import LaunchTarget, launch_target
 from .errors import GuardError, LaunchArgumentError, LaunchError
 from .logs import make_run_id
@@ -105,6 +105,16 @@ def launch(options: LaunchOptions) -> list[Any]:
                     platform=target.where.platform, display_ranks=options.display_ranks)
 
 
+def check_master_addr(master_addr: str, *, node_rank: int, num_nodes: int) -> None:
+    """A master_addr the ranks cannot reach would leave them waiting in C++ until torch's own timeout."""
+    problem = net.store_address_problem(master_addr, hosts_store=node_rank == 0)
+    if problem is None:
+        return
+    advice = ("pass node 0's address that every node reaches (the same on every node)" if num_nodes > 1
+              else "leave master_addr at its default '127.0.0.1' on one machine")
+    raise LaunchArgumentError(f"{problem}. What to do: {advice}.")
+
+
 def plan_launch(options: LaunchOptions) -> tuple[LaunchTarget, LaunchPlan, str]:
     """Detect, check the notebook's state, settle the port and describe this node's ranks:
     what every way of starting ranks (a launch, persistent ranks) does before starting them."""
@@ -121,7 +131,8 @@ def plan_launch(options: LaunchOptions) -> tuple[LaunchTarget, LaunchPlan, str]:
     if raised_limit:
         notes.append(raised_limit)
     port = options.port
-    if not (options.elastic and options.rdzv_endpoint):  # an explicit rdzv_endpoint names the store's port
+    if not (options.elastic and options.rdzv_endpoint):  # an explicit rdzv_endpoint names the store's host and port
+        check_master_addr(options.master_addr, node_rank=options.node_rank, num_nodes=options.num_nodes)
         port = preflight.resolve_port(port, explicit=not options.port_is_default, node_rank=options.node_rank,
                                       notes=notes, multi_node=options.num_nodes > 1)
     run_id = make_run_id()

@@ -32,6 +32,63 @@ def ipv4_of(host: str) -> str | None:
         return None
 
 
+def addresses_of(host: str) -> list[tuple[int, str]]:
+    """Every (family, address) ``host`` resolves to, IPv4 and IPv6; empty when it resolves to none."""
+    try:
+        infos = socket.getaddrinfo(host, None, socket.AF_UNSPEC, socket.SOCK_STREAM)
+    except (OSError, UnicodeError):
+        log.debug("%s does not resolve", host, exc_info=True)
+        return []
+    return list(dict.fromkeys((family, str(sockaddr[0])) for family, _, _, _, sockaddr in infos))
+
+
+def store_address_problem(host: str, *, hosts_store: bool, timeout: float = 3.0) -> str | None:
+    """Why the ranks could not reach a rendezvous store at ``host``, or None.
+
+    Every rank, node 0's included, connects to MASTER_ADDR; with a name that does not resolve, or an
+    address this node cannot reach, torch waits in C++ until its own timeout (minutes), so the cell
+    only hangs. Checked before any rank starts. On the node that hosts the store (``hosts_store``) the
+    address must lead back to this node: one of its own addresses passes at once (a bind, no packet
+    sent); any other (a NAT's public address) passes only if a connection to a port we listen on
+    comes back to us within ``timeout`` seconds. Other nodes only resolve it: node 0 may not be up yet."""
+    found = addresses_of(host)
+    if not found:
+        return f"master_addr={host!r} does not resolve to an address (checked with getaddrinfo on this machine)"
+    if not hosts_store:
+        return None
+    if any(_can_bind(family, addr) for family, addr in found):
+        return None
+    if any(_reaches_self(family, addr, timeout) for family, addr in found):
+        return None
+    shown = ", ".join(addr for _, addr in found)
+    return (f"master_addr={host!r} ({shown}) is not an address of this machine, and a connection to it did not "
+            f"come back here within {timeout:g} s; this node (node_rank=0) hosts the rendezvous store, which "
+            f"every rank reaches at master_addr")
+
+
+def _can_bind(family: int, addr: str) -> bool:
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind((addr, 0))
+        except OSError:
+            return False
+    return True
+
+
+def _reaches_self(family: int, addr: str, timeout: float) -> bool:
+    """Whether a TCP connection to ``addr`` reaches a socket listening on every address of this node."""
+    with socket.socket(family, socket.SOCK_STREAM) as server:
+        try:
+            server.bind(("::" if family == socket.AF_INET6 else "", 0))
+            server.listen(1)
+            port = server.getsockname()[1]
+            with socket.create_connection((addr, port), timeout=timeout):
+                return True
+        except OSError:
+            log.debug("no connection from this node back to itself through %s", addr, exc_info=True)
+            return False
+
+
 def is_loopback(host: str) -> bool:
     addr = ipv4_of(host) if host not in ("::1",) else "::1"
     try:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
@@ -51,6 +52,7 @@ def connect(cluster: "RayCluster") -> Any:
         raise LaunchArgumentError(
             "RayCluster(address=None) uses the Ray this notebook connected to, but ray.init() was not "
             "called; call ray.init(...) first or pass address='auto' / 'host:port' / 'ray://host:port'")
+    check_reachable(cluster.address)
     saved = _save_signal_handlers()
     try:
         ray.init(address=cluster.address, log_to_driver=False, logging_level=logging.WARNING,
@@ -63,6 +65,39 @@ def connect(cluster: "RayCluster") -> Any:
     finally:
         _restore_signal_handlers(saved)
     return ray
+
+
+REACH_TIMEOUT = 5.0
+
+
+def check_reachable(address: str, timeout: float = REACH_TIMEOUT) -> None:
+    """Refuse within seconds an address where no Ray head answers: ``ray.init`` retries a closed or
+    unreachable GCS address inside C++ for minutes (over 200 s for '127.0.0.1:1'), where neither
+    ``timeout=`` nor a Jupyter interrupt reach it. Only a TCP connection is tried (no Ray protocol):
+    'auto' is checked against the address it stands for (RAY_ADDRESS, or the cluster `ray start`
+    left on this machine); with none, ``ray.init`` itself says so at once."""
+    target = address
+    if address == "auto":
+        found = os.environ.get("RAY_ADDRESS") or _current_cluster_address()
+        if not found:
+            return
+        target = found
+    host_port = target.split("://", 1)[-1].rstrip("/")
+    host, _, port_text = host_port.rpartition(":")
+    host = host.strip("[]")
+    if not host or not port_text.isdigit():   # not a form we can probe: ray.init judges it
+        return
+    try:
+        with socket.create_connection((host, int(port_text)), timeout=timeout):
+            return
+    except OSError as exc:
+        reason = "timed out" if isinstance(exc, socket.timeout) else (exc.strerror or str(exc))
+    via = f" (address={address!r} stands for {target!r})" if target != address else ""
+    raise GuardError(
+        f"could not connect to the Ray cluster at address={address!r}{via}: a TCP connection to "
+        f"{host}:{port_text} failed ({reason}, tried for up to {timeout:g} s). Nothing was started. What to "
+        f"do: start the head with `ray start --head` and pass the address it prints ('host:6379', or "
+        f"'ray://host:10001' for Ray Client), or check that this machine can reach it.")
 
 
 def alive_nodes(ray: Any) -> list[NodeInfo]:
