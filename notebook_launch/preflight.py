@@ -49,19 +49,44 @@ def check_no_accelerate_state() -> None:
 
 
 def check_cuda_not_initialized(start_method: str) -> None:
-    """Forking a process that holds a CUDA context gives children a broken CUDA."""
-    if start_method != "fork" or not cuda_tracking.is_cuda_initialized():
+    """Forking a process that holds a CUDA context, or whose CUDA runtime was already asked
+    for the device count (``torch.cuda.is_available()``: a poisoned fork, see cuda_tracking),
+    gives every rank a CUDA it cannot use. Refuse, saying which line did it and what to do.
+    A clean notebook then gets PYTORCH_NVML_BASED_CUDA_CHECK=1 (see
+    ``cuda_tracking.prefer_nvml_availability_check``) so a later ``is_available()`` keeps it clean."""
+    if start_method != "fork":
         return
-    where = cuda_tracking.where()
-    raise GuardError(
-        "CUDA is already initialized in this notebook, so ranks cannot be forked from it "
-        "(their CUDA would be unusable)."
-        + (f"\n{where}\n" if where else " ")
-        + "What to do: restart the kernel and keep every CUDA call (.cuda(), .to('cuda'), "
-        "torch.cuda.* queries that create a context, an Accelerator) inside the launched function; "
-        "or pass start_method='spawn' so ranks start fresh (the function and its arguments are then "
-        "shipped with cloudpickle). Tip: `import notebook_launch` or `%load_ext notebook_launch` "
-        "early in the notebook to record where CUDA gets initialized.")
+    if cuda_tracking.is_cuda_initialized():
+        where = cuda_tracking.where()
+        raise GuardError(
+            "CUDA is already initialized in this notebook, so ranks cannot be forked from it "
+            "(their CUDA would be unusable)."
+            + (f"\n{where}\n" if where else " ")
+            + "What to do: restart the kernel and keep every CUDA call (.cuda(), .to('cuda'), "
+            "torch.cuda.* queries that create a context, an Accelerator) inside the launched function; "
+            "or pass start_method='spawn' so ranks start fresh (the function and its arguments are then "
+            "shipped with cloudpickle). Tip: `import notebook_launch` or `%load_ext notebook_launch` "
+            "early in the notebook to record where CUDA gets initialized.")
+    if cuda_tracking.fork_is_poisoned():
+        where = cuda_tracking.where_runtime_was_asked()
+        raise GuardError(
+            "The CUDA runtime was already used in this notebook without initializing CUDA "
+            "(torch.cuda.is_available(), torch.cuda.device_count() where NVML cannot answer, or "
+            "another library that initialized the CUDA driver), so ranks forked from it cannot use "
+            "their GPU: each would fail in torch.cuda.set_device with \"Cannot re-initialize CUDA "
+            "in forked subprocess\"."
+            + (f"\n{where}\n" if where else " ")
+            + NVML_ADVICE)
+    cuda_tracking.prefer_nvml_availability_check()
+
+
+NVML_ADVICE = (
+    "What to do: pass start_method='spawn' to notebook_launcher so ranks start fresh (the function "
+    "and its arguments are then shipped with cloudpickle). To keep forking (start_ranks forks "
+    "only): restart the kernel and run `import os; os.environ['PYTORCH_NVML_BASED_CUDA_CHECK'] = '1'` "
+    "before anything calls torch.cuda.is_available(); torch then "
+    "asks NVML, which leaves fork usable. Keep other CUDA queries (torch.cuda.get_device_name, "
+    "mem_get_info, ...) inside the launched function.")
 
 
 def check_runtime_not_initialized() -> None:

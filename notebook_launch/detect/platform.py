@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any, Mapping
 
+from .. import cuda_tracking
 from .hosted import hosted_service
 from .xla import count_tpu_device_files, slice_chips, tpu_hints
 
@@ -17,17 +18,10 @@ log = logging.getLogger("notebook_launch")
 
 
 def cuda_device_count() -> int:
-    """GPUs visible to this process. torch asks NVML, which does not poison fork."""
-    try:
-        import torch
-    except ImportError:
-        log.debug("torch is not importable: counting no GPU")
-        return 0
-    try:
-        return int(torch.cuda.device_count())
-    except Exception:
-        log.debug("torch.cuda.device_count() failed; counting no GPU", exc_info=True)
-        return 0
+    """GPUs visible to this process, counted without poisoning fork: NVML, never the CUDA
+    runtime in this process (``torch.cuda.device_count()`` falls back to the runtime when NVML
+    fails; see ``cuda_tracking.count_gpus_without_poisoning``)."""
+    return cuda_tracking.count_gpus_without_poisoning()
 
 
 @lru_cache(maxsize=1)

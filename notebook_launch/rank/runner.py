@@ -104,14 +104,54 @@ def run_rank(spec: RankSpec, job: Job, *, forked_from_notebook: bool = False) ->
     so classes defined in cells travel back by reference (see ``result_pickle``)."""
     writer = protocol.current()
     assert writer is not None, "run_rank needs the event channel installed"
-    reset_inherited_state()
-    forget_interactive_session()
-    configure_torch(spec)
-    process_groups.keep_groups_used_by_ddp()   # see process_groups: a gloo teardown deadlock
-    for hook in rank_hooks:
-        hook(spec)
+    steps: list[str] = []
+    try:
+        prepare_rank(spec, steps)
+    except BaseException as exc:   # never an unexplained exit: say what failed and what to do
+        report_error(setup_failure(spec, exc, steps[-1] if steps else "its set-up"), writer)
+        return EXIT_FAILED
     writer.send(protocol.READY, {"pid": os.getpid(), "device": spec.device})
     return call_and_report(spec, job, writer, forked_from_notebook=forked_from_notebook)
+
+
+def prepare_rank(spec: RankSpec, steps: list[str]) -> None:
+    """Everything the rank does before the user's function: forget what fork inherited,
+    configure torch (threads, this rank's GPU), install the rank hooks. ``steps`` gets the
+    name of each step as it starts, so a failure can say which one failed."""
+    steps.append("resetting the state fork inherited")
+    reset_inherited_state()
+    forget_interactive_session()
+    steps.append(f"torch.cuda.set_device({spec.local_rank})" if spec.device.startswith("cuda")
+                 else "configuring torch")
+    configure_torch(spec)
+    steps.append("process_groups.keep_groups_used_by_ddp()")
+    process_groups.keep_groups_used_by_ddp()   # see process_groups: a gloo teardown deadlock
+    for hook in rank_hooks:
+        steps.append(f"the rank hook {getattr(hook, '__qualname__', hook)!s}")
+        hook(spec)
+
+
+POISONED_FORK_TEXT = "Cannot re-initialize CUDA in forked subprocess"
+
+
+def setup_failure(spec: RankSpec, exc: BaseException, step: str) -> protocol.ErrorPayload:
+    """The ERROR for a rank that failed before the user's function ran: a launcher error that
+    says so, with the exception and advice (a CUDA that fork spoiled: how to avoid it)."""
+    text = protocol.safe_str(exc)
+    advice = "This is a notebook_launch failure, not your function's: please report it with the traceback."
+    if POISONED_FORK_TEXT in text or "initialization error" in text:
+        advice = ("The notebook's process had used the CUDA runtime before the launch (for example "
+                  "torch.cuda.is_available() without PYTORCH_NVML_BASED_CUDA_CHECK=1, or a library that "
+                  "initialized the CUDA driver), which no forked process survives. What to do: pass "
+                  "start_method='spawn'; or restart the kernel, set "
+                  "os.environ['PYTORCH_NVML_BASED_CUDA_CHECK'] = '1' first, and keep other CUDA calls "
+                  "inside the launched function.")
+    elif step.startswith("torch.cuda.set_device"):
+        advice = (f"Check that {spec.device} exists and is free (nvidia-smi; CUDA_VISIBLE_DEVICES), "
+                  f"or pass a smaller num_processes.")
+    message = (f"notebook_launch could not prepare rank {spec.global_rank} before calling your function: "
+               f"{step} raised {type(exc).__qualname__}: {text}\n{advice}")
+    return protocol.error_payload(exc, message=message)
 
 
 def call_and_report(spec: RankSpec, job: Job, writer: protocol.EventWriter, own_frames: int = 1, *,

@@ -16,7 +16,7 @@ from typing import Any
 from .. import protocol, shared_tensors
 from . import spawn_context
 from .bootstrap import EXIT_FAILED, capture_output, detach_from_parent, exit_with
-from .runner import run_rank
+from .runner import report_error, run_rank, setup_failure
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -55,7 +55,11 @@ def main(argv: list[str] | None = None) -> None:
         if loaded is None:
             return EXIT_FAILED
         spec, job, context = loaded
-        spawn_context.restore_state(context)
+        try:
+            spawn_context.restore_state(context)
+        except BaseException as exc:   # a launcher error with its cause, never an unexplained exit
+            report_error(setup_failure(spec, exc, "restoring the notebook's state (rank.spawn_context)"), writer)
+            return EXIT_FAILED
         return run_rank(spec, job)
 
     exit_with(body)
