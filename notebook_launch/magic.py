@@ -18,6 +18,7 @@ import types
 from typing import Any, Callable, Iterable, NoReturn
 
 from .errors import LaunchArgumentError
+from .render import remember_cell
 
 USAGE = ("%%launch [-n N] [--mixed-precision no|fp16|bf16|fp8] [--timeout SECONDS] "
          "[--start-method fork|spawn] [--ui auto|widget|html|rich|text|none] [--port PORT] "
@@ -169,20 +170,24 @@ def launch_cell(shell: Any, line: str, cell: str) -> None:
 
 
 def _cell_filename(shell: Any, source: str, raw: str) -> str:
-    """IPython's own cell file name (the one its tracebacks show), registered in linecache."""
+    """IPython's own cell file name (the one its tracebacks show), registered in linecache, and
+    its In[n] remembered for IPython 7, which keeps no map from names to numbers (render.py)."""
     compiler = getattr(shell, "compile", None)
     if compiler is not None and hasattr(compiler, "cache"):
         number = _running_cell_number(shell, compiler)
         try:
-            return str(compiler.cache(source, number, raw_code=raw))
+            filename = str(compiler.cache(source, number, raw_code=raw))
         except TypeError:   # an IPython whose cache() takes no raw_code
-            return str(compiler.cache(source, number))
+            filename = str(compiler.cache(source, number))
+        remember_cell(filename, number)
+        return filename
     return "<%%launch cell>"
 
 
 def _running_cell_number(shell: Any, compiler: Any) -> int:
     """The In[n] of the cell running now. IPython 9 counts ``execution_count`` up before the
-    cell runs (older versions after), but the running cell is always the newest one cached."""
+    cell runs (older versions after), but the running cell is always the newest one cached;
+    IPython 7 has no such map, and its ``execution_count`` is the running cell's."""
     numbers = getattr(compiler, "_filename_map", None)
     if numbers:
         return int(max(numbers.values()))

@@ -139,7 +139,14 @@ def render_frame(filename: str, lineno: int, name: str | None, body: list[str]) 
 
 
 def cell_label(filename: str) -> str | None:
-    """'Cell In[2]' for a file IPython compiled a cell to (this kernel's cells), else None."""
+    """'Cell In[2]' for a file IPython compiled a cell to (this kernel's cells), else None.
+
+    IPython >= 8 names cells itself (``compile.format_code_name``). IPython 7 (Colab's and
+    Kaggle's 7.34) keeps no map from a cell's file name to its number, and ipykernel 6 names a
+    cell after a hash of its text (``/tmp/ipykernel_<pid>/<hash>.py``), so we find the number:
+    a cell body our magics compiled was remembered (``remember_cell``); any other cell is the
+    newest history entry whose text is the file's text (IPython keeps both, the file's in
+    ``linecache``; matching text rather than hashes is exact for any compiler)."""
     try:
         from IPython import get_ipython
     except ImportError:
@@ -149,8 +156,42 @@ def cell_label(filename: str) -> str | None:
     if compiler is None:
         return None
     format_code_name = getattr(compiler, "format_code_name", None)
-    if format_code_name is not None:
+    if format_code_name is not None:   # IPython >= 8: its own names are the truth
         named = format_code_name(filename)
         return None if named is None else f"{named[0]} {named[1]}"
     number = getattr(compiler, "_filename_map", {}).get(filename)
+    if number is None:
+        number = _remembered.get(filename)
+    if number is None:
+        number = _number_from_history(shell, filename)
     return None if number is None else f"Cell In[{number}]"
+
+
+_remembered: dict[str, int] = {}   # file name -> In[n] of cell bodies our magics compiled (IPython 7)
+
+
+def remember_cell(filename: str, number: int) -> None:
+    """A cell body that a magic (``%%launch``, ``%%ranks``) compiled under ``filename``: its
+    text is not the history's (that holds the magic line too), so say its number here."""
+    _remembered[filename] = number
+
+
+def _number_from_history(shell: Any, filename: str) -> int | None:
+    """The newest In[n] whose transformed text is the text IPython cached for ``filename``.
+    Only files IPython itself cached (``linecache._ipython_cache``) are cells."""
+    entry = getattr(linecache, "_ipython_cache", {}).get(filename)
+    history = getattr(getattr(shell, "history_manager", None), "input_hist_parsed", None)
+    if entry is None or not history:
+        return None
+    lines = _without_trailing_blanks([line[:-1] for line in entry[2]])   # cached: each line + "\n"
+    for number in range(len(history) - 1, 0, -1):
+        if _without_trailing_blanks(history[number].splitlines()) == lines:   # history: stripped of "\n"
+            return number
+    return None
+
+
+def _without_trailing_blanks(lines: list[str]) -> list[str]:
+    """``lines`` (a list of the caller's) without its empty lines at the end."""
+    while lines and not lines[-1]:
+        lines.pop()
+    return lines

@@ -70,6 +70,68 @@ def test_a_launch_cell_is_named_too(executed):
     assert not re.search(r"notebook_launch/[\w/]*\.py", text), text
 
 
+EARLY = '''def early(n):
+    doubled = n * 2
+    raise RuntimeError(f"early {doubled}")
+
+
+'''   # blank lines at the end: IPython 7's history keeps the cell stripped of them
+
+LATER = '''def later(n):
+    import os
+    if os.environ["RANK"] == "0":
+        raise IndexError(f"later {n}")
+    return n'''
+
+
+@pytest.fixture(scope="module")
+def executed_more():
+    """Cells defined before notebook_launch is imported, persistent ranks (a function and a
+    %%ranks cell), a cell run twice, on whatever IPython the tests run (7.34 in the Colab and
+    Kaggle lanes: no map from cell files to numbers there, see render.cell_label)."""
+    pytest.importorskip("nbclient")
+    from nbutil import make_notebook, run_notebook
+    return run_notebook(make_notebook(
+        EARLY,                                                                              # In[1]
+        "from notebook_launch import notebook_launcher, start_ranks\n"
+        "from notebook_launch.net import free_port\n%load_ext notebook_launch",           # In[2]
+        "notebook_launcher(early, args=(3,), num_processes=2, ui='text')",                  # In[3]
+        "ranks = start_ranks(2, ui='text', use_port=free_port())",                          # In[4]
+        LATER,                                                                              # In[5]
+        "ranks.run(later, args=(7,))",                                                      # In[6]
+        LATER,                                                                              # In[7]: again
+        "ranks.run(later, args=(9,))",                                                      # In[8]
+        "ranks.close()",                                                                    # In[9]
+        "%ranks start -n 2 --ui text --port {free_port()}",                                 # In[10]
+        "%%ranks\nimport os\nif os.environ['RANK'] == '1':\n    raise KeyError('from a ranks cell')",  # In[11]
+        "notebook_launcher(later, args=(11,), num_processes=2, ui='text', start_method='spawn')",  # In[12]
+        "%ranks stop",                                                                      # In[13]
+    ), allow_errors=True)
+
+
+@pytest.mark.parametrize("index, label, line, rank", [
+    (2, "Cell In[1], line 3, in early", 'raise RuntimeError(f"early {doubled}")', 0),
+    (5, "Cell In[5], line 4, in later", 'raise IndexError(f"later {n}")', 0),
+    (7, "Cell In[7], line 4, in later", 'raise IndexError(f"later {n}")', 0),
+    (10, "Cell In[11], line 3", "raise KeyError('from a ranks cell')", 1),
+    (11, "Cell In[7], line 4, in later", 'raise IndexError(f"later {n}")', 0),
+], ids=["defined-before-the-import", "persistent-run", "persistent-cell-run-twice", "persistent-ranks-cell",
+        "spawn-cell-run-twice"])
+def test_every_kind_of_cell_is_named_with_its_lines(executed_more, index, label, line, rank):
+    errors = error_outputs(executed_more.cells[index])
+    assert len(errors) == 1 and errors[0].ename == "LaunchError", executed_more.cells[index].outputs
+    text = shown(errors[0])
+    assert f"Traceback from rank {rank}" in text, text
+    assert label in text, text
+    assert "---> " in text and line in text, text
+    assert not re.search(r"notebook_launch/[\w/]*\.py", text) and "ipykernel_" not in text, text
+    assert "<ipython-input-" not in text, text
+
+
+def test_persistent_ranks_closed_cleanly(executed_more):
+    assert not error_outputs(executed_more.cells[8]) and not error_outputs(executed_more.cells[12])
+
+
 def test_tb_magic_shows_the_same(executed):
     assert shown(error_outputs(executed.cells[3])[0]) == shown(error_outputs(executed.cells[2])[0])
 
