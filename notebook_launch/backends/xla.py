@@ -21,10 +21,11 @@ from __future__ import annotations
 import logging
 import os
 import sys
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING, NoReturn, Sequence
 
 from .base import Backend, RankPipes, RankProcess
 from .fork import ForkedRank
+from .fork_thread import fork_from_clean_thread
 
 if TYPE_CHECKING:
     from ..plan import LaunchPlan
@@ -77,10 +78,16 @@ class XlaBackend(Backend):
         sys.stderr.flush()
         parent_pid = os.getpid()
         nprocs = 1 if len(plan.ranks) == 1 else None  # the only values PJRT accepts
-        pid = os.fork()
-        if pid == 0:  # child: never returns
+
+        def launcher() -> NoReturn:
             os.environ.update(_import_environ)
-            run_launcher(plan, job, pipes_by_rank, parent_pid, nprocs)
+            run_launcher(plan, job, pipes_by_rank, parent_pid, nprocs)   # never returns
+            os._exit(1)
+
+        # Not os.fork() from this thread: it may have run an OpenMP region (a torch op in a
+        # cell), and with one device torch_xla runs the function on the launcher's main
+        # thread, whose first parallel region would then deadlock (see fork_thread).
+        pid = fork_from_clean_thread(launcher)
         for pipes in pipes_by_rank:
             pipes.close_child_ends()
         return [XlaLauncherProcess([spec.local_rank for spec in plan.ranks], pid)]

@@ -227,7 +227,7 @@ def test_planned_ranks_that_torch_xla_does_not_run_are_reported(tmp_path):
 def test_timeout_stops_every_replica(tmp_path):
     marker = tmp_path / "rank0-started"
     with pytest.raises(LaunchError) as err:
-        launch(run_until_stopped, str(marker), tmp_path=tmp_path, timeout=30)
+        launch(run_until_stopped, str(marker), tmp_path=tmp_path, timeout=120)
     assert err.value.kind == "timeout"
     if marker.exists():   # the replicas had started before the timeout (the usual case)
         assert_replicas_gone(marker)
@@ -363,3 +363,21 @@ def test_importing_torch_xla_for_the_launch_leaves_the_notebook_environment_alon
     # what torch_xla's import sets reaches the replicas of every launch, not just the first
     assert report["first"] == report["second"]
     assert report["first"][0]["PJRT_DYNAMIC_PLUGINS"] == "1"
+
+
+def parallel_op_in_the_replica():
+    t = torch.ones(20_000_000) * 3.0   # an OpenMP parallel region on the replica's thread
+    return {"value": float(t[0]), "threads": torch.get_num_threads()}
+
+
+def test_one_device_launch_after_a_parallel_op_in_the_notebook(tmp_path, monkeypatch):
+    """GNU OpenMP deadlocks in a child forked from a thread that ran a parallel region, and
+    with one device torch_xla runs the function on the launcher's main thread: the launcher
+    is forked from the clean fork thread, so this returns instead of hanging to the timeout."""
+    if torch.get_num_threads() < 2:
+        pytest.skip("one OpenMP thread: no parallel region, nothing to deadlock")
+    monkeypatch.setenv("CPU_NUM_DEVICES", "1")
+    x = torch.ones(20_000_000)
+    x.mul_(2.0)   # the notebook's main thread runs a parallel region
+    [result] = launch(parallel_op_in_the_replica, tmp_path=tmp_path, timeout=120)
+    assert result["value"] == 3.0 and result["threads"] >= 2
