@@ -7,13 +7,14 @@ import logging
 import os
 import signal
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from .. import protocol
 from ..logs import RunLogs
 from ..state import DONE, FAILED, STOPPED
 from ..supervise import interrupts, outcome
-from ..supervise.supervisor import Supervisor
+from ..supervise.supervisor import Step, Supervisor
 from ..supervise.watch import RankWatch, Watcher
 from .commands import InterruptSlot
 
@@ -70,12 +71,32 @@ class CallSupervisor(Supervisor):
 
     watcher_class = CallWatcher
 
-    def __init__(self, *args: Any, grace: float, slot: InterruptSlot, call_number: int, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, grace: float, slot: InterruptSlot, call_number: int,
+                 send: Callable[[], None], events: dict[int, protocol.EventReader] | None = None,
+                 **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.grace = grace
         self.slot = slot
         self.call_number = call_number
         self.lost: str | None = None   # why the ranks are gone (died, not back, stopped)
+        self._send: Callable[[], None] | None = send
+        for watch in self.watches:   # the between-calls reader may hold the start of a frame
+            if events is not None and watch.local_rank in events:
+                watch.events = events[watch.local_rank]
+
+    def step(self, wait: float) -> Step:
+        if self._send is not None:
+            send, self._send = self._send, None
+            # The call's frames go out whole: an interrupt meanwhile is counted and raised
+            # once they are sent, and it then interrupts the call like any other (the ranks
+            # raise as the call starts). Half a frame would leave the channel out of step.
+            with interrupts.tearing_down():
+                send()
+        return super().step(wait)
+
+    def events_by_rank(self) -> dict[int, protocol.EventReader]:
+        """The event readers, for the between-calls reader (a frame may have begun)."""
+        return {watch.local_rank: watch.events for watch in self.watches}
 
     def finished(self) -> bool:
         return all(reported(w) for w in self.watches)
@@ -93,6 +114,8 @@ class CallSupervisor(Supervisor):
         for watch in running:
             watch.stopped_by_us = signal.SIGINT
             watch.stop_reason = reason
+            if not self.slot.serving(watch.local_rank):
+                continue   # still starting: no handler of ours yet; it raises as the call starts
             try:
                 os.kill(watch.process.pid, signal.SIGINT)
             except ProcessLookupError:
@@ -100,7 +123,8 @@ class CallSupervisor(Supervisor):
         self.state.stop_requested = False
         deadline = time.monotonic() + self.grace
         try:
-            while not all(reported(w) for w in running) and time.monotonic() < deadline:
+            while not all(reported(w) for w in running) and (
+                    time.monotonic() < deadline or self.only_reporting(running)):
                 self.watcher.pump(0.05)
                 self.display.refresh(self.state)
                 if self.state.stop_requested:
@@ -116,6 +140,11 @@ class CallSupervisor(Supervisor):
             self.lost = outcome.ranks_not_back([self.global_rank(w.local_rank) for w in not_back],
                                                     self.grace, reason)
             self.stop_all(reason)
+
+    def only_reporting(self, running: list[RankWatch]) -> bool:
+        """Every rank not back yet is sending its outcome (its code is over): not stuck, so
+        the grace does not end it (a second interrupt still does)."""
+        return all(self.slot.reporting(w.local_rank, self.call_number) for w in running if not reported(w))
 
     def stop_all(self, reason: str) -> None:
         """Stop every rank of the pool (the group is unusable once one rank is gone)."""
@@ -153,8 +182,8 @@ class CallSupervisor(Supervisor):
         if all(w.exit is not None for w in self.watcher.watches_of(process)):
             return   # stopped (and reaped) by stop_all already
         super().on_process_exit(process)
-        for watch in self.watcher.watches_of(process):
-            if self.lost is None and watch.stopped_by_us is None:
+        for watch in self.watcher.watches_of(process):   # interrupted or not: a rank that ends is lost
+            if self.lost is None:
                 self.lost = (f"rank {self.global_rank(watch.local_rank)} died "
                              f"({outcome.describe_status(watch.exit or ('exit', -1))})")
 

@@ -94,14 +94,24 @@ def _read_exactly(fd: int, size: int) -> bytes | None:
 
 
 class InterruptSlot:
-    """Which call the notebook interrupted, in memory shared with the ranks (made before the
-    fork). A SIGINT alone cannot say which call it is for: it may land before the rank has
-    started the call (the rank then raises as the call starts) or after the rank finished
-    it (the rank then ignores it)."""
+    """What the notebook and its ranks must know of each other between a signal and its
+    answer, in memory shared with the ranks (made before the fork):
 
-    def __init__(self) -> None:
+    - which call the notebook interrupted. A SIGINT alone cannot say which call it is for:
+      it may land before the rank has started the call (the rank then raises as the call
+      starts) or after the rank finished it (the rank then ignores it);
+    - per rank, whether it takes interrupts yet (``serving``): a rank still starting
+      (bootstrap, imports) has no handler of ours, so a SIGINT would kill it. The notebook
+      signals only serving ranks; the others see the request as the call starts;
+    - per rank, which call it is reporting (``reporting``): its code has returned or raised
+      and it is sending the outcome (a big result takes seconds). That is not stuck code,
+      so the interrupt's grace does not run out on it."""
+
+    def __init__(self, num_ranks: int = 1) -> None:
         import mmap
-        self._memory = mmap.mmap(-1, _SLOT.size)   # anonymous: shared with forked children
+        self.num_ranks = num_ranks
+        # anonymous: shared with forked children; one word for the request, two per rank
+        self._memory = mmap.mmap(-1, _SLOT.size * (1 + 2 * num_ranks))
         self.request(0)
 
     def request(self, call_number: int) -> None:
@@ -109,6 +119,23 @@ class InterruptSlot:
 
     def requested(self, call_number: int) -> bool:
         return bool(_SLOT.unpack_from(self._memory, 0)[0] == call_number)
+
+    def set_serving(self, local_rank: int) -> None:
+        _SLOT.pack_into(self._memory, self._offset(local_rank, 0), 1)
+
+    def serving(self, local_rank: int) -> bool:
+        return bool(_SLOT.unpack_from(self._memory, self._offset(local_rank, 0))[0])
+
+    def set_reporting(self, local_rank: int, call_number: int) -> None:
+        _SLOT.pack_into(self._memory, self._offset(local_rank, 1), call_number)
+
+    def reporting(self, local_rank: int, call_number: int) -> bool:
+        return bool(_SLOT.unpack_from(self._memory, self._offset(local_rank, 1))[0] == call_number)
+
+    def _offset(self, local_rank: int, field: int) -> int:
+        if not 0 <= local_rank < self.num_ranks:
+            raise IndexError(f"local rank {local_rank} of {self.num_ranks}")
+        return _SLOT.size * (1 + 2 * local_rank + field)
 
     def close(self) -> None:
         self._memory.close()

@@ -82,6 +82,18 @@ def current() -> RankNamespace:
 
 # --- what push, pull and %%ranks run in the rank (module functions: pickled by reference) ---
 
+def unpicklable(values: Mapping[str, Any]) -> dict[str, str]:
+    """(In the notebook) the names whose values cloudpickle cannot send, and why."""
+    import cloudpickle
+    unsent = {}
+    for name, value in values.items():
+        try:
+            cloudpickle.dumps(value)
+        except Exception as exc:
+            unsent[name] = f"{type(exc).__name__}: {exc}"
+    return unsent
+
+
 def push(values: Mapping[str, Any]) -> None:
     namespace = current()
     namespace.globals.update(values)
@@ -101,9 +113,17 @@ def pull(names: Iterable[str]) -> Any:
     return {n: namespace.globals[n] for n in names}
 
 
-def run_cell(source: str, filename: str, values: Mapping[str, Any]) -> None:
-    """Run a ``%%ranks`` cell body in the namespace, with the notebook values it names."""
+def run_cell(source: str, filename: str, values: Mapping[str, Any], unsent: Mapping[str, str] | None = None) -> None:
+    """Run a ``%%ranks`` cell body in the namespace, with the notebook values it names.
+    ``unsent``: names whose notebook value could not be sent, and why; the rank's own value
+    is used, and a name the rank does not have stops the cell before any of it runs."""
     namespace = current()
+    missing = {name: why for name, why in (unsent or {}).items() if name not in namespace.globals}
+    if missing:
+        raise NameError("; ".join(
+            f"name {name!r} is not defined in this rank: the notebook's value could not be sent ({why})"
+            for name, why in missing.items()) + ". Create it in the ranks (in a %%ranks cell) or pass a "
+            "value that pickles; the cell did not run")
     namespace.merge(values)
     if filename not in linecache.cache:   # tracebacks in the rank show the cell's lines
         linecache.cache[filename] = (len(source), None, source.splitlines(keepends=True), filename)

@@ -8,26 +8,34 @@ What a failure leaves: a Python exception or a timeout interrupts the other rank
 they stay alive with their state; a rank that dies, ranks that do not come back from an
 interrupt, or a second interrupt stop every rank, and the next call starts fresh ones
 (saying so). ``close()``, ``%ranks stop``, the interpreter's exit and the kernel's death
-(PDEATHSIG, as for every forked rank) leave no process behind.
+(PDEATHSIG, as for every forked rank) leave no process behind, and nothing a rank started
+outlives it: a rank's process group ends with the rank, between calls too (``idle``), and
+what left the group is swept when the pool stops or restarts (``supervise.leftovers``).
+
+Between calls, ``idle.IdleReader`` reads the ranks' output (to the logs, and to the notebook
+while a cell runs); during a call the call's supervisor does: one reader at a time.
 """
 from __future__ import annotations
 
 import functools
 import logging
 import os
-import signal
+import select
+import threading
 import time
 import weakref
 from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
 from ..backends import get_backend
-from ..backends.base import RankPipes, RankProcess
+from .. import protocol
+from ..backends.base import RankPipes, RankProcess, WaitStatus
 from ..detect.platform import in_ipython_kernel
 from ..display import choose_display
 from ..display.rank_displays import RankDisplays
 from ..errors import GuardError, LaunchArgumentError, LaunchError
 from ..launcher import plan_launch
+from ..line_prefix import parse_line_prefix
 from ..logs import RunLogs
 from ..options import (
     DEFAULT_USE_PORT,
@@ -43,10 +51,11 @@ from ..preflight import check_not_inside_rank
 from ..rank.runner import Job
 from ..run import launch_summary, presenting
 from ..state import DONE, FAILED, RUNNING, RankState, RunState
-from ..supervise import outcome
+from ..supervise import leftovers, outcome
 from ..supervise.outcome import error_summary
 from . import commands, namespace
 from .call import CallSupervisor, LogSection
+from .idle import CellWatch, IdleReader
 from .serve import Call, serve_calls
 
 log = logging.getLogger("notebook_launch")
@@ -102,8 +111,38 @@ def start_ranks(num_processes: int | None = None, mixed_precision: str = "no",
     return ranks
 
 
+class _Unsendable(LaunchArgumentError):
+    """A call that does not pickle (``run_cell`` then says which names, and sends the rest)."""
+
+
+def _serialized(method: Callable[..., T]) -> Callable[..., T]:
+    """The pool's calls run one at a time (see the Ranks docstring)."""
+    @functools.wraps(method)
+    def wrapper(self: Ranks, *args: Any, **kwargs: Any) -> T:
+        __tracebackhide__ = True
+        if self._owner == threading.get_ident():
+            raise LaunchArgumentError(
+                f"Ranks.{method.__name__}() was called while a call on the same ranks runs in this thread "
+                f"(from a callback of that call?); a pool runs one call at a time: call it after that call ends")
+        with self._lock:
+            self._owner = threading.get_ident()
+            try:
+                return method(self, *args, **kwargs)
+            finally:
+                self._owner = None
+    return wrapper
+
+
 class Ranks:
-    """Ranks that live across calls. Made by ``start_ranks``; see its docstring."""
+    """Ranks that live across calls. Made by ``start_ranks``; see its docstring.
+
+    Threads: one pool may be used from several threads. Calls (``run``, ``push``, ``pull``,
+    ``run_cell``) and ``close`` take the pool's lock, so they run one at a time, in the
+    order the lock grants, each whole; a call from another thread waits for the running one
+    to end. A call made from inside a running call of the same thread (a callback) raises
+    LaunchArgumentError instead of waiting for itself. Only the main thread gets the
+    notebook's interrupt (Ctrl-C), so a call from another thread ends by itself, by its
+    ``timeout=`` or by the panel's Stop."""
 
     def __init__(self, options: LaunchOptions, grace: float) -> None:
         self.options = options
@@ -119,10 +158,18 @@ class Ranks:
         self._commands: list[commands.CommandPipe] = []
         self._slot: commands.InterruptSlot | None = None
         self._lost: str | None = None    # why the ranks are gone (the next call restarts them)
-        self._finalizer = weakref.finalize(self, _kill_all, self._processes)
+        self._run_mark = ""              # NOTEBOOK_LAUNCH_RUN_ID of the current ranks (leftovers.sweep)
+        self._lock = threading.Lock()    # one call (or close) at a time; see the class docstring
+        self._owner: int | None = None   # the thread holding _lock
+        self._reaping = threading.Lock()   # a rank's group is ended before it is reaped, by one thread
+        self._idle: IdleReader | None = None
+        self._handed_back: dict[int, protocol.EventReader] = {}
+        self._cells: CellWatch | None = None
+        self._finalizer = weakref.finalize(self, _kill_all, self._processes, self._reaping)
 
     # --- the public calls ---------------------------------------------------------------
     @_trimmed
+    @_serialized
     def run(self, function: Callable[..., Any], args: tuple | list = (), kwargs: dict[str, Any] | None = None,
             *, timeout: float | None = None) -> list[Any]:
         """Call ``function(*args, **kwargs)`` on every rank; return each rank's result in rank
@@ -135,6 +182,7 @@ class Ranks:
                           self._timeout(timeout))
 
     @_trimmed
+    @_serialized
     def push(self, **values: Any) -> None:
         """Set names in every rank's namespace (they are the ranks' from then on)."""
         if values:
@@ -142,6 +190,7 @@ class Ranks:
                        quiet=True)
 
     @_trimmed
+    @_serialized
     def pull(self, *names: str, timeout: float | None = None) -> list[Any]:
         """Each rank's value of ``name`` (one name), or a dict of the names (several), in rank order."""
         bad = [n for n in names if not isinstance(n, str) or not n.isidentifier()]
@@ -152,18 +201,41 @@ class Ranks:
                           self._timeout(timeout), quiet=True)
 
     @_trimmed
+    @_serialized
     def run_cell(self, source: str, filename: str, values: dict[str, Any] | None = None, *,
                  timeout: float | None = None) -> list[Any]:
-        """Run cell source on every rank in the ranks' namespace (what ``%%ranks`` does)."""
-        return self._call(Call(Job(namespace.run_cell, (source, filename, dict(values or {}))), hidden_frames=1),
-                          "%%ranks cell", self._timeout(timeout))
+        """Run cell source on every rank in the ranks' namespace (what ``%%ranks`` does), with
+        ``values``: the notebook's values of the names the cell uses. A value that cannot be
+        sent (it does not pickle) is named here before anything runs; the ranks then use their
+        own value of that name (e.g. their copy from the start), and where they have none the
+        cell raises a NameError that says why, before any of its code runs."""
+        values = dict(values or {})
+        timeout = self._timeout(timeout)
+        try:
+            return self._call(Call(Job(namespace.run_cell, (source, filename, values)), hidden_frames=1),
+                              "%%ranks cell", timeout)
+        except _Unsendable:
+            pass
+        unsent = namespace.unpicklable(values)
+        print("notebook_launch: %%ranks: not sent to the ranks: "
+              + "; ".join(f"{name} ({why})" for name, why in unsent.items())
+              + ". The ranks use their own value of these names; where they have none, the cell stops "
+              "with a NameError before it runs. Create such values in the ranks (in a %%ranks cell).",
+              flush=True)
+        sendable = {name: value for name, value in values.items() if name not in unsent}
+        return self._call(Call(Job(namespace.run_cell, (source, filename, sendable, unsent)), hidden_frames=1),
+                          "%%ranks cell", timeout)
 
+    @_serialized
     def close(self) -> None:
-        """Stop the ranks (STOP, then SIGKILL after a grace) and close the run folder; idempotent."""
+        """Stop the ranks (STOP, then SIGKILL after a grace) and close the run folder; idempotent.
+        Waits for a call another thread runs on these ranks to end first."""
         if self.closed:
             return
         self.closed = True
         self._stop_processes(graceful=True)
+        if self._cells is not None:
+            self._cells.close()
         if self.logs is not None:
             self.logs.close()
 
@@ -187,7 +259,7 @@ class Ranks:
 
     @property
     def alive(self) -> bool:
-        return not self.closed and self._lost is None and all(p.poll() is None for p in self._processes)
+        return not self.closed and self._lost is None and not any(_exited(p) for p in self._processes)
 
     def __repr__(self) -> str:
         if self.closed:
@@ -214,7 +286,7 @@ class Ranks:
                                 [r.global_rank for r in plan.ranks], self.options.log_dir)
         pipes = [RankPipes.open() for _ in plan.ranks]
         command_pipes = [commands.CommandPipe.open() for _ in plan.ranks]
-        slot = commands.InterruptSlot()
+        slot = commands.InterruptSlot(len(plan.ranks))
         try:
             processes = backend.start(plan, Job(serve_calls, (plan, command_pipes, slot)), pipes)
         except BaseException:
@@ -230,19 +302,50 @@ class Ranks:
                 c.close_read_end()
         self.plan, self._pipes, self._commands, self._slot = plan, pipes, command_pipes, slot
         self._processes[:] = processes
+        self._run_mark = run_id
         self._lost = None
+        if self._cells is None:
+            self._cells = CellWatch()
+        self._start_idle({})
         if self.restarts == 0:
             display = choose_display(self.options.ui, line_prefix=self.options.line_prefix).name
             print(launch_summary(plan, BACKEND_NAME, self.logs.path, platform=target.where.platform,
                                  display=display), flush=True)
 
-    def _ensure_running(self) -> None:
+    def _start_idle(self, events: dict[int, protocol.EventReader]) -> None:
+        """Hand the ranks' pipes to the between-calls reader."""
+        assert self.plan is not None and self.logs is not None
+        prefix = parse_line_prefix(self.options.line_prefix)
+        specs = self.plan.ranks
+        reaping = self._reaping
+
+        def end_group(process: RankProcess) -> None:
+            with reaping:
+                if not _reaped(process):
+                    leftovers.end_rank_group(process.pid)
+
+        self._idle = IdleReader(
+            self._processes, self._pipes, self.logs,
+            tag=lambda local: prefix.render(rank=specs[local].global_rank, local_rank=local),
+            events={local: events.get(local) or protocol.EventReader() for local in range(len(self._pipes))},
+            on_exit=end_group,
+            show=lambda: self.options.ui != "none" and self._cells is not None and self._cells.running)
+
+    def _stop_idle(self) -> dict[int, protocol.EventReader]:
+        """Take the ranks' pipes back from the between-calls reader (its readers of event frames)."""
+        idle, self._idle = self._idle, None
+        return idle.stop() if idle is not None else {}
+
+    def _ensure_running(self) -> dict[int, protocol.EventReader]:
+        """Ranks ready for a call (fresh ones if they are gone); returns the event readers
+        the between-calls reader hands over: from here on this thread reads the ranks' pipes."""
         if self.closed:
             raise LaunchArgumentError("these ranks were closed; start new ones with start_ranks() "
                                       "(or %ranks start)")
+        events = self._stop_idle()
         for process in self._processes:
-            status = process.poll()
-            if status is not None and self._lost is None:
+            if _exited(process) and self._lost is None:
+                status = _end_and_reap(process, self._reaping)
                 self._lost = f"local rank {process.local_rank} ended between calls ({outcome.describe_status(status)})"
         if self._lost is not None:
             lost = self._lost
@@ -254,17 +357,38 @@ class Ranks:
             print(f"notebook_launch: the ranks were restarted because {lost}; their state (models, "
                   f"variables, process group) is lost: this call runs on fresh ranks.", flush=True)
             self._start()
+            events = self._stop_idle()
+        return events
 
     def _call(self, call: Call, title: str, timeout: float | None, quiet: bool = False) -> list[Any]:
         """One call on every rank. ``quiet`` (push, pull): no panel, only an error if one comes."""
-        self._ensure_running()
+        if self.closed:
+            self._ensure_running()   # raises: closed
         call.number = self.calls + 1
         try:
             frame = commands.encode(commands.Command.CALL, call)
         except Exception as exc:
-            raise LaunchArgumentError(
+            raise _Unsendable(
                 f"{title} cannot be sent to the ranks: {type(exc).__name__}: {exc}. The function, its "
                 f"arguments and the notebook globals it names must pickle with cloudpickle.") from None
+        events = self._ensure_running()
+        try:
+            return self._supervise(call, frame, title, timeout, quiet, events)
+        finally:
+            if self._processes and self._lost is None and not self.closed:
+                self._start_idle(self._handed_back)
+            self._handed_back = {}
+
+    def _send(self, frame: bytes) -> None:
+        """The call's frame to every rank, whole (the caller defers interrupts meanwhile)."""
+        for pipe in self._commands:
+            try:
+                commands.send(pipe.write_fd, frame)
+            except BrokenPipeError:   # that rank is gone: the supervisor sees its exit
+                log.debug("rank command pipe %d is broken", pipe.write_fd)
+
+    def _supervise(self, call: Call, frame: bytes, title: str, timeout: float | None, quiet: bool,
+                   events: dict[int, Any]) -> list[Any]:
         assert self.plan is not None and self.logs is not None and self._slot is not None
         self.calls += 1
         state = RunState(run_id=f"{self.run_id}-call{self.calls}", world_size=self.plan.world_size,
@@ -275,22 +399,19 @@ class Ranks:
         display = choose_display("none" if quiet else self.options.ui, line_prefix=self.options.line_prefix)
         rank_displays = RankDisplays(self.options.display_ranks, state.run_id) if in_ipython_kernel() else None
         section = LogSection(self.logs, f"call {self.calls}: {title}")
-        for pipe in self._commands:
-            try:
-                commands.send(pipe.write_fd, frame)
-            except BrokenPipeError:   # that rank is gone: the supervisor sees its exit
-                log.debug("rank command pipe %d is broken", pipe.write_fd)
         with presenting(state, display, section, rank_displays):
             supervisor = CallSupervisor(self._processes, self._pipes, state, display, section,
                                         timeout=timeout, poll_interval=self.options.poll_interval,
                                         grace=self.grace, slot=self._slot, call_number=self.calls,
-                                        rank_displays=rank_displays)
+                                        rank_displays=rank_displays, send=lambda: self._send(frame),
+                                        events=events)
             try:
                 results = supervisor.run()
             except LaunchError as error:
                 state.finish(FAILED, error_summary(error))
                 raise outcome.with_note(error, self._after_failure(supervisor.lost)) from None
             finally:
+                self._handed_back = supervisor.events_by_rank()
                 if supervisor.lost is not None:
                     self._lost = supervisor.lost
                     self._stop_processes(graceful=False)
@@ -303,8 +424,12 @@ class Ranks:
         return outcome.ranks_lost_note(lost)
 
     def _stop_processes(self, graceful: bool) -> None:
-        """End every rank process and close the pool's fds (each once)."""
-        stop_processes(self._processes, self._pipes, self._commands, graceful)
+        """End every rank process and what they started, and close the pool's fds (each once).
+        The between-calls reader reads until the ranks are gone, so the logs get their last lines."""
+        if not graceful:
+            self._stop_idle()
+        stop_processes(self._processes, self._pipes, self._commands, graceful, self._reaping,
+                       before_kill=self._stop_idle, run_mark=self._run_mark)
         self._processes[:] = []
         self._pipes, self._commands = [], []
         if self._slot is not None:
@@ -313,9 +438,11 @@ class Ranks:
 
 
 def stop_processes(processes: list[RankProcess], pipes: list[RankPipes], command_pipes: list[commands.CommandPipe],
-                   graceful: bool) -> None:
+                   graceful: bool, reaping: threading.Lock, before_kill: Callable[[], object] = lambda: None,
+                   run_mark: str = "") -> None:
     """Ask each rank to end between calls (STOP, then end of file on its command pipe), give
-    ``graceful`` ranks STOP_GRACE seconds, SIGKILL the rest, and close the pool's fds."""
+    ``graceful`` ranks STOP_GRACE seconds, SIGKILL the rest with their process groups, sweep
+    what left a group (``run_mark``: the ranks' NOTEBOOK_LAUNCH_RUN_ID), and close the pool's fds."""
     if graceful:
         try:
             frame = commands.encode(commands.Command.STOP, None)
@@ -329,20 +456,43 @@ def stop_processes(processes: list[RankProcess], pipes: list[RankPipes], command
     for pipe in command_pipes:
         pipe.close_write_end()   # end of file: a rank between calls ends its loop
     deadline = time.monotonic() + (STOP_GRACE if graceful else 0.0)
-    for process in processes:
-        while process.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.01)
-    _kill_all(processes)
+    for process in processes:   # exited, not reaped: its group is ended first (_kill_all)
+        left = deadline - time.monotonic()
+        if left > 0 and not _exited(process) and process.sentinel is not None:
+            select.select([process.sentinel], [], [], left)
+    before_kill()
+    _kill_all(processes, reaping)
+    if run_mark and processes:
+        leftovers.sweep(run_mark)   # what a rank started that left its process group
     for rank_pipes in pipes:
         rank_pipes.close_parent_ends()
         rank_pipes.close_child_ends()
 
 
-def _kill_all(processes: list[RankProcess]) -> None:
-    """SIGKILL what is left of ``processes`` and reap them (also the pool's finalizer)."""
+def _kill_all(processes: list[RankProcess], reaping: threading.Lock) -> None:
+    """SIGKILL what is left of ``processes`` and their process groups, and reap them (also the
+    pool's finalizer)."""
     for process in processes:
-        if process.poll() is None:
-            process.signal(signal.SIGKILL)
-        process.wait()
+        _end_and_reap(process, reaping)
         process.release()
+
+
+def _exited(process: RankProcess) -> bool:
+    """Whether the rank ended, without reaping it (its pid stays its group's id until then)."""
+    if _reaped(process) or process.sentinel is None:
+        return process.poll() is not None
+    return bool(select.select([process.sentinel], [], [], 0)[0])
+
+
+def _reaped(process: RankProcess) -> bool:
+    return getattr(process, "_status", None) is not None   # ForkedRank keeps the status it reaped
+
+
+def _end_and_reap(process: RankProcess, reaping: threading.Lock) -> WaitStatus:
+    """SIGKILL the rank and its process group (what it started: a subprocess, DataLoader
+    workers), then reap it: alive or a zombie, its pid is still its group's id."""
+    with reaping:
+        if not _reaped(process):
+            process.kill()   # killpg, then the pid itself
+        return process.wait()
 

@@ -40,8 +40,9 @@ class _Interruptible:
     """SIGINT raises KeyboardInterrupt only while the code of the call it was meant for runs;
     an interrupt that came before the code started raises as it starts."""
 
-    def __init__(self, slot: commands.InterruptSlot) -> None:
+    def __init__(self, slot: commands.InterruptSlot, local_rank: int = 0) -> None:
         self.slot = slot
+        self.local_rank = local_rank
         self.calling = False
         self.number = 0
 
@@ -55,6 +56,11 @@ class _Interruptible:
         self.calling = True
         if self.slot.requested(number):
             raise KeyboardInterrupt
+
+    def stop(self) -> None:
+        """The call's code is over: from now on the rank only reports (not interruptible)."""
+        self.calling = False
+        self.slot.set_reporting(self.local_rank, self.number)
 
 
 def serve_calls(plan: LaunchPlan, pipes: Sequence[commands.CommandPipe], slot: commands.InterruptSlot) -> None:
@@ -72,8 +78,9 @@ def serve_calls(plan: LaunchPlan, pipes: Sequence[commands.CommandPipe], slot: c
     # Results travel inside the RESULT frame, not through the rank's result file: that file
     # only grows until it is closed (shared_tensors), and these ranks answer many calls.
     writer.tensors_fd = None
-    interrupts = _Interruptible(slot)
+    interrupts = _Interruptible(slot, local_rank)
     signal.signal(signal.SIGINT, interrupts.handler)
+    slot.set_serving(local_rank)   # from now on a SIGINT is ours to judge (see InterruptSlot)
     ns = namespace.current()
     while True:
         try:
@@ -101,7 +108,7 @@ def run_one(spec: Any, call: Call, ns: namespace.RankNamespace, interrupts: _Int
             interrupts.start(call.number)
             return function(*args, **kwargs)
         finally:
-            interrupts.calling = False
+            interrupts.stop()
 
     try:
         runner.call_and_report(spec, runner.Job(interruptible, args, job.kwargs), writer,

@@ -1,0 +1,175 @@
+"""Persistent ranks between calls: their output keeps flowing, and a rank that dies takes
+what it started with it.
+
+During a call the call's supervisor (``call.CallSupervisor``) is the one reader of the
+ranks' pipes, on the notebook's main thread. Between calls nobody would read them: a
+background thread in a rank that prints (or reports progress) fills its 64 KiB pipe and
+blocks until the next call, and what it prints after the last call never reaches the log.
+So between calls one thread of ours, ``IdleReader``, is that reader: the same selector
+over every rank's output and event pipes and every process's exit, lines to the rank's
+log (and to the notebook while a cell runs there), and a rank that exits has its process
+group ended at once (while it is an unreaped zombie its pid is still its group's id; see
+``supervise.leftovers``). Exactly one reader at a time: the pool stops this thread before
+a call's supervisor starts and starts it again after the call; partial event frames are
+handed over both ways, so no frame is ever read by halves.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import selectors
+import sys
+import threading
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from .. import protocol
+from ..logs import LineSplitter
+
+if TYPE_CHECKING:
+    from ..backends.base import RankPipes, RankProcess
+    from ..logs import RunLogs
+
+log = logging.getLogger("notebook_launch")
+READ_SIZE = 1 << 16
+STREAMS = ("stdout", "stderr")
+
+
+class CellWatch:
+    """Whether a notebook cell runs now (IPython's pre/post_run_cell events); outside
+    IPython there are no cells and output always goes to our stdout."""
+
+    def __init__(self) -> None:
+        self.running = True
+        self._shell: Any = None
+        try:
+            from IPython import get_ipython
+            shell = get_ipython()
+        except ImportError:
+            shell = None
+        if shell is not None and hasattr(shell, "events"):
+            self._shell = shell
+            self.running = False   # this runs inside a cell, but the hooks say so from the next one
+            shell.events.register("pre_run_cell", self._pre)
+            shell.events.register("post_run_cell", self._post)
+
+    def _pre(self, *args: Any) -> None:
+        self.running = True
+
+    def _post(self, *args: Any) -> None:
+        self.running = False
+
+    def close(self) -> None:
+        if self._shell is not None:
+            for name, callback in (("pre_run_cell", self._pre), ("post_run_cell", self._post)):
+                try:
+                    self._shell.events.unregister(name, callback)
+                except ValueError:
+                    pass
+            self._shell = None
+
+
+class IdleReader:
+    """The ranks' one reader between calls (a daemon thread); ``stop`` hands the pipes back."""
+
+    def __init__(self, processes: Sequence[RankProcess], pipes: Sequence[RankPipes], logs: RunLogs,
+                 tag: Callable[[int], str], events: dict[int, protocol.EventReader],
+                 on_exit: Callable[[RankProcess], None], show: Callable[[], bool]) -> None:
+        self.processes = list(processes)
+        self.pipes = list(pipes)
+        self.logs = logs
+        self.tag = tag              # local rank -> "[rank N] "
+        self.events = events        # local rank -> the reader of its event frames (handed on)
+        self.on_exit = on_exit      # ends the exited rank's group (under the pool's lock)
+        self.show = show            # whether lines go to the notebook now
+        self.splitters = {(local, what): LineSplitter() for local in range(len(self.pipes)) for what in STREAMS}
+        self._wake_r, self._wake_w = os.pipe()
+        self._selector = selectors.DefaultSelector()
+        for local, rank_pipes in enumerate(self.pipes):
+            for fd, what in ((rank_pipes.events_r, "events"), (rank_pipes.stdout_r, "stdout"),
+                             (rank_pipes.stderr_r, "stderr")):
+                if fd not in rank_pipes.closed:
+                    os.set_blocking(fd, False)
+                    self._selector.register(fd, selectors.EVENT_READ, (local, what))
+        for index, process in enumerate(self.processes):
+            if process.sentinel is not None:
+                self._selector.register(process.sentinel, selectors.EVENT_READ, (index, "exit"))
+        self._selector.register(self._wake_r, selectors.EVENT_READ, (-1, "wake"))
+        self._thread = threading.Thread(target=self._loop, name="notebook_launch-ranks-between-calls",
+                                        daemon=True)
+        self._thread.start()
+
+    def stop(self) -> dict[int, protocol.EventReader]:
+        """Stop reading (what is buffered in the pipes now is read first) and return the
+        event readers, which may hold the start of a frame."""
+        os.write(self._wake_w, b"x")
+        self._thread.join()
+        self._selector.close()
+        os.close(self._wake_r)
+        os.close(self._wake_w)
+        for (local, what), splitter in self.splitters.items():   # a line cut by the call's start
+            for text in splitter.flush():
+                self._line(local, what, text)
+        self.logs.flush()
+        return self.events
+
+    # --- the thread -----------------------------------------------------------------------
+    def _loop(self) -> None:
+        try:
+            while True:
+                stopping = False
+                for key, _ in self._selector.select():
+                    local, what = key.data
+                    if what == "wake":
+                        stopping = True
+                    elif what == "exit":
+                        self._selector.unregister(key.fd)
+                        self.on_exit(self.processes[local])
+                    else:
+                        self._read(key.fd, local, what)
+                self.logs.flush()
+                if stopping:
+                    self._drain()
+                    return
+        except Exception:   # never let a logging problem kill the reader silently
+            log.debug("the between-calls reader of the ranks stopped", exc_info=True)
+
+    def _drain(self) -> None:
+        """Read what is already in the pipes, without waiting for more."""
+        for key in list(self._selector.get_map().values()):
+            local, what = key.data
+            if what in ("events", *STREAMS):
+                while self._read(key.fd, local, what):
+                    pass
+
+    def _read(self, fd: int, local: int, what: str) -> bool:
+        try:
+            data = os.read(fd, READ_SIZE)
+        except BlockingIOError:
+            return False
+        if not data:   # the rank closed it or ended: stop watching it (the pool closes it)
+            self._selector.unregister(fd)
+            return False
+        if what == "events":
+            for kind, payload in self.events[local].feed(data):
+                self._event(local, kind, payload)
+        else:
+            for text in self.splitters[(local, what)].feed(data):
+                self._line(local, what, text)
+        return True
+
+    def _line(self, local: int, what: str, text: str) -> None:
+        self.logs.write_line(local, what, text)
+        if self.show():
+            out = sys.stderr if what == "stderr" else sys.stdout
+            try:
+                out.write(f"{self.tag(local)}{text}\n")
+                out.flush()
+            except Exception:
+                log.debug("a rank's line between calls was not shown", exc_info=True)
+
+    def _event(self, local: int, kind: protocol.EventKind, payload: Any) -> None:
+        if kind is protocol.EventKind.PROGRESS and isinstance(payload, dict):
+            self.logs.write_metrics(local, payload.get("series"))
+        else:   # a display() or a prompt outside any call has no cell to go to
+            log.debug("rank %d: %s event between calls dropped", local, kind.value)
