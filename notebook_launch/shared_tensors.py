@@ -24,7 +24,9 @@ per-storage archive.
 
 Storages shared by several tensors (views, a parameter tied to another) are
 written once and come back shared. Storages on another device (CUDA) are
-copied to the CPU, so the notebook never initializes a GPU.
+copied to the CPU, so the notebook never initializes a GPU; tensors torch pickles
+without a storage, as a rebuild onto their device (XLA), are pickled as CPU copies
+(``rebuilds_off_cpu``), wherever they are: in modules, dataclasses, any object.
 """
 from __future__ import annotations
 
@@ -93,6 +95,8 @@ def pickler_class(base: type) -> type:
                 reduced = self._reduce_storage(torch, obj)
                 if reduced is not None:
                     return reduced
+            if torch is not None and isinstance(obj, torch.Tensor) and rebuilds_off_cpu(torch, obj):
+                return cpu_copy(torch, obj).__reduce_ex__(getattr(self, "proto", pickle.HIGHEST_PROTOCOL))
             parent = getattr(super(), "reducer_override", None)
             return parent(obj) if parent is not None else NotImplemented
 
@@ -121,6 +125,34 @@ def pickler_class(base: type) -> type:
 
     SharedTensorPickler.__qualname__ = f"SharedTensorPickler[{base.__qualname__}]"
     return SharedTensorPickler
+
+
+def rebuilds_off_cpu(torch: Any, tensor: Any) -> bool:
+    """torch would pickle ``tensor`` as a rebuild onto its own device, not through a storage
+    (``Tensor._reduce_ex_internal``: XLA, MAIA, MTIA, a storage-less private backend): unpickled
+    in the notebook, an XLA tensor would start the XLA runtime there. Storage-backed tensors
+    (CUDA) need nothing here: their storages come back as CPU storages (``_reduce_storage``)."""
+    device = tensor.device.type
+    if device in ("cpu", "meta"):
+        return False
+    if device in ("xla", "maia", "mtia"):
+        return True
+    try:
+        return not torch._C._has_storage(tensor)
+    except Exception:
+        logger.debug("cannot tell whether a %s tensor has a storage", device, exc_info=True)
+        return False
+
+
+def cpu_copy(torch: Any, tensor: Any) -> Any:
+    """``tensor`` on the CPU: a parameter stays a parameter, ``requires_grad`` is kept (a
+    tensor that was not a leaf comes back as a leaf, detached from the rank's graph)."""
+    copy = tensor.detach().cpu()
+    if isinstance(tensor, torch.nn.Parameter):
+        return torch.nn.Parameter(copy, requires_grad=tensor.requires_grad)
+    if tensor.requires_grad:   # only floating and complex tensors can, so this cannot fail
+        copy.requires_grad_(True)
+    return copy
 
 
 def _bytes_view(untyped: Any, nbytes: int) -> memoryview:

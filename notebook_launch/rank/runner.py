@@ -216,31 +216,44 @@ def serialize_result(value: Any, tensors_fd: int | None = None, *, main_classes_
                                 base=result_pickle.pickler_base(main_classes_by_reference))
 
 
-def to_cpu(value: Any) -> Any:
-    """Move tensors (also inside lists, tuples and dicts) to the CPU, so the
-    parent, which must not initialize CUDA, can unpickle them."""
+def to_cpu(value: Any, memo: dict[int, Any] | None = None) -> Any:
+    """Move tensors inside lists, tuples and dicts to the CPU and detach them from the rank's
+    graph (a parameter stays a parameter, with its ``requires_grad``), so the parent, which must
+    not initialize CUDA or XLA, can unpickle them. One tensor found twice stays one (``memo``).
+    Tensors anywhere else (in a module, a dataclass, any object) reach the CPU while pickled
+    (``shared_tensors``: CUDA storages are copied to the CPU, XLA tensors pickled as CPU
+    copies), so every tensor that leaves a rank is a CPU tensor."""
     torch = sys.modules.get("torch")
     if torch is None:
         return value
+    memo = {} if memo is None else memo
     if isinstance(value, torch.Tensor):
-        return value.detach().cpu()
+        if id(value) not in memo:
+            memo[id(value)] = (value, _tensor_to_cpu(torch, value))   # the original kept alive: ids stay unique
+        return memo[id(value)][1]
     if type(value) is dict:
-        return {k: to_cpu(v) for k, v in value.items()}
+        return {k: to_cpu(v, memo) for k, v in value.items()}
     if isinstance(value, dict):  # OrderedDict (a state_dict), defaultdict, ...
-        return _rebuild_mapping(value)
+        return _rebuild_mapping(value, memo)
     if isinstance(value, list):
-        return [to_cpu(v) for v in value]
+        return [to_cpu(v, memo) for v in value]
     if isinstance(value, tuple):
-        items = [to_cpu(v) for v in value]
+        items = [to_cpu(v, memo) for v in value]
         return type(value)(*items) if hasattr(value, "_fields") else tuple(items)
     return value
 
 
-def _rebuild_mapping(value: Any) -> Any:
+def _tensor_to_cpu(torch: Any, tensor: Any) -> Any:
+    if isinstance(tensor, torch.nn.Parameter):
+        return tensor if tensor.device.type == "cpu" else shared_tensors.cpu_copy(torch, tensor)
+    return tensor.detach().cpu()
+
+
+def _rebuild_mapping(value: Any, memo: dict[int, Any]) -> Any:
     try:
         copy = type(value)()
         for k, v in value.items():
-            copy[k] = to_cpu(v)
+            copy[k] = to_cpu(v, memo)
         return copy
     except Exception:
         log.debug("a %s result is returned as it is (tensors not moved to the CPU)",

@@ -6,6 +6,7 @@ torch 2.9.0, which cannot share .venv with torch 2.13. Elsewhere it is skipped.
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 import subprocess
 import sys
@@ -381,3 +382,35 @@ def test_one_device_launch_after_a_parallel_op_in_the_notebook(tmp_path, monkeyp
     x.mul_(2.0)   # the notebook's main thread runs a parallel region
     [result] = launch(parallel_op_in_the_replica, tmp_path=tmp_path, timeout=120)
     assert result["value"] == 3.0 and result["threads"] >= 2
+
+
+@dataclasses.dataclass
+class XlaCheckpoint:
+    step: int
+    weights: torch.Tensor
+    nested: dict
+
+
+def module_and_dataclass_on_xla():
+    device = torch_xla.device()
+    model = torch.nn.Linear(3, 2).to(device)
+    model.bias.requires_grad_(False)
+    state = XlaCheckpoint(1, torch.ones(2, device=device), {"m": [torch.zeros(1, device=device)]})
+    return {"model": model, "state": state, "state_dict": model.state_dict()}
+
+
+def test_modules_and_dataclasses_with_xla_tensors_come_back_on_the_cpu(tmp_path, monkeypatch):
+    """torch pickles an XLA tensor as a rebuild onto xla:0: unpickled in the notebook it would
+    start the XLA runtime there (and the next launch would be refused)."""
+    from notebook_launch.detect.xla import runtime_initialized
+    monkeypatch.setenv("CPU_NUM_DEVICES", "1")
+    [result] = launch(module_and_dataclass_on_xla, tmp_path=tmp_path)
+    model, state = result["model"], result["state"]
+    assert type(model.weight) is torch.nn.Parameter and model.weight.device.type == "cpu"
+    assert model.weight.requires_grad and not model.bias.requires_grad
+    assert model(torch.ones(1, 3)).shape == (1, 2)
+    assert isinstance(state, XlaCheckpoint) and state.weights.device.type == "cpu"
+    assert state.weights.tolist() == [1.0, 1.0] and state.nested["m"][0].device.type == "cpu"
+    assert all(t.device.type == "cpu" for t in result["state_dict"].values())
+    assert not runtime_initialized(), "unpickling the results started the XLA runtime in the notebook"
+    assert launch(module_and_dataclass_on_xla, tmp_path=tmp_path)[0]["state"].step == 1   # the next launch works

@@ -1,0 +1,117 @@
+"""Every tensor that leaves a rank is a CPU tensor, wherever it sits: in containers, modules,
+dataclasses, state dicts, nested; parameters stay parameters with their requires_grad.
+
+No XLA device exists in this venv (the torch_xla lane tests real XLA tensors): the FAKE
+XLA tensors below are CPU tensors that say they live on ``xla:0``. torch pickles such a
+tensor as a rebuild onto ``xla:0`` (``Tensor._reduce_ex_internal``), which cannot load here,
+so these tests fail unless the rank's pickling moved them to the CPU."""
+from __future__ import annotations
+
+import os
+import pickle
+from dataclasses import dataclass, field
+
+import pytest
+import torch
+
+from notebook_launch import shared_tensors
+from notebook_launch.rank.runner import serialize_result, to_cpu
+
+
+class FakeXlaTensorStandIn(torch.Tensor):
+    """A FAKE XLA tensor: CPU data, but ``device`` says xla:0."""
+    __torch_function__ = torch._C._disabled_torch_function_impl   # results are plain tensors
+
+    @property
+    def device(self):
+        return torch.device("xla", 0)
+
+
+class FakeXlaParameterStandIn(torch.nn.Parameter):
+    """A FAKE XLA parameter: CPU data, but ``device`` says xla:0."""
+
+    @property
+    def device(self):
+        return torch.device("xla", 0)
+
+
+def fake_xla(t: torch.Tensor) -> torch.Tensor:
+    return torch.Tensor._make_subclass(FakeXlaTensorStandIn, t)
+
+
+@dataclass
+class Checkpoint:
+    step: int
+    weights: torch.Tensor
+    extra: dict = field(default_factory=dict)
+
+
+def round_trip(value):
+    fd = shared_tensors.create_file()
+    try:
+        return shared_tensors.loads(serialize_result(value, fd), fd)
+    finally:
+        if fd is not None:
+            os.close(fd)
+
+
+def assert_plain_cpu(t, cls=torch.Tensor):
+    assert type(t) is cls and t.device.type == "cpu"
+
+
+def test_the_fake_would_not_load_without_the_move():
+    """The stand-in is faithful: torch's own pickling rebuilds it on xla:0, which fails here."""
+    reduced = fake_xla(torch.ones(2)).__reduce_ex__(pickle.HIGHEST_PROTOCOL)
+    assert "'xla:0'" in repr(reduced)
+    with pytest.raises(Exception):
+        pickle.loads(pickle.dumps(fake_xla(torch.ones(2))))
+
+
+def test_a_module_with_xla_parameters_comes_back_on_the_cpu_with_its_parameters():
+    model = torch.nn.Linear(3, 2)
+    model.weight = FakeXlaParameterStandIn(model.weight.detach().clone())
+    model.bias = FakeXlaParameterStandIn(model.bias.detach().clone(), requires_grad=False)
+    model.register_buffer("running", fake_xla(torch.arange(3.0)))
+    back = round_trip(model)
+    assert_plain_cpu(back.weight, torch.nn.Parameter) and back.weight.requires_grad
+    assert_plain_cpu(back.bias, torch.nn.Parameter) and not back.bias.requires_grad
+    assert_plain_cpu(back.running) and back.running.tolist() == [0.0, 1.0, 2.0]
+    assert torch.equal(back.weight, model.weight.detach().as_subclass(torch.Tensor))
+    assert back(torch.ones(1, 3)).shape == (1, 2)   # a working CPU module
+
+
+def test_a_dataclass_holding_xla_tensors_nested():
+    value = [Checkpoint(3, fake_xla(torch.ones(2)), {"opt": {"m": fake_xla(torch.zeros(1))}})]
+    [back] = round_trip(value)
+    assert isinstance(back, Checkpoint) and back.step == 3
+    assert_plain_cpu(back.weights) and back.weights.tolist() == [1.0, 1.0]
+    assert_plain_cpu(back.extra["opt"]["m"])
+
+
+def test_a_state_dict_and_tied_parameters():
+    shared = FakeXlaParameterStandIn(torch.ones(4))
+    back = round_trip({"state": {"a": fake_xla(torch.ones(2)), "b": shared}, "tied": [shared, shared]})
+    assert_plain_cpu(back["state"]["a"])
+    assert_plain_cpu(back["state"]["b"], torch.nn.Parameter)
+    assert back["tied"][0] is back["tied"][1] is back["state"]["b"]   # one parameter, as in the rank
+
+
+def test_requires_grad_is_kept_for_a_leaf_and_dropped_with_the_graph():
+    leaf = fake_xla(torch.ones(2).requires_grad_())
+    back = round_trip(Checkpoint(0, leaf))
+    assert_plain_cpu(back.weights) and back.weights.requires_grad
+
+
+def test_the_container_walk_keeps_parameters_parameters():
+    p = torch.nn.Parameter(torch.ones(2))
+    [q] = to_cpu([p])
+    assert q is p   # already on the CPU: the same parameter
+    [r] = to_cpu([FakeXlaParameterStandIn(torch.ones(2))])
+    assert_plain_cpu(r, torch.nn.Parameter) and r.requires_grad
+
+
+def test_cpu_tensors_are_not_copied_by_the_walk():
+    t = torch.ones(3)
+    assert not shared_tensors.rebuilds_off_cpu(torch, t)
+    assert not shared_tensors.rebuilds_off_cpu(torch, torch.empty(2, device="meta"))
+    assert shared_tensors.rebuilds_off_cpu(torch, fake_xla(t))
