@@ -244,3 +244,44 @@ def test_display_from_persistent_ranks_reaches_the_cell(tmp_path):
     assert html_of(2) == ["<b>second call from rank 0</b>"], "each call relays its own display()"
     assert html_of(4) == ["<i>cell from rank 1</i>"]
     assert result(nb.cells[2]) == "['0', '1']"
+
+
+def test_a_ranks_output_between_calls_reaches_the_running_cell(tmp_path):
+    """A thread a call started prints after the call: its lines reach the rank's log and the
+    cell that runs when they come (a plain cell, no ranks call), never a finished cell."""
+    from nbutil import run_notebook
+    markers = tmp_path / "markers"
+    markers.mkdir()
+    go, log_dir = markers / "go", tmp_path / "logs"
+    nb = make_notebook(
+        f"""
+import os, threading, time
+from notebook_launch import start_ranks
+from notebook_launch.net import free_port
+ranks = start_ranks(2, ui="text", log_dir={str(log_dir)!r}, use_port=free_port())
+
+def talk_later():
+    def talk():
+        while not os.path.exists({str(go)!r}):
+            time.sleep(0.01)
+        for i in range(2000):
+            print(f"between calls {{i}} " + "." * 100)
+        print("the last line between calls", flush=True)
+    threading.Thread(target=talk, daemon=True).start()
+
+ranks.run(talk_later)
+""",
+        f"""
+open({str(go)!r}, "w").close()
+logs = [os.path.join({str(log_dir)!r}, f"rank{{r}}.log") for r in range(2)]
+while not all("the last line between calls" in open(log).read() for log in logs):
+    time.sleep(0.05)
+print("the cell saw the log")
+""",
+        "ranks.close()")
+    run_notebook(nb, cwd=str(tmp_path))
+    first, second, _ = (cell_text(c) for c in nb.cells)
+    assert "between calls" not in first
+    assert "[rank 1] the last line between calls" in second and "the cell saw the log" in second
+    assert second.count("[rank 0] between calls ") == 2000
+    assert open(log_dir / "rank0.log").read().count("between calls ") == 2000

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import os
+import select
 import selectors
 import sys
 import threading
@@ -70,7 +71,8 @@ class CellWatch:
 
 
 class IdleReader:
-    """The ranks' one reader between calls (a daemon thread); ``stop`` hands the pipes back."""
+    """The ranks' one reader between calls: a daemon thread for the life of the ranks;
+    ``pause`` hands the pipes to a call, ``resume`` takes them back, ``stop`` ends it."""
 
     def __init__(self, processes: Sequence[RankProcess], pipes: Sequence[RankPipes], logs: RunLogs,
                  tag: Callable[[int], str], events: dict[int, protocol.EventReader],
@@ -95,44 +97,82 @@ class IdleReader:
             if process.sentinel is not None:
                 self._selector.register(process.sentinel, selectors.EVENT_READ, (index, "exit"))
         self._selector.register(self._wake_r, selectors.EVENT_READ, (-1, "wake"))
+        self._closing = False
+        self._reading = threading.Event()   # set: the thread reads; cleared by pause
+        self._paused = threading.Event()    # set by the thread once it stopped reading
+        self._reading.set()
         self._thread = threading.Thread(target=self._loop, name="notebook_launch-ranks-between-calls",
                                         daemon=True)
         self._thread.start()
 
-    def stop(self) -> dict[int, protocol.EventReader]:
-        """Stop reading (what is buffered in the pipes now is read first) and return the
+    def pause(self) -> dict[int, protocol.EventReader]:
+        """Stop reading until ``resume`` (what the pipes hold now is read first) and return the
         event readers, which may hold the start of a frame."""
+        if not self._reading.is_set():
+            return self.events   # paused already
+        self._paused.clear()
+        self._reading.clear()
         os.write(self._wake_w, b"x")
-        self._thread.join()
-        self._selector.close()
-        os.close(self._wake_r)
-        os.close(self._wake_w)
+        self._paused.wait()
         for (local, what), splitter in self.splitters.items():   # a line cut by the call's start
             for text in splitter.flush():
                 self._line(local, what, text)
         self.logs.flush()
         return self.events
 
+    def resume(self, events: dict[int, protocol.EventReader]) -> None:
+        """Read again after a call; ``events``: the call's readers (a frame may have begun)."""
+        for local, reader in events.items():
+            self.events[local] = reader
+        for key in list(self._selector.get_map().values()):   # what the call closed (a rank's EOF)
+            local, what = key.data
+            if what in ("events", *STREAMS) and key.fd in self.pipes[local].closed:
+                self._selector.unregister(key.fd)
+        self._reading.set()
+
+    def stop(self) -> dict[int, protocol.EventReader]:
+        """End the thread (reading what the pipes hold first) and free its fds."""
+        events = self.pause()
+        self._closing = True
+        self._reading.set()
+        self._thread.join()
+        self._selector.close()
+        os.close(self._wake_r)
+        os.close(self._wake_w)
+        return events
+
     # --- the thread -----------------------------------------------------------------------
     def _loop(self) -> None:
-        try:
-            while True:
-                stopping = False
-                for key, _ in self._selector.select():
-                    local, what = key.data
-                    if what == "wake":
-                        stopping = True
-                    elif what == "exit":
-                        self._selector.unregister(key.fd)
-                        self.on_exit(self.processes[local])
-                    else:
-                        self._read(key.fd, local, what)
-                self.logs.flush()
-                if stopping:
-                    self._drain()
-                    return
-        except Exception:   # never let a logging problem kill the reader silently
-            log.debug("the between-calls reader of the ranks stopped", exc_info=True)
+        while True:
+            self._reading.wait()
+            if self._closing:
+                return
+            try:
+                self._read_until_paused()
+            except Exception:   # a logging problem: say so, and stay out of the way until paused
+                log.debug("the between-calls reader of the ranks failed", exc_info=True)
+                while self._reading.is_set():
+                    select.select([self._wake_r], [], [])
+                    os.read(self._wake_r, 64)
+            self._paused.set()
+
+    def _read_until_paused(self) -> None:
+        while True:
+            pausing = False
+            for key, _ in self._selector.select():
+                local, what = key.data
+                if what == "wake":
+                    os.read(self._wake_r, 64)
+                    pausing = not self._reading.is_set()
+                elif what == "exit":
+                    self._selector.unregister(key.fd)
+                    self.on_exit(self.processes[local])
+                else:
+                    self._read(key.fd, local, what)
+            self.logs.flush()
+            if pausing:
+                self._drain()
+                return
 
     def _drain(self) -> None:
         """Read what is already in the pipes, without waiting for more."""

@@ -313,7 +313,10 @@ class Ranks:
                                  display=display), flush=True)
 
     def _start_idle(self, events: dict[int, protocol.EventReader]) -> None:
-        """Hand the ranks' pipes to the between-calls reader."""
+        """Hand the ranks' pipes to the between-calls reader (started with the ranks)."""
+        if self._idle is not None:
+            self._idle.resume(events)
+            return
         assert self.plan is not None and self.logs is not None
         prefix = parse_line_prefix(self.options.line_prefix)
         specs = self.plan.ranks
@@ -331,10 +334,15 @@ class Ranks:
             on_exit=end_group,
             show=lambda: self.options.ui != "none" and self._cells is not None and self._cells.running)
 
-    def _stop_idle(self) -> dict[int, protocol.EventReader]:
+    def _pause_idle(self) -> dict[int, protocol.EventReader]:
         """Take the ranks' pipes back from the between-calls reader (its readers of event frames)."""
+        return self._idle.pause() if self._idle is not None else {}
+
+    def _stop_idle(self) -> None:
+        """End the between-calls reader (the ranks are going)."""
         idle, self._idle = self._idle, None
-        return idle.stop() if idle is not None else {}
+        if idle is not None:
+            idle.stop()
 
     def _ensure_running(self) -> dict[int, protocol.EventReader]:
         """Ranks ready for a call (fresh ones if they are gone); returns the event readers
@@ -342,7 +350,7 @@ class Ranks:
         if self.closed:
             raise LaunchArgumentError("these ranks were closed; start new ones with start_ranks() "
                                       "(or %ranks start)")
-        events = self._stop_idle()
+        events = self._pause_idle()
         for process in self._processes:
             if _exited(process) and self._lost is None:
                 status = _end_and_reap(process, self._reaping)
@@ -357,7 +365,7 @@ class Ranks:
             print(f"notebook_launch: the ranks were restarted because {lost}; their state (models, "
                   f"variables, process group) is lost: this call runs on fresh ranks.", flush=True)
             self._start()
-            events = self._stop_idle()
+            events = self._pause_idle()
         return events
 
     def _call(self, call: Call, title: str, timeout: float | None, quiet: bool = False) -> list[Any]:
