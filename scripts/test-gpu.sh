@@ -16,7 +16,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
-NEEDED=(pytest pytest-timeout cloudpickle psutil rich ipython ipywidgets nbformat nbclient ipykernel jupyter_client)
+# What the tests need, pip package -> module (ipython is imported as IPython): tests/gpu/lane_packages.py
+read -r -a NEEDED <<< "$("$PY" tests/gpu/lane_packages.py all)"
 
 if [ "${1:-}" = "--download-wheels" ]; then
   dest=${2:?usage: scripts/test-gpu.sh --download-wheels FOLDER}
@@ -35,10 +36,7 @@ fi
 EXTRA="$PWD/.gpu-lane-packages"
 export PYTHONPATH="$PWD:$EXTRA${PYTHONPATH:+:$PYTHONPATH}"
 missing=()
-for pkg in "${NEEDED[@]}"; do
-  mod=${pkg//-/_}
-  "$PY" -c "import importlib.util, sys; sys.exit(0 if importlib.util.find_spec('$mod') else 1)" || missing+=("$pkg")
-done
+read -r -a missing <<< "$("$PY" tests/gpu/lane_packages.py missing)"
 if [ ${#missing[@]} -gt 0 ]; then
   echo "test-gpu.sh: installing ${missing[*]} into $EXTRA"
   from=(--timeout 15 --retries 1)

@@ -7,17 +7,30 @@ import pytest
 
 
 def cuda_devices() -> int:
-    """GPUs visible here, asked of NVML (torch.cuda.device_count), which leaves fork safe."""
+    """GPUs visible here, counted as the launcher counts them: NVML, never the CUDA runtime in
+    this process (``torch.cuda.device_count()`` falls back to it when NVML fails, and the
+    pytest process is the "notebook" that forks the ranks: it must stay fork-safe)."""
     try:
         import torch
     except ImportError:
         return 0
     if not torch.version.cuda:
         return 0
-    try:
-        return int(torch.cuda.device_count())
-    except Exception:
-        return 0
+    from notebook_launch.cuda_tracking import count_gpus_without_poisoning
+    return count_gpus_without_poisoning()
+
+
+def cuda_backend_of(config: str) -> str | None:
+    """The backend ``dist.get_backend_config()`` gives CUDA tensors: "cpu:gloo,cuda:nccl" ->
+    "nccl"; a config naming one backend for every device ("nccl") -> that backend."""
+    entries = [entry.strip() for entry in config.split(",") if entry.strip()]
+    for entry in entries:
+        device, sep, backend = entry.partition(":")
+        if sep and device == "cuda":
+            return backend
+    if len(entries) == 1 and ":" not in entries[0]:
+        return entries[0]
+    return None
 
 
 def _skip_reason() -> str | None:

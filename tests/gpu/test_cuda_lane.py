@@ -11,7 +11,7 @@ import textwrap
 
 import pytest
 
-from gpu_lane import cuda_devices, needs_kernel
+from gpu_lane import cuda_backend_of, cuda_devices, needs_kernel
 
 from notebook_launch import notebook_launcher
 
@@ -36,18 +36,21 @@ def test_fork_after_torch_import_gives_each_rank_its_own_device(gpus, log_dir):
 def nccl_all_reduce():
     import torch
     import torch.distributed as dist
-    dist.init_process_group()     # the launcher's environment; nccl on CUDA
-    backend = dist.get_backend()
+    dist.init_process_group()     # no backend: the launcher's environment, torch picks per device
+    # torch 2.6+: get_backend() is "undefined" here (init_process_group() without a backend lets
+    # BackendConfig map the accelerator's device type to its default, cuda -> nccl), so what
+    # says "CUDA tensors go through NCCL" is the config (see tests/test_gpu_lane_checks.py).
+    config = dist.get_backend_config()
     value = torch.tensor([float(dist.get_rank() + 1)], device="cuda")
     dist.all_reduce(value)
     dist.destroy_process_group()
-    return {"backend": backend, "sum": value.item()}
+    return {"cuda_backend": cuda_backend_of(config), "sum": value.item()}
 
 
 def test_nccl_all_reduce_over_every_gpu(gpus, log_dir):
     results = notebook_launcher(nccl_all_reduce, num_processes=gpus, log_dir=log_dir)
     expected = gpus * (gpus + 1) / 2
-    assert results == [{"backend": "nccl", "sum": expected}] * gpus
+    assert results == [{"cuda_backend": "nccl", "sum": expected}] * gpus
 
 
 def accelerate_step(dtype_name):
@@ -159,3 +162,49 @@ def test_kaggle_2xT4_notebook_end_to_end(tmp_path):
     assert "CUDA GPU, nccl, fork" in text
     assert "OK: every rank returned, weights identical" in text
     assert "'mixed_precision': 'fp16'" in text
+
+
+def test_is_available_in_a_kernel_is_refused_then_spawn_launches(tmp_path):
+    """torch.cuda.is_available() poisons fork without initializing CUDA: the launch is refused
+    naming the cell (not every rank dying in set_device), and spawn launches from there."""
+    gpus = cuda_devices()
+    text = _run_cells(tmp_path, """
+        import os
+        os.environ.pop("PYTORCH_NVML_BASED_CUDA_CHECK", None)
+        %load_ext notebook_launch
+        import torch
+        from notebook_launch import notebook_launcher, GuardError
+        """, """
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+        print("INITIALIZED", torch.cuda.is_initialized())
+        """, f"""
+        def f():
+            import torch
+            return torch.ones(2, device="cuda").sum().item()
+        try:
+            notebook_launcher(f, num_processes={gpus})
+        except GuardError as err:
+            print("GUARD:", err)
+        print("SPAWN", notebook_launcher(f, num_processes={gpus}, start_method="spawn"))
+        """)
+    assert "INITIALIZED False" in text, text
+    assert "GUARD: The CUDA runtime was already used in this notebook" in text, text
+    assert 'device = "cuda" if torch.cuda.is_available() else "cpu"' in text, text
+    assert f"SPAWN {[2.0] * gpus}" in text, text
+
+
+def test_with_the_nvml_check_is_available_leaves_fork_usable(tmp_path):
+    gpus = cuda_devices()
+    text = _run_cells(tmp_path, """
+        import os
+        os.environ["PYTORCH_NVML_BASED_CUDA_CHECK"] = "1"
+        import torch
+        from notebook_launch import notebook_launcher
+        print("AVAILABLE", torch.cuda.is_available())
+        """, f"""
+        def f():
+            import torch
+            return torch.ones(2, device="cuda").sum().item()
+        print("FORK", notebook_launcher(f, num_processes={gpus}))
+        """)
+    assert "AVAILABLE True" in text and f"FORK {[2.0] * gpus}" in text, text
