@@ -296,3 +296,56 @@ def test_pjrt_device_without_torch_xla_still_launches_on_cpu(monkeypatch, tmp_pa
 
 def _rank_and_parent():
     return os.environ["RANK"], os.getppid()
+
+
+# --- issue 26: one-device refusals, TPU7x, images that set the process bounds --------------
+
+def test_more_than_the_one_device_of_a_v5e_1_says_it_has_one(tmp_path):
+    environ = {"COLAB_RELEASE_TAG": "release-colab_20250101-060000_RC00", "TPU_ACCELERATOR_TYPE": "v5litepod-1"}
+    info = detect_xla(environ, fake_root(tmp_path, pci=[("0x1ae0", "0x0063")], vfio=1), modules={},
+                      xla_installed=True)
+    with pytest.raises(LaunchArgumentError) as err:
+        resolve_num_ranks(8, info, environ)
+    message = str(err.value)
+    assert "num_processes=8" in message and "this TPU has one XLA device" in message
+    assert "v5litepod-1" in message and "num_processes=1 or None" in message
+    assert "None or 1 for all of them" not in message
+
+
+def test_more_than_one_cpu_device_says_how_to_get_more(fake_cpu_machine):
+    environ, root = fake_cpu_machine
+    environ = dict(environ, PJRT_DEVICE="CPU")
+    info = detect_xla(environ, root, modules={}, xla_installed=True)
+    with pytest.raises(LaunchArgumentError) as err:
+        resolve_num_ranks(4, info, environ)
+    assert "runs one XLA device here" in str(err.value) and "CPU_NUM_DEVICES=4" in str(err.value)
+
+
+def test_tpu7x_is_found_on_pci_and_by_its_type_name(tmp_path):
+    root = fake_root(tmp_path, pci=[("0x1ae0", "0x0076")] * 4, vfio=4)   # torch_xla 2.9 lists 0x0076
+    info = detect_xla({}, root, modules={}, xla_installed=True)
+    assert info.has_tpu and info.chips == 4 and info.tpu_version == 7
+    assert expected_layout(info, {}) is None   # its ordinals are asked for (or checked by rank 0)
+    with pytest.raises(LaunchArgumentError, match="num_processes=None: cannot tell"):
+        resolve_num_ranks(None, info, {})
+    assert xla_env.tpu_version_from_type("tpu7x-8") == 7 and xla_env.tpu_version_from_type("v6e-8") == 6
+
+
+@pytest.mark.parametrize("version_id, accelerator_type, bounds, layout", [
+    ("0x005e", "v4-8", {"TPU_CHIPS_PER_PROCESS_BOUNDS": "2,2,1", "TPU_PROCESS_BOUNDS": "1,1,1"}, XlaLayout(1, 4)),
+    ("0x0027", "v3-8", {"TPU_CHIPS_PER_PROCESS_BOUNDS": "2,2,1", "TPU_PROCESS_BOUNDS": "1,1,1"}, XlaLayout(1, 8)),
+    ("0x0063", "v5litepod-8", {"TPU_CHIPS_PER_PROCESS_BOUNDS": "2,2,1"}, XlaLayout(2, 4)),
+    ("0x0063", "v5litepod-8", {"TPU_CHIPS_PER_PROCESS_BOUNDS": "1,1,1", "TPU_PROCESS_BOUNDS": "2,4,1"},
+     XlaLayout(8, 1)),
+    ("0x0063", "v5litepod-8", {"TPU_PROCESS_BOUNDS": "1,1,1"}, XlaLayout(1, 1)),   # torch_xla: 1 chip
+])
+def test_an_image_that_sets_the_bounds_plans_every_device_torch_xla_runs(tmp_path, version_id, accelerator_type,
+                                                                          bounds, layout):
+    """One process driving several chips (TPU_CHIPS_PER_PROCESS_BOUNDS) runs one thread per
+    device of all of them: planned as that many ranks, not one."""
+    chips = 8 if accelerator_type.startswith("v5") else 4
+    environ = {"TPU_ACCELERATOR_TYPE": accelerator_type, **bounds}
+    info = detect_xla(environ, fake_root(tmp_path, pci=[("0x1ae0", version_id)] * chips), modules={},
+                      xla_installed=True)
+    assert expected_layout(info, environ) == layout
+    assert resolve_num_ranks(None, info, environ) == layout.ordinals

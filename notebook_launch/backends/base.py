@@ -22,8 +22,13 @@ if TYPE_CHECKING:
     from ..rank.runner import Job
 
 log = logging.getLogger("notebook_launch")
-# How a process ended: ("exit", code) or ("signal", signum).
+# How a process ended: ("exit", code) or ("signal", signum); STUCK when it would not end.
 WaitStatus = tuple[str, int]
+# A process that outlived SIGKILL by WAIT_LIMIT seconds is stuck in uninterruptible sleep (state D:
+# in the kernel, usually a device driver releasing a GPU or TPU). It cannot be reaped until it
+# leaves it, so waiting on would hang the cell: wait() gives up and says so instead.
+WAIT_LIMIT = 30.0
+STUCK: WaitStatus = ("stuck", -1)   # -1: torch's exit code for "unknown"
 
 
 @dataclass
@@ -117,18 +122,29 @@ class RankProcess:
     pid: int
     sentinel: int | None
     end_note: str | None = None           # how it ended when no exit status says it (a Ray actor's death)
+    wait_limit: float = WAIT_LIMIT        # seconds wait() waits for a process that should be ending
 
     def poll(self) -> WaitStatus | None:
         """None while running; else a wait status description: ("exit", code) or ("signal", signum)."""
         raise NotImplementedError
 
     def wait(self) -> WaitStatus:
-        """Block until the process ended (its sentinel may fire before waitpid sees it)."""
+        """Block until the process ended (its sentinel may fire before waitpid sees it), at
+        most ``wait_limit`` seconds: a process still there then is stuck (see WAIT_LIMIT) and
+        ``STUCK`` is returned, its ``end_note`` saying so; it is left behind, unreaped."""
+        limit = self.wait_limit
+        deadline = time.monotonic() + limit
+        pause = 0.005
         while True:
             status = self.poll()
             if status is not None:
                 return status
-            time.sleep(0.005)
+            if time.monotonic() >= deadline:
+                self.end_note = stuck_note(self.pid, limit)
+                log.debug("rank process %d: %s", self.pid, self.end_note)
+                return STUCK
+            time.sleep(pause)
+            pause = min(pause * 2, 0.1)
 
     def ranks(self) -> tuple[int, ...]:
         """The local ranks this process carries: one for fork/spawn, every ordinal of it for XLA."""
@@ -149,6 +165,12 @@ class RankProcess:
 
     def release(self) -> None:
         """Free the sentinel and any other resource once the process is reaped."""
+
+
+def stuck_note(pid: int, limit: float) -> str:
+    return (f"did not end within {limit:g} s of being killed: process {pid} is stuck in the kernel "
+            f"(uninterruptible sleep, usually a GPU/TPU driver) and was left behind; if the device stays "
+            f"busy, restart the runtime")
 
 
 class Backend:

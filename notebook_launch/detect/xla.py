@@ -29,7 +29,10 @@ log = logging.getLogger("notebook_launch")
 
 GOOGLE_PCI_VENDOR = "0x1ae0"
 # PCI device ids of TPU chips -> TPU generation (torch_xla/_internal/tpu.py lists the ids).
-TPU_PCI_DEVICES = {"0x0027": 3, "0x005e": 4, "0x0056": 5, "0x0062": 5, "0x0063": 5, "0x006f": 6}
+# torch_xla 2.9 lists 0x0027 (v2/v3), 0x005e (v4), 0x0063 (v5e), 0x006f (v6e), 0x0056 and 0x0062
+# ("testing only"; v5p here) and 0x0076 (TPU7x).
+TPU_PCI_DEVICES = {"0x0027": 3, "0x005e": 4, "0x0056": 5, "0x0062": 5, "0x0063": 5, "0x006f": 6,
+                   "0x0076": 7}
 # Variables that show a TPU is attached (Cloud TPU VMs, Colab's and Kaggle's TPU runtimes).
 TPU_ENV_HINTS = ("TPU_ACCELERATOR_TYPE", "TPU_NAME", "TPU_WORKER_ID", "TPU_WORKER_HOSTNAMES",
                  "TPU_SKIP_MDS_QUERY", "TPU_CHIPS_PER_PROCESS_BOUNDS", "TPU_PROCESS_BOUNDS",
@@ -151,8 +154,9 @@ def _tpu_vm(environ: Mapping[str, str] | None = None, real_machine: bool = True)
 
 
 def tpu_version_from_type(accelerator_type: str | None) -> int | None:
-    """'v3-8' -> 3, 'v5litepod-8' -> 5, 'v6e-1' -> 6."""
-    match = re.match(r"^v(\d)", accelerator_type or "")
+    """'v3-8' -> 3, 'v5litepod-8' -> 5, 'v6e-1' -> 6, 'tpu7x-8' -> 7 (torch_xla's
+    ``tpu.version()`` reads ``^(?:v|tpu)(\\d)``)."""
+    match = re.match(r"^(?:v|tpu)(\d)", accelerator_type or "")
     return int(match.group(1)) if match else None
 
 
@@ -177,12 +181,27 @@ def expected_layout(info: XlaInfo, environ: Mapping[str, str] | None = None) -> 
         chips = info.chips or chips_from_accelerator_type(info.accelerator_type)
         if not chips or info.tpu_version is None:
             return None
-        processes = chips
-        bounds = _mesh_size(env.get("TPU_PROCESS_BOUNDS"))
-        if bounds:
-            processes = min(processes, bounds)
-        return XlaLayout(processes, 2 if info.tpu_version <= 3 else 1)
+        if info.tpu_version >= 7:
+            # TPU7x: two TensorCores per chip, and torch_xla 2.9 adds a 4th process-bounds
+            # dimension for it; how many ordinals xmp.spawn runs there is not known here, so
+            # num_processes=None asks for the count and rank 0 checks a given one.
+            return None
+        return tpu_layout(chips, info.tpu_version, env)
     return None
+
+
+def tpu_layout(chips: int, tpu_version: int, environ: Mapping[str, str]) -> XlaLayout:
+    """torch_xla 2.9's layout on this host: one process per chip (``tpu.num_local_processes``:
+    at most TPU_PROCESS_BOUNDS's size), each driving TPU_CHIPS_PER_PROCESS_BOUNDS chips (1
+    unless the image sets it; an image set up for one process driving every chip has
+    "2,2,1" and "1,1,1") with 2 devices per chip on v2/v3, 1 from v4 on; one thread per device."""
+    per_chip = 2 if tpu_version <= 3 else 1
+    chips_per_process = min(chips, _mesh_size(environ.get("TPU_CHIPS_PER_PROCESS_BOUNDS")) or 1)
+    processes = max(1, chips // chips_per_process)
+    bounds = _mesh_size(environ.get("TPU_PROCESS_BOUNDS"))
+    if bounds:
+        processes = min(processes, bounds)
+    return XlaLayout(processes, chips_per_process * per_chip)
 
 
 def slice_chips(accelerator_type: str | None) -> int:
@@ -316,6 +335,14 @@ def resolve_num_ranks(num_processes: int | None, info: XlaInfo, environ: Mapping
             f"num_processes must be None (every XLA device) or a whole number >= 1; got {num_processes!r}")
     if num_processes == 1 or layout is None or num_processes == layout.ordinals:
         return num_processes   # an unknown layout is checked against torch_xla's own count in rank 0
+    if layout.ordinals == 1:
+        what = (f"this TPU has one XLA device ({describe(info)})" if device == "TPU" else
+                "PJRT_DEVICE=CPU runs one XLA device here (CPU_NUM_DEVICES is 1 or unset)")
+        raise LaunchArgumentError(
+            f"num_processes={num_processes} does not fit this XLA machine: {what}, so torch_xla "
+            f"runs one rank. Use num_processes=1 or None"
+            + (f", or set CPU_NUM_DEVICES={num_processes} to run {num_processes}." if device == "CPU" else
+               " (a bigger TPU, such as a v5e-8 or v3-8, runs 8)."))
     how = (f"{layout.processes} process(es) x {layout.threads_per_process} thread(s)"
            if device == "TPU" else f"CPU_NUM_DEVICES={layout.ordinals}")
     raise LaunchArgumentError(

@@ -80,6 +80,9 @@ def classify_exit(watch: "RankWatch", status: "WaitStatus", shares_process: bool
 
 def describe_status(status: "WaitStatus") -> str:
     kind, value = status
+    if kind == "stuck":   # backends.base.STUCK: it outlived SIGKILL, left behind unreaped
+        return ("did not end after SIGKILL (stuck in the kernel, usually a GPU/TPU driver; "
+                "left behind: restart the runtime if the device stays busy)")
     if kind == "signal":
         name = signal.Signals(value).name if value in signal.Signals._value2member_map_ else str(value)
         hint = SIGNAL_HINTS.get(value)
@@ -91,6 +94,8 @@ def stopped_description(stop_reason: str, status: "WaitStatus", hurried: bool = 
     """``hurried``: Ctrl-C was pressed again during the stop, so SIGKILL came without the grace."""
     if status == ("exit", 0):
         return f"stopped after {stop_reason} (it exited cleanly when asked)"
+    if status[0] == "stuck":
+        return f"stopped by notebook_launch after {stop_reason}, but it {describe_status(status)}"
     how = "SIGTERM" if status == ("signal", signal.SIGTERM) else describe_status(status)
     if status == ("signal", signal.SIGKILL):
         how = ("SIGKILL at once, Ctrl-C was pressed again" if hurried
