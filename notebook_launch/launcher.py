@@ -86,6 +86,13 @@ def launch_on_cluster(options: LaunchOptions, cluster: "RayCluster") -> list[Any
 def launch(options: LaunchOptions) -> list[Any]:
     """The launch itself, from validated options; notebook_launcher only trims the traceback of its errors."""
     target, plan, run_id = plan_launch(options)
+    try:
+        return _run(options, target, plan, run_id)
+    finally:
+        net.release_claims(run_id)
+
+
+def _run(options: LaunchOptions, target: LaunchTarget, plan: LaunchPlan, run_id: str) -> list[Any]:
     port = plan.master_port
     job = Job(options.function, options.args, options.kwargs)
     if options.elastic:
@@ -117,7 +124,8 @@ def check_master_addr(master_addr: str, *, node_rank: int, num_nodes: int) -> No
 
 def plan_launch(options: LaunchOptions) -> tuple[LaunchTarget, LaunchPlan, str]:
     """Detect, check the notebook's state, settle the port and describe this node's ranks:
-    what every way of starting ranks (a launch, persistent ranks) does before starting them."""
+    what every way of starting ranks (a launch, persistent ranks) does before starting them.
+    The port stays claimed among this machine's launches until ``net.release_claims(run_id)``."""
     target = launch_target(options.start_method, options.num_processes)
     if options.elastic:
         validate_elastic_start_method(target.start_method)
@@ -131,11 +139,21 @@ def plan_launch(options: LaunchOptions) -> tuple[LaunchTarget, LaunchPlan, str]:
     if raised_limit:
         notes.append(raised_limit)
     port = options.port
+    run_id = make_run_id()
     if not (options.elastic and options.rdzv_endpoint):  # an explicit rdzv_endpoint names the store's host and port
         check_master_addr(options.master_addr, node_rank=options.node_rank, num_nodes=options.num_nodes)
-        port = preflight.resolve_port(port, explicit=not options.port_is_default, node_rank=options.node_rank,
-                                      notes=notes, multi_node=options.num_nodes > 1)
-    run_id = make_run_id()
+        claim = preflight.resolve_port(port, explicit=not options.port_is_default, node_rank=options.node_rank,
+                                       notes=notes, multi_node=options.num_nodes > 1)
+        net.hold_claim(run_id, claim)
+        port = claim.port
+    try:
+        return target, _plan(options, target, port, run_id, notes), run_id
+    except BaseException:
+        net.release_claims(run_id)
+        raise
+
+
+def _plan(options: LaunchOptions, target: LaunchTarget, port: int, run_id: str, notes: list[str]) -> LaunchPlan:
     gpus = target.gpus()
     plan = build_plan(
         num_processes=target.num_processes, num_nodes=options.num_nodes, node_rank=options.node_rank,
@@ -143,4 +161,4 @@ def plan_launch(options: LaunchOptions) -> tuple[LaunchTarget, LaunchPlan, str]:
         mixed_precision=options.mixed_precision, start_method=target.start_method, run_id=run_id,
         gpu_names=[g[0] for g in gpus], driver_version=gpus[0][1] if gpus else None, notes=notes)
     check_display_ranks_exist(options.display_ranks, plan.world_size)
-    return target, plan, run_id
+    return plan

@@ -16,6 +16,9 @@ import ipaddress
 import socket
 import struct
 import logging
+import os
+import tempfile
+import threading
 import time
 
 SIOCGIFADDR = 0x8915
@@ -169,6 +172,78 @@ def port_is_free(port: int, host: str = "") -> bool:
         except OSError:
             return False
     return True
+
+
+class PortReservation:
+    """A claim on a TCP port among this machine's launches, held until :meth:`release`.
+
+    Between a launch finding its port free and rank 0's store listening on it there are tens of
+    milliseconds in which a second launch (another thread of the notebook, another notebook) finds
+    the same port free, and one of them then fails with EADDRINUSE. Each claim is an exclusive
+    ``flock`` on a file named after the port in one folder shared by the machine's users: the kernel
+    drops it when the holder closes it or dies, so a crashed notebook never leaves a port claimed."""
+
+    FOLDER = os.path.join(tempfile.gettempdir(), "notebook_launch-ports")
+
+    def __init__(self, port: int, fd: int) -> None:
+        self.port = port
+        self._fd = fd
+
+    @classmethod
+    def claim(cls, port: int) -> "PortReservation | None":
+        """The claim, or None when another launch on this machine holds this port."""
+        try:
+            os.makedirs(cls.FOLDER, mode=0o1777, exist_ok=True)
+            fd = os.open(os.path.join(cls.FOLDER, f"{port}.lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
+        except OSError:   # an unwritable temp folder: launch as before, unclaimed
+            log.debug("cannot claim port %d; launching without a claim", port, exc_info=True)
+            return cls(port, -1)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(fd)
+            return None
+        return cls(port, fd)
+
+    def release(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+
+_held: dict[str, list[PortReservation]] = {}
+_held_lock = threading.Lock()
+
+
+def hold_claim(owner: str, claim: PortReservation) -> None:
+    """Keep ``claim`` until ``release_claims(owner)`` (a run id: the run's end releases it)."""
+    with _held_lock:
+        _held.setdefault(owner, []).append(claim)
+
+
+def release_claims(owner: str) -> None:
+    with _held_lock:
+        claims = _held.pop(owner, [])
+    for claim in claims:
+        claim.release()
+
+
+def claim_free_port(port: int, host: str = "") -> PortReservation | None:
+    """A claim on ``port`` if it is free and no other launch here holds it, else None."""
+    claim = PortReservation.claim(port)
+    if claim is not None and not port_is_free(port, host):
+        claim.release()
+        return None
+    return claim
+
+
+def claim_any_free_port(host: str = "", tries: int = 20) -> PortReservation:
+    """A claim on a port the kernel says is free and no other launch here holds."""
+    for _ in range(tries):
+        claim = claim_free_port(free_port(host), host)
+        if claim is not None:
+            return claim
+    raise OSError(f"no free TCP port found in {tries} tries")
 
 
 def free_port(host: str = "") -> int:

@@ -11,7 +11,7 @@ from . import cuda_tracking
 from .detect.platform import inside_launched_rank
 from .detect.xla import runtime_initialized
 from .errors import GuardError, LaunchArgumentError
-from .net import free_port, port_is_free
+from .net import PortReservation, claim_any_free_port, claim_free_port
 
 log = logging.getLogger("notebook_launch")
 
@@ -102,12 +102,16 @@ def check_runtime_not_initialized() -> None:
 
 
 def resolve_port(port: int, *, explicit: bool, node_rank: int, notes: list[str],
-                 multi_node: bool = False) -> int:
-    """Only the node that hosts the rendezvous store (node 0) needs the port free.
-    A busy default port is replaced by a free one (said in ``notes``); a busy
-    port the user chose, or one the other nodes were told, is an error."""
-    if node_rank != 0 or port_is_free(port):
-        return port
+                 multi_node: bool = False) -> PortReservation:
+    """Only the node that hosts the rendezvous store (node 0) needs the port free, and claims it
+    among this machine's launches until the run ends (``net.PortReservation``), so two launches
+    started at the same instant never both pick it. A busy default port is replaced by a free one
+    (said in ``notes``); a busy port the user chose, or one the other nodes were told, is an error."""
+    if node_rank != 0:
+        return PortReservation(port, -1)   # nothing binds it here: node 0 hosts the store
+    claim = claim_free_port(port)
+    if claim is not None:
+        return claim
     if multi_node:  # the other nodes were told this port: we cannot pick another one for them
         raise LaunchArgumentError(
             f"use_port={port} is already in use on node 0 (another launch, or a process still holding "
@@ -116,6 +120,6 @@ def resolve_port(port: int, *, explicit: bool, node_rank: int, notes: list[str],
         raise LaunchArgumentError(
             f"use_port={port} is already in use on this machine (another launch, or a process "
             f"still holding it). Pass another port, or leave use_port at its default to pick a free one.")
-    chosen = free_port()
-    notes.append(f"port {port} is busy; using port {chosen} instead")
+    chosen = claim_any_free_port()
+    notes.append(f"port {port} is busy; using port {chosen.port} instead")
     return chosen
