@@ -7,10 +7,13 @@ long launch stopped with the panel's Stop button, and persistent ranks: a
 bar reaches 100%, that "IOPub message rate exceeded" never appears, that the
 failing rank's row turns red with its error (and the error output names the
 cell, "Cell In[..]", not our files), that the logged loss is drawn as a curve
-(an SVG path per rank), and that Stop ends the run with
+(an SVG path per rank), that Stop ends the run with
 KeyboardInterrupt and the kernel lives on (no "kernel died" restart, no zmq
-abort in the server log). Screenshots and the server's log (with the kernel's
-stderr) go to test-artifacts/; on failure the log's tail is printed.
+abort in the server log), and that every panel ends as a picture: once its run
+ended, the live widgets are gone from the page and static HTML of the final
+panel (bars, statuses, curves, the error row; no Stop button) is in their place.
+Screenshots and the server's log (with the kernel's stderr) go to test-artifacts/;
+on failure the log's tail is printed.
 
 Waits are generous (a loaded 2-core CI machine): a passing run never waits
 them out, and a failing one says which step was slow.
@@ -217,24 +220,20 @@ def run_scenario(page, lab):
     wait_kernel_idle(page)
     run_cell(page, 0)
 
-    # 1. every rank's bar reaches 100% and the run returns every result
+    # 1. every rank's bar reaches 100% and the run returns every result; the panel ends as a picture
     wait_for_text(page, 0, "RESULTS [0, 1, 2, 3]", 360)
-    bars = cell(page, 0).locator(".widget-hprogress .progress-bar")
-    page.wait_for_function(
-        "() => { const bars = [...document.querySelectorAll('.jp-CodeCell')][0]"
-        ".querySelectorAll('.widget-hprogress .progress-bar');"
-        " return bars.length == 4 && [...bars].every(b => b.style.width == '100%'); }", timeout=90_000)
-    assert bars.count() == 4
+    wait_for_bars(page, 0, 4, "b.style.width == '100%'", 90, PICTURE_BARS)
+    assert_ended_as_a_picture(page, 0)
     rows = cell(page, 0).locator(".nl-rank.nl-status-done")
     assert rows.count() == 4
     panel_text = cell(page, 0).locator(".nl-panel").inner_text()
     assert "50000/50000" in panel_text and "loss=" in panel_text, panel_text
     cell(page, 0).screenshot(path=str(ARTIFACTS / "panel-4-ranks-done.png"))
     # the logged loss drawn as a curve: one SVG path per rank in the panel
-    curves = cell(page, 0).locator(".nl-panel .nl-curves-box svg path.nl-curve")
+    curves = cell(page, 0).locator(".nl-panel .nl-curves svg path.nl-curve")
     assert curves.count() == 4, cell(page, 0).locator(".nl-panel").inner_html()[:3000]
     assert all(curves.nth(i).get_attribute("d").startswith("M") for i in range(4))
-    cell(page, 0).locator(".nl-panel .nl-curves-box").screenshot(path=str(ARTIFACTS / "panel-curves.png"))
+    cell(page, 0).locator(".nl-panel .nl-curves").screenshot(path=str(ARTIFACTS / "panel-curves.png"))
 
     # 2. the failing rank's row is red and carries its error
     run_cell(page, 1)
@@ -249,22 +248,20 @@ def run_scenario(page, lab):
     assert not re.search(r"notebook_launch/[\w/]*\.py", output_text), output_text
     color = failed.first.locator(".nl-status").evaluate("e => getComputedStyle(e).backgroundColor")
     assert color == "rgb(220, 38, 38)", color
+    assert_ended_as_a_picture(page, 1)
     cell(page, 1).screenshot(path=str(ARTIFACTS / "panel-failed-rank.png"))
 
     # 3. Stop ends the run like an interrupt; the next cell still runs afterwards
     run_cell(page, 2)
     stop = cell(page, 2).locator(".nl-panel button", has_text="Stop")
     stop.wait_for(timeout=240_000)
-    page.wait_for_function(
-        "() => { const bars = [...document.querySelectorAll('.jp-CodeCell')][2]"
-        ".querySelectorAll('.widget-hprogress .progress-bar');"
-        " return bars.length == 2 && [...bars].every(b => parseFloat(b.style.width) > 0); }",
-        timeout=180_000)
+    wait_for_bars(page, 2, 2, "parseFloat(b.style.width) > 0", 180)   # the live widgets
     cell(page, 2).screenshot(path=str(ARTIFACTS / "panel-running-before-stop.png"))
     assert stop.is_enabled()
     stop.click()
     wait_for_text(page, 2, "KeyboardInterrupt", 180)
     cell(page, 2).locator(".nl-rank.nl-status-stopped").nth(1).wait_for(timeout=90_000)
+    assert_ended_as_a_picture(page, 2)
     cell(page, 2).screenshot(path=str(ARTIFACTS / "panel-stopped.png"))
     run_cell(page, 3)
     wait_for_text(page, 3, "AFTER STOP CELL RAN", 180)
@@ -274,7 +271,8 @@ def run_scenario(page, lab):
     wait_for_text(page, 4, "fork, persistent", 240)
     run_cell(page, 5)
     wait_for_text(page, 5, "persistent rank 1 counted 2000", 240)
-    wait_for_bars(page, 5, 2, "b.style.width == '100%'", 90)
+    wait_for_bars(page, 5, 2, "b.style.width == '100%'", 90, PICTURE_BARS)
+    assert_ended_as_a_picture(page, 5)
     assert cell(page, 5).locator(".nl-rank.nl-status-done").count() == 2
     cell(page, 5).screenshot(path=str(ARTIFACTS / "panel-ranks-cell.png"))
     run_cell(page, 6)
@@ -285,6 +283,7 @@ def run_scenario(page, lab):
     wait_for_text(page, 6, "KeyboardInterrupt", 180)
     cell(page, 6).locator(".nl-rank.nl-status-stopped").nth(1).wait_for(timeout=90_000)
     assert "alive, state kept" in cell(page, 6).locator(".nl-panel").inner_text()
+    assert_ended_as_a_picture(page, 6)
     cell(page, 6).screenshot(path=str(ARTIFACTS / "panel-ranks-stopped.png"))
     run_cell(page, 7)
     wait_for_text(page, 7, "PULLED [2000, 2000]", 180)
@@ -297,12 +296,25 @@ def run_scenario(page, lab):
     assert "rate exceeded" not in Path(lab["log"]).read_text()
 
 
-def wait_for_bars(page, index, count, each, timeout_s):
+LIVE_BARS = ".widget-hprogress .progress-bar"    # the widget panel while its run goes
+PICTURE_BARS = ".nl-panel .nl-bar"                 # its picture once the run ended (display/html.py)
+
+
+def wait_for_bars(page, index, count, each, timeout_s, selector=LIVE_BARS):
     """Wait until cell ``index`` shows ``count`` bars and ``each`` (JS, of bar ``b``) holds for all."""
     page.wait_for_function(
         f"() => {{ const bars = [...document.querySelectorAll('.jp-CodeCell')][{index}]"
-        ".querySelectorAll('.widget-hprogress .progress-bar');"
+        f".querySelectorAll('{selector}');"
         f" return bars.length == {count} && [...bars].every(b => {each}); }}", timeout=timeout_s * 1000)
+
+
+def assert_ended_as_a_picture(page, index):
+    """The run of cell ``index`` ended: its panel is static HTML, no widget and no Stop button left."""
+    cell(page, index).locator(PICTURE_BARS).first.wait_for(state="attached", timeout=90_000)   # 0% is 0 px wide
+    page.wait_for_function(
+        f"() => [...document.querySelectorAll('.jp-CodeCell')][{index}]"
+        ".querySelectorAll('.jupyter-widgets, .widget-hprogress, .nl-panel button').length == 0",
+        timeout=90_000)
 
 
 def run_cell(page, index):

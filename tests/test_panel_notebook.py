@@ -1,12 +1,16 @@
-"""The widget panel in a real Jupyter kernel (nbclient): the saved widget state
-shows every rank's bar at its final value and status."""
-import json
-import sys
+"""The widget panel in a real Jupyter kernel (nbclient): while a run goes the panel is live
+widgets; when it ends its output is replaced in place by static HTML of the final panel
+(every rank's bar at its final value, statuses, curves, the error row), its widgets closed.
+The kernel runs this interpreter (tests/nbutil.py), so the Colab and Kaggle lanes check
+IPython 7.34 / ipykernel 6.17 with ipywidgets 7.7.1 and 8.1.5."""
+import re
 
 import pytest
 
 nbformat = pytest.importorskip("nbformat")
 nbclient = pytest.importorskip("nbclient")
+
+WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 
 TRAIN = '''
 from notebook_launch import notebook_launcher, progress
@@ -21,18 +25,20 @@ def train(n):
 '''
 
 
-def run_notebook(cells, timeout=240):
-    nb = nbformat.v4.new_notebook()
-    nb.cells = [nbformat.v4.new_code_cell(source) for source in cells]
-    client = nbclient.NotebookClient(nb, timeout=timeout, kernel_name="python3",
-                                     store_widget_state=True, allow_errors=True)
-    client.execute()
-    return nb
+def run_notebook(cells, timeout=240, messages=None):
+    from nbutil import make_notebook
+    from nbutil import run_notebook as run
+    return run(make_notebook(*cells), timeout=timeout, allow_errors=True, messages=messages)
 
 
-def widget_models(nb):
-    state = nb.metadata["widgets"]["application/vnd.jupyter.widget-state+json"]["state"]
-    return state
+def widget_views(cell):
+    return [o for o in cell.outputs if o.output_type == "display_data" and WIDGET_VIEW in o.data]
+
+
+def pictures(cell):
+    """The panels that ended as static HTML (html.render's root has class nl-panel)."""
+    return [o for o in cell.outputs if o.output_type == "display_data"
+            and "nl-panel" in o.data.get("text/html", "")]
 
 
 def outputs_text(cell):
@@ -47,29 +53,25 @@ def outputs_text(cell):
     return "\n".join(parts)
 
 
-def test_widget_panel_final_state_in_saved_notebook():
+def test_widget_panel_ends_as_a_picture_of_its_final_state():
     nb = run_notebook([TRAIN, "results = notebook_launcher(train, args=(20000,), num_processes=4)\nresults"])
     cell = nb.cells[1]
     text = outputs_text(cell)
     assert "[0, 1, 2, 3]" in text, text
-    # the panel is a widget view whose text/plain is the final summary
-    views = [o for o in cell.outputs if o.output_type == "display_data"
-             and "application/vnd.jupyter.widget-view+json" in o.data]
-    assert len(views) == 1, text
-    summary = views[0].data["text/plain"]
+    assert "display widget" in text                     # it ran as the live widget panel
+    # the panel's output is now static HTML, its text/plain the final summary; no widget view is left
+    assert widget_views(cell) == [], text
+    [picture] = pictures(cell)
+    summary = picture.data["text/plain"]
     for rank in range(4):
         assert f"rank {rank} [cpu] done train: 100% 20000/20000" in summary, summary
-    models = widget_models(nb)
-    bars = [m["state"] for m in models.values() if m["model_name"] == "FloatProgressModel"]
-    assert len(bars) == 4
-    assert all(b["value"] == 1.0 and b["bar_style"] == "success" for b in bars), bars
-    rows = [m["state"] for m in models.values() if m["model_name"] == "HBoxModel"
-            and "nl-rank" in m["state"].get("_dom_classes", [])]
-    assert sorted(tuple(r["_dom_classes"]) for r in rows) == [("nl-rank", "nl-status-done")] * 4
-    labels = " ".join(m["state"].get("value", "") for m in models.values() if m["model_name"] == "HTMLModel")
+    page = picture.data["text/html"]
+    assert page.count("nl-status-done") == 4 and page.count("width:100.0%") == 4
     for rank in range(4):
-        assert f"rank {rank}</b>" in labels
-    assert "20000/20000" in labels and "loss=" in labels
+        assert f"<b>rank {rank}</b>" in page
+    assert page.count("train 100% 20000/20000") == 4 and "loss=" in page
+    assert "<svg" in page and "data-metric='loss'" in page      # the curves, as inline SVG
+    assert "Stop" not in page and "<button" not in page        # nothing left to stop
     # rank lines still reach the cell, tagged
     assert "[rank 2] rank 2 finished" in text
 
@@ -90,14 +92,12 @@ def test_failing_rank_row_is_red_with_its_error():
     cell = nb.cells[2]
     text = outputs_text(cell)
     assert "LaunchError" in text and "rank 1 failed: ValueError: boom at half way" in text
-    models = widget_models(nb)
-    rows = [m["state"]["_dom_classes"] for m in models.values() if m["model_name"] == "HBoxModel"
-            and "nl-rank" in m["state"].get("_dom_classes", [])]
-    assert ["nl-rank", "nl-status-failed"] in rows, rows
-    htmls = " ".join(m["state"].get("value", "") for m in models.values() if m["model_name"] == "HTMLModel")
-    assert "ValueError: boom at half way" in htmls
-    bars = [m["state"] for m in models.values() if m["model_name"] == "FloatProgressModel"]
-    assert sorted(b["bar_style"] for b in bars)[0] == "danger"
+    assert widget_views(cell) == []
+    [picture] = pictures(cell)
+    page = picture.data["text/html"]
+    assert re.search(r"<tr class='nl-rank nl-status-failed' style='background:#fee2e2'>.*"
+                     r"ValueError: boom at half way", page), page
+    assert "failed" in picture.data["text/plain"]
 
 
 def test_html_mode_updates_in_place_to_the_final_state():
@@ -108,6 +108,66 @@ def test_html_mode_updates_in_place_to_the_final_state():
     assert len(pages) == 1, outputs_text(cell)       # one output, updated through its display id
     assert pages[0].count("nl-status-done") == 2 and pages[0].count("width:100.0%") == 2
     assert "5000/5000" in pages[0]
+
+
+LOOP = 100
+
+COUNTS = '''
+from notebook_launch import notebook_launcher, start_ranks
+from notebook_launch.net import free_port
+
+def quick(i):
+    return i
+
+def open_comms():
+    """The kernel's open comms: ipykernel 6.17 keeps them on its comm manager, newer ipykernel
+    through the comm package (whose manager is the kernel's)."""
+    manager = getattr(get_ipython().kernel, "comm_manager", None)
+    if manager is None:
+        import comm
+        manager = comm.get_comm_manager()
+    return len(manager.comms)
+
+def live_widgets():
+    from ipywidgets.widgets import widget
+    registry = getattr(widget, "_instances", None)
+    return len(registry if registry is not None else widget.Widget.widgets)
+
+print("BEFORE", open_comms(), live_widgets())
+'''
+
+
+@pytest.mark.timeout(900)
+def test_a_loop_of_launches_leaves_no_live_widget_behind():
+    """100 launches in one cell, then 5 calls on persistent ranks: the kernel's count of open
+    comms and of live widgets is the same after each launch as before the first, every widget
+    the kernel opened was closed (IOPub's comm_open/comm_close), and the saved notebook holds
+    one picture per panel and no widget view."""
+    messages = []
+    nb = run_notebook([
+        COUNTS,
+        f"after_each = set()\nfor i in range({LOOP}):\n"
+        "    assert notebook_launcher(quick, args=(i,), num_processes=1, ui='widget') == [i]\n"
+        "    after_each.add((open_comms(), live_widgets()))\n"
+        "print('EACH', sorted(after_each))",
+        "ranks = start_ranks(2, ui='widget', use_port=free_port())\n"
+        "for i in range(5):\n"
+        "    assert ranks.run(quick, args=(i,)) == [i, i]\n"
+        "    after_each.add((open_comms(), live_widgets()))\n"
+        "ranks.close()\nprint('EACH', sorted(after_each))",
+    ], timeout=600, messages=messages)
+    errors = [o for cell in nb.cells for o in cell.outputs if o.output_type == "error"]
+    assert not errors, "\n".join(errors[0].traceback)
+    before = re.search(r"BEFORE (\d+) (\d+)", outputs_text(nb.cells[0]))
+    expected = [(int(before[1]), int(before[2]))]
+    assert f"EACH {expected}" in outputs_text(nb.cells[1]), outputs_text(nb.cells[1])[-2000:]
+    assert f"EACH {expected}" in outputs_text(nb.cells[2]), outputs_text(nb.cells[2])[-2000:]
+    opened = [m[2]["comm_id"] for m in messages if m[1] == "comm_open"]
+    closed = [m[2]["comm_id"] for m in messages if m[1] == "comm_close"]
+    assert len(opened) >= 20 * LOOP and sorted(opened) == sorted(closed)   # every model closed, once
+    assert widget_views(nb.cells[1]) == [] and widget_views(nb.cells[2]) == []
+    assert len(pictures(nb.cells[1])) == LOOP and len(pictures(nb.cells[2])) == 5 + 0
+    assert all("nl-status-done" in p.data["text/html"] for p in pictures(nb.cells[1]))
 
 
 def test_widget_versions_in_this_kernel_are_reported():

@@ -1,7 +1,10 @@
-"""The widget panel's traffic to the frontend stays bounded whatever the step rate.
+"""The widget panel's traffic to the frontend stays bounded whatever the step rate, and the
+panel ends as a picture: its output becomes static HTML of the final state, then every
+widget closes.
 
-The widgets are real ipywidgets; only the comm under them is a recording stand-in
-for the browser, and the clock is simulated so the test does not depend on speed."""
+The widgets are real ipywidgets (7.7 or 8.x, whichever is installed); only the comm under
+them is a recording stand-in for the browser (and the display handle one for the output
+area), and the clock is simulated so the test does not depend on speed."""
 import types
 
 import pytest
@@ -11,7 +14,17 @@ pytest.importorskip("ipywidgets")
 from notebook_launch.display import widget as widget_module
 from notebook_launch.display.widget import MESSAGES_PER_SECOND, WidgetDisplay
 from notebook_launch.state import DONE, FAILED, RankState, RunState
-from panel_helpers import recording_comms
+from widget_comms import recording_comms
+
+
+class RecordingHandleStandIn:
+    """Stands in for IPython's DisplayHandle of the panel's output: records each update."""
+
+    def __init__(self, sent):
+        self.sent = sent
+
+    def update(self, data, raw=False):
+        self.sent.append({"time": None, "type": "update_display", "comm_id": None, "data": data})
 
 
 class FakeClock:
@@ -26,6 +39,7 @@ def run_fast_ranks(monkeypatch, world=8, seconds=10.0, step=0.001, steps_per_tic
     clock = FakeClock()
     monkeypatch.setattr(widget_module, "time", types.SimpleNamespace(monotonic=clock.monotonic))
     sent = recording_comms(monkeypatch, clock=clock.monotonic)
+    monkeypatch.setattr(widget_module, "_show", lambda panel, text: RecordingHandleStandIn(sent))
     state = RunState(run_id="t", world_size=world, backend="fork", log_dir="/tmp/x",
                      ranks=[RankState(rank=i, local_rank=i) for i in range(world)])
     display = WidgetDisplay(print_lines=False, poll_kernel=False)
@@ -70,23 +84,46 @@ def test_comm_messages_per_second_stay_bounded_for_8_fast_ranks(monkeypatch):
     assert all(m["data"].get("method") in ("update", "echo_update") for m in updates)
 
 
-def test_final_state_is_exact(monkeypatch):
+def test_the_run_ends_as_a_picture_of_its_exact_final_state(monkeypatch):
     display, sent, state, total = run_fast_ranks(monkeypatch, seconds=1.0)
-    for rs, (row, label, bar, info) in zip(state.ranks, display.rows):
-        assert bar.value == 1.0
-        if rs.rank == 3:
-            assert bar.bar_style == "danger" and "ValueError: boom" in info.value
-            assert "nl-status-failed" in row._dom_classes
-        else:
-            assert bar.bar_style == "success" and "nl-status-done" in row._dom_classes
-    # and the frontend was told: the last value each bar's comm carried is 1.0
-    last_value = {}
-    for m in sent:
-        state_update = m["data"].get("state", {})
-        if "value" in state_update and isinstance(state_update["value"], float):
-            last_value[m["comm_id"]] = state_update["value"]
-    for _, _, bar, _ in display.rows:
-        assert last_value[bar.model_id] == 1.0
+    updates = [i for i, m in enumerate(sent) if m["type"] == "update_display"]
+    assert len(updates) == 1, [m["type"] for m in sent]
+    picture = sent[updates[0]]["data"]
+    page = picture["text/html"]
+    assert page.count("nl-status-done") == 7 and page.count("nl-status-failed") == 1
+    assert page.count("width:100.0%") == 8                       # every bar at its end
+    assert f"{total // 1000}k/{total // 1000}k" in page and "ValueError: boom" in page
+    assert "Stop" not in page and "<button" not in page            # nothing left to stop
+    assert "rank 3 [cpu] failed" in picture["text/plain"]
+    # the picture replaces the panel before any widget closes; no widget is changed after it
+    first_close = min(i for i, m in enumerate(sent) if m["type"] == "comm_close")
+    assert updates[0] < first_close
+    assert all(m["type"] == "comm_close" for m in sent[updates[0] + 1:])
+
+
+def test_every_widget_of_the_panel_closes(monkeypatch):
+    from ipywidgets.widgets import widget as ipywidgets_widget
+    sent = recording_comms(monkeypatch)
+    registry = getattr(ipywidgets_widget, "_instances", None)
+    if registry is None:   # ipywidgets 7
+        registry = ipywidgets_widget.Widget.widgets
+    before = set(registry)
+    state = RunState(run_id="t", world_size=4, backend="fork", log_dir="/tmp/x",
+                     ranks=[RankState(rank=i, local_rank=i) for i in range(4)])
+    display = WidgetDisplay(print_lines=False, poll_kernel=False)
+    display.start(state)
+    opened = {m["comm_id"] for m in sent if m["type"] == "comm_open"}
+    assert len(opened) > 4 * 4                                     # rows, bars, their layouts and styles...
+    assert opened <= set(registry)
+    for local in range(4):
+        state.on_exit(local, DONE, "finished")
+    display.close(state)
+    closed = [m["comm_id"] for m in sent if m["type"] == "comm_close"]
+    assert sorted(closed) == sorted(opened)                        # each once
+    assert set(registry) == before
+    display.refresh(state)                                         # a late refresh sends nothing
+    display.close(state)                                           # nor a second close
+    assert len(sent) == len(opened) + len([m for m in sent if m["type"] == "comm_msg"]) + len(closed)
 
 
 def test_text_repr_is_a_meaningful_summary(monkeypatch):

@@ -1,6 +1,10 @@
 """An HTML table updated in place through a display id, for frontends without
 widgets (nbconvert, some viewers). One IOPub message per redraw, at most
-REDRAWS_PER_SECOND, plus the exact final state in ``close()``."""
+REDRAWS_PER_SECOND, plus the exact final state in ``close()``.
+
+``render`` is also the widget panel's picture once its run ended (display/widget.py):
+plain HTML and inline SVG only, no script, so any viewer of a saved notebook shows it.
+Cells are aligned left explicitly: JupyterLab right-aligns table cells in outputs."""
 from __future__ import annotations
 
 import html
@@ -63,11 +67,11 @@ def render(state: RunState) -> str:
         recent = "\n".join(line for _, line in list(rs.lines)[-20:])
         rows.append(
             f"<tr class='nl-rank nl-status-{rs.status}' style='background:{background}'>"
-            f"<td>{label_html(rs)}</td>"
+            f"<td style='text-align:left;white-space:nowrap'>{label_html(rs)}</td>"
             f"<td style='width:30%'><div style='background:#e5e7eb;height:12px;border-radius:3px'>"
             f"<div class='nl-bar' style='width:{fraction * 100:.1f}%;background:{color};height:12px;"
             f"border-radius:3px'></div></div></td>"
-            f"<td>{info_html(rs)}"
+            f"<td style='text-align:left'>{info_html(rs)}"
             + (f"<details><summary>recent lines</summary><pre>{html.escape(recent)}</pre></details>"
                if recent else "") + "</td></tr>")
     return (f"<div class='nl-panel'>{header_html(state)}{curves_html(state)}"

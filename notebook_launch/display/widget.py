@@ -4,7 +4,14 @@ Every trait change is one comm message on IOPub, and Jupyter drops IOPub
 messages past ~1000/s, so the panel (a) redraws at most MAX_REDRAWS_PER_SECOND,
 (b) sends only traits whose value changed, one message per widget thanks to
 ``hold_sync()``, (c) keeps a sliding one-second window of messages under
-MESSAGES_PER_SECOND, and (d) always sends the exact final state in ``close()``.
+MESSAGES_PER_SECOND.
+
+When the run ends (results, error, interrupt, timeout) the panel ends as a picture:
+``close()`` replaces the panel's output, through its display id, by static HTML of the
+final state (``html.render``: bars, statuses, curves as inline SVG, the error row; no Stop
+button, there is nothing left to stop), then closes every widget of the panel (their
+layouts and styles too). A saved notebook shows the final panel anywhere (GitHub,
+nbviewer, Colab after a reload), and a loop of launches leaves no live widget behind.
 Widgets are created and changed from the supervisor's thread only.
 """
 from __future__ import annotations
@@ -17,6 +24,7 @@ from typing import Any
 from . import format as fmt
 from . import fragments
 from .curves import curves_html
+from .html import render
 from .base import Display
 from .kernel_poll import CommPoller
 from .text import TextDisplay
@@ -47,6 +55,7 @@ class WidgetDisplay(Display):
         self._lines_seen: dict[int, int] = {}
         self.handle: Any = None
         self.panel: Any = None
+        self.closed = False    # the panel ended as a picture; its widgets are closed
 
     # --- building --------------------------------------------------------
     def start(self, state: RunState) -> None:
@@ -79,7 +88,7 @@ class WidgetDisplay(Display):
             self.stop_button.disabled = True
             self.stop_button.tooltip = ("this kernel cannot deliver clicks while the cell runs; "
                                         "use the notebook's interrupt (stop) button instead")
-        self._redraw(state, final=False, now=time.monotonic())
+        self._redraw(state, now=time.monotonic())
 
     def _show_stopping(self) -> None:
         """The click arrives on another thread (it only sets the flag); the button changes here."""
@@ -99,27 +108,36 @@ class WidgetDisplay(Display):
         if state.stop_requested and self.panel is not None and not self._stop_shown:
             self._show_stopping()
         now = time.monotonic()
-        if self.panel is None or now - self._last_redraw < 1.0 / MAX_REDRAWS_PER_SECOND:
+        if self.panel is None or self.closed or now - self._last_redraw < 1.0 / MAX_REDRAWS_PER_SECOND:
             return
-        self._redraw(state, final=False, now=now)
+        self._redraw(state, now=now)
 
     def close(self, state: RunState) -> None:
         if self.poller is not None:
             self.poller.close()
-        if self.panel is not None:
-            with self.stop_button.hold_sync():   # nothing left to stop
-                self.stop_button.disabled = True
-                self.stop_button.layout.display = "none"
-            self._redraw(state, final=True, now=time.monotonic())
-            if self.handle is not None:   # the text/plain repr shows the final state too
-                self.handle.update(_bundle(self.panel, fmt.summary(state)), raw=True)
+        if self.panel is not None and not self.closed:
+            self.closed = True
+            try:
+                if self.handle is not None:   # first the picture, so no view of a closed widget shows
+                    self.handle.update({"text/html": render(state), "text/plain": fmt.summary(state)},
+                                       raw=True)
+            finally:
+                close_widgets(self.widgets_made())
         if self.lines is not None:
             self.lines.close(state)
 
+    def widgets_made(self) -> list[Any]:
+        """Every widget of the panel, containers first."""
+        made = [self.panel, self.accordion] + [row[0] for row in self.rows]
+        made += [self.header, self.curves, self.stop_button] + self.logs
+        for _row, label, bar, info in self.rows:
+            made += [label, bar, info]
+        return made
+
     # --- drawing -----------------------------------------------------------
-    def _redraw(self, state: RunState, final: bool, now: float) -> None:
-        changes = self._changes(state, final, now)
-        if not final and not self._within_budget(len(changes), now):
+    def _redraw(self, state: RunState, now: float) -> None:
+        changes = self._changes(state, now)
+        if not self._within_budget(len(changes), now):
             return
         for widget, traits in changes:
             with widget.hold_sync():
@@ -136,7 +154,7 @@ class WidgetDisplay(Display):
         used = sum(n for _, n in self.window)
         return needed == 0 or used == 0 or used + needed <= MESSAGES_PER_SECOND
 
-    def _changes(self, state: RunState, final: bool, now: float) -> list[tuple[Any, dict[str, Any]]]:
+    def _changes(self, state: RunState, now: float) -> list[tuple[Any, dict[str, Any]]]:
         wanted: list[tuple[Any, dict[str, Any]]] = [(self.header, {"value": fragments.header_html(state)})]
         for rs, (row, label, bar, info) in zip(state.ranks, self.rows):
             wanted.append((label, {"value": fragments.label_html(rs)}))
@@ -144,10 +162,10 @@ class WidgetDisplay(Display):
             wanted.append((info, {"value": fragments.info_html(rs)}))
             classes = [c for c in row._dom_classes if not c.startswith("nl-status-")]
             wanted.append((row, {"_dom_classes": tuple(classes + [f"nl-status-{rs.status}"])}))
-        if final or now - self._last_curves >= CURVES_REFRESH_SECONDS:
+        if now - self._last_curves >= CURVES_REFRESH_SECONDS:
             self._last_curves = now
             wanted.append((self.curves, {"value": curves_html(state)}))
-        if final or now - self._last_logs >= LOG_REFRESH_SECONDS:
+        if now - self._last_logs >= LOG_REFRESH_SECONDS:
             self._last_logs = now
             for rs, log in zip(state.ranks, self.logs):
                 wanted.append((log, {"value": _log_html(rs)}))
@@ -177,6 +195,15 @@ def _panel_class() -> type:
 
 def _Panel(children: list[Any]) -> Any:
     return _panel_class()(children)
+
+
+def close_widgets(widgets: list[Any]) -> None:
+    """Close each widget and the layout and style models it made (ipywidgets closes neither
+    with the widget): each close is one comm_close, and the kernel and the browser forget it."""
+    for widget in widgets:
+        for part in (widget, getattr(widget, "layout", None), getattr(widget, "style", None)):
+            if part is not None and hasattr(part, "close"):
+                part.close()
 
 
 def _bundle(panel: Any, text: str) -> dict[str, Any]:
