@@ -34,7 +34,9 @@ from ..detect.platform import in_ipython_kernel
 from ..display import choose_display
 from ..display.rank_displays import RankDisplays
 from ..errors import GuardError, LaunchArgumentError, LaunchError
+from ..detect.target import LaunchTarget
 from ..launcher import plan_launch
+from ..net import release_claims
 from ..line_prefix import parse_line_prefix
 from ..logs import RunLogs
 from ..options import (
@@ -273,6 +275,13 @@ class Ranks:
 
     def _start(self) -> None:
         target, plan, run_id = plan_launch(self.options)
+        try:
+            self._start_planned(target, plan, run_id)
+        except BaseException:
+            release_claims(run_id)   # the port plan_launch claimed: no rank holds it
+            raise
+
+    def _start_planned(self, target: LaunchTarget, plan: LaunchPlan, run_id: str) -> None:
         if plan.start_method != "fork":
             raise LaunchArgumentError(
                 f"persistent ranks are forked, but this machine launches with {plan.start_method!r}; "
@@ -438,6 +447,7 @@ class Ranks:
             self._stop_idle()
         stop_processes(self._processes, self._pipes, self._commands, graceful, self._reaping,
                        before_kill=self._stop_idle, run_mark=self._run_mark)
+        release_claims(self._run_mark)   # the ranks' port, claimed by plan_launch, is free for other launches
         self._processes[:] = []
         self._pipes, self._commands = [], []
         if self._slot is not None:
