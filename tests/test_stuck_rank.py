@@ -70,3 +70,22 @@ def test_a_rank_that_outlives_sigkill_does_not_hang_the_launch(rank_1_fakes_stuc
     message = str(info.value)
     assert message.startswith("rank 0 failed: ValueError: rank 0 fails")
     assert "rank 1: stopped by notebook_launch" in message and "did not end after SIGKILL" in message
+
+
+def test_a_spawned_rank_that_does_not_end_is_waited_for_a_bounded_time():
+    """The spawn backend's wait() (Popen.wait) is bounded as the base's is: a process that does not end
+    within wait_limit is STUCK with its note (here a real process that simply keeps running)."""
+    import subprocess
+    import sys
+
+    from notebook_launch.backends.spawn import SpawnedRank, _PayloadDir
+    popen = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    rank = SpawnedRank(0, popen, _PayloadDir(1))
+    rank.wait_limit = 0.3
+    try:
+        assert rank.wait() == base.STUCK
+        assert f"process {popen.pid} is stuck in the kernel" in rank.end_note
+    finally:
+        popen.kill()
+        popen.wait()
+        rank.release()

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 from .. import shared_tensors
 from ..rank import spawn_context
-from .base import Backend, RankPipes, RankProcess, WaitStatus, start_each
+from .base import STUCK, Backend, RankPipes, RankProcess, WaitStatus, start_each, stuck_note
 
 if TYPE_CHECKING:
     from ..plan import LaunchPlan, RankSpec
@@ -52,7 +52,12 @@ class SpawnedRank(RankProcess):
         return ("signal", -code) if code < 0 else ("exit", code)
 
     def wait(self) -> WaitStatus:
-        self.popen.wait()
+        """As RankProcess.wait: at most ``wait_limit`` seconds for a process that should be ending."""
+        try:
+            self.popen.wait(timeout=self.wait_limit)
+        except subprocess.TimeoutExpired:
+            self.end_note = stuck_note(self.pid, self.wait_limit)
+            return STUCK
         status = self.poll()
         assert status is not None
         return status
