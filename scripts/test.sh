@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Run the whole test suite on a fresh machine: system packages, the venvs, then three pytest lanes.
-# With no arguments (CI, .ci/run): the ipywidgets 7.7 lane, the main suite, the torch_xla lane, then one
-# total line over all lanes. With pytest arguments: the main suite only, with those arguments.
+# Run the whole test suite on a fresh machine: system packages, the venvs, then four pytest lanes.
+# With no arguments (CI, .ci/run): the main suite, the Colab lane, the Kaggle lane, the torch_xla lane, then
+# one total line over all lanes. With pytest arguments: the main suite only, with those arguments.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/system-packages.sh
@@ -15,16 +15,19 @@ status=0
 # Static checks of notebook_launch/ (ruff and mypy, pinned in pyproject's test extra): zero findings.
 .venv/bin/ruff check notebook_launch || status=1
 .venv/bin/mypy || status=1
-# ipywidgets 7.7 lane (Colab's widget stack: ipywidgets 7.7.1, ipykernel 6.17): the widget panel and its
-# Stop button in a real kernel. About 2 minutes, plus a few the first time its venv is built.
-# Skip with NOTEBOOK_LAUNCH_SKIP_IPYW7=1.
-if [ -z "${NOTEBOOK_LAUNCH_SKIP_IPYW7:-}" ]; then
-  bash scripts/setup-ipywidgets7.sh
-  .venv-ipyw7/bin/python -m pytest -p no:cacheprovider --junitxml=test-artifacts/junit-ipyw7.xml \
-    tests/test_panel_notebook.py tests/test_stop_button.py || status=1
-fi
-# The main suite.
+# The main suite (Python 3.11, the newest IPython, ipykernel and ipywidgets the test extra resolves, torch 2.13).
 .venv/bin/python -m pytest -p no:cacheprovider --junitxml=test-artifacts/junit-main.xml || status=1
+# The hosted-notebook lanes: every kernel-facing test file, and the wheel installed on the host's pins changing
+# none of them (tests/hosts), on each host's own versions (hosts/colab.txt, hosts/kaggle.txt).
+# Colab: Python 3.13 in a Debian trixie chroot, IPython 7.34.0, ipykernel 6.17.1, ipywidgets 7.7.1, torch 2.11.0.
+# Kaggle: Python 3.11 (Kaggle's 3.12 is in no Debian), IPython 7.34.0, ipykernel 6.17.1, ipywidgets 8.1.5,
+# torch 2.10.0. scripts/test-host.sh builds and caches their venvs under /var/cache/notebook_launch (a few minutes
+# each the first time, seconds after). The Colab lane needs root (chroot). Skip with NOTEBOOK_LAUNCH_SKIP_HOSTS=1
+# (never in CI).
+if [ -z "${NOTEBOOK_LAUNCH_SKIP_HOSTS:-}" ]; then
+  bash scripts/test-colab.sh || status=1
+  bash scripts/test-kaggle.sh || status=1
+fi
 # The torch_xla lane (the TPU backend on PJRT_DEVICE=CPU): scripts/test-xla.sh builds .venv-xla
 # (torch 2.9.0 + torch_xla 2.9.0: 4-8 minutes the first time, seconds after), then about a minute of
 # tests. A failed download fails the run. Skip with NOTEBOOK_LAUNCH_SKIP_XLA=1 (never in CI).
