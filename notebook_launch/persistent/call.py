@@ -16,6 +16,7 @@ from ..state import DONE, FAILED, STOPPED
 from ..supervise import interrupts, outcome
 from ..supervise.supervisor import Step, Supervisor
 from ..supervise.watch import RankWatch, Watcher
+from . import commands
 from .commands import InterruptSlot
 
 if TYPE_CHECKING:
@@ -73,13 +74,14 @@ class CallSupervisor(Supervisor):
 
     def __init__(self, *args: Any, grace: float, slot: InterruptSlot, call_number: int,
                  send: Callable[[], None], events: dict[int, protocol.EventReader] | None = None,
-                 **kwargs: Any) -> None:
+                 command_fds: list[int] | None = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.grace = grace
         self.slot = slot
         self.call_number = call_number
         self.lost: str | None = None   # why the ranks are gone (died, not back, stopped)
         self._send: Callable[[], None] | None = send
+        self.command_fds = command_fds or []   # by local rank: where result files come back
         for watch in self.watches:   # the between-calls reader may hold the start of a frame
             if events is not None and watch.local_rank in events:
                 watch.events = events[watch.local_rank]
@@ -93,6 +95,27 @@ class CallSupervisor(Supervisor):
             with interrupts.tearing_down():
                 send()
         return super().step(wait)
+
+    def load_results(self) -> list[Any]:
+        """Every rank's value; its tensors map the memfd the rank passed on its command socket
+        (``commands.send_result_file``) for this call."""
+        results = []
+        for watch in self.watches:
+            tensors = None
+            if watch.has_result and self.command_fds:
+                tensors = commands.take_result_file(self.command_fds[watch.local_rank], self.call_number)
+            saved = watch.pipes.tensors   # outcome.load_result reads the launch's result file there
+            watch.pipes.tensors = tensors
+            try:
+                value, failure = outcome.load_result(watch, self.global_rank(watch.local_rank))
+            finally:
+                watch.pipes.tensors = saved
+                if tensors is not None:
+                    os.close(tensors)   # the tensors' mappings keep the pages
+            if failure is not None:
+                self.fail(failure)
+            results.append(value)
+        return results
 
     def events_by_rank(self) -> dict[int, protocol.EventReader]:
         """The event readers, for the between-calls reader (a frame may have begun)."""

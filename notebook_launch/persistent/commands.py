@@ -1,19 +1,34 @@
-"""Notebook -> rank commands over one pipe per rank: length-prefixed cloudpickled frames.
+"""Notebook <-> rank commands over one Unix socket per rank: length-prefixed frames.
 
-The rank -> notebook direction is ``protocol`` (events, output pipes); this is
-the other direction, which only persistent ranks need: each call is one CALL
-frame carrying a ``rank.runner.Job``, and STOP ends the rank's loop.
+The rank -> notebook direction of a launch is ``protocol`` (events, output pipes); this
+is the channel only persistent ranks need: each call is one CALL frame carrying a
+``rank.runner.Job``, and STOP ends the rank's loop.
+
+Tensors cross at memory speed, both ways, as a launch's results do (``shared_tensors``):
+a frame is pickled with every big storage's bytes in a fresh memfd, and that memfd
+travels beside the frame on the socket (SCM_RIGHTS), so the rank maps its pages instead
+of reading them through a pipe. A result goes back the same way: the rank writes its
+tensors into a fresh memfd and passes it to the notebook (``send_result_file``) just
+before its RESULT event. A fresh file per call, because the reader's copy-on-write
+mappings would see a rewrite of the same file; memfds have no name, so nothing is left
+behind however a process ends.
 """
 from __future__ import annotations
 
+import array
 import enum
 import logging
 import os
+import socket
 import struct
 from dataclasses import dataclass
 from typing import Any
 
+from .. import shared_tensors
+
 _HEADER = struct.Struct("!I")
+_RESULT_FILE = struct.Struct("!q")   # the call number a result file belongs to
+_FD_SPACE = socket.CMSG_SPACE(array.array("i", [0]).itemsize)
 log = logging.getLogger("notebook_launch")
 
 
@@ -24,16 +39,16 @@ class Command(str, enum.Enum):
 
 @dataclass
 class CommandPipe:
-    """One rank's command pipe: the notebook writes, the rank reads. Each end is closed
+    """One rank's command socket: the notebook writes frames on ``write_fd`` and the rank
+    reads them on ``read_fd``; result files come back the other way. Each end is closed
     once, here, so a number the kernel has since reused is never closed again."""
-    read_fd: int
-    write_fd: int
+    read_fd: int     # the rank's end
+    write_fd: int    # the notebook's end
 
     @classmethod
     def open(cls) -> CommandPipe:
-        read_fd, write_fd = os.pipe()
-        os.set_inheritable(write_fd, False)
-        return cls(read_fd, write_fd)
+        rank_end, notebook_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        return cls(rank_end.detach(), notebook_end.detach())
 
     def close_read_end(self) -> None:
         if self.read_fd >= 0:
@@ -53,16 +68,48 @@ def _close(fd: int) -> None:
         log.debug("closing command fd %d failed", fd, exc_info=True)
 
 
-def encode(command: Command, payload: Any) -> bytes:
-    """One frame; encode once and write the same bytes to every rank."""
+@dataclass
+class Frame:
+    """An encoded command: the bytes, and the memfd holding its tensors' bytes (or None)."""
+    data: bytes
+    tensors: int | None = None
+
+    def close(self) -> None:
+        if self.tensors is not None:
+            _close(self.tensors)
+            self.tensors = None
+
+
+def encode(command: Command, payload: Any) -> Frame:
+    """One frame; encode once and send the same frame to every rank. Big tensors' bytes go
+    to a fresh memfd (one copy, at memory speed), the rest into the bytes."""
     import cloudpickle
-    data = cloudpickle.dumps((Command(command).value, payload))
-    return _HEADER.pack(len(data)) + data
+    fd = shared_tensors.create_file()
+    try:
+        data = shared_tensors.dumps((Command(command).value, payload), fd, base=cloudpickle.Pickler)
+        if fd is not None and os.fstat(fd).st_size == 0:
+            _close(fd)
+            fd = None
+    except BaseException:
+        if fd is not None:
+            _close(fd)
+        raise
+    return Frame(_HEADER.pack(len(data)) + data, fd)
 
 
-def send(fd: int, frame: bytes) -> None:
-    """Write a whole frame (the rank reads it whole; a pipe write may be partial)."""
-    view = memoryview(frame)
+def send(fd: int, frame: Frame | bytes) -> None:
+    """Write a whole frame (the rank reads it whole; a write may be partial); its memfd goes
+    with the first bytes."""
+    if isinstance(frame, bytes):
+        frame = Frame(frame)
+    view = memoryview(frame.data)
+    if frame.tensors is not None:
+        sock = socket.socket(fileno=fd)
+        try:
+            view = view[sock.sendmsg([view], [(socket.SOL_SOCKET, socket.SCM_RIGHTS,
+                                               array.array("i", [frame.tensors]))]):]
+        finally:
+            sock.detach()
     while view:
         view = view[os.write(fd, view):]
 
@@ -70,27 +117,103 @@ def send(fd: int, frame: bytes) -> None:
 def receive(fd: int) -> tuple[Command, Any]:
     """Block until the next frame; end of file (the notebook is gone) reads as STOP.
     A payload that cannot be unpickled here raises (the caller reports it for that call)."""
-    header = _read_exactly(fd, _HEADER.size)
-    if header is None:
-        return Command.STOP, None
-    (size,) = _HEADER.unpack(header)
-    data = _read_exactly(fd, size)
-    if data is None:
-        return Command.STOP, None
-    import cloudpickle
-    kind, payload = cloudpickle.loads(data)
-    return Command(kind), payload
+    header, tensors = _read_header(fd)
+    try:
+        if header is None:
+            return Command.STOP, None
+        (size,) = _HEADER.unpack(header)
+        data = _read_exactly(fd, size)
+        if data is None:
+            return Command.STOP, None
+        kind, payload = shared_tensors.loads(data, tensors)   # tensors map the memfd's pages
+        return Command(kind), payload
+    finally:
+        if tensors is not None:
+            _close(tensors)
+
+
+def _read_header(fd: int) -> tuple[bytes | None, int | None]:
+    """The frame's header and the memfd that came with it, if any."""
+    sock = socket.socket(fileno=fd)
+    chunks: list[bytes] = []
+    tensors: int | None = None
+    left = _HEADER.size
+    try:
+        while left:
+            data, ancillary, _, _ = sock.recvmsg(left, _FD_SPACE, socket.MSG_CMSG_CLOEXEC)
+            for fds in _fds_of(ancillary):
+                for extra in fds[1:] if tensors is None else fds:
+                    _close(extra)
+                if tensors is None and fds:
+                    tensors = fds[0]
+            if not data:
+                if tensors is not None:
+                    _close(tensors)
+                return None, None
+            chunks.append(data)
+            left -= len(data)
+    finally:
+        sock.detach()
+    return b"".join(chunks), tensors
+
+
+def _fds_of(ancillary: list[tuple[int, int, bytes]]) -> list[list[int]]:
+    found = []
+    for level, kind, data in ancillary:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+            fds = array.array("i")
+            fds.frombytes(data[:len(data) - len(data) % fds.itemsize])
+            found.append(list(fds))
+    return found
 
 
 def _read_exactly(fd: int, size: int) -> bytes | None:
     chunks, left = [], size
     while left:
-        chunk = os.read(fd, left)
+        chunk = os.read(fd, min(left, 1 << 24))
         if not chunk:
             return None
         chunks.append(chunk)
         left -= len(chunk)
     return b"".join(chunks)
+
+
+def send_result_file(fd: int, call_number: int, tensors: int) -> None:
+    """(In a rank) pass the memfd holding this call's result tensors to the notebook."""
+    sock = socket.socket(fileno=fd)
+    try:
+        sock.sendmsg([_RESULT_FILE.pack(call_number)],
+                     [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [tensors]))], socket.MSG_NOSIGNAL)
+    finally:
+        sock.detach()
+
+
+def take_result_file(fd: int, call_number: int) -> int | None:
+    """(In the notebook) the memfd a rank passed for ``call_number`` (the caller closes it),
+    or None; files of earlier calls (one that was interrupted) are closed."""
+    sock = socket.socket(fileno=fd)
+    found: int | None = None
+    try:
+        while True:
+            try:
+                data, ancillary, _, _ = sock.recvmsg(_RESULT_FILE.size, _FD_SPACE,
+                                                     socket.MSG_DONTWAIT | socket.MSG_CMSG_CLOEXEC)
+            except (BlockingIOError, InterruptedError):
+                break
+            fds = [fd for group in _fds_of(ancillary) for fd in group]
+            if not data:
+                for extra in fds:
+                    _close(extra)
+                break
+            number = _RESULT_FILE.unpack(data)[0] if len(data) == _RESULT_FILE.size else -1
+            for extra in fds:
+                if number == call_number and found is None:
+                    found = extra
+                else:
+                    _close(extra)
+    finally:
+        sock.detach()
+    return found
 
 
 class InterruptSlot:

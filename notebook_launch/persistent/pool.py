@@ -388,15 +388,18 @@ class Ranks:
             raise _Unsendable(
                 f"{title} cannot be sent to the ranks: {type(exc).__name__}: {exc}. The function, its "
                 f"arguments and the notebook globals it names must pickle with cloudpickle.") from None
-        events = self._ensure_running()
         try:
-            return self._supervise(call, frame, title, timeout, quiet, events)
+            events = self._ensure_running()
+            try:
+                return self._supervise(call, frame, title, timeout, quiet, events)
+            finally:
+                if self._processes and self._lost is None and not self.closed:
+                    self._start_idle(self._handed_back)
+                self._handed_back = {}
         finally:
-            if self._processes and self._lost is None and not self.closed:
-                self._start_idle(self._handed_back)
-            self._handed_back = {}
+            frame.close()   # the ranks have their own reference to its memfd
 
-    def _send(self, frame: bytes) -> None:
+    def _send(self, frame: commands.Frame) -> None:
         """The call's frame to every rank, whole (the caller defers interrupts meanwhile)."""
         for pipe in self._commands:
             try:
@@ -404,7 +407,7 @@ class Ranks:
             except BrokenPipeError:   # that rank is gone: the supervisor sees its exit
                 log.debug("rank command pipe %d is broken", pipe.write_fd)
 
-    def _supervise(self, call: Call, frame: bytes, title: str, timeout: float | None, quiet: bool,
+    def _supervise(self, call: Call, frame: commands.Frame, title: str, timeout: float | None, quiet: bool,
                    events: dict[int, Any]) -> list[Any]:
         assert self.plan is not None and self.logs is not None and self._slot is not None
         self.calls += 1
@@ -421,7 +424,7 @@ class Ranks:
                                         timeout=timeout, poll_interval=self.options.poll_interval,
                                         grace=self.grace, slot=self._slot, call_number=self.calls,
                                         rank_displays=rank_displays, send=lambda: self._send(frame),
-                                        events=events)
+                                        events=events, command_fds=[c.write_fd for c in self._commands])
             try:
                 results = supervisor.run()
             except LaunchError as error:
@@ -469,6 +472,7 @@ def stop_processes(processes: list[RankProcess], pipes: list[RankPipes], command
                     commands.send(pipe.write_fd, frame)
                 except OSError:
                     log.debug("STOP not delivered to fd %d", pipe.write_fd)
+            frame.close()
         except Exception:
             log.debug("STOP could not be encoded", exc_info=True)
     for pipe in command_pipes:

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from .. import protocol
+from .. import protocol, shared_tensors
 from ..rank import runner
 from . import commands, namespace
 
@@ -75,8 +75,9 @@ def serve_calls(plan: LaunchPlan, pipes: Sequence[commands.CommandPipe], slot: c
         pipe.close_write_end()
     writer = protocol.current()
     assert writer is not None, "serve_calls runs inside a rank"
-    # Results travel inside the RESULT frame, not through the rank's result file: that file
-    # only grows until it is closed (shared_tensors), and these ranks answer many calls.
+    # Not the rank's result file of a launch: that file only grows until it is closed
+    # (shared_tensors), and these ranks answer many calls. Each call's result has its own
+    # (``CallWriter``), passed to the notebook on the command socket.
     writer.tensors_fd = None
     interrupts = _Interruptible(slot, local_rank)
     signal.signal(signal.SIGINT, interrupts.handler)
@@ -92,13 +93,44 @@ def serve_calls(plan: LaunchPlan, pipes: Sequence[commands.CommandPipe], slot: c
             continue
         if kind is commands.Command.STOP:
             return
-        run_one(spec, payload, ns, interrupts, writer)
+        run_one(spec, payload, ns, interrupts, CallWriter(writer, own.read_fd, payload.number))
+
+
+class CallWriter:
+    """The rank's event writer as one call's report sees it: the result's tensors go to a
+    fresh memfd, passed to the notebook on the command socket just before the RESULT."""
+
+    def __init__(self, writer: protocol.EventWriter, command_fd: int, call_number: int) -> None:
+        self.writer = writer
+        self.command_fd = command_fd
+        self.call_number = call_number
+        self.tensors: int | None = None
+
+    def result_file(self) -> int | None:
+        if self.tensors is None:
+            self.tensors = shared_tensors.create_file()
+        return self.tensors
+
+    def send(self, kind: protocol.EventKind, payload: Any) -> None:
+        try:
+            if kind is protocol.EventKind.RESULT and self.tensors is not None \
+                    and os.fstat(self.tensors).st_size:
+                commands.send_result_file(self.command_fd, self.call_number, self.tensors)
+            self.writer.send(kind, payload)
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        if self.tensors is not None:
+            os.close(self.tensors)
+            self.tensors = None
 
 
 def run_one(spec: Any, call: Call, ns: namespace.RankNamespace, interrupts: _Interruptible,
-            writer: protocol.EventWriter) -> None:
+            writer: CallWriter) -> None:
     """One call through the runner's report path, interruptible only inside the user's code."""
     job = call.job
+    interrupts.number = call.number
     function = ns.adopt(job.function)
     args = tuple(ns.adopt(arg) for arg in job.args)   # e.g. a notebook loss function passed in
     before = ns.snapshot()
@@ -111,7 +143,8 @@ def run_one(spec: Any, call: Call, ns: namespace.RankNamespace, interrupts: _Int
             interrupts.stop()
 
     try:
-        runner.call_and_report(spec, runner.Job(interruptible, args, job.kwargs), writer,
+        runner.call_and_report(spec, runner.Job(interruptible, args, job.kwargs), writer,  # type: ignore[arg-type]
                                own_frames=2 + call.hidden_frames, forked_from_notebook=True)
     finally:
+        writer.close()
         ns.own_changes(before)
