@@ -24,6 +24,16 @@ a thread in each rank samples, after the state_dict is built, its VmRSS plus
 what its tensor memfds hold (our result file is written with pwrite, so its
 pages are in no process's RSS), minus the value when the state_dict was
 ready; the largest sample is reported.
+
+Persistent ranks (``start_ranks``, one pool per rank count, kept in the worker between
+samples), the same bytes both ways:
+- ``ranks.run(fn)`` where each rank builds and returns the state_dict (the result path;
+  transfer: minus the same call returning None);
+- ``ranks.push(sd=state_dict)`` of one state_dict built in the notebook (notebook ->
+  every rank; transfer: minus a push of an int), then ``ranks.pull("sd")`` (every
+  rank -> the notebook; minus a pull of an int). The notebook's peak extra memory is
+  VmHWM as above plus, for push, the memfd the tensors go through (it becomes the
+  ranks' copy: they map its pages, so the system holds the payload once more, not per rank).
 """
 from __future__ import annotations
 
@@ -36,7 +46,8 @@ from .table import Cell, Row, fmt_ratio, ratio
 from .worker import Worker, WorkerError
 
 TENSORS_PER_STATE_DICT = 8
-WAYS = ["ours", "baseline", "queue", "memcpy"]
+WAYS = ["ours", "baseline", "queue", "memcpy", "persistent", "persistent_baseline", "push_pull"]
+_POOLS: dict = {}   # ranks -> the worker's persistent ranks (start_ranks)
 SAMPLE_SECONDS = 0.002
 
 
@@ -69,15 +80,28 @@ def _tensor_file_bytes() -> int:
     return total
 
 
+_probe_stop = threading.Event()
+
+
+def stop_probes() -> None:
+    """(In a persistent rank) end the probe a call started: the process lives on."""
+    import __main__
+    _probe_stop.set()
+    vars(__main__).pop("sd", None)   # what push_pull pushed
+
+
 def _rank_memory_probe(report_path: str) -> None:
-    """Sample RSS + memfd bytes until the process ends; keep the peak above the start in a file."""
+    """Sample RSS + memfd bytes until the process ends (or ``stop_probes``); keep the peak
+    above the start in a file."""
+    global _probe_stop
     start = _status_kib("VmRSS") * 1024 + _tensor_file_bytes()
     peak = 0
     fd = os.open(report_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    stop = _probe_stop = threading.Event()
 
     def sample() -> None:
         nonlocal peak
-        while True:
+        while not stop.is_set():
             now = _status_kib("VmRSS") * 1024 + _tensor_file_bytes() - start
             if now > peak:
                 peak = now
@@ -164,6 +188,8 @@ def measure_in_worker(command: dict, launch) -> dict:
         extra = _status_kib("VmHWM") * 1024 - before
         del copy, source
         return {"seconds": seconds, "notebook_extra": extra, "rank_extra": []}
+    if way in ("persistent", "persistent_baseline", "push_pull"):
+        return _persistent(way, mib, ranks)
     with tempfile.TemporaryDirectory(prefix="nl-transfer-") as report_dir:
         if way == "baseline":
             started = time.perf_counter()
@@ -185,6 +211,92 @@ def measure_in_worker(command: dict, launch) -> dict:
         gc.collect()
         return {"seconds": seconds, "read_seconds": read_seconds, "notebook_extra": extra,
                 "rank_extra": _rank_peaks(report_dir, ranks)}
+
+
+def _pool(ranks: int):
+    if ranks not in _POOLS:
+        for other in list(_POOLS):
+            _POOLS.pop(other).close()
+        from notebook_launch import start_ranks
+        _POOLS[ranks] = start_ranks(ranks, ui="none")
+    return _POOLS[ranks]
+
+
+def _persistent(way: str, mib: int, ranks: int) -> dict:
+    import tempfile
+    pool = _pool(ranks)
+    with tempfile.TemporaryDirectory(prefix="nl-transfer-") as report_dir:
+        if way == "persistent_baseline":
+            started = time.perf_counter()
+            pool.run(ReturnsStateDict(mib, report_dir, returns=False))
+            return {"seconds": time.perf_counter() - started}
+        if way == "persistent":
+            before = _reset_peak()
+            started = time.perf_counter()
+            results = pool.run(ReturnsStateDict(mib, report_dir))
+            seconds = time.perf_counter() - started
+            _check(results, mib * ranks)
+            read_started = time.perf_counter()
+            _read_all(results)
+            read_seconds = time.perf_counter() - read_started
+            extra = _status_kib("VmHWM") * 1024 - before
+            del results
+            pool.run(stop_probes)
+            gc.collect()
+            return {"seconds": seconds, "read_seconds": read_seconds, "notebook_extra": extra,
+                    "rank_extra": _rank_peaks(report_dir, ranks)}
+    # push_pull: one state_dict from the notebook to every rank, then every rank's copy back
+    state_dict = build_state_dict(mib, 0)
+    started = time.perf_counter()
+    pool.push(sd=0)
+    small_push = time.perf_counter() - started
+    started = time.perf_counter()
+    pool.pull("sd")
+    small_pull = time.perf_counter() - started
+    before = _reset_peak()
+    started = time.perf_counter()
+    frames = _memfd_bytes_written_by(lambda: pool.push(sd=state_dict))
+    push_seconds = time.perf_counter() - started
+    push_extra = _status_kib("VmHWM") * 1024 - before + frames
+    before = _reset_peak()
+    started = time.perf_counter()
+    results = pool.pull("sd")
+    pull_seconds = time.perf_counter() - started
+    _check(results, mib * ranks)
+    _read_all(results)
+    pull_extra = _status_kib("VmHWM") * 1024 - before
+    results = state_dict = None
+    pool.run(stop_probes)
+    gc.collect()
+    return {"push_seconds": push_seconds, "push_baseline": small_push, "push_extra": push_extra,
+            "pull_seconds": pull_seconds, "pull_baseline": small_pull, "pull_extra": pull_extra}
+
+
+def _memfd_bytes_written_by(action) -> int:
+    """Run ``action``; return the largest tensor memfd the notebook made meanwhile (its bytes
+    are in no process's RSS: written with pwrite, then mapped by the ranks)."""
+    from notebook_launch import shared_tensors
+    seen = []
+    real = shared_tensors.dumps
+
+    def dumps(value, fd, base=None):
+        data = real(value, fd, base)
+        if fd is not None:
+            seen.append(os.fstat(fd).st_blocks * 512)
+        return data
+
+    shared_tensors.dumps = dumps
+    try:
+        action()
+    finally:
+        shared_tensors.dumps = real
+    return max(seen, default=0)
+
+
+def _check(results, mib: int) -> None:
+    got = sum(t.numel() for sd in results for t in sd.values()) * 4
+    if got != mib * 2**20:
+        raise RuntimeError(f"got {got} bytes back, expected {mib * 2**20}")
 
 
 def _through_queue(fn, ranks: int):
@@ -211,7 +323,8 @@ def run(config: dict, log_dir: str, say=print):
     rows = []
     ours = Worker("ours", log_dir=log_dir)
     workers = {"ours": ours, "baseline": ours, "queue": Worker("start_processes", log_dir=log_dir),
-               "memcpy": Worker("start_processes", log_dir=log_dir)}
+               "memcpy": Worker("start_processes", log_dir=log_dir),
+               "persistent": ours, "persistent_baseline": ours, "push_pull": ours}
     try:
         smallest, broken = min(sizes(config)), {}
         for way, worker in workers.items():   # untimed: first-launch imports are items 1 and 2's business
@@ -232,6 +345,7 @@ def run(config: dict, log_dir: str, say=print):
                     except WorkerError as exc:
                         errors[way] = f"error: {exc}"
             rows += _rows(mib, ranks, samples, errors)
+            rows += _persistent_rows(mib, ranks, samples, errors)
     finally:
         for worker in set(workers.values()):
             worker.close()
@@ -289,6 +403,70 @@ def _rows(mib, ranks, samples, errors):
             memory_row.met = ("yes" if notebook <= 1.1 * payload and rank <= 1.1 * payload / ranks
                               else "**NO (missed)**")
     return [time_row, memory_row]
+
+
+def _persistent_rows(mib, ranks, samples, errors):
+    """Persistent ranks: a call's result, a push to every rank and a pull from every rank,
+    each against a memcpy of the same bytes (issue 23: within 2x, peak within 1.1x)."""
+    import statistics
+    what = f"{ranks} x {_label(mib)}" if ranks > 1 else _label(mib)
+    floor = _cell(samples["memcpy"], "seconds", text=errors.get("memcpy", "")).median()
+    floor_one = floor / ranks if floor is not None else None   # push moves one state_dict
+    rows = []
+
+    def row(measurement, replies, key, base, payload_floor, error):
+        time_row = Row(item="8", measurement=measurement, ranks=str(ranks), unit="s", group=5)
+        time_row.cells["ours"] = _cell(replies, key, text=error)
+        for name in ("accelerate", "start_processes", "elastic"):
+            time_row.cells[name] = Cell(text="—")
+        median = time_row.median("ours")
+        transfer = None
+        if median is not None and base is not None:
+            transfer = median - base
+        time_row.ratios = f"transfer/memcpy {fmt_ratio(ratio(transfer, payload_floor))}"
+        if ranks == 2:
+            time_row.goal = "transfer/memcpy ≤ 2x"
+            value = ratio(transfer, payload_floor)
+            time_row.met = ("unknown (a cell is missing)" if value is None
+                            else "yes" if value <= 2 else "**NO (missed)**")
+        return time_row
+
+    def median_of(replies, key):
+        return statistics.median(r[key] for r in replies) if replies else None
+
+    base = _cell(samples["persistent_baseline"], "seconds", text=errors.get("persistent_baseline", "")).median()
+    rows.append(row(f"persistent ranks: `ranks.run` returns a state_dict of {what}, call to return",
+                    samples["persistent"], "seconds", base, floor, errors.get("persistent", "")))
+    pushes = samples["push_pull"]
+    error = errors.get("push_pull", "")
+    rows.append(row(f"persistent ranks: `ranks.push` of one state_dict of {_label(mib)} to {ranks} rank(s)",
+                    pushes, "push_seconds", median_of(pushes, "push_baseline"), floor_one, error))
+    rows.append(row(f"persistent ranks: `ranks.pull` of {what} (each rank's copy)",
+                    pushes, "pull_seconds", median_of(pushes, "pull_baseline"), floor, error))
+    payload = mib * 2**20 * ranks
+    memory = Row(item="8", measurement=f"persistent ranks: peak extra memory in the notebook, {what}: "
+                                       "run result; push (incl. its memfd); pull", ranks=str(ranks), unit="MB",
+                 group=5)
+    run_nb = median_of(samples["persistent"], "notebook_extra")
+    run_rank = (statistics.median(max(r["rank_extra"] or [0]) for r in samples["persistent"])
+                if samples["persistent"] else None)
+    push_nb, pull_nb = median_of(pushes, "push_extra"), median_of(pushes, "pull_extra")
+    if None in (run_nb, push_nb, pull_nb):
+        memory.cells["ours"] = Cell(text=errors.get("persistent") or error or "—")
+    else:
+        memory.cells["ours"] = Cell(text=f"run {run_nb / 1e6:.0f} MB (rank {run_rank / 1e6:.0f} MB); "
+                                         f"push {push_nb / 1e6:.0f} MB; pull {pull_nb / 1e6:.0f} MB")
+        memory.ratios = (f"/payload: run {run_nb / payload:.2f} (rank {run_rank / (payload / ranks):.2f}); "
+                         f"push {push_nb / (payload / ranks):.2f}; pull {pull_nb / payload:.2f}")
+        if ranks == 2:
+            memory.goal = "≤ 1.1 x payload, each side"
+            worst = max(run_nb / payload, run_rank / (payload / ranks), push_nb / (payload / ranks),
+                        pull_nb / payload)
+            memory.met = "yes" if worst <= 1.1 else "**NO (missed)**"
+    for name in ("accelerate", "start_processes", "elastic"):
+        memory.cells[name] = Cell(text="—")
+    rows.append(memory)
+    return rows
 
 
 def _medians(replies):

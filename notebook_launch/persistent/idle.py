@@ -108,8 +108,9 @@ class IdleReader:
     def pause(self) -> dict[int, protocol.EventReader]:
         """Stop reading until ``resume`` (what the pipes hold now is read first) and return the
         event readers, which may hold the start of a frame."""
-        if not self._reading.is_set():
-            return self.events   # paused already
+        if not self._reading.is_set():   # paused already (perhaps by a pause an interrupt cut short)
+            self._paused.wait()
+            return self.events
         self._paused.clear()
         self._reading.clear()
         os.write(self._wake_w, b"x")
