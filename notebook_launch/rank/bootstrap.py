@@ -14,7 +14,7 @@ import os
 import signal
 import sys
 import traceback
-from typing import Callable
+from typing import Any, Callable
 
 from .inherited_streams import redirect_inherited_streams
 
@@ -68,17 +68,62 @@ def die_with_parent(parent_pid: int) -> None:
 def detach_from_parent(parent_pid: int) -> None:
     """Own process group (so teardown reaches what the rank starts, and a
     terminal's Ctrl-C goes through the parent), death with the parent, and
-    default signal handlers instead of the notebook's."""
+    the signal state of a fresh Python process instead of the notebook's."""
     os.setpgid(0, 0)
     die_with_parent(parent_pid)
-    signal.signal(signal.SIGINT, signal.default_int_handler)
-    for name in ("SIGTERM", "SIGHUP", "SIGQUIT", "SIGCHLD", "SIGPIPE", "SIGUSR1", "SIGUSR2"):
-        signum = getattr(signal, name, None)
-        if signum is not None:
+    reset_signal_state()
+
+
+# What CPython itself sets at start-up (Python/pylifecycle.c, Modules/signalmodule.c): SIGPIPE
+# and SIGXFSZ ignored, so a broken pipe or a file past RLIMIT_FSIZE raises an OSError instead
+# of killing the process; SIGINT raises KeyboardInterrupt. Every other signal has its default.
+_FRESH_PYTHON_IGNORES = ("SIGPIPE", "SIGXFZ", "SIGXFSZ")
+
+
+def reset_signal_state() -> None:
+    """Make this process's signals those of a fresh ``python -c``, whatever the notebook (or
+    the thread that launched) had: a fork copies every disposition, every Python-level
+    handler and the forking thread's blocked mask; an exec keeps ignored signals and the mask.
+    So: an empty blocked mask, every signal at its default, then CPython's own start-up choices
+    (``_FRESH_PYTHON_IGNORES`` ignored, SIGINT -> KeyboardInterrupt), no wakeup fd, and
+    faulthandler off (``capture_output`` turns it on again, writing to the rank's stderr).
+
+    A notebook differs from a fresh process here in ways that matter: ipykernel ignores SIGINT
+    between cells, a kernel or a library may set SIGPIPE to its default (a write to a closed
+    pipe or socket then kills the rank with no traceback) or ignore SIGCHLD (subprocess then
+    loses its children's exit codes), and asyncio's loop leaves a wakeup fd behind."""
+    if hasattr(signal, "pthread_sigmask"):
+        signal.pthread_sigmask(signal.SIG_SETMASK, [])
+    if faulthandler.is_enabled():   # else a later enable() keeps the handlers it thinks it has
+        faulthandler.disable()
+    ignored = {getattr(signal, name) for name in _FRESH_PYTHON_IGNORES if hasattr(signal, name)}
+    for signum in _resettable_signals():
+        unregister = getattr(faulthandler, "unregister", None)
+        if unregister is not None:
             try:
-                signal.signal(signum, signal.SIG_DFL)
-            except (OSError, ValueError):
-                log.debug("could not reset %s in the rank", name)
+                unregister(signum)   # a faulthandler.register() the notebook made
+            except (ValueError, RuntimeError):
+                pass   # not a signal faulthandler can register (SIGSEGV, ...): nothing to undo
+        if signum == signal.SIGINT:
+            handler: Any = signal.default_int_handler
+        elif signum in ignored:
+            handler = signal.SIG_IGN
+        else:
+            handler = signal.SIG_DFL
+        try:
+            signal.signal(signum, handler)
+        except (OSError, ValueError):
+            log.debug("could not reset signal %d in the rank", signum)
+    try:
+        signal.set_wakeup_fd(-1)
+    except (ValueError, OSError):
+        log.debug("could not clear the inherited signal wakeup fd", exc_info=True)
+
+
+def _resettable_signals() -> list[int]:
+    """Every signal a process can handle (SIGKILL and SIGSTOP cannot; glibc keeps 32 and 33)."""
+    valid = signal.valid_signals() if hasattr(signal, "valid_signals") else set(signal.Signals)
+    return sorted(int(s) for s in valid if s not in (signal.SIGKILL, signal.SIGSTOP))
 
 
 def redirect_fds(stdout_fd: int, stderr_fd: int) -> None:

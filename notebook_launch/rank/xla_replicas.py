@@ -7,7 +7,6 @@ import dataclasses
 import io
 import logging
 import os
-import signal
 import sys
 import threading
 import traceback
@@ -56,10 +55,9 @@ def run_launcher(plan: LaunchPlan, job: Job, pipes_by_rank: Sequence[RankPipes],
     try:
         for pipes in pipes_by_rank:
             pipes.close_parent_ends()
+        # A fresh Python's signals (bootstrap.reset_signal_state): SIGPIPE ignored among them, so
+        # xmp.spawn's pool writing to a replica that died gets BrokenPipeError, not a dead launcher.
         detach_from_parent(parent_pid)
-        # xmp.spawn's process pool writes to pipes of replica processes that may have died: a
-        # broken pipe must reach it as BrokenPipeError (Python's default), not kill this launcher.
-        signal.signal(signal.SIGPIPE, signal.SIG_IGN)
         first = pipes_by_rank[0]
         redirect_fds(first.stdout_w, first.stderr_w)
         out, err = ThreadRoutedStream(text_stream(1)), ThreadRoutedStream(text_stream(2))
