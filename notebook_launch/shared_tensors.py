@@ -40,6 +40,8 @@ import pickle
 import sys
 from typing import Any
 
+from . import pickling
+
 logger = logging.getLogger("notebook_launch")
 
 INLINE_LIMIT = 64 * 1024   # smaller storages travel inside the pickle stream
@@ -75,7 +77,8 @@ def _rebuild_storage(index: int, dtype: Any, place: Any = None) -> Any:
 
 
 def pickler_class(base: type) -> type:
-    """``base`` (a pickle.Pickler subclass such as cloudpickle's) that sends storages to a memfd.
+    """``base`` (a pickle.Pickler subclass such as cloudpickle's) that sends storages to a memfd,
+    and refuses open files and sockets (``pickling.reduce_handle``) whatever ``base`` would do.
 
     A ``reducer_override`` rather than a ``persistent_id``: the pickler calls it only
     for objects of non-builtin types, so a result of a million ints costs no more
@@ -97,6 +100,9 @@ def pickler_class(base: type) -> type:
                     return reduced
             if torch is not None and isinstance(obj, torch.Tensor) and rebuilds_off_cpu(torch, obj):
                 return cpu_copy(torch, obj).__reduce_ex__(getattr(self, "proto", pickle.HIGHEST_PROTOCOL))
+            handle = pickling.reduce_handle(obj)   # an open file or socket is refused, not copied
+            if handle is not NotImplemented:
+                return handle
             parent = getattr(super(), "reducer_override", None)
             return parent(obj) if parent is not None else NotImplemented
 

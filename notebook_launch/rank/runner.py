@@ -9,7 +9,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from .. import protocol, shared_tensors
+from .. import pickling, protocol, shared_tensors
 from ..plan import RankSpec
 from . import display_relay, process_groups, result_pickle, stdin_relay
 from .bootstrap import EXIT_FAILED, flush_everything
@@ -187,14 +187,30 @@ def call_and_report(spec: RankSpec, job: Job, writer: protocol.EventWriter, own_
     except Exception as exc:
         report_error(protocol.error_payload(
             exc, kind=protocol.FailureKind.RESULT.value, traceback="",
-            message=(f"rank {spec.global_rank} returned a value of type "
-                     f"{type(value).__module__}.{type(value).__qualname__} that cannot be pickled "
-                     f"({type(exc).__name__}: {exc}). Return plain data instead: numbers, strings, "
-                     f"lists, dicts, tensors or a state_dict().")), writer)
+            message=unpicklable_result_message(spec, value, exc)), writer)
         return EXIT_FAILED
     flush_everything()   # the call's output reaches its pipes before its RESULT
     writer.send(protocol.RESULT, payload)
     return 0
+
+
+def unpicklable_result_message(spec: RankSpec, value: Any, exc: Exception) -> str:
+    """Which part of the returned value cannot be sent (its path: ``result["model"].layers[2].lock``)
+    and why, so the user knows what to leave out or convert."""
+    found = None
+    try:
+        found = pickling.locate(value, "result")
+    except Exception:   # locating is a courtesy: the error is sent with or without it
+        log.debug("could not locate the unpicklable part of a result", exc_info=True)
+    if found is None:
+        path, part, error = "result", value, exc
+    else:
+        path, part, error = found
+    kind = f"{type(value).__module__}.{type(value).__qualname__}"
+    where = "" if path == "result" else f": {path} ({type(part).__module__}.{type(part).__qualname__}) cannot"
+    return (f"rank {spec.global_rank} returned a value of type {kind} that cannot be pickled{where} "
+            f"({type(error).__name__}: {error}). Return that part in a form that pickles (plain data, "
+            f"tensors, a state_dict()), or leave it out.")
 
 
 def report_error(payload: protocol.ErrorPayload, writer: protocol.EventWriter | None = None) -> None:

@@ -17,7 +17,7 @@ import pickle
 import sys
 from typing import Any, Callable, Iterable
 
-from .. import shared_tensors
+from .. import pickling, shared_tensors
 from ..errors import LaunchArgumentError
 
 log = logging.getLogger("notebook_launch")
@@ -37,30 +37,32 @@ def build_payload(job: Any, specs: Iterable[Any], tensors_fd: int | None = None)
 
 
 def pickle_job(job: Any, tensors_fd: int | None = None) -> bytes:
-    """cloudpickle the job; on failure name the part that cannot be shipped and what to do."""
-    import cloudpickle
+    """cloudpickle the job; on failure name the part that cannot be shipped (its path inside
+    the argument: ``args[0]["log"]``) and what to do. An open file or socket is refused
+    (``pickling``): cloudpickle would send a read-mode text file as a copy of its contents."""
     try:
         return shared_tensors.dumps(job, tensors_fd)
     except Exception as exc:
-        culprit = _unpicklable_part(job, cloudpickle)
+        culprit, reason = _unpicklable_part(job, exc)
         raise LaunchArgumentError(
             f"start_method='spawn' sends the function and its arguments to each rank with "
-            f"cloudpickle, but {culprit} cannot be pickled ({type(exc).__name__}: {exc}). "
-            f"Create such objects (locks, open files, generators, DataLoaders, CUDA tensors, "
+            f"cloudpickle, but {culprit} cannot be pickled ({reason}). "
+            f"Create such objects (locks, open files, sockets, generators, DataLoaders, CUDA tensors, "
             f"database connections) inside the launched function instead of passing them in, "
             f"or use start_method='fork' where it is safe.") from exc
 
 
-def _unpicklable_part(job: Any, cloudpickle: Any) -> str:
+def _unpicklable_part(job: Any, exc: Exception) -> tuple[str, str]:
+    """(the path of the innermost part that does not pickle, with its type; why)."""
     parts = [("the function", job.function)]
     parts += [(f"args[{i}]", a) for i, a in enumerate(job.args)]
     parts += [(f"kwargs[{k!r}]", v) for k, v in (job.kwargs or {}).items()]
     for name, value in parts:
-        try:
-            cloudpickle.dumps(value)
-        except Exception:
-            return f"{name} ({type(value).__module__}.{type(value).__qualname__})"
-    return "the job"
+        found = pickling.locate(value, name)
+        if found is not None:
+            path, part, error = found
+            return f"{path} ({type(part).__module__}.{type(part).__qualname__})", f"{type(error).__name__}: {error}"
+    return "the job", f"{type(exc).__name__}: {exc}"
 
 
 def capture_context() -> dict[str, Any]:
