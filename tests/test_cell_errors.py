@@ -71,8 +71,9 @@ def test_a_launch_cell_is_named_too(executed):
 
 
 EARLY = '''def early(n):
-    doubled = n * 2
-    raise RuntimeError(f"early {doubled}")
+    import os
+    if os.environ["RANK"] == "0":
+        raise RuntimeError(f"early {n * 2}")
 
 
 '''   # blank lines at the end: IPython 7's history keeps the cell stripped of them
@@ -110,7 +111,7 @@ def executed_more():
 
 
 @pytest.mark.parametrize("index, label, line, rank", [
-    (2, "Cell In[1], line 3, in early", 'raise RuntimeError(f"early {doubled}")', 0),
+    (2, "Cell In[1], line 4, in early", 'raise RuntimeError(f"early {n * 2}")', 0),
     (5, "Cell In[5], line 4, in later", 'raise IndexError(f"later {n}")', 0),
     (7, "Cell In[7], line 4, in later", 'raise IndexError(f"later {n}")', 0),
     (10, "Cell In[11], line 3", "raise KeyError('from a ranks cell')", 1),
