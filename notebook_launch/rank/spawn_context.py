@@ -92,10 +92,11 @@ def cell_sources(limit: int = MAX_CELL_SOURCE_BYTES) -> dict[str, list[str]]:
     """Source lines of code that exists only in memory (notebook cells: IPython keeps them
     in linecache without a file), so a rank's traceback shows the failing line."""
     import linecache
+    cells = getattr(linecache, "_ipython_cache", {})   # IPython 7 stamps its cells with a time, not None
     sources: dict[str, list[str]] = {}
     total = 0
     for filename, entry in list(linecache.cache.items()):
-        if len(entry) != 4 or entry[1] is not None:  # only entries without a file to reread
+        if len(entry) != 4 or (entry[1] is not None and filename not in cells):  # no file to reread
             continue
         size = sum(len(line) for line in entry[2])
         if total + size > limit:
