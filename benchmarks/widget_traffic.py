@@ -28,7 +28,7 @@ def main():
     print(f"| redraws | {result['redraws']} ({result['redraws'] / result['elapsed']:.1f}/s) |")
     print(f"| comm messages while running | {result['running']} ({result['per_second']:.1f}/s) |")
     print(f"| most comm messages in any 1 s window | {result['window_max']} (budget {result['budget']}) |")
-    print(f"| messages of the final exact state (close) | {result['final']} |")
+    print(f"| messages at the end (the picture replaces the panel; one comm_close per widget) | {result['final']} |")
 
 
 def measure(seconds: float = 5.0, world: int = 8) -> dict:
