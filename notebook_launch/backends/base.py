@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable, Sequence
 
 from .. import shared_tensors
+from ..supervise import leftovers
 
 if TYPE_CHECKING:
     from ..plan import LaunchPlan, RankSpec
@@ -204,6 +205,8 @@ def start_each(plan: "LaunchPlan", pipes_by_rank: Sequence[RankPipes],
         for spec in plan.ranks:
             pipes = pipes_by_rank[spec.local_rank]
             processes.append(start_one(spec, pipes))
+            # If the notebook dies before the run is swept, its keeper ends what the rank started.
+            leftovers.guard(spec.env.get(leftovers.RUN_MARK, ""), processes[-1].pid)
             # The parent keeps the event pipe's write end until the rank exits: a function that
             # closes every fd (os.closerange) then gets no EOF here, and the rank can reopen the
             # pipe through /proc (protocol.EventWriter) to still send its result or error.

@@ -8,12 +8,24 @@ have been reused by then. A process that left the group (``setsid``, ``start_new
 a daemon) is found at the end of the run, or of each elastic attempt, by ``sweep``: it still
 carries the rank's NOTEBOOK_LAUNCH_RUN_ID in its environment, unless it cleared it. Linux only
 (/proc and pidfds); elsewhere only the group is killed.
+
+Both need the notebook alive. For when it is not (a hard kernel restart SIGKILLs it while
+ranks run; the ranks die with it, PR_SET_PDEATHSIG, but their children would not), ``guard``
+registers every rank's group and run with the notebook's keeper (``orphan_keeper``), which
+kills the same processes as soon as the notebook is gone; ``sweep`` tells it the run ended.
+What escapes: a process that both left the rank's group and cleared its environment (the
+equivalent of a ``systemd-run`` or ``nohup env -i``), as it would escape the sweep.
 """
 from __future__ import annotations
 
 import logging
 import os
+import secrets
 import signal
+import socket
+import subprocess
+import sys
+import threading
 
 log = logging.getLogger("notebook_launch")
 RUN_MARK = "NOTEBOOK_LAUNCH_RUN_ID"
@@ -33,7 +45,8 @@ def end_rank_group(pid: int) -> None:
 def sweep(run_id: str) -> list[int]:
     """SIGKILL every process of this user whose environment carries this run's id (a rank's
     descendant that left the rank's process group). Call it once no rank of the run is alive.
-    Returns the pids signalled."""
+    Returns the pids signalled. The notebook's keeper forgets the run."""
+    _tell_keeper(f"- {run_id}", start=False)
     if not hasattr(os, "pidfd_open") or not os.path.isdir("/proc"):
         return []
     mark = f"{RUN_MARK}={run_id}".encode()
@@ -68,3 +81,73 @@ def _carries(pid: int, mark: bytes) -> bool:
             return mark in f.read().split(b"\0")
     except OSError:
         return False   # another user's process, or gone
+
+
+# --- the keeper: the same cleanup when the notebook itself dies ----------------------------
+
+_KEEPER_PROGRAM = os.path.join(os.path.dirname(os.path.abspath(__file__)), "orphan_keeper.py")
+_keeper_lock = threading.Lock()
+_keeper: tuple[int, str] | None = None   # (the pid it watches, its socket's abstract name)
+
+
+def guard(run_id: str, group: int) -> None:
+    """Have the notebook's keeper kill rank group ``group`` and whatever carries ``run_id`` if
+    this process (the notebook) dies before the run is swept. Starts the keeper on first use
+    (a fresh interpreter, tens of milliseconds once per notebook); never raises."""
+    if run_id:
+        _tell_keeper(f"+ {run_id} {group}", start=True)
+
+
+def _tell_keeper(message: str, *, start: bool) -> None:
+    if not hasattr(os, "pidfd_open") or not os.path.isdir("/proc"):
+        return
+    for attempt in range(2):
+        with _keeper_lock:
+            address = _keeper[1] if _keeper is not None and _keeper[0] == os.getpid() else None
+            if address is None:
+                if not start:
+                    return
+                address = _start_keeper()
+                if address is None:
+                    return
+        try:
+            with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
+                sock.sendto(message.encode(), "\0" + address)
+            return
+        except OSError:   # the keeper is gone (killed): start another, once
+            log.debug("the orphan keeper did not take %r (attempt %d)", message, attempt + 1, exc_info=True)
+            with _keeper_lock:
+                _forget_keeper(address)
+
+
+def _forget_keeper(address: str) -> None:
+    global _keeper
+    if _keeper is not None and _keeper[1] == address:
+        _keeper = None
+
+
+def _start_keeper() -> str | None:
+    """Start the keeper (``orphan_keeper``) for this process; its socket's name, or None."""
+    global _keeper
+    address = f"notebook_launch-keeper-{os.getpid()}-{secrets.token_hex(8)}"
+    try:
+        pidfd = os.pidfd_open(os.getpid())
+    except OSError:
+        log.debug("no pidfd for this process: no orphan keeper", exc_info=True)
+        return None
+    try:
+        first = subprocess.Popen(
+            [sys.executable, "-I", "-S", _KEEPER_PROGRAM, address, str(os.getpid()), str(pidfd)],
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            pass_fds=(pidfd,), close_fds=True, start_new_session=True, env={})
+        code = first.wait()   # it exits once the keeper, its child, listens
+    except OSError:
+        log.debug("could not start the orphan keeper", exc_info=True)
+        return None
+    finally:
+        os.close(pidfd)
+    if code != 0:
+        log.debug("the orphan keeper failed to start (exit code %s)", code)
+        return None
+    _keeper = (os.getpid(), address)
+    return address

@@ -1,0 +1,123 @@
+"""Nothing a rank started outlives the notebook (issue 23 item 10).
+
+A real Jupyter kernel is SIGKILLed (what a hard kernel restart does) while its ranks run, or
+while persistent ranks wait between calls. The ranks die with it (PR_SET_PDEATHSIG); what they
+started used to live on with ppid 1. Each rank here starts what users' code starts: a
+``subprocess.Popen`` child (in the rank's process group), a DataLoader worker
+(multiprocessing, same group), and a grandchild that ``setsid()``s away from the group (found
+by the run's NOTEBOOK_LAUNCH_RUN_ID in its environment). The notebook's keeper
+(``supervise.orphan_keeper``) must end all of them.
+
+The one bound here is generous (60 s) against "a few seconds" by design: it only keeps a
+broken build from hanging the suite; nothing is timed.
+"""
+from __future__ import annotations
+
+import os
+import select
+import signal
+import textwrap
+
+import psutil
+import pytest
+
+from nbutil import KERNEL_NAME, kernel_spec_dir
+
+GONE_WITHIN = 60
+
+START_CHILDREN = textwrap.dedent('''
+    def start_children(fifo):
+        """Start a Popen child, a DataLoader worker and a setsid grandchild; report their pids
+        through ``fifo``; keep them (and the DataLoader's iterator) alive."""
+        import os, subprocess, sys, torch
+        from torch.utils.data import DataLoader
+        global _keep
+        popen = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+        escaped = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"],
+                                   start_new_session=True)
+        loader = iter(DataLoader(list(range(100)), num_workers=1, batch_size=1, persistent_workers=True))
+        next(loader)
+        workers = [w.pid for w in loader._workers]
+        _keep = (popen, escaped, loader)
+        with open(fifo, "w") as f:
+            f.write(" ".join(map(str, [os.getpid(), popen.pid, escaped.pid] + workers)) + "\\n")
+        return os.getpid()
+''')
+
+
+def read_pids(fifo: str, expected_lines: int) -> list[int]:
+    """The pids the ranks wrote to ``fifo`` (each rank one line)."""
+    fd = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
+    data = b""
+    try:
+        while data.count(b"\n") < expected_lines:
+            ready, _, _ = select.select([fd], [], [], 240)
+            assert ready, "the ranks never reported their children"
+            data += os.read(fd, 4096)
+    finally:
+        os.close(fd)
+    return [int(p) for p in data.split()]
+
+
+@pytest.fixture
+def kernel(tmp_path):
+    from jupyter_client.kernelspec import KernelSpecManager
+    from jupyter_client.manager import KernelManager
+    km = KernelManager(kernel_name=KERNEL_NAME, kernel_spec_manager=KernelSpecManager(kernel_dirs=[kernel_spec_dir()]))
+    km.start_kernel(cwd=str(tmp_path))
+    client = km.client()
+    client.start_channels()
+    client.wait_for_ready(timeout=120)
+    try:
+        yield km, client
+    finally:
+        client.stop_channels()
+        if km.has_kernel:
+            km.shutdown_kernel(now=True)
+        else:
+            km.cleanup_resources()
+
+
+def kill_kernel_and_check(km, pids: list[int]) -> None:
+    processes = []
+    for pid in pids:
+        try:
+            processes.append(psutil.Process(pid))
+        except psutil.NoSuchProcess:
+            pass
+    assert len(processes) == len(pids), "a child ended before the kernel was killed"
+    os.kill(km.provisioner.process.pid, signal.SIGKILL)   # a hard restart: no cleanup code runs
+    _, alive = psutil.wait_procs(processes, timeout=GONE_WITHIN)
+    alive = [p for p in alive if p.status() != psutil.STATUS_ZOMBIE]
+    assert alive == [], f"left running after the notebook died: {[(p.pid, p.cmdline()) for p in alive]}"
+
+
+def test_a_killed_kernel_leaves_nothing_a_launch_started(kernel, tmp_path):
+    km, client = kernel
+    fifo = str(tmp_path / "pids")
+    os.mkfifo(fifo)
+    client.execute(START_CHILDREN + textwrap.dedent(f'''
+        import time
+        from notebook_launch import notebook_launcher
+        def train():
+            start_children({fifo!r})
+            time.sleep(600)
+        notebook_launcher(train, num_processes=2, ui="none")
+    '''))
+    pids = read_pids(fifo, 2)
+    assert len(pids) == 8
+    kill_kernel_and_check(km, pids)
+
+
+def test_a_killed_kernel_leaves_nothing_persistent_ranks_started(kernel, tmp_path):
+    km, client = kernel
+    fifo = str(tmp_path / "pids")
+    os.mkfifo(fifo)
+    client.execute(START_CHILDREN + textwrap.dedent(f'''
+        from notebook_launch import start_ranks
+        ranks = start_ranks(2, ui="none")
+        ranks.run(start_children, args=({fifo!r},))   # they stay, between calls
+    '''))
+    pids = read_pids(fifo, 2)
+    assert len(pids) == 8
+    kill_kernel_and_check(km, pids)
