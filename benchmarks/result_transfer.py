@@ -414,12 +414,15 @@ def _persistent_rows(mib, ranks, samples, errors):
     floor_one = floor / ranks if floor is not None else None   # push moves one state_dict
     rows = []
 
-    def row(measurement, replies, key, base, payload_floor, error):
+    def row(measurement, replies, key, base_cell, payload_floor, error):
         time_row = Row(item="8", measurement=measurement, ranks=str(ranks), unit="s", group=5)
         time_row.cells["ours"] = _cell(replies, key, text=error)
         for name in ("accelerate", "start_processes", "elastic"):
             time_row.cells[name] = Cell(text="—")
-        median = time_row.median("ours")
+        floor_cell = Cell(samples=[payload_floor]) if payload_floor is not None else Cell(text="—")
+        floor_cell.label = "memcpy of the same bytes in the notebook (median)"
+        time_row.cells["other"] = [base_cell, floor_cell]
+        median, base = time_row.median("ours"), base_cell.median()
         transfer = None
         if median is not None and base is not None:
             transfer = median - base
@@ -434,19 +437,26 @@ def _persistent_rows(mib, ranks, samples, errors):
     def median_of(replies, key):
         return statistics.median(r[key] for r in replies) if replies else None
 
-    base = _cell(samples["persistent_baseline"], "seconds", text=errors.get("persistent_baseline", "")).median()
-    rows.append(row(f"persistent ranks: `ranks.run` returns a state_dict of {what}, call to return",
+    def labelled(cell, label):
+        cell.label = label
+        return cell
+
+    base = labelled(_cell(samples["persistent_baseline"], "seconds", text=errors.get("persistent_baseline", "")),
+                    "the same call returning None")
+    rows.append(row(f"persistent ranks: `ranks.run` returns a state_dict of {what}, from the call to the results",
                     samples["persistent"], "seconds", base, floor, errors.get("persistent", "")))
     pushes = samples["push_pull"]
     error = errors.get("push_pull", "")
     rows.append(row(f"persistent ranks: `ranks.push` of one state_dict of {_label(mib)} to {ranks} rank(s)",
-                    pushes, "push_seconds", median_of(pushes, "push_baseline"), floor_one, error))
+                    pushes, "push_seconds", labelled(_cell(pushes, "push_baseline", text=error), "push of an int"),
+                    floor_one, error))
     rows.append(row(f"persistent ranks: `ranks.pull` of {what} (each rank's copy)",
-                    pushes, "pull_seconds", median_of(pushes, "pull_baseline"), floor, error))
+                    pushes, "pull_seconds", labelled(_cell(pushes, "pull_baseline", text=error), "pull of an int"),
+                    floor, error))
     payload = mib * 2**20 * ranks
-    memory = Row(item="8", measurement=f"persistent ranks: peak extra memory in the notebook, {what}: "
-                                       "run result; push (incl. its memfd); pull", ranks=str(ranks), unit="MB",
-                 group=5)
+    memory = Row(item="8", measurement=f"persistent ranks: the notebook's highest memory above the start, "
+                                       f"{what}: run result; push (its memfd included); pull",
+                 ranks=str(ranks), unit="MB", group=5)
     run_nb = median_of(samples["persistent"], "notebook_extra")
     run_rank = (statistics.median(max(r["rank_extra"] or [0]) for r in samples["persistent"])
                 if samples["persistent"] else None)

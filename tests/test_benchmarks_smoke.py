@@ -92,6 +92,24 @@ def test_result_transfer_rows_compare_ours_with_the_queue_and_the_memcpy_floor(q
     assert two_ranks[9] == "≤ 1.1 x payload, each side" and two_ranks[10] in ("yes", "**NO (missed)**")
 
 
+@pytest.mark.timeout(1200)
+def test_result_transfer_has_persistent_rows_both_ways(quick_results):
+    """Item 8, persistent ranks (issue 23): a call's result, a push and a pull, each against
+    a memcpy, and the notebook's memory for all three."""
+    rows = [cells for cells in table_rows(quick_results) if cells[0] == "8" and "persistent ranks:" in cells[1]]
+    for what in ("`ranks.run` returns", "`ranks.push` of", "`ranks.pull` of"):
+        timed = [cells for cells in rows if what in cells[1]]
+        assert {cells[2] for cells in timed} == {"1", "2"}, quick_results
+        for cells in timed:
+            assert "n=1" in cells[3] and "memcpy of the same bytes" in cells[7] and "transfer/memcpy" in cells[8]
+        two_ranks = next(cells for cells in timed if cells[2] == "2")
+        assert two_ranks[9] == "transfer/memcpy ≤ 2x" and two_ranks[10] in ("yes", "**NO (missed)**")
+    memory = [cells for cells in rows if "highest memory" in cells[1]]
+    assert len(memory) == 3 and all("run " in c[3] and "push " in c[3] and "pull " in c[3] for c in memory)
+    two_ranks = next(cells for cells in memory if cells[2] == "2")
+    assert two_ranks[9] == "≤ 1.1 x payload, each side" and two_ranks[10] in ("yes", "**NO (missed)**")
+
+
 def test_bad_arguments_name_the_argument_and_the_valid_values():
     done = run_command("--only", "1,99", timeout=120)   # 99 names no item
     assert done.returncode == 2 and "--only" in done.stderr and "1,2,3,4,5,6,7,8,9,10" in done.stderr

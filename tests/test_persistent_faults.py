@@ -72,13 +72,13 @@ class SlowToSend:
         self.go = go
 
     def __reduce__(self):
+        touch(os.path.join(os.path.dirname(self.go), f"returning{os.environ['RANK']}"))
         while not os.path.exists(self.go):
             time.sleep(0.01)
         return bytes, (b"x" * (8 << 20),)
 
 
 def return_slowly(marker_dir):
-    touch(os.path.join(marker_dir, f"returning{os.environ['RANK']}"))
     return SlowToSend(os.path.join(marker_dir, "go"))
 
 
@@ -187,8 +187,14 @@ def test_an_interrupt_while_a_call_is_sent_leaves_the_channel_whole(ranks, monke
 
 # --- 2. an interrupt while the ranks send their outcome -------------------------------------
 
-@pytest.mark.parametrize("function", [return_slowly, raise_slowly])
-def test_an_interrupt_while_ranks_send_their_outcome_keeps_them(log_dir, tmp_path, function):
+def pull_slowly(ranks, marker_dir):
+    ranks.run_cell("slow = SlowToSend(go)", "<cell>", {"SlowToSend": SlowToSend,
+                                                     "go": os.path.join(marker_dir, "go")})
+    return ranks.pull("slow")
+
+
+@pytest.mark.parametrize("how", ["return", "raise", "pull"])
+def test_an_interrupt_while_ranks_send_their_outcome_keeps_them(log_dir, tmp_path, how):
     """The grace is for code that does not come back; a rank sending its result (or its
     exception) is past its code, so it is waited for, however long the transfer takes."""
     with start_ranks(2, ui="none", log_dir=log_dir, interrupt_grace=0.05, use_port=free_port()) as ranks:
@@ -208,7 +214,10 @@ def test_an_interrupt_while_ranks_send_their_outcome_keeps_them(log_dir, tmp_pat
         thread = threading.Thread(target=interrupt, daemon=True)
         thread.start()
         with pytest.raises(KeyboardInterrupt):
-            ranks.run(function, args=(marker_dir,))
+            if how == "pull":
+                pull_slowly(ranks, marker_dir)
+            else:
+                ranks.run(return_slowly if how == "return" else raise_slowly, args=(marker_dir,))
         thread.join()
         assert ranks.pids == pids and ranks.alive and ranks.restarts == 0
         assert ranks.run(read, args=("kept",)) == states
