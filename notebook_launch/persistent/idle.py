@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import logging
 import os
-import select
 import selectors
 import sys
 import threading
@@ -98,23 +97,22 @@ class IdleReader:
                 self._selector.register(process.sentinel, selectors.EVENT_READ, (index, "exit"))
         self._selector.register(self._wake_r, selectors.EVENT_READ, (-1, "wake"))
         self._closing = False
-        self._reading = threading.Event()   # set: the thread reads; cleared by pause
-        self._paused = threading.Event()    # set by the thread once it stopped reading
-        self._reading.set()
+        self._paused = False                  # set by pause, under no lock: the thread reads it under _batch
+        self._batch = threading.Lock()        # held by the thread while it handles what one select returned
+        self._resumed = threading.Event()     # the thread waits on it while paused
+        self._resumed.set()
         self._thread = threading.Thread(target=self._loop, name="notebook_launch-ranks-between-calls",
                                         daemon=True)
         self._thread.start()
 
     def pause(self) -> dict[int, protocol.EventReader]:
-        """Stop reading until ``resume`` (what the pipes hold now is read first) and return the
-        event readers, which may hold the start of a frame."""
-        if not self._reading.is_set():   # paused already (perhaps by a pause an interrupt cut short)
-            self._paused.wait()
-            return self.events
-        self._paused.clear()
-        self._reading.clear()
-        os.write(self._wake_w, b"x")
-        self._paused.wait()
+        """Stop reading until ``resume`` and return the event readers, which may hold the start
+        of a frame. Cheap: the thread is not woken; a batch it is handling is finished first,
+        and from then on it reads nothing (it checks under the same lock)."""
+        self._resumed.clear()
+        self._paused = True
+        with self._batch:
+            pass
         for (local, what), splitter in self.splitters.items():   # a line cut by the call's start
             for text in splitter.flush():
                 self._line(local, what, text)
@@ -129,14 +127,24 @@ class IdleReader:
             local, what = key.data
             if what in ("events", *STREAMS) and key.fd in self.pipes[local].closed:
                 self._selector.unregister(key.fd)
-        self._reading.set()
+        self._paused = False
+        self._resumed.set()
 
     def stop(self) -> dict[int, protocol.EventReader]:
-        """End the thread (reading what the pipes hold first) and free its fds."""
+        """End the thread, read what the pipes hold (the ranks' last lines), free its fds."""
         events = self.pause()
         self._closing = True
-        self._reading.set()
+        os.write(self._wake_w, b"x")
+        self._resumed.set()
         self._thread.join()
+        try:
+            self._drain()
+        except Exception:
+            log.debug("the ranks' last output was not read", exc_info=True)
+        for (local, what), splitter in self.splitters.items():
+            for text in splitter.flush():
+                self._line(local, what, text)
+        self.logs.flush()
         self._selector.close()
         os.close(self._wake_r)
         os.close(self._wake_w)
@@ -144,36 +152,33 @@ class IdleReader:
 
     # --- the thread -----------------------------------------------------------------------
     def _loop(self) -> None:
-        while True:
-            self._reading.wait()
-            if self._closing:
-                return
-            try:
-                self._read_until_paused()
-            except Exception:   # a logging problem: say so, and stay out of the way until paused
-                log.debug("the between-calls reader of the ranks failed", exc_info=True)
-                while self._reading.is_set():
-                    select.select([self._wake_r], [], [])
-                    os.read(self._wake_r, 64)
-            self._paused.set()
+        while not self._closing:
+            ready = self._selector.select()
+            with self._batch:
+                if self._closing:
+                    return
+                paused = self._paused
+                if not paused:
+                    try:
+                        self._handle(ready)
+                    except Exception:   # a logging problem: say so, and keep the pipes flowing
+                        log.debug("the between-calls reader of the ranks failed on a batch", exc_info=True)
+            if paused:   # a call reads the pipes now: wait for it to end (woken once per call at most)
+                self._resumed.wait()
 
-    def _read_until_paused(self) -> None:
-        while True:
-            pausing = False
-            for key, _ in self._selector.select():
-                local, what = key.data
-                if what == "wake":
-                    os.read(self._wake_r, 64)
-                    pausing = not self._reading.is_set()
-                elif what == "exit":
-                    self._selector.unregister(key.fd)
-                    self.on_exit(self.processes[local])
-                else:
-                    self._read(key.fd, local, what)
-            self.logs.flush()
-            if pausing:
-                self._drain()
-                return
+    def _handle(self, ready: list[tuple[selectors.SelectorKey, int]]) -> None:
+        for key, _ in ready:
+            if self._selector.get_map().get(key.fd) is not key:
+                continue   # unregistered meanwhile (an end of file earlier in this batch)
+            local, what = key.data
+            if what == "wake":
+                os.read(self._wake_r, 64)
+            elif what == "exit":
+                self._selector.unregister(key.fd)
+                self.on_exit(self.processes[local])
+            else:
+                self._read(key.fd, local, what)
+        self.logs.flush()
 
     def _drain(self) -> None:
         """Read what is already in the pipes, without waiting for more."""
