@@ -31,6 +31,7 @@ without a storage, as a rebuild onto their device (XLA), are pickled as CPU copi
 from __future__ import annotations
 
 import ctypes
+import errno
 import fcntl
 import io
 import logging
@@ -45,6 +46,10 @@ from . import pickling
 logger = logging.getLogger("notebook_launch")
 
 INLINE_LIMIT = 64 * 1024   # smaller storages travel inside the pickle stream
+# Storages one load maps one by one (each freed with its tensor); the rest share one mapping.
+# Each mapping counts against vm.max_map_count (65530 by default), so a result of many
+# thousand tensors must not take one each.
+MAPPINGS_PER_LOAD = 256
 _PAGE = mmap.ALLOCATIONGRANULARITY
 _MEMFD_NAME = "notebook_launch-tensors"
 
@@ -121,11 +126,19 @@ def pickler_class(base: type) -> type:
             index = self._indexes[key] = len(self._indexes)
             if untyped.device.type != "cpu":
                 untyped = untyped.cpu()
+            place: Any = None
             if nbytes >= INLINE_LIMIT and self._fd is not None:
-                place: Any = (self._size, nbytes)
-                _write_at(self._fd, _bytes_view(untyped, nbytes), self._size)
-                self._size = _align(self._size + nbytes)
-            else:
+                try:
+                    _write_at(self._fd, _bytes_view(untyped, nbytes), self._size)
+                    place = (self._size, nbytes)
+                    self._size = _align(self._size + nbytes)
+                except OSError as exc:
+                    if exc.errno != errno.EFBIG:
+                        raise   # out of memory: the caller says so
+                    # RLIMIT_FSIZE (ulimit -f) caps the memfd too: the rest travel in the stream
+                    logger.debug("the tensor file reached the file size limit; tensors go inline")
+                    self._fd = None
+            if place is None:
                 place = bytes(_bytes_view(untyped, nbytes)) if nbytes else b""
             return _rebuild_storage, (index, dtype, place)
 
@@ -187,6 +200,8 @@ class _Unpickler(pickle.Unpickler):
         super().__init__(file)
         self._fd = fd
         self._storages: dict = {}
+        self._mapped = 0                       # storages mapped one by one so far
+        self._rest: tuple[int, Any] | None = None   # (offset, mapping) of the file's remainder
 
     def find_class(self, module: str, name: str) -> Any:
         if module == __name__ and name == "_rebuild_storage":
@@ -198,9 +213,10 @@ class _Unpickler(pickle.Unpickler):
         untyped = self._storages.get(index)
         if untyped is None:
             untyped = self._storages[index] = self._load(torch, place)
-        if dtype is None:
-            return untyped
-        return torch.storage.TypedStorage(wrap_storage=untyped, dtype=dtype, _internal=True)
+        # A bare UntypedStorage in the stream is what torch pickles for the dtypes TypedStorage
+        # lacks (float8_*, uint16/32/64: ``_rebuild_tensor_v3``), and that rebuild reads the
+        # storage's ``_untyped_storage``: a byte-typed wrapper gives it, as torch.load does.
+        return torch.storage.TypedStorage(wrap_storage=untyped, dtype=dtype or torch.uint8, _internal=True)
 
     def _load(self, torch: Any, place: Any) -> Any:
         if isinstance(place, bytes):
@@ -208,7 +224,52 @@ class _Unpickler(pickle.Unpickler):
         if self._fd is None:
             raise pickle.UnpicklingError("this pickle holds tensors in a shared memory file that was not passed")
         offset, nbytes = place
-        return torch.frombuffer(_map_private(self._fd, offset, nbytes), dtype=torch.uint8).untyped_storage()
+        if self._rest is None and self._mapped < MAPPINGS_PER_LOAD:
+            try:
+                mapping = _map_private(self._fd, offset, nbytes)
+                self._mapped += 1
+                return torch.frombuffer(mapping, dtype=torch.uint8).untyped_storage()
+            except OSError as exc:   # out of mappings (vm.max_map_count) or address space
+                logger.debug("mapping a tensor failed (%s); mapping the rest of the file at once", exc)
+        return self._from_rest(torch, offset, nbytes)
+
+    def _from_rest(self, torch: Any, offset: int, nbytes: int) -> Any:
+        """The storage as a slice of one mapping of the rest of the file (storages come in file
+        order): past MAPPINGS_PER_LOAD tensors, or when no single mapping is left, one region
+        serves them all; it is unmapped when the last of them is freed. Failing that, a copy."""
+        assert self._fd is not None
+        if self._rest is None or offset < self._rest[0]:
+            end = os.fstat(self._fd).st_size
+            try:
+                self._rest = (offset, _map_private(self._fd, offset, end - offset))
+            except OSError as exc:
+                return _read_storage(torch, self._fd, offset, nbytes, exc)
+        start, mapping = self._rest
+        view = memoryview(mapping).cast("B")[offset - start:offset - start + nbytes]
+        return torch.frombuffer(view, dtype=torch.uint8).untyped_storage()
+
+
+def _read_storage(torch: Any, fd: int, offset: int, nbytes: int, cause: OSError) -> Any:
+    """The storage's bytes copied from ``fd`` into ordinary memory: the fallback when a process
+    cannot map one more region (each mapped tensor is one of the ``vm.max_map_count`` mappings a
+    process may hold, 65530 by default). Raises an OSError naming both limits if memory is short too."""
+    try:
+        storage = torch.UntypedStorage(nbytes)
+        view = _bytes_view(storage, nbytes)
+        done = 0
+        while done < nbytes:
+            read = os.preadv(fd, [view[done:]], offset + done)
+            if read <= 0:
+                raise OSError(f"the tensor file ended {nbytes - done} bytes early")
+            done += read
+        return storage
+    except (OSError, RuntimeError) as exc:
+        raise OSError(cause.errno, (
+            f"a returned tensor of {nbytes} bytes could neither be mapped ({cause.strerror or cause}) nor "
+            f"copied into memory ({exc}). Mapping fails when the process holds vm.max_map_count mappings "
+            f"(see /proc/sys/vm/max_map_count; raise it with `sysctl -w vm.max_map_count=262144`) or is "
+            f"out of address space (ulimit -v); copying fails when memory is short. Return fewer, larger "
+            f"tensors (torch.cat them, or a flattened state_dict), or free memory.")) from exc
 
 
 def _libc() -> Any:
@@ -248,7 +309,20 @@ def loads(data: bytes, fd: int | None) -> Any:
     """Unpickle what ``dumps`` wrote; tensors map ``fd``'s pages (the fd may be closed afterwards)."""
     unpickler = _Unpickler(io.BytesIO(data), fd)
     try:
-        return unpickler.load()
+        value = unpickler.load()
+        _validate_sparse_tensors()
+        return value
     finally:   # its memo holds a bound method of itself: without this, the storages it
         unpickler.memo.clear()   # kept would wait for the garbage collector to be unmapped
         unpickler._storages.clear()
+        unpickler._rest = None
+
+
+def _validate_sparse_tensors() -> None:
+    """What torch.load does after unpickling: torch's sparse rebuild queues every sparse tensor
+    in a module-level list for this check, and only the check empties it (without it, each
+    returned sparse tensor, and the mapping under it, would live as long as the process)."""
+    utils = sys.modules.get("torch._utils")
+    validate = getattr(utils, "_validate_loaded_sparse_tensors", None)
+    if validate is not None and getattr(utils, "_sparse_tensors_to_validate", None):
+        validate()

@@ -260,9 +260,10 @@ def to_cpu(value: Any, memo: dict[int, Any] | None = None) -> Any:
 
 
 def _tensor_to_cpu(torch: Any, tensor: Any) -> Any:
-    if isinstance(tensor, torch.nn.Parameter):
-        return tensor if tensor.device.type == "cpu" else shared_tensors.cpu_copy(torch, tensor)
-    return tensor.detach().cpu()
+    """A CPU leaf with the tensor's class and ``requires_grad`` (as a tensor inside a module)."""
+    if isinstance(tensor, torch.nn.Parameter) and tensor.device.type == "cpu":
+        return tensor
+    return shared_tensors.cpu_copy(torch, tensor)
 
 
 def _rebuild_mapping(value: Any, memo: dict[int, Any]) -> Any:

@@ -115,10 +115,22 @@ def load_result(watch: "RankWatch", global_rank: int) -> tuple[Any, Failure | No
         return None, None
     try:   # tensors come back over the pages of the rank's result file, not copied
         return shared_tensors.loads(watch.result, watch.pipes.tensors), None
+    except OSError as exc:   # a system limit (shared_tensors names it and how to raise it)
+        return None, Failure(watch.local_rank, FailureKind.RESULT.value,
+                             f"the result of rank {global_rank} could not be loaded in the notebook: {exc}")
     except Exception as exc:
         return None, Failure(watch.local_rank, FailureKind.RESULT.value,
                              f"the result of rank {global_rank} could not be unpickled in the notebook "
-                             f"({type(exc).__name__}: {exc}); return plain data or tensors")
+                             f"({type(exc).__name__}: {exc}); {unpickling_advice(exc)}")
+
+
+def unpickling_advice(exc: Exception) -> str:
+    """What to do about a result the notebook cannot unpickle, from why it cannot."""
+    if isinstance(exc, (ImportError, AttributeError)):
+        return ("the result holds an instance of a class or function the notebook cannot find (defined "
+                "only inside the rank, or in a module the notebook does not have): define it in a notebook "
+                "cell or an importable module, or return plain data (dicts, lists, tensors, a state_dict())")
+    return "return plain data (numbers, strings, lists, dicts, tensors, a state_dict()) instead"
 
 
 def crash_report_lines(lines: Sequence[str]) -> list[str]:
