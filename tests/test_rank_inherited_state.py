@@ -11,6 +11,9 @@ fork, spawn and persistent ranks, launched from a thread with a blocked mask.
 Our deliberate differences, allowed below and why:
 - ``FAULTHANDLER_SIGNALS`` are caught (SigCgt) in every rank: faulthandler writes a crash's
   Python stack into the rank's log (rank.bootstrap.capture_output). Python sees SIG_DFL.
+- ``DUMP_SIGNAL`` (a realtime signal, rank.whereabouts) is caught in every rank: faulthandler dumps
+  every thread's stack when the notebook asks where a hung rank is (issue 20), even while it is
+  blocked in C. Python sees SIG_DFL; SIGUSR1/SIGUSR2 stay the user's.
 - A persistent rank's SIGINT handler is its own (persistent.serve): an interrupt raises
   KeyboardInterrupt only inside the call it was meant for, and the rank stays alive.
 - Not signal state but also ours: the rank leads its own process group and dies with the
@@ -20,10 +23,12 @@ from __future__ import annotations
 
 import faulthandler
 import json
+import os
 import signal
 import socket
 import subprocess
 import sys
+import textwrap
 import threading
 
 import pytest
@@ -31,6 +36,7 @@ import pytest
 from notebook_launch import notebook_launcher, start_ranks
 from notebook_launch.backends import fork_thread
 from notebook_launch.net import free_port
+from notebook_launch.rank import whereabouts
 
 FAULTHANDLER_SIGNALS = {signal.SIGSEGV, signal.SIGFPE, signal.SIGABRT, signal.SIGBUS, signal.SIGILL}
 # Signals glibc keeps for itself (32, 33: thread cancellation, setxid across threads): caught once
@@ -183,9 +189,11 @@ def assert_fresh(rank_state: dict, fresh: dict, *, persistent: bool = False) -> 
     assert status["SigBlk"] == fresh_status["SigBlk"] == 0
     assert status["SigIgn"] == fresh_status["SigIgn"]
     faulthandler_bits = sum(1 << (s - 1) for s in FAULTHANDLER_SIGNALS)
-    ours = faulthandler_bits | GLIBC_RESERVED_BITS
+    dump_bit = 1 << (whereabouts.DUMP_SIGNAL - 1)
+    ours = faulthandler_bits | GLIBC_RESERVED_BITS | dump_bit
     assert status["SigCgt"] & ~ours == fresh_status["SigCgt"] & ~ours
     assert status["SigCgt"] & faulthandler_bits == faulthandler_bits   # our crash reports
+    assert status["SigCgt"] & dump_bit == dump_bit   # "where is this rank?" (rank.whereabouts)
     assert rank_state["wakeup_fd"] == fresh["wakeup_fd"] == -1
     assert rank_state["broken_pipe"] == fresh["broken_pipe"] == "BrokenPipeError"
     assert rank_state["streams"] == fresh["streams"] == {
@@ -224,3 +232,40 @@ def test_persistent_ranks_start_as_a_fresh_python(fresh_python, odd_notebook, tm
     assert len(results) == 2
     for state in results:
         assert_fresh(state, fresh_python, persistent=True)
+
+
+def test_ranks_launched_from_a_real_kernel_start_as_a_fresh_python(fresh_python, tmp_path):
+    """In a Jupyter kernel as it is (ipykernel's own SIGINT handling, its threads and event
+    loop), a launch from the cell and one from a thread that blocked signals, fork and spawn,
+    and persistent ranks: every rank's state is a fresh Python's."""
+    from nbutil import make_notebook, run_notebook
+    tests_dir = os.path.dirname(os.path.abspath(__file__))
+    out = tmp_path / "states.json"
+    nb = make_notebook(textwrap.dedent(f'''
+        import json, signal, sys, threading
+        sys.path.insert(0, {tests_dir!r})
+        from test_rank_inherited_state import probe
+        from notebook_launch import notebook_launcher, start_ranks
+        from notebook_launch.net import free_port
+        states = {{}}
+        for method in ("fork", "spawn"):
+            states[method] = notebook_launcher(probe, num_processes=1, start_method=method, ui="none",
+                                               use_port=str(free_port()), timeout=240)
+
+        def from_a_thread():
+            signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGTERM, signal.SIGUSR1, signal.SIGPIPE])
+            states["fork from a thread"] = notebook_launcher(probe, num_processes=1, ui="none",
+                                                             use_port=str(free_port()), timeout=240)
+        thread = threading.Thread(target=from_a_thread)
+        thread.start()
+        thread.join()
+        with start_ranks(1, use_port=free_port(), ui="none", timeout=120) as ranks:
+            states["persistent"] = ranks.run(probe)
+        json.dump(states, open({str(out)!r}, "w"))
+    '''))
+    run_notebook(nb, cwd=str(tmp_path), timeout=600)
+    states = json.loads(out.read_text())
+    assert set(states) == {"fork", "spawn", "fork from a thread", "persistent"}
+    for kind, results in states.items():
+        for state in results:
+            assert_fresh(state, fresh_python, persistent=kind == "persistent")
