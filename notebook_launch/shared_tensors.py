@@ -27,6 +27,14 @@ written once and come back shared. Storages on another device (CUDA) are
 copied to the CPU, so the notebook never initializes a GPU; tensors torch pickles
 without a storage, as a rebuild onto their device (XLA), are pickled as CPU copies
 (``rebuilds_off_cpu``), wherever they are: in modules, dataclasses, any object.
+
+What comes back is what ``torch.save`` would keep: every dtype (bool, every int and uint
+width, float16/bfloat16/32/64, complex, every float8), layout (strided, sparse COO/CSR/CSC/BSR,
+nested, quantized), class (``nn.Parameter``, tensor subclasses), shape, strides, storage offset
+and ``requires_grad``, on the CPU; autograd history is not (a tensor comes back as a leaf).
+One load maps its first ``MAPPINGS_PER_LOAD`` storages one by one and the rest of the file at
+once (each mapping counts against ``vm.max_map_count``); where no mapping is left, the bytes
+are read into memory, or the error names the limit.
 """
 from __future__ import annotations
 
