@@ -130,7 +130,7 @@ def plan_launch(options: LaunchOptions) -> tuple[LaunchTarget, LaunchPlan, str]:
     if options.elastic:
         validate_elastic_start_method(target.start_method)
     preflight.check_no_accelerate_state()
-    preflight.check_cuda_not_initialized(target.start_method)
+    preflight.check_cuda_not_initialized(target.start_method, target.device_count)
     if target.start_method == "xla":
         preflight.check_runtime_not_initialized()
 

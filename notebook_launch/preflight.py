@@ -48,12 +48,17 @@ def check_no_accelerate_state() -> None:
             "accelerate.state.AcceleratorState._reset_state(True) if it touched no GPU) and launch again.")
 
 
-def check_cuda_not_initialized(start_method: str) -> None:
+def check_cuda_not_initialized(start_method: str, gpus: int) -> None:
     """Forking a process that holds a CUDA context, or whose CUDA runtime was already asked
     for the device count (``torch.cuda.is_available()``: a poisoned fork, see cuda_tracking),
     gives every rank a CUDA it cannot use. Refuse, saying which line did it and what to do.
     A clean notebook then gets PYTORCH_NVML_BASED_CUDA_CHECK=1 (see
-    ``cuda_tracking.prefer_nvml_availability_check``) so a later ``is_available()`` keeps it clean."""
+    ``cuda_tracking.prefer_nvml_availability_check``) so a later ``is_available()`` keeps it clean.
+
+    A poisoned fork matters only to ranks that use a GPU (``gpus``: the CUDA devices the launch
+    plans ranks on): on a machine with a CUDA build of torch and no GPU (Colab's and Kaggle's
+    CPU runtimes) every notebook has asked ``is_available()``, and its CPU ranks never
+    initialize CUDA, so it launches as it is and the notebook's environment stays as it was."""
     if start_method != "fork":
         return
     if cuda_tracking.is_cuda_initialized():
@@ -67,6 +72,8 @@ def check_cuda_not_initialized(start_method: str) -> None:
             "or pass start_method='spawn' so ranks start fresh (the function and its arguments are then "
             "shipped with cloudpickle). Tip: `import notebook_launch` or `%load_ext notebook_launch` "
             "early in the notebook to record where CUDA gets initialized.")
+    if gpus == 0:
+        return
     if cuda_tracking.fork_is_poisoned():
         where = cuda_tracking.where_runtime_was_asked()
         raise GuardError(

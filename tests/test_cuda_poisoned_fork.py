@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from fake_cuda_build_standin import install_fake_cuda_build
-from notebook_launch import GuardError, LaunchError, cuda_tracking, notebook_launcher
+from notebook_launch import GuardError, LaunchError, cuda_tracking, notebook_launcher, preflight
 from notebook_launch.detect.platform import cuda_device_count
 from notebook_launch.rank import runner
 
@@ -29,7 +29,8 @@ def assert_nothing_started():
 
 @pytest.fixture
 def fake_cuda_build(monkeypatch):
-    """A FAKE CUDA build of torch whose runtime count poisons fork (no GPU exists here)."""
+    """A FAKE CUDA build of torch whose runtime count poisons fork, on a machine with no GPU
+    (as Colab's and Kaggle's CPU runtimes: a CUDA build of torch, no device)."""
     monkeypatch.delenv(NVML, raising=False)
     fake = install_fake_cuda_build(monkeypatch)
     cuda_tracking._reset_for_tests()
@@ -38,13 +39,25 @@ def fake_cuda_build(monkeypatch):
     cuda_tracking._reset_for_tests()
 
 
+@pytest.fixture
+def fake_cuda_build_with_two_fake_gpus(monkeypatch):
+    """The same FAKE CUDA build, seeing two FAKE GPUs (NVML and the runtime count 2), so a launch
+    plans CUDA ranks: only refusals are tested with it (no rank could use a fake GPU)."""
+    monkeypatch.delenv(NVML, raising=False)
+    fake = install_fake_cuda_build(monkeypatch, gpus=2, nvml_gpus=2)
+    cuda_tracking._reset_for_tests()
+    cuda_tracking.install()
+    yield fake
+    cuda_tracking._reset_for_tests()
+
+
 def check_cuda_in_a_notebook_cell():
     return "cuda" if torch.cuda.is_available() else "cpu"   # the most common line of a notebook
 
 
-def test_is_available_in_the_notebook_is_refused_and_located(fake_cuda_build):
-    assert check_cuda_in_a_notebook_cell() == "cpu"
-    assert fake_cuda_build.poisoned and not torch.cuda.is_initialized()
+def test_is_available_in_the_notebook_is_refused_and_located(fake_cuda_build_with_two_fake_gpus):
+    assert check_cuda_in_a_notebook_cell() == "cuda"
+    assert fake_cuda_build_with_two_fake_gpus.poisoned and not torch.cuda.is_initialized()
     with pytest.raises(GuardError) as info:
         notebook_launcher(noop, num_processes=2)
     message = str(info.value)
@@ -58,7 +71,7 @@ def test_is_available_in_the_notebook_is_refused_and_located(fake_cuda_build):
     assert NVML not in os.environ   # a refused launch sets nothing
 
 
-def test_start_ranks_is_refused_too(fake_cuda_build):
+def test_start_ranks_is_refused_too(fake_cuda_build_with_two_fake_gpus):
     from notebook_launch import start_ranks
     check_cuda_in_a_notebook_cell()
     with pytest.raises(GuardError, match="The CUDA runtime was already used"):
@@ -66,7 +79,7 @@ def test_start_ranks_is_refused_too(fake_cuda_build):
     assert_nothing_started()
 
 
-def test_without_a_known_location_it_still_says_what_to_do(fake_cuda_build):
+def test_without_a_known_location_it_still_says_what_to_do(fake_cuda_build_with_two_fake_gpus):
     torch._C._cuda_getDeviceCount.__wrapped__()   # the runtime asked past the witness
     with pytest.raises(GuardError) as info:
         notebook_launcher(noop, num_processes=1)
@@ -79,16 +92,33 @@ def test_spawn_launches_from_a_poisoned_notebook(fake_cuda_build):
     assert notebook_launcher(noop, num_processes=2, start_method="spawn", ui="none") == ["ran", "ran"]
 
 
-def test_our_gpu_count_leaves_fork_usable_and_the_launch_sets_the_nvml_check(fake_cuda_build):
+def test_without_a_gpu_a_poisoned_notebook_still_forks_and_its_environment_stays(fake_cuda_build):
+    """Colab's and Kaggle's CPU runtimes: a CUDA build of torch and no GPU. Every notebook there
+    asks is_available() (False); its CPU ranks never initialize CUDA, so the poisoned fork is
+    harmless and the launch goes on, setting nothing in the notebook's environment."""
+    assert check_cuda_in_a_notebook_cell() == "cpu"
+    assert fake_cuda_build.poisoned and cuda_tracking.fork_is_poisoned()
+    assert notebook_launcher(noop, num_processes=2, ui="none") == ["ran", "ran"]
+    assert NVML not in os.environ
+
+
+def test_our_gpu_count_leaves_fork_usable(fake_cuda_build):
     assert cuda_device_count() == 0   # NVML cannot answer: the runtime was asked in a throwaway child
     assert not fake_cuda_build.poisoned and not cuda_tracking.fork_is_poisoned()
     assert notebook_launcher(noop, num_processes=2, ui="none") == ["ran", "ran"]
-    assert os.environ[NVML] == "1"   # set by the launch (not by the import), after the guards passed
 
 
-def test_a_value_the_user_chose_for_the_nvml_check_is_kept(fake_cuda_build, monkeypatch):
+def test_a_clean_notebook_with_gpus_gets_the_nvml_check_once_the_guard_passed(fake_cuda_build_with_two_fake_gpus):
+    """The guard of a fork launch that plans CUDA ranks (no rank is started: the GPUs are fakes)."""
+    assert cuda_device_count() == 2 and not cuda_tracking.fork_is_poisoned()
+    assert NVML not in os.environ   # importing and counting set nothing
+    preflight.check_cuda_not_initialized("fork", 2)
+    assert os.environ[NVML] == "1"
+
+
+def test_a_value_the_user_chose_for_the_nvml_check_is_kept(fake_cuda_build_with_two_fake_gpus, monkeypatch):
     monkeypatch.setenv(NVML, "0")
-    assert notebook_launcher(noop, num_processes=1, ui="none") == ["ran"]
+    preflight.check_cuda_not_initialized("fork", 2)
     assert os.environ[NVML] == "0"
 
 
@@ -194,7 +224,7 @@ def test_the_cell_that_asked_is_named_in_a_kernel(tmp_path):
         import sys; sys.path.insert(0, {tests!r})
         import torch
         from fake_cuda_build_standin import install_in_kernel
-        install_in_kernel()   # a FAKE CUDA build: no GPU here
+        install_in_kernel(gpus=2)   # a FAKE CUDA build with two FAKE GPUs: the launch plans CUDA ranks
         %load_ext notebook_launch
         from notebook_launch import notebook_launcher, GuardError
         """), """

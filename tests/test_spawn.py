@@ -250,8 +250,8 @@ def test_cuda_guard_stops_fork_but_lets_spawn_through(monkeypatch):
     # No GPU here: a stand-in says CUDA is initialized in the parent.
     monkeypatch.setattr(cuda_tracking, "is_cuda_initialized", lambda: True, raising=True)
     with pytest.raises(GuardError, match="start_method='spawn'"):
-        preflight.check_cuda_not_initialized("fork")
-    preflight.check_cuda_not_initialized("spawn")
+        preflight.check_cuda_not_initialized("fork", 0)
+    preflight.check_cuda_not_initialized("spawn", 0)
 
 
 @pytest.mark.parametrize("platform, expected", [("linux", "fork"), ("darwin", "spawn"), ("win32", "spawn")])
