@@ -285,3 +285,27 @@ print("the cell saw the log")
     assert "[rank 1] the last line between calls" in second and "the cell saw the log" in second
     assert second.count("[rank 0] between calls ") == 2000
     assert open(log_dir / "rank0.log").read().count("between calls ") == 2000
+
+
+def test_a_ranks_cell_names_the_notebook_values_it_cannot_send(tmp_path):
+    """A %%ranks cell naming a notebook value that does not pickle says which and why before
+    running; the ranks use their own value when they have one (here: their copy of the start)."""
+    from nbutil import run_notebook
+    nb = make_notebook(
+        "%load_ext notebook_launch",
+        "import threading\nearly = threading.Lock()   # before the start: the ranks have their copy\n"
+        "from notebook_launch.net import free_port\n%ranks start -n 2 --ui text --port {free_port()}",
+        "lk = threading.Lock()   # after the start: only the notebook has it",
+        "%%ranks\nwith lk:\n    print('ran')",
+        "%%ranks\nwith early:\n    print('early ran')",
+        "%ranks stop",
+    )
+    run_notebook(nb, cwd=str(tmp_path), allow_errors=True)
+    cells = nb.cells
+    text = cell_text(cells[3])
+    assert "not sent to the ranks: lk (TypeError: cannot pickle '_thread.lock' object)" in text
+    error = outputs(cells[3], "error")[0]
+    assert "name 'lk' is not defined in this rank: the notebook's value could not be sent" in error.evalue
+    assert "[rank 0] ran" not in text and "[rank 1] ran" not in text   # the cell did not run
+    assert "not sent to the ranks: early" in cell_text(cells[4])
+    assert "[rank 0] early ran" in cell_text(cells[4]) and not outputs(cells[4], "error")

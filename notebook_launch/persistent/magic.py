@@ -104,20 +104,10 @@ def run_cell(shell: Any, ranks: Ranks, cell: str, timeout: float | None) -> None
 
 
 def shippable(values: dict[str, Any]) -> dict[str, Any]:
-    """Leave out what only the notebook has (IPython's own names, the ranks handle) and
-    values that do not pickle (the ranks may have their fork-time copy of those)."""
-    import cloudpickle
-    kept = {}
-    for name, value in values.items():
-        if name in _NOTEBOOK_ONLY or isinstance(value, Ranks):
-            continue
-        try:
-            cloudpickle.dumps(value)
-        except Exception:
-            log.debug("%%ranks: %s does not pickle; the ranks keep their own value", name, exc_info=True)
-            continue
-        kept[name] = value
-    return kept
+    """Leave out what only the notebook has (IPython's own names, the ranks handle). Values
+    that do not pickle stay: ``Ranks.run_cell`` names them before running and sends the rest."""
+    return {name: value for name, value in values.items()
+            if name not in _NOTEBOOK_ONLY and not isinstance(value, Ranks)}
 
 
 def register(ipython: Any) -> None:
