@@ -140,7 +140,12 @@ def _start_keeper() -> str | None:
             [sys.executable, "-I", "-S", _KEEPER_PROGRAM, address, str(os.getpid()), str(pidfd)],
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
             pass_fds=(pidfd,), close_fds=True, start_new_session=True, env={})
-        code = first.wait()   # it exits once the keeper, its child, listens
+        try:
+            code = first.wait()   # it exits once the keeper, its child, listens
+        except BaseException:   # an interrupt meanwhile: leave no unreaped child behind
+            first.kill()
+            first.wait()
+            raise
     except OSError:
         log.debug("could not start the orphan keeper", exc_info=True)
         return None
