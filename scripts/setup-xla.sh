@@ -9,6 +9,19 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3.11}   # torch_xla 2.9.0 has wheels for CPython 3.10-3.13
 command -v "$PY" >/dev/null 2>&1 || PY=python3
+# The venv itself lives outside the clone, where the user may write there (CI clones afresh on the same
+# machine, so every run used to download and install those 7 GB again): .venv-xla is then a link to
+# /var/cache/notebook_launch/venvs/xla-torch2.9.0-pyXY (NOTEBOOK_LAUNCH_HOSTS_CACHE moves it, as for the
+# hosted lanes). Only this checkout is installed anew each run (`pip install -e`). A .venv-xla that is
+# already a folder of its own is used as it is.
+if [ ! -e .venv-xla ]; then
+  cache=${NOTEBOOK_LAUNCH_HOSTS_CACHE:-/var/cache/notebook_launch}/venvs
+  target=$cache/xla-torch2.9.0-$("$PY" -c 'import sys; print("py%d%d" % sys.version_info[:2])')
+  if mkdir -p "$cache" 2>/dev/null && [ -w "$cache" ]; then
+    [ -x "$target/bin/python" ] || "$PY" -m venv "$target"   # created where it stays: its scripts name that path
+    ln -s "$target" .venv-xla
+  fi
+fi
 if [ ! -x .venv-xla/bin/python ]; then
   "$PY" -m venv .venv-xla
 fi

@@ -20,7 +20,7 @@ status=0
 # The hosted-notebook lanes: every kernel-facing test file, and the wheel installed on the host's pins changing
 # none of them (tests/hosts), on each host's own versions (hosts/colab.txt, hosts/kaggle.txt).
 # Colab: Python 3.13 in a Debian trixie chroot, IPython 7.34.0, ipykernel 6.17.1, ipywidgets 7.7.1, torch 2.11.0.
-# Kaggle: Python 3.11 (Kaggle's 3.12 is in no Debian), IPython 7.34.0, ipykernel 6.17.1, ipywidgets 8.1.5,
+# Kaggle: Python 3.12 (pyenv's on this kind of machine; Debian ships none), IPython 7.34.0, ipykernel 6.17.1, ipywidgets 8.1.5,
 # torch 2.10.0. scripts/test-host.sh builds and caches their venvs under /var/cache/notebook_launch (a few minutes
 # each the first time, seconds after). The Colab lane needs root (chroot). Skip with NOTEBOOK_LAUNCH_SKIP_HOSTS=1
 # (never in CI).
@@ -29,7 +29,8 @@ if [ -z "${NOTEBOOK_LAUNCH_SKIP_HOSTS:-}" ]; then
   bash scripts/test-kaggle.sh || status=1
 fi
 # The torch_xla lane (the TPU backend on PJRT_DEVICE=CPU): scripts/test-xla.sh builds .venv-xla
-# (torch 2.9.0 + torch_xla 2.9.0: 4-8 minutes the first time, seconds after), then about a minute of
+# (torch 2.9.0 + torch_xla 2.9.0, cached under /var/cache/notebook_launch: 4-8 minutes the first time on a
+# machine, under a minute after, fresh clones included), then about a minute of
 # tests. A failed download fails the run. Skip with NOTEBOOK_LAUNCH_SKIP_XLA=1 (never in CI).
 if [ -z "${NOTEBOOK_LAUNCH_SKIP_XLA:-}" ]; then
   bash scripts/test-xla.sh --junitxml=test-artifacts/junit-xla.xml || status=1
