@@ -153,6 +153,7 @@ class Failure:
     attempt: int = 0
     restartable: bool = True
     secondary: bool = False
+    detail: str = ""                # where every rank was (a timeout: supervise.hang_verdict.detail)
 
     @classmethod
     def from_payload(cls, local_rank: int | None, payload: ErrorPayload) -> "Failure":

@@ -11,7 +11,7 @@ from typing import Any, Callable
 
 from .. import pickling, protocol, shared_tensors
 from ..plan import RankSpec
-from . import display_relay, process_groups, result_pickle, stdin_relay
+from . import display_relay, process_groups, result_pickle, stdin_relay, whereabouts
 from .bootstrap import EXIT_FAILED, flush_everything
 
 log = logging.getLogger("notebook_launch")
@@ -49,6 +49,7 @@ def _install_display_relay(spec: RankSpec) -> None:
 
 
 rank_hooks.append(_install_display_relay)
+rank_hooks.append(whereabouts.install)   # the notebook can ask where this rank is, even blocked in C (issue 20)
 
 
 def flush_progress() -> None:

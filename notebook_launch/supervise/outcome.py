@@ -9,7 +9,7 @@ import logging
 import os
 import signal
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from .. import shared_tensors
 from ..errors import LaunchError
@@ -103,9 +103,20 @@ def stopped_description(stop_reason: str, status: "WaitStatus", hurried: bool = 
     return f"stopped by notebook_launch ({how}) after {stop_reason}"
 
 
-def timeout_failure(timeout: float, running_ranks: Sequence[int]) -> Failure:
-    return Failure(None, FailureKind.TIMEOUT.value, f"timed out after {timeout:g} s; ranks still running: "
-                   + ", ".join(map(str, running_ranks)))
+def timeout_failure(timeout: float, running_ranks: Sequence[int], verdict: str | None = None,
+                    detail: str = "") -> Failure:
+    """The timeout: with ``verdict`` (``hang_verdict``: where the ranks are) its first line says
+    where the ranks are, and ``detail`` (each rank's collective and stacks) follows."""
+    if verdict is None:
+        return Failure(None, FailureKind.TIMEOUT.value, f"timed out after {timeout:g} s; ranks still running: "
+                       + ", ".join(map(str, running_ranks)))
+    return Failure(None, FailureKind.TIMEOUT.value, f"timed out after {timeout:g} s: {verdict}", detail=detail)
+
+
+def cell_labeller() -> Callable[[str], str | None]:
+    """How the verdict names a file: a cell of this kernel as 'Cell In[5]' (render.cell_label)."""
+    from ..render import cell_label
+    return cell_label
 
 
 def load_result(watch: "RankWatch", global_rank: int) -> tuple[Any, Failure | None]:
@@ -195,6 +206,8 @@ def launch_error(failure: Failure, results: list[Any], state: RunState,
         where = os.path.join(state.log_dir, f"rank{rank}.log")
         first = f"{node}rank {rank} failed: {clip_middle(failure.headline, MESSAGE_LIMIT, where)}"
     lines = [first]
+    if failure.detail:   # where each rank was (a timeout): whole in the ranks' logs
+        lines += ["", "Where each rank was:", clip_middle(failure.detail, TRACEBACK_LIMIT, "the ranks' logs")]
     if failure.traceback:
         lines += ["", f"Traceback from rank {rank}:", clip_middle(failure.traceback.rstrip(), TRACEBACK_LIMIT, where)]
     elif failure.local_rank is not None and state.ranks[failure.local_rank].lines:

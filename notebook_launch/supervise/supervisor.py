@@ -16,7 +16,7 @@ from .. import protocol
 from ..errors import LaunchError
 from ..protocol import Failure
 from ..state import RunState
-from . import interrupts, leftovers, outcome, teardown
+from . import hang_verdict, interrupts, leftovers, outcome, stacks, teardown
 from .prompts import StdinRelay, reply_on
 from .watch import RankWatch, Watcher
 
@@ -120,8 +120,40 @@ class Supervisor:
         """Record the timeout as the failure and stop the ranks."""
         assert self.timeout is not None
         running = [self.global_rank(w.local_rank) for w in self.watches if w.exit is None]
-        self.first_failure = self.first_failure or outcome.timeout_failure(self.timeout, running)
+        if self.first_failure is None:
+            verdict, detail = self.where_they_are()
+            self.first_failure = outcome.timeout_failure(self.timeout, running, verdict, detail)
         self.stop("the timeout")
+
+    def where_they_are(self) -> tuple[str | None, str]:
+        """The one-line verdict on where the ranks are and the detail (every rank's stacks), the
+        whole of it also written to each rank's log; (None, "") when no rank could say (ranks
+        that are not ours to ask: no whereabouts record)."""
+        try:
+            found = self.whereabouts()
+        except Exception:   # a diagnosis must never stand in the way of the stop
+            log.debug("could not collect the ranks' whereabouts", exc_info=True)
+            return None, ""
+        if not any(r.threads or r.inside or r.last for r in found):
+            return None, ""
+        label = outcome.cell_labeller()
+        whole = hang_verdict.detail(found, label, frames_per_thread=1000)
+        for watch, where in zip(self.watches, found):
+            if where.threads or where.inside:
+                self.logs.write_block(watch.local_rank, "notebook_launch: where this rank was:\n"
+                                      + hang_verdict.detail([where], label, frames_per_thread=1000))
+        log.debug("where the ranks were:\n%s", whole)
+        return hang_verdict.verdict(found, label), hang_verdict.detail(found, label)
+
+    def whereabouts(self) -> list[hang_verdict.RankWhereabouts]:
+        """Every rank of this run, asked where it is (the ended ones say how they ended)."""
+        asked = [(self.global_rank(w.local_rank), w.process.pid if w.exit is None else None) for w in self.watches]
+        found = stacks.collect(asked)
+        for watch, where in zip(self.watches, found):
+            if watch.exit is not None:
+                rs = self.state.ranks[watch.local_rank]
+                where.note = f"ended ({rs.exit_description or rs.status})"
+        return found
 
     def close(self) -> None:
         """Release pipes, sentinels and processes, once; kills what is still alive."""

@@ -1,0 +1,237 @@
+"""Where this rank is, readable by the notebook while the rank is blocked in C (issue 20).
+
+Two things, both installed once per rank by ``install`` (a rank hook):
+
+- **A stack dump on demand.** ``faulthandler.register(DUMP_SIGNAL, all_threads=True)`` writes
+  every thread's Python stack to the rank's stacks memfd from inside the signal handler, in C:
+  it works while the main thread waits in a gloo/NCCL collective, a lock or ``time.sleep``.
+  ``DUMP_SIGNAL`` is a realtime signal (SIGRTMAX - 2) that no library we know uses, rather than
+  SIGUSR1/2 which users and schedulers (SLURM) do use. It is the one deliberate difference from
+  a fresh Python's signal state besides faulthandler's crash signals (see
+  tests/test_rank_inherited_state.py). Its default action would kill the process, so the
+  notebook sends it only once the record below says the handler is installed.
+- **Collective bookkeeping.** ``torch.distributed``'s collectives (and ``init_process_group``)
+  are wrapped: each call writes, into a small memory-mapped record, the operation, its process
+  group, its sequence number on that group, the tensors' shapes and dtypes and the calling
+  Python frame; on return it clears the "inside" flag. The notebook maps the same file and reads
+  it with no help from the rank (a seqlock: the generation counter is odd while a write is under
+  way). A few hundred bytes per call; no system call.
+
+Both are memfds (memory, no path: nothing is left behind); the notebook opens them through
+``/proc/<pid>/fd``, the rank being its child.
+"""
+from __future__ import annotations
+
+import faulthandler
+import importlib.abc
+import importlib.machinery
+import logging
+import mmap
+import os
+import signal
+import struct
+import sys
+import threading
+from typing import Any, Callable
+
+log = logging.getLogger("notebook_launch")
+MAGIC = b"NLWHERE1"
+RECORD_SIZE = 4096
+# magic (8s), pid (q), main thread ident (Q), dump signal (i), pad (i) -> 32 bytes of header;
+# then generation (Q), inside (I), text length (I), sequence number (q) at GEN_OFFSET; the text
+# (what changes only with the call site, the group or the tensors) at TEXT_OFFSET.
+HEADER = struct.Struct("<8sqQii")
+STATE = struct.Struct("<QIIq")
+GEN_OFFSET = 32
+TEXT_OFFSET = 64
+TEXT_LIMIT = RECORD_SIZE - TEXT_OFFSET
+FIELD_SEP = "\x1f"   # between the fields of the text: op, group, tensors, file, line, function
+DUMP_SIGNAL = int(getattr(signal, "SIGRTMAX", 64)) - 2
+
+# The torch.distributed functions that block until the other ranks of a group take part.
+COLLECTIVES = ("all_reduce", "broadcast", "all_gather", "all_gather_into_tensor", "reduce",
+               "reduce_scatter", "reduce_scatter_tensor", "all_to_all", "all_to_all_single",
+               "gather", "scatter", "barrier", "monitored_barrier", "send", "recv", "isend", "irecv",
+               "all_gather_object", "broadcast_object_list", "gather_object", "scatter_object_list",
+               "send_object_list", "recv_object_list", "new_group", "init_process_group",
+               "destroy_process_group")
+
+
+RECORD_NAME = "notebook_launch-whereabouts"   # the memfds' names: the notebook finds them in /proc/<pid>/fd
+STACKS_NAME = "notebook_launch-stacks"
+
+
+class Record:
+    """The rank's side of its record: a mapped memfd it writes on every collective. Memory only,
+    no path: nothing is left behind when the rank ends, however it ends; the notebook opens it
+    through ``/proc/<pid>/fd`` (its own child's)."""
+
+    def __init__(self) -> None:
+        self.fd = os.memfd_create(RECORD_NAME)
+        os.ftruncate(self.fd, RECORD_SIZE)
+        self.map = mmap.mmap(self.fd, RECORD_SIZE)
+        self.generation = 0
+        self.counts: dict[str, int] = {}     # process group's name -> collectives entered on it
+        self.names: dict[Any, str] = {}      # process group (None: the default one) -> its name
+        self.depth = 0                       # collectives inside collectives (all_gather_object) count once
+        self.last_key: Any = None
+        self.length = 0
+
+    def announce(self) -> None:
+        """Say the dump handler is installed (written last: the notebook signals only after it)."""
+        HEADER.pack_into(self.map, 0, b"\0" * 8, os.getpid(), threading.main_thread().ident or 0, DUMP_SIGNAL, 0)
+        self.map[0:8] = MAGIC
+
+    def enter(self, key: Any, seq: int, describe: Callable[[], str]) -> None:
+        """Record a collective: ``seq`` always, the text ``describe()`` only when ``key`` (its
+        call site, group and tensors) differs from the last call's, as it rarely does in a loop."""
+        self.generation += 1
+        if key != self.last_key:
+            data = describe().encode("utf-8", "replace")[:TEXT_LIMIT]
+            STATE.pack_into(self.map, GEN_OFFSET, self.generation, 1, len(data), seq)
+            self.map[TEXT_OFFSET:TEXT_OFFSET + len(data)] = data
+            self.length = len(data)
+            self.last_key = key
+        else:
+            STATE.pack_into(self.map, GEN_OFFSET, self.generation, 1, self.length, seq)
+        self.generation += 1
+        STATE.pack_into(self.map, GEN_OFFSET, self.generation, 1, self.length, seq)
+
+    def leave(self) -> None:
+        struct.pack_into("<I", self.map, GEN_OFFSET + 8, 0)   # one aligned word: no tearing to guard
+
+
+_record: Record | None = None
+_stacks_fd: int | None = None
+
+
+def install(spec: Any) -> None:
+    """The rank hook: the dump handler, the record, and the wrapped collectives (now if
+    torch.distributed is imported already, else as soon as it is). Linux only (memfd, /proc)."""
+    global _record, _stacks_fd
+    if _record is not None or not hasattr(os, "memfd_create"):
+        return
+    _stacks_fd = os.memfd_create(STACKS_NAME)
+    faulthandler.register(DUMP_SIGNAL, file=_stacks_fd, all_threads=True, chain=False)
+    _record = Record()
+    if "torch.distributed" in sys.modules:
+        wrap_collectives(sys.modules["torch.distributed"])
+    else:
+        sys.meta_path.insert(0, _WrapOnImport())
+    _record.announce()
+
+
+class _WrapOnImport(importlib.abc.MetaPathFinder):
+    """Wraps torch.distributed's collectives right after the module is first imported."""
+
+    def find_spec(self, name: str, path: Any, target: Any = None) -> importlib.machinery.ModuleSpec | None:
+        if name != "torch.distributed":
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.machinery.PathFinder.find_spec(name, path)
+        if spec is None or spec.loader is None:
+            return spec
+        loader = spec.loader
+        exec_module = loader.exec_module
+
+        def exec_and_wrap(module: Any) -> None:
+            exec_module(module)
+            try:
+                wrap_collectives(module)
+            except Exception:   # bookkeeping is a courtesy: torch.distributed works without it
+                log.debug("torch.distributed's collectives were not wrapped", exc_info=True)
+
+        loader.exec_module = exec_and_wrap   # type: ignore[method-assign]
+        return spec
+
+
+def wrap_collectives(dist: Any) -> None:
+    """Replace each collective in ``torch.distributed`` and ``distributed_c10d`` by a recording one."""
+    c10d = getattr(dist, "distributed_c10d", None)
+    for name in COLLECTIVES:
+        original = getattr(dist, name, None)
+        if original is None or getattr(original, "_notebook_launch_wrapped", False):
+            continue
+        wrapped = _recording(name, original)
+        setattr(dist, name, wrapped)
+        if c10d is not None and getattr(c10d, name, None) is original:
+            setattr(c10d, name, wrapped)
+
+
+_SKIP_PREFIXES = (os.path.dirname(os.path.dirname(os.path.abspath(__file__))),)
+
+
+def _caller(frame: Any) -> Any:
+    """The first frame outside torch (and us): the user's line that called the collective."""
+    while frame is not None:
+        filename = frame.f_code.co_filename
+        if "/torch/" not in filename and not filename.startswith(_SKIP_PREFIXES):
+            return frame
+        frame = frame.f_back
+    return None
+
+
+def _describe_tensors(args: tuple, kwargs: dict) -> str:
+    parts = []
+    for value in args[:2] + tuple(kwargs.values()):
+        shape = getattr(value, "shape", None)
+        if shape is not None:
+            parts.append(f"{tuple(shape)} {str(value.dtype).replace('torch.', '')}")
+        elif isinstance(value, list) and value and getattr(value[0], "shape", None) is not None:
+            parts.append(f"{len(value)} x {tuple(value[0].shape)} {str(value[0].dtype).replace('torch.', '')}")
+    return ", ".join(parts)
+
+
+def _group_name(dist: Any, group: Any) -> str:
+    if group is None or dist is None or group is getattr(getattr(dist, "GroupMember", None), "WORLD", None):
+        return "default group"
+    try:
+        return f"group of ranks {list(dist.get_process_group_ranks(group))}"
+    except Exception:
+        return "a process group"
+
+
+UNCOUNTED = ("init_process_group", "destroy_process_group", "new_group")   # not numbered on a group
+
+
+def _recording(name: str, original: Callable[..., Any]) -> Callable[..., Any]:
+    counted = name not in UNCOUNTED
+
+    def collective(*args: Any, **kwargs: Any) -> Any:
+        record = _record
+        if record is None or record.depth:
+            return original(*args, **kwargs)
+        group = kwargs.get("group")
+        group_name = record.names.get(group)
+        if group_name is None:
+            group_name = record.names[group] = _group_name(sys.modules.get("torch.distributed"), group)
+        seq = 0
+        if counted:
+            seq = record.counts.get(group_name, 0) + 1
+            record.counts[group_name] = seq
+        frame = _caller(sys._getframe(1))
+        first = args[0] if args else None
+        shape = getattr(first, "shape", None)
+        key = (name, group_name, frame.f_code if frame is not None else None,
+               frame.f_lineno if frame is not None else 0, shape, getattr(first, "dtype", None), type(first))
+
+        def describe() -> str:
+            where = (frame.f_code.co_filename, frame.f_lineno, frame.f_code.co_name) if frame is not None \
+                else ("", 0, "")
+            return FIELD_SEP.join((name, group_name, _describe_tensors(args, kwargs),
+                                   where[0], str(where[1]), where[2]))
+
+        record.enter(key, seq, describe)
+        record.depth += 1
+        try:
+            return original(*args, **kwargs)
+        finally:
+            record.depth -= 1
+            record.leave()
+
+    collective.__wrapped__ = original   # type: ignore[attr-defined]
+    collective.__name__ = getattr(original, "__name__", name)
+    collective.__qualname__ = getattr(original, "__qualname__", name)
+    collective.__doc__ = getattr(original, "__doc__", None)
+    collective._notebook_launch_wrapped = True   # type: ignore[attr-defined]
+    return collective

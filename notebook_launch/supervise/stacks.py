@@ -1,0 +1,143 @@
+"""Ask every live rank where it is, while it may be blocked in C (issue 20): read its
+collective record (``rank.whereabouts``: no help from the rank needed) and have it dump every
+thread's Python stack (its faulthandler handler on ``DUMP_SIGNAL``, which runs even while the
+main thread waits in gloo, a lock or ``time.sleep``). ``hang_verdict`` makes sense of the result.
+"""
+from __future__ import annotations
+
+import logging
+import mmap
+import os
+import re
+import time
+from typing import Sequence
+
+from ..rank.whereabouts import (FIELD_SEP, GEN_OFFSET, HEADER, MAGIC, RECORD_NAME, RECORD_SIZE, STACKS_NAME,
+                                STATE, TEXT_OFFSET)
+from .hang_verdict import Collective, Frame, RankWhereabouts, ThreadStack
+
+DUMP_WAIT = 2.0       # seconds to wait for the ranks' dumps (a dump takes microseconds once delivered)
+SETTLE = 0.05         # a dump is complete once its file stopped growing for this long
+log = logging.getLogger("notebook_launch")
+
+_THREAD = re.compile(r"^(Current thread|Thread) 0x([0-9a-fA-F]+)")
+_FRAME = re.compile(r'^\s+File "(.*)", line (\d+) in (.*)$')
+
+
+def rank_files(pid: int) -> dict[str, str]:
+    """The /proc paths of the rank's whereabouts memfds, by name (none: not installed, or gone)."""
+    found: dict[str, str] = {}
+    folder = f"/proc/{pid}/fd"
+    try:
+        names = os.listdir(folder)
+    except OSError:
+        return found
+    for name in names:
+        try:
+            target = os.readlink(os.path.join(folder, name))
+        except OSError:
+            continue
+        for wanted in (RECORD_NAME, STACKS_NAME):
+            if target.startswith(f"/memfd:{wanted} "):
+                found.setdefault(wanted, os.path.join(folder, name))
+    return found
+
+
+def read_record(path: str) -> tuple[int, int, int, Collective | None, bool] | None:
+    """(pid, main thread ident, dump signal, collective, inside) from a rank's record, or None
+    when there is none (yet). Retries while the rank is writing (an odd or changed generation)."""
+    try:
+        with open(path, "rb") as f:
+            mapped = mmap.mmap(f.fileno(), RECORD_SIZE, access=mmap.ACCESS_READ)
+    except (OSError, ValueError):
+        return None
+    with mapped:
+        magic, pid, main_thread, signum, _ = HEADER.unpack_from(mapped, 0)
+        if magic != MAGIC:
+            return None
+        for _ in range(1000):
+            gen, inside, size, seq = STATE.unpack_from(mapped, GEN_OFFSET)
+            text = bytes(mapped[TEXT_OFFSET:TEXT_OFFSET + size])
+            again = STATE.unpack_from(mapped, GEN_OFFSET)
+            if gen == again[0] and gen % 2 == 0:
+                return pid, main_thread, signum, parse_collective(text.decode("utf-8", "replace"), seq), \
+                    bool(again[1])
+        return pid, main_thread, signum, None, False
+
+
+def parse_collective(text: str, seq: int) -> Collective | None:
+    fields = text.split(FIELD_SEP)
+    if len(fields) != 6:
+        return None
+    op, group, tensors, filename, lineno, function = fields
+    caller = Frame(filename, int(lineno), function) if filename else None
+    return Collective(op, group, seq, tensors, caller)
+
+
+def parse_dump(text: str) -> list[ThreadStack]:
+    """faulthandler's ``dump_traceback(all_threads=True)`` text -> one ThreadStack per thread."""
+    threads: list[ThreadStack] = []
+    for line in text.splitlines():
+        head = _THREAD.match(line)
+        if head:
+            threads.append(ThreadStack(int(head.group(2), 16), head.group(1) == "Current thread", []))
+            continue
+        frame = _FRAME.match(line)
+        if frame and threads:
+            threads[-1].frames.append(Frame(frame.group(1), int(frame.group(2)), frame.group(3).strip()))
+    return threads
+
+
+def _size(path: str) -> int:
+    try:
+        return os.stat(path).st_size
+    except OSError:
+        return 0
+
+
+def collect(ranks: Sequence[tuple[int, int | None]], wait: float = DUMP_WAIT) -> list[RankWhereabouts]:
+    """Where each of ``ranks`` ((global rank, pid or None when it is not running)) is now. A
+    rank's ``note`` (a past-tense phrase, it follows "rank 1") says what could not be learnt."""
+    found: list[RankWhereabouts] = []
+    pending: dict[int, tuple[RankWhereabouts, str, int]] = {}   # index in found -> (it, stacks file, offset)
+    for rank, pid in ranks:
+        where = RankWhereabouts(rank)
+        found.append(where)
+        if pid is None:
+            where.note = "was not running"
+            continue
+        files = rank_files(pid)
+        record = read_record(files[RECORD_NAME]) if RECORD_NAME in files else None
+        if record is None or record[0] != pid or STACKS_NAME not in files:
+            where.note = "had not started the launched function yet"
+            continue
+        _, where.main_thread, signum, collective, inside = record
+        if inside:
+            where.inside = collective
+        else:
+            where.last = collective
+        path = files[STACKS_NAME]
+        offset = _size(path)
+        try:
+            os.kill(pid, signum)
+        except OSError as exc:
+            where.note = f"could not be asked for its stack ({exc})"
+            continue
+        pending[len(found) - 1] = (where, path, offset)
+    deadline = time.monotonic() + wait
+    sizes = {index: -1 for index in pending}
+    while pending and time.monotonic() < deadline:
+        time.sleep(SETTLE)
+        for index in list(pending):
+            where, path, offset = pending[index]
+            size = _size(path)
+            if size > offset and size == sizes[index]:   # grew, then stopped growing: the dump is whole
+                with open(path, "rb") as f:
+                    f.seek(offset)
+                    where.raw_stacks = f.read(size - offset).decode("utf-8", "replace")
+                where.threads = parse_dump(where.raw_stacks)
+                del pending[index]
+            sizes[index] = size
+    for where, _path, _offset in pending.values():
+        where.note = f"did not dump its stack within {wait:g} s (a signal it blocks, or a process stopped)"
+    return found

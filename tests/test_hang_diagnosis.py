@@ -1,0 +1,271 @@
+"""When a run hangs, the error says where every rank is (issue 20): real gloo ranks that hang the
+ways distributed runs do, ended by ``timeout=``; the LaunchError's first line is the verdict
+(who waits in which collective, who never came and where it is), the per-rank stacks follow.
+
+The verdict itself (``supervise.hang_verdict``) is tested without processes at the end.
+
+The timeouts are generous: the verdict is about where the ranks are once they hang, so a rank
+must have reached its hanging line before the timeout fires (gloo's start on a loaded machine).
+"""
+from __future__ import annotations
+
+import inspect
+import os
+import time
+
+import pytest
+
+from notebook_launch import LaunchError, notebook_launcher
+from notebook_launch.net import free_port
+from notebook_launch.rank import whereabouts
+from notebook_launch.supervise.hang_verdict import (Collective, Frame, RankWhereabouts, ThreadStack, detail,
+                                                    verdict)
+
+torch = pytest.importorskip("torch")
+dist = pytest.importorskip("torch.distributed")
+
+HERE = os.path.basename(__file__)
+HANG = 600   # seconds a deliberately hanging rank sleeps (the timeout ends it long before)
+
+
+def line_of(function, text: str) -> int:
+    """The line number of the first line of ``function`` containing ``text``."""
+    lines, first = inspect.getsourcelines(function)
+    for offset, line in enumerate(lines):
+        if text in line:
+            return first + offset
+    raise AssertionError(f"{text!r} not in {function.__name__}")
+
+
+def rank() -> int:
+    return int(os.environ["RANK"])
+
+
+def evaluate():
+    time.sleep(HANG)
+
+
+def skips_an_all_reduce():
+    """Rank 1 skips the fourth all_reduce (an evaluation only it runs, say): the others wait in it."""
+    dist.init_process_group("gloo")
+    t = torch.ones(4)
+    for _ in range(3):
+        dist.all_reduce(t)
+    if rank() == 1:
+        evaluate()
+    dist.all_reduce(t)
+
+
+def calls_in_a_different_order():
+    dist.init_process_group("gloo")
+    t = torch.ones(4)
+    dist.all_reduce(t)
+    if rank() == 0:
+        dist.broadcast(t, src=0)
+    else:
+        dist.all_reduce(t)
+    time.sleep(HANG)
+
+
+def never_joins():
+    if rank() != 2:
+        dist.init_process_group("gloo")
+    time.sleep(HANG)
+
+
+def sleeps_on_rank_1():
+    if rank() == 1:
+        time.sleep(HANG)
+    return "done"
+
+
+def all_reduce_then_sleep():
+    dist.init_process_group("gloo")
+    dist.all_reduce(torch.ones(2, 3, dtype=torch.float64))
+    if rank() == 0:
+        time.sleep(HANG)
+    dist.barrier()
+
+
+def launch(function, n: int, log_dir: str, timeout: float, start_method: str = "fork") -> LaunchError:
+    with pytest.raises(LaunchError) as info:
+        notebook_launcher(function, num_processes=n, timeout=timeout, log_dir=log_dir, ui="text",
+                          use_port=str(free_port()), start_method=start_method)
+    assert info.value.kind == "timeout"
+    return info.value
+
+
+def first_line(error: LaunchError) -> str:
+    return str(error).splitlines()[0]
+
+
+@pytest.mark.parametrize("n", [2, 4])
+def test_a_rank_that_skips_an_all_reduce_is_named_with_where_it_is(n, log_dir):
+    error = launch(skips_an_all_reduce, n, log_dir, timeout=15 + 5 * n)
+    waiting = ", ".join(str(r) for r in range(n) if r != 1)
+    who = f"rank {waiting} waits" if n == 2 else f"ranks {waiting} wait"
+    call = line_of(skips_an_all_reduce, "dist.all_reduce(t)\n") + 3   # the all_reduce after the loop
+    sleep = line_of(evaluate, "time.sleep")
+    assert first_line(error) == (
+        f"notebook_launch: timed out after {15 + 5 * n} s: {who} in all_reduce #4 ({HERE}:{call}); "
+        f"rank 1 never reached it: it is in evaluate() at {HERE}:{sleep} (time.sleep(HANG))")
+    text = str(error)
+    assert "Where each rank was:" in text
+    assert "waits in all_reduce #4" in text and "tensors (4,) float32" in text
+    assert "in no collective; the last one it called: all_reduce #3" in text   # rank 1
+    # the whole stacks are in each rank's log
+    with open(os.path.join(error.log_dir, "rank1.log")) as f:
+        assert "where this rank was" in f.read()
+
+
+def test_ranks_that_call_collectives_in_a_different_order(log_dir):
+    error = launch(calls_in_a_different_order, 3, log_dir, timeout=20)
+    broadcast = line_of(calls_in_a_different_order, "dist.broadcast")
+    all_reduce = line_of(calls_in_a_different_order, "else:") + 1
+    assert first_line(error) == (
+        f"notebook_launch: timed out after 20 s: rank 0 waits in broadcast #2 ({HERE}:{broadcast}) while "
+        f"ranks 1, 2 wait in all_reduce #2 ({HERE}:{all_reduce}): the ranks call collectives in a different order")
+
+
+def test_a_rank_that_never_calls_init_process_group(log_dir):
+    error = launch(never_joins, 3, log_dir, timeout=20)
+    init = line_of(never_joins, "init_process_group")
+    sleep = line_of(never_joins, "time.sleep")
+    assert first_line(error) == (
+        f"notebook_launch: timed out after 20 s: ranks 0, 1 wait in init_process_group ({HERE}:{init}); "
+        f"rank 2 never joined: it is in never_joins() at {HERE}:{sleep} (time.sleep(HANG))")
+
+
+def test_a_rank_asleep_in_c_in_a_run_without_torch_distributed(log_dir):
+    error = launch(sleeps_on_rank_1, 3, log_dir, timeout=15)
+    sleep = line_of(sleeps_on_rank_1, "time.sleep")
+    assert first_line(error) == (
+        f"notebook_launch: timed out after 15 s: "
+        f"ranks 0, 2 ended (finished); rank 1 is in sleeps_on_rank_1() at {HERE}:{sleep} (time.sleep(HANG))")
+    assert error.results[0] == "done" and error.results[1] is None
+
+
+def test_a_rank_asleep_in_c_while_the_other_waits_in_a_barrier(log_dir):
+    error = launch(all_reduce_then_sleep, 2, log_dir, timeout=15)
+    sleep = line_of(all_reduce_then_sleep, "time.sleep")
+    barrier = line_of(all_reduce_then_sleep, "dist.barrier")
+    assert first_line(error) == (
+        f"notebook_launch: timed out after 15 s: rank 1 waits in barrier #2 ({HERE}:{barrier}); "
+        f"rank 0 never reached it: it is in all_reduce_then_sleep() at {HERE}:{sleep} (time.sleep(HANG))")
+    assert "the last one it called: all_reduce #1" in str(error)
+
+
+def test_spawned_ranks_say_where_they_are_too(log_dir):
+    error = launch(skips_an_all_reduce, 2, log_dir, timeout=40, start_method="spawn")
+    sleep = line_of(evaluate, "time.sleep")
+    assert first_line(error).startswith("notebook_launch: timed out after 40 s: rank 0 waits in all_reduce #4 (")
+    assert first_line(error).endswith(f"rank 1 never reached it: it is in evaluate() at {HERE}:{sleep} "
+                                      f"(time.sleep(HANG))")
+
+
+# --- the verdict, without processes ---------------------------------------------------------
+
+def cells(filename: str) -> str | None:
+    return {"cell5": "Cell In[5]", "cell2": "Cell In[2]"}.get(filename)
+
+
+def at(filename: str, line: int, function: str = "train") -> Frame:
+    return Frame(filename, line, function)
+
+
+def waiting(rank: int, op: str = "all_reduce", seq: int = 57, line: int = 12, group: str = "default group"):
+    c = Collective(op, group, seq, "(4,) float32", at("cell5", line))
+    return RankWhereabouts(rank, inside=c, main_thread=1,
+                           threads=[ThreadStack(1, True, [at("/x/site-packages/torch/distributed/c10d.py", 9,
+                                                              op), at("cell5", line)])])
+
+
+def elsewhere(rank: int, line: int = 30, function: str = "evaluate", last_seq: int = 56):
+    last = Collective("all_reduce", "default group", last_seq, "(4,) float32", at("cell5", 12))
+    return RankWhereabouts(rank, last=last, main_thread=1,
+                           threads=[ThreadStack(1, True, [at("cell5", line, function), at("cell5", 40, "train")]),
+                                    ThreadStack(2, False, [at("/usr/lib/python3.11/threading.py", 320, "wait")])])
+
+
+def test_verdict_names_the_rank_that_never_reached_the_collective():
+    ranks = [waiting(0), elsewhere(1), waiting(2), waiting(3)]
+    assert verdict(ranks, cells) == ("ranks 0, 2, 3 wait in all_reduce #57 (Cell In[5], line 12); "
+                                     "rank 1 never reached it: it is in evaluate() at Cell In[5], line 30")
+
+
+def test_verdict_names_a_different_order():
+    ranks = [waiting(0, "broadcast", 9, line=7), waiting(1, "all_reduce", 9)]
+    assert verdict(ranks, cells) == ("rank 0 waits in broadcast #9 (Cell In[5], line 7) while rank 1 waits in "
+                                     "all_reduce #9 (Cell In[5], line 12): the ranks call collectives in a "
+                                     "different order")
+
+
+def test_verdict_names_the_rank_that_never_joined():
+    init = Collective("init_process_group", "default group", 0, "", at("cell2", 3, "main"))
+    ranks = [RankWhereabouts(r, inside=init) for r in range(3)] + [elsewhere(3, line=4, function="load")]
+    assert verdict(ranks, cells) == ("ranks 0, 1, 2 wait in init_process_group (Cell In[2], line 3); "
+                                     "rank 3 never joined: it is in load() at Cell In[5], line 4")
+
+
+def test_verdict_when_every_rank_is_in_the_same_collective():
+    assert verdict([waiting(0), waiting(1)], cells).startswith(
+        "every rank waits in all_reduce #57 (Cell In[5], line 12): all of them reached it")
+
+
+def test_verdict_when_ranks_wait_at_different_numbers():
+    ranks = [waiting(0, seq=58), waiting(1, seq=57), waiting(2, seq=58)]
+    assert verdict(ranks, cells) == ("ranks 0, 2 wait in all_reduce #58 (Cell In[5], line 12); "
+                                     "rank 1 waits in all_reduce #57 (Cell In[5], line 12) instead")
+
+
+def test_verdict_when_no_rank_is_in_a_collective_groups_ranks_by_place():
+    ranks = [elsewhere(0), elsewhere(1), elsewhere(2, line=44, function="save"),
+             RankWhereabouts(3, note="ended (finished)")]
+    assert verdict(ranks, cells) == (
+        "no rank waits in a torch.distributed collective: ranks 0, 1 are in evaluate() at Cell In[5], line 30; "
+        "rank 2 is in save() at Cell In[5], line 44; rank 3 ended (finished)")
+
+
+def test_verdict_skips_library_frames_to_the_users_line():
+    stuck = RankWhereabouts(1, main_thread=1, threads=[ThreadStack(1, True, [
+        at("/usr/lib/python3.11/threading.py", 320, "wait"),
+        at("/venv/lib/python3.11/site-packages/torch/utils/data/dataloader.py", 1100, "_next_data"),
+        at("cell5", 22, "train")])])
+    assert verdict([waiting(0), stuck], cells).endswith("rank 1 never reached it: it is in train() at Cell In[5], "
+                                                        "line 22")
+
+
+def test_detail_shows_each_rank_collective_and_threads_innermost_last():
+    text = detail([waiting(0), elsewhere(1)], cells)
+    assert text.splitlines()[:5] == [
+        "rank 0:",
+        "  waits in all_reduce #57 (Cell In[5], line 12), tensors (4,) float32",
+        "  main thread (most recent call last):",
+        "    train() at Cell In[5], line 12",
+        "    all_reduce() at c10d.py:9",
+    ]
+    assert "  in no collective; the last one it called: all_reduce #56 (Cell In[5], line 12)" in text
+    assert "  thread 0x2 (most recent call last):" in text
+
+
+def test_the_dump_signal_is_not_one_users_or_schedulers_use():
+    import signal
+    assert whereabouts.DUMP_SIGNAL not in (signal.SIGUSR1, signal.SIGUSR2, signal.SIGINT, signal.SIGTERM)
+    assert signal.SIGRTMIN <= whereabouts.DUMP_SIGNAL <= signal.SIGRTMAX
+
+
+def test_collectives_are_recorded_when_torch_is_imported_only_after_the_rank_started():
+    """A spawned rank whose function imports torch itself: the collectives are wrapped on import.
+    A fresh Python loads the module from its file alone (the package's own imports bring torch)."""
+    import subprocess
+    import sys
+    code = (
+        "import sys, types, importlib.util\n"
+        f"spec = importlib.util.spec_from_file_location('wb', {whereabouts.__file__!r})\n"
+        "wb = importlib.util.module_from_spec(spec); spec.loader.exec_module(wb)\n"
+        "assert 'torch' not in sys.modules\n"
+        "wb.install(types.SimpleNamespace(global_rank=0, env={}))\n"
+        "import torch.distributed as dist\n"
+        "print(dist.all_reduce._notebook_launch_wrapped, dist.distributed_c10d.barrier._notebook_launch_wrapped)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["True", "True"]
