@@ -1,7 +1,9 @@
 """``%ranks`` and ``%%ranks``: persistent ranks from IPython.
 
     %ranks start -n 4 [--mixed-precision bf16] [--timeout S] [--ui ...] [--port P] [--log-dir D] [--grace S]
-    %%ranks [--timeout S]      <- the body runs on every rank, in the ranks' persistent namespace
+    %%ranks [--timeout S] [--ranks R,R]  <- the body runs on every rank (or those given), in the
+                               ranks' persistent namespace; a last line that is an expression
+                               shows each rank's value, tagged [rank N]
     %ranks push NAME [NAME...] <- the notebook's values of these names, into every rank
     %ranks pull NAME [NAME...] <- every rank's value (a list, in rank order)
     %ranks stop                (also: %ranks status)
@@ -18,13 +20,15 @@ from typing import Any
 
 from ..errors import LaunchArgumentError
 from ..magic import _ArgumentParser, _cell_filename, _seconds, options_parser, referenced_globals
+from .namespace import NotRun
 from .pool import DEFAULT_GRACE, Ranks, start_ranks
 
 log = logging.getLogger("notebook_launch")
 USAGE = ("%ranks start [-n N] [--mixed-precision no|fp16|bf16|fp8] [--timeout S] "
          "[--ui auto|widget|html|rich|text|none] [--port PORT] [--log-dir DIR] [--display-ranks all|R,R] "
          "[--grace S] | "
-         "%ranks push NAME... | %ranks pull NAME... | %ranks stop | %ranks status | %%ranks [--timeout S]")
+         "%ranks push NAME... | %ranks pull NAME... | %ranks stop | %ranks status | "
+         "%%ranks [--timeout S] [--ranks R,R]")
 _NOTEBOOK_ONLY = frozenset({"In", "Out", "get_ipython", "exit", "quit"})
 _active: Ranks | None = None
 
@@ -38,7 +42,19 @@ def _start_parser() -> argparse.ArgumentParser:
 def _cell_parser() -> argparse.ArgumentParser:
     p = _ArgumentParser(prog="%%ranks", add_help=False, usage=USAGE)
     p.add_argument("--timeout", type=_seconds, default=None)
+    p.add_argument("--ranks", type=_rank_list, default=None)
     return p
+
+
+def _rank_list(text: str) -> list[int]:
+    """``0,2``: the global ranks a cell runs on (the pool checks they exist)."""
+    try:
+        chosen = [int(word) for word in text.split(",") if word.strip()]
+    except ValueError:
+        chosen = []
+    if not chosen:
+        raise argparse.ArgumentTypeError(f"--ranks takes global ranks separated by commas such as 0,2; got {text!r}")
+    return chosen
 
 
 def active() -> Ranks:
@@ -57,7 +73,7 @@ def ranks_magic(shell: Any, line: str, cell: str | None = None) -> Any:
         raise LaunchArgumentError(f"%ranks: cannot read the options ({exc}). Usage: {USAGE}") from None
     if cell is not None:
         options = _cell_parser().parse_args(words)
-        return run_cell(shell, active(), cell, options.timeout)
+        return run_cell(shell, active(), cell, options.timeout, options.ranks)
     command, rest = (words[0], words[1:]) if words else ("status", [])
     if command == "start":
         if _active is not None and not _active.closed:
@@ -94,13 +110,37 @@ def ranks_magic(shell: Any, line: str, cell: str | None = None) -> Any:
     raise LaunchArgumentError(f"%ranks: unknown command {command!r}. Usage: {USAGE}")
 
 
-def run_cell(shell: Any, ranks: Ranks, cell: str, timeout: float | None) -> None:
-    """Run the cell on every rank with the notebook values it names (those that pickle)."""
+def run_cell(shell: Any, ranks: Ranks, cell: str, timeout: float | None, subset: list[int] | None = None) -> None:
+    """Run the cell on every rank (or on ``subset``) with the notebook values it names (those
+    that pickle), then show each rank's value of its last line as IPython shows a cell's result."""
     source = shell.transform_cell(cell) if shell is not None else cell
     filename = _cell_filename(shell, source, cell) if shell is not None else "<%%ranks cell>"
     code = compile(source, filename, "exec")   # a syntax error shows here, before any rank runs it
     values = shippable(referenced_globals(code, shell.user_ns)) if shell is not None else {}
-    ranks.run_cell(source, filename, values, timeout=timeout)
+    results = ranks.run_cell(source, filename, values, timeout=timeout, ranks=subset)
+    show_values(shell, results)
+
+
+def show_values(shell: Any, results: list[Any]) -> None:
+    """One ``[rank N]`` entry per rank whose cell had a value (None and ranks that did not run
+    show nothing, as IPython shows no None): text on one line with its tag; a rich value (HTML,
+    an image) under a tag line of its own."""
+    from IPython.display import display
+    for rank, value in enumerate(results):
+        if value is None or value is NotRun:
+            continue
+        tag = f"[rank {rank}]"
+        formatter = getattr(shell, "display_formatter", None)
+        if formatter is None:
+            print(f"{tag} {value!r}", flush=True)
+            continue
+        bundle, metadata = formatter.format(value)
+        text = bundle.get("text/plain", repr(value))
+        if set(bundle) <= {"text/plain"}:
+            display({"text/plain": f"{tag}\n{text}" if "\n" in text else f"{tag} {text}"}, raw=True)
+        else:
+            display({"text/plain": tag, "text/html": f"<pre>{tag}</pre>"}, raw=True)
+            display(bundle, raw=True, metadata=metadata)
 
 
 def shippable(values: dict[str, Any]) -> dict[str, Any]:

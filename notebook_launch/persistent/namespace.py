@@ -10,10 +10,12 @@ takes the notebook's value of this call.
 """
 from __future__ import annotations
 
+import ast
 import linecache
+import os
 import sys
 import types
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from typing import Any
 
 _IGNORED = frozenset({"__builtins__", "__name__", "__doc__", "__package__", "__loader__", "__spec__"})
@@ -113,10 +115,20 @@ def pull(names: Iterable[str]) -> Any:
     return {n: namespace.globals[n] for n in names}
 
 
-def run_cell(source: str, filename: str, values: Mapping[str, Any], unsent: Mapping[str, str] | None = None) -> None:
-    """Run a ``%%ranks`` cell body in the namespace, with the notebook values it names.
-    ``unsent``: names whose notebook value could not be sent, and why; the rank's own value
-    is used, and a name the rank does not have stops the cell before any of it runs."""
+class NotRun:
+    """What a rank outside a ``%%ranks --ranks`` subset returns (a class: it pickles by reference)."""
+
+
+def run_cell(source: str, filename: str, values: Mapping[str, Any], unsent: Mapping[str, str] | None = None,
+             ranks: Collection[int] | None = None) -> Any:
+    """Run a ``%%ranks`` cell body in the namespace, with the notebook values it names, and
+    return the value of its last line when that is an expression (as IPython shows a cell's
+    result; None otherwise, or when the source ends with ``;``). ``unsent``: names whose
+    notebook value could not be sent, and why; the rank's own value is used, and a name the
+    rank does not have stops the cell before any of it runs. ``ranks``: the global ranks that
+    run it; any other rank returns ``NotRun`` at once, touching nothing."""
+    if ranks is not None and int(os.environ.get("RANK", "0")) not in ranks:
+        return NotRun
     namespace = current()
     missing = {name: why for name, why in (unsent or {}).items() if name not in namespace.globals}
     if missing:
@@ -127,4 +139,36 @@ def run_cell(source: str, filename: str, values: Mapping[str, Any], unsent: Mapp
     namespace.merge(values)
     if filename not in linecache.cache:   # tracebacks in the rank show the cell's lines
         linecache.cache[filename] = (len(source), None, source.splitlines(keepends=True), filename)
-    exec(compile(source, filename, "exec"), namespace.globals)
+    tree = ast.parse(source, filename)
+    last = tree.body.pop() if tree.body and isinstance(tree.body[-1], ast.Expr) else None
+    assert last is None or isinstance(last, ast.Expr)
+    exec(compile(tree, filename, "exec"), namespace.globals)
+    if last is None:
+        return None
+    value = eval(compile(ast.Expression(last.value), filename, "eval"), namespace.globals)
+    return None if source.rstrip().endswith(";") else _sendable(value)
+
+
+class ShownAs:
+    """A cell's value that does not pickle, sent back as its repr (the cell ran; only its
+    display is at stake, so that is no error)."""
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+    def __repr__(self) -> str:
+        return self.text
+
+
+def _sendable(value: Any) -> Any:
+    """``value``, or its repr when it cannot be pickled. Tensors and arrays are not tried
+    (they pickle, at memory speed through the result's memfd)."""
+    if value is None or isinstance(value, (int, float, complex, str, bytes)) \
+            or type(value).__module__.split(".")[0] in ("torch", "numpy"):
+        return value
+    import cloudpickle
+    try:
+        cloudpickle.dumps(value)
+    except Exception:
+        return ShownAs(repr(value))
+    return value

@@ -205,17 +205,28 @@ class Ranks:
     @_trimmed
     @_serialized
     def run_cell(self, source: str, filename: str, values: dict[str, Any] | None = None, *,
-                 timeout: float | None = None) -> list[Any]:
+                 timeout: float | None = None, ranks: Iterable[int] | None = None) -> list[Any]:
         """Run cell source on every rank in the ranks' namespace (what ``%%ranks`` does), with
-        ``values``: the notebook's values of the names the cell uses. A value that cannot be
-        sent (it does not pickle) is named here before anything runs; the ranks then use their
-        own value of that name (e.g. their copy from the start), and where they have none the
-        cell raises a NameError that says why, before any of its code runs."""
+        ``values``: the notebook's values of the names the cell uses; return each rank's value of
+        the cell's last line (None if it is no expression), in rank order. ``ranks``: the global
+        ranks that run it; the others run nothing for this call and return
+        ``namespace.NotRun`` (so the cell must not call a collective that needs them).
+        A value that cannot be sent (it does not pickle) is named here before anything runs;
+        the ranks then use their own value of that name (e.g. their copy from the start), and
+        where they have none the cell raises a NameError that says why, before any of its code runs."""
         values = dict(values or {})
         timeout = self._timeout(timeout)
+        subset = self._rank_subset(ranks)
+        if subset is not None and len(subset) < self.num_processes:
+            idle = sorted(set(range(self.num_processes)) - subset)
+            wait = "run nothing and wait" if len(idle) > 1 else "runs nothing and waits"
+            print(f"notebook_launch: %%ranks: this cell runs on rank{'s' * (len(subset) > 1)} "
+                  f"{', '.join(map(str, sorted(subset)))} only; rank{'s' * (len(idle) > 1)} "
+                  f"{', '.join(map(str, idle))} {wait}, "
+                  f"with their state (the cell must not call a collective that needs them)", flush=True)
         try:
-            return self._call(Call(Job(namespace.run_cell, (source, filename, values)), hidden_frames=1),
-                              "%%ranks cell", timeout)
+            return self._call(Call(Job(namespace.run_cell, (source, filename, values, None, subset)),
+                                   hidden_frames=1), "%%ranks cell", timeout)
         except _Unsendable:
             pass
         unsent = namespace.unpicklable(values)
@@ -225,8 +236,27 @@ class Ranks:
               "with a NameError before it runs. Create such values in the ranks (in a %%ranks cell).",
               flush=True)
         sendable = {name: value for name, value in values.items() if name not in unsent}
-        return self._call(Call(Job(namespace.run_cell, (source, filename, sendable, unsent)), hidden_frames=1),
-                          "%%ranks cell", timeout)
+        return self._call(Call(Job(namespace.run_cell, (source, filename, sendable, unsent, subset)),
+                               hidden_frames=1), "%%ranks cell", timeout)
+
+    def _rank_subset(self, ranks: Iterable[int] | None) -> frozenset[int] | None:
+        """``ranks`` checked against the pool's world size (an error naming the bad ones)."""
+        if ranks is None:
+            return None
+        if isinstance(ranks, int) and not isinstance(ranks, bool):
+            ranks = [ranks]
+        world = self.plan.world_size if self.plan is not None else self.num_processes
+        try:
+            chosen = list(ranks)
+        except TypeError:
+            chosen = [ranks]   # type: ignore[list-item]
+        bad = [r for r in chosen if isinstance(r, bool) or not isinstance(r, int) or not 0 <= r < world]
+        if bad or not chosen:
+            raise LaunchArgumentError(
+                f"ranks={ranks!r}: give one or more global ranks between 0 and {world - 1} "
+                f"(these ranks are {world}), e.g. ranks=[0] or %%ranks --ranks 0,2"
+                + (f"; not ranks here: {', '.join(map(repr, bad))}" if bad else ""))
+        return frozenset(chosen)
 
     @_serialized
     def close(self) -> None:
