@@ -46,14 +46,18 @@ START_CHILDREN = textwrap.dedent('''
 
 
 def read_pids(fifo: str, expected_lines: int) -> list[int]:
-    """The pids the ranks wrote to ``fifo`` (each rank one line)."""
-    fd = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
+    """The pids the ranks wrote to ``fifo`` (each rank one line, one write: atomic in a pipe).
+    Opened read-write, so that between two writers the fifo never reads as hung up."""
+    fd = os.open(fifo, os.O_RDWR | os.O_NONBLOCK)
     data = b""
     try:
         while data.count(b"\n") < expected_lines:
             ready, _, _ = select.select([fd], [], [], 240)
             assert ready, "the ranks never reported their children"
-            data += os.read(fd, 4096)
+            try:
+                data += os.read(fd, 4096)
+            except BlockingIOError:   # woken with nothing to read after all
+                continue
     finally:
         os.close(fd)
     return [int(p) for p in data.split()]
