@@ -269,3 +269,43 @@ def test_collectives_are_recorded_when_torch_is_imported_only_after_the_rank_sta
         "print(dist.all_reduce._notebook_launch_wrapped, dist.distributed_c10d.barrier._notebook_launch_wrapped)\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["True", "True"]
+
+
+# --- in a real kernel: frames named as cells -------------------------------------------------
+
+HANGING_CELL = """\
+def evaluate():
+    time.sleep(600)
+
+def train():
+    dist.init_process_group("gloo")
+    t = torch.ones(4)
+    dist.all_reduce(t)
+    if os.environ["RANK"] == "1":
+        evaluate()
+    dist.all_reduce(t)
+"""
+
+
+@pytest.fixture(scope="module")
+def hung_in_a_kernel():
+    pytest.importorskip("nbclient")
+    from nbutil import make_notebook, run_notebook
+    return run_notebook(make_notebook(
+        "import os, time, torch, torch.distributed as dist\nfrom notebook_launch import notebook_launcher",
+        HANGING_CELL,
+        "notebook_launcher(train, num_processes=2, ui='text', timeout=20)",
+        "notebook_launcher(train, num_processes=2, ui='text', timeout=40, start_method='spawn')",
+    ), allow_errors=True)
+
+
+@pytest.mark.parametrize("index", [2, 3], ids=["fork", "spawn"])
+def test_in_a_kernel_the_verdict_names_cells(hung_in_a_kernel, index):
+    import re
+    errors = [out for out in hung_in_a_kernel.cells[index].outputs if out.output_type == "error"]
+    assert len(errors) == 1 and errors[0].ename == "LaunchError"
+    text = re.sub(r"\x1b\[[0-9;]*m", "", "\n".join(errors[0].traceback))
+    timeout = 20 if index == 2 else 40
+    assert (f"notebook_launch: timed out after {timeout} s: rank 0 waits in all_reduce #2 (Cell In[2], line 10); "
+            f"rank 1 never reached it: it is in evaluate() at Cell In[2], line 2 (time.sleep(600))") in text, text
+    assert "    evaluate() at Cell In[2], line 2" in text and "      time.sleep(600)" in text, text

@@ -14,6 +14,7 @@ from typing import Sequence
 
 from ..rank.whereabouts import (FIELD_SEP, GEN_OFFSET, HEADER, MAGIC, RECORD_NAME, RECORD_SIZE, STACKS_NAME,
                                 STATE, TEXT_OFFSET)
+from . import hang_verdict
 from .hang_verdict import Collective, Frame, RankWhereabouts, ThreadStack
 
 DUMP_WAIT = 2.0       # seconds to wait for the ranks' dumps (a dump takes microseconds once delivered)
@@ -141,3 +142,11 @@ def collect(ranks: Sequence[tuple[int, int | None]], wait: float = DUMP_WAIT) ->
     for where, _path, _offset in pending.values():
         where.note = f"did not dump its stack within {wait:g} s (a signal it blocks, or a process stopped)"
     return found
+
+
+def where_they_are(found: Sequence[RankWhereabouts], label: hang_verdict.Labeller) -> tuple[str | None, str]:
+    """The verdict and the detail for ``collect``'s answer; (None, "") when no rank could say
+    anything (none has a record: not our ranks, or none got to its function)."""
+    if not any(r.threads or r.inside or r.last for r in found):
+        return None, ""
+    return hang_verdict.verdict(found, label), hang_verdict.detail(found, label)

@@ -134,25 +134,30 @@ class Supervisor:
         except Exception:   # a diagnosis must never stand in the way of the stop
             log.debug("could not collect the ranks' whereabouts", exc_info=True)
             return None, ""
-        if not any(r.threads or r.inside or r.last for r in found):
-            return None, ""
         label = outcome.cell_labeller()
+        verdict, detail = stacks.where_they_are(found, label)
+        if verdict is None:
+            return None, ""
         whole = hang_verdict.detail(found, label, frames_per_thread=1000)
         for watch, where in zip(self.watches, found):
             if where.threads or where.inside:
                 self.logs.write_block(watch.local_rank, "notebook_launch: where this rank was:\n"
                                       + hang_verdict.detail([where], label, frames_per_thread=1000))
         log.debug("where the ranks were:\n%s", whole)
-        return hang_verdict.verdict(found, label), hang_verdict.detail(found, label)
+        return verdict, detail
 
     def whereabouts(self) -> list[hang_verdict.RankWhereabouts]:
         """Every rank of this run, asked where it is (the ended ones say how they ended)."""
-        asked = [(self.global_rank(w.local_rank), w.process.pid if w.exit is None else None) for w in self.watches]
+        # A process carrying several ranks (XLA: one thread per device) has one record for all: not asked.
+        asked = [(self.global_rank(w.local_rank),
+                  w.process.pid if w.exit is None and len(w.process.ranks()) == 1 else None) for w in self.watches]
         found = stacks.collect(asked)
         for watch, where in zip(self.watches, found):
             if watch.exit is not None:
                 rs = self.state.ranks[watch.local_rank]
                 where.note = f"ended ({rs.exit_description or rs.status})"
+            elif len(watch.process.ranks()) > 1:
+                where.note = "was not asked (it shares its process with other ranks)"
         return found
 
     def close(self) -> None:
