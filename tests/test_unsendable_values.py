@@ -150,3 +150,17 @@ def test_persistent_ranks_refuse_open_files_both_ways(tmp_path):
         with pytest.raises(LaunchError, match=r"result\['log'\]\[0\]"):
             ranks.run(returns_an_open_file)
         assert ranks.run(takes) == ["ran", "ran"]   # the ranks are fine afterwards
+
+
+def test_a_ranks_cell_names_an_open_file_among_the_values_it_cannot_send(tmp_path):
+    """%%ranks checks the notebook values a cell names as they would be sent: an open file is
+    named (with why), not passed as an empty copy and refused for the whole cell."""
+    import io
+
+    from notebook_launch.persistent.namespace import unpicklable
+    path = tmp_path / "data.txt"
+    path.write_text("x")
+    with open(path) as handle:
+        unsent = unpicklable({"handle": handle, "buffer": io.StringIO("kept"), "n": 3})
+    assert list(unsent) == ["handle"]
+    assert "an open file" in unsent["handle"] and "cannot be sent" in unsent["handle"]

@@ -23,6 +23,7 @@ import os
 import sys
 from typing import TYPE_CHECKING, NoReturn, Sequence
 
+from ..supervise import leftovers
 from .base import Backend, RankPipes, RankProcess
 from .fork import ForkedRank
 from .fork_thread import fork_from_clean_thread
@@ -88,6 +89,9 @@ class XlaBackend(Backend):
         # cell), and with one device torch_xla runs the function on the launcher's main
         # thread, whose first parallel region would then deadlock (see fork_thread).
         pid = fork_from_clean_thread(launcher)
+        # The launcher leads the replicas' process group: if the notebook dies before the run is swept,
+        # its keeper ends that group and whatever carries the run's mark (as start_each does per rank).
+        leftovers.guard(plan.ranks[0].env.get(leftovers.RUN_MARK, ""), pid)
         for pipes in pipes_by_rank:
             pipes.close_child_ends()
         return [XlaLauncherProcess([spec.local_rank for spec in plan.ranks], pid)]

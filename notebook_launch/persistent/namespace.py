@@ -85,14 +85,14 @@ def current() -> RankNamespace:
 # --- what push, pull and %%ranks run in the rank (module functions: pickled by reference) ---
 
 def unpicklable(values: Mapping[str, Any]) -> dict[str, str]:
-    """(In the notebook) the names whose values cloudpickle cannot send, and why."""
-    import cloudpickle
+    """(In the notebook) the names whose values cannot be sent (as ``shared_tensors.dumps`` sends
+    them: an open file is refused, not copied), and why."""
+    from ..pickling import pickle_error
     unsent = {}
     for name, value in values.items():
-        try:
-            cloudpickle.dumps(value)
-        except Exception as exc:
-            unsent[name] = f"{type(exc).__name__}: {exc}"
+        error = pickle_error(value)
+        if error is not None:
+            unsent[name] = f"{type(error).__name__}: {error}"
     return unsent
 
 
