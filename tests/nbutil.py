@@ -15,6 +15,12 @@ import nbformat
 from nbclient.exceptions import CellExecutionError  # noqa: F401  (re-exported for tests)
 
 KERNEL_NAME = "notebook-launch-tests"
+# How long nbclient waits, after a cell's execute_reply, for the rest of its IOPub output (up to the
+# kernel's idle status); what has not come by then is dropped from the cell without an error. Its
+# default, 4 s, is less than a loaded machine can take to publish a cell's last few thousand relayed
+# lines (test_persistent_notebook's between-calls test lost its tail that way on the Colab lane).
+# Only a wait: nbclient returns as soon as idle comes, and output that never comes still fails.
+IOPUB_TIMEOUT = 60
 _kernel_dir = None
 
 
@@ -56,7 +62,7 @@ def run_notebook(path_or_nb, *, cwd=None, timeout: int = 600, allow_errors: bool
     client_class = NotebookClient if messages is None else _recording_client(NotebookClient, messages)
     client = client_class(nb, km=km, timeout=timeout, allow_errors=allow_errors,
                             resources={"metadata": {"path": cwd or "."}},
-                            store_widget_state=store_widget_state)
+                            store_widget_state=store_widget_state, iopub_timeout=IOPUB_TIMEOUT)
     try:
         client.execute()
     finally:
@@ -69,9 +75,29 @@ def stop_kernel(client, km) -> None:
     stops neither the kernel (and so its ranks) nor its kernel client's channels. A heartbeat
     channel left running reconnects to the dead kernel every second from its own thread,
     opening a new socket each time, which an fd leak check of a later test in this process
-    would count as ours."""
-    if client.kc is not None:
-        client.kc.stop_channels()
+    would count as ours.
+
+    The heartbeat channel is stopped apart, with a bounded join: jupyter_client picks the kernel's
+    ports by binding port 0 and closing it, and the kernel binds them a second or more later; on a
+    busy machine another process can take one in between. When that is the heartbeat port the
+    kernel runs without a heartbeat ("Address already in use" from its Heartbeat thread) and the
+    client's channel, connected to whatever holds the port, can sit in an ``await socket.send``
+    that its ``stop()`` never wakes: ``join()`` without a timeout hung the test (seen on
+    jupyter_client 7.4.9). The kernel manager, not the heartbeat, tells nbclient whether the kernel
+    lives, so a channel stuck that way is left behind as the daemon thread it is: stuck, it opens
+    no new sockets."""
+    kc = client.kc
+    if kc is not None:
+        hb = kc._hb_channel
+        if hb is not None and hb.is_alive():
+            hb._running = False   # what HBChannel.stop() does, with a bounded join
+            hb._exit.set()
+            hb.join(timeout=10)
+            if hb.is_alive():
+                kc._hb_channel = None   # stop_channels() would join it forever
+            else:
+                hb.close()
+        kc.stop_channels()
         client.kc = None
     if km.has_kernel:
         km.shutdown_kernel(now=True)

@@ -116,6 +116,7 @@ def test_launch_magic_in_a_kernel():
     assert 'raise ValueError("bad value on rank 1")' in out[4]
     assert "LaunchArgumentError" in out[5] and "--bogus" in out[5]
     assert "SyntaxError" in out[6] and "notebook_launch:" not in out[6]   # refused before any launch
+    assert not [o for o in nb.cells[7].outputs if o.output_type == "error"], out[7]   # the bf16 launch itself
     assert "mp bf16 2" in out[8], out[8]
     assert "GuardError" in out[10] and "PartialState" in out[10]
     # `env` from inside a kernel sees the notebook and the widget panel it would use

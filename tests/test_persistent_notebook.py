@@ -8,7 +8,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from nbutil import KERNEL_NAME, cell_text, kernel_spec_dir, make_notebook, stop_kernel
+from nbutil import IOPUB_TIMEOUT, KERNEL_NAME, cell_text, kernel_spec_dir, make_notebook, stop_kernel
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -84,7 +84,8 @@ def execute_with_interrupts(nb, cwd, markers, ranks=2):
 
     km = KernelManager(kernel_name=KERNEL_NAME,
                        kernel_spec_manager=KernelSpecManager(kernel_dirs=[kernel_spec_dir()]))
-    client = NotebookClient(nb, km=km, timeout=240, allow_errors=True, resources={"metadata": {"path": cwd}})
+    client = NotebookClient(nb, km=km, timeout=240, allow_errors=True, resources={"metadata": {"path": cwd}},
+                            iopub_timeout=IOPUB_TIMEOUT)
     done = threading.Event()
 
     def interrupter():
