@@ -70,7 +70,8 @@ def check_cuda_not_initialized(start_method: str, gpus: int) -> None:
             + "What to do: restart the kernel and keep every CUDA call (.cuda(), .to('cuda'), "
             "torch.cuda.* queries that create a context, an Accelerator) inside the launched function; "
             "or pass start_method='spawn' so ranks start fresh (the function and its arguments are then "
-            "shipped with cloudpickle). Tip: `import notebook_launch` or `%load_ext notebook_launch` "
+            "shipped with cloudpickle); for persistent ranks, start_ranks(..., start_method='spawn') or "
+            "%ranks start --spawn. Tip: `import notebook_launch` or `%load_ext notebook_launch` "
             "early in the notebook to record where CUDA gets initialized.")
     if gpus == 0:
         return
@@ -88,9 +89,10 @@ def check_cuda_not_initialized(start_method: str, gpus: int) -> None:
 
 
 NVML_ADVICE = (
-    "What to do: pass start_method='spawn' to notebook_launcher so ranks start fresh (the function "
-    "and its arguments are then shipped with cloudpickle). To keep forking (start_ranks forks "
-    "only): restart the kernel and run `import os; os.environ['PYTORCH_NVML_BASED_CUDA_CHECK'] = '1'` "
+    "What to do: pass start_method='spawn' so ranks start fresh (the function and its arguments are "
+    "then shipped with cloudpickle): notebook_launcher(..., start_method='spawn'), and for persistent "
+    "ranks start_ranks(..., start_method='spawn') or %ranks start --spawn. To keep forking: restart "
+    "the kernel and run `import os; os.environ['PYTORCH_NVML_BASED_CUDA_CHECK'] = '1'` "
     "before anything calls torch.cuda.is_available(); torch then "
     "asks NVML, which leaves fork usable. Keep other CUDA queries (torch.cuda.get_device_name, "
     "mem_get_info, ...) inside the launched function.")

@@ -303,8 +303,8 @@ def test_close_and_the_death_of_the_notebook_leave_no_process(tmp_path):
 
 
 def test_bad_arguments_are_named_before_anything_starts(ranks):
-    with pytest.raises(LaunchArgumentError, match="start_method must be 'fork'"):
-        start_ranks(2, start_method="spawn")
+    with pytest.raises(LaunchArgumentError, match="start_method must be 'fork', 'spawn' or None"):
+        start_ranks(2, start_method="xla")
     with pytest.raises(LaunchArgumentError, match="interrupt_grace"):
         start_ranks(2, interrupt_grace=0)
     with pytest.raises(LaunchArgumentError, match="num_processes"):

@@ -92,7 +92,10 @@ class _PayloadDir:
 class SpawnBackend(Backend):
     name = "spawn"
 
-    def start(self, plan: "LaunchPlan", job: "Job", pipes_by_rank: Sequence[RankPipes]) -> list[RankProcess]:
+    def start(self, plan: "LaunchPlan", job: "Job", pipes_by_rank: Sequence[RankPipes],
+              extra_fds: Sequence[Sequence[int]] = ()) -> list[RankProcess]:
+        """``extra_fds``: per local rank, more fds the rank inherits under the same numbers
+        (persistent ranks: the rank's command socket and the interrupt slot's memfd)."""
         # The job's tensors go once into a memfd that every rank maps copy-on-write; the
         # parent lets go of it once the ranks hold it (it dies with its last holder).
         job_tensors = shared_tensors.create_file()
@@ -105,7 +108,8 @@ class SpawnBackend(Backend):
                 with open(payload_path, "wb") as f:
                     f.write(payload)
                 return start_each(plan, pipes_by_rank, lambda spec, pipes: self._start_rank(
-                    spec, pipes, payload_path, payload_dir, parent_pid, job_tensors))
+                    spec, pipes, payload_path, payload_dir, parent_pid, job_tensors,
+                    tuple(extra_fds[spec.local_rank]) if extra_fds else ()))
             except BaseException:
                 payload_dir.remove()
                 raise
@@ -114,7 +118,8 @@ class SpawnBackend(Backend):
                 os.close(job_tensors)
 
     def _start_rank(self, spec: "RankSpec", pipes: RankPipes, payload_path: str, payload_dir: _PayloadDir,
-                    parent_pid: int, job_tensors: int | None = None) -> "SpawnedRank":
+                    parent_pid: int, job_tensors: int | None = None,
+                    extra_fds: tuple[int, ...] = ()) -> "SpawnedRank":
         exit_r = exit_w = None
         if not hasattr(os, "pidfd_open"):
             exit_r, exit_w = os.pipe()
@@ -136,7 +141,7 @@ class SpawnBackend(Backend):
             popen = subprocess.Popen(
                 argv, stdin=subprocess.DEVNULL, stdout=pipes.stdout_w, stderr=pipes.stderr_w,
                 pass_fds=tuple(fd for fd in (pipes.events_w, pipes.answers_r, exit_w, pipes.tensors, job_tensors)
-                               if fd is not None),
+                               if fd is not None) + extra_fds,
                 env=env, close_fds=True, **extra)
         except BaseException:
             if exit_r is not None:

@@ -230,12 +230,24 @@ class InterruptSlot:
       and it is sending the outcome (a big result takes seconds). That is not stuck code,
       so the interrupt's grace does not run out on it."""
 
-    def __init__(self, num_ranks: int = 1) -> None:
+    def __init__(self, num_ranks: int = 1, fd: int | None = None) -> None:
         import mmap
         self.num_ranks = num_ranks
-        # anonymous: shared with forked children; one word for the request, two per rank
-        self._memory = mmap.mmap(-1, _SLOT.size * (1 + 2 * num_ranks))
-        self.request(0)
+        size = _SLOT.size * (1 + 2 * num_ranks)   # one word for the request, two per rank
+        # A memfd, not anonymous memory: forked children share the mapping, and a spawned
+        # rank maps the same file from the fd it was passed (``__reduce__``).
+        self.fd = fd
+        if self.fd is None:
+            self.fd = _anonymous_file()
+            os.ftruncate(self.fd, size)
+            self._memory = mmap.mmap(self.fd, size)
+            self.request(0)
+        else:
+            self._memory = mmap.mmap(self.fd, size)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        """(For a spawned rank, which was passed ``fd`` under the same number.)"""
+        return (InterruptSlot, (self.num_ranks, self.fd))
 
     def request(self, call_number: int) -> None:
         _SLOT.pack_into(self._memory, 0, call_number)
@@ -262,6 +274,19 @@ class InterruptSlot:
 
     def close(self) -> None:
         self._memory.close()
+        if self.fd is not None:
+            _close(self.fd)
+            self.fd = None
 
 
 _SLOT = struct.Struct("q")
+
+
+def _anonymous_file() -> int:
+    """A file with no name (nothing to clean up), not inherited by what the notebook starts."""
+    if hasattr(os, "memfd_create"):
+        return os.memfd_create("notebook_launch-interrupt-slot", os.MFD_CLOEXEC)
+    import tempfile
+    fd, path = tempfile.mkstemp(prefix="notebook_launch-slot-")   # no memfd (macOS): unlinked at once
+    os.unlink(path)
+    return fd

@@ -1,6 +1,7 @@
 """``%ranks`` and ``%%ranks``: persistent ranks from IPython.
 
-    %ranks start -n 4 [--mixed-precision bf16] [--timeout S] [--ui ...] [--port P] [--log-dir D] [--grace S]
+    %ranks start -n 4 [--spawn] [--mixed-precision bf16] [--timeout S] [--ui ...] [--port P] [--log-dir D]
+                 [--grace S]   <- --spawn: fresh interpreters (after CUDA was initialized here)
     %%ranks [--timeout S] [--ranks R,R]  <- the body runs on every rank (or those given), in the
                                ranks' persistent namespace; a last line that is an expression
                                shows each rank's value, tagged [rank N]
@@ -24,7 +25,7 @@ from .namespace import NotRun
 from .pool import DEFAULT_GRACE, Ranks, start_ranks
 
 log = logging.getLogger("notebook_launch")
-USAGE = ("%ranks start [-n N] [--mixed-precision no|fp16|bf16|fp8] [--timeout S] "
+USAGE = ("%ranks start [-n N] [--spawn] [--mixed-precision no|fp16|bf16|fp8] [--timeout S] "
          "[--ui auto|widget|html|rich|text|none] [--port PORT] [--log-dir DIR] [--display-ranks all|R,R] "
          "[--grace S] | "
          "%ranks push NAME... | %ranks pull NAME... | %ranks stop | %ranks status | "
@@ -36,6 +37,7 @@ _active: Ranks | None = None
 def _start_parser() -> argparse.ArgumentParser:
     p = options_parser("%ranks start", USAGE)
     p.add_argument("--grace", type=_seconds, default=DEFAULT_GRACE)
+    p.add_argument("--spawn", action="store_true")
     return p
 
 
@@ -82,7 +84,8 @@ def ranks_magic(shell: Any, line: str, cell: str | None = None) -> Any:
         args = _start_parser().parse_args(rest)
         kwargs: dict[str, Any] = {"num_processes": args.num_processes, "mixed_precision": args.mixed_precision,
                                   "timeout": args.timeout, "ui": args.ui, "log_dir": args.log_dir,
-                                  "interrupt_grace": args.grace, "display_ranks": args.display_ranks}
+                                  "interrupt_grace": args.grace, "display_ranks": args.display_ranks,
+                                  "start_method": "spawn" if args.spawn else None}
         if args.port is not None:
             kwargs["use_port"] = args.port
         _active = start_ranks(**kwargs)

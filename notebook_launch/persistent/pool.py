@@ -63,7 +63,6 @@ from .serve import Call, serve_calls
 log = logging.getLogger("notebook_launch")
 DEFAULT_GRACE = 3.0    # seconds interrupted ranks have to come back
 STOP_GRACE = 2.0       # seconds ranks have to end after STOP before SIGKILL
-BACKEND_NAME = "fork, persistent"
 T = TypeVar("T")
 
 
@@ -92,13 +91,17 @@ def start_ranks(num_processes: int | None = None, mixed_precision: str = "no",
     lives on between calls. Options mean what they mean for ``notebook_launcher``;
     ``timeout`` is the default for each call; ``interrupt_grace`` the seconds interrupted
     ranks have to come back before every rank is stopped (and restarted on the next call).
+    ``start_method="spawn"``: fresh interpreters (after CUDA was initialized in the notebook,
+    where a fork is refused): each call's function and a ``%%ranks`` cell's values travel
+    with cloudpickle, as they do to forked ranks; the ranks do not start with a copy of the
+    notebook's globals, only what calls, cells and ``push`` bring.
     Use ``with start_ranks(2) as ranks:`` or call ``close()``.
     """
     check_not_inside_rank()
-    if start_method not in (None, "fork"):
+    if start_method not in (None, "fork", "spawn"):
         raise LaunchArgumentError(
-            f"start_ranks(start_method={start_method!r}): persistent ranks are forked (Linux), so "
-            f"start_method must be 'fork' or None; use notebook_launcher for spawn or xla")
+            f"start_ranks(start_method={start_method!r}): persistent ranks are forked or spawned, so "
+            f"start_method must be 'fork', 'spawn' or None; use notebook_launcher for xla")
     if isinstance(interrupt_grace, bool) or not isinstance(interrupt_grace, (int, float)) \
             or interrupt_grace <= 0:
         raise LaunchArgumentError(f"interrupt_grace must be a number of seconds > 0; got {interrupt_grace!r}")
@@ -282,6 +285,10 @@ class Ranks:
         return self.options.num_processes or (self.plan.num_processes if self.plan else 0)
 
     @property
+    def backend_name(self) -> str:
+        return f"{self.plan.start_method if self.plan else 'fork'}, persistent"
+
+    @property
     def pids(self) -> list[int]:
         return [p.pid for p in self._processes]
 
@@ -312,12 +319,13 @@ class Ranks:
             raise
 
     def _start_planned(self, target: LaunchTarget, plan: LaunchPlan, run_id: str) -> None:
-        if plan.start_method != "fork":
+        if plan.start_method not in ("fork", "spawn"):
             raise LaunchArgumentError(
-                f"persistent ranks are forked, but this machine launches with {plan.start_method!r}; "
-                f"use notebook_launcher here")
+                f"persistent ranks are forked or spawned, but this machine launches with "
+                f"{plan.start_method!r}; use notebook_launcher here")
         check_display_ranks_exist(self.options.display_ranks, plan.world_size)
-        backend = get_backend("fork")
+        spawned = plan.start_method == "spawn"
+        backend = get_backend(plan.start_method)
         backend.prepare_parent()
         if self.logs is None:
             self.run_id = run_id
@@ -327,7 +335,13 @@ class Ranks:
         command_pipes = [commands.CommandPipe.open() for _ in plan.ranks]
         slot = commands.InterruptSlot(len(plan.ranks))
         try:
-            processes = backend.start(plan, Job(serve_calls, (plan, command_pipes, slot)), pipes)
+            job = Job(serve_calls, (plan, command_pipes, slot), {"spawned": spawned})
+            if spawned:   # a fresh interpreter inherits only what it is passed
+                assert slot.fd is not None
+                processes = backend.start(plan, job, pipes,  # type: ignore[call-arg]
+                                          extra_fds=[(c.read_fd, slot.fd) for c in command_pipes])
+            else:
+                processes = backend.start(plan, job, pipes)
         except BaseException:
             for p in pipes:
                 p.close_parent_ends()
@@ -348,7 +362,7 @@ class Ranks:
         self._start_idle({})
         if self.restarts == 0:
             display = choose_display(self.options.ui, line_prefix=self.options.line_prefix).name
-            print(launch_summary(plan, BACKEND_NAME, self.logs.path, platform=target.where.platform,
+            print(launch_summary(plan, self.backend_name, self.logs.path, platform=target.where.platform,
                                  display=display), flush=True)
 
     def _start_idle(self, events: dict[int, protocol.EventReader]) -> None:
@@ -442,7 +456,7 @@ class Ranks:
         assert self.plan is not None and self.logs is not None and self._slot is not None
         self.calls += 1
         state = RunState(run_id=f"{self.run_id}-call{self.calls}", world_size=self.plan.world_size,
-                         backend=BACKEND_NAME, log_dir=str(self.logs.path),
+                         backend=self.backend_name, log_dir=str(self.logs.path),
                          ranks=[RankState(rank=r.global_rank, local_rank=r.local_rank, device=r.device,
                                           pid=p.pid, status=RUNNING)
                                 for r, p in zip(self.plan.ranks, self._processes)])
@@ -537,7 +551,10 @@ def _exited(process: RankProcess) -> bool:
 
 
 def _reaped(process: RankProcess) -> bool:
-    return getattr(process, "_status", None) is not None   # ForkedRank keeps the status it reaped
+    if getattr(process, "_status", None) is not None:   # ForkedRank keeps the status it reaped
+        return True
+    popen = getattr(process, "popen", None)             # SpawnedRank: its Popen reaped it
+    return popen is not None and popen.returncode is not None
 
 
 def _end_and_reap(process: RankProcess, reaping: threading.Lock) -> WaitStatus:

@@ -1,5 +1,6 @@
-"""The life of a persistent rank: started like any forked rank (``rank.fork_entry`` ->
-``rank.runner.run_rank``, which runs ``serve_calls`` as its function), it then takes
+"""The life of a persistent rank: started like any forked or spawned rank (``rank.fork_entry``
+or ``rank.spawn_entry`` -> ``rank.runner.run_rank``, which runs ``serve_calls`` as its
+function; a spawned rank unpickles it from the spawn payload), it then takes
 calls from its command pipe and runs each through ``runner.call_and_report``: the
 same RESULT/ERROR reporting, result encoding and progress flushing as a launch.
 
@@ -63,16 +64,24 @@ class _Interruptible:
         self.slot.set_reporting(self.local_rank, self.number)
 
 
-def serve_calls(plan: LaunchPlan, pipes: Sequence[commands.CommandPipe], slot: commands.InterruptSlot) -> None:
+def serve_calls(plan: LaunchPlan, pipes: Sequence[commands.CommandPipe], slot: commands.InterruptSlot,
+                spawned: bool = False) -> None:
     """The function a persistent rank runs: one call after the other until STOP (or until
-    the notebook goes away: end of file on the command pipe)."""
+    the notebook goes away: end of file on the command pipe). ``spawned``: this rank is a
+    fresh interpreter that was passed only its own command socket and the slot's memfd
+    (under the notebook's numbers); the other numbers in ``pipes`` are not its fds."""
     local_rank = int(os.environ["LOCAL_RANK"])
     spec = plan.ranks[local_rank]
     own = pipes[local_rank]
-    for index, pipe in enumerate(pipes):   # keep only this rank's read end
-        if index != local_rank:
-            pipe.close_read_end()
-        pipe.close_write_end()
+    if spawned:   # passed to us inheritable: what the user's code starts must not hold them
+        for fd in (own.read_fd, slot.fd):
+            if fd is not None:
+                os.set_inheritable(fd, False)
+    else:
+        for index, pipe in enumerate(pipes):   # keep only this rank's read end
+            if index != local_rank:
+                pipe.close_read_end()
+            pipe.close_write_end()
     writer = protocol.current()
     assert writer is not None, "serve_calls runs inside a rank"
     # Not the rank's result file of a launch: that file only grows until it is closed
@@ -93,7 +102,8 @@ def serve_calls(plan: LaunchPlan, pipes: Sequence[commands.CommandPipe], slot: c
             continue
         if kind is commands.Command.STOP:
             return
-        run_one(spec, payload, ns, interrupts, CallWriter(writer, own.read_fd, payload.number))
+        run_one(spec, payload, ns, interrupts, CallWriter(writer, own.read_fd, payload.number),
+                forked=not spawned)
 
 
 class CallWriter:
@@ -127,8 +137,9 @@ class CallWriter:
 
 
 def run_one(spec: Any, call: Call, ns: namespace.RankNamespace, interrupts: _Interruptible,
-            writer: CallWriter) -> None:
-    """One call through the runner's report path, interruptible only inside the user's code."""
+            writer: CallWriter, forked: bool = True) -> None:
+    """One call through the runner's report path, interruptible only inside the user's code.
+    ``forked``: the rank's ``__main__`` began as a copy of the notebook's (see run_rank)."""
     job = call.job
     interrupts.number = call.number
     function = ns.adopt(job.function)
@@ -144,7 +155,7 @@ def run_one(spec: Any, call: Call, ns: namespace.RankNamespace, interrupts: _Int
 
     try:
         runner.call_and_report(spec, runner.Job(interruptible, args, job.kwargs), writer,  # type: ignore[arg-type]
-                               own_frames=2 + call.hidden_frames, forked_from_notebook=True)
+                               own_frames=2 + call.hidden_frames, forked_from_notebook=forked)
     finally:
         writer.close()
         ns.own_changes(before)
