@@ -29,7 +29,7 @@ def notebook_launcher(function: Callable[..., Any], args: tuple | list = (), num
                       log_dir: str | os.PathLike[str] | None = None, ui: str = "auto",
                       rdzv_timeout: float | None = None,
                       display_ranks: int | Iterable[int] | str | None = None,
-                      cluster: "RayCluster | None" = None) -> list[Any]:
+                      cluster: "RayCluster | None" = None, stall_after: float | None = None) -> list[Any]:
     """Run ``function(*args, **kwargs)`` on ``num_processes`` ranks and return every rank's result.
 
     The first fourteen parameters mean what they mean in Hugging Face Accelerate's
@@ -49,6 +49,8 @@ def notebook_launcher(function: Callable[..., Any], args: tuple | list = (), num
         notebook progress) the cell shows: None for rank 0, a global rank or a list of them, or "all".
     cluster: RayCluster(address=..., resources_per_rank=..., placement=...) runs num_processes ranks
         as Ray actors on that cluster (one placement group), instead of processes on this machine.
+    stall_after: seconds a live rank may show no sign of progress (no output, progress() step or
+        CPU time) before it is marked stalled; nothing is stopped. None: not watched.
 
     Returns a list with each local rank's return value, in rank order (tensors moved to CPU).
     Raises LaunchError when a rank fails (naming it, with its traceback), GuardError when
@@ -63,7 +65,8 @@ def notebook_launcher(function: Callable[..., Any], args: tuple | list = (), num
             rdzv_backend=rdzv_backend, rdzv_endpoint=rdzv_endpoint, rdzv_conf=rdzv_conf, rdzv_id=rdzv_id,
             max_restarts=max_restarts, monitor_interval=monitor_interval,
             log_line_prefix_template=log_line_prefix_template, kwargs=kwargs, start_method=start_method,
-            timeout=timeout, log_dir=log_dir, ui=ui, rdzv_timeout=rdzv_timeout, display_ranks=display_ranks)
+            timeout=timeout, log_dir=log_dir, ui=ui, rdzv_timeout=rdzv_timeout, display_ranks=display_ranks,
+            stall_after=stall_after)
         if cluster is not None:
             return launch_on_cluster(options, cluster)
         return launch(options)
@@ -109,7 +112,8 @@ def _run(options: LaunchOptions, target: LaunchTarget, plan: LaunchPlan, run_id:
                            platform=target.where.platform, display_ranks=options.display_ranks)
     return run_plan(plan, job, run_id=run_id, log_dir=options.log_dir, ui=options.ui, timeout=options.timeout,
                     poll_interval=options.poll_interval, line_prefix=options.line_prefix,
-                    platform=target.where.platform, display_ranks=options.display_ranks)
+                    platform=target.where.platform, display_ranks=options.display_ranks,
+                    stall_after=options.stall_after)
 
 
 def check_master_addr(master_addr: str, *, node_rank: int, num_nodes: int) -> None:

@@ -62,6 +62,7 @@ class LaunchOptions:
     ui: str
     rdzv_timeout: float | None
     display_ranks: frozenset[int] | None = frozenset({0})   # whose display() the cell shows; None: all
+    stall_after: float | None = None   # seconds without a sign of progress before a rank is marked stalled
 
     @property
     def elastic(self) -> bool:
@@ -73,7 +74,8 @@ def launch_options(*, function: Any, args: Any, num_processes: Any, mixed_precis
                    master_addr: Any, node_rank: Any, num_nodes: Any, rdzv_backend: Any, rdzv_endpoint: Any,
                    rdzv_conf: Any, rdzv_id: Any, max_restarts: Any, monitor_interval: Any,
                    log_line_prefix_template: Any, kwargs: Any, start_method: Any, timeout: Any,
-                   log_dir: Any, ui: Any, rdzv_timeout: Any, display_ranks: Any = None) -> LaunchOptions:
+                   log_dir: Any, ui: Any, rdzv_timeout: Any, display_ranks: Any = None,
+                   stall_after: Any = None) -> LaunchOptions:
     """Check every argument of ``notebook_launcher``; raise LaunchArgumentError naming the first bad one."""
     validate_function(function)
     validate_args(args, kwargs)
@@ -87,6 +89,7 @@ def launch_options(*, function: Any, args: Any, num_processes: Any, mixed_precis
     node_rank = validate_int("node_rank", node_rank, 0, num_nodes - 1)
     max_restarts = validate_int("max_restarts", max_restarts, 0)
     timeout = validate_timeout(timeout)
+    stall_after = validate_timeout(stall_after, "stall_after")
     port = validate_port(use_port)
     monitor_interval = validate_monitor_interval(monitor_interval)
     parse_line_prefix(log_line_prefix_template)   # a bad template fails here, not at a rank's first line
@@ -99,7 +102,7 @@ def launch_options(*, function: Any, args: Any, num_processes: Any, mixed_precis
         rdzv_endpoint=rdzv_endpoint, rdzv_conf=rdzv_conf, rdzv_id=rdzv_id, max_restarts=max_restarts,
         poll_interval=min(float(monitor_interval), 0.1), line_prefix=log_line_prefix_template,
         start_method=start_method, timeout=timeout, log_dir=log_dir, ui=ui, rdzv_timeout=rdzv_timeout,
-        display_ranks=validate_display_ranks(display_ranks))
+        display_ranks=validate_display_ranks(display_ranks), stall_after=stall_after)
     if options.elastic:
         validate_elastic_start_method(start_method)
         validate_rendezvous(rdzv_backend=rdzv_backend, rdzv_endpoint=rdzv_endpoint, rdzv_conf=rdzv_conf,
@@ -205,13 +208,13 @@ def seconds_or_none(value: object) -> float | None:
     return seconds if seconds > 0 else None
 
 
-def validate_timeout(timeout: object) -> float | None:
-    """Seconds > 0; float("inf") means no timeout, as None does."""
+def validate_timeout(timeout: object, name: str = "timeout") -> float | None:
+    """Seconds > 0; float("inf") means none, as None does."""
     if timeout is None:
         return None
     seconds = seconds_or_none(timeout)
     if seconds is None:
-        raise LaunchArgumentError(f"timeout must be a number of seconds > 0, or None; got {timeout!r}")
+        raise LaunchArgumentError(f"{name} must be a number of seconds > 0, or None; got {timeout!r}")
     return None if math.isinf(seconds) else seconds
 
 

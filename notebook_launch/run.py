@@ -46,7 +46,8 @@ class RunContext:
 
 def run_plan(plan: LaunchPlan, job: Job, *, run_id: str, log_dir: Any = None, ui: str = "auto",
              timeout: float | None = None, poll_interval: float = 0.1, line_prefix: str | None = None,
-             platform: str | None = None, display_ranks: frozenset[int] | None = frozenset({0})) -> list[Any]:
+             platform: str | None = None, display_ranks: frozenset[int] | None = frozenset({0}),
+             stall_after: float | None = None) -> list[Any]:
     """Start the plan's ranks and supervise them until results or one clear error."""
     def body(ctx: RunContext) -> list[Any]:
         pipes: list[RankPipes] = []
@@ -55,7 +56,8 @@ def run_plan(plan: LaunchPlan, job: Job, *, run_id: str, log_dir: Any = None, ui
                 pipes.append(RankPipes.open())
             processes = ctx.backend.start(plan, job, pipes)
             return Supervisor(processes, pipes, ctx.state, ctx.display, ctx.logs,
-                              timeout=timeout, poll_interval=poll_interval, rank_displays=ctx.rank_displays).run()
+                              timeout=timeout, poll_interval=poll_interval, rank_displays=ctx.rank_displays,
+                              stall_after=stall_after).run()
         finally:
             for p in pipes:
                 p.close_parent_ends()

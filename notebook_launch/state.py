@@ -82,6 +82,7 @@ class RankState:
     exit_description: str | None = None   # e.g. "exit code 0", "killed by SIGKILL"
     error: str | None = None              # one line: "ValueError: boom"
     updates: int = 0                      # progress events folded, for displays that diff
+    stalled_since: float | None = None    # monotonic time of its last sign of progress, while stalled
 
     @property
     def last_line(self) -> str:
@@ -150,6 +151,15 @@ class RunState:
         rs.updates += 1
         if rs.status == STARTING:
             rs.status = RUNNING
+
+    def on_stalled(self, local_rank: int, since: float | None) -> None:
+        """The rank shows no sign of progress since ``since`` (None: it is not stalled)."""
+        self.ranks[local_rank].stalled_since = since
+
+    def stalled_for(self, local_rank: int) -> float | None:
+        """Seconds the rank has been stalled, or None."""
+        since = self.ranks[local_rank].stalled_since
+        return None if since is None else time.monotonic() - since
 
     def on_line(self, local_rank: int, stream: str, text: str) -> None:
         self.ranks[local_rank].lines.append((stream, text))

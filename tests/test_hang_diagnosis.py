@@ -309,3 +309,46 @@ def test_in_a_kernel_the_verdict_names_cells(hung_in_a_kernel, index):
     assert (f"notebook_launch: timed out after {timeout} s: rank 0 waits in all_reduce #2 (Cell In[2], line 10); "
             f"rank 1 never reached it: it is in evaluate() at Cell In[2], line 2 (time.sleep(600))") in text, text
     assert "    evaluate() at Cell In[2], line 2" in text and "      time.sleep(600)" in text, text
+
+
+# --- stall detection --------------------------------------------------------------------------
+
+def test_stall_watch_counts_cpu_time_as_a_sign_of_progress():
+    from notebook_launch.supervise.stall import StallWatch
+    cpu = {1: 0.0, 2: 0.0}
+    watch = StallWatch(10, now=0.0, cpu=lambda pid: cpu[pid])
+    assert watch.check(0, 1, 1.0) is None and watch.check(1, 2, 1.0) is None
+    for second in range(2, 30):
+        cpu[1] += 0.9          # rank 0 computes silently; rank 1 waits
+        stalled_0, stalled_1 = watch.check(0, 1, float(second)), watch.check(1, 2, float(second))
+        assert stalled_0 is None
+        assert (stalled_1 is None) == (second < 10)
+    assert stalled_1 == 0.0    # stalled since the start: it never showed a sign
+    watch.saw(1, 30.0)         # an output line: no longer stalled
+    assert watch.check(1, 2, 30.5) is None
+
+
+def computes_silently_or_sleeps():
+    end = time.monotonic() + HANG
+    if rank() == 1:
+        time.sleep(HANG)
+    total = 0
+    while time.monotonic() < end:   # a long first epoch that prints nothing
+        total += sum(range(1000))
+    return total
+
+
+def test_a_sleeping_rank_is_stalled_and_a_silent_computing_one_is_not(log_dir):
+    with pytest.raises(LaunchError) as info:
+        notebook_launcher(computes_silently_or_sleeps, num_processes=2, timeout=10, stall_after=3,
+                          log_dir=log_dir, ui="text", use_port=str(free_port()))
+    text = str(info.value)
+    rank0, rank1 = text.split("\nrank 0:\n")[1].split("\nrank 1:\n")
+    assert "stalled for" in rank1 and "no output, progress or CPU time" in rank1
+    assert "stalled for" not in rank0
+
+
+def test_stall_after_must_be_seconds():
+    from notebook_launch.errors import LaunchArgumentError
+    with pytest.raises(LaunchArgumentError, match="stall_after must be a number of seconds > 0"):
+        notebook_launcher(sleeps_on_rank_1, num_processes=2, stall_after=-1)

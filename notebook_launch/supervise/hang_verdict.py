@@ -58,6 +58,7 @@ class RankWhereabouts:
     main_thread: int = 0
     note: str = ""
     raw_stacks: str = ""
+    stalled_for: float | None = None   # seconds without a sign of progress (supervise.stall), if watched
 
     def main_frames(self) -> list[Frame]:
         for thread in self.threads:
@@ -206,6 +207,8 @@ def detail(ranks: Sequence[RankWhereabouts], label: Labeller, frames_per_thread:
         lines.append(f"rank {r.rank}:")
         if r.note:
             lines.append(f"  {r.note}")
+        if r.stalled_for is not None:
+            lines.append(f"  stalled for {r.stalled_for:.0f} s: no output, progress or CPU time")
         if r.inside is not None:
             lines.append(f"  waits in {collective_text(r.inside, label)}"
                          + (f", tensors {r.inside.tensors}" if r.inside.tensors else ""))

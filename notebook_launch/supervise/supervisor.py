@@ -15,8 +15,9 @@ from typing import TYPE_CHECKING, Any, Sequence
 from .. import protocol
 from ..errors import LaunchError
 from ..protocol import Failure
-from ..state import RunState
+from ..state import RUNNING, RunState
 from . import hang_verdict, interrupts, leftovers, outcome, stacks, teardown
+from .stall import StallWatch
 from .prompts import StdinRelay, reply_on
 from .watch import RankWatch, Watcher
 
@@ -47,7 +48,7 @@ class Supervisor:
     def __init__(self, processes: Sequence["RankProcess"], pipes_by_rank: Sequence["RankPipes"],
                  state: RunState, display: "Display", logs: "RunLogs", *,
                  timeout: float | None = None, poll_interval: float = 0.1,
-                 rank_displays: "RankDisplays | None" = None) -> None:
+                 rank_displays: "RankDisplays | None" = None, stall_after: float | None = None) -> None:
         self.state = state
         self.rank_displays = rank_displays   # re-publishes the ranks' display() calls (in a kernel)
         self.display = display
@@ -58,6 +59,7 @@ class Supervisor:
         self.watcher = self.watcher_class(self.processes, pipes_by_rank, self)
         self.watches = self.watcher.watches
         self.first_failure: Failure | None = None
+        self.stalls = None if stall_after is None else StallWatch(stall_after, time.monotonic())
         self._stopped = False
         self._closed = False
         self.prompts = StdinRelay(lambda local: f"rank {self.global_rank(local)}",
@@ -93,6 +95,7 @@ class Supervisor:
         self.watcher.pump(wait)
         self.prompts.poll()
         self.watcher.close_stale(DRAIN_AFTER_EXIT)
+        self.check_stalls()
         self.display.refresh(self.state)
         if self.rank_displays is not None:
             self.rank_displays.pump()
@@ -103,6 +106,18 @@ class Supervisor:
             self.stop("the Stop button was pressed")
             raise KeyboardInterrupt("notebook_launch: run stopped with the Stop button")
         return Step.FINISHED if self.finished() else Step.RUNNING
+
+    def check_stalls(self) -> None:
+        """Mark the live ranks that show no sign of progress as stalled (see ``stall``); nothing is stopped."""
+        if self.stalls is None:
+            return
+        now = time.monotonic()
+        for watch in self.watches:
+            since = None
+            if watch.exit is None and self.state.ranks[watch.local_rank].status == RUNNING:
+                since = self.stalls.check(watch.local_rank, watch.process.pid, now)
+            if since != self.state.ranks[watch.local_rank].stalled_since:
+                self.state.on_stalled(watch.local_rank, since)
 
     def finished(self) -> bool:
         """Whether the run has ended: every rank exited and its pipes are drained."""
@@ -158,6 +173,7 @@ class Supervisor:
                 where.note = f"ended ({rs.exit_description or rs.status})"
             elif len(watch.process.ranks()) > 1:
                 where.note = "was not asked (it shares its process with other ranks)"
+            where.stalled_for = self.state.stalled_for(watch.local_rank)
         return found
 
     def close(self) -> None:
@@ -183,6 +199,8 @@ class Supervisor:
     # --- what the watcher reports (WatchHandler) ------------------------------
     def on_event(self, watch: RankWatch, kind: protocol.EventKind, payload: Any) -> None:
         local = watch.local_rank
+        if self.stalls is not None:
+            self.stalls.saw(local, time.monotonic())
         if kind is protocol.EventKind.PROGRESS:
             self.state.on_progress(local, payload)
             self.logs.write_metrics(self.state.ranks[local].rank, payload.get("series"))
@@ -207,6 +225,8 @@ class Supervisor:
             self.prompts.request(local, payload, reply_on(pipes.answers_w, lambda: pipes.answers_w not in pipes.closed))
 
     def on_line(self, local_rank: int, stream: str, text: str) -> None:
+        if self.stalls is not None:
+            self.stalls.saw(local_rank, time.monotonic())
         self.state.on_line(local_rank, stream, text)
         self.logs.write_line(local_rank, stream, text)
         self.display.line(self.state, local_rank, stream, text)
