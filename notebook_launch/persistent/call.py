@@ -74,8 +74,10 @@ class CallSupervisor(Supervisor):
 
     def __init__(self, *args: Any, grace: float, slot: InterruptSlot, call_number: int,
                  send: Callable[[], None], events: dict[int, protocol.EventReader] | None = None,
-                 command_fds: list[int] | None = None, **kwargs: Any) -> None:
+                 command_fds: list[int] | None = None, idle_ranks: frozenset[int] = frozenset(),
+                 **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        self.idle_ranks = idle_ranks   # global ranks this call does not run on (%%ranks --ranks)
         self.grace = grace
         self.slot = slot
         self.call_number = call_number
@@ -196,7 +198,8 @@ class CallSupervisor(Supervisor):
             return
         super().on_event(watch, kind, payload)
         if kind is protocol.EventKind.RESULT:
-            self.state.on_exit(local, DONE, "returned")
+            idle = self.global_rank(local) in self.idle_ranks
+            self.state.on_exit(local, DONE, "idle: not in this cell's --ranks" if idle else "returned")
         elif kind is protocol.EventKind.ERROR:
             self.state.on_exit(local, FAILED, "raised", error=protocol.headline_of(payload["type"],
                                                                                    payload["message"]))

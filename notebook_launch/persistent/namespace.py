@@ -115,8 +115,18 @@ def pull(names: Iterable[str]) -> Any:
     return {n: namespace.globals[n] for n in names}
 
 
-class NotRun:
-    """What a rank outside a ``%%ranks --ranks`` subset returns (a class: it pickles by reference)."""
+class _NotRun:
+    """What a rank outside a ``%%ranks --ranks`` subset returns: one object, which pickles by
+    reference, so ``value is NotRun`` holds in the notebook too."""
+
+    def __repr__(self) -> str:
+        return "NotRun"
+
+    def __reduce__(self) -> str:
+        return "NotRun"
+
+
+NotRun = _NotRun()
 
 
 def run_cell(source: str, filename: str, values: Mapping[str, Any], unsent: Mapping[str, str] | None = None,

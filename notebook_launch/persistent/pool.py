@@ -220,16 +220,17 @@ class Ranks:
         values = dict(values or {})
         timeout = self._timeout(timeout)
         subset = self._rank_subset(ranks)
-        if subset is not None and len(subset) < self.num_processes:
-            idle = sorted(set(range(self.num_processes)) - subset)
+        idle = sorted(set(range(self.num_processes)) - subset) if subset is not None else []
+        if subset is not None and idle:
             wait = "run nothing and wait" if len(idle) > 1 else "runs nothing and waits"
             print(f"notebook_launch: %%ranks: this cell runs on rank{'s' * (len(subset) > 1)} "
                   f"{', '.join(map(str, sorted(subset)))} only; rank{'s' * (len(idle) > 1)} "
                   f"{', '.join(map(str, idle))} {wait}, "
-                  f"with their state (the cell must not call a collective that needs them)", flush=True)
+                  f"with {'their' if len(idle) > 1 else 'its'} state (the cell must not call a collective "
+                  f"that needs {'them' if len(idle) > 1 else 'it'})", flush=True)
         try:
             return self._call(Call(Job(namespace.run_cell, (source, filename, values, None, subset)),
-                                   hidden_frames=1), "%%ranks cell", timeout)
+                                   hidden_frames=1), "%%ranks cell", timeout, idle=frozenset(idle))
         except _Unsendable:
             pass
         unsent = namespace.unpicklable(values)
@@ -240,7 +241,7 @@ class Ranks:
               flush=True)
         sendable = {name: value for name, value in values.items() if name not in unsent}
         return self._call(Call(Job(namespace.run_cell, (source, filename, sendable, unsent, subset)),
-                               hidden_frames=1), "%%ranks cell", timeout)
+                               hidden_frames=1), "%%ranks cell", timeout, idle=frozenset(idle))
 
     def _rank_subset(self, ranks: Iterable[int] | None) -> frozenset[int] | None:
         """``ranks`` checked against the pool's world size (an error naming the bad ones)."""
@@ -421,8 +422,10 @@ class Ranks:
             events = self._pause_idle()
         return events
 
-    def _call(self, call: Call, title: str, timeout: float | None, quiet: bool = False) -> list[Any]:
-        """One call on every rank. ``quiet`` (push, pull): no panel, only an error if one comes."""
+    def _call(self, call: Call, title: str, timeout: float | None, quiet: bool = False,
+              idle: frozenset[int] = frozenset()) -> list[Any]:
+        """One call on every rank. ``quiet`` (push, pull): no panel, only an error if one comes;
+        ``idle``: the global ranks whose part of the call runs nothing (the panel says so)."""
         if self.closed:
             self._ensure_running()   # raises: closed
         call.number = self.calls + 1
@@ -435,7 +438,7 @@ class Ranks:
         try:
             events = self._ensure_running()
             try:
-                return self._supervise(call, frame, title, timeout, quiet, events)
+                return self._supervise(call, frame, title, timeout, quiet, events, idle)
             finally:
                 if self._processes and self._lost is None and not self.closed:
                     self._start_idle(self._handed_back)
@@ -452,7 +455,7 @@ class Ranks:
                 log.debug("rank command pipe %d is broken", pipe.write_fd)
 
     def _supervise(self, call: Call, frame: commands.Frame, title: str, timeout: float | None, quiet: bool,
-                   events: dict[int, Any]) -> list[Any]:
+                   events: dict[int, Any], idle: frozenset[int] = frozenset()) -> list[Any]:
         assert self.plan is not None and self.logs is not None and self._slot is not None
         self.calls += 1
         state = RunState(run_id=f"{self.run_id}-call{self.calls}", world_size=self.plan.world_size,
@@ -468,7 +471,8 @@ class Ranks:
                                         timeout=timeout, poll_interval=self.options.poll_interval,
                                         grace=self.grace, slot=self._slot, call_number=self.calls,
                                         rank_displays=rank_displays, send=lambda: self._send(frame),
-                                        events=events, command_fds=[c.write_fd for c in self._commands])
+                                        events=events, command_fds=[c.write_fd for c in self._commands],
+                                        idle_ranks=idle)
             try:
                 results = supervisor.run()
             except LaunchError as error:
