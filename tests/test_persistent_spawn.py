@@ -5,6 +5,8 @@ stand-in (``cuda_tracking.is_cuda_initialized`` patched to say True, as tests/te
 guard test does) and a poisoned fork is ``fake_cuda_build_standin``'s FAKE CUDA build."""
 from __future__ import annotations
 
+import os
+import signal
 import textwrap
 import time
 
@@ -162,3 +164,19 @@ def test_spawned_ranks_are_not_left_behind_when_the_interpreter_exits(tmp_path):
             and time.monotonic() < deadline:
         time.sleep(0.2)
     assert not [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+
+
+def test_a_spawned_rank_killed_between_calls_is_noticed_and_fresh_ranks_are_spawned(capfd):
+    with start_ranks(2, start_method="spawn", ui="none", use_port=free_port()) as ranks:
+        ranks.push(kept=1)
+        first = ranks.pids
+        os.kill(first[1], signal.SIGKILL)
+        psutil.wait_procs([psutil.Process(first[1])], timeout=30)
+        assert ranks.run(os.getpid) != first
+        assert "the ranks were restarted because local rank 1 ended between calls" in capfd.readouterr().out
+        assert not any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE for p in first)
+        with pytest.raises(LaunchError, match="'kept' not defined"):
+            ranks.pull("kept")                         # fresh interpreters: the state is gone, as said
+        for pid in ranks.pids:
+            assert "notebook_launch.rank.spawn_entry" in " ".join(psutil.Process(pid).cmdline())
+    assert our_children() == []
