@@ -180,3 +180,20 @@ def test_a_spawned_rank_killed_between_calls_is_noticed_and_fresh_ranks_are_spaw
         for pid in ranks.pids:
             assert "notebook_launch.rank.spawn_entry" in " ".join(psutil.Process(pid).cmdline())
     assert our_children() == []
+
+
+def test_a_call_that_times_out_while_spawned_ranks_still_start_keeps_them(tmp_path, monkeypatch):
+    """Spawned ranks take seconds to start (here 4 s more, through a sitecustomize the ranks'
+    interpreters run first, then the call's frame imports this module); a first call that times
+    out meanwhile is not 'stuck': the ranks take the interrupt as the call's code starts, come back
+    after the 1 s grace has passed, and stay (no restart)."""
+    (tmp_path / "sitecustomize.py").write_text("import time\ntime.sleep(4)\n")
+    monkeypatch.setenv("PYTHONPATH", f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+    with start_ranks(2, start_method="spawn", ui="none", use_port=free_port(), interrupt_grace=1) as ranks:
+        with pytest.raises(LaunchError, match="timed out") as timed_out:
+            ranks.run(sleep_long, timeout=1)
+        assert "still running, with their state" in str(timed_out.value), str(timed_out.value)
+        pids = ranks.pids
+        assert ranks.alive and ranks.run(os.getpid) == pids
+        assert ranks.restarts == 0
+    assert our_children() == []

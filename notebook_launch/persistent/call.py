@@ -24,6 +24,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("notebook_launch")
 DRAIN_ROUNDS = 64   # reads of what a call printed before its RESULT (64 KiB each)
+STARTING_ALLOWANCE = 120.0   # seconds past the grace for ranks still starting (a spawned rank imports torch)
 
 
 class LogSection(RunLogs):
@@ -149,7 +150,8 @@ class CallSupervisor(Supervisor):
         deadline = time.monotonic() + self.grace
         try:
             while not all(reported(w) for w in running) and (
-                    time.monotonic() < deadline or self.only_reporting(running)):
+                    time.monotonic() < deadline or self.only_reporting(running)
+                    or (self.still_starting(running) and time.monotonic() < deadline + STARTING_ALLOWANCE)):
                 self.watcher.pump(0.05)
                 self.display.refresh(self.state)
                 if self.state.stop_requested:
@@ -170,6 +172,14 @@ class CallSupervisor(Supervisor):
         """Every rank not back yet is sending its outcome (its code is over): not stuck, so
         the grace does not end it (a second interrupt still does)."""
         return all(self.slot.reporting(w.local_rank, self.call_number) for w in running if not reported(w))
+
+    def still_starting(self, running: list[RankWatch]) -> bool:
+        """A rank not back yet has not begun this call's code: it is still starting (a spawned
+        rank imports for seconds) or unpickling the call (which may import modules). It is not
+        stuck, and takes the interrupt as the call's code starts, so the grace waits for it, up
+        to STARTING_ALLOWANCE more seconds (a second interrupt still stops every rank)."""
+        return any(not reported(w) and w.exit is None and not self.slot.started(w.local_rank, self.call_number)
+                   for w in running)
 
     def stop_all(self, reason: str) -> None:
         """Stop every rank of the pool (the group is unusable once one rank is gone)."""

@@ -228,12 +228,15 @@ class InterruptSlot:
       signals only serving ranks; the others see the request as the call starts;
     - per rank, which call it is reporting (``reporting``): its code has returned or raised
       and it is sending the outcome (a big result takes seconds). That is not stuck code,
-      so the interrupt's grace does not run out on it."""
+      so the interrupt's grace does not run out on it;
+    - per rank, which call's code it began (``started``): before that it is starting (a
+      spawned rank imports for seconds) or unpickling the call (which may import modules),
+      not stuck in a collective, so the grace waits for it too (``CallSupervisor.still_starting``)."""
 
     def __init__(self, num_ranks: int = 1, fd: int | None = None) -> None:
         import mmap
         self.num_ranks = num_ranks
-        size = _SLOT.size * (1 + 2 * num_ranks)   # one word for the request, two per rank
+        size = _SLOT.size * (1 + 3 * num_ranks)   # one word for the request, three per rank
         # A memfd, not anonymous memory: forked children share the mapping, and a spawned
         # rank maps the same file from the fd it was passed (``__reduce__``).
         self.fd = fd
@@ -267,10 +270,17 @@ class InterruptSlot:
     def reporting(self, local_rank: int, call_number: int) -> bool:
         return bool(_SLOT.unpack_from(self._memory, self._offset(local_rank, 1))[0] == call_number)
 
+    def set_started(self, local_rank: int, call_number: int) -> None:
+        _SLOT.pack_into(self._memory, self._offset(local_rank, 2), call_number)
+
+    def started(self, local_rank: int, call_number: int) -> bool:
+        """Whether the rank began running this call's code (it took the call's frame whole)."""
+        return bool(_SLOT.unpack_from(self._memory, self._offset(local_rank, 2))[0] == call_number)
+
     def _offset(self, local_rank: int, field: int) -> int:
         if not 0 <= local_rank < self.num_ranks:
             raise IndexError(f"local rank {local_rank} of {self.num_ranks}")
-        return _SLOT.size * (1 + 2 * local_rank + field)
+        return _SLOT.size * (1 + 3 * local_rank + field)
 
     def close(self) -> None:
         self._memory.close()

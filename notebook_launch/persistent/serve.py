@@ -55,6 +55,7 @@ class _Interruptible:
     def start(self, number: int) -> None:
         self.number = number
         self.calling = True
+        self.slot.set_started(self.local_rank, number)
         if self.slot.requested(number):
             raise KeyboardInterrupt
 
