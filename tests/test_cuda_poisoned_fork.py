@@ -65,7 +65,8 @@ def test_is_available_in_the_notebook_is_refused_and_located(fake_cuda_build_wit
     assert "Cannot re-initialize CUDA in forked subprocess" in message
     assert "first asked for the device count at:" in message
     assert "check_cuda_in_a_notebook_cell" in message and "torch.cuda.is_available()" in message
-    assert "start_method='spawn'" in message and "start_ranks forks only" in message
+    assert "start_method='spawn'" in message and "start_ranks(..., start_method='spawn')" in message
+    assert "%ranks start --spawn" in message
     assert "PYTORCH_NVML_BASED_CUDA_CHECK" in message
     assert_nothing_started()
     assert NVML not in os.environ   # a refused launch sets nothing
