@@ -352,3 +352,58 @@ def test_stall_after_must_be_seconds():
     from notebook_launch.errors import LaunchArgumentError
     with pytest.raises(LaunchArgumentError, match="stall_after must be a number of seconds > 0"):
         notebook_launcher(sleeps_on_rank_1, num_processes=2, stall_after=-1)
+
+
+def say_when_there(function, text: str, inside_torch: bool) -> None:
+    """Print "hanging now" once this (main) thread is at ``function``'s line holding ``text``, and,
+    with ``inside_torch``, inside torch's code under it (then our record says so): a watcher
+    thread looks at the main thread's frames, so the line comes only once the rank hangs there."""
+    import sys
+    import threading
+    main, line = threading.get_ident(), line_of(function, text)
+
+    def watch():
+        while True:
+            innermost = sys._current_frames().get(main)
+            user = innermost
+            while user is not None and user.f_code is not function.__code__:
+                user = user.f_back
+            if user is not None and user.f_lineno == line and \
+                    ("/torch/" in innermost.f_code.co_filename) == inside_torch:
+                print("hanging now", flush=True)
+                return
+            time.sleep(0.01)
+
+    threading.Thread(target=watch, daemon=True).start()
+
+
+def hangs_after_saying_so():
+    dist.init_process_group("gloo")
+    if rank() == 0:
+        say_when_there(hangs_after_saying_so, "dist.barrier()\n", inside_torch=True)
+        dist.barrier()
+    say_when_there(hangs_after_saying_so, "time.sleep(HANG)\n", inside_torch=False)
+    time.sleep(HANG)
+
+
+def test_the_stop_button_says_where_the_ranks_were(log_dir, monkeypatch):
+    """Stop pressed on a hung run (the button sets ``stop_requested``; here the state does, as soon
+    as both ranks said they hang, see ``say_when_there``): the KeyboardInterrupt says where they were."""
+    from notebook_launch import run as run_module
+
+    class ClickedWhenBothHang(run_module.RunState):
+        def on_line(self, local_rank, stream, text):
+            super().on_line(local_rank, stream, text)
+            hanging = {rs.rank for rs in self.ranks if any(t == "hanging now" for _, t in rs.lines)}
+            self.stop_requested = self.stop_requested or hanging == {0, 1}
+
+    monkeypatch.setattr(run_module, "RunState", ClickedWhenBothHang)
+    with pytest.raises(KeyboardInterrupt) as info:
+        notebook_launcher(hangs_after_saying_so, num_processes=2, log_dir=log_dir, ui="text",
+                          use_port=str(free_port()), timeout=60)
+    barrier = line_of(hangs_after_saying_so, "dist.barrier()\n")
+    sleep = line_of(hangs_after_saying_so, "time.sleep(HANG)\n")
+    assert str(info.value) == (
+        f"notebook_launch: run stopped with the Stop button; where the ranks were: rank 0 waits in barrier #1 "
+        f"({HERE}:{barrier}); rank 1 never reached it: it is in hangs_after_saying_so() at {HERE}:{sleep} "
+        f"(time.sleep(HANG))")

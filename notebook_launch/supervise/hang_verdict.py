@@ -214,7 +214,7 @@ def detail(ranks: Sequence[RankWhereabouts], label: Labeller, frames_per_thread:
                          + (f", tensors {r.inside.tensors}" if r.inside.tensors else ""))
         elif r.last is not None:
             lines.append(f"  in no collective; the last one it called: {collective_text(r.last, label)}")
-        for thread in r.threads:
+        for thread in sorted(r.threads, key=lambda t: t.ident != r.main_thread):   # the main thread first
             name = "main thread" if thread.ident == r.main_thread else f"thread 0x{thread.ident:x}"
             lines.append(f"  {name} (most recent call last):")
             shown = without_launcher_frames(thread.frames)

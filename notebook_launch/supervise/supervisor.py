@@ -103,8 +103,10 @@ class Supervisor:
             self.stop(self.failure_reason())
             return Step.FAILED
         if self.state.stop_requested:
+            verdict, _ = self.where_they_are()   # a run stopped by hand is often a hung one: say where
             self.stop("the Stop button was pressed")
-            raise KeyboardInterrupt("notebook_launch: run stopped with the Stop button")
+            raise KeyboardInterrupt("notebook_launch: run stopped with the Stop button"
+                                    + (f"; where the ranks were: {verdict}" if verdict else ""))
         return Step.FINISHED if self.finished() else Step.RUNNING
 
     def check_stalls(self) -> None:
