@@ -149,6 +149,7 @@ def test_a_notebook_session_on_persistent_ranks(tmp_path):
     assert "rank 0: interrupted after rank 1 failed (alive, state kept)" in error.evalue
 
     assert outputs(cells[7], "error")[0].ename == "KeyboardInterrupt"
+    assert outputs(cells[8], "execute_result"), cell_text(cells[8])
     after, same_pids = eval(result(cells[8]))
     assert same_pids is True                                  # the interrupt left the ranks alive
     assert [a[:3] for a in after] == [("Sequential", True, True)] * 2   # model, flag, group: kept

@@ -10,9 +10,12 @@ a half-written frame would corrupt) it is ignored, so the rank stays alive and i
 """
 from __future__ import annotations
 
+import ctypes
 import logging
 import os
 import signal
+import sys
+import threading
 import types
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -46,11 +49,53 @@ class _Interruptible:
         self.local_rank = local_rank
         self.calling = False
         self.number = 0
+        self.raised = -1             # the call an interrupt was raised in: once per call
+        self._lock = threading.Lock()
+        self._main = threading.get_ident()
 
     def handler(self, signum: int, frame: types.FrameType | None) -> None:
-        if self.calling and self.slot.requested(self.number):
+        if self._claim(blocking=False):
             raise KeyboardInterrupt
-        log.debug("an interrupt outside the call it was meant for is ignored")
+        log.debug("an interrupt outside the call it was meant for (or raised already) is ignored")
+
+    def _claim(self, blocking: bool) -> bool:
+        """Whether an interrupt raises now; True once per call (the handler and the nudge
+        thread both answer one SIGINT)."""
+        if not self._lock.acquire(blocking=blocking):
+            return False   # the nudge thread is raising it
+        try:
+            if self.calling and self.slot.requested(self.number) and self.raised != self.number:
+                self.raised = self.number
+                return True
+            return False
+        finally:
+            self._lock.release()
+
+    def nudge_on_signals(self) -> None:
+        """Python 3.13 runs a rank's signal handlers late when the rank was forked from a
+        thread other than the notebook's main one (every fork rank is: backends.fork_thread):
+        the signal marks the eval loop of the parent's old main thread, not this one, so the
+        handler waits for the next call that checks signals itself (a sleep, a write), and
+        a loop of torch ops or pure Python never sees the interrupt (a child forked from a
+        helper thread running ``while True: sum(range(100))`` ignored SIGINT on 3.13.0 and
+        3.13.5, not on 3.12). A thread woken through the wakeup fd raises the interrupt in
+        this thread instead (PyThreadState_SetAsyncExc), under the handler's rule."""
+        if sys.version_info < (3, 13):
+            return
+        read_fd, write_fd = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
+        os.set_blocking(read_fd, True)
+        signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False)
+
+        def wake() -> None:
+            while True:
+                data = os.read(read_fd, 512)
+                if not data:
+                    return
+                if signal.SIGINT in data and self._claim(blocking=True):
+                    ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(self._main),
+                                                               ctypes.py_object(KeyboardInterrupt))
+
+        threading.Thread(target=wake, name="notebook_launch-interrupts", daemon=True).start()
 
     def start(self, number: int) -> None:
         self.number = number
@@ -61,7 +106,10 @@ class _Interruptible:
 
     def stop(self) -> None:
         """The call's code is over: from now on the rank only reports (not interruptible)."""
-        self.calling = False
+        with self._lock:
+            self.calling = False
+            if sys.version_info >= (3, 13):   # an interrupt the nudge thread set and the code outran
+                ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(self._main), None)
         self.slot.set_reporting(self.local_rank, self.number)
 
 
@@ -91,6 +139,7 @@ def serve_calls(plan: LaunchPlan, pipes: Sequence[commands.CommandPipe], slot: c
     writer.tensors_fd = None
     interrupts = _Interruptible(slot, local_rank)
     signal.signal(signal.SIGINT, interrupts.handler)
+    interrupts.nudge_on_signals()
     slot.set_serving(local_rank)   # from now on a SIGINT is ours to judge (see InterruptSlot)
     ns = namespace.current()
     while True:
