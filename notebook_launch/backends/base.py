@@ -124,6 +124,7 @@ class RankProcess:
     sentinel: int | None
     end_note: str | None = None           # how it ended when no exit status says it (a Ray actor's death)
     wait_limit: float = WAIT_LIMIT        # seconds wait() waits for a process that should be ending
+    on_this_machine: bool = True          # False: ``pid`` is a process of another machine (a Ray actor)
 
     def poll(self) -> WaitStatus | None:
         """None while running; else a wait status description: ("exit", code) or ("signal", signum)."""

@@ -66,7 +66,10 @@ def visible_devices_by_node(placements: Sequence[Placement], gpu_ids: Sequence[S
 class RayRank(RankProcess):
     """A rank's actor seen as a process: it ends when its ``run`` call returns (the exit
     code) or the actor dies. Signals travel over the rank's events connection; a kill is
-    ``ray.kill``."""
+    ``ray.kill``. Its pid is the actor's on the actor's node: nothing of this machine's
+    /proc speaks for it (``on_this_machine``)."""
+
+    on_this_machine = False
 
     def __init__(self, ray: Any, local_rank: int, actor: Any, pid: int, pipes: "SocketPipes") -> None:
         self.ray = ray

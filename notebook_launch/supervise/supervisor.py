@@ -165,9 +165,12 @@ class Supervisor:
 
     def whereabouts(self) -> list[hang_verdict.RankWhereabouts]:
         """Every rank of this run, asked where it is (the ended ones say how they ended)."""
-        # A process carrying several ranks (XLA: one thread per device) has one record for all: not asked.
+        # A process carrying several ranks (XLA: one thread per device) has one record for all, and a
+        # process of another machine (a Ray actor) is read through /proc of its own node: neither is asked
+        # (another process here may even carry that pid).
         asked = [(self.global_rank(w.local_rank),
-                  w.process.pid if w.exit is None and len(w.process.ranks()) == 1 else None) for w in self.watches]
+                  w.process.pid if w.exit is None and len(w.process.ranks()) == 1 and w.process.on_this_machine
+                  else None) for w in self.watches]
         found = stacks.collect(asked)
         for watch, where in zip(self.watches, found):
             if watch.exit is not None:
@@ -175,6 +178,8 @@ class Supervisor:
                 where.note = f"ended ({rs.exit_description or rs.status})"
             elif len(watch.process.ranks()) > 1:
                 where.note = "was not asked (it shares its process with other ranks)"
+            elif not watch.process.on_this_machine:
+                where.note = "was not asked (its process runs on another machine)"
             where.stalled_for = self.state.stalled_for(watch.local_rank)
         return found
 
