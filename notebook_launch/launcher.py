@@ -13,6 +13,7 @@ from .options import (DEFAULT_USE_PORT, LaunchOptions, check_display_ranks_exist
 from .plan import LaunchPlan, build_plan
 from .rank.runner import Job
 from .run import run_plan
+from .supervise.stall import DEFAULT_STALL_AFTER
 
 if TYPE_CHECKING:
     from .cluster import RayCluster
@@ -29,7 +30,8 @@ def notebook_launcher(function: Callable[..., Any], args: tuple | list = (), num
                       log_dir: str | os.PathLike[str] | None = None, ui: str = "auto",
                       rdzv_timeout: float | None = None,
                       display_ranks: int | Iterable[int] | str | None = None,
-                      cluster: "RayCluster | None" = None, stall_after: float | None = None) -> list[Any]:
+                      cluster: "RayCluster | None" = None,
+                      stall_after: float | None = DEFAULT_STALL_AFTER) -> list[Any]:
     """Run ``function(*args, **kwargs)`` on ``num_processes`` ranks and return every rank's result.
 
     The first fourteen parameters mean what they mean in Hugging Face Accelerate's
@@ -51,6 +53,7 @@ def notebook_launcher(function: Callable[..., Any], args: tuple | list = (), num
         as Ray actors on that cluster (one placement group), instead of processes on this machine.
     stall_after: seconds a live rank may show no sign of progress (no output, progress() step or
         CPU time) before it is marked stalled; nothing is stopped. None: not watched.
+        Default DEFAULT_STALL_AFTER (supervise/stall.py).
 
     Returns a list with each local rank's return value, in rank order (tensors moved to CPU).
     Raises LaunchError when a rank fails (naming it, with its traceback), GuardError when

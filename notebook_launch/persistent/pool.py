@@ -25,7 +25,7 @@ import threading
 import time
 import weakref
 from collections.abc import Callable, Iterable
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from ..backends import get_backend
 from .. import protocol
@@ -64,6 +64,8 @@ log = logging.getLogger("notebook_launch")
 DEFAULT_GRACE = 3.0    # seconds interrupted ranks have to come back
 STOP_GRACE = 2.0       # seconds ranks have to end after STOP before SIGKILL
 T = TypeVar("T")
+if TYPE_CHECKING:
+    from ..cluster import RayCluster
 
 
 def _trimmed(method: Callable[..., T]) -> Callable[..., T]:
@@ -85,7 +87,8 @@ def start_ranks(num_processes: int | None = None, mixed_precision: str = "no",
                 log_dir: str | os.PathLike[str] | None = None, ui: str = "auto",
                 log_line_prefix_template: str | None = None,
                 interrupt_grace: float = DEFAULT_GRACE,
-                display_ranks: int | Iterable[int] | str | None = None) -> Ranks:
+                display_ranks: int | Iterable[int] | str | None = None,
+                cluster: "RayCluster | None" = None) -> Ranks:
     """Fork ``num_processes`` ranks now and keep them: each ``run()`` then calls a function
     on the same processes, whose namespace (models, data, an initialized process group)
     lives on between calls. Options mean what they mean for ``notebook_launcher``;
@@ -98,6 +101,12 @@ def start_ranks(num_processes: int | None = None, mixed_precision: str = "no",
     Use ``with start_ranks(2) as ranks:`` or call ``close()``.
     """
     check_not_inside_rank()
+    if cluster is not None:   # persistent ranks as Ray actors (issue 24): their own home
+        from .ray_ranks import start_ray_ranks
+        return start_ray_ranks(num_processes, cluster, mixed_precision=mixed_precision, use_port=use_port,
+                               timeout=timeout, log_dir=log_dir, ui=ui,
+                               log_line_prefix_template=log_line_prefix_template,
+                               interrupt_grace=interrupt_grace, display_ranks=display_ranks)
     if start_method not in (None, "fork", "spawn"):
         raise LaunchArgumentError(
             f"start_ranks(start_method={start_method!r}): persistent ranks are forked or spawned, so "

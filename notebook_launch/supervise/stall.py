@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 from typing import Callable
 
+DEFAULT_STALL_AFTER = 300.0   # seconds; notebook_launcher's and start_ranks' default (why: see the README)
 SAMPLE_EVERY = 1.0     # seconds between two reads of a rank's CPU time
 BUSY_SHARE = 0.05      # CPU seconds per wall second above which the rank counts as working
 _TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
