@@ -114,6 +114,8 @@ class RunState:
     status: Status = RUNNING              # running, done, failed, stopped
     summary: str | None = None            # final one-line outcome
     stop_requested: bool = False          # set by a display's Stop button
+    where_requested: bool = False         # set by the panel's "Where are they?" button; the supervisor answers
+    where_report: str | None = None       # its answer: a one-line verdict, then every rank's stacks
 
     @property
     def elapsed(self) -> float:
@@ -160,6 +162,12 @@ class RunState:
         """Seconds the rank has been stalled, or None."""
         since = self.ranks[local_rank].stalled_since
         return None if since is None else time.monotonic() - since
+
+    def on_where_report(self, text: str) -> None:
+        """The supervisor's answer to "Where are they?" (or to a stall): the panels draw it.
+        Clears the request, so the button can ask again."""
+        self.where_report = text
+        self.where_requested = False
 
     def on_line(self, local_rank: int, stream: str, text: str) -> None:
         self.ranks[local_rank].lines.append((stream, text))
