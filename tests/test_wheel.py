@@ -1,5 +1,7 @@
 """The install lines the README gives work: a wheel built with ``python -m build`` installs in a clean
-venv (nothing of this checkout on its path) and ``notebook-launch test`` passes from it.
+venv (nothing of this checkout on its path) and ``notebook-launch test`` passes from it. The wheel ships
+the Apache-2.0 LICENSE that pyproject.toml names, and the version comes from one place
+(``notebook_launch/_version.py``): the wheel's metadata and ``notebook_launch.__version__`` agree.
 
 The clean venv gets ``torch==2.13.0`` first (the CPU build these machines have on disk; with no torch
 installed, pip would resolve ``torch>=2.4`` to the newest CUDA build), then the wheel with its other
@@ -9,6 +11,7 @@ from __future__ import annotations
 
 import glob
 import os
+import re
 import subprocess
 import sys
 import zipfile
@@ -43,6 +46,13 @@ def test_wheel_installs_in_a_clean_venv_and_its_selftest_passes(tmp_path):
         names = whl.namelist()
     assert "notebook_launch/__init__.py" in names
     assert not [n for n in names if n.startswith("tests/")], "the wheel must ship the package only"
+    licenses = [n for n in names if re.fullmatch(r"notebook_launch-[^/]+\.dist-info/licenses/LICENSE", n)]
+    assert licenses, f"the wheel ships no LICENSE: {[n for n in names if 'dist-info' in n]}"
+    with zipfile.ZipFile(wheels[0]) as whl:
+        license_text = whl.read(licenses[0]).decode()
+    with open(os.path.join(REPO, "LICENSE")) as f:
+        assert license_text == f.read()
+    assert "Apache License" in license_text and "Version 2.0, January 2004" in license_text
 
     venv = tmp_path / "venv"
     _run(["python3", "-m", "venv", str(venv)], cwd=str(tmp_path), env=_clean_env())
@@ -53,8 +63,37 @@ def test_wheel_installs_in_a_clean_venv_and_its_selftest_passes(tmp_path):
     where = _run([str(venv / "bin" / "python"), "-c", "import notebook_launch; print(notebook_launch.__file__)"],
                  cwd=str(tmp_path), env=_clean_env())
     assert where.strip().startswith(str(venv)), f"imported from outside the clean venv: {where}"
+    versions = _run([str(venv / "bin" / "python"), "-c",
+                     "import importlib.metadata as m, notebook_launch, notebook_launch._version as v; "
+                     "print(m.version('notebook_launch'), notebook_launch.__version__, v.__version__)"],
+                    cwd=str(tmp_path), env=_clean_env()).split()
+    assert len(set(versions)) == 1, f"metadata, __version__ and _version.py disagree: {versions}"
 
     env = _clean_env()
     env["NOTEBOOK_LAUNCH_LOG_DIR"] = str(tmp_path / "runs")
     output = _run([str(venv / "bin" / "notebook-launch"), "test"], cwd=str(tmp_path), env=env, timeout=300)
     assert "PASSED" in output, output[-3000:]
+
+
+def test_the_version_is_written_in_one_place():
+    """pyproject.toml reads the version from notebook_launch/_version.py, and no other file of the package or
+    pyproject.toml spells a version out: a release changes one line."""
+    import tomllib
+
+    with open(os.path.join(REPO, "pyproject.toml"), "rb") as f:
+        project = tomllib.load(f)
+    assert "version" in project["project"]["dynamic"] and "version" not in project["project"]
+    assert project["tool"]["setuptools"]["dynamic"]["version"] == {"attr": "notebook_launch._version.__version__"}
+    spelled = []
+    for root, _dirs, files in os.walk(os.path.join(REPO, "notebook_launch")):
+        for name in files:
+            if name.endswith(".py") and name != "_version.py":
+                path = os.path.join(root, name)
+                with open(path) as f:
+                    if re.search(r"^__version__\s*=\s*['\"]", f.read(), re.M):
+                        spelled.append(os.path.relpath(path, REPO))
+    assert not spelled, f"these set __version__ themselves instead of importing notebook_launch._version: {spelled}"
+
+    import notebook_launch
+    from notebook_launch import _version
+    assert notebook_launch.__version__ == _version.__version__
