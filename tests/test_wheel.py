@@ -63,11 +63,13 @@ def test_wheel_installs_in_a_clean_venv_and_its_selftest_passes(tmp_path):
     where = _run([str(venv / "bin" / "python"), "-c", "import notebook_launch; print(notebook_launch.__file__)"],
                  cwd=str(tmp_path), env=_clean_env())
     assert where.strip().startswith(str(venv)), f"imported from outside the clean venv: {where}"
-    versions = _run([str(venv / "bin" / "python"), "-c",
-                     "import importlib.metadata as m, notebook_launch, notebook_launch._version as v; "
-                     "print(m.version('notebook_launch'), notebook_launch.__version__, v.__version__)"],
-                    cwd=str(tmp_path), env=_clean_env()).split()
-    assert len(set(versions)) == 1, f"metadata, __version__ and _version.py disagree: {versions}"
+    printed = _run([str(venv / "bin" / "python"), "-c",
+                    "import importlib.metadata as m, notebook_launch, notebook_launch._version as v; "
+                    "print('VERSIONS', m.version('notebook_launch'), notebook_launch.__version__, v.__version__)"],
+                   cwd=str(tmp_path), env=_clean_env())
+    versions = [line.split()[1:] for line in printed.splitlines() if line.startswith("VERSIONS ")]
+    assert len(versions) == 1 and len(versions[0]) == 3, printed[-2000:]
+    assert len(set(versions[0])) == 1, f"metadata, __version__ and _version.py disagree: {versions[0]}"
 
     env = _clean_env()
     env["NOTEBOOK_LAUNCH_LOG_DIR"] = str(tmp_path / "runs")
