@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import os
 import sys
+import tempfile
+from pathlib import Path
 
 import pytest
 import torch
@@ -27,15 +29,29 @@ COLAB_ENV = {"COLAB_RELEASE_TAG": "release-colab_20251101-060125_RC00", "COLAB_B
 KAGGLE_ENV = {"KAGGLE_KERNEL_RUN_TYPE": "Interactive", "KAGGLE_URL_BASE": "https://www.kaggle.com",
               "KAGGLE_DATA_PROXY_URL": "https://dp.kaggle.net"}
 
-# Probes: the process as each platform shows it. fake_* devices do not exist here.
+# Probes: the process as each platform shows it. fake_* devices do not exist here: a fake TPU is
+# a fake filesystem root (its /dev/accelN files) that the TPU probe (detect_xla) reads.
+_FAKE_ROOTS = tempfile.TemporaryDirectory(prefix="fake_tpu_roots_")
+
+
+def fake_tpu_root_with_accel_files(name: str, chips: int) -> str:
+    root = Path(_FAKE_ROOTS.name) / name
+    (root / "dev").mkdir(parents=True)
+    for i in range(chips):
+        (root / "dev" / f"accel{i}").write_text("")
+    return str(root)
+
+
 no_devices_in_kernel = Probe(shell_class=KERNEL, in_kernel=True)
 colab_kernel_cpu = Probe(shell_class=COLAB_SHELL, in_kernel=True, modules=frozenset({"google.colab"}))
 fake_colab_t4_gpu = Probe(shell_class=COLAB_SHELL, in_kernel=True, cuda_count=1, gpu_names=("Tesla T4",),
                           modules=frozenset({"google.colab"}))
-fake_colab_tpu_v5e_chip = Probe(shell_class=COLAB_SHELL, in_kernel=True, tpu_chips=1,
+fake_colab_tpu_v5e_chip = Probe(shell_class=COLAB_SHELL, in_kernel=True,
+                                tpu_root=fake_tpu_root_with_accel_files("colab_v5e_1", 1),
                                 modules=frozenset({"google.colab"}))
 fake_two_t4_gpus = Probe(shell_class=KERNEL, in_kernel=True, cuda_count=2, gpu_names=("Tesla T4", "Tesla T4"))
-fake_tpu_v3_8_chips = Probe(shell_class=KERNEL, in_kernel=True, tpu_chips=4)
+fake_tpu_v3_8_chips = Probe(shell_class=KERNEL, in_kernel=True,
+                            tpu_root=fake_tpu_root_with_accel_files("kaggle_v3_8", 4))
 
 CASES = {
     "colab-gpu": (dict(COLAB_ENV, COLAB_GPU="1"), fake_colab_t4_gpu),

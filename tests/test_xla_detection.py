@@ -178,12 +178,82 @@ def test_platform_from_modules_and_environment(tmp_path):
 
 
 # --- one detector: the TPU detector and the platform detector give the same answers ----------
-def test_v6e_16_is_sixteen_chips_for_both_detectors(tmp_path):
-    environ = {"TPU_ACCELERATOR_TYPE": "v6e-16"}   # a multi-host slice: 16 chips in all
-    info = detect_xla(environ, fake_root(tmp_path), modules={}, xla_installed=True)
-    found = platform_detect(environ, Probe())
-    assert info.slice_chips == 16 and found.device_count == 16 and found.device_kind == "xla"
+def both_detectors(environ, root):
+    """(the TPU probe's answer, the platform's answer) for one fake machine."""
+    info = detect_xla(environ, root, modules={}, xla_installed=False)
+    found = platform_detect(environ, Probe(tpu_root=root))
+    return info, found
+
+
+def assert_agree(info, found):
+    assert found.has_tpu == info.has_tpu
+    assert found.device_kind == ("xla" if info.has_tpu else "cpu")
+    assert found.device_count == (info.local_chips if info.has_tpu else 0)
+    assert found.tpu == (info if info.has_tpu else None)
+
+
+@pytest.mark.parametrize("accelerator_type", ["v4-32", "v6e-16", "v5litepod-32"])
+def test_multi_host_slice_known_from_its_name_only_counts_no_local_chips_in_either(tmp_path, accelerator_type):
+    """Issue 21: with TPU_ACCELERATOR_TYPE=v4-32 the platform said 16 chips and the TPU probe 0.
+    A multi-host slice's name does not say this host's share: both now say 0 (unknown) here,
+    and the slice's size is kept for the description."""
+    environ = {"TPU_ACCELERATOR_TYPE": accelerator_type}
+    info, found = both_detectors(environ, fake_root(tmp_path))
+    assert_agree(info, found)
+    assert info.has_tpu and info.local_chips == 0 and info.slice_chips > 8
     assert expected_layout(info, environ) is None   # this host's share is not known from the name
+    assert f"{info.slice_chips} chip(s) in the slice" in found.describe()
+
+
+def test_single_host_slice_name_gives_the_same_chips_to_both(tmp_path):
+    info, found = both_detectors({"TPU_ACCELERATOR_TYPE": "v4-8"}, fake_root(tmp_path))
+    assert_agree(info, found)
+    assert found.device_count == 4
+
+
+@pytest.mark.parametrize("device_id, version", sorted(xla_env.TPU_PCI_DEVICES.items()))
+def test_tpu_on_pci_only_is_a_tpu_for_both_detectors(tmp_path, device_id, version):
+    """Issue 21: a TPU on PCI only (no /dev files, no variables): the TPU probe found it, the
+    platform did not (it counted /dev files). Every TPU PCI device id, through both."""
+    root = fake_root(tmp_path, pci=[(xla_env.GOOGLE_PCI_VENDOR, device_id)] * 4)
+    info, found = both_detectors({}, root)
+    assert_agree(info, found)
+    assert (found.device_kind, found.device_count, info.tpu_version) == ("xla", 4, version)
+
+
+def test_pci_devices_of_other_vendors_are_no_tpu(tmp_path):
+    root = fake_root(tmp_path, pci=[("0x10de", "0x0027"), ("0x8086", "0x005e")])  # ids of TPUs, not Google's
+    info, found = both_detectors({}, root)
+    assert_agree(info, found)
+    assert not found.has_tpu
+
+
+@pytest.mark.parametrize("variable", [*xla_env.TPU_ENV_HINTS, "PJRT_DEVICE"])
+def test_every_tpu_variable_is_a_tpu_for_both_detectors(tmp_path, variable):
+    value = {"PJRT_DEVICE": "TPU", "TPU_ACCELERATOR_TYPE": "v3-8"}.get(variable, "set")
+    info, found = both_detectors({variable: value}, fake_root(tmp_path))
+    assert_agree(info, found)
+    assert found.has_tpu and found.evidence
+
+
+def test_pjrt_cpu_is_no_tpu_for_either(tmp_path):
+    info, found = both_detectors({"PJRT_DEVICE": "CPU"}, fake_root(tmp_path))
+    assert_agree(info, found)
+    assert not found.has_tpu
+
+
+@pytest.mark.parametrize("machine", ["accel", "vfio+TPU variable", "vfio+libtpu", "vfio alone"])
+def test_tpu_device_files_agree_between_detectors(tmp_path, machine):
+    """/dev/accelN (v2-v4) count; VFIO groups (v5e, v6e) count on a TPU VM: a TPU_ variable
+    or libtpu installed (under the fake root); VFIO alone is a GPU passthrough host."""
+    environ = {"TPU_WORKER_ID": "0"} if machine == "vfio+TPU variable" else {}
+    root = fake_root(tmp_path, accel=4) if machine == "accel" else fake_root(tmp_path, vfio=4)
+    if machine == "vfio+libtpu":
+        os.makedirs(os.path.join(root, "lib"))
+        open(os.path.join(root, "lib", "libtpu.so"), "w").close()
+    info, found = both_detectors(environ, root)
+    assert_agree(info, found)
+    assert found.device_count == (0 if machine == "vfio alone" else 4)
 
 
 @pytest.mark.parametrize("variable, service", [("KAGGLE_DATA_PROXY_URL", "kaggle"),

@@ -12,7 +12,7 @@ from typing import Any, Mapping
 
 from .. import cuda_tracking
 from .hosted import hosted_service
-from .xla import count_tpu_device_files, slice_chips, tpu_hints
+from .xla import XlaInfo, detect_xla, torch_xla_installed
 
 log = logging.getLogger("notebook_launch")
 
@@ -67,7 +67,9 @@ class Probe:
     in_kernel: bool = False          # the IPython shell belongs to a Jupyter kernel
     cuda_count: int = 0
     gpu_names: tuple[str, ...] = ()
-    tpu_chips: int = 0               # /dev/accel* (TPU v2-v4) or /dev/vfio/<n> (v5e, v6e)
+    tpu_root: str | None = None      # where the TPU probe (xla.detect_xla) reads sysfs and /dev:
+                                     # "/" here; a test's fake root with fake chip files; None: no files
+    torch_xla_installed: bool = False
     server_cmdline: str = ""         # command line of the process that started the kernel
     modules: frozenset[str] = frozenset()  # relevant modules already imported (google.colab, ...)
 
@@ -81,6 +83,7 @@ class Environment:
     device_count: int
     gpu_names: tuple[str, ...] = ()
     has_tpu: bool = False
+    tpu: XlaInfo | None = None        # the TPU probe's answer (xla.detect_xla), when it found a TPU
     frontend: str = "script"          # "notebook" (a Jupyter kernel), "terminal" or "script"
     evidence: tuple[str, ...] = ()              # why we think so, for the launch line and bug reports
 
@@ -99,7 +102,13 @@ class Environment:
             names = sorted(set(self.gpu_names))
             what = f"{self.device_count} CUDA GPU(s)" + (f" ({', '.join(names)})" if names else "")
         elif self.device_kind == "xla":
-            what = f"TPU ({self.device_count} chip(s))" if self.device_count else "TPU"
+            name = f"TPU {self.tpu.accelerator_type}" if self.tpu and self.tpu.accelerator_type else "TPU"
+            if self.device_count:
+                what = f"{name} ({self.device_count} chip(s))"
+            elif self.tpu and self.tpu.slice_chips:
+                what = f"{name} ({self.tpu.slice_chips} chip(s) in the slice; this host's share unknown)"
+            else:
+                what = name
         else:
             what = "CPU only"
         return f"{self.platform}: {what}"
@@ -107,23 +116,22 @@ class Environment:
 
 def detect(environ: Mapping[str, str] | None = None, probe: Probe | None = None) -> Environment:
     """Classify where we run from environment variables and ``probe`` (default: the real
-    process). Never initializes CUDA or XLA."""
+    process). Never initializes CUDA or XLA. The TPU facts are the TPU probe's
+    (``xla.detect_xla``), so this and the XLA launch path cannot disagree."""
     env = os.environ if environ is None else environ
     probe = system_probe() if probe is None else probe
-    evidence = []
+    evidence: list[str] = []
 
-    tpu_env = tpu_hints(env)
-    has_tpu = probe.tpu_chips > 0 or bool(tpu_env)
-    if probe.tpu_chips:
-        evidence.append(f"{probe.tpu_chips} TPU device file(s)")
-    evidence += [f"${k}" for k in tpu_env]
+    tpu = detect_xla(env, probe.tpu_root, modules=probe.modules, xla_installed=probe.torch_xla_installed)
+    has_tpu = tpu.has_tpu
+    if has_tpu:
+        evidence += tpu.evidence
 
     if probe.cuda_count > 0:
         device_kind, device_count = "cuda", probe.cuda_count
         evidence.append(f"{probe.cuda_count} CUDA device(s)")
     elif has_tpu:
-        device_kind = "xla"
-        device_count = probe.tpu_chips or slice_chips(env.get("TPU_ACCELERATOR_TYPE"))
+        device_kind, device_count = "xla", tpu.local_chips
     else:
         device_kind, device_count = "cpu", 0
 
@@ -149,7 +157,8 @@ def detect(environ: Mapping[str, str] | None = None, probe: Probe | None = None)
         evidence.append("no IPython shell")
     return Environment(platform=platform, device_kind=device_kind, device_count=device_count,
                        gpu_names=tuple(probe.gpu_names) if device_kind == "cuda" else (),
-                       has_tpu=has_tpu, frontend=frontend, evidence=tuple(evidence))
+                       has_tpu=has_tpu, tpu=tpu if has_tpu else None, frontend=frontend,
+                       evidence=tuple(evidence))
 
 
 def _notebook_frontend(env: Mapping[str, str], probe: Probe, evidence: list[str]) -> str:
@@ -172,7 +181,8 @@ def _notebook_frontend(env: Mapping[str, str], probe: Probe, evidence: list[str]
 
 
 def system_probe() -> Probe:
-    """The real process: IPython shell, CUDA count (NVML, no context), TPU device files."""
+    """The real process: IPython shell, CUDA count (NVML, no context), this machine's
+    files for the TPU probe."""
     shell = _ipython_shell()
     shell_class = f"{type(shell).__module__}.{type(shell).__qualname__}" if shell is not None else None
     in_kernel = shell is not None and getattr(shell, "kernel", None) is not None
@@ -180,7 +190,7 @@ def system_probe() -> Probe:
     gpu_names = tuple(name for name, _ in cuda_gpus()) if cuda_count else ()
     modules = frozenset(m for m in ("google.colab", "kaggle_secrets", "torch_xla") if m in sys.modules)
     return Probe(shell_class=shell_class, in_kernel=in_kernel, cuda_count=cuda_count,
-                 gpu_names=gpu_names, tpu_chips=count_tpu_device_files(),
+                 gpu_names=gpu_names, tpu_root="/", torch_xla_installed=torch_xla_installed(),
                  server_cmdline=_kernel_parent_cmdline() if in_kernel else "", modules=modules)
 
 

@@ -61,6 +61,13 @@ class XlaInfo:
         return slice_chips(self.accelerator_type)
 
     @property
+    def local_chips(self) -> int:
+        """Chips attached to this host: found on PCI or in /dev, else from the slice name when
+        the slice fits one host (0: unknown, e.g. a v4-32 known from its variables only, whose
+        16 chips are spread over 4 hosts). The platform detector counts TPU chips with this."""
+        return self.chips or chips_from_accelerator_type(self.accelerator_type) or 0
+
+    @property
     def device_type(self) -> str | None:
         """The PJRT device type xmp.spawn will use: PJRT_DEVICE, else TPU when chips exist."""
         if self.pjrt_device:
@@ -93,21 +100,25 @@ def tpu_hints(environ: Mapping[str, str]) -> list[str]:
     return hints
 
 
-def detect_xla(environ: Mapping[str, str] | None = None, root: str = "/",
+def detect_xla(environ: Mapping[str, str] | None = None, root: str | None = "/",
                modules: Collection[str] | None = None, xla_installed: bool | None = None) -> XlaInfo:
-    """Look for TPU chips and XLA settings. Never imports torch_xla. ``environ``,
-    ``root``, ``modules`` and ``xla_installed`` describe another machine (tests)."""
+    """Look for TPU chips and XLA settings: the one TPU detector (``detect.platform``
+    derives its TPU facts from this). A TPU shows by its variables (``TPU_ENV_HINTS``,
+    PJRT_DEVICE=TPU), by Google TPU chips on PCI (sysfs vendor/device ids), by /dev/accel*
+    files, or by VFIO groups on a machine with libtpu or a TPU variable. Never imports
+    torch_xla. ``environ``, ``root`` (None: look at no files), ``modules`` and
+    ``xla_installed`` describe another machine (tests)."""
     env = os.environ if environ is None else environ
     modules = sys.modules if modules is None else modules
     evidence = []
     pjrt = (env.get("PJRT_DEVICE") or "").strip().upper() or None
     if pjrt:
         evidence.append(f"PJRT_DEVICE={pjrt}")
-    pci = _pci_tpu_chips(root)
+    pci = _pci_tpu_chips(root) if root is not None else []
     chips = len(pci)
     if chips:
         evidence.append(f"{chips} TPU chip(s) on PCI")
-    else:
+    elif root is not None:
         chips = count_tpu_device_files(os.path.join(root, "dev"), env, real_machine=root == "/")
         if chips:
             evidence.append(f"{chips} TPU device file(s) in /dev")
@@ -134,18 +145,20 @@ def count_tpu_device_files(dev: str = "/dev", environ: Mapping[str, str] | None 
     if accel:
         return len(accel)
     vfio = _numbered(dev, "vfio/[0-9]*")
-    return len(vfio) if vfio and _tpu_vm(environ, real_machine) else 0
+    root = os.path.dirname(os.path.normpath(dev))
+    return len(vfio) if vfio and _tpu_vm(environ, root, real_machine) else 0
 
 
-def _tpu_vm(environ: Mapping[str, str] | None = None, real_machine: bool = True) -> bool:
-    """A TPU variable is set, or (on this machine) libtpu is installed."""
+def _tpu_vm(environ: Mapping[str, str] | None = None, root: str = "/", real_machine: bool = True) -> bool:
+    """A TPU variable is set, or libtpu is installed (the TPU VM images' /lib/libtpu.so or
+    /usr/lib/libtpu.so under ``root``; on this machine also pip's libtpu wheel)."""
     env = os.environ if environ is None else environ
     if any(k.startswith("TPU_") for k in env):
         return True
+    if any(os.path.exists(os.path.join(root, p)) for p in ("lib/libtpu.so", "usr/lib/libtpu.so")):
+        return True
     if not real_machine:
         return False
-    if any(os.path.exists(p) for p in ("/lib/libtpu.so", "/usr/lib/libtpu.so")):
-        return True
     try:  # pip's libtpu wheel; find_spec does not import it
         return importlib.util.find_spec("libtpu") is not None
     except (ImportError, ValueError):
@@ -178,7 +191,7 @@ def expected_layout(info: XlaInfo, environ: Mapping[str, str] | None = None) -> 
     if device == "CPU":
         return XlaLayout(1, _positive_int(env.get("CPU_NUM_DEVICES"), 1))
     if device == "TPU":
-        chips = info.chips or chips_from_accelerator_type(info.accelerator_type)
+        chips = info.local_chips
         if not chips or info.tpu_version is None:
             return None
         if info.tpu_version >= 7:
