@@ -15,6 +15,10 @@ status=0
 # Static checks of notebook_launch/ (ruff and mypy, pinned in pyproject's test extra): zero findings.
 .venv/bin/ruff check notebook_launch || status=1
 .venv/bin/mypy || status=1
+# The documentation site (mkdocs.yml, docs/, the API pages from the docstrings): --strict makes every
+# warning an error, a broken link or anchor between pages included (about 10 s). tests/test_docs_site.py
+# in the main suite also checks the built site's links and opens it in headless Chromium.
+NO_MKDOCS_2_WARNING=1 .venv/bin/mkdocs build --strict || status=1
 # The main suite (Python 3.11, the newest IPython, ipykernel and ipywidgets the test extra resolves, torch 2.13).
 .venv/bin/python -m pytest -p no:cacheprovider --junitxml=test-artifacts/junit-main.xml || status=1
 # The hosted-notebook lanes: every kernel-facing test file, and the wheel installed on the host's pins changing
