@@ -33,7 +33,7 @@ def keep_state(monkeypatch):
     import notebook_launch.run as run_module
     made = []
 
-    def choose(ui="auto", *, line_prefix=None):
+    def choose(ui="auto", *, line_prefix=None, **options):
         display = KeepStateDisplay(line_prefix)
         made.append(display)
         return display
@@ -56,3 +56,27 @@ def recording_comms(monkeypatch, clock=None):
 
     monkeypatch.setattr(comm_module, "create_comm", lambda **kw: RecordingComm(**kw))
     return sent
+
+
+# A notebook cell that keeps every launch's final RunState in ``kept`` (the real display still
+# draws): a later cell prints what the panel knew, e.g. every bar of a rank (``BARS_OF``).
+KEEP_STATES_CELL = """
+import notebook_launch.run as _run_module
+_real_choose = _run_module.choose_display
+kept = []
+
+def _keeping_choose(*args, **kwargs):
+    display = _real_choose(*args, **kwargs)
+    close = display.close
+    def keep(state):
+        kept.append(state)
+        close(state)
+    display.close = keep
+    return display
+
+_run_module.choose_display = _keeping_choose
+
+def bars_of(rank=0):
+    rs = kept[-1].ranks[rank]
+    return [(b.desc, b.n, b.total, b.closed) for b in rs.bars.values()], rs.main_bar.desc
+"""

@@ -8,10 +8,17 @@ on the kernel's zmq socket, which ipykernel refuses from a forked process
 ("attempted to send message from fork"), so the output would be lost. Here
 the publisher sends each call over the rank's event pipe instead; the
 notebook re-publishes it (``display.rank_displays``), so it appears in the cell.
+
+A widget made in a rank (ipywidgets, or anything that displays one) cannot be relayed:
+its model lives in the rank's process and talks over comm messages the fork cannot send,
+so the notebook would get a view of a model it never heard of and show nothing. Its
+display becomes a one-line note on the rank's stderr instead (in the cell, tagged with
+the rank, and in its log), once per rank per kind of widget, and its updates are dropped.
 """
 from __future__ import annotations
 
 import logging
+import os
 import pickle
 import sys
 from typing import Any
@@ -19,6 +26,9 @@ from typing import Any
 from .. import protocol
 
 log = logging.getLogger("notebook_launch")
+WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
+_noted_widget_kinds: set[str] = set()   # per process, so per rank
+_widget_display_ids: set[str] = set()
 
 
 def install_display_relay() -> bool:
@@ -35,6 +45,10 @@ def install_display_relay() -> bool:
 
     def publish(data: dict[str, Any], metadata: dict[str, Any] | None = None, source: Any = None, *,
                 transient: dict[str, Any] | None = None, update: bool = False, **kwargs: Any) -> None:
+        display_id = (transient or {}).get("display_id")
+        if WIDGET_VIEW in data or display_id in _widget_display_ids:
+            note_widget(data, display_id)
+            return
         _send({"op": "display", "data": dict(data), "metadata": dict(metadata or {}),
                "display_id": (transient or {}).get("display_id"), "update": bool(update)})
 
@@ -44,6 +58,32 @@ def install_display_relay() -> bool:
     publisher.publish = publish
     publisher.clear_output = clear_output
     return True
+
+
+def note_widget(data: dict[str, Any], display_id: str | None = None) -> None:
+    """Say once per kind that a widget made in this rank cannot show (see the module doc)."""
+    if display_id:
+        _widget_display_ids.add(display_id)
+    text = str(data.get("text/plain", "") or "")
+    kind = text.split("(", 1)[0].strip() or "widget"
+    if WIDGET_VIEW not in data or kind in _noted_widget_kinds:
+        return
+    _noted_widget_kinds.add(kind)
+    _flush_text_streams()
+    sys.stderr.write(f"[notebook_launch] a widget made in this rank ({kind}) cannot show in the notebook: "
+                     "it lives in the rank's process, which has no connection to the notebook's widgets. "
+                     "Report from the rank with print(), notebook_launch.progress(...) or progress.log(...), "
+                     "or make the widget in the notebook.\n")
+    _flush_text_streams()
+
+
+def _forget_in_child() -> None:
+    _noted_widget_kinds.clear()
+    _widget_display_ids.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_in_child)
 
 
 def _send(payload: protocol.DisplayPayload) -> None:

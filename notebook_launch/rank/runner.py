@@ -28,15 +28,15 @@ class Job:
 rank_hooks: list[Callable[[RankSpec], None]] = []
 
 
-def _install_tqdm_bridge(spec: RankSpec) -> None:
+def _install_progress_bridge(spec: RankSpec) -> None:
     try:
-        from . import tqdm_bridge   # tqdm bars in a rank report to the panel
-        tqdm_bridge.install(spec)
-    except Exception:   # a tqdm we cannot patch still works, just as plain text
-        log.debug("tqdm bridge not installed", exc_info=True)
+        from . import progress_bridge   # tqdm and rich bars in a rank report to the panel
+        progress_bridge.install(spec)
+    except Exception:   # a library we cannot patch still works, its bars as plain text
+        log.debug("progress bridge not installed", exc_info=True)
 
 
-rank_hooks.append(_install_tqdm_bridge)
+rank_hooks.append(_install_progress_bridge)
 rank_hooks.append(stdin_relay.install)   # input(), getpass(), pdb ask the notebook
 
 

@@ -7,9 +7,9 @@ classes in place (the notebook may already hold ``from tqdm.auto import tqdm``
 from before the launch, so swapping module attributes would not be enough):
 every instance counts with tqdm's own ``__iter__``/``update`` and throttling,
 writes nowhere (except into a file of the user's own, ``tqdm(file=f)``, which
-gets what plain tqdm writes), and its ``display`` hands n/total/desc/postfix to a
-``notebook_launch.progress`` bar (``rank.progress.Progress``). Installed by ``install(spec)`` as a
-``worker.rank_hooks`` entry; only ever runs in rank processes.
+gets what plain tqdm writes), and its ``display`` hands n/total/desc to its panel twin
+(``progress_bridge.Mirror``, the design every library adapter shares) and its postfix
+numbers to the row's metrics. Installed by ``progress_bridge.install``; only ever runs in rank processes.
 """
 from __future__ import annotations
 
@@ -19,7 +19,8 @@ import sys
 from typing import Any
 
 from .inherited_streams import writes_to_rank_output
-from .progress import Progress as panel_bar, log as log_metrics
+from .progress import log as log_metrics
+from .progress_bridge import Mirror
 
 _PATCHED_ATTR = "_notebook_launch_patched"
 log = logging.getLogger("notebook_launch")
@@ -87,21 +88,12 @@ def _install_methods(base: Any, originals: dict[str, Any]) -> None:
         self._panel = None
         std_init(self, *args, **kwargs)
         if not self.disable:
-            total = self.total
-            self._panel = panel_bar(None, desc=self.desc or "", total=total,
-                                                   unit=self.unit, initial=self.n)
-            self._panel_sync()
+            self._panel = Mirror(self.desc or "", self.total, unit=self.unit, initial=self.n)
 
     def _panel_sync(self: Any) -> None:
-        panel = getattr(self, "_panel", None)
-        if panel is None or panel.closed:
-            return
-        desc = (self.desc or "").rstrip(": ")
-        if panel.desc != desc:
-            panel.set_description(desc)
-        if panel.total != self.total:
-            panel.total = self.total
-        panel.update(self.n - panel.n)
+        mirror = getattr(self, "_panel", None)
+        if mirror is not None:
+            mirror.sync(self.desc or "", self.n, self.total)
 
     def display(self: Any, msg: Any = None, pos: Any = None) -> bool:
         self._panel_sync()
