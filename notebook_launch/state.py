@@ -52,6 +52,8 @@ class Bar:
     rate: float | None = None   # units per second, as measured in the rank
     elapsed: float = 0.0        # seconds since the bar started, in the rank
     closed: bool = False
+    moved: int = 0              # the rank's fold number when the bar last opened or advanced
+    nested: int = 0             # how many bars opened while this one was open (outer loops have many)
 
     @property
     def fraction(self) -> float | None:
@@ -90,12 +92,28 @@ class RankState:
 
     @property
     def main_bar(self) -> "Bar | None":
-        """The bar a one-row display shows: the newest open bar (the innermost loop),
-        else the first bar (usually the outermost, e.g. epochs)."""
-        for bar in reversed(self.bars.values()):
-            if not bar.closed:
-                return bar
-        return next(iter(self.bars.values()), None)
+        """The bar a rank's row shows: the open bar that moved last (ties: the newest, the
+        innermost loop), so the row follows whatever the rank is doing now: Lightning's
+        validation bar while it validates, its training bar again after. When every bar is
+        closed, the outermost loop: the bar most others opened inside (the epochs around the
+        steps, the training around each validation), then the longest, so a run never ends
+        on a short loop that merely came first (Lightning's "Sanity Checking 2/2")."""
+        best: Bar | None = None
+        for bar in self.bars.values():
+            if not bar.closed and (best is None or bar.moved >= best.moved):
+                best = bar
+        if best is not None:
+            return best
+        for bar in self.bars.values():
+            if best is None or (bar.nested, bar.elapsed) > (best.nested, best.elapsed):
+                best = bar
+        return best
+
+    def other_bars(self, limit: int = 2) -> list[Bar]:
+        """The open bars besides ``main_bar``, outermost first, for a compact mention on the
+        same row (one row per rank keeps 8 ranks readable; see ``display.format.other_bars``)."""
+        main = self.main_bar
+        return [bar for bar in self.bars.values() if not bar.closed and bar is not main][:limit]
 
 
 @dataclass
@@ -139,10 +157,16 @@ class RunState:
     def on_progress(self, local_rank: int, payload: dict[str, Any]) -> None:
         """Fold a batched progress event: {"bars": {id: {...}}, "metrics": {...}}."""
         rs = self.ranks[local_rank]
+        fold = rs.updates + 1
         for bar_id, fields in payload.get("bars", {}).items():
             bar = rs.bars.get(bar_id)
             if bar is None:
-                bar = rs.bars[bar_id] = Bar(id=bar_id)
+                for outer in rs.bars.values():
+                    if not outer.closed:
+                        outer.nested += 1
+                bar = rs.bars[bar_id] = Bar(id=bar_id, moved=fold)
+            elif "n" in fields and fields["n"] != bar.n:
+                bar.moved = fold
             for key, value in fields.items():
                 setattr(bar, key, value)
         rs.metrics.update(payload.get("metrics", {}))

@@ -24,7 +24,7 @@ def test_progress_events_fold_into_bars_and_metrics():
     assert state.ranks[1].bars == {}
 
 
-def test_main_bar_is_innermost_open_bar_else_the_first():
+def test_main_bar_is_the_innermost_moving_bar_else_the_outer_loop():
     state = make_state(1)
     state.on_progress(0, {"bars": {"b0": {"desc": "epoch", "n": 1, "total": 3},
                                    "b1": {"desc": "batch", "n": 50, "total": 100}}})

@@ -6,31 +6,40 @@ import logging
 import sys
 
 from .base import Display
-from .text import SUMMARY_EVERY, TextDisplay
+from .text import NOTEBOOK_LINES_PER_SECOND, SUMMARY_EVERY, TextDisplay
 
 log = logging.getLogger("notebook_launch")
 UI_CHOICES = ("auto", "widget", "html", "rich", "text", "none")
 
 
-def choose_display(ui: str = "auto", *, line_prefix: str | None = None) -> Display:
+def choose_display(ui: str = "auto", *, line_prefix: str | None = None,
+                   lines_per_second: int | None = NOTEBOOK_LINES_PER_SECOND) -> Display:
     """auto: the widget panel in a Jupyter kernel with ipywidgets, a rich panel in a
-    terminal, plain text (with periodic summaries) otherwise, e.g. in CI logs."""
+    terminal, plain text (with periodic summaries) otherwise, e.g. in CI logs.
+    ``lines_per_second``: how many rank lines a second the cell shows (the rest are counted
+    in a note; every line is in the logs); None shows every line. Only a notebook cell has
+    a budget: a terminal or a CI log takes every line."""
+    if lines_per_second is not None and (isinstance(lines_per_second, bool) or not isinstance(lines_per_second, int)
+                                         or lines_per_second < 1):
+        raise ValueError(f"lines_per_second={lines_per_second!r}: give a whole number of lines a second (>= 1), "
+                         "or None for every line")
     if ui == "none":
         return Display(line_prefix=line_prefix)
     if ui == "auto":
         ui = _auto_choice()
     if ui == "widget":
         from .widget import WidgetDisplay
-        return WidgetDisplay(line_prefix=line_prefix)
+        return WidgetDisplay(line_prefix=line_prefix, lines_per_second=lines_per_second)
     if ui == "html":
         from .html import HtmlDisplay
-        return HtmlDisplay(line_prefix=line_prefix)
+        return HtmlDisplay(line_prefix=line_prefix, lines_per_second=lines_per_second)
     if ui == "rich":
         from .rich_panel import RichDisplay
         return RichDisplay(line_prefix=line_prefix)
     notebook = _in_notebook()
     return TextDisplay(line_prefix=line_prefix, stream_is_notebook=notebook,
-                       summary_every=None if _is_terminal() else SUMMARY_EVERY)
+                       summary_every=None if _is_terminal() else SUMMARY_EVERY,
+                       lines_per_second=lines_per_second)
 
 
 def _auto_choice() -> str:

@@ -2,6 +2,7 @@
 widget, the HTML table, the rich panel, text summaries and the text repr."""
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from ..state import DONE, FAILED, RUNNING, STARTING, STOPPED, Bar, RankState, RunState
@@ -9,6 +10,7 @@ from .curves import sparkline
 
 STATUS_COLORS: dict[str, str] = {STARTING: "#6b7280", RUNNING: "#2563eb", DONE: "#16a34a",
                  FAILED: "#dc2626", STOPPED: "#d97706"}
+STALLED_COLOR = "#b45309"   # amber: waiting, not failed; the user decides what to do
 RICH_STYLES = {STARTING: "dim", RUNNING: "blue", DONE: "green", FAILED: "bold red", STOPPED: "yellow"}
 BAR_STYLES: dict[str, str] = {DONE: "success", FAILED: "danger", STOPPED: "warning"}   # ipywidgets bar_style
 
@@ -102,14 +104,50 @@ def placement(rank_state: RankState) -> str:
     return f"{rank_state.device} on {rank_state.node}" if rank_state.node else rank_state.device
 
 
+def stalled_for(rank_state: RankState) -> float | None:
+    """Seconds a still-running rank has shown no sign of progress, or None (the supervisor
+    sets ``stalled_since``; a finished rank is never called stalled)."""
+    if rank_state.stalled_since is None or rank_state.status not in (RUNNING, STARTING):
+        return None
+    return max(0.0, time.monotonic() - rank_state.stalled_since)
+
+
+def rank_status(rank_state: RankState) -> str:
+    """'running', 'done', ..., or 'stalled 02:13' for a rank waiting with no sign of progress."""
+    stalled = stalled_for(rank_state)
+    return f"stalled {duration(stalled)}" if stalled is not None else str(rank_state.status)
+
+
+def bar_summary(bar: Bar, running: bool = True) -> str:
+    """'train: 40% 400/1,000 120.0 it/s eta 00:05'."""
+    label = f"{bar.desc}: " if bar.desc else ""
+    return f"{label}{bar_percent(bar).strip()} {bar_details(bar, running=running)}".strip()
+
+
+def other_bars(rank_state: RankState) -> str:
+    """The rank's other open bars in a few words ('also Epoch 1 40%, val 3/10'): a rank has
+    one row whatever its number of bars (Lightning's train/validation, nested epoch/step
+    loops), so 8 ranks stay 8 rows that line up; the row's bar is the one moving
+    (``RankState.main_bar``), the others are context."""
+    others = rank_state.other_bars()
+    if not others:
+        return ""
+    words = []
+    for bar in others:
+        amount = bar_percent(bar).strip() or bar_counts(bar)
+        words.append(f"{shorten(bar.desc, 24)} {amount}".strip())
+    return "also " + ", ".join(words)
+
+
 def rank_line(rank_state: RankState, width: int = 60) -> str:
     """One plain-text line per rank, for summaries and the text repr."""
-    parts = [f"rank {rank_state.rank}", f"[{placement(rank_state)}]", rank_state.status]
+    parts = [f"rank {rank_state.rank}", f"[{placement(rank_state)}]", rank_status(rank_state)]
     bar = rank_state.main_bar
     if bar is not None:
-        label = f"{bar.desc}: " if bar.desc else ""
-        details = bar_details(bar, running=rank_state.status == RUNNING)
-        parts.append(f"{label}{bar_percent(bar).strip()} {details}".strip())
+        parts.append(bar_summary(bar, running=rank_state.status == RUNNING))
+        others = other_bars(rank_state)
+        if others:
+            parts.append(f"({others})")
     if rank_state.metrics:
         parts.append(metrics(rank_state, sparklines=True))
     outcome = rank_outcome(rank_state)
@@ -134,12 +172,31 @@ def header(state: RunState) -> str:
 
 
 def summary(state: RunState) -> str:
-    """Multi-line plain text: header, one line per rank, and the outcome when known."""
+    """Multi-line plain text: header, one line per rank, the verdict of "Where are they?"
+    (its first line) and the outcome when known."""
     lines = [header(state)] + ["  " + rank_line(rs) for rs in state.ranks]
+    verdict = where_verdict(state)
+    if verdict:
+        lines.append(f"where are they: {verdict}")
     ending = outcome(state)
     if ending:
         lines.append(ending)
     return "\n".join(lines)
+
+
+def where_verdict(state: RunState) -> str | None:
+    """The first line of the supervisor's answer to "Where are they?" (the verdict)."""
+    if not state.where_report:
+        return None
+    return state.where_report.strip().splitlines()[0] if state.where_report.strip() else None
+
+
+def where_details(state: RunState) -> str:
+    """What follows the verdict: every rank's stacks."""
+    if not state.where_report:
+        return ""
+    lines = state.where_report.strip().splitlines()
+    return "\n".join(lines[1:]).strip("\n")
 
 
 def shorten(text: str, width: int) -> str:
@@ -155,6 +212,8 @@ def run_status(state: RunState) -> str:
         return "stopping"
     if any(rs.status == FAILED for rs in state.ranks):
         return "failing"
+    if any(stalled_for(rs) is not None for rs in state.ranks):
+        return "stalled"
     if all(rs.status == DONE for rs in state.ranks):
         return DONE
     return RUNNING

@@ -22,10 +22,13 @@ def header_html(state: RunState) -> str:
 
 
 def label_html(rs: RankState) -> str:
-    color = fmt.STATUS_COLORS.get(rs.status, "#6b7280")
+    """'rank 3 cpu [running]'; a rank waiting with no sign of progress reads '[stalled 02:13]', in amber."""
+    stalled = fmt.stalled_for(rs) is not None
+    color = fmt.STALLED_COLOR if stalled else fmt.STATUS_COLORS.get(rs.status, "#6b7280")
+    kind = "nl-status nl-stalled" if stalled else "nl-status"
     return (f"<span class='nl-label'><b>rank {rs.rank}</b> <small>{html.escape(fmt.placement(rs))}</small> "
-            f"<span class='nl-status' style='background:{color};color:white;border-radius:3px;"
-            f"padding:0 4px'>{html.escape(rs.status)}</span></span>")
+            f"<span class='{kind}' style='background:{color};color:white;border-radius:3px;"
+            f"padding:0 4px'>{html.escape(fmt.rank_status(rs))}</span></span>")
 
 
 def info_html(rs: RankState) -> str:
@@ -35,6 +38,9 @@ def info_html(rs: RankState) -> str:
         label = f"{html.escape(bar.desc)} " if bar.desc else ""
         parts.append(f"<span class='nl-bar-text'>{label}{html.escape(fmt.bar_percent(bar).strip())} "
                      f"{html.escape(fmt.bar_details(bar, running=rs.status == RUNNING))}</span>")
+        others = fmt.other_bars(rs)
+        if others:
+            parts.append(f"<span class='nl-other-bars' style='color:#6b7280'>{html.escape(others)}</span>")
     if rs.metrics:
         parts.append(f"<span class='nl-metrics'><code>{html.escape(fmt.metrics(rs))}</code></span>")
     outcome = fmt.rank_outcome(rs)
@@ -46,3 +52,17 @@ def info_html(rs: RankState) -> str:
         parts.append(f"<span class='nl-last-line' style='color:#6b7280'>"
                      f"{html.escape(fmt.shorten(rs.last_line, 100))}</span>")
     return " &nbsp; ".join(parts)
+
+
+def where_html(state: RunState) -> str:
+    """The answer to "Where are they?": the verdict in one line, then every rank's stacks,
+    folded and scrollable (they can be long); empty until there is an answer."""
+    verdict = fmt.where_verdict(state)
+    if verdict is None:
+        return ""
+    details = fmt.where_details(state)
+    stacks = (f"<details class='nl-where-stacks'><summary>every rank's stack</summary>"
+              f"<pre style='margin:0;max-height:24em;overflow:auto;font-size:90%'>{html.escape(details)}</pre>"
+              f"</details>") if details else ""
+    return (f"<div class='nl-where' style='border-left:4px solid {fmt.STALLED_COLOR};padding:2px 8px;margin:4px 0'>"
+            f"<div class='nl-where-verdict'><b>Where are they?</b> {html.escape(verdict)}</div>{stacks}</div>")

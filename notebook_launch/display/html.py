@@ -16,16 +16,19 @@ from .base import Display
 from .text import TextDisplay
 from ..state import DONE, FAILED, RunState
 from .curves import curves_html
-from .fragments import header_html, info_html, label_html
+from .fragments import header_html, info_html, label_html, where_html
+from .text import NOTEBOOK_LINES_PER_SECOND
 
 REDRAWS_PER_SECOND = 2
 
 
 class HtmlDisplay(Display):
     name = "html"  # what ui= selects it, shown in the launch line
-    def __init__(self, line_prefix: str | None = None, print_lines: bool = True) -> None:
+    def __init__(self, line_prefix: str | None = None, print_lines: bool = True,
+                 lines_per_second: int | None = NOTEBOOK_LINES_PER_SECOND) -> None:
         super().__init__(line_prefix)
-        self.lines = TextDisplay(line_prefix, stream_is_notebook=True) if print_lines else None
+        self.lines = TextDisplay(line_prefix, stream_is_notebook=True,
+                                 lines_per_second=lines_per_second) if print_lines else None
         self.handle: Any = None
         self._last = 0.0
         self._last_html: str | None = None
@@ -65,8 +68,9 @@ def render(state: RunState) -> str:
         color = fmt.STATUS_COLORS.get(rs.status, "#2563eb")
         background = "#fee2e2" if rs.status == FAILED else "transparent"
         recent = "\n".join(line for _, line in list(rs.lines)[-20:])
+        stalled = " nl-stalled" if fmt.stalled_for(rs) is not None else ""
         rows.append(
-            f"<tr class='nl-rank nl-status-{rs.status}' style='background:{background}'>"
+            f"<tr class='nl-rank nl-status-{rs.status}{stalled}' style='background:{background}'>"
             f"<td style='text-align:left;white-space:nowrap'>{label_html(rs)}</td>"
             f"<td style='width:30%'><div style='background:#e5e7eb;height:12px;border-radius:3px'>"
             f"<div class='nl-bar' style='width:{fraction * 100:.1f}%;background:{color};height:12px;"
@@ -75,4 +79,4 @@ def render(state: RunState) -> str:
             + (f"<details><summary>recent lines</summary><pre>{html.escape(recent)}</pre></details>"
                if recent else "") + "</td></tr>")
     return (f"<div class='nl-panel'>{header_html(state)}{curves_html(state)}"
-            f"<table style='width:100%;border-collapse:collapse'>{''.join(rows)}</table></div>")
+            f"<table style='width:100%;border-collapse:collapse'>{''.join(rows)}</table>{where_html(state)}</div>")

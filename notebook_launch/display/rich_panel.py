@@ -21,6 +21,7 @@ class RichDisplay(Display):
         self.live: Any = None
         self._last = 0.0
         self._paused = False   # stopped while a rank's prompt waits in the terminal
+        self._where_shown: str | None = None
 
     def start(self, state: RunState) -> None:
         from rich.live import Live
@@ -34,6 +35,12 @@ class RichDisplay(Display):
         self.console.print(tag + Text(text), soft_wrap=True, highlight=False)
 
     def refresh(self, state: RunState) -> None:
+        if state.where_report and state.where_report != self._where_shown:
+            # the whole report once, above the panel (which keeps its verdict line)
+            self._where_shown = state.where_report
+            from rich.text import Text
+            self.console.print(Text(f"where are they: {state.where_report.rstrip()}"), soft_wrap=True,
+                               highlight=False)
         now = time.monotonic()
         if self.live is None or now - self._last < 1.0 / REDRAWS_PER_SECOND:
             return
@@ -62,6 +69,7 @@ class RichDisplay(Display):
 
 
 def render(state: RunState) -> Any:
+    from rich.console import Group
     from rich.panel import Panel
     from rich.progress_bar import ProgressBar
     from rich.table import Table
@@ -82,16 +90,25 @@ def render(state: RunState) -> Any:
             drawn = ProgressBar(total=None if rs.status != DONE else 1.0,
                                 completed=1.0 if rs.status == DONE else 0.0)
             progress = bar_text(bar) if bar is not None else ""
+        others = fmt.other_bars(rs)
+        if others:
+            progress += f" ({others})"
+        stalled = fmt.stalled_for(rs) is not None
         outcome = fmt.rank_outcome(rs)
         last = Text(fmt.shorten(outcome, 120), style="bold red") if outcome else \
             Text(fmt.shorten(rs.last_line, 80), style="dim")
-        table.add_row(f"rank {rs.rank}", fmt.placement(rs), Text(rs.status, style=style), drawn,
+        status = Text(fmt.rank_status(rs), style="bold yellow" if stalled else style)
+        table.add_row(f"rank {rs.rank}", fmt.placement(rs), status, drawn,
                       progress, fmt.metrics(rs, limit=3, sparklines=True), last)
     title = (f"notebook_launch {state.run_id} · {state.world_size} ranks · {state.backend} · "
              f"{fmt.run_status(state)} · {fmt.duration(state.elapsed)}")
     subtitle = f"logs: {state.log_dir}"
     border = {FAILED: "red", DONE: "green", STOPPED: "yellow"}.get(state.status, "blue")
-    return Panel(table, title=title, subtitle=subtitle, border_style=border)
+    verdict = fmt.where_verdict(state)
+    body: Any = table
+    if verdict:   # the stacks themselves are long: the cell or terminal gets them in the report
+        body = Group(table, Text(f"where are they: {verdict}", style="bold yellow"))
+    return Panel(body, title=title, subtitle=subtitle, border_style=border)
 
 
 def bar_text(bar: Bar, running: bool = True) -> str:

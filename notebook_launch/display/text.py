@@ -13,6 +13,9 @@ if TYPE_CHECKING:
 
 # A notebook drops output past ~1000 messages/s (IOPub rate limit) and the
 # browser slows to a crawl long before a million lines; the log files keep all.
+# The default cell budget; ``notebook_launcher(lines_per_second=...)`` chooses another,
+# or "all" (None here): every line, for a user who would rather see them than keep the
+# browser quick.
 NOTEBOOK_LINES_PER_SECOND = 200
 
 
@@ -25,11 +28,14 @@ class TextDisplay(Display):
     name = "text"  # what ui= selects it, shown in the launch line
 
     def __init__(self, line_prefix: str | None = None, stream_is_notebook: bool = False,
-                 summary_every: float | None = None) -> None:
+                 summary_every: float | None = None,
+                 lines_per_second: int | None = NOTEBOOK_LINES_PER_SECOND) -> None:
         super().__init__(line_prefix)
         self.summary_every = summary_every
         self._last_summary = time.monotonic()
-        self.budget = NOTEBOOK_LINES_PER_SECOND if stream_is_notebook else None
+        # Only a notebook needs a budget: a terminal or a CI log takes every line.
+        self.budget = lines_per_second if stream_is_notebook else None
+        self._where_shown: str | None = None
         self._window_start = time.monotonic()
         self._window_count = 0
         self._suppressed = 0
@@ -53,16 +59,27 @@ class TextDisplay(Display):
     def _report_suppressed(self) -> None:
         if self._suppressed:
             sys.stdout.write(f"[notebook_launch] {self._suppressed} lines not shown here "
-                             f"(too fast for the notebook); every line is in the log folder\n")
+                             f"(more than {self.budget} a second, too fast for the notebook); every line is "
+                             f"in the log folder, a rank's recent lines in its panel row's \"recent lines\", "
+                             f"and notebook_launcher(..., lines_per_second=\"all\") shows them all here\n")
             self._suppressed = 0
 
     def refresh(self, state: RunState) -> None:
+        self._print_where(state)
         if self.summary_every is None:
             return
         now = time.monotonic()
         if now - self._last_summary >= self.summary_every:
             self._last_summary = now
             self._print_summary(state)
+
+    def _print_where(self, state: RunState) -> None:
+        """The answer to "Where are they?" (or a stall's report), once each time it changes:
+        the text display has no panel to draw it in."""
+        report = state.where_report
+        if report and report != self._where_shown:
+            self._where_shown = report
+            sys.stdout.write(f"[notebook_launch] where are they: {report.rstrip()}\n")
 
     def _print_summary(self, state: RunState) -> None:
         from . import format as fmt

@@ -13,6 +13,17 @@ button, there is nothing left to stop), then closes every widget of the panel (t
 layouts and styles too). A saved notebook shows the final panel anywhere (GitHub,
 nbviewer, Colab after a reload), and a loop of launches leaves no live widget behind.
 Widgets are created and changed from the supervisor's thread only.
+
+Beside Stop, "Where are they?" asks the supervisor where every rank is (it sets
+``state.where_requested``; the supervisor answers with ``state.on_where_report``): the
+panel then shows the verdict in one line and every rank's stacks, folded. A rank that
+shows no sign of progress is marked "stalled" with how long, in amber, on its row.
+
+A rank's recent lines are one click away (the "recent lines" section, one item per
+rank): where the kernel delivers the panel's clicks during the run (``CommPoller``), only
+the opened rank's lines are sent, all of the state's recent lines (``state.RECENT_LINES``),
+refreshed every LOG_REFRESH_SECONDS; elsewhere every rank's last LOG_LINES_SHOWN lines
+are kept ready. The cell shows what its line budget allows (``lines_per_second``).
 """
 from __future__ import annotations
 
@@ -27,8 +38,8 @@ from .curves import curves_html
 from .html import render
 from .base import Display
 from .kernel_poll import CommPoller
-from .text import TextDisplay
-from ..state import DONE, RankState, RunState
+from .text import NOTEBOOK_LINES_PER_SECOND, TextDisplay
+from ..state import DONE, RECENT_LINES, RankState, RunState
 
 MAX_REDRAWS_PER_SECOND = 5
 MESSAGES_PER_SECOND = 50       # comm messages per second, under a notebook's IOPub limit
@@ -41,11 +52,12 @@ class WidgetDisplay(Display):
     name = "widget"  # what ui= selects it, shown in the launch line
 
     def __init__(self, line_prefix: str | None = None, print_lines: bool = True,
-                 poll_kernel: bool = True) -> None:
+                 poll_kernel: bool = True, lines_per_second: int | None = NOTEBOOK_LINES_PER_SECOND) -> None:
         super().__init__(line_prefix)
         import ipywidgets
         self.widgets = ipywidgets
-        self.lines = TextDisplay(line_prefix, stream_is_notebook=True) if print_lines else None
+        self.lines = TextDisplay(line_prefix, stream_is_notebook=True,
+                                 lines_per_second=lines_per_second) if print_lines else None
         self.poller = CommPoller() if poll_kernel else None
         self.sent: dict[tuple[int, str], Any] = {}   # (id(widget), trait) -> last value sent
         self.window: collections.deque[tuple[float, int]] = collections.deque()   # (time, messages), last second
@@ -80,14 +92,26 @@ class WidgetDisplay(Display):
                                     tooltip="Stop every rank (like an interrupt)")
         self.stop_button.on_click(lambda _button: setattr(state, "stop_requested", True))
         self._stop_shown = False
-        self.panel = _Panel([self.header, self.curves] + [r[0] for r in self.rows] + [self.accordion, self.stop_button])
+        self.where_button = w.Button(description=WHERE_LABEL, icon="search",
+                                     tooltip="Show where every rank is: a one-line verdict, then every rank's stack")
+        self.where_button.on_click(lambda _button: setattr(state, "where_requested", True))
+        self.where = w.HTML()       # the answer: verdict, then the stacks (fragments.where_html)
+        self.buttons = w.HBox([self.stop_button, self.where_button])
+        self.panel = _Panel([self.header, self.curves] + [r[0] for r in self.rows]
+                            + [self.where, self.accordion, self.buttons])
         self.panel.state = state
         self.panel.add_class("nl-panel")
         self.handle = _show(self.panel, fmt.summary(state))
-        if self.poller is None or not self.poller.watch(self.stop_button):
-            self.stop_button.disabled = True
-            self.stop_button.tooltip = ("this kernel cannot deliver clicks while the cell runs; "
-                                        "use the notebook's interrupt (stop) button instead")
+        self._where_unavailable = False
+        for button in (self.stop_button, self.where_button):
+            if self.poller is None or not self.poller.watch(button):
+                self._where_unavailable = self._where_unavailable or button is self.where_button
+                button.disabled = True
+                button.tooltip = ("this kernel cannot deliver clicks while the cell runs; "
+                                  + ("use the notebook's interrupt (stop) button instead"
+                                     if button is self.stop_button else "the verdict comes on a stall or timeout"))
+        self._lines_on_demand = self.poller is not None and self.poller.watch(self.accordion)
+        self._shown_log: int | None = None
         self._redraw(state, now=time.monotonic())
 
     def _show_stopping(self) -> None:
@@ -128,8 +152,8 @@ class WidgetDisplay(Display):
 
     def widgets_made(self) -> list[Any]:
         """Every widget of the panel, containers first."""
-        made = [self.panel, self.accordion] + [row[0] for row in self.rows]
-        made += [self.header, self.curves, self.stop_button] + self.logs
+        made = [self.panel, self.accordion, self.buttons] + [row[0] for row in self.rows]
+        made += [self.header, self.curves, self.where, self.stop_button, self.where_button] + self.logs
         for _row, label, bar, info in self.rows:
             made += [label, bar, info]
         return made
@@ -160,15 +184,18 @@ class WidgetDisplay(Display):
             wanted.append((label, {"value": fragments.label_html(rs)}))
             wanted.append((bar, _bar_traits(rs)))
             wanted.append((info, {"value": fragments.info_html(rs)}))
-            classes = [c for c in row._dom_classes if not c.startswith("nl-status-")]
-            wanted.append((row, {"_dom_classes": tuple(classes + [f"nl-status-{rs.status}"])}))
+            classes = [c for c in row._dom_classes if not c.startswith("nl-status-") and c != "nl-stalled"]
+            classes.append(f"nl-status-{rs.status}")
+            if fmt.stalled_for(rs) is not None:
+                classes.append("nl-stalled")
+            wanted.append((row, {"_dom_classes": tuple(classes)}))
+        wanted.append((self.where, {"value": fragments.where_html(state)}))
+        if not self._where_unavailable:
+            wanted.append((self.where_button, _where_button_traits(state)))
         if now - self._last_curves >= CURVES_REFRESH_SECONDS:
             self._last_curves = now
             wanted.append((self.curves, {"value": curves_html(state)}))
-        if now - self._last_logs >= LOG_REFRESH_SECONDS:
-            self._last_logs = now
-            for rs, log in zip(state.ranks, self.logs):
-                wanted.append((log, {"value": _log_html(rs)}))
+        wanted += self._log_changes(state, now)
         changes = []
         for widget, traits in wanted:
             diff = {k: v for k, v in traits.items() if self.sent.get((id(widget), k), _UNSET) != v}
@@ -177,7 +204,32 @@ class WidgetDisplay(Display):
         return changes
 
 
+    def _log_changes(self, state: RunState, now: float) -> list[tuple[Any, dict[str, Any]]]:
+        """A rank's recent lines: on demand (only the opened rank, at once when opened) where
+        the panel's clicks reach the kernel, else every rank's last lines every few seconds."""
+        if self._lines_on_demand:
+            opened = self.accordion.selected_index
+            if opened is None or not 0 <= opened < len(self.logs):
+                self._shown_log = None
+                return []
+            if opened == self._shown_log and now - self._last_logs < LOG_REFRESH_SECONDS:
+                return []
+            self._shown_log, self._last_logs = opened, now
+            return [(self.logs[opened], {"value": _log_html(state.ranks[opened], RECENT_LINES)})]
+        if now - self._last_logs < LOG_REFRESH_SECONDS:
+            return []
+        self._last_logs = now
+        return [(log, {"value": _log_html(rs)}) for rs, log in zip(state.ranks, self.logs)]
+
+
 _UNSET = object()
+WHERE_LABEL = "Where are they?"
+
+
+def _where_button_traits(state: RunState) -> dict[str, Any]:
+    """Asking... while the supervisor collects the stacks; again once it answered."""
+    asking = state.where_requested and state.status == "running"
+    return {"description": "Asking the ranks…" if asking else WHERE_LABEL, "disabled": asking}
 
 
 def _panel_class() -> type:
@@ -228,8 +280,8 @@ def _bar_traits(rs: RankState) -> dict[str, Any]:
     return {"value": value, "bar_style": fmt.BAR_STYLES.get(rs.status, "")}
 
 
-def _log_html(rs: RankState) -> str:
-    recent = list(rs.lines)[-LOG_LINES_SHOWN:]
+def _log_html(rs: RankState, count: int = LOG_LINES_SHOWN) -> str:
+    recent = list(rs.lines)[-count:]
     if not recent:
         return "<i>no output yet</i>"
     text = "\n".join(("[stderr] " if stream == "stderr" else "") + line for stream, line in recent)
