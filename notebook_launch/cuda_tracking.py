@@ -19,9 +19,11 @@ Two ways a notebook spoils fork for CUDA:
 Witnesses of where: wrappers around ``torch.cuda._lazy_init`` and ``torch._C._cuda_getDeviceCount``
 (the Python stack of the first call after ``install()``), and an IPython post-run-cell hook
 (the first cell after which CUDA was initialized or the runtime was asked, which also catches
-calls the wrappers cannot see). ``install()`` runs on ``%load_ext notebook_launch`` (and,
-until the import-does-nothing work moves it, on ``import notebook_launch``); the launch
-guards work without it, they just cannot say where.
+calls the wrappers cannot see). ``install()`` runs from ``hooks.install()``: on
+``%load_ext notebook_launch``, ``notebook_launch.install_hooks()`` or the first launch, never on
+``import notebook_launch``. The launch guards work without it, they just cannot say where;
+CUDA already initialized when it is installed is remembered as "before tracking began"
+(``initialized_before_tracking``), so no later cell is blamed for it.
 
 Our own device count (``count_gpus_without_poisoning``) never asks the CUDA runtime in this
 process: NVML, else a throwaway child.
@@ -45,13 +47,15 @@ _count_calls = 0                     # calls of the runtime's device count seen 
 NVML_CHECK_VARIABLE = "PYTORCH_NVML_BASED_CUDA_CHECK"
 CUDA_ERROR_NOT_INITIALIZED = 3
 _installed = False
+_initialized_before_tracking = False   # CUDA was initialized before install(): where is unknown
 
 
 def install() -> None:
-    """Idempotent. Called when notebook_launch is imported (and by %load_ext). Each call
-    wraps what torch offers by then (torch may be imported after the first call); the
-    IPython hook is registered once."""
-    global _installed
+    """Idempotent (called by ``hooks.install``). Each call wraps what torch offers by then
+    (torch may be imported after the first call); the IPython hook is registered once."""
+    global _installed, _initialized_before_tracking
+    if _first_init_stack is None and _first_cell is None and is_cuda_initialized():
+        _initialized_before_tracking = True
     _wrap_lazy_init()
     _wrap_runtime_device_count()
     if _installed:
@@ -119,7 +123,7 @@ def _register_ipython_hook() -> None:
         info = getattr(result, "info", None)
         source = getattr(info, "raw_cell", "") or ""
         here = (getattr(result, "execution_count", None), likely_culprits(source))
-        if _first_cell is None and is_cuda_initialized():
+        if _first_cell is None and not _initialized_before_tracking and is_cuda_initialized():
             _first_cell = here
         if _first_count_cell is None and _count_calls:
             _first_count_cell = here
@@ -146,6 +150,22 @@ def is_cuda_initialized() -> bool:
     except Exception:
         log.debug("torch.cuda.is_initialized() failed; assuming CUDA is not initialized", exc_info=True)
         return False
+
+
+def tracking() -> bool:
+    """Whether install() has run in this process (where CUDA gets initialized is being recorded)."""
+    return _installed
+
+
+def initialized_before_tracking() -> bool:
+    """CUDA was already initialized when install() ran, so where is not known."""
+    return _initialized_before_tracking
+
+
+def runtime_asked_before_tracking() -> bool:
+    """The wrapper of the runtime's device count never saw a call: whatever asked it did so
+    before install() (or below Python, where no wrapper sees it)."""
+    return _count_calls == 0
 
 
 def where() -> str:
@@ -183,6 +203,8 @@ def _is_library_frame(filename: str) -> bool:
 
 def _reset_for_tests() -> None:
     global _first_init_stack, _first_cell, _first_count_stack, _first_count_cell, _count_calls
+    global _initialized_before_tracking
+    _initialized_before_tracking = False
     _first_init_stack = None
     _first_cell = None
     _first_count_stack = None

@@ -11,18 +11,24 @@ from . import cuda_tracking
 from .detect.platform import inside_launched_rank
 from .detect.xla import runtime_initialized
 from .errors import GuardError, LaunchArgumentError
+from .hooks import installed_by
 from .net import PortReservation, claim_any_free_port, claim_free_port
 
 log = logging.getLogger("notebook_launch")
 
 
 def check_not_inside_rank() -> None:
-    """A launch from inside a launched rank would nest process groups and deadlock."""
+    """A launch from inside a launched rank would nest process groups and deadlock. Every
+    launch path (notebook_launcher, start_ranks) calls this first, so a launch that passes
+    it installs the notebook's hooks (``hooks.install``: a no-op after the first time), and
+    the guards track the notebook from its first launch on even without ``%load_ext``."""
     if inside_launched_rank():
         raise GuardError(
             "notebook_launcher was called from inside a launched rank. The function you launch "
             "already runs on every rank: call the training code directly there instead of "
             "launching again.")
+    from .hooks import install
+    install(by="the first launch")
 
 
 def check_no_accelerate_state() -> None:
@@ -62,30 +68,42 @@ def check_cuda_not_initialized(start_method: str, gpus: int) -> None:
     if start_method != "fork":
         return
     if cuda_tracking.is_cuda_initialized():
-        where = cuda_tracking.where()
+        where = cuda_tracking.where() or where_unknown("CUDA was initialized",
+                                                       cuda_tracking.initialized_before_tracking())
         raise GuardError(
             "CUDA is already initialized in this notebook, so ranks cannot be forked from it "
             "(their CUDA would be unusable)."
-            + (f"\n{where}\n" if where else " ")
+            + f"\n{where}\n"
             + "What to do: restart the kernel and keep every CUDA call (.cuda(), .to('cuda'), "
             "torch.cuda.* queries that create a context, an Accelerator) inside the launched function; "
             "or pass start_method='spawn' so ranks start fresh (the function and its arguments are then "
             "shipped with cloudpickle); for persistent ranks, start_ranks(..., start_method='spawn') or "
-            "%ranks start --spawn. Tip: `import notebook_launch` or `%load_ext notebook_launch` "
-            "early in the notebook to record where CUDA gets initialized.")
+            "%ranks start --spawn.")
     if gpus == 0:
         return
     if cuda_tracking.fork_is_poisoned():
-        where = cuda_tracking.where_runtime_was_asked()
+        where = cuda_tracking.where_runtime_was_asked() or where_unknown(
+            "the CUDA runtime was asked", cuda_tracking.runtime_asked_before_tracking())
         raise GuardError(
             "The CUDA runtime was already used in this notebook without initializing CUDA "
             "(torch.cuda.is_available(), torch.cuda.device_count() where NVML cannot answer, or "
             "another library that initialized the CUDA driver), so ranks forked from it cannot use "
             "their GPU: each would fail in torch.cuda.set_device with \"Cannot re-initialize CUDA "
             "in forked subprocess\"."
-            + (f"\n{where}\n" if where else " ")
+            + f"\n{where}\n"
             + NVML_ADVICE)
     cuda_tracking.prefer_nvml_availability_check()
+
+
+def where_unknown(what: str, before_tracking: bool) -> str:
+    """Why the guard cannot name the line: notebook_launch records it only once its hooks are
+    installed (hooks.py), which ``import notebook_launch`` alone does not do."""
+    how = "`%load_ext notebook_launch` (or `notebook_launch.install_hooks()`) in the first cell"
+    if not cuda_tracking.tracking() or before_tracking:
+        since = f" (at {installed_by()})" if installed_by() else ""
+        return (f"Where {what} is unknown: it happened before notebook_launch began recording{since}; "
+                f"put {how} to have this error name the line.")
+    return f"Where {what} is unknown (a library below Python did it)."
 
 
 NVML_ADVICE = (

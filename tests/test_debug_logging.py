@@ -6,16 +6,17 @@ import subprocess
 import sys
 
 SCRIPT = ("import logging, notebook_launch\n"
+          "notebook_launch.install_hooks()   # what %load_ext and the first launch do\n"
           "from notebook_launch.net import ipv4_of\n"
           "print(logging.getLogger('notebook_launch').getEffectiveLevel())\n"
           "print(ipv4_of('no-such-host.invalid'))\n")
 
 
-def run(debug: str | None) -> subprocess.CompletedProcess:
+def run(debug: str | None, script: str = SCRIPT) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if k != "NOTEBOOK_LAUNCH_DEBUG"}
     if debug is not None:
         env["NOTEBOOK_LAUNCH_DEBUG"] = debug
-    return subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, env=env, timeout=120)
+    return subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=120)
 
 
 def test_debug_variable_turns_on_fallback_logging():
@@ -30,3 +31,12 @@ def test_without_the_variable_fallbacks_stay_quiet():
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.split()[1] == "None"
     assert "does not resolve" not in proc.stderr
+
+
+def test_importing_alone_configures_no_logging_even_with_the_variable():
+    """A library import changes nothing (issue 21): the handler comes with the hooks."""
+    proc = run("1", "import logging, notebook_launch\n"
+                    "logger = logging.getLogger('notebook_launch')\n"
+                    "print(logger.level, len(logger.handlers), len(logging.getLogger().handlers))\n")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["0", "0", "0"]

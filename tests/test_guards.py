@@ -85,9 +85,16 @@ def test_cuda_initialized_in_parent_is_refused_and_located(fake_cuda_initialized
 
 
 def test_cuda_guard_without_known_location_still_says_what_to_do(fake_cuda_initialized):
+    """CUDA initialized before the hooks were installed (import notebook_launch installs nothing;
+    the first launch does): the guard still refuses, says the line is unknown and why, and how
+    to have it named next time."""
     with pytest.raises(GuardError) as info:
         notebook_launcher(noop)
-    assert "restart the kernel" in str(info.value)
+    message = str(info.value)
+    assert "restart the kernel" in message
+    assert "Where CUDA was initialized is unknown: it happened before notebook_launch began recording" in message
+    assert "%load_ext notebook_launch" in message and "install_hooks()" in message
+    assert "CUDA was first initialized at:" not in message
 
 
 def launch_again():

@@ -1,0 +1,94 @@
+"""Everything notebook_launch hooks into the notebook's process, in one place, installed
+only when asked: on ``%load_ext notebook_launch``, on the first ``notebook_launcher`` /
+``start_ranks`` call, or by ``notebook_launch.install_hooks()``. ``import notebook_launch``
+alone changes nothing (a library import must leave torch, IPython, logging, at-fork
+handlers and threads as they were: tests/test_import_hooks.py checks it).
+
+What ``install()`` hooks, and why:
+
+* **logging**: with ``NOTEBOOK_LAUNCH_DEBUG=1``, a stderr handler at debug level on the
+  ``notebook_launch`` logger, so every fallback the package takes is shown (forked ranks
+  inherit it; spawned ranks inherit the variable).
+* **torch**: ``torch.cuda._lazy_init`` and ``torch._C._cuda_getDeviceCount`` are wrapped
+  (``cuda_tracking``) to record the line that first initialized CUDA or first asked the CUDA
+  runtime to count devices (what "poisons" fork), and an IPython ``post_run_cell`` callback
+  records the cell. The launch guards (preflight) quote that line when they refuse to fork.
+  Without the hook the guards still refuse (``torch.cuda.is_initialized()``, the driver and a
+  throwaway child say so); they just cannot say where. A cell that touched CUDA before the
+  hooks were installed is therefore reported without its line, and the error says to put
+  ``%load_ext notebook_launch`` in the first cell.
+* **IPython, at-fork, a thread** (Jupyter kernels only, not in a rank): ``pre_run_cell`` and
+  ``post_run_cell`` callbacks and an ``os.register_at_fork(before=...)`` handler, so that when
+  the notebook defines training code, ``torch._dynamo`` is imported by a background thread
+  between cells instead of once per rank after the fork (``backends.warm_imports``; opt out
+  with ``NOTEBOOK_LAUNCH_PREIMPORT=0``).
+
+``install()`` is idempotent; each call also wraps what torch offers by then (torch may be
+imported after the first call).
+"""
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+from . import cuda_tracking
+
+log = logging.getLogger("notebook_launch")
+DEBUG_VARIABLE = "NOTEBOOK_LAUNCH_DEBUG"
+_installed_by: str | None = None     # what installed the hooks first ("%load_ext", "notebook_launcher", ...)
+
+
+def install(by: str = "notebook_launch.install_hooks()", shell: Any = None) -> None:
+    """Install every hook listed in the module docstring (idempotent). ``by`` names the
+    caller for messages; ``shell`` is the IPython shell (default: the running one, if any)."""
+    global _installed_by
+    first = _installed_by is None
+    if first:
+        _installed_by = by
+        debug_logging_from_environment()
+    _import_torch_if_installed()
+    cuda_tracking.install()
+    if first:
+        _warm_between_cells_in_a_kernel(shell)
+
+
+def installed_by() -> str | None:
+    """What installed the hooks (None: not installed in this process)."""
+    return _installed_by
+
+
+def debug_logging_from_environment() -> None:
+    """NOTEBOOK_LAUNCH_DEBUG=1: every fallback the package takes is logged (debug level) to stderr."""
+    if os.environ.get(DEBUG_VARIABLE, "").strip().lower() not in ("1", "true", "yes", "on"):
+        return
+    logger = logging.getLogger("notebook_launch")
+    logger.setLevel(logging.DEBUG)
+    if not logger.handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("notebook_launch[%(process)d] %(levelname)s %(message)s"))
+        logger.addHandler(handler)
+
+
+def _import_torch_if_installed() -> None:
+    """The CUDA witness wraps torch's functions, which exist once torch is imported; a notebook
+    that launches imports torch anyway."""
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        log.debug("torch is not installed: no CUDA to track")
+
+
+def _warm_between_cells_in_a_kernel(shell: Any) -> None:
+    from .detect.platform import in_ipython_kernel, inside_launched_rank
+    if inside_launched_rank():
+        return
+    if shell is None:
+        if not in_ipython_kernel():
+            return
+        from IPython import get_ipython
+        shell = get_ipython()
+    elif getattr(shell, "kernel", None) is None:
+        return   # a terminal IPython: no kernel waiting between cells
+    from .backends.warm_imports import warm_between_cells
+    warm_between_cells(shell)

@@ -1,0 +1,73 @@
+"""``import notebook_launch`` changes nothing (issue 21 item 6): torch, IPython, logging, at-fork
+handlers and threads are as they were until hooks.install() runs (%load_ext, the first launch or
+notebook_launch.install_hooks()). Checked in a fresh interpreter and in a real Jupyter kernel;
+the same snapshot taken after %load_ext shows every hook, so the comparison can fail."""
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from nbutil import cell_text, make_notebook, run_notebook
+
+# What the process looks like: compared before and after `import notebook_launch`.
+SNAPSHOT = '''
+import logging, sys, threading, torch
+
+def process_snapshot(shell=None):
+    nl_logger = logging.root.manager.loggerDict.get("notebook_launch")
+    warm = sys.modules.get("notebook_launch.backends.warm_imports")
+    state = {
+        "torch.cuda._lazy_init": torch.cuda._lazy_init,
+        "torch._C._cuda_getDeviceCount": getattr(torch._C, "_cuda_getDeviceCount", None),
+        "root logger": (logging.root.level, list(logging.root.handlers)),
+        "notebook_launch logger": (getattr(nl_logger, "level", 0), list(getattr(nl_logger, "handlers", []))),
+        "loggers with handlers": sorted(name for name, lg in logging.root.manager.loggerDict.items()
+                                        if getattr(lg, "handlers", None)),
+        "threads": sorted(t.name for t in threading.enumerate()),
+        # os.register_at_fork cannot be read back: warm_imports registers its handler only when it hooks
+        "at-fork handler registered": bool(getattr(warm, "_hooked", False)),
+    }
+    if shell is not None:
+        state["IPython events"] = {name: list(cbs) for name, cbs in shell.events.callbacks.items()}
+        state["input transformers"] = (list(shell.input_transformers_cleanup),
+                                       list(shell.input_transformers_post))
+        state["ast transformers"] = list(shell.ast_transformers)
+    return state
+
+def changed(before, after):
+    return sorted(k for k in before if before[k] != after.get(k))
+'''
+
+
+def test_import_in_a_fresh_interpreter_changes_nothing():
+    script = SNAPSHOT + '''
+before = process_snapshot()
+import notebook_launch
+print("changed by import:", changed(before, process_snapshot()))
+notebook_launch.install_hooks()
+print("changed by install_hooks:", changed(before, process_snapshot()))
+'''
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
+                          env={"NOTEBOOK_LAUNCH_DEBUG": "1", "PATH": "/usr/bin:/bin"})
+    assert proc.returncode == 0, proc.stderr
+    assert "changed by import: []" in proc.stdout
+    # the hooks themselves are seen by the same snapshot (a CPU build has no _cuda_getDeviceCount)
+    assert "'notebook_launch logger'" in proc.stdout.split("changed by install_hooks:")[1]
+    assert "'torch.cuda._lazy_init'" in proc.stdout.split("changed by install_hooks:")[1]
+
+
+def test_import_in_a_kernel_changes_nothing_until_load_ext():
+    nb = make_notebook(
+        SNAPSHOT + "shell = get_ipython()\nbefore = process_snapshot(shell)",
+        "import notebook_launch\nprint('changed by import:', changed(before, process_snapshot(shell)))",
+        "def train():\n    return torch.nn.Linear(2, 2)   # training code: what warm_imports looks for",
+        "print('changed by a cell:', changed(before, process_snapshot(shell)))",
+        "%load_ext notebook_launch",
+        "print('changed by load_ext:', changed(before, process_snapshot(shell)))",
+    )
+    out = run_notebook(nb, timeout=300)
+    assert cell_text(out.cells[1]).strip() == "changed by import: []"
+    assert cell_text(out.cells[3]).strip() == "changed by a cell: []"
+    after_load_ext = cell_text(out.cells[5])
+    for hook in ("IPython events", "at-fork handler registered", "torch.cuda._lazy_init"):
+        assert repr(hook) in after_load_ext, after_load_ext
