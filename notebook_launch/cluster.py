@@ -2,7 +2,7 @@
 
 A plain description, checked when it is made; importing it imports nothing of
 Ray, so a notebook that never passes ``cluster=`` never pays for Ray (or needs it).
-The launch itself is ``backends.ray_launch``.
+The launch itself is ``run_ray`` (with ``backends.ray_launch.RayLauncher``).
 """
 from __future__ import annotations
 

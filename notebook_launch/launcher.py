@@ -1,4 +1,5 @@
-"""notebook_launcher: options -> preflight -> target -> plan -> run scaffold -> backend -> supervisor -> results."""
+"""notebook_launcher: options -> preflight -> target -> plan -> run scaffold -> launcher.start ->
+supervisor -> results."""
 from __future__ import annotations
 
 import os
@@ -8,8 +9,8 @@ from . import fd_budget, net, preflight
 from .detect.target import LaunchTarget, launch_target
 from .errors import GuardError, LaunchArgumentError, LaunchError
 from .logs import make_run_id
-from .options import (DEFAULT_USE_PORT, LaunchOptions, check_display_ranks_exist, launch_options,
-                      validate_cluster_launch, validate_cluster_type, validate_elastic_start_method)
+from .options import (DEFAULT_LINES_PER_SECOND, DEFAULT_USE_PORT, LaunchOptions, check_display_ranks_exist,
+                      launch_options, validate_cluster_launch, validate_cluster_type, validate_elastic_start_method)
 from .plan import LaunchPlan, build_plan
 from .rank.runner import Job
 from .run import run_plan
@@ -31,7 +32,8 @@ def notebook_launcher(function: Callable[..., Any], args: tuple | list = (), num
                       rdzv_timeout: float | None = None,
                       display_ranks: int | Iterable[int] | str | None = None,
                       cluster: "RayCluster | None" = None,
-                      stall_after: float | None = DEFAULT_STALL_AFTER) -> list[Any]:
+                      stall_after: float | None = DEFAULT_STALL_AFTER,
+                      lines_per_second: int | str = DEFAULT_LINES_PER_SECOND) -> list[Any]:
     """Run ``function(*args, **kwargs)`` on ``num_processes`` ranks and return every rank's result.
 
     The first fourteen parameters mean what they mean in Hugging Face Accelerate's
@@ -54,6 +56,9 @@ def notebook_launcher(function: Callable[..., Any], args: tuple | list = (), num
     stall_after: seconds a live rank may show no sign of progress (no output, progress() step or
         CPU time) before it is marked stalled; nothing is stopped. None: not watched.
         Default DEFAULT_STALL_AFTER (supervise/stall.py).
+    lines_per_second: how many output lines a second of each rank the cell shows (a flood of
+        prints would otherwise slow the kernel and bury the panel); the rest are in the rank's
+        log file. "all": every line.
 
     Returns a list with each local rank's return value, in rank order (tensors moved to CPU).
     Raises LaunchError when a rank fails (naming it, with its traceback), GuardError when
@@ -69,7 +74,7 @@ def notebook_launcher(function: Callable[..., Any], args: tuple | list = (), num
             max_restarts=max_restarts, monitor_interval=monitor_interval,
             log_line_prefix_template=log_line_prefix_template, kwargs=kwargs, start_method=start_method,
             timeout=timeout, log_dir=log_dir, ui=ui, rdzv_timeout=rdzv_timeout, display_ranks=display_ranks,
-            stall_after=stall_after)
+            stall_after=stall_after, lines_per_second=lines_per_second)
         if cluster is not None:
             return launch_on_cluster(options, cluster)
         return launch(options)
@@ -85,7 +90,7 @@ def launch_on_cluster(options: LaunchOptions, cluster: "RayCluster") -> list[Any
     from .cluster import RayCluster
     validate_cluster_type(cluster, RayCluster)
     world_size = validate_cluster_launch(options)
-    from .backends.ray_launch import run_on_ray
+    from .run_ray import run_on_ray
     return run_on_ray(options, cluster, world_size)
 
 
@@ -99,24 +104,14 @@ def launch(options: LaunchOptions) -> list[Any]:
 
 
 def _run(options: LaunchOptions, target: LaunchTarget, plan: LaunchPlan, run_id: str) -> list[Any]:
-    port = plan.master_port
     job = Job(options.function, options.args, options.kwargs)
     if options.elastic:
         from .elastic import run_elastic
-        from .elastic.rendezvous import settings_from_arguments
-        rendezvous = settings_from_arguments(
-            rdzv_backend=options.rdzv_backend, rdzv_endpoint=options.rdzv_endpoint,
-            rdzv_conf=options.rdzv_conf, rdzv_id=options.rdzv_id, rdzv_timeout=options.rdzv_timeout,
-            master_addr=options.master_addr, port=port, node_rank=options.node_rank,
-            num_nodes=options.num_nodes, may_move_port=options.port_is_default)
-        return run_elastic(plan, job, rendezvous=rendezvous, max_restarts=options.max_restarts, run_id=run_id,
-                           log_dir=options.log_dir, ui=options.ui, timeout=options.timeout,
-                           poll_interval=options.poll_interval, line_prefix=options.line_prefix,
-                           platform=target.where.platform, display_ranks=options.display_ranks)
-    return run_plan(plan, job, run_id=run_id, log_dir=options.log_dir, ui=options.ui, timeout=options.timeout,
-                    poll_interval=options.poll_interval, line_prefix=options.line_prefix,
-                    platform=target.where.platform, display_ranks=options.display_ranks,
-                    stall_after=options.stall_after)
+        from .elastic.rendezvous import settings_for
+        rendezvous = settings_for(options, port=plan.master_port)
+        return run_elastic(plan, job, options, rendezvous=rendezvous, run_id=run_id,
+                           platform=target.where.platform)
+    return run_plan(plan, job, options, run_id=run_id, platform=target.where.platform)
 
 
 def check_master_addr(master_addr: str, *, node_rank: int, num_nodes: int) -> None:

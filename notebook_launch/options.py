@@ -12,7 +12,7 @@ import numbers
 import operator
 import os
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from .display import UI_CHOICES
@@ -20,11 +20,13 @@ from .errors import LaunchArgumentError
 from .line_prefix import parse_line_prefix
 from .net import DEFAULT_PORT
 from .plan import available_cpus
+from .supervise.stall import DEFAULT_STALL_AFTER
 
 MIXED_PRECISION_CHOICES = ("no", "fp16", "bf16", "fp8")
 START_METHODS = (None, "fork", "spawn", "xla")
 RDZV_BACKENDS = ("static", "c10d", "etcd", "etcd-v2")
 DEFAULT_RDZV_TIMEOUT = 900.0      # seconds, as torch.distributed.launcher.api.LaunchConfig
+DEFAULT_LINES_PER_SECOND = 200   # per rank in the cell: a flood of prints stays readable (and the kernel responsive)
 
 
 class _DefaultPort(str):
@@ -37,32 +39,38 @@ DEFAULT_USE_PORT = _DefaultPort(str(DEFAULT_PORT))
 
 @dataclass(frozen=True)
 class LaunchOptions:
-    """What the user asked for, validated. ``num_processes`` and ``start_method`` may
-    still be None here: detection (``detect.target``) settles them."""
+    """What the user asked for, validated and resolved: the one settings object every run
+    (a launch, elastic, Ray, persistent ranks) is given, instead of its fields one by one.
+    Each field's default is ``notebook_launcher``'s. ``num_processes`` and ``start_method``
+    may still be None here: detection (``detect.target``) settles them.
+    Build it with ``launch_options`` (which checks every value); the defaults let a caller
+    such as ``start_ranks`` name only what it sets."""
     function: Callable[..., Any]
-    args: tuple
-    kwargs: dict[str, Any]
-    num_processes: int | None
-    mixed_precision: str
-    port: int
-    port_is_default: bool       # the user left use_port alone: a busy port may be replaced
-    master_addr: str
-    node_rank: int
-    num_nodes: int
-    rdzv_backend: str
-    rdzv_endpoint: str
-    rdzv_conf: Mapping[str, Any] | None
-    rdzv_id: str
-    max_restarts: int
-    poll_interval: float         # the supervisor's tick: min(monitor_interval, 0.1)
-    line_prefix: str | None
-    start_method: str | None
-    timeout: float | None
-    log_dir: str | os.PathLike[str] | None
-    ui: str
-    rdzv_timeout: float | None
+    args: tuple = ()
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    num_processes: int | None = None
+    mixed_precision: str = "no"
+    port: int = DEFAULT_PORT
+    port_is_default: bool = True   # the user left use_port alone: a busy port may be replaced
+    master_addr: str = "127.0.0.1"
+    node_rank: int = 0
+    num_nodes: int = 1
+    rdzv_backend: str = "static"
+    rdzv_endpoint: str = ""
+    rdzv_conf: Mapping[str, Any] | None = None
+    rdzv_id: str = "none"
+    max_restarts: int = 0
+    poll_interval: float = 0.1   # the supervisor's tick: min(monitor_interval, 0.1)
+    line_prefix: str | None = None
+    start_method: str | None = None
+    timeout: float | None = None
+    log_dir: str | os.PathLike[str] | None = None
+    ui: str = "auto"
+    rdzv_timeout: float | None = None   # as given; ``rendezvous_timeout`` is what every launcher uses
     display_ranks: frozenset[int] | None = frozenset({0})   # whose display() the cell shows; None: all
-    stall_after: float | None = None   # seconds without a sign of progress before a rank is marked stalled
+    stall_after: float | None = DEFAULT_STALL_AFTER   # seconds without a sign of progress: stalled
+    rendezvous_timeout: float = DEFAULT_RDZV_TIMEOUT   # resolved: rdzv_timeout, rdzv_conf's, else 900 s
+    lines_per_second: int | None = DEFAULT_LINES_PER_SECOND   # per rank, in the cell; None: every line
 
     @property
     def elastic(self) -> bool:
@@ -70,13 +78,21 @@ class LaunchOptions:
         return self.num_nodes > 1 or self.max_restarts > 0
 
 
-def launch_options(*, function: Any, args: Any, num_processes: Any, mixed_precision: Any, use_port: Any,
-                   master_addr: Any, node_rank: Any, num_nodes: Any, rdzv_backend: Any, rdzv_endpoint: Any,
-                   rdzv_conf: Any, rdzv_id: Any, max_restarts: Any, monitor_interval: Any,
-                   log_line_prefix_template: Any, kwargs: Any, start_method: Any, timeout: Any,
-                   log_dir: Any, ui: Any, rdzv_timeout: Any, display_ranks: Any = None,
-                   stall_after: Any = None) -> LaunchOptions:
-    """Check every argument of ``notebook_launcher``; raise LaunchArgumentError naming the first bad one."""
+def launch_options(*, function: Any, args: Any = (), num_processes: Any = None, mixed_precision: Any = "no",
+                   use_port: Any = None, master_addr: Any = "127.0.0.1", node_rank: Any = 0,
+                   num_nodes: Any = 1, rdzv_backend: Any = "static", rdzv_endpoint: Any = "",
+                   rdzv_conf: Any = None, rdzv_id: Any = "none", max_restarts: Any = 0,
+                   monitor_interval: Any = 0.1, log_line_prefix_template: Any = None, kwargs: Any = None,
+                   start_method: Any = None, timeout: Any = None, log_dir: Any = None, ui: Any = "auto",
+                   rdzv_timeout: Any = None, display_ranks: Any = None,
+                   stall_after: Any = DEFAULT_STALL_AFTER,
+                   lines_per_second: Any = DEFAULT_LINES_PER_SECOND) -> LaunchOptions:
+    """Check every argument of ``notebook_launcher`` (each defaults to notebook_launcher's
+    default; ``use_port=None`` means its default port) and resolve what depends on several
+    of them; raise LaunchArgumentError naming the first bad one. Runs once per launch:
+    nothing downstream checks these again."""
+    if use_port is None:
+        use_port = DEFAULT_USE_PORT
     validate_function(function)
     validate_args(args, kwargs)
     if num_processes is not None:
@@ -95,19 +111,34 @@ def launch_options(*, function: Any, args: Any, num_processes: Any, mixed_precis
     parse_line_prefix(log_line_prefix_template)   # a bad template fails here, not at a rank's first line
     validate_master_addr(master_addr)
     validate_log_dir(log_dir)
-    options = LaunchOptions(
+    elastic = num_nodes > 1 or max_restarts > 0
+    if elastic:
+        validate_elastic_start_method(start_method)
+    # Every launcher that waits for ranks to meet (elastic's rendezvous, Ray's placement) waits this long.
+    rendezvous_timeout = validate_rendezvous(
+        rdzv_backend=rdzv_backend, rdzv_endpoint=rdzv_endpoint, rdzv_conf=rdzv_conf, rdzv_id=rdzv_id,
+        rdzv_timeout=rdzv_timeout, full=elastic)
+    return LaunchOptions(
         function=function, args=tuple(args), kwargs=dict(kwargs or {}), num_processes=num_processes,
         mixed_precision=mixed_precision, port=port, port_is_default=isinstance(use_port, _DefaultPort),
         master_addr=master_addr, node_rank=node_rank, num_nodes=num_nodes, rdzv_backend=rdzv_backend,
         rdzv_endpoint=rdzv_endpoint, rdzv_conf=rdzv_conf, rdzv_id=rdzv_id, max_restarts=max_restarts,
         poll_interval=min(float(monitor_interval), 0.1), line_prefix=log_line_prefix_template,
         start_method=start_method, timeout=timeout, log_dir=log_dir, ui=ui, rdzv_timeout=rdzv_timeout,
-        display_ranks=validate_display_ranks(display_ranks), stall_after=stall_after)
-    if options.elastic:
-        validate_elastic_start_method(start_method)
-        validate_rendezvous(rdzv_backend=rdzv_backend, rdzv_endpoint=rdzv_endpoint, rdzv_conf=rdzv_conf,
-                            rdzv_id=rdzv_id, rdzv_timeout=rdzv_timeout)
-    return options
+        display_ranks=validate_display_ranks(display_ranks), stall_after=stall_after,
+        rendezvous_timeout=rendezvous_timeout, lines_per_second=validate_lines_per_second(lines_per_second))
+
+
+def validate_lines_per_second(value: object) -> int | None:
+    """``lines_per_second``: how many of each rank's output lines a second the cell shows (the
+    rest go to the rank's log); "all" shows every line (returned as None)."""
+    if value == "all" and isinstance(value, str):
+        return None
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or int(value) < 1:
+        raise LaunchArgumentError(
+            f"lines_per_second must be a whole number >= 1 (lines a second per rank shown in the cell; "
+            f"the rest are in the rank's log) or 'all' for every line; got {value!r}")
+    return int(value)
 
 
 def default_start_method() -> str:
@@ -280,16 +311,18 @@ def validate_choice(name: str, value: object, choices: Sequence[object]) -> None
 
 
 def validate_rendezvous(*, rdzv_backend: str, rdzv_endpoint: object, rdzv_conf: object, rdzv_id: object,
-                        rdzv_timeout: object) -> float:
-    """Check the rendezvous arguments (multi-node or restarts); return the rendezvous timeout:
-    rdzv_timeout, else rdzv_conf's "join_timeout"/"timeout", else torch elastic's 900 s."""
+                        rdzv_timeout: object, full: bool = True) -> float:
+    """Check the rendezvous arguments and return the rendezvous timeout: rdzv_timeout, else
+    rdzv_conf's "join_timeout"/"timeout", else torch elastic's 900 s. ``full``: a rendezvous
+    runs (multi-node or restarts), so rdzv_endpoint and rdzv_id are checked too; otherwise only
+    what the timeout is made of (Ray waits that long for its placement)."""
     if rdzv_conf is not None and not isinstance(rdzv_conf, dict):
         raise LaunchArgumentError(
             f"rdzv_conf must be a dict of rendezvous options such as {{'join_timeout': 600}} or None; "
             f"got {type(rdzv_conf).__name__}")
-    if not isinstance(rdzv_endpoint, str):
+    if full and not isinstance(rdzv_endpoint, str):
         raise LaunchArgumentError(f"rdzv_endpoint must be a 'host:port' string or ''; got {rdzv_endpoint!r}")
-    if not isinstance(rdzv_id, str) or not rdzv_id:
+    if full and (not isinstance(rdzv_id, str) or not rdzv_id):
         raise LaunchArgumentError(f"rdzv_id must be a non-empty string naming the run; got {rdzv_id!r}")
     if rdzv_timeout is not None:
         seconds = seconds_or_none(rdzv_timeout)

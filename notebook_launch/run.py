@@ -1,35 +1,37 @@
-"""The one scaffold around every run, single-node and elastic alike: the backend's
+"""The one scaffold around every run, single-node, elastic and Ray alike: the launcher's
 parent-side preparation, the run folder and its logs, the run state, the display,
 the launch line, signal handlers (saved and restored exactly), and the final status.
 
-``run_plan`` is a single-node launch on it; ``elastic.run_elastic`` puts torch
-elastic's agent inside the same scaffold.
+Every run is given one settings object, the launch's ``LaunchOptions``. ``run_plan`` is
+a single-node launch on it (``supervise_ranks``: the launcher interface's one start,
+supervised); ``elastic.run_elastic`` puts torch elastic's agent inside the same scaffold,
+and ``run_ray`` a Ray launcher with its restarts.
 """
 from __future__ import annotations
 
 import contextlib
-import signal
-import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator, TypeVar
 
 from .backends import get_backend
-from .backends.base import Backend, RankPipes
+from .backends.base import Launcher
+from .channels import RankPipes
 from .display import choose_display
 from .detect.platform import in_ipython_kernel
 from .display.base import Display
 from .display.rank_displays import RankDisplays
 from .errors import LaunchError
 from .logs import RunLogs
+from .options import LaunchOptions
 from .plan import LaunchPlan
+from .signal_handlers import restore_signal_handlers, save_signal_handlers
 from .rank.runner import Job
 from .state import DONE, FAILED, STOPPED, RankState, RunState
 from .supervise.outcome import error_summary
 from .supervise import interrupts
 from .supervise.supervisor import Supervisor
 
-_SAVED_SIGNALS = ("SIGINT", "SIGTERM", "SIGHUP", "SIGQUIT", "SIGCHLD")
 T = TypeVar("T")
 
 
@@ -37,57 +39,68 @@ T = TypeVar("T")
 class RunContext:
     """What a run's body works with."""
     plan: LaunchPlan
-    backend: Backend
+    backend: Launcher
     logs: RunLogs
     state: RunState
     display: Display
+    options: LaunchOptions
     rank_displays: RankDisplays | None = None   # the ranks' display() calls, in a Jupyter kernel
 
+    @property
+    def launcher(self) -> Launcher:
+        return self.backend
 
-def run_plan(plan: LaunchPlan, job: Job, *, run_id: str, log_dir: Any = None, ui: str = "auto",
-             timeout: float | None = None, poll_interval: float = 0.1, line_prefix: str | None = None,
-             platform: str | None = None, display_ranks: frozenset[int] | None = frozenset({0}),
-             stall_after: float | None = None) -> list[Any]:
+
+def run_plan(plan: LaunchPlan, job: Job, options: LaunchOptions, *, run_id: str,
+             platform: str | None = None) -> list[Any]:
     """Start the plan's ranks and supervise them until results or one clear error."""
-    def body(ctx: RunContext) -> list[Any]:
-        pipes: list[RankPipes] = []
+    return run_with_scaffold(plan, lambda ctx: supervise_ranks(ctx, job), options, run_id=run_id,
+                             platform=platform)
+
+
+def supervise_ranks(ctx: RunContext, job: Job, launcher: Launcher | None = None) -> list[Any]:
+    """One start of the plan's ranks through the launcher interface, supervised to its end:
+    open the channels, ``start``, the supervisor's loop; whatever happens, every channel is
+    closed and the launcher's ``end`` runs. A launch runs it once, Ray once per attempt."""
+    launcher = launcher or ctx.launcher
+    options = ctx.options
+    channels: list[RankPipes] = []
+    try:
+        channels = launcher.open_channels(ctx.plan)
+        processes = launcher.start(ctx.plan, job, channels)
+        return Supervisor(processes, channels, ctx.state, ctx.display, ctx.logs,
+                          timeout=options.timeout, poll_interval=options.poll_interval,
+                          rank_displays=ctx.rank_displays, stall_after=options.stall_after).run()
+    finally:
         try:
-            for _ in plan.ranks:   # one by one: a failure midway still closes those opened
-                pipes.append(RankPipes.open())
-            processes = ctx.backend.start(plan, job, pipes)
-            return Supervisor(processes, pipes, ctx.state, ctx.display, ctx.logs,
-                              timeout=timeout, poll_interval=poll_interval, rank_displays=ctx.rank_displays,
-                              stall_after=stall_after).run()
+            for pipes in channels:
+                pipes.close_all()
         finally:
-            for p in pipes:
-                p.close_parent_ends()
-                p.close_child_ends()
-
-    return run_with_scaffold(plan, body, run_id=run_id, log_dir=log_dir, ui=ui, line_prefix=line_prefix,
-                             platform=platform, display_ranks=display_ranks)
+            launcher.end()
 
 
-def run_with_scaffold(plan: LaunchPlan, body: Callable[[RunContext], T], *, run_id: str, log_dir: Any,
-                      ui: str, line_prefix: str | None, platform: str | None = None,
-                      backend_suffix: str = "", max_restarts: int = 0, extra_lines: tuple[str, ...] = (),
-                      display_ranks: frozenset[int] | None = frozenset({0})) -> T:
+def run_with_scaffold(plan: LaunchPlan, body: Callable[[RunContext], T], options: LaunchOptions, *,
+                      run_id: str, platform: str | None = None, launcher: Launcher | None = None,
+                      backend_suffix: str = "", extra_lines: tuple[str, ...] = ()) -> T:
     """Set up the run around ``body`` and tear it down whatever happens; ``body``
-    returns this node's results or raises LaunchError / KeyboardInterrupt."""
-    backend = get_backend(plan.start_method)
-    backend.prepare_parent()
-    logs = RunLogs(run_id, [r.local_rank for r in plan.ranks], [r.global_rank for r in plan.ranks], log_dir)
-    state = RunState(run_id=run_id, world_size=plan.world_size, backend=backend.name + backend_suffix,
+    returns this node's results or raises LaunchError / KeyboardInterrupt. ``launcher``:
+    the way its ranks start (default: the one for ``plan.start_method``)."""
+    launcher = launcher or get_backend(plan.start_method)
+    launcher.prepare_parent()
+    logs = RunLogs(run_id, [r.local_rank for r in plan.ranks], [r.global_rank for r in plan.ranks],
+                   options.log_dir)
+    state = RunState(run_id=run_id, world_size=plan.world_size, backend=launcher.name + backend_suffix,
                      log_dir=str(logs.path), node_rank=plan.node_rank, num_nodes=plan.num_nodes,
-                     max_restarts=max_restarts,
+                     max_restarts=options.max_restarts,
                      ranks=[RankState(rank=r.global_rank, local_rank=r.local_rank, device=r.device)
                             for r in plan.ranks])
-    display = choose_display(ui, line_prefix=line_prefix)
+    display = choose_display(options.ui, line_prefix=options.line_prefix)
     print("\n".join((launch_summary(plan, state.backend, logs.path, platform=platform, display=display.name),
                      *(f"notebook_launch: {note}" for note in logs.notes), *extra_lines)), flush=True)
-    rank_displays = RankDisplays(display_ranks, run_id) if in_ipython_kernel() else None
+    rank_displays = RankDisplays(options.display_ranks, run_id) if in_ipython_kernel() else None
     with presenting(state, display, logs, rank_displays):
         try:
-            results = body(RunContext(plan, backend, logs, state, display, rank_displays))
+            results = body(RunContext(plan, launcher, logs, state, display, options, rank_displays))
         except LaunchError as error:
             state.finish(FAILED, error_summary(error))
             raise
@@ -102,7 +115,7 @@ def presenting(state: RunState, display: Display, logs: RunLogs,
     display starts and always closes with the final state, the ranks' display() outputs get
     their final content, the logs close, and the notebook gets its signal handlers back
     exactly as they were."""
-    saved = _save_signal_handlers()
+    saved = save_signal_handlers()
     try:
         with interrupts.guarding_run():   # a second Ctrl-C cannot cut the teardown short
             try:
@@ -119,7 +132,7 @@ def presenting(state: RunState, display: Display, logs: RunLogs,
                     finally:
                         logs.close()
     finally:
-        _restore_signal_handlers(saved)
+        restore_signal_handlers(saved)
 
 
 def launch_summary(plan: LaunchPlan, backend_name: str, log_path: str | Path, platform: str | None = None,
@@ -136,16 +149,3 @@ def launch_summary(plan: LaunchPlan, backend_name: str, log_path: str | Path, pl
     for note in plan.notes:
         line += f"\nnotebook_launch: {note}"
     return line
-
-
-def _save_signal_handlers() -> dict[str, Any]:
-    if threading.current_thread() is not threading.main_thread():
-        return {}
-    return {name: signal.getsignal(getattr(signal, name)) for name in _SAVED_SIGNALS
-            if hasattr(signal, name)}
-
-
-def _restore_signal_handlers(saved: dict[str, Any]) -> None:
-    for name, handler in saved.items():
-        if handler is not None:
-            signal.signal(getattr(signal, name), handler)

@@ -29,6 +29,13 @@ def rank_of_each():
     ({"num_processes": np.float64(2)}, "num_processes must be a whole number"),
     ({"num_processes": 10_000}, "num_processes=10000"),
     ({"num_nodes": np.int64(0)}, "num_nodes must be >= 1"),
+    ({"lines_per_second": 0}, "lines_per_second must be a whole number >= 1"),
+    ({"lines_per_second": 2.5}, "lines_per_second must be a whole number >= 1"),
+    ({"lines_per_second": True}, "lines_per_second must be a whole number >= 1"),
+    ({"lines_per_second": "every"}, "or 'all' for every line; got 'every'"),
+    # a rendezvous timeout is checked on every launch (Ray waits that long for its placement too)
+    ({"rdzv_timeout": -1}, "rdzv_timeout must be a number of seconds > 0"),
+    ({"rdzv_conf": {"join_timeout": "soon"}}, "rdzv_conf['join_timeout'] must be a number of seconds"),
 ])
 def test_bad_argument_fails_before_anything_starts(kwargs, message, tmp_path, capsys):
     args = {"num_processes": 2, "log_dir": str(tmp_path / "logs"), **kwargs}
@@ -64,3 +71,22 @@ def test_ten_thousand_cpu_ranks_fail_before_opening_any_log(tmp_path, monkeypatc
     assert "num_processes=10000" in str(info.value)
     assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())
     assert len(os.listdir("/proc/self/fd")) == fds_before
+
+
+def test_options_are_resolved_once_with_notebook_launchers_defaults(monkeypatch):
+    """launch_options gives every field notebook_launcher's default, resolves the rendezvous
+    timeout and the line budget, and what runs after it checks nothing again."""
+    from notebook_launch import options as options_module
+    from notebook_launch.elastic import rendezvous
+    opts = options_module.launch_options(function=print, rdzv_conf={"join_timeout": 30}, lines_per_second="all")
+    assert (opts.ui, opts.port_is_default, opts.display_ranks, opts.rendezvous_timeout) == ("auto", True,
+                                                                                           frozenset({0}), 30)
+    assert opts.lines_per_second is None
+    assert options_module.launch_options(function=print).lines_per_second == 200
+    assert options_module.launch_options(function=print, rdzv_timeout=7).rendezvous_timeout == 7
+    assert options_module.launch_options(function=print).rendezvous_timeout == options_module.DEFAULT_RDZV_TIMEOUT
+
+    def checked_again(**kwargs):
+        raise AssertionError("validate_rendezvous ran a second time")
+    monkeypatch.setattr(options_module, "validate_rendezvous", checked_again)
+    assert rendezvous.settings_for(opts, port=29501).timeout == 30

@@ -3,15 +3,16 @@ import pytest
 
 from notebook_launch import net as network
 from notebook_launch.errors import LaunchArgumentError
-from notebook_launch.elastic.rendezvous import settings_from_arguments
-from notebook_launch.options import DEFAULT_RDZV_TIMEOUT
+from notebook_launch.elastic.rendezvous import settings_for
+from notebook_launch.options import DEFAULT_RDZV_TIMEOUT, launch_options
 
 
 def settings(**overrides):
+    """What a launch's arguments (checked once by launch_options) give elastic's rendezvous."""
     args = dict(rdzv_backend="static", rdzv_endpoint="", rdzv_conf=None, rdzv_id="none",
-                rdzv_timeout=None, master_addr="10.0.0.5", port=29501, node_rank=1, num_nodes=2)
+                rdzv_timeout=None, master_addr="10.0.0.5", node_rank=1, num_nodes=2)
     args.update(overrides)
-    return settings_from_arguments(**args)
+    return settings_for(launch_options(function=print, **args), port=29501)
 
 
 def test_static_uses_master_addr_port_and_node_rank_like_accelerate():

@@ -1,22 +1,21 @@
-"""How rank processes start: fork, spawn (fresh interpreters) or xla (torch_xla's xmp.spawn)."""
+"""The launchers: every way of starting ranks behind one interface (``base.Launcher``:
+``start(plan, job, channels) -> processes``): ``fork``, ``spawn`` (fresh interpreters), ``xla``
+(torch_xla's xmp.spawn), and ``ray_launch.RayLauncher`` (Ray actors; made by ``run_ray`` with
+the connected cluster). Elastic's agent starts each attempt through the fork or spawn launcher."""
 from __future__ import annotations
 
-from .base import Backend
-
-START_METHODS = ("fork", "spawn", "xla")
+from .base import Launcher
 
 
-def get_backend(start_method: str) -> Backend:
-    """The backend for a ``start_method`` (validated by ``options``)."""
+def get_backend(start_method: str) -> Launcher:
+    """The launcher for a ``start_method`` (validated by ``options``). Ray's needs the
+    connected cluster: ``run_ray`` makes it (``backends.ray_launch.RayLauncher``)."""
     if start_method == "fork":
         from .fork import ForkBackend
         return ForkBackend()
     if start_method == "spawn":
         from .spawn import SpawnBackend
         return SpawnBackend()
-    if start_method == "ray":  # cluster=RayCluster(...): ranks are Ray actors (backends.ray_launch)
-        from .ray_gang import RayBackend
-        return RayBackend()
     if start_method == "xla":
         from .xla import XlaBackend
         return XlaBackend()

@@ -1,197 +1,78 @@
-"""The backend interface: start one process per rank and hand back handles.
+"""The launcher interface: every way of starting ranks (fork, spawn, xla, elastic's
+attempts, Ray) is one ``Launcher`` with ``start(plan, job, channels) -> processes``, as
+Lightning Fabric's ``strategies/launchers`` are.
 
-A backend knows only how to start processes. Everything a rank does once it
-runs (environment, output capture, reporting) is ``rank.bootstrap`` and
-``rank.runner``; watching the ranks is the supervisor's job. So a new way of
-starting ranks is one small module.
+A launcher knows only how to start processes. Everything a rank does once it runs
+(environment, output capture, reporting) is ``rank.bootstrap`` and ``rank.runner``;
+watching the ranks is the supervisor's job; restarting a run is ``restarts``. So a new
+way of starting ranks is one small module. Its caller always does the same:
+
+    channels = launcher.open_channels(plan)
+    try:
+        processes = launcher.start(plan, job, channels)
+        ... supervise(processes, channels) ...
+    finally:
+        close every channel; launcher.end()
+
+(``run.supervise_ranks``; elastic's agent does it per attempt, persistent ranks per pool.)
 """
 from __future__ import annotations
 
-import logging
-import os
-import signal
+import abc
 import sys
-import time
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable, Sequence
 
-from .. import shared_tensors
+# The channel types live in ``channels`` (they depend on nothing of ours); these names stay
+# here until every import uses the new home.
+from ..channels import STUCK, WAIT_LIMIT, RankPipes, RankProcess, WaitStatus, stuck_note
 from ..supervise import leftovers
 
 if TYPE_CHECKING:
     from ..plan import LaunchPlan, RankSpec
     from ..rank.runner import Job
 
-log = logging.getLogger("notebook_launch")
-# How a process ended: ("exit", code) or ("signal", signum); STUCK when it would not end.
-WaitStatus = tuple[str, int]
-# A process that outlived SIGKILL by WAIT_LIMIT seconds is stuck in uninterruptible sleep (state D:
-# in the kernel, usually a device driver releasing a GPU or TPU). It cannot be reaped until it
-# leaves it, so waiting on would hang the cell: wait() gives up and says so instead.
-WAIT_LIMIT = 30.0
-STUCK: WaitStatus = ("stuck", -1)   # -1: torch's exit code for "unknown"
+__all__ = ["Backend", "Launcher", "RankPipes", "RankProcess", "STUCK", "WAIT_LIMIT", "WaitStatus",
+           "start_each", "stuck_note"]
 
 
-@dataclass
-class RankPipes:
-    """The four pipes of one rank: events, stdout and stderr (rank -> notebook), and
-    answers (notebook -> rank: what the user typed at a prompt of the rank's, see
-    rank/stdin_relay.py). ``parent_ends`` are the notebook's, ``child_ends`` the rank's.
-
-    Every close goes through ``close(fd)``, which closes each fd at most once.
-    A second ``os.close`` of a number the kernel has since handed to someone
-    else (a zmq socket's eventfd in a Jupyter kernel) closes THEIR fd: libzmq
-    then aborts with "Bad file descriptor (src/signaler.cpp)" and the notebook
-    kernel dies.
-
-    ``tensors`` is the rank's result file (a memfd, see ``shared_tensors``; None
-    where there are none): both sides hold it, the rank writes the bytes of its
-    result's tensors there and the parent maps them; it goes with the parent ends."""
-    events_r: int
-    events_w: int
-    stdout_r: int
-    stdout_w: int
-    stderr_r: int
-    stderr_w: int
-    answers_r: int      # the rank reads the notebook's answers here
-    answers_w: int
-    tensors: int | None = None
-    closed: set = field(default_factory=set, repr=False, compare=False)
-
-    @classmethod
-    def open(cls) -> "RankPipes":
-        opened: list[int] = []
-        try:   # out of fds midway (EMFILE): close what this call opened, leak nothing
-            e = os.pipe()
-            opened += e
-            o = os.pipe()
-            opened += o
-            r = os.pipe()
-            opened += r
-            a = os.pipe()
-            opened += a
-            tensors = shared_tensors.create_file()   # the rank's result file (None where there is no memfd)
-        except OSError:
-            for fd in opened:
-                os.close(fd)
-            raise
-        for fd in (e[0], o[0], r[0], a[1]):
-            os.set_inheritable(fd, False)
-        os.set_blocking(a[1], False)   # an answer never blocks the supervisor
-        return cls(e[0], e[1], o[0], o[1], r[0], r[1], a[0], a[1], tensors=tensors)
-
-    def child_ends(self) -> tuple[int, ...]:
-        return (self.events_w, self.stdout_w, self.stderr_w, self.answers_r)
-
-    def parent_ends(self) -> tuple[int, ...]:
-        return (self.events_r, self.stdout_r, self.stderr_r, self.answers_w)
-
-    def all_fds(self) -> tuple[int, ...]:
-        return self.parent_ends() + self.child_ends() + ((self.tensors,) if self.tensors is not None else ())
-
-    def close(self, fd: int) -> None:
-        """Close one of this rank's fds, unless it was closed already."""
-        if fd in self.closed or fd not in self.all_fds():
-            return
-        self.closed.add(fd)
-        try:
-            os.close(fd)
-        except OSError:
-            log.debug("closing fd %d failed", fd, exc_info=True)
-
-    def close_child_ends(self, keep: tuple[int, ...] = ()) -> None:
-        for fd in self.child_ends():
-            if fd not in keep:
-                self.close(fd)
-
-    def close_parent_ends(self) -> None:
-        """The parent's ends and its hold on the result file (after the results were loaded)."""
-        for fd in self.parent_ends() + ((self.tensors,) if self.tensors is not None else ()):
-            self.close(fd)
-
-
-class RankProcess:
-    """Handle on a started rank. ``sentinel`` is a file descriptor that becomes
-    readable when the process exits, so the supervisor can select on it.
-
-    A process that carries several ranks (XLA: xmp.spawn runs one thread per
-    device) sets ``local_ranks`` to all of them; the supervisor then watches
-    each rank's pipes and ends them all when the process ends."""
-
-    local_rank: int
-    local_ranks: tuple[int, ...] = ()     # empty: just (local_rank,)
-    pid: int
-    sentinel: int | None
-    end_note: str | None = None           # how it ended when no exit status says it (a Ray actor's death)
-    wait_limit: float = WAIT_LIMIT        # seconds wait() waits for a process that should be ending
-    on_this_machine: bool = True          # False: ``pid`` is a process of another machine (a Ray actor)
-
-    def poll(self) -> WaitStatus | None:
-        """None while running; else a wait status description: ("exit", code) or ("signal", signum)."""
-        raise NotImplementedError
-
-    def wait(self) -> WaitStatus:
-        """Block until the process ended (its sentinel may fire before waitpid sees it), at
-        most ``wait_limit`` seconds: a process still there then is stuck (see WAIT_LIMIT) and
-        ``STUCK`` is returned, its ``end_note`` saying so; it is left behind, unreaped."""
-        limit = self.wait_limit
-        deadline = time.monotonic() + limit
-        pause = 0.005
-        while True:
-            status = self.poll()
-            if status is not None:
-                return status
-            if time.monotonic() >= deadline:
-                self.end_note = stuck_note(self.pid, limit)
-                log.debug("rank process %d: %s", self.pid, self.end_note)
-                return STUCK
-            time.sleep(pause)
-            pause = min(pause * 2, 0.1)
-
-    def ranks(self) -> tuple[int, ...]:
-        """The local ranks this process carries: one for fork/spawn, every ordinal of it for XLA."""
-        return self.local_ranks or (self.local_rank,)
-
-    def signal(self, signum: int) -> None:
-        """Send ``signum`` to the rank and everything it started (its process group)."""
-        try:
-            os.killpg(self.pid, signum)
-        except (ProcessLookupError, PermissionError):
-            try:
-                os.kill(self.pid, signum)
-            except ProcessLookupError:
-                log.debug("rank process %d is gone already", self.pid)
-
-    def kill(self) -> None:
-        self.signal(signal.SIGKILL)
-
-    def release(self) -> None:
-        """Free the sentinel and any other resource once the process is reaped."""
-
-
-def stuck_note(pid: int, limit: float) -> str:
-    return (f"did not end within {limit:g} s of being killed: process {pid} is stuck in the kernel "
-            f"(uninterruptible sleep, usually a GPU/TPU driver) and was left behind; if the device stays "
-            f"busy, restart the runtime")
-
-
-class Backend:
+class Launcher(abc.ABC):
     """Starts the ranks of a plan. Subclasses set ``name`` and implement ``start``."""
 
     name = "base"
 
-    def start(self, plan: "LaunchPlan", job: "Job", pipes_by_rank: Sequence[RankPipes]) -> list[RankProcess]:
+    def prepare_parent(self) -> None:  # noqa: B027  (a hook: most launchers need nothing here)
+        """Work to do once in the parent before the run's display starts (e.g. warm imports)."""
+
+    def open_channels(self, plan: "LaunchPlan") -> list[RankPipes]:
+        """The channels of this node's ranks, before they start: one ``RankPipes`` per local
+        rank (opened one by one: if one fails, those opened so far are closed). A launcher
+        whose ranks connect back (Ray) returns an empty list that ``start`` fills."""
+        channels: list[RankPipes] = []
+        try:
+            for _ in plan.ranks:
+                channels.append(RankPipes.open())
+        except BaseException:
+            for pipes in channels:
+                pipes.close_all()
+            raise
+        return channels
+
+    @abc.abstractmethod
+    def start(self, plan: "LaunchPlan", job: "Job", channels: list[RankPipes]) -> list[RankProcess]:
         """Start the processes of ``plan.ranks`` (usually one per rank) running ``rank.runner.run_rank``.
 
-        ``job`` is the ``rank.runner.Job`` (function, args, kwargs); ``pipes_by_rank``
-        the ``RankPipes`` of each local rank. Returns a list of RankProcess in
-        local-rank order (each covering ``local_ranks`` when it carries several).
-        A backend must close the child ends in the parent.
+        ``job`` is the ``rank.runner.Job`` (function, args, kwargs); ``channels`` the
+        ``RankPipes`` of each local rank, from ``open_channels``. Returns a list of RankProcess in
+        local-rank order (each covering ``local_ranks`` when it carries several). A launcher
+        closes the child ends in the parent, and leaves nothing started when it raises.
         """
-        raise NotImplementedError
 
-    def prepare_parent(self) -> None:
-        """Work to do once in the parent before starting ranks (e.g. warm imports)."""
+    def end(self) -> None:  # noqa: B027  (a hook: only a launcher that makes more than processes)
+        """Once the ranks of ``start`` ended and were released: let go of what else it made
+        (Ray: the actors and their placement group). Called whatever happened."""
+
+
+Backend = Launcher   # the former name, kept until every import uses ``Launcher``
 
 
 def start_each(plan: "LaunchPlan", pipes_by_rank: Sequence[RankPipes],

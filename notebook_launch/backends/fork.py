@@ -7,7 +7,8 @@ import logging
 import os
 from typing import TYPE_CHECKING, NoReturn, Sequence
 
-from .base import Backend, RankPipes, RankProcess, WaitStatus, start_each
+from ..channels import RankPipes, RankProcess, WaitStatus
+from .base import Launcher, start_each
 from .fork_thread import fork_from_clean_thread
 from .warm_imports import warm_for
 
@@ -50,10 +51,10 @@ def decode_wait_status(status: int) -> WaitStatus:
     return ("exit", os.waitstatus_to_exitcode(status))
 
 
-class ForkBackend(Backend):
+class ForkBackend(Launcher):
     name = "fork"
 
-    def start(self, plan: "LaunchPlan", job: "Job", pipes_by_rank: Sequence[RankPipes]) -> list[RankProcess]:
+    def start(self, plan: "LaunchPlan", job: "Job", channels: Sequence[RankPipes]) -> list[RankProcess]:
         from ..rank.fork_entry import run_forked_rank
 
         warm_for(job.function)   # what the ranks would import after the fork (torch._dynamo for training)
@@ -62,10 +63,10 @@ class ForkBackend(Backend):
 
         def start_one(spec: "RankSpec", pipes: RankPipes) -> RankProcess:
             def child() -> NoReturn:
-                run_forked_rank(spec, job, pipes, pipes_by_rank, parent_pid)   # never returns
+                run_forked_rank(spec, job, pipes, channels, parent_pid)   # never returns
                 os._exit(1)
 
             # Not os.fork() here: this thread may have run an OpenMP region (see fork_thread).
             return ForkedRank(spec.local_rank, fork_from_clean_thread(child))
 
-        return start_each(plan, pipes_by_rank, start_one)
+        return start_each(plan, channels, start_one)

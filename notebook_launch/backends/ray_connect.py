@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from ..errors import GuardError, LaunchArgumentError
-from ..run import _restore_signal_handlers, _save_signal_handlers
+from ..signal_handlers import restore_signal_handlers, save_signal_handlers
 
 if TYPE_CHECKING:
     from ..cluster import RayCluster
@@ -53,7 +53,7 @@ def connect(cluster: "RayCluster") -> Any:
             "RayCluster(address=None) uses the Ray this notebook connected to, but ray.init() was not "
             "called; call ray.init(...) first or pass address='auto' / 'host:port' / 'ray://host:port'")
     check_reachable(cluster.address)
-    saved = _save_signal_handlers()
+    saved = save_signal_handlers()
     try:
         ray.init(address=cluster.address, log_to_driver=False, logging_level=logging.WARNING,
                  configure_logging=False)
@@ -63,7 +63,7 @@ def connect(cluster: "RayCluster") -> Any:
             f"`ray start --head` (or check the address: 'auto' finds the cluster this machine belongs to, "
             f"'host:6379' names a head's GCS, 'ray://host:10001' goes through Ray Client).") from None
     finally:
-        _restore_signal_handlers(saved)
+        restore_signal_handlers(saved)
     return ray
 
 
@@ -189,13 +189,13 @@ def environment_report() -> str:
         return f"ray {version}; no cluster configured here (set RAY_ADDRESS or run `ray start`)"
     import ray
     if not ray.is_initialized():
-        saved = _save_signal_handlers()
+        saved = save_signal_handlers()
         try:
             ray.init(address=address, log_to_driver=False, logging_level=logging.WARNING, configure_logging=False)
         except Exception as exc:  # a stale address: say so, env must not fail
             return f"ray {version}; no cluster reachable at {address} ({type(exc).__name__}: {exc})"
         finally:
-            _restore_signal_handlers(saved)
+            restore_signal_handlers(saved)
     return f"ray {version}; cluster at {gcs_host(ray) or address}: {describe_cluster(alive_nodes(ray))}"
 
 

@@ -15,11 +15,11 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
-from .base import Backend, RankProcess, WaitStatus
+from ..channels import RankProcess, WaitStatus
 
 if TYPE_CHECKING:
     from ..cluster import RayCluster
-    from .socket_pipes import SocketPipes
+    from ..channels.sockets import SocketPipes
 
 log = logging.getLogger("notebook_launch")
 WAIT_TICK = 0.1
@@ -266,12 +266,3 @@ def _actor_dead(actor: Any) -> bool:
         log.debug("cannot read the actor table; trusting ray.kill", exc_info=True)
         return True
     return not info or info.get("State") == "DEAD"
-
-
-class RayBackend(Backend):
-    """The scaffold's view of Ray (``run.run_with_scaffold`` asks for a backend by
-    ``plan.start_method``); the ranks themselves start in ``ray_launch.run_attempt``."""
-    name = "ray"
-
-    def prepare_parent(self) -> None:
-        import cloudpickle  # noqa: F401  (ships the job; imported before the panel starts)

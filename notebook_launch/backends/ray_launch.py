@@ -1,12 +1,12 @@
-"""``notebook_launcher(..., cluster=RayCluster(...))``: ranks on a Ray cluster, inside the same
-run scaffold, supervisor and outcome as a local launch.
+"""The Ray launcher: ranks as Ray actors of one placement group, started through the same
+``Launcher`` interface as fork, spawn and xla (``start(plan, job, channels) -> processes``).
 
-What is Ray-specific: connecting (``ray_connect``), gang-placing the ranks and ending
-them (``ray_gang``), the rank side (``rank.ray_actor``) and the transport: each rank
-connects its events, stdout and stderr back to a listener the notebook opens on the
-interface that reaches the cluster (``socket_pipes``), so the supervisor selects on
-those sockets as it does on a local rank's pipes, and the display, logs and
-errors are the local ones.
+``start`` places the gang (all ranks or none), starts one actor per rank, tells each its
+rank's environment and has it connect its events, stdout, stderr and answers back to a
+listener the notebook opens on the interface that reaches the cluster (``channels.sockets``):
+those sockets are the channels it hands back, so the supervisor selects on them as it does
+on a local rank's pipes. ``end`` leaves nothing on the cluster. Each ``start`` is one attempt;
+restarts are ``restarts.run_attempts`` (``run_ray``), under the rule elastic's agent follows.
 """
 from __future__ import annotations
 
@@ -15,103 +15,83 @@ import pickle
 import time
 from typing import TYPE_CHECKING, Any, Callable
 
-from .. import cuda_tracking
-from ..errors import GuardError, LaunchError
-from ..logs import make_run_id
+from ..channels import RankPipes, RankProcess
+from ..channels.sockets import SocketPipes, StreamListener
+from ..errors import GuardError
 from ..net import source_address_toward
-from ..options import DEFAULT_RDZV_TIMEOUT
 from ..plan import LaunchPlan, RankSpec
 from ..protocol import Failure, FailureKind
-from ..rank.runner import Job
 from ..rank.spawn_context import capture_context, pickle_job
-from ..run import RunContext, run_with_scaffold
-from ..state import RunState
 from ..supervise import outcome
-from ..supervise.supervisor import Supervisor
 from . import ray_connect
+from .base import Launcher
 from .ray_gang import Gang, Placement, RayRank, Waiter, death_reason, visible_devices_by_node
-from .socket_pipes import StreamListener
 
 if TYPE_CHECKING:
     from ..cluster import RayCluster
-    from ..options import LaunchOptions
+    from ..display.base import Display
+    from ..errors import LaunchError
+    from ..rank.runner import Job
+    from ..state import RunState
 
 log = logging.getLogger("notebook_launch")
-RESTARTABLE = (FailureKind.EXCEPTION.value, FailureKind.SIGNAL.value, FailureKind.EXIT.value)
 
 
-def run_on_ray(options: "LaunchOptions", cluster: "RayCluster", world_size: int) -> list[Any]:
-    """Connect, check the cluster can hold the ranks, then run them inside the run scaffold
-    (restarting every rank up to ``options.max_restarts`` times after a rank failure)."""
-    cuda_before = cuda_tracking.is_cuda_initialized()
-    ray = ray_connect.connect(cluster)
-    if not cuda_before and cuda_tracking.is_cuda_initialized():  # pragma: no cover - a Ray regression
-        raise GuardError("connecting to Ray initialized CUDA in the notebook; please report this")
-    nodes = ray_connect.alive_nodes(ray)
-    ray_connect.check_resources(world_size, cluster, nodes)
-    host = _notebook_address(ray, cluster)
-    run_id = make_run_id()
-    plan = notebook_plan(world_size, cluster, options.mixed_precision)
-    payload = pickle.dumps({"context": capture_context(),
-                            "job": pickle_job(Job(options.function, options.args, options.kwargs))},
-                           protocol=pickle.HIGHEST_PROTOCOL)
-    rdzv_timeout = options.rdzv_timeout or DEFAULT_RDZV_TIMEOUT
+class RayLauncher(Launcher):
+    """Starts a plan's ranks (one row per global rank: ``run_ray.notebook_plan``) as Ray actors."""
 
-    def body(ctx: RunContext) -> list[Any]:
-        payload_ref = ray.put(payload)
-        attempt = 0
-        while True:
-            if attempt:
-                ctx.state.begin_attempt(attempt, node_rank=0, num_nodes=1, world_size=world_size,
-                                        ranks=plan.ranks)
-            try:
-                return run_attempt(ray, cluster, ctx, payload_ref, host=host, run_id=run_id,
-                                   mixed_precision=options.mixed_precision, rdzv_timeout=rdzv_timeout,
-                                   timeout=options.timeout, poll_interval=options.poll_interval,
-                                   restarts=(attempt, options.max_restarts))
-            except LaunchError as error:
-                if attempt >= options.max_restarts or error.kind not in RESTARTABLE:
-                    raise outcome.with_attempts(error, attempt, options.max_restarts) from None
-                attempt += 1
-                print(outcome.restart_notice(_failure_of(error), attempt, options.max_restarts, False), flush=True)
+    name = "ray"
 
-    summary = (f"notebook_launch: Ray cluster {ray_connect.gcs_host(ray) or cluster.address}: "
-               f"{ray_connect.describe_cluster(nodes)}; {world_size} ranks x "
-               f"{dict(cluster.resources_per_rank)}, placement {cluster.placement}")
-    return run_with_scaffold(plan, body, run_id=run_id, log_dir=options.log_dir, ui=options.ui,
-                             line_prefix=options.line_prefix or "[node {node_rank} rank {rank}]",
-                             max_restarts=options.max_restarts, extra_lines=(summary,),
-                             display_ranks=options.display_ranks)
+    def __init__(self, ray: Any, cluster: "RayCluster", *, host: str, run_id: str, mixed_precision: str,
+                 rendezvous_timeout: float, max_restarts: int = 0) -> None:
+        self.ray = ray
+        self.cluster = cluster
+        self.host = host                      # the notebook's address toward the cluster
+        self.run_id = run_id
+        self.mixed_precision = mixed_precision
+        self.rendezvous_timeout = rendezvous_timeout   # for the placement and the connections back
+        self.max_restarts = max_restarts
+        self.attempts = 0                     # starts so far: each start is one attempt
+        self.state: "RunState | None" = None
+        self.display: "Display | None" = None
+        self._shipped: tuple["Job", bytes] | None = None
+        self._payload_ref: Any = None
+        self._gang: Gang | None = None
+        self._listener: StreamListener | None = None
+        self._handed: list[SocketPipes] = []
 
+    def prepare_parent(self) -> None:
+        import cloudpickle  # noqa: F401  (ships the job; imported before the panel starts)
 
-def notebook_plan(world_size: int, cluster: "RayCluster", mixed_precision: str) -> LaunchPlan:
-    """The notebook's view of the run: one row per global rank (its index is the rank). Each
-    rank's real environment is made on its node, once Ray placed it (``rank.ray_actor``)."""
-    device = "cuda" if cluster.device_kind == "cuda" else "cpu"
-    ranks = tuple(RankSpec(rank, rank, device, {}) for rank in range(world_size))
-    return LaunchPlan(num_processes=world_size, num_nodes=1, node_rank=0, world_size=world_size,
-                      master_addr="", master_port=0, device_kind=cluster.device_kind,
-                      dist_backend="nccl" if cluster.device_kind == "cuda" else "gloo",
-                      mixed_precision=mixed_precision, start_method="ray", ranks=ranks)
+    def attach(self, state: "RunState", display: "Display") -> None:
+        """The run state and display the placement's progress goes to (and Stop comes from)."""
+        self.state, self.display = state, display
 
+    def payload_for(self, job: "Job") -> bytes:
+        """The job and the notebook's context as the actors receive them (pickled once per job; a
+        caller ships it before the run starts, so a function that does not pickle fails first)."""
+        if self._shipped is None or self._shipped[0] is not job:
+            self._shipped = (job, pickle.dumps({"context": capture_context(), "job": pickle_job(job)},
+                                               protocol=pickle.HIGHEST_PROTOCOL))
+            self._payload_ref = None
+        return self._shipped[1]
 
-def run_attempt(ray: Any, cluster: "RayCluster", ctx: RunContext, payload_ref: Any, *, host: str, run_id: str,
-                mixed_precision: str, rdzv_timeout: float, timeout: float | None,
-                poll_interval: float, restarts: tuple[int, int] = (0, 0)) -> list[Any]:
-    """Place, start and supervise one attempt; whatever happens, nothing of it stays on the cluster."""
-    state, world_size = ctx.state, ctx.plan.world_size
-    gang = Gang(ray, cluster, world_size)
-    listener: StreamListener | None = None
-    pipes: list[Any] = []
-    started = time.monotonic()
-    deadline = started + rdzv_timeout
+    def open_channels(self, plan: "LaunchPlan") -> list[RankPipes]:
+        return []   # each rank's channels are the connections it makes back, accepted in start()
 
-    def waiting() -> None:
-        ctx.display.refresh(state)
-        if state.stop_requested:
-            raise KeyboardInterrupt("notebook_launch: run stopped with the Stop button")
-
-    try:
+    def start(self, plan: "LaunchPlan", job: "Job", channels: list[RankPipes]) -> list[RankProcess]:
+        """Place, start and connect one attempt's actors; the accepted connections go into ``channels``."""
+        assert self.state is not None and self.display is not None, "attach() the run state first"
+        ray, cluster, state, world_size = self.ray, self.cluster, self.state, plan.world_size
+        payload = self.payload_for(job)
+        if self._payload_ref is None:
+            self._payload_ref = ray.put(payload)
+        restarts = (self.attempts, self.max_restarts)
+        self.attempts += 1
+        self._gang = gang = Gang(ray, cluster, world_size)
+        self._handed = []
+        deadline = time.monotonic() + self.rendezvous_timeout
+        waiting = self._waiting
         for rank_state in state.ranks:
             state.on_line(rank_state.local_rank, "stdout",
                           f"waiting for Ray to place {world_size} ranks x {dict(cluster.resources_per_rank)} "
@@ -119,21 +99,22 @@ def run_attempt(ray: Any, cluster: "RayCluster", ctx: RunContext, payload_ref: A
         try:
             placements = gang.reserve(deadline, waiting)
         except TimeoutError:
-            raise placement_timeout_error(ray, cluster, world_size, rdzv_timeout, state) from None
+            raise placement_timeout_error(ray, cluster, world_size, self.rendezvous_timeout, state) from None
         gang.start_actors(placements)
         infos = describe_actors(ray, gang, placements, state, waiting)
         for p, info in zip(placements, infos):
             state.on_placed(p.global_rank, p.node_rank, info["address"])
         master = infos[0]
         devices = visible_devices_by_node(placements, [info["gpu_ids"] for info in infos])
-        listener = StreamListener(host, world_size)
+        self._listener = listener = StreamListener(self.host, world_size)
         num_nodes = len({p.node_id for p in placements})
         futures = []
         for actor, p, info in zip(gang.actors, placements, infos):
             assignment = rank_assignment(p, info, master, num_nodes=num_nodes, world_size=world_size,
-                                         cluster=cluster, mixed_precision=mixed_precision, run_id=run_id,
-                                         cuda_visible_devices=devices.get(p.node_id), restarts=restarts)
-            futures.append(actor.run.remote(assignment, payload_ref,
+                                         cluster=cluster, mixed_precision=self.mixed_precision,
+                                         run_id=self.run_id, cuda_visible_devices=devices.get(p.node_id),
+                                         restarts=restarts)
+            futures.append(actor.run.remote(assignment, self._payload_ref,
                                             (listener.address[0], listener.address[1], listener.token)))
 
         def check() -> None:
@@ -148,24 +129,42 @@ def run_attempt(ray: Any, cluster: "RayCluster", ctx: RunContext, payload_ref: A
                 except Exception as exc:
                     raise outcome.cluster_error(
                         f"{state.ranks[index].node}, rank {index} failed before it connected to the notebook "
-                        f"at {host}: {death_reason(exc)}", state, rank=index, kind=FailureKind.EXIT.value) from None
+                        f"at {self.host}: {death_reason(exc)}", state, rank=index,
+                        kind=FailureKind.EXIT.value) from None
 
         try:
             pipes = listener.accept_all(deadline, check)
         except TimeoutError as exc:
-            raise outcome.cluster_error(f"{exc} within rdzv_timeout={rdzv_timeout:g} s; a firewall between "
-                                        f"the cluster and the notebook ({host}) blocks it, or the nodes "
-                                        f"reach the notebook through another address", state) from None
+            raise outcome.cluster_error(
+                f"{exc} within rdzv_timeout={self.rendezvous_timeout:g} s; a firewall between the cluster "
+                f"and the notebook ({self.host}) blocks it, or the nodes reach the notebook through "
+                f"another address", state) from None
+        self._handed = pipes
+        channels.extend(pipes)
         processes = [RayRank(ray, p.global_rank, actor, info["pid"], pipes[p.global_rank])
                      for actor, p, info in zip(gang.actors, placements, infos)]
         gang.waiter = Waiter(ray, futures, processes)
         gang.waiter.start()
-        return Supervisor(processes, pipes, state, ctx.display, ctx.logs,
-                          timeout=timeout, poll_interval=poll_interval).run()
-    finally:
-        if listener is not None:
-            listener.close(keep=pipes)
-        gang.end()
+        return list(processes)
+
+    def end(self) -> None:
+        """Close the listener (and any connection not handed on) and end the gang: kill every
+        actor, remove the placement group, wait until Ray says they are gone."""
+        try:
+            if self._listener is not None:
+                self._listener.close(keep=self._handed)
+        finally:
+            self._listener = None
+            if self._gang is not None:
+                self._gang.end()
+            self._gang = None
+
+    def _waiting(self) -> None:
+        """Every tick of a wait on Ray: the panel stays live, and Stop stops."""
+        assert self.state is not None and self.display is not None
+        self.display.refresh(self.state)
+        if self.state.stop_requested:
+            raise KeyboardInterrupt("notebook_launch: run stopped with the Stop button")
 
 
 def describe_actors(ray: Any, gang: Gang, placements: list[Placement], state: RunState,
@@ -212,13 +211,24 @@ def placement_timeout_error(ray: Any, cluster: "RayCluster", world_size: int, rd
         f"num_processes, or raise rdzv_timeout. No rank was started.", state)
 
 
-def _failure_of(error: LaunchError) -> Failure:
+def failure_of(error: "LaunchError") -> Failure:
     """The failure record a restart notice names, from the attempt's LaunchError."""
     headline = str(error).splitlines()[0].split(" failed: ", 1)[-1]
     return Failure(None, error.kind, headline, rank=error.rank)
 
 
-def _notebook_address(ray: Any, cluster: "RayCluster") -> str:
+def notebook_plan(world_size: int, cluster: "RayCluster", mixed_precision: str) -> LaunchPlan:
+    """The notebook's view of the run: one row per global rank (its index is the rank). Each
+    rank's real environment is made on its node, once Ray placed it (``rank.ray_actor``)."""
+    device = "cuda" if cluster.device_kind == "cuda" else "cpu"
+    ranks = tuple(RankSpec(rank, rank, device, {}) for rank in range(world_size))
+    return LaunchPlan(num_processes=world_size, num_nodes=1, node_rank=0, world_size=world_size,
+                      master_addr="", master_port=0, device_kind=cluster.device_kind,
+                      dist_backend="nccl" if cluster.device_kind == "cuda" else "gloo",
+                      mixed_precision=mixed_precision, start_method="ray", ranks=ranks)
+
+
+def notebook_address(ray: Any, cluster: "RayCluster") -> str:
     """The notebook's address on the interface that reaches the cluster's head."""
     head = ray_connect.gcs_host(ray) or ray_connect.host_of(cluster.address)
     address = source_address_toward(head) if head else None
@@ -226,3 +236,6 @@ def _notebook_address(ray: Any, cluster: "RayCluster") -> str:
         raise GuardError(f"cannot tell which local address reaches the Ray cluster (head: {head!r}); "
                          f"ranks could not send their output back to this notebook")
     return address
+
+
+_notebook_address = notebook_address   # the former name (persistent.ray_ranks), until the sweep

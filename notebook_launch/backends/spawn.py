@@ -19,7 +19,8 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 from .. import shared_tensors
 from ..rank import spawn_context
-from .base import STUCK, Backend, RankPipes, RankProcess, WaitStatus, start_each, stuck_note
+from ..channels import STUCK, RankPipes, RankProcess, WaitStatus, stuck_note
+from .base import Launcher, start_each
 
 if TYPE_CHECKING:
     from ..plan import LaunchPlan, RankSpec
@@ -89,10 +90,10 @@ class _PayloadDir:
         shutil.rmtree(self.path, ignore_errors=True)
 
 
-class SpawnBackend(Backend):
+class SpawnBackend(Launcher):
     name = "spawn"
 
-    def start(self, plan: "LaunchPlan", job: "Job", pipes_by_rank: Sequence[RankPipes],
+    def start(self, plan: "LaunchPlan", job: "Job", channels: Sequence[RankPipes],
               extra_fds: Sequence[Sequence[int]] = ()) -> list[RankProcess]:
         """``extra_fds``: per local rank, more fds the rank inherits under the same numbers
         (persistent ranks: the rank's command socket and the interrupt slot's memfd)."""
@@ -107,7 +108,7 @@ class SpawnBackend(Backend):
             try:
                 with open(payload_path, "wb") as f:
                     f.write(payload)
-                return start_each(plan, pipes_by_rank, lambda spec, pipes: self._start_rank(
+                return start_each(plan, channels, lambda spec, pipes: self._start_rank(
                     spec, pipes, payload_path, payload_dir, parent_pid, job_tensors,
                     tuple(extra_fds[spec.local_rank]) if extra_fds else ()))
             except BaseException:

@@ -13,27 +13,24 @@ from typing import TYPE_CHECKING, Any
 from ..run import RunContext, run_with_scaffold
 
 if TYPE_CHECKING:
+    from ..options import LaunchOptions
     from ..plan import LaunchPlan
     from ..rank.runner import Job
     from .rendezvous import RendezvousSettings
 
 
-def run_elastic(plan: "LaunchPlan", job: "Job", *, rendezvous: "RendezvousSettings", max_restarts: int,
-                run_id: str, log_dir: Any, ui: str, timeout: float | None, poll_interval: float,
-                line_prefix: str | None, platform: str | None = None,
-                display_ranks: frozenset[int] | None = frozenset({0})) -> list[Any]:
+def run_elastic(plan: "LaunchPlan", job: "Job", options: "LaunchOptions", *, rendezvous: "RendezvousSettings",
+                run_id: str, platform: str | None = None) -> list[Any]:
     """Run ``plan``'s ranks under elastic's agent; return this node's results or raise LaunchError."""
     from .agent import ElasticRun, describe
 
     def body(run: RunContext) -> list[Any]:
-        kind, value = ElasticRun(run=run, job=job, settings=rendezvous, max_restarts=max_restarts,
-                                 poll_interval=poll_interval, timeout=timeout).execute()
+        kind, value = ElasticRun(run=run, job=job, settings=rendezvous).execute()
         if kind == "results":
             return value
         if kind == "error":
             raise value
         raise KeyboardInterrupt("notebook_launch: the run was interrupted; every rank on this node was stopped")
 
-    return run_with_scaffold(plan, body, run_id=run_id, log_dir=log_dir, ui=ui, line_prefix=line_prefix,
-                             platform=platform, backend_suffix="+elastic", max_restarts=max_restarts,
-                             extra_lines=(describe(rendezvous, max_restarts),), display_ranks=display_ranks)
+    return run_with_scaffold(plan, body, options, run_id=run_id, platform=platform, backend_suffix="+elastic",
+                             extra_lines=(describe(rendezvous, options.max_restarts),))

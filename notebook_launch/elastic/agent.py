@@ -7,7 +7,7 @@ and waits at an exit barrier. How workers are started, watched and stopped
 is left to three abstract hooks (``_start_workers``, ``_monitor_workers``,
 ``_stop_workers``/``_shutdown``), which ``LocalElasticAgent`` fills with
 elastic's own ``start_processes``. We fill them with notebook_launch's own
-process layer instead -- the launcher's backend (fork) running
+process layer instead -- the launcher interface (fork or spawn) running
 ``rank.runner.run_rank`` and the core supervisor (``AttemptSupervisor``) -- so
 every guarantee of a single-node launch holds on each node: per-rank pipes
 and fd-level output capture, log files, the run state the panel draws,
@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any
 from torch.distributed.elastic.agent.server.api import (  # noqa: E402  (torch is required here)
     RunResult, SimpleElasticAgent, WorkerSpec, WorkerState)
 
-from ..backends.base import RankPipes
+from ..channels import RankPipes
 from ..errors import LaunchError
 from ..net import free_port, interface_toward, is_loopback
 from ..plan import LaunchPlan
@@ -102,9 +102,8 @@ class NotebookElasticAgent(SimpleElasticAgent):
                                endpoint=ctx.settings.endpoint)
         self.failure = None
         self.pipes = []
-        for _ in plan.ranks:   # one by one: a failure midway still closes those opened
-            self.pipes.append(RankPipes.open())
-        processes = ctx.run.backend.start(plan, ctx.job, self.pipes)
+        self.pipes = ctx.run.launcher.open_channels(plan)
+        processes = ctx.run.launcher.start(plan, ctx.job, self.pipes)
         self.sup = AttemptSupervisor(processes, self.pipes, ctx.run.state, ctx.run.display, ctx.run.logs,
                                      timeout=ctx.timeout, poll_interval=ctx.poll_interval,
                                      rank_displays=ctx.run.rank_displays)
@@ -186,8 +185,7 @@ class NotebookElasticAgent(SimpleElasticAgent):
         if self.sup is not None:
             self.sup.close()
         for pipes in self.pipes:
-            pipes.close_parent_ends()
-            pipes.close_child_ends()
+            pipes.close_all()
         self.pipes = []
 
 
@@ -238,16 +236,15 @@ class ElasticRun:
     """Everything one elastic launch shares across attempts: the run scaffold's context,
     the job, the rendezvous settings, the deadline, and this node's own error."""
 
-    def __init__(self, *, run: "RunContext", job: "Job", settings: "RendezvousSettings", max_restarts: int,
-                 poll_interval: float, timeout: float | None) -> None:
+    def __init__(self, *, run: "RunContext", job: "Job", settings: "RendezvousSettings") -> None:
         self.run = run
         self.base_plan = run.plan
         self.job = job
         self.settings = settings
-        self.max_restarts = max_restarts
-        self.poll_interval = poll_interval
-        self.timeout = timeout     # for the whole run, across attempts
-        self.deadline = None if timeout is None else time.monotonic() + timeout
+        self.max_restarts = run.options.max_restarts
+        self.poll_interval = run.options.poll_interval
+        self.timeout = run.options.timeout     # for the whole run, across attempts
+        self.deadline = None if self.timeout is None else time.monotonic() + self.timeout
         self.local_error: LaunchError | None = None
 
     def begin_attempt(self, plan: LaunchPlan, attempt: int) -> None:

@@ -14,8 +14,9 @@ import re
 import time
 from typing import Any
 
+from .. import restarts
 from ..errors import LaunchError
-from ..protocol import Failure, FailureKind
+from ..protocol import Failure
 from ..supervise.supervisor import Step, Supervisor
 
 # Errors a rank gets because a rank elsewhere died, not because of its own code.
@@ -23,7 +24,6 @@ SECONDARY_PATTERNS = re.compile(
     r"Connection closed by peer|Connection reset by peer|remote worker crash|Broken pipe|"
     r"DistNetworkError|DistBackendError|connectFullMesh|NCCL communicator was aborted|"
     r"Socket Timeout|timed out connecting|Connection refused", re.IGNORECASE)
-NOT_RESTARTABLE = (FailureKind.TIMEOUT.value, FailureKind.STOPPED.value, FailureKind.INTERRUPTED.value)
 
 
 class AttemptSupervisor(Supervisor):
@@ -79,7 +79,7 @@ class AttemptSupervisor(Supervisor):
         failure = self.chosen_failure()
         rank = self.global_rank(failure.local_rank) if failure.local_rank is not None else None
         return dataclasses.replace(failure, node=node, rank=rank, attempt=attempt,
-                                   restartable=failure.kind not in NOT_RESTARTABLE,
+                                   restartable=restarts.restartable(failure.kind),
                                    secondary=looks_secondary(failure))
 
     def local_error(self) -> LaunchError:

@@ -22,12 +22,15 @@ import datetime
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .. import net as network
 from ..net import free_port
-from ..options import validate_rendezvous
 from . import torch_compat
+
+if TYPE_CHECKING:
+    from ..options import LaunchOptions
+
 log = logging.getLogger("notebook_launch")
 ARRIVAL_POLL = 0.1
 ARRIVED_KEY = "notebook_launch/arrived/{round}/{rank}"
@@ -59,19 +62,20 @@ class RendezvousSettings:
         return int(self.endpoint.rsplit(":", 1)[1])
 
 
-def settings_from_arguments(*, rdzv_backend: str, rdzv_endpoint: str, rdzv_conf: Any, rdzv_id: str,
-                            rdzv_timeout: Any, master_addr: str, port: int, node_rank: int,
-                            num_nodes: int, may_move_port: bool = False) -> RendezvousSettings:
-    """Validate and complete the rendezvous arguments the way Accelerate reads them."""
-    timeout = validate_rendezvous(rdzv_backend=rdzv_backend, rdzv_endpoint=rdzv_endpoint,
-                                  rdzv_conf=rdzv_conf, rdzv_id=rdzv_id, rdzv_timeout=rdzv_timeout)
-    config = dict(rdzv_conf or {})
+def settings_for(options: "LaunchOptions", port: int) -> RendezvousSettings:
+    """Complete the launch's rendezvous arguments the way Accelerate reads them. ``options`` were
+    checked and their timeout resolved once (``options.launch_options``); ``port``: the one this
+    launch settled on (``launcher.plan_launch``)."""
+    rdzv_backend, rdzv_endpoint, timeout = options.rdzv_backend, options.rdzv_endpoint, options.rendezvous_timeout
+    master_addr, node_rank, num_nodes = options.master_addr, options.node_rank, options.num_nodes
+    may_move_port = options.port_is_default
+    config = dict(options.rdzv_conf or {})
     endpoint = rdzv_endpoint.strip() or f"{master_addr}:{port}"
     if rdzv_backend in ("static", "c10d") and ":" not in endpoint:
         endpoint = f"{endpoint}:{port}"
-    settings: dict[str, Any] = dict(backend=rdzv_backend, endpoint=endpoint, run_id=rdzv_id, node_rank=node_rank,
-                    num_nodes=num_nodes, timeout=timeout,
-                    may_move_port=may_move_port and num_nodes == 1 and not rdzv_endpoint.strip())
+    settings: dict[str, Any] = dict(
+        backend=rdzv_backend, endpoint=endpoint, run_id=options.rdzv_id, node_rank=node_rank, num_nodes=num_nodes,
+        timeout=timeout, may_move_port=may_move_port and num_nodes == 1 and not rdzv_endpoint.strip())
     if rdzv_backend == "static":
         config["rank"] = node_rank
         config["timeout"] = int(max(1, round(timeout)))

@@ -1,0 +1,17 @@
+"""The channels between the notebook and its ranks, and the handle on a rank's process.
+
+These types are what every side shares: the launchers open and hand them to the ranks,
+the rank side writes to them, the supervisor reads them. They depend on nothing else of
+notebook_launch (only the standard library), so importing them never pulls a launcher,
+the supervisor or the rank side along: imports go one way, from the API down to here.
+
+``pipes``: a local rank's four pipes and its result file. ``process``: how a rank
+process is watched and ended. ``sockets``: the same pipes over TCP for ranks on
+other machines (Ray).
+"""
+from __future__ import annotations
+
+from .pipes import RankPipes, create_memfd
+from .process import STUCK, WAIT_LIMIT, RankProcess, WaitStatus, stuck_note
+
+__all__ = ["RankPipes", "RankProcess", "STUCK", "WAIT_LIMIT", "WaitStatus", "create_memfd", "stuck_note"]

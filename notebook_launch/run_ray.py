@@ -1,0 +1,67 @@
+"""``notebook_launcher(..., cluster=RayCluster(...))``: a run on a Ray cluster, inside the same
+run scaffold, launcher interface, supervisor, outcome and restart rule as a local launch.
+
+What is Ray-specific lives in ``backends``: connecting (``ray_connect``), the launcher that
+gang-places and starts the ranks (``ray_launch.RayLauncher``, with ``ray_gang``), and the
+rank side (``rank.ray_actor``). Here: connect, check the cluster can hold the ranks, then
+run the attempts (``restarts.run_attempts``), each one ``run.supervise_ranks``.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import TYPE_CHECKING, Any
+
+from . import cuda_tracking, restarts
+from .backends import ray_connect
+from .backends.ray_launch import RayLauncher, failure_of, notebook_address, notebook_plan
+from .errors import GuardError, LaunchError
+from .logs import make_run_id
+from .rank.runner import Job
+from .run import RunContext, run_with_scaffold, supervise_ranks
+from .supervise import outcome
+
+if TYPE_CHECKING:
+    from .cluster import RayCluster
+    from .options import LaunchOptions
+
+RAY_LINE_PREFIX = "[node {node_rank} rank {rank}]"   # ranks are on several machines: say which
+
+
+def run_on_ray(options: "LaunchOptions", cluster: "RayCluster", world_size: int) -> list[Any]:
+    """Connect, check the cluster can hold the ranks, then run them inside the run scaffold
+    (restarting every rank up to ``options.max_restarts`` times after a rank failure)."""
+    cuda_before = cuda_tracking.is_cuda_initialized()
+    ray = ray_connect.connect(cluster)
+    if not cuda_before and cuda_tracking.is_cuda_initialized():  # pragma: no cover - a Ray regression
+        raise GuardError("connecting to Ray initialized CUDA in the notebook; please report this")
+    nodes = ray_connect.alive_nodes(ray)
+    ray_connect.check_resources(world_size, cluster, nodes)
+    run_id = make_run_id()
+    launcher = RayLauncher(ray, cluster, host=notebook_address(ray, cluster), run_id=run_id,
+                           mixed_precision=options.mixed_precision,
+                           rendezvous_timeout=options.rendezvous_timeout, max_restarts=options.max_restarts)
+    plan = notebook_plan(world_size, cluster, options.mixed_precision)
+    job = Job(options.function, options.args, options.kwargs)
+    launcher.payload_for(job)   # a function that does not pickle fails here, before the run shows
+
+    def body(ctx: RunContext) -> list[Any]:
+        launcher.attach(ctx.state, ctx.display)
+
+        def attempt(number: int) -> list[Any]:
+            if number:
+                ctx.state.begin_attempt(number, node_rank=0, num_nodes=1, world_size=world_size,
+                                        ranks=plan.ranks)
+            return supervise_ranks(ctx, job)
+
+        def before_restart(error: LaunchError, number: int) -> None:
+            print(outcome.restart_notice(failure_of(error), number, options.max_restarts, False), flush=True)
+
+        return restarts.run_attempts(
+            attempt, options.max_restarts, before_restart,
+            last_error=lambda error, number: outcome.with_attempts(error, number, options.max_restarts))
+
+    summary = (f"notebook_launch: Ray cluster {ray_connect.gcs_host(ray) or cluster.address}: "
+               f"{ray_connect.describe_cluster(nodes)}; {world_size} ranks x "
+               f"{dict(cluster.resources_per_rank)}, placement {cluster.placement}")
+    settings = dataclasses.replace(options, line_prefix=options.line_prefix or RAY_LINE_PREFIX)
+    return run_with_scaffold(plan, body, settings, run_id=run_id, launcher=launcher, extra_lines=(summary,))

@@ -1,0 +1,150 @@
+"""Every way of starting ranks goes through the one launcher interface
+(``backends.base.Launcher.start(plan, job, channels) -> processes``), as Lightning Fabric's
+launchers do: ``START_PATHS`` lists them all. Each local path is run for real here (fork,
+spawn, elastic's attempts, persistent ranks) and the ranks' own pids must be those the
+launcher's ``start`` returned; xla runs in the xla lane (tests/xla) and Ray on the two-node
+cluster (tests/raycluster, test_max_restarts_restarts_every_rank records its starts).
+Statically, no module outside the launchers starts a rank process."""
+from __future__ import annotations
+
+import ast
+import os
+from pathlib import Path
+
+import pytest
+
+from notebook_launch import notebook_launcher, start_ranks
+from notebook_launch.backends import get_backend
+from notebook_launch.backends.base import Launcher
+from notebook_launch.backends.fork import ForkBackend
+from notebook_launch.backends.ray_launch import RayLauncher
+from notebook_launch.backends.spawn import SpawnBackend
+from notebook_launch.backends.xla import XlaBackend
+
+PACKAGE = Path(__file__).resolve().parents[1] / "notebook_launch"
+
+# Every start path: what the user calls -> the launcher that starts its ranks -> where that is checked.
+START_PATHS = {
+    "fork": ("notebook_launcher(start_method='fork')", ForkBackend, "test_a_launch_starts_its_ranks_through_start"),
+    "spawn": ("notebook_launcher(start_method='spawn')", SpawnBackend,
+              "test_a_launch_starts_its_ranks_through_start"),
+    "xla": ("notebook_launcher(start_method='xla')", XlaBackend, "tests/xla (PJRT on CPU)"),
+    "elastic": ("notebook_launcher(max_restarts=1) or num_nodes > 1", ForkBackend,
+                "test_every_elastic_attempt_starts_through_start"),
+    "ray": ("notebook_launcher(cluster=RayCluster(...))", RayLauncher,
+            "tests/raycluster test_max_restarts_restarts_every_rank"),
+    "persistent": ("start_ranks(start_method='fork' or 'spawn')", ForkBackend,
+                   "test_persistent_ranks_start_through_start"),
+}
+
+# Processes the package starts that are not ranks, and why they are allowed outside a launcher.
+NOT_RANKS = {
+    "notebook_launch.supervise.orphan_keeper": "the per-notebook keeper that ends what ranks leave behind",
+    "notebook_launch.supervise.leftovers": "starts the keeper",
+    "notebook_launch.supervise.native_stacks": "py-spy, reading a hung rank's native stack",
+    "notebook_launch.detect.platform": "nvidia-smi, for the GPUs' names",
+    "notebook_launch.cuda_tracking": "a throwaway fork that probes whether a fork is poisoned",
+    "notebook_launch.rank.xla_replicas": "xmp.spawn, inside the xla launcher's own child (backends.xla)",
+}
+# Start paths that do not go through the interface yet; each must leave this list once it does.
+NOT_YET = {
+    "notebook_launch.persistent.ray_ranks": "persistent ranks on Ray start their actors' serve loops "
+                                            "with ray_gang.Gang directly, not through RayLauncher.start",
+}
+STARTS_A_PROCESS = {("os", "fork"), ("os", "forkpty"), ("os", "posix_spawn"), ("subprocess", "Popen"),
+                    ("subprocess", "run"), ("xmp", "spawn"), ("multiprocessing", "Process")}
+
+
+def test_every_start_path_has_a_launcher():
+    for name, (_call, launcher, _where) in START_PATHS.items():
+        assert issubclass(launcher, Launcher), name
+        assert "start" in vars(launcher), f"{launcher.__name__} must implement start() itself"
+    for method in ("fork", "spawn", "xla"):
+        assert isinstance(get_backend(method), START_PATHS[method][1])
+    with pytest.raises(TypeError):
+        Launcher()  # type: ignore[abstract]   # the interface itself starts nothing
+
+
+def _process_starts(path: Path) -> list[str]:
+    """Calls in ``path`` that start a process: os.fork(), subprocess.Popen(...), xmp.spawn(...),
+    fork_from_clean_thread(...), and Ray's ``<actor>.run.remote(...)`` (a rank's run)."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if not isinstance(node, ast.Call):
+            continue
+        func = node.func
+        if isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) \
+                and (func.value.id, func.attr) in STARTS_A_PROCESS:
+            found.append(f"{func.value.id}.{func.attr}")
+        elif isinstance(func, ast.Name) and func.id == "fork_from_clean_thread":
+            found.append(func.id)
+        elif isinstance(func, ast.Attribute) and func.attr == "remote" and isinstance(func.value, ast.Attribute) \
+                and func.value.attr == "run":
+            found.append("<actor>.run.remote")
+    return found
+
+
+def test_no_module_outside_the_launchers_starts_a_rank():
+    starters = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        module = ".".join(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+        calls = _process_starts(path)
+        if calls and not module.startswith("notebook_launch.backends."):
+            starters[module] = calls
+    assert "notebook_launch.backends.fork_thread" not in starters   # the scan sees the launchers' own calls
+    unexpected = {m: calls for m, calls in starters.items() if m not in NOT_RANKS and m not in NOT_YET}
+    assert not unexpected, f"these modules start processes outside a launcher: {unexpected}"
+    done = [m for m in NOT_YET if m not in starters]
+    assert not done, f"these go through the interface now: remove them from NOT_YET: {done}"
+
+
+def test_the_scan_sees_the_launchers_own_starts():
+    assert _process_starts(PACKAGE / "backends" / "spawn.py") == ["subprocess.Popen"]
+    assert "fork_from_clean_thread" in _process_starts(PACKAGE / "backends" / "fork.py")
+    assert _process_starts(PACKAGE / "backends" / "ray_launch.py") == ["<actor>.run.remote"]
+
+
+@pytest.fixture
+def recorded_starts(monkeypatch):
+    """Every call of a launcher's start() (fork, spawn), with the pids it returned."""
+    starts: list[tuple[str, list[int]]] = []
+    for cls in (ForkBackend, SpawnBackend):
+        real = cls.start
+
+        def recording(self, plan, job, channels, *args, _real=real, **kwargs):
+            processes = _real(self, plan, job, channels, *args, **kwargs)
+            starts.append((self.name, [p.pid for p in processes]))
+            return processes
+        monkeypatch.setattr(cls, "start", recording)
+    return starts
+
+
+def own_pid() -> int:
+    return os.getpid()
+
+
+@pytest.mark.parametrize("method", ["fork", "spawn"])
+def test_a_launch_starts_its_ranks_through_start(method, recorded_starts, tmp_path):
+    pids = notebook_launcher(own_pid, num_processes=2, start_method=method, ui="none", log_dir=tmp_path,
+                             timeout=240)
+    assert recorded_starts == [(method, pids)]
+
+
+def fail_once(marker: str) -> int:
+    if os.environ["RANK"] == "1" and not os.path.exists(marker):
+        open(marker, "w").close()
+        raise RuntimeError("the first attempt fails")
+    return os.getpid()
+
+
+def test_every_elastic_attempt_starts_through_start(recorded_starts, tmp_path):
+    pids = notebook_launcher(fail_once, args=(str(tmp_path / "failed"),), num_processes=2, max_restarts=1,
+                             ui="none", log_dir=tmp_path / "logs", timeout=240)
+    assert [name for name, _ in recorded_starts] == ["fork", "fork"]   # one start per attempt
+    assert recorded_starts[-1][1] == pids
+
+
+def test_persistent_ranks_start_through_start(recorded_starts):
+    with start_ranks(2, ui="none") as ranks:
+        pids = ranks.run(own_pid)
+    assert recorded_starts == [("fork", pids)]
