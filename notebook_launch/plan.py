@@ -65,7 +65,12 @@ def rank_environment(*, global_rank: int, local_rank: int, num_processes: int, n
                      device_kind: str, mixed_precision: str, run_id: str, user_env: Mapping[str, str],
                      cpu_count: int, gpu_names: Sequence[str] = (),
                      driver_version: str | None = None) -> dict[str, str]:
-    """Every variable torch.distributed, Accelerate and Lightning Fabric read in a rank."""
+    """Every variable torch.distributed, Accelerate and Lightning Fabric read in a rank: what
+    torchrun's agent sets (torch/distributed/elastic/agent/server/local_elastic_agent.py), plus
+    what Accelerate's notebook_launcher exports (accelerate/launchers.py patches NPROC,
+    NODE_RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT, MIXED_PRECISION into the environment its
+    ranks inherit; PrepareForLaunch adds FORK_LAUNCHED=1 on its TPU path), so user code that
+    reads them finds them. ``ACCELERATE_VARIABLE_DIFFERENCES`` lists where the values differ."""
     env = {
         "RANK": str(global_rank),
         "LOCAL_RANK": str(local_rank),
@@ -79,7 +84,9 @@ def rank_environment(*, global_rank: int, local_rank: int, num_processes: int, n
         "ROLE_NAME": "default",
         "MASTER_ADDR": master_addr,
         "MASTER_PORT": str(master_port),
-        "ACCELERATE_MIXED_PRECISION": mixed_precision,
+        "ACCELERATE_MIXED_PRECISION": mixed_precision,   # what Accelerator()/PartialState read
+        "MIXED_PRECISION": mixed_precision,              # Accelerate's notebook_launcher exports these two
+        "NPROC": str(num_processes),
         "NOTEBOOK_LAUNCH_RUN_ID": run_id,
         # torchrun's markers: torch.distributed.is_torchelastic_launched() reads the run id, and
         # Lightning Fabric/Trainer then pick TorchElasticEnvironment (processes exist, join them,
@@ -91,6 +98,10 @@ def rank_environment(*, global_rank: int, local_rank: int, num_processes: int, n
     }
     if device_kind == "cpu":
         env["ACCELERATE_USE_CPU"] = "true"
+    if device_kind == "xla":
+        env["FORK_LAUNCHED"] = "1"   # Accelerate's TPU path (PrepareForLaunch) sets it in every replica
+    if "TORCH_NCCL_ASYNC_ERROR_HANDLING" not in user_env:   # torchrun's agent's default
+        env["TORCH_NCCL_ASYNC_ERROR_HANDLING"] = "1"
     if "OMP_NUM_THREADS" not in user_env:
         env["OMP_NUM_THREADS"] = str(omp_threads(num_processes, cpu_count))
     if num_nodes == 1 and master_addr in LOOPBACK_ADDRESSES and "GLOO_SOCKET_IFNAME" not in user_env:
@@ -100,6 +111,30 @@ def rank_environment(*, global_rank: int, local_rank: int, num_processes: int, n
             if key not in user_env:
                 env[key] = value
     return env
+
+
+# Where a rank's environment differs from what Accelerate's notebook_launcher (1.15) gives its
+# ranks, and why: (variable, Accelerate's value, ours, why). The README's table is this one.
+ACCELERATE_VARIABLE_DIFFERENCES: tuple[tuple[str, str, str, str], ...] = (
+    ("TORCHELASTIC_RUN_ID", '"none" (rdzv_id\'s default)', "the launch's run id (NOTEBOOK_LAUNCH_RUN_ID)",
+     "a run id per launch names its log folder and keeps a relaunch from joining a stale rendezvous; "
+     "rdzv_id= still sets the multi-node rendezvous id"),
+    ("ACCELERATE_MIXED_PRECISION", "unset (only MIXED_PRECISION is exported)", "mixed_precision=",
+     "Accelerator() and PartialState read ACCELERATE_MIXED_PRECISION, so mixed_precision= takes effect "
+     "in the ranks; MIXED_PRECISION is exported too"),
+    ("ACCELERATE_USE_CPU", "unset (on CPU Accelerate runs the function once, in the notebook)", '"true" on CPU',
+     "ranks on a CPU-only machine are real processes; Accelerate must not look for a GPU there"),
+    ("TORCHELASTIC_USE_AGENT_STORE", '"True" (torchrun\'s agent hosts the store)', "unset",
+     "rank 0 hosts the rendezvous store itself: with it set, every rank would connect to a store no one hosts"),
+    ("FORK_LAUNCHED", '"1" on TPU only (its xmp.spawn path)', '"1" on TPU only',
+     "the same; on GPU and CPU neither sets it (it makes destroy_process_group() a no-op)"),
+    ("OMP_NUM_THREADS", "inherited", "cores / local ranks, unless you set it",
+     "ranks would otherwise each use every core and oversubscribe the machine"),
+    ("GLOO_SOCKET_IFNAME", "inherited", '"lo" for a one-machine launch on a loopback address, unless you set it',
+     "gloo otherwise picks the interface of the host name, which hosted notebooks cannot always reach"),
+    ("NOTEBOOK_LAUNCH_RANK, NOTEBOOK_LAUNCH_RUN_ID", "unset", "the rank, the run id",
+     "ours: a rank knows it is one (a nested launch is refused) and which run it belongs to"),
+)
 
 
 def build_plan(*, num_processes: int, num_nodes: int, node_rank: int, master_addr: str,

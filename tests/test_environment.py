@@ -203,3 +203,80 @@ def test_a_real_launch_prints_the_platform_line(tmp_path, capsys):
     start = "fork" if sys.platform.startswith("linux") else "spawn"
     assert f"notebook_launch: 1 rank on script (CPU, gloo, {start}), port " in out
     assert "display none; logs: " in out
+
+
+# --- a drop-in for Accelerate's notebook_launcher: the variables its ranks get, ours get ----------
+
+def _dict_keys_in_source(function, variable: str) -> set[str]:
+    """The keys of ``variable = dict(k=...)`` / ``variable = {"K": ...}`` in ``function``'s source
+    (read from the installed library, so a new variable there shows up here)."""
+    import ast
+    import inspect
+    import textwrap
+    tree = ast.parse(textwrap.dedent(inspect.getsource(function)))
+    keys: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == variable for t in node.targets):
+            value = node.value
+            if isinstance(value, ast.Call):
+                keys |= {kw.arg.upper() for kw in value.keywords if kw.arg}
+            elif isinstance(value, ast.Dict):
+                keys |= {k.value for k in value.keys if isinstance(k, ast.Constant)}
+        if (isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Subscript)
+                and getattr(node.targets[0].value, "id", None) == variable
+                and isinstance(node.targets[0].slice, ast.Constant)):
+            keys.add(node.targets[0].slice.value.upper())
+    return keys
+
+
+def accelerate_rank_variables() -> set[str]:
+    """What a rank started by Accelerate's notebook_launcher finds: the variables the launcher patches
+    into the notebook's environment (accelerate/launchers.py), what torch elastic's agent gives each
+    worker (it launches through elastic_launch), and what PrepareForLaunch sets (its TPU path)."""
+    import accelerate.launchers
+    import accelerate.utils.launch
+    from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
+    patched = _dict_keys_in_source(accelerate.launchers.notebook_launcher, "patched_env")
+    worker = _dict_keys_in_source(LocalElasticAgent._start_workers, "worker_env")
+    prepare = {"FORK_LAUNCHED"} if "FORK_LAUNCHED" in __import__("inspect").getsource(
+        accelerate.utils.launch.PrepareForLaunch) else set()
+    assert {"NPROC", "MIXED_PRECISION", "MASTER_PORT"} <= patched, patched   # the parser still reads it
+    assert {"RANK", "TORCHELASTIC_RUN_ID"} <= worker, worker
+    return patched | worker | prepare | {"LOCAL_RANK"}   # LOCAL_RANK: _set_local_rank_env
+
+
+@pytest.mark.parametrize("device_kind", ["cpu", "cuda", "xla"])
+def test_rank_environment_has_every_variable_accelerates_launcher_gives_or_says_why_not(device_kind):
+    from notebook_launch.plan import ACCELERATE_VARIABLE_DIFFERENCES
+    plan = build_plan(num_processes=2, num_nodes=1, node_rank=0, master_addr="127.0.0.1", master_port=29511,
+                      device_kind=device_kind, mixed_precision="bf16", start_method="fork", run_id="run-7",
+                      user_env={}, cpu_count=4, gpu_names=("NVIDIA GeForce RTX 4090",), driver_version="535.1")
+    env = plan.ranks[1].env
+    explained = {name.strip() for row in ACCELERATE_VARIABLE_DIFFERENCES for name in row[0].split(",")}
+    expected = accelerate_rank_variables()
+    if device_kind != "cuda":   # Accelerate's P2P/IB switches are for GPUs only, as ours
+        expected -= {"NCCL_P2P_DISABLE", "NCCL_IB_DISABLE"}
+    missing = sorted(name for name in expected if name not in env and name not in explained)
+    assert missing == [], f"set these in plan.rank_environment or explain them in ACCELERATE_VARIABLE_DIFFERENCES"
+    assert (env["NPROC"], env["MIXED_PRECISION"], env["ACCELERATE_MIXED_PRECISION"]) == ("2", "bf16", "bf16")
+    assert (env["RANK"], env["LOCAL_RANK"], env["NODE_RANK"], env["WORLD_SIZE"]) == ("1", "1", "0", "2")
+    assert env["TORCHELASTIC_RUN_ID"] == "run-7" and "TORCHELASTIC_USE_AGENT_STORE" not in env
+    assert ("FORK_LAUNCHED" in env) == (device_kind == "xla")
+
+
+def test_every_difference_from_accelerate_names_a_variable_of_either_launcher():
+    from notebook_launch.plan import ACCELERATE_VARIABLE_DIFFERENCES
+    ours = build_plan(num_processes=1, num_nodes=1, node_rank=0, master_addr="127.0.0.1", master_port=29511,
+                      device_kind="xla", mixed_precision="no", start_method="xla", run_id="r",
+                      user_env={}, cpu_count=1).ranks[0].env
+    known = accelerate_rank_variables() | set(ours) | {"ACCELERATE_USE_CPU"}
+    for name, accelerates, mine, why in ACCELERATE_VARIABLE_DIFFERENCES:
+        assert why and accelerates and mine
+        assert all(part.strip() in known for part in name.split(",")), name
+
+
+def test_users_own_nccl_error_handling_is_kept():
+    plan = build_plan(num_processes=1, num_nodes=1, node_rank=0, master_addr="127.0.0.1", master_port=29511,
+                      device_kind="cuda", mixed_precision="no", start_method="fork", run_id="r",
+                      user_env={"TORCH_NCCL_ASYNC_ERROR_HANDLING": "3"}, cpu_count=1)
+    assert "TORCH_NCCL_ASYNC_ERROR_HANDLING" not in plan.ranks[0].env   # inherited as the user set it
