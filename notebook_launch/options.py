@@ -15,7 +15,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
-from .display import UI_CHOICES
+from .display import NOTEBOOK_LINES_PER_SECOND, UI_CHOICES
 from .errors import LaunchArgumentError
 from .line_prefix import parse_line_prefix
 from .net import DEFAULT_PORT
@@ -26,7 +26,7 @@ MIXED_PRECISION_CHOICES = ("no", "fp16", "bf16", "fp8")
 START_METHODS = (None, "fork", "spawn", "xla")
 RDZV_BACKENDS = ("static", "c10d", "etcd", "etcd-v2")
 DEFAULT_RDZV_TIMEOUT = 900.0      # seconds, as torch.distributed.launcher.api.LaunchConfig
-DEFAULT_LINES_PER_SECOND = 200   # per rank in the cell: a flood of prints stays readable (and the kernel responsive)
+DEFAULT_LINES_PER_SECOND = NOTEBOOK_LINES_PER_SECOND   # per rank in the cell (the displays' budget)
 
 
 class _DefaultPort(str):

@@ -94,7 +94,7 @@ def run_with_scaffold(plan: LaunchPlan, body: Callable[[RunContext], T], options
                      max_restarts=options.max_restarts,
                      ranks=[RankState(rank=r.global_rank, local_rank=r.local_rank, device=r.device)
                             for r in plan.ranks])
-    display = choose_display(options.ui, line_prefix=options.line_prefix)
+    display = choose_display(options.ui, line_prefix=options.line_prefix, lines_per_second=options.lines_per_second)
     print("\n".join((launch_summary(plan, state.backend, logs.path, platform=platform, display=display.name),
                      *(f"notebook_launch: {note}" for note in logs.notes), *extra_lines)), flush=True)
     rank_displays = RankDisplays(options.display_ranks, run_id) if in_ipython_kernel() else None

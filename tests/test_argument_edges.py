@@ -90,3 +90,20 @@ def test_options_are_resolved_once_with_notebook_launchers_defaults(monkeypatch)
         raise AssertionError("validate_rendezvous ran a second time")
     monkeypatch.setattr(options_module, "validate_rendezvous", checked_again)
     assert rendezvous.settings_for(opts, port=29501).timeout == 30
+
+
+@pytest.mark.parametrize("given,budget", [(5, 5), ("all", None), (np.int64(30), 30)])
+def test_lines_per_second_reaches_the_display(given, budget, monkeypatch, log_dir):
+    """notebook_launcher(lines_per_second=) is the cell's line budget of the display the run
+    chooses ("all": None, every line)."""
+    from notebook_launch import run
+    chosen = []
+    real = run.choose_display
+
+    def recording(ui, **kwargs):
+        chosen.append(kwargs["lines_per_second"])
+        return real(ui, **kwargs)
+    monkeypatch.setattr(run, "choose_display", recording)
+    assert notebook_launcher(rank_of_each, num_processes=1, lines_per_second=given, ui="none",
+                             log_dir=log_dir) == [0]
+    assert chosen == [budget]
