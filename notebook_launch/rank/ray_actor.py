@@ -6,6 +6,8 @@ rank's three streams back to the notebook, points fds 1/2 and the event channel
 at them, sets the same environment a local rank gets (``plan.rank_environment``)
 plus the interface gloo and NCCL must bind, loads the cloudpickled job and runs
 it with ``rank.runner.run_rank``: from there on a Ray rank is a local rank.
+A persistent rank (``persistent.ray_ranks``) is the same call whose job serves calls
+until the notebook stops it (``rank.ray_serve``).
 
 Nothing here imports Ray at module level: a node imports this module only
 inside a Ray worker, where Ray is already loaded.
@@ -58,8 +60,12 @@ class RankActor:
             writer = StoppableWriter(events_fd, answers_fd=socks[3].fileno())
             protocol.install(writer)
             signal.signal(signal.SIGTERM, writer.stop_rank)
-            threading.Thread(target=_obey_notebook, args=(socks[0], finished), daemon=True,
-                             name="notebook_launch-control").start()
+            if assignment.get("persistent"):   # the notebook's calls come on the events connection
+                from .ray_serve import listen
+                listen(socks[0], finished)
+            else:
+                threading.Thread(target=_obey_notebook, args=(socks[0], finished), daemon=True,
+                                 name="notebook_launch-control").start()
             spec = _rank_spec(assignment)
             os.environ.update(spec.env)
             job = _load_job(job_payload, spec, writer)

@@ -1,0 +1,418 @@
+"""Persistent ranks on a Ray cluster: ``start_ranks(n, cluster=RayCluster(...))``.
+
+The same ``Ranks`` as local persistent ranks (``pool``): one call at a time, each supervised
+by ``call.CallSupervisor`` with the same panel, logs, LaunchError texts, interrupt and
+timeout rules, and the between-calls reader. What differs is where the ranks live:
+
+- starting: the ranks of a Ray launch (``backends.ray_launch``): one placement group, one
+  actor per rank (``rank.ray_actor.RankActor``), each connecting its streams back to the
+  notebook (``backends.socket_pipes``); the actor's job is ``rank.ray_serve.serve_ray_calls``,
+  which serves calls until STOP. The panel shows each rank's node;
+- talking to a rank: a local rank gets calls on a Unix socket with memfds and shares an
+  ``InterruptSlot`` in memory; a Ray rank gets them on its events connection
+  (``rank.ray_serve`` messages): a call's frame with its tensor bytes, and an interrupt
+  that names its call (``RaySlot``);
+- ending: ``close()`` sends STOP, then kills the actors and removes the placement group and
+  waits until Ray reports the actors dead (``ray_gang.Gang.end``). The actors belong to the
+  notebook's Ray driver (not detached) and the group to its job: when the notebook's kernel
+  dies, Ray ends both; a rank whose connection to the notebook ends also exits by itself;
+- a lost rank: a rank (or a node) lost during a call fails the call as on a Ray launch; a
+  rank lost between calls (its node died) makes the next call a LaunchError naming the
+  ranks and their node, after every rank was stopped; the call after that starts fresh
+  ranks and says so.
+"""
+from __future__ import annotations
+
+import functools
+import logging
+import mmap
+import os
+import pickle
+import select
+import time
+import weakref
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any
+
+from .. import protocol
+from ..backends import ray_connect
+from ..backends.ray_gang import Gang, Placement, RayRank, Waiter, death_reason, visible_devices_by_node
+from ..backends.ray_launch import (_notebook_address, describe_actors, notebook_plan, placement_timeout_error,
+                                   rank_assignment)
+from ..backends.socket_pipes import SocketPipes, StreamListener
+from ..detect.platform import in_ipython_kernel
+from ..display import choose_display
+from ..display.rank_displays import RankDisplays
+from ..errors import LaunchArgumentError, LaunchError
+from ..line_prefix import parse_line_prefix
+from ..logs import RunLogs, make_run_id
+from ..options import (DEFAULT_RDZV_TIMEOUT, DEFAULT_USE_PORT, LaunchOptions, check_display_ranks_exist,
+                       launch_options, validate_cluster_launch, validate_cluster_type)
+from ..protocol import FailureKind
+from ..rank.ray_serve import Kind, encode_message, serve_ray_calls
+from ..rank.runner import Job
+from ..rank.spawn_context import capture_context, pickle_job
+from ..run import launch_summary, presenting
+from ..state import DONE, FAILED, RUNNING, RankState, RunState
+from ..supervise import outcome
+from ..supervise.outcome import error_summary
+from . import commands
+from .call import CallSupervisor, LogSection
+from .idle import IdleReader
+from .pool import STOP_GRACE, Ranks, _exited
+
+if TYPE_CHECKING:
+    from ..backends.base import RankProcess
+    from ..cluster import RayCluster
+
+log = logging.getLogger("notebook_launch")
+LINE_PREFIX = "[node {node_rank} rank {rank}]"
+SEND_TICK = 1.0   # seconds between checks while a rank's connection does not take more bytes
+
+
+def start_ray_ranks(num_processes: int | None, cluster: "RayCluster", *, mixed_precision: str = "no",
+                    use_port: int | str = DEFAULT_USE_PORT, timeout: float | None = None,
+                    log_dir: str | os.PathLike[str] | None = None, ui: str = "auto",
+                    log_line_prefix_template: str | None = None, interrupt_grace: float = 3.0,
+                    display_ranks: int | Iterable[int] | str | None = None) -> "RayRanks":
+    """``start_ranks(num_processes, cluster=...)``: place and start the ranks now (see the module)."""
+    from ..cluster import RayCluster
+    validate_cluster_type(cluster, RayCluster)
+    if isinstance(interrupt_grace, bool) or not isinstance(interrupt_grace, (int, float)) \
+            or interrupt_grace <= 0:
+        raise LaunchArgumentError(f"interrupt_grace must be a number of seconds > 0; got {interrupt_grace!r}")
+    options = launch_options(
+        function=serve_ray_calls, args=(), num_processes=num_processes, mixed_precision=mixed_precision,
+        use_port=use_port, master_addr="127.0.0.1", node_rank=0, num_nodes=1, rdzv_backend="static",
+        rdzv_endpoint="", rdzv_conf=None, rdzv_id="none", max_restarts=0, monitor_interval=0.1,
+        log_line_prefix_template=log_line_prefix_template or LINE_PREFIX, kwargs=None, start_method=None,
+        timeout=timeout, log_dir=log_dir, ui=ui, rdzv_timeout=None, display_ranks=display_ranks)
+    validate_cluster_launch(options)
+    ranks = RayRanks(options, float(interrupt_grace), cluster)
+    ranks._start()
+    return ranks
+
+
+class RaySlot:
+    """The notebook's half of ``commands.InterruptSlot`` for ranks on other machines: an
+    interrupt request goes to every rank as a message naming the call (the rank's own slot
+    records it and the rank signals itself). The notebook does not signal a Ray rank's pid
+    (it is a process of another machine), so every rank reads as not serving to
+    ``CallSupervisor.stop``: the request is the signal. Whether a rank is reporting or has
+    started the call is not shared across machines: the grace is the whole allowance."""
+
+    def __init__(self, send: "Any") -> None:
+        self._send = send   # bytes -> every rank
+
+    def request(self, call_number: int) -> None:
+        self._send(encode_message(Kind.INTERRUPT, call_number))
+
+    def serving(self, local_rank: int) -> bool:
+        return False
+
+    def reporting(self, local_rank: int, call_number: int) -> bool:
+        return False
+
+    def started(self, local_rank: int, call_number: int) -> bool:
+        return True
+
+    def close(self) -> None:
+        pass
+
+
+class PersistentRayRank(RayRank):
+    """A rank's actor whose events connection carries ``rank.ray_serve`` messages: a signal
+    is never written there as a launch's raw signal frame (it would break the message
+    stream); anything but an interrupt (which goes through ``RaySlot``) ends the actor."""
+
+    def signal(self, signum: int) -> None:
+        self.kill()
+
+
+class RayRanks(Ranks):
+    """Persistent ranks as Ray actors; made by ``start_ranks(..., cluster=)``, used as ``Ranks``."""
+
+    def __init__(self, options: LaunchOptions, grace: float, cluster: "RayCluster") -> None:
+        super().__init__(options, grace)
+        self.cluster = cluster
+        self.summary = ""
+        self._gangs: list[Gang] = []    # the current ranks' gang (a list: the finalizer's view)
+        self._placements: list[Placement] = []
+        self._addresses: list[str] = []
+        self._ray_finalizer = weakref.finalize(self, _end_gangs, self._gangs)
+
+    @property
+    def backend_name(self) -> str:
+        return "ray, persistent"
+
+    @property
+    def nodes(self) -> list[str]:
+        """Where each rank runs, by global rank: "node N (address)"."""
+        return [f"node {p.node_rank} ({a})" for p, a in zip(self._placements, self._addresses)]
+
+    def __repr__(self) -> str:
+        text = super().__repr__()
+        return text.replace("<Ranks:", "<Ranks on Ray:", 1)
+
+    # --- starting ---------------------------------------------------------------------
+    def _start(self) -> None:
+        cluster, options = self.cluster, self.options
+        world_size = options.num_processes or 0
+        ray = ray_connect.connect(cluster)
+        nodes = ray_connect.alive_nodes(ray)
+        ray_connect.check_resources(world_size, cluster, nodes)
+        host = _notebook_address(ray, cluster)
+        run_id = make_run_id()
+        plan = notebook_plan(world_size, cluster, options.mixed_precision)
+        check_display_ranks_exist(options.display_ranks, plan.world_size)
+        if self.logs is None:
+            self.run_id = run_id
+            self.logs = RunLogs(run_id, [r.local_rank for r in plan.ranks], [r.global_rank for r in plan.ranks],
+                                options.log_dir)
+            self.summary = (f"notebook_launch: Ray cluster {ray_connect.gcs_host(ray) or cluster.address}: "
+                            f"{ray_connect.describe_cluster(nodes)}; {world_size} ranks x "
+                            f"{dict(cluster.resources_per_rank)}, placement {cluster.placement}")
+        state = RunState(run_id=run_id, world_size=world_size, backend=self.backend_name,
+                         log_dir=str(self.logs.path),
+                         ranks=[RankState(rank=r.global_rank, local_rank=r.local_rank, device=r.device)
+                                for r in plan.ranks])
+        payload = pickle.dumps({"context": capture_context(),
+                                "job": pickle_job(Job(serve_ray_calls, (cluster.device_kind,)))},
+                               protocol=pickle.HIGHEST_PROTOCOL)
+        gang = Gang(ray, cluster, world_size)
+        self._gangs[:] = [gang]
+        listener: StreamListener | None = None
+        pipes: list[SocketPipes] = []
+        deadline = time.monotonic() + (options.rdzv_timeout or DEFAULT_RDZV_TIMEOUT)
+        try:
+            try:
+                placements = gang.reserve(deadline, lambda: None)
+            except TimeoutError:
+                raise placement_timeout_error(ray, cluster, world_size,
+                                              options.rdzv_timeout or DEFAULT_RDZV_TIMEOUT, state) from None
+            gang.start_actors(placements)
+            infos = describe_actors(ray, gang, placements, state, lambda: None)
+            devices = visible_devices_by_node(placements, [info["gpu_ids"] for info in infos])
+            listener = StreamListener(host, world_size)
+            num_nodes = len({p.node_id for p in placements})
+            futures = []
+            for actor, p, info in zip(gang.actors, placements, infos):
+                assignment = rank_assignment(p, info, infos[0], num_nodes=num_nodes, world_size=world_size,
+                                             cluster=cluster, mixed_precision=options.mixed_precision,
+                                             run_id=run_id, cuda_visible_devices=devices.get(p.node_id))
+                assignment["persistent"] = True
+                futures.append(actor.run.remote(assignment, payload,
+                                                (listener.address[0], listener.address[1], listener.token)))
+
+            def check() -> None:
+                for index, future in enumerate(futures):
+                    if ray.wait([future], timeout=0)[0]:
+                        try:
+                            ray.get(future)
+                            reason = "its actor's call returned before it connected"
+                        except Exception as exc:
+                            reason = death_reason(exc)
+                        raise outcome.cluster_error(
+                            f"node {placements[index].node_rank} ({infos[index]['address']}), rank {index} failed "
+                            f"before it connected to the notebook at {host}: {reason}", state, rank=index,
+                            kind=FailureKind.EXIT.value)
+
+            try:
+                pipes = listener.accept_all(deadline, check)
+            except TimeoutError as exc:
+                raise outcome.cluster_error(f"{exc}; a firewall between the cluster and the notebook ({host}) "
+                                            f"blocks it, or the nodes reach the notebook through another "
+                                            f"address", state) from None
+        except BaseException:
+            if listener is not None:
+                listener.close()
+            gang.end()
+            self._gangs[:] = []
+            raise
+        listener.close(keep=pipes)
+        processes = [PersistentRayRank(ray, p.global_rank, actor, info["pid"], pipes[p.global_rank])
+                     for actor, p, info in zip(gang.actors, placements, infos)]
+        gang.waiter = Waiter(ray, futures, processes)
+        gang.waiter.start()
+        self.plan, self._pipes, self._commands = plan, list(pipes), []
+        self._slot = RaySlot(self._send_all)   # type: ignore[assignment]
+        self._processes[:] = processes
+        self._placements = placements
+        self._addresses = [info["address"] for info in infos]
+        self._run_mark = ""   # nothing of this machine to sweep
+        self._lost = None
+        if self._cells is None:
+            from .idle import CellWatch
+            self._cells = CellWatch()
+        self._start_idle({})
+        if self.restarts == 0:
+            display = choose_display(options.ui, line_prefix=options.line_prefix).name
+            print(launch_summary(plan, self.backend_name, self.logs.path, display=display) + "\n" + self.summary
+                  + "\nnotebook_launch: " + ", ".join(f"rank {r} on {n}" for r, n in enumerate(self.nodes)),
+                  flush=True)
+
+    def _start_idle(self, events: dict[int, protocol.EventReader]) -> None:
+        """The between-calls reader, as local ranks have it, except that a rank that ends has no
+        process group here to end (its process is on another machine)."""
+        if self._idle is not None:
+            self._idle.resume(events)
+            return
+        assert self.plan is not None and self.logs is not None
+        prefix = parse_line_prefix(self.options.line_prefix)
+        placements = self._placements
+        self._idle = IdleReader(
+            self._processes, self._pipes, self.logs,
+            tag=lambda local: prefix.render(rank=local, local_rank=placements[local].local_rank,
+                                            node_rank=placements[local].node_rank),
+            events={local: events.get(local) or protocol.EventReader() for local in range(len(self._pipes))},
+            on_exit=lambda process: None,
+            show=lambda: self.options.ui != "none" and self._cells is not None and self._cells.running)
+
+    # --- a call -------------------------------------------------------------------------
+    def _ensure_running(self) -> dict[int, protocol.EventReader]:
+        """As for local ranks, except that ranks lost between calls are a LaunchError (naming
+        them and their node) before fresh ranks start with the next call."""
+        if not self.closed and self._lost is None and self._processes:
+            gone = [p for p in self._processes if _exited(p)]
+            if gone:
+                self._pause_idle()
+                error = self._lost_between_calls(gone)
+                self._stop_processes(graceful=False)
+                raise error
+        return super()._ensure_running()
+
+    def _lost_between_calls(self, gone: list[RankProcess]) -> LaunchError:
+        nodes = {self._placements[p.local_rank].node_id for p in gone}
+        node_lost = any("node" in (p.end_note or "") for p in gone)
+        lost = sorted({p.local_rank for p in gone} | ({pl.global_rank for pl in self._placements
+                                                       if pl.node_id in nodes} if node_lost else set()))
+        where = sorted({self.nodes[r] for r in lost})
+        reason = next((p.end_note for p in gone if p.end_note), None) or "its Ray actor ended"
+        rank_words = f"rank{'s' * (len(lost) > 1)} {', '.join(map(str, lost))}"
+        self._lost = f"{rank_words} on {' and '.join(where)} {'were' if len(lost) > 1 else 'was'} lost between calls"
+        assert self.logs is not None
+        message = (f"notebook_launch: {rank_words} ({' and '.join(where)}) {'were' if len(lost) > 1 else 'was'} "
+                   f"lost between calls: {reason}. This call did not run. "
+                   + outcome.ranks_lost_note(self._lost))
+        return LaunchError(message, rank=lost[0], kind=FailureKind.SIGNAL.value, log_dir=str(self.logs.path),
+                           results=[None] * self.num_processes,
+                           node_rank=self._placements[lost[0]].node_rank)
+
+    def _send(self, frame: commands.Frame) -> None:
+        """The call's frame to every rank, as one CALL message with its tensors' bytes."""
+        with call_message(frame) as parts:
+            self._send_all(*parts)
+
+    def _send_all(self, *parts: Any) -> None:
+        """``parts`` whole to every rank's events connection (a rank that is gone is skipped:
+        the supervisor sees its end)."""
+        for process, pipes in zip(self._processes, self._pipes):
+            if pipes.events_r in pipes.closed:
+                continue
+            try:
+                write_whole(pipes.events_r, parts, gone=functools.partial(_exited, process))
+            except OSError:
+                log.debug("rank %d's connection is closed; not sent", process.local_rank, exc_info=True)
+
+    def _supervise(self, call: Any, frame: commands.Frame, title: str, timeout: float | None, quiet: bool,
+                   events: dict[int, Any], idle: frozenset[int] = frozenset()) -> list[Any]:
+        """``Ranks._supervise`` with each rank's node in the panel."""
+        assert self.plan is not None and self.logs is not None and self._slot is not None
+        self.calls += 1
+        state = RunState(run_id=f"{self.run_id}-call{self.calls}", world_size=self.plan.world_size,
+                         backend=self.backend_name, log_dir=str(self.logs.path),
+                         ranks=[RankState(rank=r.global_rank, local_rank=r.local_rank, device=r.device,
+                                          pid=p.pid, status=RUNNING)
+                                for r, p in zip(self.plan.ranks, self._processes)])
+        for rs, placement, address in zip(state.ranks, self._placements, self._addresses):
+            rs.node, rs.node_rank = f"node {placement.node_rank} ({address})", placement.node_rank
+        display = choose_display("none" if quiet else self.options.ui, line_prefix=self.options.line_prefix)
+        rank_displays = RankDisplays(self.options.display_ranks, state.run_id) if in_ipython_kernel() else None
+        section = LogSection(self.logs, f"call {self.calls}: {title}")
+        with presenting(state, display, section, rank_displays):
+            supervisor = CallSupervisor(self._processes, self._pipes, state, display, section,
+                                        timeout=timeout, poll_interval=self.options.poll_interval,
+                                        grace=self.grace, slot=self._slot, call_number=self.calls,
+                                        rank_displays=rank_displays, send=lambda: self._send(frame),
+                                        events=events, command_fds=[], idle_ranks=idle)
+            try:
+                results = supervisor.run()
+            except LaunchError as error:
+                state.finish(FAILED, error_summary(error))
+                raise outcome.with_note(error, self._after_failure(supervisor.lost)) from None
+            finally:
+                self._handed_back = supervisor.events_by_rank()
+                if supervisor.lost is not None:
+                    self._lost = supervisor.lost
+                    self._stop_processes(graceful=False)
+            state.finish(DONE, f"{len(results)} ranks returned in {state.elapsed:.2f} s")
+            return results
+
+    # --- ending -------------------------------------------------------------------------
+    def _stop_processes(self, graceful: bool) -> None:
+        """STOP (``graceful``: up to STOP_GRACE seconds for the ranks' loops to return), then
+        the gang's end: actors killed, placement group removed, Ray reports the actors dead."""
+        if not graceful:
+            self._stop_idle()
+        if graceful and self._processes:
+            self._send_all(encode_message(Kind.STOP))
+            deadline = time.monotonic() + STOP_GRACE
+            for process in self._processes:
+                left = deadline - time.monotonic()
+                if left > 0 and not _exited(process) and process.sentinel is not None:
+                    select.select([process.sentinel], [], [], left)
+        self._stop_idle()
+        for gang in self._gangs:
+            gang.end()
+        self._gangs[:] = []
+        for process in self._processes:
+            process.release()
+        for pipes in self._pipes:
+            pipes.close_parent_ends()
+        self._processes[:] = []
+        self._pipes, self._commands = [], []
+        self._slot = None
+
+
+@contextmanager
+def call_message(frame: commands.Frame) -> Iterator[tuple[Any, ...]]:
+    """A CALL message's parts for ``frame`` (as ``commands.encode`` made it): the header, the
+    pickle and the bytes of its tensor file, mapped (valid inside the ``with``)."""
+    mapped: mmap.mmap | None = None
+    tensors: memoryview = memoryview(b"")
+    if frame.tensors is not None and os.fstat(frame.tensors).st_size:
+        mapped = mmap.mmap(frame.tensors, os.fstat(frame.tensors).st_size, prot=mmap.PROT_READ)
+        tensors = memoryview(mapped)
+    body = memoryview(frame.data)[commands._HEADER.size:]
+    try:
+        yield encode_message(Kind.CALL, len(body), len(tensors)), body, tensors
+    finally:
+        tensors.release()
+        body.release()
+        if mapped is not None:
+            mapped.close()
+
+
+def write_whole(fd: int, parts: Iterable[Any], gone: Callable[[], bool] = lambda: False) -> None:
+    """Write every part whole on a non-blocking socket: wait while it is full, and give up
+    (BrokenPipeError) once ``gone()`` says the reader ended."""
+    for part in parts:
+        view = memoryview(part).cast("B")
+        while view:
+            try:
+                view = view[os.write(fd, view):]
+            except BlockingIOError:
+                select.select([], [fd], [], SEND_TICK)
+                if gone():
+                    raise BrokenPipeError("the rank ended") from None
+
+
+def _end_gangs(gangs: list[Gang]) -> None:
+    """(The pool's finalizer) nothing of forgotten ranks stays on the cluster."""
+    for gang in gangs:
+        try:
+            gang.end()
+        except Exception:
+            log.debug("ending the Ray ranks failed", exc_info=True)
+    gangs[:] = []

@@ -1,0 +1,178 @@
+"""A persistent rank on a Ray cluster, the rank side (``persistent.ray_ranks`` is the notebook's).
+
+The actor runs the same ``RankActor.run`` as a launched Ray rank (streams connected back to
+the notebook, the rank's environment, ``runner.run_rank``); its job is ``serve_ray_calls``,
+the loop of ``persistent.serve`` over a network: no memfd, Unix socket or shared memory
+reaches the notebook from another machine, so everything the notebook says to the rank
+travels on the rank's events connection (the notebook -> rank direction, which a launch
+uses only for signals), as ``Message`` frames:
+
+- CALL: a call's frame as ``persistent.commands.encode`` made it, and the bytes of its
+  tensor file (the rank puts them in a memfd of its own and maps it, as a local rank does);
+- INTERRUPT n: the notebook interrupts call n (what a local pool writes to its shared
+  ``InterruptSlot`` and signals with SIGINT): the rank's own slot records it and the rank
+  signals itself, under the local rule (it raises only while call n's code runs);
+- STOP: the loop returns; end of file (the notebook went away) ends the process.
+
+One thread (``listen``) reads that connection for the life of the actor's call, so an
+interrupt is seen while the main thread runs the user's code; frames of calls go to the
+main thread through a queue. Results travel inside the RESULT event (no result file).
+"""
+from __future__ import annotations
+
+import enum
+import logging
+import os
+import queue
+import signal
+import struct
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+from .. import protocol, shared_tensors
+from ..plan import RankSpec
+from . import runner
+
+log = logging.getLogger("notebook_launch")
+MESSAGE = struct.Struct("!BQQ")   # kind, then two numbers (CALL: sizes of the frame and its tensors)
+
+
+class Kind(enum.IntEnum):
+    CALL = 1
+    INTERRUPT = 2
+    STOP = 3
+
+
+def encode_message(kind: Kind, first: int = 0, second: int = 0) -> bytes:
+    return MESSAGE.pack(int(kind), first, second)
+
+
+@dataclass
+class Inbox:
+    """What the listening thread hands the serving loop: call frames, in order; None = stop."""
+    calls: "queue.Queue[tuple[bytes, bytes] | None]"
+    slot: Any          # persistent.commands.InterruptSlot of this rank alone
+    stopped: threading.Event
+
+
+_inbox: Inbox | None = None
+
+
+def listen(sock: Any, finished: threading.Event) -> Inbox:
+    """Start reading the notebook's messages on the events connection (the actor's ``run`` calls
+    this instead of its signal reader when the job is a persistent rank)."""
+    from ..persistent.commands import InterruptSlot
+    global _inbox
+    inbox = Inbox(queue.Queue(), InterruptSlot(1), threading.Event())
+    _inbox = inbox
+    threading.Thread(target=_read_messages, args=(sock, inbox, finished), daemon=True,
+                     name="notebook_launch-ray-commands").start()
+    return inbox
+
+
+def _read_messages(sock: Any, inbox: Inbox, finished: threading.Event) -> None:
+    while True:
+        header = _receive(sock, MESSAGE.size)
+        if header is None:   # the notebook is gone (or closed the ranks)
+            inbox.calls.put(None)
+            if not finished.is_set() and not inbox.stopped.is_set():
+                os._exit(runner.EXIT_FAILED)   # as a local rank dies with its notebook
+            return
+        kind, first, second = MESSAGE.unpack(header)
+        if kind == Kind.CALL:
+            data = _receive(sock, first)
+            tensors = _receive(sock, second) if second else b""
+            if data is None or tensors is None:
+                continue   # end of file: the next read says so
+            inbox.calls.put((data, tensors))
+        elif kind == Kind.INTERRUPT:
+            inbox.slot.request(first)
+            if inbox.slot.serving(0) and not finished.is_set():
+                os.kill(os.getpid(), signal.SIGINT)
+        elif kind == Kind.STOP:
+            inbox.stopped.set()
+            inbox.calls.put(None)
+
+
+def _receive(sock: Any, size: int) -> bytes | None:
+    chunks, left = [], size
+    while left:
+        try:
+            chunk = sock.recv(min(left, 1 << 22))
+        except OSError:
+            chunk = b""
+        if not chunk:
+            return None
+        chunks.append(chunk)
+        left -= len(chunk)
+    return b"".join(chunks)
+
+
+class ResultInEvent:
+    """The rank's event writer as one call sees it: the result's tensors stay in the RESULT
+    event (there is no file the notebook could map on another machine)."""
+
+    def __init__(self, writer: protocol.EventWriter) -> None:
+        self.writer = writer
+
+    def result_file(self) -> None:
+        return None
+
+    def send(self, kind: protocol.EventKind, payload: Any) -> None:
+        self.writer.send(kind, payload)
+
+    def close(self) -> None:
+        pass
+
+
+def decode(data: bytes, tensors: bytes) -> tuple[str, Any]:
+    """A CALL message's frame: (command, payload) as ``commands.receive`` reads it locally."""
+    fd = shared_tensors.create_file() if tensors else None
+    try:
+        if fd is not None:
+            view = memoryview(tensors)
+            while view:
+                view = view[os.write(fd, view):]
+        elif tensors:
+            raise OSError("this node cannot create a memfd for the call's tensors")
+        kind, payload = shared_tensors.loads(data, fd)
+        return str(kind), payload
+    finally:
+        if fd is not None:
+            os.close(fd)
+
+
+def serve_ray_calls(device_kind: str) -> None:
+    """The function a persistent Ray rank runs (``runner.run_rank`` calls it on the actor): one
+    call after the other until STOP, each through ``persistent.serve.run_one``."""
+    from ..persistent import namespace
+    from ..persistent.commands import Command
+    from ..persistent.serve import _Interruptible, run_one
+    inbox = _inbox
+    assert inbox is not None, "serve_ray_calls runs inside RankActor.run with a persistent assignment"
+    global_rank, local_rank = int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"])
+    spec = RankSpec(global_rank, local_rank, f"cuda:{local_rank}" if device_kind == "cuda" else "cpu", {})
+    writer = protocol.current()
+    assert writer is not None, "serve_ray_calls runs inside a rank"
+    interrupts = _Interruptible(inbox.slot, 0)
+    saved = signal.signal(signal.SIGINT, interrupts.handler)
+    inbox.slot.set_serving(0)
+    ns = namespace.current()
+    try:
+        while True:
+            message = inbox.calls.get()
+            if message is None:
+                return
+            try:
+                kind, payload = decode(*message)
+            except Exception as exc:   # the frame was read whole; only this call is lost
+                runner.report_error(protocol.error_payload(
+                    exc, message=f"rank {global_rank} could not unpickle the call "
+                    f"({type(exc).__name__}: {exc}); define what it needs in the notebook or push it"), writer)
+                continue
+            if kind == Command.STOP.value:
+                return
+            run_one(spec, payload, ns, interrupts, ResultInEvent(writer), forked=False)  # type: ignore[arg-type]
+    finally:
+        signal.signal(signal.SIGINT, saved)

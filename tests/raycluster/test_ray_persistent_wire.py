@@ -1,0 +1,65 @@
+"""The channel of persistent Ray ranks without a cluster: what ``persistent.ray_ranks`` writes
+on a rank's events connection is what ``rank.ray_serve`` reads (a real socket pair, the same
+functions as on a cluster; only Ray's placement is missing, which tests/raycluster's cluster
+tests cover)."""
+from __future__ import annotations
+
+import os
+import socket
+import threading
+
+import torch
+
+from notebook_launch.persistent import commands
+from notebook_launch.persistent.ray_ranks import RaySlot, call_message, write_whole
+from notebook_launch.persistent.serve import Call
+from notebook_launch.rank import ray_serve
+from notebook_launch.rank.runner import Job
+
+
+def scale(t, by):
+    return t * by
+
+
+def test_a_call_with_big_tensors_and_an_interrupt_cross_whole():
+    notebook_end, rank_end = socket.socketpair()
+    os.set_blocking(notebook_end.fileno(), False)   # as the notebook's reader keeps it
+    finished = threading.Event()
+    inbox = ray_serve.listen(rank_end, finished)
+    big = torch.arange(3_000_000, dtype=torch.float32)   # 12 MB: more than the socket buffers
+    frame = commands.encode(commands.Command.CALL, Call(Job(scale, (big, 2.0)), number=7))
+    try:
+        assert frame.tensors is not None   # the tensor went to the frame's file, not the pickle
+        with call_message(frame) as parts:
+            write_whole(notebook_end.fileno(), parts)
+    finally:
+        frame.close()
+    slot = RaySlot(lambda message: write_whole(notebook_end.fileno(), [message]))
+    slot.request(7)
+
+    kind, call = ray_serve.decode(*inbox.calls.get(timeout=30))
+    assert kind == "call" and call.number == 7
+    assert torch.equal(call.job.function(*call.job.args), big * 2)
+    deadline = threading.Event()
+    for _ in range(100):                         # the interrupt comes after the call, on the same stream
+        if inbox.slot.requested(7):
+            break
+        deadline.wait(0.05)
+    assert inbox.slot.requested(7)
+    assert not slot.serving(0)                   # the notebook never signals a Ray rank's pid itself
+
+    finished.set()                               # (a rank whose notebook goes away mid-call exits)
+    notebook_end.close()
+    assert inbox.calls.get(timeout=30) is None   # end of file reads as STOP
+    rank_end.close()
+
+
+def test_stop_ends_the_loop():
+    notebook_end, rank_end = socket.socketpair()
+    finished = threading.Event()
+    inbox = ray_serve.listen(rank_end, finished)
+    write_whole(notebook_end.fileno(), [ray_serve.encode_message(ray_serve.Kind.STOP)])
+    assert inbox.calls.get(timeout=30) is None
+    assert inbox.stopped.is_set()
+    notebook_end.close()   # after STOP, the end of the connection is no reason to exit
+    rank_end.close()
