@@ -1,4 +1,5 @@
-"""``notebook-launch env | test | demo``: what a launch would do here, whether it works, and a demo.
+"""``notebook-launch env | test | demo | clean``: what a launch would do here, whether it works, a
+demo, and the run folders' cleanup.
 
 The functions launched by ``test`` and ``demo`` live in this module (importable),
 so they run with every start method, spawn included.
@@ -11,6 +12,7 @@ import platform
 import shutil
 import sys
 import tempfile
+import time
 from importlib import metadata
 from pathlib import Path
 from typing import Any, Callable
@@ -243,29 +245,145 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return 0 if same else 1
 
 
+# --- clean -----------------------------------------------------------------------
+
+def cmd_clean(args: argparse.Namespace) -> int:
+    """Remove run folders: by the retention rule (no option), or as the options say; a live
+    run's folder is never removed. Prints each folder removed and what it freed."""
+    from .run_folders import (MEGABYTE, Retention, list_run_folders, live_pid, remove,
+                              retention_from_environment, select_for_removal)
+    root = Path(args.dir).expanduser()
+    folders = list_run_folders(root)
+    chosen_by_option = args.all or args.keep is not None or args.max_mb is not None or args.older_than is not None
+    if args.all:
+        retention: Retention | None = Retention(0, 0)
+    elif args.keep is not None or args.max_mb is not None:
+        default = retention_from_environment()
+        retention = Retention(default.keep_runs if args.keep is None else args.keep,
+                              default.keep_bytes if args.max_mb is None else int(args.max_mb * MEGABYTE))
+    elif args.older_than is not None:
+        retention = None
+    else:
+        retention = retention_from_environment()
+    older_than = None if args.older_than is None else args.older_than * 86400
+    chosen = select_for_removal(folders, retention, older_than)
+    verb = "would remove" if args.dry_run else "removed"
+    done = chosen if args.dry_run else remove(chosen)
+    for folder in done:
+        written = time.strftime("%Y-%m-%d %H:%M", time.localtime(folder.last_written))
+        print(f"{verb} {folder.path}  {_megabytes(folder.size)}  (last written {written})")
+    gone = {folder.path for folder in done}
+    kept = [folder for folder in folders if folder.path not in gone]
+    live = [(folder, live_pid(folder.path)) for folder in kept]
+    live = [(folder, pid) for folder, pid in live if pid is not None]
+    for folder, pid in live:
+        print(f"kept {folder.path}: a run still going" + (f" (pid {pid})" if pid else ""))
+    rule = "" if chosen_by_option else f" (the retention rule: {retention_from_environment().describe()})"
+    print(f"{verb.capitalize()} {len(done)} run folder(s) under {root}, "
+          f"{'would free' if args.dry_run else 'freed'} {_megabytes(sum(f.size for f in done))}; "
+          f"{len(kept)} kept ({_megabytes(sum(f.size for f in kept))}), {len(live)} of them live{rule}")
+    return 0
+
+
+def _megabytes(size: int) -> str:
+    return f"{size / 10**6:.1f} MB"
+
+
 # --- entry -----------------------------------------------------------------------
+
+class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Every option's help ends with its default (argparse's formatter), unless the help already
+    says it in words (a default of None means "decided at run time" and says how)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        if "default" in text or action.default is argparse.SUPPRESS or action.option_strings == ["-h", "--help"]:
+            return text
+        return super()._get_help_string(action)
+
 
 def build_parser() -> argparse.ArgumentParser:
     from .display import UI_CHOICES
+    from .run_folders import KEEP_MB_VARIABLE, KEEP_RUNS_VARIABLE, default_log_root, retention_from_environment
     parser = argparse.ArgumentParser(
-        prog="notebook-launch", description="Check and try notebook_launch on this machine.")
-    sub = parser.add_subparsers(dest="command", metavar="{env,test,demo}")
+        prog="notebook-launch", description="Check and try notebook_launch on this machine.",
+        formatter_class=_HelpFormatter)
+    sub = parser.add_subparsers(dest="command", metavar="{env,test,demo,clean}")
     sub.required = True
-    p_env = sub.add_parser("env", help="where we run, devices, versions, and what a launch would do")
+
+    def command(name: str, text: str) -> argparse.ArgumentParser:
+        return sub.add_parser(name, help=text, description=text, formatter_class=_HelpFormatter)
+
+    p_env = command("env", "where we run, devices, versions, and what a launch would do")
     p_env.set_defaults(func=cmd_env)
-    p_test = sub.add_parser("test", help="launch N ranks and check collectives, results and output")
-    p_test.add_argument("-n", "--num-processes", type=_positive_int, default=2)
-    p_test.add_argument("--start-method", choices=("fork", "spawn"), default=None)
-    p_test.add_argument("--timeout", type=_seconds, default=180.0, help="seconds per launch (default 180)")
+    p_test = command("test", "launch N ranks and check collectives, results and output")
+    p_test.add_argument("-n", "--num-processes", type=_positive_int, default=2, help="ranks to launch")
+    p_test.add_argument("--start-method", choices=("fork", "spawn"), default=None,
+                        help="how ranks start (default: the launcher's choice, fork where it can)")
+    p_test.add_argument("--timeout", type=_seconds, default=180.0, help="seconds per launch")
     p_test.set_defaults(func=cmd_test, parser=p_test)
-    p_demo = sub.add_parser("demo", help="train a small model on synthetic data across ranks, with the panel")
-    p_demo.add_argument("-n", "--num-processes", type=_positive_int, default=2)
-    p_demo.add_argument("--steps", type=_positive_int, default=300)
-    p_demo.add_argument("--start-method", choices=("fork", "spawn"), default=None)
-    p_demo.add_argument("--ui", default="auto", choices=UI_CHOICES, help="how the run is shown (default auto)")
-    p_demo.add_argument("--timeout", type=_seconds, default=None, help="seconds before the ranks are stopped")
+    p_demo = command("demo", "train a small model on synthetic data across ranks, with the panel")
+    p_demo.add_argument("-n", "--num-processes", type=_positive_int, default=2, help="ranks to train on")
+    p_demo.add_argument("--steps", type=_positive_int, default=300, help="training steps on every rank")
+    p_demo.add_argument("--start-method", choices=("fork", "spawn"), default=None,
+                        help="how ranks start (default: the launcher's choice, fork where it can)")
+    p_demo.add_argument("--ui", default="auto", choices=UI_CHOICES, help="how the run is shown")
+    p_demo.add_argument("--timeout", type=_seconds, default=None,
+                        help="seconds before the ranks are stopped (default: none, as long as the run needs)")
     p_demo.set_defaults(func=cmd_demo, parser=p_demo)
+    try:
+        rule = retention_from_environment()
+    except LaunchArgumentError:   # reported when clean runs; the help still shows
+        from .run_folders import Retention
+        rule = Retention()
+    p_clean = command("clean", "remove the folders of earlier runs' logs (a live run's folder is never removed)")
+    p_clean.description = (
+        f"Remove run folders under the log root. With no option: the retention rule every run applies "
+        f"as it starts ({rule.describe()}; {KEEP_RUNS_VARIABLE} and {KEEP_MB_VARIABLE} change it). "
+        f"Options combine: a folder goes if any says so. The folder of a run still going is never removed.")
+    p_clean.add_argument("--dir", default=str(default_log_root()),
+                         help="the log root of the run folders: $NOTEBOOK_LAUNCH_LOG_DIR if set, else the user cache")
+    p_clean.add_argument("--keep", type=_count, default=None, metavar="N",
+                         help=f"keep the newest N runs (default: {rule.keep_runs}, the retention rule's)")
+    p_clean.add_argument("--max-mb", type=_megabytes_argument, default=None, metavar="MB",
+                         help=f"keep the newest runs that fit in MB megabytes together "
+                              f"(default: {rule.keep_bytes / 10**6:g}, the retention rule's)")
+    p_clean.add_argument("--older-than", type=_days, default=None, metavar="DAYS",
+                         help="remove the runs last written more than DAYS days ago (default: none by age)")
+    p_clean.add_argument("--all", action="store_true", help="remove every run folder but live ones")
+    p_clean.add_argument("--dry-run", action="store_true", help="print what would be removed, remove nothing")
+    p_clean.set_defaults(func=cmd_clean, parser=p_clean)
     return parser
+
+
+def _count(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be a whole number >= 0; got {text!r}")
+    return value
+
+
+def _megabytes_argument(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not 0 <= value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a number of megabytes >= 0; got {text!r}")
+    return value
+
+
+def _days(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not 0 <= value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a number of days >= 0; got {text!r}")
+    return value
 
 
 def _positive_int(text: str) -> int:

@@ -11,19 +11,21 @@ import errno
 import itertools
 import logging
 import os
-import re
-import tempfile
 import time
 from pathlib import Path
 from typing import IO, Callable, Iterable
 
 from .curves import MetricsFile
 from .errors import LaunchArgumentError
+from .run_folders import (LiveRunFolder, Retention, default_log_root, fallback_log_root, prune,
+                          retention_from_environment)
+
+__all__ = ["MAX_LINE", "LineSplitter", "RunLogs", "default_log_root", "fallback_log_root", "make_run_id",
+           "utf8_boundary"]
 
 log = logging.getLogger("notebook_launch")
 
 MAX_LINE = 64 * 1024
-KEEP_RUNS = 100
 
 
 class LineSplitter:
@@ -75,14 +77,6 @@ def _decode(raw: bytes | bytearray) -> str:
     return text
 
 
-def default_log_root() -> Path:
-    configured = os.environ.get("NOTEBOOK_LAUNCH_LOG_DIR")
-    if configured:
-        return Path(configured).expanduser()
-    cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(cache) / "notebook_launch" / "runs"
-
-
 _launches = itertools.count()
 
 
@@ -101,7 +95,12 @@ class RunLogs:
     the logging, says so once through ``on_problem`` (the cell), and the run goes on.
     A default log root that cannot be written falls back to a temporary folder
     (``notes`` says where); a ``log_dir`` the user chose that cannot be used is a
-    LaunchArgumentError, before any rank starts."""
+    LaunchArgumentError, before any rank starts.
+
+    In the default root (and its fallback) the run gets a new folder, live while the run
+    goes on, and the earlier runs' folders are first cut to the retention bounds
+    (notebook_launch.run_folders says the rule); a ``log_dir`` the user chose is theirs:
+    nothing in it is removed."""
 
     def __init__(self, run_id: str, local_ranks: Iterable[int], global_ranks: Iterable[int],
                  log_dir: str | os.PathLike[str] | None = None,
@@ -111,6 +110,7 @@ class RunLogs:
         self._stopped_because: str | None = None
         self._files: dict[int, IO[str]] = {}
         self.metrics: MetricsFile | None = None
+        self._live: LiveRunFolder | None = None
         names = {local: f"rank{global_rank}.log" for local, global_rank in zip(local_ranks, global_ranks)}
         if log_dir is not None:
             self.path = Path(log_dir).expanduser()
@@ -123,11 +123,11 @@ class RunLogs:
                     f"log_dir={os.fspath(log_dir)!r} cannot be used: {_reason(exc)}. Pass a folder you "
                     f"can write to, or log_dir=None for a new folder per run in the user cache.") from None
             return
+        retention = retention_from_environment()
         root = default_log_root()
         self.path = root / run_id
         try:
-            prune_old_runs(root)
-            self._open(names)
+            self._open_live(root, run_id, names, retention)
         except OSError as exc:
             if exc.errno in (errno.EMFILE, errno.ENFILE):
                 raise
@@ -135,7 +135,18 @@ class RunLogs:
             self.notes.append(f"cannot write logs under {root} ({_reason(exc)}); this run's logs go to "
                               f"{fallback / run_id} (set NOTEBOOK_LAUNCH_LOG_DIR or log_dir= to choose)")
             self.path = fallback / run_id
+            self._open_live(fallback, run_id, names, retention)
+
+    def _open_live(self, root: Path, run_id: str, names: dict[int, str], retention: Retention) -> None:
+        """Bound the earlier runs' folders, then make this run's, live until ``close``."""
+        prune(root, retention)
+        self._live = LiveRunFolder(root, run_id)
+        try:
             self._open(names)
+        except BaseException:
+            self._live.release()
+            self._live = None
+            raise
 
     def _open(self, names: dict[int, str]) -> None:
         """Create the folder and every rank's file; on failure close what was opened."""
@@ -193,6 +204,8 @@ class RunLogs:
         if self._stopped_because is None:
             self.flush()
         self._close_files()
+        if self._live is not None:
+            self._live.release()
 
     def _stop_logging(self, exc: OSError) -> None:
         """Give up on the log files for the rest of the run, and say so once."""
@@ -218,30 +231,3 @@ def _reason(exc: OSError) -> str:
 
 def _tell_the_cell(text: str) -> None:
     print(text, flush=True)
-
-
-def fallback_log_root() -> Path:
-    """Where logs go when the default root cannot be written: a per-user folder in the temp dir."""
-    user = os.getuid() if hasattr(os, "getuid") else os.getpid()
-    return Path(tempfile.gettempdir()) / f"notebook_launch-{user}" / "runs"
-
-
-_RUN_DIR = re.compile(r"^\d{8}-\d{6}-\d+$")
-
-
-def prune_old_runs(root: Path, keep: int = KEEP_RUNS) -> None:
-    """Keep the default log root from growing without bound: drop the oldest runs.
-    Run ids sort by start time, so names alone decide (no stat per folder on every launch)."""
-    try:
-        runs = sorted(name for name in os.listdir(root) if _RUN_DIR.match(name))
-    except OSError:
-        log.debug("cannot list the log root %s", root, exc_info=True)
-        return
-    for name in runs[:-keep] if len(runs) > keep else []:
-        old = root / name
-        try:
-            for child in old.iterdir():
-                child.unlink()
-            old.rmdir()
-        except OSError:
-            log.debug("cannot remove the old run folder %s", old, exc_info=True)
