@@ -16,7 +16,7 @@ import time
 import pytest
 
 from notebook_launch import protocol
-from notebook_launch.backends.base import RankPipes
+from notebook_launch.channels import RankPipes
 from notebook_launch.backends.fork import ForkedRank
 from notebook_launch.display.base import Display
 from notebook_launch.errors import LaunchError

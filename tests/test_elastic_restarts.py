@@ -155,3 +155,30 @@ def test_bad_rendezvous_arguments_name_the_argument():
         notebook_launcher(sleep_long, num_processes=1, max_restarts=1, rdzv_conf="join_timeout=5")
     with pytest.raises(LaunchArgumentError, match="rdzv_timeout must be a number of seconds > 0"):
         notebook_launcher(sleep_long, num_processes=1, max_restarts=1, rdzv_timeout=0)
+
+
+# --- the restart rule elastic's agent and the Ray launcher share (restarts.py) -----------------
+
+@pytest.mark.parametrize("kind,again", [("exception", True), ("signal", True), ("exit", True),
+                                        ("timeout", False), ("stopped", False), ("interrupted", False),
+                                        ("result", False), ("rendezvous", False), (None, False)])
+def test_the_restart_rule(kind, again):
+    from notebook_launch import restarts
+    assert restarts.restartable(kind) is again
+
+
+def test_run_attempts_restarts_what_the_rule_allows_and_says_which_attempt_failed():
+    from notebook_launch import restarts
+    tried, notices = [], []
+
+    def attempt(number):
+        tried.append(number)
+        raise LaunchError(f"attempt {number} failed", kind="exception" if number < 2 else "timeout")
+
+    with pytest.raises(LaunchError) as info:
+        restarts.run_attempts(attempt, 5, lambda error, n: notices.append(n),
+                              last_error=lambda error, n: LaunchError(f"{error} (attempt {n})", kind=error.kind))
+    assert tried == [0, 1, 2] and notices == [1, 2]   # the timeout of attempt 2 is not restarted
+    assert str(info.value) == "attempt 2 failed (attempt 2)"
+    assert restarts.run_attempts(lambda n: n, 0, print, last_error=lambda e, n: e) == 0
+

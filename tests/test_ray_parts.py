@@ -16,7 +16,7 @@ import pytest
 from notebook_launch import LaunchArgumentError, RayCluster, notebook_launcher
 from notebook_launch.backends.ray_connect import NodeInfo, check_resources, describe_cluster, host_of
 from notebook_launch.backends.ray_gang import assign_ranks, death_reason, visible_devices_by_node
-from notebook_launch.backends.socket_pipes import SIGNAL_FRAME, StreamListener, connect_streams
+from notebook_launch.channels.sockets import SIGNAL_FRAME, StreamListener, connect_streams
 from notebook_launch.errors import GuardError
 from notebook_launch.protocol import EventReader, EventWriter
 

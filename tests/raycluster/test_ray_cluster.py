@@ -210,19 +210,36 @@ except Exception as err:
 
 
 def test_max_restarts_restarts_every_rank(ray_nodes, notebook, tmp_path):
+    """Each attempt starts its ranks through the launcher interface (RayLauncher.start, recorded
+    here: the ranks that ran are the actors its last start returned; see tests/test_launchers.py)."""
     marker = tmp_path / "failed-once"
     out = notebook.run(f"""
+from notebook_launch.backends.ray_launch import RayLauncher
+starts, real_start = [], RayLauncher.start
+def recording_start(self, plan, job, channels):
+    processes = real_start(self, plan, job, channels)
+    starts.append([p.pid for p in processes])
+    return processes
 def train():
     if os.environ["RANK"] == "1" and not os.path.exists({str(marker)!r}):
         open({str(marker)!r}, "w").close()
         raise RuntimeError("first attempt fails")
-    return (os.environ["RANK"], os.environ["TORCHELASTIC_RESTART_COUNT"], os.environ["TORCHELASTIC_MAX_RESTARTS"])
-print(json.dumps(notebook_launcher(train, num_processes=2, cluster=cluster(), max_restarts=2, ui="text")))
+    return (os.environ["RANK"], os.environ["TORCHELASTIC_RESTART_COUNT"], os.environ["TORCHELASTIC_MAX_RESTARTS"],
+            os.getpid())
+RayLauncher.start = recording_start
+try:
+    results = notebook_launcher(train, num_processes=2, cluster=cluster(), max_restarts=2, ui="text")
+finally:
+    RayLauncher.start = real_start
+print(json.dumps({{"results": results, "starts": starts}}))
 """)
     assert out["error"] is None, out
     assert "rank 1 failed (RuntimeError: first attempt fails); restarting every rank (restart 1 of 2)" \
         in out["stdout"]
-    assert json.loads(out["stdout"].strip().splitlines()[-1]) == [[str(r), "1", "2"] for r in range(2)]
+    ran = json.loads(out["stdout"].strip().splitlines()[-1])
+    assert [r[:3] for r in ran["results"]] == [[str(r), "1", "2"] for r in range(2)]
+    assert len(ran["starts"]) == 2, "one start per attempt"
+    assert ran["starts"][-1] == [r[3] for r in ran["results"]]
     assert_nothing_left(ray_nodes, notebook)
 
 
