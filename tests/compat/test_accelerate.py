@@ -27,6 +27,9 @@ def _whoami():
     from accelerate import Accelerator
     from accelerate.utils import DistributedType
     acc = Accelerator()
+    # Every rank past the rendezvous before any returns: rank 0 hosts the TCPStore, and its exit
+    # while rank 1 is still connecting to it fails rank 1 (seen once on a loaded machine).
+    acc.wait_for_everyone()
     return {
         "multi_cpu": acc.distributed_type == DistributedType.MULTI_CPU,
         "num_processes": acc.num_processes,
