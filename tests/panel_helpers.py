@@ -78,5 +78,6 @@ _run_module.choose_display = _keeping_choose
 
 def bars_of(rank=0):
     rs = kept[-1].ranks[rank]
-    return [(b.desc, b.n, b.total, b.closed) for b in rs.bars.values()], rs.main_bar.desc
+    main = rs.main_bar
+    return [(b.desc, b.n, b.total, b.closed) for b in rs.bars.values()], main.desc if main else None
 """

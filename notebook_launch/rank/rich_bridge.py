@@ -7,9 +7,12 @@ ipywidgets ``Output`` widget whose comm messages ipykernel refuses to send from 
 Nothing shows, not even in the log. Here:
 
 - ``Console.is_jupyter`` is False for every console of the rank, those made before the
-  launch (``rich.get_console()``, which Lightning reuses) included: rich then writes
-  plain text to the rank's stdout, which reaches the cell and the rank's log like a print
-  (a non-terminal Live prints its final picture once, as in a script's log).
+  launch (``rich.get_console()``, which Lightning reuses) included, and so is
+  ``is_terminal`` unless the console was made with ``force_terminal=True``: the rank's
+  stdout is a pipe, though ipykernel sets ``FORCE_COLOR=1`` in the environment the rank
+  inherits (a "terminal" Live would redraw with cursor codes into the cell and the log).
+  Rich then writes plain text, which reaches the cell and the rank's log like a print (a
+  non-terminal Live prints its final picture once, as in a script's log).
 - ``rich.progress.Progress`` tells each visible task to a panel twin
   (``progress_bridge.Mirror``) at its own update points: ``add_task``, ``update``
   (``track``'s thread calls it ten times a second), ``advance``, ``reset``; a task made
@@ -31,15 +34,18 @@ _PATCHED_ATTR = "_notebook_launch_patched"
 
 def install(spec: Any = None) -> None:
     """Patch rich now if the rank has it imported, else when the rank imports it."""
-    after_import("rich.console", _not_jupyter)
+    after_import("rich.console", _plain_console)
     after_import("rich.progress", _bridge_progress)
 
 
-def _not_jupyter(console_module: ModuleType) -> None:
-    """Every console of this process, old and new, is a plain (non-Jupyter) console. A data
-    descriptor on the class wins over the attribute ``Console.__init__`` sets on instances."""
+def _plain_console(console_module: ModuleType) -> None:
+    """Every console of this process, old and new, is a plain (non-Jupyter, non-terminal)
+    console. A data descriptor on the class wins over the attribute ``Console.__init__``
+    sets on instances."""
     console_module._is_jupyter = lambda: False  # type: ignore[attr-defined]
-    console_module.Console.is_jupyter = property(lambda self: False, lambda self, value: None)
+    console = console_module.Console
+    console.is_jupyter = property(lambda self: False, lambda self, value: None)
+    console.is_terminal = property(lambda self: bool(self._force_terminal))
 
 
 def _bridge_progress(progress_module: ModuleType) -> None:
