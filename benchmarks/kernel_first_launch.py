@@ -65,7 +65,7 @@ def _execute(client, code: str) -> None:
 def run(config, log_dir, say=print):
     rows = []
     for workload in ("trivial", "first_step"):
-        for think in THINK_SECONDS:
+        for think in THINK_SECONDS[:1] if config["quick"] else THINK_SECONDS:   # quick: Run All only
             say(f"item 10: {workload}, fresh Jupyter kernels, launch cell {think:.0f} s after the import cell")
             cells = {name: Cell() for name in LAUNCHERS}
             for repeat in range(config["repeats"]):

@@ -13,7 +13,7 @@ repeat, so drift on the machine affects all of them alike.
 """
 from __future__ import annotations
 
-from .launchers import LAUNCHERS
+from .launchers import LAUNCHERS, PLOT_LABELS
 from .table import Cell, Row, fmt_ratio, ratio
 from .worker import Worker, WorkerError
 
@@ -109,6 +109,9 @@ def make_row(workload, condition, ranks, cells, goal_item):
     vs_elastic = ratio(row.median("elastic"), ours)
     row.ratios = (f"Accelerate/ours {fmt_ratio(vs_accelerate)}; ours/start_processes {fmt_ratio(vs_start)}; "
                   f"elastic/ours {fmt_ratio(vs_elastic)}")
+    if condition == "warm":   # the curves against rank count (benchmarks/plots.py)
+        row.curve, row.x, row.x_tick = ("launch_cost" if workload == "trivial" else "first_step"), ranks, str(ranks)
+        row.series = {label: row.cells[name] for name, label in PLOT_LABELS.items()}
     if floor is not None:
         floor.label = "floor: `import torch._dynamo` alone, fresh process"
         row.cells["other"] = [floor]
@@ -161,7 +164,7 @@ def run(config, log_dir, say=print):
         close_workers(workers)
     for ranks in config["fresh_ranks"] if config.get("fresh_trivial", True) else []:
         say(f"item 1: trivial function, fresh processes, {ranks} ranks")
-        cells = measure_fresh(LAUNCHERS, "trivial", ranks, repeats, log_dir)
+        cells = measure_fresh(config.get("fresh_launchers", LAUNCHERS), "trivial", ranks, repeats, log_dir)
         rows.append(make_row("trivial", "fresh", ranks, cells, "1"))
     # First-step rows get new workers per row: Accelerate runs a 1-rank launch
     # inside its caller, which would import torch._dynamo into that process.
@@ -175,7 +178,8 @@ def run(config, log_dir, say=print):
             close_workers(workers)
         rows.append(make_row("first_step", "warm", ranks, cells, goal_item_for("first_step", ranks, "warm")))
     for ranks in config["fresh_ranks"] if config.get("fresh_step", True) else []:
-        launchers = config["step_launchers_at"].get(ranks, config["step_launchers"])
+        launchers = [name for name in config["step_launchers_at"].get(ranks, config["step_launchers"])
+                     if name in config.get("fresh_launchers", LAUNCHERS)]
         say(f"item 2: first trained step, fresh processes, {ranks} ranks")
         cells = measure_fresh(launchers, "first_step", ranks, repeats, log_dir)
         rows.append(make_row("first_step", "fresh", ranks, cells, "2"))

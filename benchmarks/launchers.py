@@ -17,6 +17,13 @@ TITLES = {
     "start_processes": "`start_processes` (fork)",
     "elastic": "`elastic_launch` (fork)",
 }
+# The launchers the plots draw against rank count (elastic_launch is what Accelerate runs: it
+# would lie on Accelerate's curve), with their legend labels.
+PLOT_LABELS = {
+    "ours": "This project",
+    "accelerate": "Accelerate notebook_launcher",
+    "start_processes": "torch start_processes (fork)",
+}
 
 
 def prepare(name: str) -> None:

@@ -10,6 +10,7 @@ Row "DDP step": a training step of a DDP model kept in the ranks, run as a new `
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 
@@ -122,10 +123,8 @@ def measure_in_worker(repeats: int, width: int) -> dict:
 
 def stop_ipyparallel(cluster) -> None:
     if cluster is not None:
-        try:
+        with contextlib.suppress(Exception):   # engines end with the worker anyway
             cluster.stop_cluster_sync()
-        except Exception:
-            pass   # engines end with the worker anyway
 
 
 # --- in the harness ----------------------------------------------------------------------

@@ -52,9 +52,10 @@ SAMPLE_SECONDS = 0.002
 
 
 def sizes(config: dict):
-    """(MiB per rank, ranks) rows: full run 64/256/1024 MiB on 1 rank and 2 x 1 GiB."""
+    """(MiB per rank, ranks) rows: full run 64/256/1024 MiB on 1 rank and 2 x 1 GiB; quick, the
+    smallest that still makes a curve, on 1 and 2 ranks."""
     if config["quick"]:
-        return [(16, 1), (64, 1), (64, 2)]
+        return [(4, 1), (4, 2)]
     return [(64, 1), (256, 1), (1024, 1), (1024, 2)]
 
 
@@ -382,6 +383,9 @@ def _rows(mib, ranks, samples, errors):
     per_gib = f"; ours {ours / (payload / 2**30):.2f} s per GiB" if ours else ""
     time_row.ratios = (f"transfer (ours minus returning None)/memcpy {fmt_ratio(transfer_vs_floor)}; "
                        f"ours/memcpy {fmt_ratio(vs_floor)}; Queue/ours {fmt_ratio(vs_queue)}{per_gib}")
+    time_row.curve, time_row.x, time_row.x_tick = "result_transfer", mib * ranks, what
+    time_row.series = {"This project (notebook_launcher)": time_row.cells["ours"],
+                       "torch.multiprocessing Queue (fork)": queue, "memcpy of the same bytes (the floor)": memcpy}
     if ranks == 2:
         time_row.goal = "transfer/memcpy ≤ 2x"
         time_row.met = ("unknown (a cell is missing)" if transfer_vs_floor is None
@@ -445,6 +449,8 @@ def _persistent_rows(mib, ranks, samples, errors):
                     "the same call returning None")
     rows.append(row(f"persistent ranks: `ranks.run` returns a state_dict of {what}, from the call to the results",
                     samples["persistent"], "seconds", base, floor, errors.get("persistent", "")))
+    rows[-1].curve, rows[-1].x, rows[-1].x_tick = "result_transfer", mib * ranks, what
+    rows[-1].series = {"This project, persistent ranks (ranks.run)": rows[-1].cells["ours"]}
     pushes = samples["push_pull"]
     error = errors.get("push_pull", "")
     rows.append(row(f"persistent ranks: `ranks.push` of one state_dict of {_label(mib)} to {ranks} rank(s)",

@@ -1,10 +1,14 @@
 """The one benchmark command: measure, in one run on this machine, and write one markdown table.
 
     .venv/bin/python benchmarks/run.py [--quick] [--repeats N] [--only 1,2,5] [--out benchmarks/RESULTS.md]
+                                       [--plots docs/images/benchmarks]
 
 (or ``python -m benchmarks.run``). Every timed cell is the median of N runs
 with min and max. --quick shrinks sizes (2 ranks, a 64 MiB tensor, 10^4
-iterations) to check that the harness works, not to quote.
+iterations) to check that the harness works, not to quote. The same run draws the
+plots of the docs' benchmark page from the table's rows (benchmarks/plots.py):
+launch cost and the first DDP step against rank count (items 1, 2 and 6), result
+transfer against size (item 8).
 """
 from __future__ import annotations
 
@@ -21,21 +25,25 @@ if __package__ in (None, ""):  # run as a script: make the repository importable
 from benchmarks import (companions, iteration_cost, kernel_first_launch, launch_cost, memory,  # noqa: E402
                         persistent_cost, ray_cluster, result_transfer)
 from benchmarks.common import REPO_ROOT, machine_description  # noqa: E402
+from benchmarks.plots import write_plots  # noqa: E402
 from benchmarks.table import render_table  # noqa: E402
 from benchmarks.worker import READY_STATES  # noqa: E402
 
 ITEMS = ("1", "2", "3", "4", "5", "6", "7", "8", "9", "10")   # 9: Ray cluster rows (needs root for network namespaces)
 DEFAULT_OUT = os.path.join(REPO_ROOT, "benchmarks", "RESULTS.md")
+DEFAULT_PLOTS = os.path.join(REPO_ROOT, "docs", "images", "benchmarks")
 
 
 def make_config(quick: bool, repeats: int) -> dict:
     all_launchers = ["ours", "accelerate", "start_processes", "elastic"]
-    if quick:
-        return dict(quick=True, repeats=repeats, trivial_ranks=[2], fresh_ranks=[2], step_ranks=[2],
-                    step_launchers=["ours", "accelerate"], step_launchers_at={},
-                    tensor_mib=64, memory_ranks=2, iterations=10**4)
+    if quick:   # every item's code runs once, at the smallest sizes; the fresh-process rows for two
+        # launchers only (each sample is a new interpreter importing torch; the warm rows run all four)
+        return dict(quick=True, repeats=repeats, trivial_ranks=[1, 2], fresh_ranks=[2], step_ranks=[2],
+                    step_launchers=["ours", "accelerate", "start_processes"], step_launchers_at={},
+                    fresh_launchers=["ours", "accelerate"], tensor_mib=64, memory_ranks=2, iterations=10**4)
     return dict(quick=False, repeats=repeats, trivial_ranks=[1, 2, 4, 8], fresh_ranks=[2],
-                step_ranks=[1, 2, 4, 8], step_launchers=["ours", "accelerate"],
+                fresh_launchers=all_launchers,
+                step_ranks=[1, 2, 4, 8], step_launchers=["ours", "accelerate", "start_processes"],
                 step_launchers_at={2: all_launchers}, tensor_mib=1024, memory_ranks=2, iterations=10**6)
 
 
@@ -62,6 +70,8 @@ def parse_args(argv):
     parser.add_argument("--only", default=",".join(ITEMS),
                         help=f"comma-separated items to run, of {','.join(ITEMS)} (default: all)")
     parser.add_argument("--out", default=DEFAULT_OUT, help="markdown file to write (default benchmarks/RESULTS.md)")
+    parser.add_argument("--plots", default=DEFAULT_PLOTS, metavar="DIR",
+                        help="folder for the SVG plots (default docs/images/benchmarks; '' draws none)")
     args = parser.parse_args(argv)
     if args.repeats < 1:
         parser.error(f"--repeats must be >= 1; got {args.repeats}")
@@ -179,11 +189,23 @@ def notes(config: dict, elapsed: float) -> list:
     return lines
 
 
-def render(machine: dict, config: dict, rows, companion_outputs, elapsed: float, command: str) -> str:
+def plot_footer(machine: dict, config: dict) -> str:
+    """Under every plot: where and when it was measured (and that quick numbers are not to quote)."""
+    text = (f"{machine.get('cores', '?')} cores, {machine.get('cpu', '?')}, torch {machine.get('torch', '?')}, "
+            f"{machine.get('date', '?')}, n={config['repeats']}")
+    return ("QUICK MODE, do not quote; " + text) if config["quick"] else text
+
+
+def render(machine: dict, config: dict, rows, companion_outputs, elapsed: float, command: str,
+           plots=(), out_path: str = DEFAULT_OUT) -> str:
     out = ["# notebook_launch benchmarks", "",
            f"Command: `{command}`", "",
-           "Machine: " + "; ".join(f"{k}: {v}" for k, v in machine.items() if k != "executable"), "",
-           render_table(rows), "", "Notes:", ""]
+           "Machine: " + "; ".join(f"{k}: {v}" for k, v in machine.items() if k != "executable"), ""]
+    if plots:
+        here = os.path.dirname(os.path.abspath(out_path))
+        out += ["Plots drawn from this table: " + ", ".join(
+            f"[{os.path.basename(p)}]({os.path.relpath(p, here)})" for p in plots), ""]
+    out += [render_table(rows), "", "Notes:", ""]
     warning = busy_machine_warning(machine)
     ray_notes = [ray_cluster.NOTES] if any(row.item == "9" for row in rows) else []
     out += [f"- {line}" for line in ([warning] if warning else []) + notes(config, elapsed) + ray_notes]
@@ -205,12 +227,13 @@ def main(argv=None) -> int:
         rows, companion_outputs = measure(config, args.only, log_dir, say)
     elapsed = time.monotonic() - started
     command = "python benchmarks/run.py " + " ".join(argv if argv is not None else sys.argv[1:])
-    text = render(machine, config, rows, companion_outputs, elapsed, command.strip())
+    plots = write_plots(rows, args.plots, plot_footer(machine, config)) if args.plots else []
+    text = render(machine, config, rows, companion_outputs, elapsed, command.strip(), plots, args.out)
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     with open(args.out, "w") as f:
         f.write(text)
     print(text)
-    say(f"wrote {args.out}")
+    say(f"wrote {args.out}" + (f" and {', '.join(plots)}" if plots else ""))
     return 0
 
 

@@ -38,6 +38,12 @@ class Row:
     met: str = "—"
     group: int = 0          # table order: launch cost, first step, progress, widget, memory
     condition: str = ""     # "warm" or "fresh" for launch-cost rows
+    # The row as a point on a plot (benchmarks/plots.py): which curve, where on the x axis, and
+    # which of its cells (the table's own Cell objects) are the plotted series, by legend label.
+    curve: str = ""
+    x: float = 0.0
+    x_tick: str = ""
+    series: dict = field(default_factory=dict)
 
     def cell(self, column: str) -> Cell:
         return self.cells.setdefault(column, Cell())

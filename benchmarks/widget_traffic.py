@@ -3,8 +3,8 @@
 Run: python benchmarks/widget_traffic.py [seconds] [ranks]   (default 5 s, 8 ranks; --quick: 3 s)
 Real ipywidgets; a recording comm stands in for the browser and counts what
 would go over IOPub. Every rank folds a progress event (with a logged loss,
-so the curves are drawn too) and a log line every millisecond (100x what a rank really sends), the supervisor's refresh() runs
-every millisecond (100x its real rate). Prints a markdown table; never asserts.
+so the curves are drawn too) and a log line every millisecond (100x what a rank really sends),
+the supervisor's refresh() runs every millisecond (100x its real rate). Prints a markdown table; never asserts.
 """
 from __future__ import annotations
 

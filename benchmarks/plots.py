@@ -1,0 +1,129 @@
+"""The benchmark page's pictures, drawn from the rows of the same run as the table.
+
+A row that is a point on a curve says so itself (``Row.curve``, ``Row.x``, ``Row.series``:
+the launch-cost and result-transfer modules set them), so these plots show exactly the
+numbers the table shows: each point is a cell's median, its bar the cell's min to max.
+A series with no measured point is left out (a cell that failed or was not measured has
+no samples). Written as SVG with matplotlib, byte-stable for the same numbers
+(no date, fixed ids), so a rerun that changes nothing changes no file.
+"""
+from __future__ import annotations
+
+import os
+import textwrap
+from dataclasses import dataclass, field
+
+from .common import summary
+
+
+@dataclass(frozen=True)
+class Curve:
+    """One picture: its file name and what its axes mean."""
+    file: str
+    title: str
+    xlabel: str
+    ylabel: str
+    note: str = ""
+
+
+CURVES = {
+    "launch_cost": Curve(
+        "launch_cost.svg", "Launch cost: a trivial function, call to return",
+        "ranks", "call to return (log scale)",
+        "warm process; Accelerate runs a 1-rank launch in the calling process"),
+    "first_step": Curve(
+        "first_step.svg", "Time to the first trained DDP step",
+        "ranks", "call to the first step (log scale)",
+        "warm process; gloo init, DDP, one forward/backward/step"),
+    "result_transfer": Curve(
+        "result_transfer.svg", "A rank returns a state_dict: call to return",
+        "payload (ranks x state_dict size)", "call to return (log scale)",
+        "the memcpy floor copies the same bytes once in the notebook"),
+}
+
+
+@dataclass
+class Series:
+    """One line of a plot: points sorted by x, each (x, median, min, max)."""
+    label: str
+    points: list = field(default_factory=list)
+
+
+def collect(rows, curve: str) -> tuple[list[Series], dict]:
+    """The series of ``curve`` from the rows that belong to it, and the x tick labels."""
+    by_label: dict[str, Series] = {}
+    ticks: dict[float, str] = {}
+    for row in rows:
+        if row.curve != curve:
+            continue
+        ticks[row.x] = row.x_tick or f"{row.x:g}"
+        for label, cell in row.series.items():
+            series = by_label.setdefault(label, Series(label))
+            if cell.samples:
+                series.points.append((row.x, *summary(cell.samples)))
+    found = []
+    for series in by_label.values():
+        series.points.sort()
+        if series.points:
+            found.append(series)
+    return found, ticks
+
+
+def seconds_label(value: float, _position: object = None) -> str:
+    """A tick on a log axis of seconds, as the table writes times: 0.5 ms, 20 ms, 1 s."""
+    if value >= 1:
+        return f"{value:g} s"
+    return f"{value * 1000:g} ms"
+
+
+def draw(series: list[Series], ticks: dict, curve: Curve, path: str, footer: str = "") -> None:
+    """One SVG: log-log axes, medians joined by lines, min-max bars, the caption below."""
+    import matplotlib
+    matplotlib.use("Agg")
+    from matplotlib import pyplot
+    from matplotlib.ticker import FuncFormatter
+    with matplotlib.rc_context({"svg.hashsalt": "notebook_launch", "svg.fonttype": "none",
+                                "font.size": 9}):
+        figure, axes = pyplot.subplots(figsize=(6.4, 4.0))
+        try:
+            for one in series:
+                xs = [p[0] for p in one.points]
+                medians = [p[1] for p in one.points]
+                below = [p[1] - p[2] for p in one.points]
+                above = [p[3] - p[1] for p in one.points]
+                axes.errorbar(xs, medians, yerr=[below, above], marker="o", markersize=4, capsize=3,
+                              linewidth=1.5, label=one.label)
+            axes.set_xscale("log")
+            axes.set_yscale("log")
+            axes.set_xticks(sorted(ticks))
+            axes.set_xticklabels([ticks[x] for x in sorted(ticks)])
+            axes.minorticks_off()
+            axes.yaxis.set_major_formatter(FuncFormatter(seconds_label))
+            axes.set_title(curve.title)
+            axes.set_xlabel(curve.xlabel)
+            axes.set_ylabel(curve.ylabel)
+            axes.grid(True, which="major", alpha=0.3)
+            axes.legend(loc="best", fontsize=8)
+            caption = "; ".join(part for part in ("median, bars min to max", curve.note, footer) if part)
+            lines = textwrap.wrap(caption, 120)
+            figure.text(0.01, 0.01, "\n".join(lines), fontsize=7, color="#555555", va="bottom")
+            figure.tight_layout(rect=(0, 0.035 * len(lines) + 0.01, 1, 1))
+            figure.savefig(path, format="svg", metadata={"Date": None})
+        finally:
+            pyplot.close(figure)
+
+
+def write_plots(rows, out_dir: str, footer: str = "") -> list[str]:
+    """Draw every curve the rows hold into ``out_dir``; returns the paths written. A curve
+    with nothing to draw (its items not run, or every cell failed) writes no file, so a run
+    of some items leaves the other pictures as they were."""
+    written = []
+    for name, curve in CURVES.items():
+        series, ticks = collect(rows, name)
+        if not series:
+            continue
+        os.makedirs(out_dir, exist_ok=True)
+        path = os.path.join(out_dir, curve.file)
+        draw(series, ticks, curve, path, footer)
+        written.append(path)
+    return written
