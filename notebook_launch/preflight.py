@@ -8,6 +8,7 @@ import logging
 import sys
 
 from . import cuda_tracking
+from .accelerate_state import find_origin, reset_for_training_arguments
 from .detect.platform import inside_launched_rank
 from .detect.xla import runtime_initialized
 from .errors import GuardError, LaunchArgumentError
@@ -33,7 +34,10 @@ def check_not_inside_rank() -> None:
 
 def check_no_accelerate_state() -> None:
     """Forked ranks would inherit an existing Accelerate state and each run as a lone rank 0.
-    Accelerate's own guard misses a bare PartialState."""
+    Accelerate's own guard misses a bare PartialState. The error names what made the state and
+    where (``accelerate_state.find_origin``: ``TrainingArguments`` at ``Cell In[3], line 2``).
+    State made only by TrainingArguments, with no device touched, is undone for the user
+    instead (``accelerate_state.reset_for_training_arguments``), saying so."""
     if "accelerate" not in sys.modules:
         return
     try:
@@ -41,17 +45,37 @@ def check_no_accelerate_state() -> None:
     except Exception:
         log.debug("accelerate.state cannot be imported; no Accelerate state to check", exc_info=True)
         return
-    found = []
-    if getattr(AcceleratorState, "_shared_state", None):
-        found.append("an Accelerator or AcceleratorState")
-    if getattr(PartialState, "_shared_state", None) and not found:
-        found.append("a PartialState")
-    if found:
-        raise GuardError(
-            f"This notebook already holds {found[0]} (created outside the launched function). "
-            "Every rank would inherit it and train alone as rank 0. Create the Accelerator inside "
-            "the function you pass to notebook_launcher, then restart the kernel (or call "
-            "accelerate.state.AcceleratorState._reset_state(True) if it touched no GPU) and launch again.")
+    accelerator_state = bool(getattr(AcceleratorState, "_shared_state", None))
+    if not accelerator_state and not getattr(PartialState, "_shared_state", None):
+        return
+    origin = find_origin(accelerator_state)
+    if origin.resettable and _nothing_but_the_state_was_started():
+        reset_for_training_arguments(origin.resettable)
+        print("notebook_launch: reset the Accelerate state that TrainingArguments made in the notebook"
+              f"{origin.describe()}; no device was touched, so each rank sets up its own.", file=sys.stderr)
+        return
+    what = "an Accelerator or AcceleratorState" if accelerator_state else "a PartialState"
+    makers = origin.makers
+    inside = (f"Build {makers[0].name}(...) inside the function you pass to notebook_launcher"
+              if makers else "Create the Accelerator (or TrainingArguments) inside the function you pass "
+              "to notebook_launcher")
+    raise GuardError(
+        f"This notebook already holds {what}{origin.describe() or ' (created outside the launched function)'}. "
+        "Every rank would inherit it and train alone as rank 0. "
+        f"{inside}, then restart the kernel (or, if it touched no GPU, run "
+        "`from accelerate.state import AcceleratorState; AcceleratorState._reset_state(True)`) and launch again.")
+
+
+def _nothing_but_the_state_was_started() -> bool:
+    """A reset is safe only while the state is all there is: no CUDA, no XLA runtime, no process group."""
+    if cuda_tracking.is_cuda_initialized() or runtime_initialized():
+        return False
+    dist = getattr(sys.modules.get("torch"), "distributed", None)
+    try:
+        return not (dist is not None and dist.is_available() and dist.is_initialized())
+    except Exception:
+        log.debug("torch.distributed.is_initialized() failed; not resetting", exc_info=True)
+        return False
 
 
 def check_cuda_not_initialized(start_method: str, gpus: int) -> None:
