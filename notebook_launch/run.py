@@ -39,16 +39,12 @@ T = TypeVar("T")
 class RunContext:
     """What a run's body works with."""
     plan: LaunchPlan
-    backend: Launcher
+    launcher: Launcher
     logs: RunLogs
     state: RunState
     display: Display
     options: LaunchOptions
     rank_displays: RankDisplays | None = None   # the ranks' display() calls, in a Jupyter kernel
-
-    @property
-    def launcher(self) -> Launcher:
-        return self.backend
 
 
 def run_plan(plan: LaunchPlan, job: Job, options: LaunchOptions, *, run_id: str,
