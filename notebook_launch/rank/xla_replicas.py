@@ -1,16 +1,24 @@
 """The rank side of ``start_method="xla"``: the launcher child that calls xmp.spawn,
 and every replica (thread or process) it starts. See ``backends.xla`` for the layout.
+
+Where a replica is (issue 20): replicas may be threads of one process, which has one
+``whereabouts`` record and one stack dump for all of them, so each replica also keeps a record
+of its own (a memfd named ``notebook_launch-xla-replica-<ordinal>``, the same layout, its own
+thread's ident in the header) of the torch_xla collectives it issues (``xm.all_reduce``,
+``all_gather``, ``reduce_scatter``, ..., and the blocking ``xm.rendezvous``).
+``backends.xla`` reads them and splits the process's dump by thread.
 """
 from __future__ import annotations
 
 import dataclasses
 import io
 import logging
+import mmap
 import os
 import sys
 import threading
 import traceback
-from typing import Sequence
+from typing import Any, Callable, Sequence
 
 from .. import protocol
 from ..detect.xla import stale_tpu_variables
@@ -19,6 +27,7 @@ from .bootstrap import (EXIT_FAILED, detach_from_parent, die_with_parent, flush_
 from ..backends.base import RankPipes
 from ..plan import LaunchPlan
 from .runner import Job, report_error, reset_inherited_state, run_rank
+from . import whereabouts
 
 log = logging.getLogger("notebook_launch")
 
@@ -117,6 +126,10 @@ def replica_main(ordinal: int) -> None:
     ctx.stdout.register(out)
     ctx.stderr.register(err)
     protocol.install_for_thread(protocol.EventWriter(pipes.events_w, answers_fd=pipes.answers_r))
+    try:
+        record_replica(ordinal)
+    except Exception:   # bookkeeping is a courtesy: the replica runs without it
+        log.debug("replica %d keeps no whereabouts record", ordinal, exc_info=True)
     if threads == 1:  # this process is this rank alone: per-rank variables are safe
         os.environ.update({k: v for k, v in spec.env.items() if k in PER_RANK_VARIABLES})
     spec = dataclasses.replace(spec, device=f"{xr.device_type() or 'XLA'}:{ordinal}")
@@ -130,6 +143,103 @@ def replica_main(ordinal: int) -> None:
                 log.debug("flushing rank %d's output failed", ordinal, exc_info=True)
     if code != 0:  # run_rank has sent the ERROR already
         raise ReplicaFailed(ordinal)
+
+
+# --- where each replica is (issue 20) ------------------------------------------------------------
+REPLICA_RECORD_NAME = "notebook_launch-xla-replica-"   # + the global ordinal
+# torch_xla.core.xla_model's collectives. They are lazy: each adds an operation to the graph and
+# returns; the replica waits in it when the graph runs (at the next sync, or a tensor's .cpu()),
+# so the notebook infers who waits from how many each replica issued (backends.xla). The
+# rendezvous run their graph at once, and are recorded as inside while they do.
+XM_COLLECTIVES = ("all_reduce", "all_gather", "all_gather_bucketized", "reduce_scatter", "reduce_scatter_bucketized",
+                  "all_to_all", "collective_permute", "collective_broadcast", "send", "recv")
+XM_BLOCKING = ("rendezvous", "xla_rendezvous")
+_replica_records: dict[int, "ReplicaRecord"] = {}   # thread ident -> the record of the replica it runs
+_wrap_lock = threading.Lock()
+
+
+class ReplicaRecord(whereabouts.Record):
+    """``whereabouts.Record`` for one replica: its own memfd, its own thread in the header."""
+
+    def __init__(self, ordinal: int) -> None:
+        super().__init__()
+        self.map.close()   # the process-wide record's memfd: this one gets a name of its own
+        os.close(self.fd)
+        self.fd = os.memfd_create(f"{REPLICA_RECORD_NAME}{ordinal}")
+        os.ftruncate(self.fd, whereabouts.RECORD_SIZE)
+        self.map = mmap.mmap(self.fd, whereabouts.RECORD_SIZE)
+
+    def announce(self) -> None:
+        whereabouts.HEADER.pack_into(self.map, 0, b"\0" * 8, os.getpid(), threading.get_ident(),
+                                     whereabouts.DUMP_SIGNAL, 0)
+        self.map[0:8] = whereabouts.MAGIC
+
+
+def record_replica(ordinal: int) -> None:
+    """Give this replica (this thread) its record and wrap xm's collectives (once per process)."""
+    if not hasattr(os, "memfd_create"):
+        return
+    import torch_xla.core.xla_model as xm
+
+    record = ReplicaRecord(ordinal)
+    _replica_records[threading.get_ident()] = record
+    with _wrap_lock:
+        for name in XM_COLLECTIVES + XM_BLOCKING:
+            original = getattr(xm, name, None)
+            if original is not None and not getattr(original, "_notebook_launch_wrapped", False):
+                setattr(xm, name, _recording(name, original))
+    record.announce()
+
+
+_SKIPPED = ("/torch/", "/torch_xla/", f"{os.sep}notebook_launch{os.sep}")
+
+
+def _caller(frame: Any) -> Any:
+    """The user's frame that called the collective (outside torch, torch_xla and us)."""
+    while frame is not None and any(part in frame.f_code.co_filename for part in _SKIPPED):
+        frame = frame.f_back
+    return frame
+
+
+def _recording(name: str, original: Callable[..., Any]) -> Callable[..., Any]:
+    blocking = name in XM_BLOCKING
+
+    def collective(*args: Any, **kwargs: Any) -> Any:
+        record = _replica_records.get(threading.get_ident())
+        if record is None or record.depth:   # not a replica's thread, or inside another collective
+            return original(*args, **kwargs)
+        groups = kwargs.get("groups")
+        group = "default group" if not groups else f"replica groups {groups}"
+        seq = record.counts.get(group, 0) + 1
+        record.counts[group] = seq
+        frame = _caller(sys._getframe(1))
+        first = args[1] if name in ("all_reduce", "reduce_scatter") and len(args) > 1 else (args[0] if args else None)
+        key = (name, group, frame.f_code if frame is not None else None, frame.f_lineno if frame is not None else 0,
+               getattr(first, "shape", None), getattr(first, "dtype", None))
+
+        def describe() -> str:
+            where = (frame.f_code.co_filename, str(frame.f_lineno), frame.f_code.co_name) if frame is not None \
+                else ("", "0", "")
+            tensors = f"tag {args[0]!r}" if blocking and args else whereabouts._describe_tensors((first,), {})
+            return whereabouts.FIELD_SEP.join((name, group, tensors, *where))
+
+        record.enter(key, seq, describe)
+        if not blocking:
+            record.leave()   # issued; the notebook works out whether the replica waits in it
+        record.depth += 1
+        try:
+            return original(*args, **kwargs)
+        finally:
+            record.depth -= 1
+            if blocking:
+                record.leave()
+
+    collective.__wrapped__ = original   # type: ignore[attr-defined]
+    collective.__name__ = getattr(original, "__name__", name)
+    collective.__qualname__ = getattr(original, "__qualname__", name)
+    collective.__doc__ = getattr(original, "__doc__", None)
+    collective._notebook_launch_wrapped = True   # type: ignore[attr-defined]
+    return collective
 
 
 def _setup_process(ctx: _Context, pipes: RankPipes, first_device: bool) -> None:

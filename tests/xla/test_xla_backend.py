@@ -414,3 +414,45 @@ def test_modules_and_dataclasses_with_xla_tensors_come_back_on_the_cpu(tmp_path,
     assert all(t.device.type == "cpu" for t in result["state_dict"].values())
     assert not runtime_initialized(), "unpickling the results started the XLA runtime in the notebook"
     assert launch(module_and_dataclass_on_xla, tmp_path=tmp_path)[0]["state"].step == 1   # the next launch works
+
+
+# --- where the replicas are when the run hangs (issue 20) -----------------------------------------
+HANG_TIMEOUT = 45
+# On PJRT CPU, XLA itself ends a process whose collective waited 15 s for a replica (a fatal
+# "Termination timeout" of its rendezvous; a TPU waits on). So the replica that reduces enters the
+# reduction only this many seconds before the run's timeout: the timeout finds it waiting there.
+ENTER_BEFORE_TIMEOUT = 6
+
+
+def skips_an_all_reduce(timeout_at):
+    """Replica 1 skips the all_reduce (an evaluation only it runs); replica 0 waits in it."""
+    import torch_xla.core.xla_model as xm
+    import torch_xla.runtime as xr
+    t = torch.tensor([float(xr.global_ordinal() + 1)], device=torch_xla.device())
+    if xr.global_ordinal() == 1:
+        time.sleep(600)
+    time.sleep(max(0.0, timeout_at - ENTER_BEFORE_TIMEOUT - time.time()))
+    total = xm.all_reduce(xm.REDUCE_SUM, t)
+    torch_xla.sync()
+    return total.cpu().item()
+
+
+def test_a_timeout_says_where_each_replica_is(tmp_path):
+    import inspect
+    lines, first = inspect.getsourcelines(skips_an_all_reduce)
+    reduce_line = first + next(i for i, line in enumerate(lines) if "xm.all_reduce(" in line)
+    sleep_line = first + next(i for i, line in enumerate(lines) if "time.sleep(600)" in line)
+    cpu_line = first + next(i for i, line in enumerate(lines) if "total.cpu()" in line)
+    here = os.path.basename(__file__)
+    with pytest.raises(LaunchError) as err:
+        launch(skips_an_all_reduce, time.time() + HANG_TIMEOUT, tmp_path=tmp_path, timeout=HANG_TIMEOUT)
+    assert err.value.kind == "timeout"
+    text = str(err.value)
+    assert text.splitlines()[0] == (
+        f"notebook_launch: timed out after {HANG_TIMEOUT} s: rank 0 waits in all_reduce #1 ({here}:{reduce_line}); "
+        f"rank 1 never reached it: it is in skips_an_all_reduce() at {here}:{sleep_line} (time.sleep(600))")
+    rank0, rank1 = text[text.index("rank 0:"):text.index("rank 1:")], text[text.index("rank 1:"):]
+    assert "tensors (1,) float32" in rank0
+    # each replica shows its own thread (two threads of one process): rank 0 waits for its data
+    assert f"skips_an_all_reduce() at {here}:{cpu_line}" in rank0 and f"{here}:{sleep_line}" not in rank0
+    assert f"skips_an_all_reduce() at {here}:{sleep_line}" in rank1 and f"{here}:{cpu_line}" not in rank1
