@@ -135,12 +135,23 @@ def train(output_dir):
 """
 
 
-def test_the_transformers_trainer_notebook_progress_reaches_the_cell():
+def test_the_transformers_trainer_notebook_progress_reaches_the_cell_and_every_ranks_row():
+    """Rank 0's notebook bar and loss table in the cell (display_ranks); every rank's Trainer bar
+    in its panel row (rank.transformers_bridge), as tqdm bars would be."""
     pytest.importorskip("transformers")
+    import ast
+    from panel_helpers import KEEP_STATES_CELL
     messages = []
-    nb = run_notebook(make_notebook(TRAINER, "notebook_launcher(train, args=(tempfile.mkdtemp(),), num_processes=2)"),
+    nb = run_notebook(make_notebook(TRAINER + KEEP_STATES_CELL,
+                                    "print(notebook_launcher(train, args=(tempfile.mkdtemp(),), num_processes=2))\n"
+                                    "print('BARS', (bars_of(0), bars_of(1)))"),
                       messages=messages, timeout=300)
-    assert "[8, 8]" in cell_text(nb.cells[1])   # 16 examples, 2 ranks, batch 2, 2 epochs
+    text = cell_text(nb.cells[1])
+    assert "[8, 8]" in text   # 16 examples, 2 ranks, batch 2, 2 epochs
+    rows = ast.literal_eval(text.split("BARS ", 1)[1].splitlines()[0])
+    for bars, main in rows:
+        assert main.startswith("Epoch 2"), rows
+        assert [b[1:] for b in bars if b[0].startswith("Epoch")] == [(8, 8, True)], rows
     shown = _display_messages(messages, 1)
     bars = [c for kind, c in shown if kind == "display_data" and "<progress" in _html(c)]
     assert bars, shown
