@@ -1,4 +1,9 @@
-"""mkdocs hooks (mkdocs.yml `hooks:`): the Benchmarks page shows the plots benchmarks/run.py drew.
+"""mkdocs hooks (mkdocs.yml `hooks:`): pages that show what the code produces, at build time.
+
+The Commands page shows ``notebook-launch --help`` and each command's ``--help`` as the installed CLI
+prints them (``<!-- CLI-HELP -->``), so its options and defaults are never copied by hand.
+
+The Benchmarks page shows the plots benchmarks/run.py drew.
 
 benchmarks/run.py writes its SVG plots into docs/images/benchmarks/ from the same run as its table. The
 page marks their place with ``<!-- PLOTS -->``; at build time that marker becomes one image per SVG
@@ -7,6 +12,10 @@ file that is not there (``mkdocs build --strict`` would fail on it) and a new pl
 """
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +28,48 @@ TITLES = {
 }
 
 
+CLI_MARKER = "<!-- CLI-HELP -->"
+
+
+# Run in one child process (one import of notebook_launch, and so of torch): every command's --help.
+_HELP_PROGRAM = r"""
+import contextlib, io, json, re, sys
+from notebook_launch.__main__ import main
+
+def text(args):
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        try:
+            main(args + ["--help"])
+        except SystemExit:
+            pass
+    return out.getvalue().rstrip()
+
+top = text([])
+found = re.search(r"\{([\w,-]+)\}", top)
+commands = found.group(1).split(",") if found else []
+json.dump([["", top]] + [[command, text([command])] for command in commands], sys.stdout)
+"""
+
+
+def cli_help() -> str:
+    """The top-level help, then one section per command its usage line names."""
+    root = Path(__file__).resolve().parent.parent
+    env = dict(os.environ, COLUMNS="100", PYTHONPATH=str(root) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    done = subprocess.run([sys.executable, "-c", _HELP_PROGRAM], cwd=root, env=env, capture_output=True,
+                          text=True, timeout=300)
+    if done.returncode != 0:
+        raise RuntimeError(f"notebook-launch --help failed:\n{done.stdout}{done.stderr}")
+    parts = []
+    for command, text in json.loads(done.stdout):
+        heading = f"## notebook-launch {command}\n\n" if command else ""
+        parts.append(f"{heading}```text\n{text}\n```\n")
+    return "\n".join(parts)
+
+
 def on_page_markdown(markdown: str, page: Any, config: Any, files: Any) -> str:
+    if CLI_MARKER in markdown:
+        markdown = markdown.replace(CLI_MARKER, cli_help())
     if MARKER not in markdown:
         return markdown
     folder = Path(config["docs_dir"]) / PLOTS

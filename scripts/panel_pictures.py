@@ -118,7 +118,7 @@ def start_lab(workdir: Path) -> tuple[subprocess.Popen, str, str]:
             return server, base, token
         except Exception:
             if server.poll() is not None or time.monotonic() > deadline:
-                raise SystemExit("jupyter lab did not start:\n" + (workdir / "lab.log").read_text()[-3000:])
+                raise SystemExit("jupyter lab did not start:\n" + (workdir / "lab.log").read_text()[-3000:]) from None
             time.sleep(0.5)
 
 
