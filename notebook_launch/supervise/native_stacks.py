@@ -38,6 +38,7 @@ log = logging.getLogger("notebook_launch")
 _THREAD = re.compile(r'^Thread (0x[0-9a-fA-F]+|\d+) \(([^)]*)\)(?:: "(.*)")?')
 _PYTHON_FRAME = re.compile(r"\((?:[^()]*):(\d+)\)\s*$")   # "name (file.py:12)": a Python frame
 _TEMPLATE = re.compile(r"<[^<>]*>")
+NOISE = ("pybind11::", "0x")   # the binding glue and unnamed addresses: nothing a reader can act on
 
 
 @dataclass
@@ -55,7 +56,8 @@ class NativeThread:
         for frame, is_python in zip(self.frames, self.python):
             if is_python:
                 break
-            kept.append(frame)
+            if not frame.startswith(NOISE):
+                kept.append(frame)
         return kept
 
 
