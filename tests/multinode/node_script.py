@@ -28,6 +28,10 @@ def train(scenario):
         time.sleep(120)   # only the launcher can end these ranks in time
     if scenario == "sleep":
         time.sleep(120)   # until the test interrupts a node
+    if scenario == "hang":
+        if rank == 3:   # skips the next all_reduce (an evaluation only it runs): the others wait in it
+            time.sleep(120.0)
+        dist.all_reduce(torch.ones(1))
     if scenario == "restart":
         if rank == 3 and attempt == 0:
             raise ValueError("injected failure on attempt 0")
@@ -57,7 +61,8 @@ def main():
             node_rank=cfg["node_rank"], master_addr=cfg["master_addr"], use_port=str(cfg["port"]),
             rdzv_backend=cfg.get("rdzv_backend", "static"), rdzv_endpoint=cfg.get("rdzv_endpoint", ""),
             rdzv_id=cfg.get("rdzv_id", "none"), max_restarts=cfg.get("max_restarts", 0),
-            rdzv_timeout=cfg.get("rdzv_timeout", 60), log_dir=cfg["log_dir"], ui="text")
+            rdzv_timeout=cfg.get("rdzv_timeout", 60), log_dir=cfg["log_dir"], ui="text",
+            timeout=cfg.get("timeout"))
         out["ok"] = True
     except LaunchError as exc:
         out.update(ok=False, message=str(exc), rank=exc.rank, error_node=exc.node_rank, kind=exc.kind,

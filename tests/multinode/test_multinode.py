@@ -1,4 +1,5 @@
 """Multi-node launches between two network namespaces (see conftest.py)."""
+import inspect
 import os
 import signal
 import time
@@ -89,3 +90,55 @@ def test_interrupting_one_node_stops_the_other(two_nodes):
     for outcome in (node0, node1):
         assert outcome["seconds"] < 60, "the ranks sleep 120 s: they were not stopped"
         _clean_exit(outcome)
+
+
+def test_a_hang_across_nodes_gets_one_verdict_over_every_rank(two_nodes):
+    """Rank 3 (node 1) skips an all_reduce: the timeout's verdict names it, with where it is, from
+    whichever node reports it; ranks 0-2 (two nodes) wait in the all_reduce."""
+    import node_script
+    lines, first = inspect.getsourcelines(node_script.train)
+    sleep = first + next(i for i, line in enumerate(lines) if "time.sleep(120.0)" in line)
+    reduce = first + next(i for i, line in enumerate(lines) if "dist.all_reduce(torch.ones(1))" in line)
+    verdict = (f"ranks 0, 1, 2 wait in all_reduce #2 (node_script.py:{reduce}); rank 3 never reached it: "
+               f"it is in train() at node_script.py:{sleep} (time.sleep(120.0))")
+    node0, node1 = two_nodes.run("hang", timeout=25)
+    for outcome in (node0, node1):
+        assert not outcome["ok"] and outcome["kind"] == "timeout", outcome["message"]
+        assert verdict in outcome["message"].splitlines()[0], outcome["message"]
+        assert outcome["seconds"] < 100, "the ranks sleep 120 s: they were not stopped"
+        _clean_exit(outcome)
+    reporting = node0 if "Where each rank was:" in node0["message"] else node1
+    detail = reporting["message"][reporting["message"].index("Where each rank was:"):]
+    other = 1 if reporting is node0 else 0
+    # the other node's ranks are there, said to be its own, with their stacks and source lines
+    for rank in (2 * other, 2 * other + 1):
+        assert f"rank {rank}:\n  on node {other}\n" in detail, detail
+    assert "time.sleep(120.0)" in detail[detail.index("rank 3:"):]
+
+
+def test_whereabouts_cross_nodes_with_cell_labels_and_source_lines():
+    """What a node posts on the board comes back on another node with the sending node's cell
+    labels and source lines, since the receiving node has neither its cells nor its files."""
+    import linecache
+
+    from notebook_launch.elastic.node_board import decode_whereabouts, encode_whereabouts
+    from notebook_launch.supervise.hang_verdict import (Collective, Frame, RankWhereabouts, ThreadStack, detail,
+                                                        verdict)
+    cell = "/tmp/ipykernel_4242/1234567.py"   # a cell file of the sending node's kernel
+    linecache.cache[cell] = (40, None, ["import time\n", "def evaluate():\n", "    time.sleep(600)\n"], cell)
+    try:
+        sent = [RankWhereabouts(3, last=Collective("all_reduce", "default group", 56, "(4,) float32",
+                                                    Frame(cell, 2, "evaluate")),
+                                threads=[ThreadStack(7, False, [Frame(cell, 3, "evaluate")])], main_thread=7)]
+        data = encode_whereabouts(sent, lambda f: "Cell In[5]" if f == cell else None)
+    finally:
+        del linecache.cache[cell]
+    [got] = decode_whereabouts(data, node=1)
+    assert got.rank == 3 and got.note == "on node 1" and got.main_thread == 7
+    assert got.threads[0].frames == [Frame("node 1 Cell In[5]", 3, "evaluate")]
+    here = [RankWhereabouts(0, inside=Collective("all_reduce", "default group", 57, "(4,) float32",
+                                                 Frame("train.py", 9, "train")))]
+    line = verdict(here + [got], lambda f: None)
+    assert line == ("rank 0 waits in all_reduce #57 (train.py:9); rank 3 never reached it: "
+                    "it is in evaluate() at node 1 Cell In[5]:3 (time.sleep(600))")
+    assert "rank 3:\n  on node 1\n" in detail(here + [got], lambda f: None)
