@@ -99,16 +99,69 @@ for i in progress(range(100_000), desc="slow"):
 ]
 
 
+# A second notebook (issues 25 and 20): Lightning's default (rich) progress bar in the panel, then
+# a run that hangs (rank 1 skips an all_reduce), marked stalled, asked "Where are they?", stopped.
+LIBRARY_CELLS = [
+    # 0: Lightning fit with its default RichProgressBar
+    '''from notebook_launch import notebook_launcher
+
+def fit():
+    import torch
+    import lightning.pytorch as pl
+    from torch.utils.data import DataLoader, TensorDataset
+
+    class Tiny(pl.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.layer = torch.nn.Linear(4, 1)
+
+        def training_step(self, batch, _):
+            x, y = batch
+            loss = torch.nn.functional.mse_loss(self.layer(x), y)
+            self.log("train_loss", loss, prog_bar=True)
+            return loss
+
+        def validation_step(self, batch, _):
+            x, y = batch
+            self.log("val_loss", torch.nn.functional.mse_loss(self.layer(x), y))
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.01)
+
+    data = TensorDataset(torch.randn(256, 4), torch.randn(256, 1))
+    trainer = pl.Trainer(accelerator="cpu", devices=2, strategy="ddp", max_epochs=3, logger=False,
+                         enable_checkpointing=False, enable_model_summary=False)
+    trainer.fit(Tiny(), DataLoader(data, batch_size=8), DataLoader(data, batch_size=32))
+    return type(trainer.progress_bar_callback).__name__
+
+print("LIGHTNING", notebook_launcher(fit, num_processes=2))''',
+    # 1: rank 1 never reaches the all_reduce: stalled after 2 s; the button asks where they are
+    '''def hangs():
+    import os, time
+    import torch
+    import torch.distributed as dist
+    dist.init_process_group("gloo")
+    rank = int(os.environ["RANK"])
+    print(f"rank {rank} before the all_reduce")
+    if rank == 1:
+        time.sleep(3600)          # an evaluation only rank 1 runs, say
+    dist.all_reduce(torch.ones(1))
+    return rank
+
+notebook_launcher(hangs, num_processes=2, stall_after=2)''',
+]
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 
 
-def write_notebook(path: Path) -> None:
+def write_notebook(path: Path, cells: list[str] = CELLS) -> None:
     import nbformat
     nb = nbformat.v4.new_notebook()
-    nb.cells = [nbformat.v4.new_code_cell(src) for src in CELLS]
+    nb.cells = [nbformat.v4.new_code_cell(src) for src in cells]
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
     nbformat.write(nb, str(path))
 
@@ -121,6 +174,7 @@ def lab(tmp_path):
     root = tmp_path / "root"
     root.mkdir()
     write_notebook(root / "panel.ipynb")
+    write_notebook(root / "libraries.ipynb", LIBRARY_CELLS)
     env = dict(os.environ, JUPYTER_CONFIG_DIR=str(tmp_path / "config"),
                JUPYTER_RUNTIME_DIR=str(tmp_path / "runtime"),
                JUPYTERLAB_SETTINGS_DIR=str(tmp_path / "settings"),
@@ -176,6 +230,14 @@ def wait_for_text(page, index, text, timeout_s):
 
 
 def test_panel_in_jupyterlab(lab):
+    in_browser(lab, run_scenario)
+
+
+def test_lightning_and_a_stalled_run_in_jupyterlab(lab):
+    in_browser(lab, run_library_scenario)
+
+
+def in_browser(lab, scenario):
     from playwright.sync_api import sync_playwright
     ARTIFACTS.mkdir(exist_ok=True)
     with sync_playwright() as pw:
@@ -184,7 +246,7 @@ def test_panel_in_jupyterlab(lab):
             "--disable-component-update", "--disable-sync", "--no-first-run"])
         page = browser.new_page(viewport={"width": 1500, "height": 1100})
         try:
-            run_scenario(page, lab)
+            scenario(page, lab)
             shut_down_kernels(lab)   # its stderr (a zmq abort at exit, say) reaches the log now
             log = Path(lab["log"]).read_text()
             signs = [sign for sign in KERNEL_DEATH_SIGNS if sign in log]
@@ -212,12 +274,55 @@ def shut_down_kernels(lab):
             f"{lab['base']}/api/kernels/{kernel['id']}", method="DELETE", headers=headers), timeout=120)
 
 
-def run_scenario(page, lab):
-    page.goto(f"{lab['base']}/lab/tree/panel.ipynb?reset&token={lab['token']}")
+def open_notebook(page, lab, name):
+    page.goto(f"{lab['base']}/lab/tree/{name}?reset&token={lab['token']}")
     page.locator(".jp-Notebook .jp-CodeCell").first.wait_for(timeout=120_000)
     page.wait_for_function("window.jupyterapp && window.jupyterapp.commands.hasCommand("
                            "'notebook:run-all-cells')", timeout=60_000)
     wait_kernel_idle(page)
+
+
+def run_library_scenario(page, lab):
+    open_notebook(page, lab, "libraries.ipynb")
+
+    # 1. Lightning's default (rich) bar: rank 0's row ends on the training bar, every epoch counted
+    run_cell(page, 0)
+    wait_for_text(page, 0, "LIGHTNING ['RichProgressBar', 'RichProgressBar']", 600)
+    assert_ended_as_a_picture(page, 0)
+    first_row = cell(page, 0).locator(".nl-rank").nth(0).inner_text()
+    assert "Epoch 2" in first_row and "16/16" in first_row and "Sanity" not in first_row, first_row
+    output_text = cell(page, 0).locator(".jp-OutputArea").inner_text()
+    assert "\x1b[" not in output_text and "[2K" not in output_text, output_text[-2000:]
+    cell(page, 0).screenshot(path=str(ARTIFACTS / "panel-lightning.png"))
+
+    # 2. a rank skips the all_reduce: both rows stalled with how long; the button's answer
+    run_cell(page, 1)
+    live = cell(page, 1)
+    live.locator(".nl-rank.nl-stalled").nth(1).wait_for(timeout=240_000)
+    assert "stalled 00:0" in live.locator(".nl-rank").nth(0).inner_text()
+    # a rank's recent lines, on demand: open rank 1's section
+    live.get_by_text("rank 1: recent log lines").click()
+    live.locator(".jupyter-widgets pre").get_by_text("rank 1 before the all_reduce").first.wait_for(timeout=60_000)
+    live.screenshot(path=str(ARTIFACTS / "panel-stalled.png"))
+    where = live.locator(".nl-panel button", has_text="Where are they?")
+    assert where.is_enabled()
+    where.click()
+    verdict = live.locator(".nl-where-verdict")
+    verdict.wait_for(timeout=120_000)
+    text = verdict.inner_text()
+    assert "rank 1 never reached it" in text and "all_reduce" in text, text
+    live.locator(".nl-where-stacks summary").click()
+    live.locator(".nl-where-stacks pre").get_by_text("time.sleep(3600)").first.wait_for(timeout=30_000)
+    live.screenshot(path=str(ARTIFACTS / "panel-where-are-they.png"))
+    live.locator(".nl-panel button", has_text="Stop").click()
+    wait_for_text(page, 1, "stopped with the Stop button", 180)
+    assert_ended_as_a_picture(page, 1)
+    assert "rank 1 never reached it" in live.locator(".nl-panel .nl-where-verdict").inner_text()
+    live.screenshot(path=str(ARTIFACTS / "panel-stalled-stopped.png"))
+
+
+def run_scenario(page, lab):
+    open_notebook(page, lab, "panel.ipynb")
     run_cell(page, 0)
 
     # 1. every rank's bar reaches 100% and the run returns every result; the panel ends as a picture
