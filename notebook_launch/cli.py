@@ -286,7 +286,10 @@ def cmd_clean(args: argparse.Namespace) -> int:
 
 
 def _megabytes(size: int) -> str:
-    return f"{size / 10**6:.1f} MB"
+    """Sizes as people read them: 12 kB, 3.4 MB, 1.2 GB."""
+    if size < 10**6:
+        return f"{size / 10**3:.0f} kB"
+    return f"{size / 10**6:.1f} MB" if size < 10**9 else f"{size / 10**9:.1f} GB"
 
 
 # --- entry -----------------------------------------------------------------------
