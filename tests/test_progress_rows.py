@@ -192,18 +192,20 @@ def test_a_ranks_recent_lines_are_sent_when_its_row_is_opened(widget_panel):
     assert display.logs[0].value == "" and display.logs[2].value == ""
 
 
-def test_the_cell_line_budget_is_chosen_or_all(monkeypatch):
+def test_the_cell_line_budget_is_per_rank_chosen_or_all(monkeypatch):
     out = io.StringIO()
     monkeypatch.setattr(sys, "stdout", out)
-    state = make_state(1)
+    state = make_state(2)
     for budget, shown in ((5, 5), (None, 500)):
         out.truncate(0)
         out.seek(0)
         display = TextDisplay(stream_is_notebook=True, lines_per_second=budget)
         for i in range(500):
             display.line(state, 0, "stdout", f"x{i}")
+        display.line(state, 1, "stdout", "the quiet rank's error")   # a flood does not hide it
         display.close(state)
-        assert out.getvalue().count("] x") == shown
+        assert out.getvalue().count("[rank 0] x") == shown
+        assert "[rank 1] the quiet rank's error" in out.getvalue()
         assert ("495 lines not shown here" in out.getvalue()) == (budget == 5)
         assert ('lines_per_second="all"' in out.getvalue()) == (budget == 5)   # the note says how
     pytest.importorskip("ipywidgets")

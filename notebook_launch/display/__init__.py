@@ -16,8 +16,8 @@ def choose_display(ui: str = "auto", *, line_prefix: str | None = None,
                    lines_per_second: int | None = NOTEBOOK_LINES_PER_SECOND) -> Display:
     """auto: the widget panel in a Jupyter kernel with ipywidgets, a rich panel in a
     terminal, plain text (with periodic summaries) otherwise, e.g. in CI logs.
-    ``lines_per_second``: how many rank lines a second the cell shows (the rest are counted
-    in a note; every line is in the logs); None shows every line. Only a notebook cell has
+    ``lines_per_second``: how many lines a second of each rank the cell shows (the rest are
+    counted in a note; every line is in the logs); None shows every line. Only a notebook cell has
     a budget: a terminal or a CI log takes every line."""
     if lines_per_second is not None and (isinstance(lines_per_second, bool) or not isinstance(lines_per_second, int)
                                          or lines_per_second < 1):

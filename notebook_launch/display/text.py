@@ -24,7 +24,11 @@ SUMMARY_EVERY = 15.0   # seconds between plain-text status summaries (CI logs)
 
 class TextDisplay(Display):
     """Tagged lines; with ``summary_every`` also a periodic per-rank summary
-    (output that is not a terminal cannot redraw a panel, e.g. CI logs)."""
+    (output that is not a terminal cannot redraw a panel, e.g. CI logs).
+
+    In a notebook, each rank has a budget of ``lines_per_second`` lines a second in the
+    cell (None: no budget). Per rank, so a rank that floods the output cannot hide
+    another rank's few lines (often the one error that matters)."""
     name = "text"  # what ui= selects it, shown in the launch line
 
     def __init__(self, line_prefix: str | None = None, stream_is_notebook: bool = False,
@@ -37,30 +41,31 @@ class TextDisplay(Display):
         self.budget = lines_per_second if stream_is_notebook else None
         self._where_shown: str | None = None
         self._window_start = time.monotonic()
-        self._window_count = 0
+        self._window_counts: dict[int, int] = {}   # local rank -> lines shown in this second
         self._suppressed = 0
 
     def line(self, state: RunState, local_rank: int, stream: str, text: str) -> None:
-        if self.budget is not None and not self._within_budget():
+        if self.budget is not None and not self._within_budget(local_rank):
             self._suppressed += 1
             return
         out = sys.stderr if stream == "stderr" else sys.stdout
         out.write(f"{self.tag(state, local_rank)}{text}\n")
 
-    def _within_budget(self) -> bool:
+    def _within_budget(self, local_rank: int) -> bool:
         now = time.monotonic()
         if now - self._window_start >= 1.0:
             self._report_suppressed()
             self._window_start = now
-            self._window_count = 0
-        self._window_count += 1
-        return self.budget is None or self._window_count <= self.budget
+            self._window_counts.clear()
+        shown = self._window_counts.get(local_rank, 0) + 1
+        self._window_counts[local_rank] = shown
+        return self.budget is None or shown <= self.budget
 
     def _report_suppressed(self) -> None:
         if self._suppressed:
             sys.stdout.write(f"[notebook_launch] {self._suppressed} lines not shown here "
-                             f"(more than {self.budget} a second, too fast for the notebook); every line is "
-                             f"in the log folder, a rank's recent lines in its panel row's \"recent lines\", "
+                             f"(more than {self.budget} a second from a rank, too fast for the notebook); "
+                             f"every line is in the log folder, a rank's recent lines in the panel's \"recent lines\", "
                              f"and notebook_launcher(..., lines_per_second=\"all\") shows them all here\n")
             self._suppressed = 0
 
