@@ -113,9 +113,12 @@ def test_a_rank_that_skips_an_all_reduce_is_named_with_where_it_is(n, log_dir):
     assert "Where each rank was:" in text
     assert "waits in all_reduce #4" in text and "tensors (4,) float32" in text
     assert "in no collective; the last one it called: all_reduce #3" in text   # rank 1
-    # the whole stacks are in each rank's log
+    # the verdict and the whole stacks are in each rank's log
     with open(os.path.join(error.log_dir, "rank1.log")) as f:
-        assert "where this rank was" in f.read()
+        log = f.read()
+    assert f"notebook_launch: where the ranks were (at the timeout): {first_line(error).split(' s: ')[1]}\n" \
+           f"rank 1:\n" in log
+    assert f"evaluate() at {HERE}:{sleep}" in log
 
 
 def test_ranks_that_call_collectives_in_a_different_order(log_dir):
@@ -316,7 +319,7 @@ def test_in_a_kernel_the_verdict_names_cells(hung_in_a_kernel, index):
 def test_stall_watch_counts_cpu_time_as_a_sign_of_progress():
     from notebook_launch.supervise.stall import StallWatch
     cpu = {1: 0.0, 2: 0.0}
-    watch = StallWatch(10, now=0.0, cpu=lambda pid: cpu[pid])
+    watch = StallWatch(10, now=0.0, cpu=lambda pid: cpu[pid], io=lambda pid: 0)
     assert watch.check(0, 1, 1.0) is None and watch.check(1, 2, 1.0) is None
     for second in range(2, 30):
         cpu[1] += 0.9          # rank 0 computes silently; rank 1 waits
@@ -328,24 +331,158 @@ def test_stall_watch_counts_cpu_time_as_a_sign_of_progress():
     assert watch.check(1, 2, 30.5) is None
 
 
-def computes_silently_or_sleeps():
-    end = time.monotonic() + HANG
-    if rank() == 1:
-        time.sleep(HANG)
-    total = 0
-    while time.monotonic() < end:   # a long first epoch that prints nothing
-        total += sum(range(1000))
-    return total
+def test_a_run_is_stalled_only_when_no_rank_works_and_no_stack_moves():
+    """check_all: a rank waiting while another computes (or reads, or writes) is not stalled; when
+    none moves, two stack samples STACK_GAP apart confirm it, and a stack that changed in between
+    starts the watch over. CPU time, I/O and stacks are given here (the real ones are read in the
+    process tests above and below)."""
+    from notebook_launch.supervise.stall import STACK_GAP, StallWatch
+    cpu, io, stacks = {1: 0.0, 2: 0.0}, {1: 0, 2: 0}, {0: "a", 1: "b"}
+    sampled = []
+
+    def sample(pids):
+        sampled.append(sorted(pids))
+        return {local: stacks[local] for local in pids}
+
+    watch = StallWatch(10, now=0.0, cpu=lambda pid: cpu[pid], io=lambda pid: io[pid], stack=sample)
+    live = [(0, 1), (1, 2)]
+    for second in range(1, 29):
+        cpu[1] += 0.9 if second < 12 else 0.0    # rank 0 computes for 12 s,
+        io[1] += 4096 if 12 <= second < 20 else 0   # then writes a checkpoint until second 19
+        assert watch.check_all(live, float(second)) == {0: None, 1: None}
+    assert not sampled
+    assert watch.check_all(live, 29.0) == {0: None, 1: None}   # every rank quiet for 10 s: a first sample
+    assert sampled == [[0, 1]]
+    stacks[1] = "c"              # rank 1's stack moved between the samples: not stalled, its watch starts over
+    assert watch.check_all(live, 29.0 + STACK_GAP) == {0: None, 1: None} and len(sampled) == 2
+    moved = 29.0 + STACK_GAP
+    assert watch.check_all(live, moved + 9) == {0: None, 1: None} and len(sampled) == 2
+    assert watch.check_all(live, moved + 10) == {0: None, 1: None} and len(sampled) == 3
+    assert watch.check_all(live, moved + 10 + STACK_GAP) == {0: 19.0, 1: moved}   # same stacks: stalled
+    assert len(sampled) == 4
+    assert watch.check_all(live, moved + 60) == {0: 19.0, 1: moved} and len(sampled) == 4   # no more samples
+    watch.saw(0, moved + 61)     # a line: the run moves again
+    assert watch.check_all(live, moved + 61) == {0: None, 1: None}
 
 
-def test_a_sleeping_rank_is_stalled_and_a_silent_computing_one_is_not(log_dir):
+def computes_silently_while_the_other_waits():
+    """Rank 0 computes for a while without a word (a long first epoch); rank 1 waits for it in a
+    barrier, burning nothing. The run works: nobody may be called stalled."""
+    dist.init_process_group("gloo")
+    if rank() == 0:
+        spent = time.process_time() + 8
+        total = 0
+        while time.process_time() < spent:   # 8 s of CPU, however loaded the machine
+            total += sum(range(1000))
+    dist.barrier()
+    return rank()
+
+
+def test_a_long_silent_computation_is_not_called_stalled(log_dir, monkeypatch):
+    from notebook_launch import run as run_module
+    marked = []
+
+    class Recording(run_module.RunState):
+        def on_stalled(self, local_rank, since):
+            super().on_stalled(local_rank, since)
+            marked.append((local_rank, since))
+
+        def on_where_report(self, text):
+            super().on_where_report(text)
+            marked.append(text)
+
+    monkeypatch.setattr(run_module, "RunState", Recording)
+    assert notebook_launcher(computes_silently_while_the_other_waits, num_processes=2, stall_after=2,
+                             log_dir=log_dir, ui="text", use_port=str(free_port()), timeout=120) == [0, 1]
+    assert marked == []
+
+
+def test_a_run_whose_ranks_all_wait_is_stalled_and_a_stop_says_where(log_dir, monkeypatch):
+    """Every rank waits (rank 1 skipped an all_reduce): the run is marked stalled, the state gets
+    the verdict and the stacks (the panel draws them), the logs get them too; Stop then ends it
+    with a LaunchError that starts with the verdict."""
+    from notebook_launch import run as run_module
+    reports = []
+
+    class StopWhenStalled(run_module.RunState):
+        def on_where_report(self, text):
+            super().on_where_report(text)
+            reports.append((text, [rs.stalled_since is not None for rs in self.ranks]))
+            self.stop_requested = True
+
+    monkeypatch.setattr(run_module, "RunState", StopWhenStalled)
     with pytest.raises(LaunchError) as info:
-        notebook_launcher(computes_silently_or_sleeps, num_processes=2, timeout=10, stall_after=3,
-                          log_dir=log_dir, ui="text", use_port=str(free_port()))
-    text = str(info.value)
-    rank0, rank1 = text.split("\nrank 0:\n")[1].split("\nrank 1:\n")
-    assert "stalled for" in rank1 and "no output, progress or CPU time" in rank1
-    assert "stalled for" not in rank0
+        notebook_launcher(skips_an_all_reduce, num_processes=2, stall_after=2, log_dir=log_dir, ui="text",
+                          use_port=str(free_port()), timeout=120)
+    reduce = line_of(skips_an_all_reduce, "dist.all_reduce(t)\n") + 3   # the all_reduce after the loop
+    sleep = line_of(evaluate, "time.sleep(HANG)")
+    verdict = (f"rank 0 waits in all_reduce #4 ({HERE}:{reduce}); rank 1 never reached it: it is in evaluate() "
+               f"at {HERE}:{sleep} (time.sleep(HANG))")
+    text, marks = reports[0]
+    assert marks == [True, True]
+    assert text.startswith(f"stalled: no rank showed progress for 2 s; {verdict}\n\nrank 0:\n  stalled for "), text
+    error = str(info.value)
+    assert info.value.kind == "stopped"
+    assert error.startswith(f"notebook_launch: stopped with the Stop button after the run stalled: {verdict}\n")
+    assert "Where each rank was:\nrank 0:\n  stalled for" in error
+    logs = [open(os.path.join(log_dir, f"rank{r}.log")).read() for r in (0, 1)]
+    for log in logs:
+        assert f"where the ranks were (stalled: no rank showed progress for 2 s): {verdict}" in log
+    assert "waits in all_reduce #4" in logs[0] and f"evaluate() at {HERE}:{sleep}" in logs[1]
+
+
+def waits_for_a_file(flag: str):
+    print("waiting", flush=True)
+    while not os.path.exists(flag):
+        time.sleep(0.05)
+    return rank()
+
+
+def test_where_are_they_answers_the_button_and_stops_nothing(log_dir, tmp_path, monkeypatch):
+    """The panel's button sets ``where_requested`` (here: the state, once both ranks wait); the
+    supervisor answers in ``where_report`` and the run goes on (the answer lets the ranks finish)."""
+    from notebook_launch import run as run_module
+    flag = str(tmp_path / "go")
+    answers = []
+
+    class AskWhenBothWait(run_module.RunState):
+        def on_line(self, local_rank, stream, text):
+            super().on_line(local_rank, stream, text)
+            waiting = {rs.rank for rs in self.ranks if any(t == "waiting" for _, t in rs.lines)}
+            if waiting == {0, 1} and not answers:
+                self.where_requested = True
+
+        def on_where_report(self, text):
+            super().on_where_report(text)
+            answers.append((text, [str(rs.status) for rs in self.ranks], self.where_requested))
+            open(flag, "w").close()
+
+    monkeypatch.setattr(run_module, "RunState", AskWhenBothWait)
+    assert notebook_launcher(waits_for_a_file, (flag,), num_processes=2, log_dir=log_dir, ui="text",
+                             use_port=str(free_port()), timeout=120) == [0, 1]
+    assert len(answers) == 1
+    text, statuses, still_requested = answers[0]
+    assert text.startswith(f"ranks 0, 1 are in waits_for_a_file() at {HERE}:"), text
+    assert "\n\nrank 0:\n  main thread (most recent call last):\n    waits_for_a_file() at" in text
+    assert statuses == ["running", "running"] and not still_requested
+
+
+def test_stall_after_has_one_default_everywhere():
+    """notebook_launcher, start_ranks and the magics share DEFAULT_STALL_AFTER; a call on
+    persistent ranks takes the pool's (None); the magics take seconds or none (not watched)."""
+    from notebook_launch import start_ranks
+    from notebook_launch.magic import parse_launch_line
+    from notebook_launch.persistent.pool import Ranks
+    from notebook_launch.supervise.stall import DEFAULT_STALL_AFTER
+    assert DEFAULT_STALL_AFTER == 300.0
+    for function in (notebook_launcher, start_ranks):
+        assert inspect.signature(inspect.unwrap(function)).parameters["stall_after"].default == DEFAULT_STALL_AFTER
+    for method in (Ranks.run, Ranks.run_cell):
+        assert inspect.signature(inspect.unwrap(method)).parameters["stall_after"].default is None
+    assert "stall_after" not in parse_launch_line("-n 2")
+    assert parse_launch_line("-n 2 --stall-after 30")["stall_after"] == 30.0
+    assert parse_launch_line("-n 2 --stall-after none")["stall_after"] is None
+    assert parse_launch_line("--lines-per-second all")["lines_per_second"] == "all"
 
 
 def test_stall_after_must_be_seconds():

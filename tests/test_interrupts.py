@@ -1,6 +1,7 @@
 """Interrupts stop every rank and re-raise; ranks die with the parent; 50 launches leak nothing."""
 import gc
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -29,8 +30,8 @@ HANGING_LAUNCH = textwrap.dedent("""
     try:
         notebook_launcher(hang, args=(sys.argv[1],), num_processes=3)
         print("RETURNED", flush=True)
-    except KeyboardInterrupt:
-        print("KEYBOARDINTERRUPT", flush=True)
+    except KeyboardInterrupt as interrupt:
+        print("KEYBOARDINTERRUPT", interrupt, flush=True)
 """)
 
 
@@ -70,6 +71,10 @@ def test_interrupt_stops_every_rank_and_reraises(tmp_path, how):
     out, _ = proc.communicate(timeout=60)
     assert wait_gone(pids, 5 - (time.monotonic() - start) + 1), "ranks outlived the interrupt"
     assert "KEYBOARDINTERRUPT" in out and "RETURNED" not in out, out
+    if how == "SIGINT to the kernel process":   # the ranks did not get it: the interrupt says where they were
+        said = out.split("KEYBOARDINTERRUPT notebook_launch: interrupted; where the ranks were: ")[1].splitlines()[0]
+        named = re.findall(r"ranks? ([\d, ]+) (?:is|are) in hang\(\) at hang\.py:\d+", said)
+        assert sorted(int(r) for group in named for r in group.split(",")) == [0, 1, 2], out
 
 
 def test_ranks_die_with_the_parent(tmp_path):

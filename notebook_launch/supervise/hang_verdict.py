@@ -59,6 +59,7 @@ class RankWhereabouts:
     note: str = ""
     raw_stacks: str = ""
     stalled_for: float | None = None   # seconds without a sign of progress (supervise.stall), if watched
+    beyond: list[str] = field(default_factory=list)   # what its Python stack cannot show (native_stacks)
 
     def main_frames(self) -> list[Frame]:
         for thread in self.threads:
@@ -184,8 +185,15 @@ def _grouped_places(ranks: Sequence[RankWhereabouts], label: Labeller) -> str:
                      else f"{ranks_text(rs)} {where}" for where, rs in places.items())
 
 
+def notes_text(ranks: Sequence[RankWhereabouts]) -> str:
+    """What the ranks' notes say, ranks with the same note together ('ranks 0, 1 had not started
+    the launched function yet'), for an answer when no rank could say where it is."""
+    return _grouped_places(ranks, lambda filename: None) if ranks else "there are no ranks to ask"
+
+
 LAUNCHER_ENTRY = (f"{os.sep}notebook_launch{os.sep}rank{os.sep}runner.py", "call_and_report")
 BOOKKEEPING = f"{os.sep}notebook_launch{os.sep}rank{os.sep}whereabouts.py"
+PERSISTENT = f"{os.sep}notebook_launch{os.sep}persistent{os.sep}"   # a persistent call's wrappers (serve, namespace)
 
 
 def without_launcher_frames(frames: Sequence[Frame]) -> list[Frame]:
@@ -196,7 +204,8 @@ def without_launcher_frames(frames: Sequence[Frame]) -> list[Frame]:
         if frame.filename.endswith(LAUNCHER_ENTRY[0]) and frame.function == LAUNCHER_ENTRY[1]:
             kept = kept[:index]
             break
-    return [frame for frame in kept if not frame.filename.endswith(BOOKKEEPING)] or list(frames)
+    return [frame for frame in kept if not frame.filename.endswith(BOOKKEEPING) and PERSISTENT not in frame.filename] \
+        or list(frames)
 
 
 def detail(ranks: Sequence[RankWhereabouts], label: Labeller, frames_per_thread: int = 12) -> str:
@@ -226,4 +235,5 @@ def detail(ranks: Sequence[RankWhereabouts], label: Labeller, frames_per_thread:
                 source = linecache.getline(frame.filename, frame.lineno).strip()
                 if source:
                     lines.append(f"      {source}")
+        lines.extend(f"  {line}" for line in r.beyond)
     return "\n".join(lines)

@@ -113,6 +113,13 @@ def timeout_failure(timeout: float, running_ranks: Sequence[int], verdict: str |
     return Failure(None, FailureKind.TIMEOUT.value, f"timed out after {timeout:g} s: {verdict}", detail=detail)
 
 
+def stopped_stall_failure(how: str, verdict: str, detail: str) -> Failure:
+    """A stalled run the user stopped (``how``: "the Stop button", "an interrupt"): the error
+    starts with where the ranks were, and each rank's detail follows."""
+    return Failure(None, FailureKind.STOPPED.value, f"stopped with {how} after the run stalled: {verdict}",
+                   detail=detail)
+
+
 def cell_labeller() -> Callable[[str], str | None]:
     """How the verdict names a file: a cell of this kernel as 'Cell In[5]' (render.cell_label)."""
     from ..render import cell_label

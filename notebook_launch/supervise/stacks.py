@@ -10,7 +10,8 @@ import mmap
 import os
 import re
 import time
-from typing import Sequence
+from dataclasses import dataclass
+from typing import Any, Sequence
 
 from ..rank.whereabouts import (FIELD_SEP, GEN_OFFSET, HEADER, MAGIC, RECORD_NAME, RECORD_SIZE, STACKS_NAME,
                                 STATE, TEXT_OFFSET)
@@ -144,9 +145,38 @@ def collect(ranks: Sequence[tuple[int, int | None]], wait: float = DUMP_WAIT) ->
     return found
 
 
+def add_beyond_python(found: Sequence[RankWhereabouts], asked: Sequence[tuple[int, int | None]],
+                      label: hang_verdict.Labeller, native: bool = True) -> None:
+    """Add to each rank what its Python stack cannot show (``native_stacks.beyond_python``: its
+    stuck children's stacks, and with ``native`` and py-spy installed, its native frames)."""
+    try:
+        from . import native_stacks
+    except ImportError:   # optional
+        return
+    more = native_stacks.beyond_python(asked, label, native=native)
+    for where in found:
+        where.beyond.extend(more.get(where.rank, []))
+
+
 def where_they_are(found: Sequence[RankWhereabouts], label: hang_verdict.Labeller) -> tuple[str | None, str]:
     """The verdict and the detail for ``collect``'s answer; (None, "") when no rank could say
     anything (none has a record: not our ranks, or none got to its function)."""
     if not any(r.threads or r.inside or r.last for r in found):
         return None, ""
     return hang_verdict.verdict(found, label), hang_verdict.detail(found, label)
+
+
+@dataclass(frozen=True)
+class WhereReport:
+    """Where the ranks are (``Ranks.stacks()``): ``verdict`` (one line) and ``detail`` (each rank's
+    collective and threads). Shows as its text in a notebook and with ``print``."""
+    verdict: str
+    detail: str
+
+    def __str__(self) -> str:
+        return f"{self.verdict}\n\n{self.detail}" if self.detail else self.verdict
+
+    __repr__ = __str__
+
+    def _repr_pretty_(self, printer: Any, cycle: bool) -> None:   # IPython shows the text as it is
+        printer.text(str(self))

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 from .. import protocol
 from ..errors import LaunchError
 from ..protocol import Failure
-from ..state import RUNNING, RunState
+from ..state import RUNNING, STARTING, RunState
 from . import hang_verdict, interrupts, leftovers, outcome, stacks, teardown
 from .stall import StallWatch
 from .prompts import StdinRelay, reply_on
@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     from ..display.rank_displays import RankDisplays
     from ..logs import RunLogs
 
+STACK_SAMPLE_WAIT = 0.5  # seconds a stall's stack sample waits for the ranks' dumps
 DRAIN_AFTER_EXIT = 1.0  # how long to wait for a dead rank's pipes to reach EOF (grandchildren may hold them)
 log = logging.getLogger("notebook_launch")
 
@@ -59,7 +60,9 @@ class Supervisor:
         self.watcher = self.watcher_class(self.processes, pipes_by_rank, self)
         self.watches = self.watcher.watches
         self.first_failure: Failure | None = None
-        self.stalls = None if stall_after is None else StallWatch(stall_after, time.monotonic())
+        self.stalls = None if stall_after is None else StallWatch(stall_after, time.monotonic(),
+                                                                  stack=self.stack_fingerprints)
+        self.last_found: list[hang_verdict.RankWhereabouts] = []   # the last answer of whereabouts()
         self._stopped = False
         self._closed = False
         self.prompts = StdinRelay(lambda local: f"rank {self.global_rank(local)}",
@@ -79,6 +82,20 @@ class Supervisor:
                 if deadline is not None and time.monotonic() >= deadline:
                     self.time_out()
                     break
+        except KeyboardInterrupt as interrupt:
+            if self._stopped or interrupt.args:   # the Stop button's, which says where the ranks were
+                self.stop("an interrupt")
+                raise
+            stalled = self.stalled()
+            with interrupts.tearing_down():   # a run interrupted by hand is often a hung one: say where
+                verdict, detail = self.where_they_are("when the run was interrupted", native=False)
+            self.stop("an interrupt")
+            if verdict is None:
+                raise
+            if not stalled:
+                raise KeyboardInterrupt(f"notebook_launch: interrupted; where the ranks were: {verdict}") from None
+            # the user ended a hang: a LaunchError that says where the ranks were, as a timeout's does
+            self.fail(outcome.stopped_stall_failure("an interrupt", verdict, detail))
         except BaseException:
             self.stop("an interrupt")
             raise
@@ -96,6 +113,8 @@ class Supervisor:
         self.prompts.poll()
         self.watcher.close_stale(DRAIN_AFTER_EXIT)
         self.check_stalls()
+        if self.state.where_requested:   # the panel's "Where are they?" button: answer, stop nothing
+            self.answer_where()
         self.display.refresh(self.state)
         if self.rank_displays is not None:
             self.rank_displays.pump()
@@ -103,23 +122,72 @@ class Supervisor:
             self.stop(self.failure_reason())
             return Step.FAILED
         if self.state.stop_requested:
-            verdict, _ = self.where_they_are()   # a run stopped by hand is often a hung one: say where
+            stalled = self.stalled()
+            verdict, detail = self.where_they_are("when Stop was pressed", native=False)   # a stopped run is often hung
             self.stop("the Stop button was pressed")
+            if stalled and verdict is not None:   # the user ended a hang: a LaunchError that says where they were
+                self.fail(outcome.stopped_stall_failure("the Stop button", verdict, detail))
+                return Step.FAILED
             raise KeyboardInterrupt("notebook_launch: run stopped with the Stop button"
                                     + (f"; where the ranks were: {verdict}" if verdict else ""))
         return Step.FINISHED if self.finished() else Step.RUNNING
 
     def check_stalls(self) -> None:
-        """Mark the live ranks that show no sign of progress as stalled (see ``stall``); nothing is stopped."""
+        """Mark the live ranks stalled when the whole run shows no sign of progress (see ``stall``);
+        the moment it becomes stalled, say where every rank is (logs, and the panel through
+        ``where_report``). Nothing is stopped."""
         if self.stalls is None:
             return
         now = time.monotonic()
-        for watch in self.watches:
-            since = None
-            if watch.exit is None and self.state.ranks[watch.local_rank].status == RUNNING:
-                since = self.stalls.check(watch.local_rank, watch.process.pid, now)
-            if since != self.state.ranks[watch.local_rank].stalled_since:
-                self.state.on_stalled(watch.local_rank, since)
+        live = [(w.local_rank, w.process.pid if w.process.on_this_machine else None) for w in self.watches
+                if w.exit is None and self.state.ranks[w.local_rank].status == RUNNING]
+        for local, _pid in live:
+            if self.prompting(local):   # waiting for the user's answer is not a stall
+                self.stalls.saw(local, now)
+        was_stalled = any(rs.stalled_since is not None for rs in self.state.ranks)
+        stalled = self.stalls.check_all(live, now)
+        for rs in self.state.ranks:
+            since = stalled.get(rs.local_rank)
+            if since != rs.stalled_since:
+                self.state.on_stalled(rs.local_rank, since)
+        if not was_stalled and any(since is not None for since in stalled.values()):
+            self.report_where(f"stalled: no rank showed progress for {self.stalls.stall_after:g} s", stall=True)
+
+    def stalled(self) -> bool:
+        """Whether the run is marked stalled now (``check_stalls``)."""
+        return any(rs.stalled_since is not None for rs in self.state.ranks)
+
+    def prompting(self, local_rank: int) -> bool:
+        """The rank waits for an answer to its input() (asked or queued)."""
+        asking = self.prompts.asking
+        return (asking is not None and asking[0] == local_rank) or any(
+            item[0] == local_rank for item in self.prompts.waiting)
+
+    def stack_fingerprints(self, pids: dict[int, int]) -> dict[int, Any]:
+        """Local rank -> its main thread's frames and collective number now (what a stall
+        sample compares), or None where the rank could not say."""
+        found = stacks.collect(list(pids.items()), wait=STACK_SAMPLE_WAIT)
+        return {local: (tuple(where.main_frames()), where.inside or where.last) if where.threads else None
+                for local, where in zip(pids, found)}
+
+    def answer_where(self) -> None:
+        """Answer the "Where are they?" button: the verdict and every rank's stacks in the run state
+        (the panel draws them) and the logs; the run goes on."""
+        self.report_where("asked with the Where are they? button")
+
+    def report_where(self, why: str, stall: bool = False) -> None:
+        """Collect where every rank is and put the verdict and the (shortened) stacks in the state's
+        ``where_report``; the whole stacks go to each rank's log, the verdict to every rank's log."""
+        verdict, detail = self.where_they_are(why)
+        if verdict is None:
+            text = "no rank could say where it is: " + hang_verdict.notes_text(self.last_found)
+            for local_rank in range(len(self.state.ranks)):
+                self.logs.write_block(local_rank, f"notebook_launch: where the ranks were ({why}): {text}")
+        else:
+            text = f"{verdict}\n\n{detail}" if detail else verdict
+        if stall:
+            text = f"{why}; {text}"
+        self.state.on_where_report(text)
 
     def finished(self) -> bool:
         """Whether the run has ended: every rank exited and its pipes are drained."""
@@ -138,50 +206,63 @@ class Supervisor:
         assert self.timeout is not None
         running = [self.global_rank(w.local_rank) for w in self.watches if w.exit is None]
         if self.first_failure is None:
-            verdict, detail = self.where_they_are()
+            verdict, detail = self.where_they_are("at the timeout")
             self.first_failure = outcome.timeout_failure(self.timeout, running, verdict, detail)
         self.stop("the timeout")
 
-    def where_they_are(self) -> tuple[str | None, str]:
+    def where_they_are(self, why: str = "", native: bool = True) -> tuple[str | None, str]:
         """The one-line verdict on where the ranks are and the detail (every rank's stacks), the
-        whole of it also written to each rank's log; (None, "") when no rank could say (ranks
-        that are not ours to ask: no whereabouts record)."""
+        whole of it also written to each rank's log (``why``: when, for the log's heading);
+        (None, "") when no rank could say (ranks that are not ours to ask: no whereabouts record).
+        ``native``: add native frames where py-spy is installed (seconds: not on an interrupt)."""
         try:
-            found = self.whereabouts()
+            found = self.last_found = self.whereabouts(native)
         except Exception:   # a diagnosis must never stand in the way of the stop
             log.debug("could not collect the ranks' whereabouts", exc_info=True)
             return None, ""
+        finally:
+            if self.stalls is not None:   # our dumps wrote to the ranks' memfds: not their work
+                self.stalls.rebase_io({w.local_rank: w.process.pid for w in self.watches if w.exit is None})
         label = outcome.cell_labeller()
         verdict, detail = stacks.where_they_are(found, label)
         if verdict is None:
             return None, ""
         whole = hang_verdict.detail(found, label, frames_per_thread=1000)
-        for watch, where in zip(self.watches, found):
-            if where.threads or where.inside:
-                self.logs.write_block(watch.local_rank, "notebook_launch: where this rank was:\n"
-                                      + hang_verdict.detail([where], label, frames_per_thread=1000))
+        heading = f"notebook_launch: where the ranks were{f' ({why})' if why else ''}: {verdict}\n"
+        for watch, where in zip(self.watches, found):   # the verdict, then this rank's whole detail
+            self.logs.write_block(watch.local_rank,
+                                  heading + hang_verdict.detail([where], label, frames_per_thread=1000))
         log.debug("where the ranks were:\n%s", whole)
         return verdict, detail
 
-    def whereabouts(self) -> list[hang_verdict.RankWhereabouts]:
-        """Every rank of this run, asked where it is (the ended ones say how they ended)."""
+    def whereabouts(self, native: bool = True) -> list[hang_verdict.RankWhereabouts]:
+        """Every rank of this run, asked where it is (the ended ones say how they ended), with what
+        its Python stack cannot show (``stacks.add_beyond_python``)."""
         # A process carrying several ranks (XLA: one thread per device) has one record for all, and a
         # process of another machine (a Ray actor) is read through /proc of its own node: neither is asked
         # (another process here may even carry that pid).
+        # A rank done with the run (a persistent rank that returned from the call) is not asked either.
         asked = [(self.global_rank(w.local_rank),
                   w.process.pid if w.exit is None and len(w.process.ranks()) == 1 and w.process.on_this_machine
-                  else None) for w in self.watches]
+                  and self.state.ranks[w.local_rank].status in (STARTING, RUNNING) else None) for w in self.watches]
         found = stacks.collect(asked)
+        stacks.add_beyond_python(found, asked, outcome.cell_labeller(), native=native)
         for watch, where in zip(self.watches, found):
+            rs = self.state.ranks[watch.local_rank]
             if watch.exit is not None:
-                rs = self.state.ranks[watch.local_rank]
                 where.note = f"ended ({rs.exit_description or rs.status})"
+            elif rs.status not in (STARTING, RUNNING):
+                where.note = self.done_note(rs.exit_description or str(rs.status))
             elif len(watch.process.ranks()) > 1:
                 where.note = "was not asked (it shares its process with other ranks)"
             elif not watch.process.on_this_machine:
                 where.note = "was not asked (its process runs on another machine)"
             where.stalled_for = self.state.stalled_for(watch.local_rank)
         return found
+
+    def done_note(self, how: str) -> str:
+        """What the verdict says of a live rank that is done with the run (``how``: "returned")."""
+        return f"is done ({how})"
 
     def close(self) -> None:
         """Release pipes, sentinels and processes, once; kills what is still alive."""
