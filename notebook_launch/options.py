@@ -13,7 +13,7 @@ import operator
 import os
 import sys
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Literal, Mapping, Sequence, get_args
 
 from .display import NOTEBOOK_LINES_PER_SECOND, UI_CHOICES
 from .errors import LaunchArgumentError
@@ -23,7 +23,9 @@ from .plan import available_cpus
 from .supervise.stall import DEFAULT_STALL_AFTER
 
 MIXED_PRECISION_CHOICES = ("no", "fp16", "bf16", "fp8")
-START_METHODS = (None, "fork", "spawn", "xla")
+# How ranks start on this machine (``backends.get_backend``); a Ray launch is chosen with cluster=.
+StartMethod = Literal["fork", "spawn", "xla"]
+START_METHODS: tuple[StartMethod, ...] = get_args(StartMethod)
 RDZV_BACKENDS = ("static", "c10d", "etcd", "etcd-v2")
 DEFAULT_RDZV_TIMEOUT = 900.0      # seconds, as torch.distributed.launcher.api.LaunchConfig
 DEFAULT_LINES_PER_SECOND = NOTEBOOK_LINES_PER_SECOND   # per rank in the cell (the displays' budget)
@@ -62,7 +64,7 @@ class LaunchOptions:
     max_restarts: int = 0
     poll_interval: float = 0.1   # the supervisor's tick: min(monitor_interval, 0.1)
     line_prefix: str | None = None
-    start_method: str | None = None
+    start_method: StartMethod | None = None
     timeout: float | None = None
     log_dir: str | os.PathLike[str] | None = None
     ui: str = "auto"
@@ -98,7 +100,7 @@ def launch_options(*, function: Any, args: Any = (), num_processes: Any = None, 
     if num_processes is not None:
         num_processes = validate_whole_number("num_processes", num_processes)
     mixed_precision = normalize_mixed_precision(mixed_precision)
-    validate_choice("start_method", start_method, START_METHODS)
+    validate_choice("start_method", start_method, (None, *START_METHODS))
     validate_choice("ui", ui, UI_CHOICES)
     validate_choice("rdzv_backend", rdzv_backend, RDZV_BACKENDS)
     num_nodes = validate_int("num_nodes", num_nodes, 1)
