@@ -60,17 +60,36 @@ def omp_threads(num_local: int, cpu_count: int) -> int:
     return max(1, cpu_count // max(1, num_local))
 
 
+SOCKET_IFNAME_VARIABLES = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
+
+
+def dist_backend_for(device_kind: str) -> str:
+    """The torch.distributed backend ranks of this device kind use (what init_process_group() picks)."""
+    return {"cuda": "nccl", "xla": "xla"}.get(device_kind, "gloo")
+
+
+def socket_interface_environment(interface: str | None, user_env: Mapping[str, str]) -> dict[str, str]:
+    """Bind gloo and NCCL to ``interface`` (the one that reaches rank 0's node; they would otherwise
+    pick the first one up, e.g. docker0); a variable the user set wins."""
+    if not interface:
+        return {}
+    return {name: interface for name in SOCKET_IFNAME_VARIABLES if name not in user_env}
+
+
 def rank_environment(*, global_rank: int, local_rank: int, num_processes: int, num_nodes: int,
                      node_rank: int, world_size: int, master_addr: str, master_port: int,
                      device_kind: str, mixed_precision: str, run_id: str, user_env: Mapping[str, str],
                      cpu_count: int, gpu_names: Sequence[str] = (),
-                     driver_version: str | None = None) -> dict[str, str]:
+                     driver_version: str | None = None, restart_count: int = 0, max_restarts: int = 0,
+                     interface: str | None = None) -> dict[str, str]:
     """Every variable torch.distributed, Accelerate and Lightning Fabric read in a rank: what
     torchrun's agent sets (torch/distributed/elastic/agent/server/local_elastic_agent.py), plus
     what Accelerate's notebook_launcher exports (accelerate/launchers.py patches NPROC,
     NODE_RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT, MIXED_PRECISION into the environment its
     ranks inherit; PrepareForLaunch adds FORK_LAUNCHED=1 on its TPU path), so user code that
-    reads them finds them. ``ACCELERATE_VARIABLE_DIFFERENCES`` lists where the values differ."""
+    reads them finds them. ``ACCELERATE_VARIABLE_DIFFERENCES`` lists where the values differ.
+    The one builder of a rank's environment: local launches, elastic attempts (``restart_count``,
+    ``max_restarts``, the ``interface`` toward rank 0's node) and Ray ranks on their node."""
     env = {
         "RANK": str(global_rank),
         "LOCAL_RANK": str(local_rank),
@@ -92,8 +111,8 @@ def rank_environment(*, global_rank: int, local_rank: int, num_processes: int, n
         # Lightning Fabric/Trainer then pick TorchElasticEnvironment (processes exist, join them,
         # and check devices * num_nodes == WORLD_SIZE) instead of starting processes of their own.
         "TORCHELASTIC_RUN_ID": run_id,
-        "TORCHELASTIC_RESTART_COUNT": "0",
-        "TORCHELASTIC_MAX_RESTARTS": "0",
+        "TORCHELASTIC_RESTART_COUNT": str(restart_count),
+        "TORCHELASTIC_MAX_RESTARTS": str(max_restarts),
         "NOTEBOOK_LAUNCH_RANK": str(global_rank),
     }
     if device_kind == "cpu":
@@ -106,6 +125,7 @@ def rank_environment(*, global_rank: int, local_rank: int, num_processes: int, n
         env["OMP_NUM_THREADS"] = str(omp_threads(num_processes, cpu_count))
     if num_nodes == 1 and master_addr in LOOPBACK_ADDRESSES and "GLOO_SOCKET_IFNAME" not in user_env:
         env["GLOO_SOCKET_IFNAME"] = "lo"
+    env.update(socket_interface_environment(interface, user_env))
     if device_kind == "cuda":
         for key, value in nccl_workarounds(gpu_names, driver_version).items():
             if key not in user_env:
@@ -125,7 +145,8 @@ ACCELERATE_VARIABLE_DIFFERENCES: tuple[tuple[str, str, str, str], ...] = (
     ("ACCELERATE_USE_CPU", "unset (on CPU Accelerate runs the function once, in the notebook)", '"true" on CPU',
      "ranks on a CPU-only machine are real processes; Accelerate must not look for a GPU there"),
     ("TORCHELASTIC_USE_AGENT_STORE", '"True" (torchrun\'s agent hosts the store)', "unset",
-     "rank 0 hosts the rendezvous store itself: with it set, every rank would connect to a store no one hosts"),
+     "rank 0 hosts the rendezvous store itself: with it True, every rank would connect to a store no one "
+     "hosts (elastic attempts set it to \"False\")"),
     ("FORK_LAUNCHED", '"1" on TPU only (its xmp.spawn path)', '"1" on TPU only',
      "the same; on GPU and CPU neither sets it (it makes destroy_process_group() a no-op)"),
     ("OMP_NUM_THREADS", "inherited", "cores / local ranks, unless you set it",
@@ -160,7 +181,7 @@ def build_plan(*, num_processes: int, num_nodes: int, node_rank: int, master_add
     return LaunchPlan(
         num_processes=num_processes, num_nodes=num_nodes, node_rank=node_rank,
         world_size=world_size, master_addr=master_addr, master_port=master_port,
-        device_kind=device_kind, dist_backend={"cuda": "nccl", "xla": "xla"}.get(device_kind, "gloo"),
+        device_kind=device_kind, dist_backend=dist_backend_for(device_kind),
         mixed_precision=mixed_precision, start_method=start_method,
         ranks=tuple(ranks), notes=tuple(notes))
 

@@ -78,3 +78,38 @@ def test_port_probe():
         s.bind(("", port))
         s.listen()
         assert not port_is_free(port)
+
+
+def _env(**overrides):
+    from notebook_launch.plan import rank_environment
+    arguments = dict(global_rank=3, local_rank=1, num_processes=2, num_nodes=2, node_rank=1, world_size=4,
+                     master_addr="10.0.0.5", master_port=29511, device_kind="cuda", mixed_precision="no",
+                     run_id="r", user_env={}, cpu_count=8)
+    arguments.update(overrides)
+    return rank_environment(**arguments)
+
+
+def test_one_builder_for_elastic_attempts_and_cluster_ranks():
+    """Elastic's attempts and Ray's ranks build their environment here too (issue 21 item 8)."""
+    env = _env(restart_count=2, max_restarts=3, interface="eth1")
+    assert (env["TORCHELASTIC_RESTART_COUNT"], env["TORCHELASTIC_MAX_RESTARTS"]) == ("2", "3")
+    assert (env["GLOO_SOCKET_IFNAME"], env["NCCL_SOCKET_IFNAME"]) == ("eth1", "eth1")
+    kept = _env(interface="eth1", user_env={"NCCL_SOCKET_IFNAME": "ib0"})
+    assert kept["GLOO_SOCKET_IFNAME"] == "eth1" and "NCCL_SOCKET_IFNAME" not in kept   # the user's wins
+    plain = _env()
+    assert (plain["TORCHELASTIC_RESTART_COUNT"], plain["TORCHELASTIC_MAX_RESTARTS"]) == ("0", "0")
+    assert "NCCL_SOCKET_IFNAME" not in plain and "GLOO_SOCKET_IFNAME" not in plain   # two nodes: no "lo"
+
+
+def test_one_dist_backend_choice():
+    from notebook_launch.detect.platform import Environment
+    from notebook_launch.detect.target import LaunchTarget
+    from notebook_launch.plan import dist_backend_for
+    assert [dist_backend_for(k) for k in ("cpu", "cuda", "xla")] == ["gloo", "nccl", "xla"]
+    for kind in ("cpu", "cuda", "xla"):
+        target = LaunchTarget(Environment("script", kind, 1), kind, 1, 1, "fork")
+        assert target.dist_backend == dist_backend_for(kind)   # the preview says what the plan does
+        plan = build_plan(num_processes=1, num_nodes=1, node_rank=0, master_addr="127.0.0.1", master_port=1,
+                          device_kind=kind, mixed_precision="no", start_method="fork", run_id="r",
+                          user_env={}, cpu_count=1)
+        assert plan.dist_backend == dist_backend_for(kind)

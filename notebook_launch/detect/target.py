@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import Mapping
 
 from ..options import default_start_method, validate_num_processes
+from ..plan import dist_backend_for
 from .platform import Environment, Probe, cuda_gpus, detect
 from .xla import XlaInfo, resolve_num_ranks, xla_launch_info, xla_note
 
@@ -23,7 +24,7 @@ class LaunchTarget:
 
     @property
     def dist_backend(self) -> str:
-        return {"cuda": "nccl", "xla": "xla"}.get(self.device_kind, "gloo")
+        return dist_backend_for(self.device_kind)
 
     def gpus(self) -> tuple[tuple[str, str], ...]:
         """((name, driver), ...) of the GPUs the ranks use (nvidia-smi, only on CUDA)."""
