@@ -11,7 +11,8 @@ in Chromium, and a screenshot of each cell's panel at the moment the guide descr
 - running.png: 4 ranks training, live, bars part way, the loss logged as metrics;
 - curves.png: the curves of that run, one line per rank, in the panel's final picture;
 - failed.png: rank 1 raises half way: its row red with its error, the traceback naming the cell;
-- stalled.png: one of 2 ranks asleep with no output (``stall_after=3``): the panel marks it stalled.
+- stalled.png: rank 1 asleep, rank 0 waiting for it in an all_reduce (``stall_after=3``): the panel marks
+  both stalled.
 
 A scene whose moment never comes (the panel never shows "stalled", say) is reported and its old
 picture kept; the command then exits with status 1. Needs the test extra (jupyterlab, playwright) and
@@ -64,15 +65,19 @@ FAILED = '''def train_fails(steps):
 notebook_launcher(train_fails, args=(2000,), num_processes=2)'''
 
 STALLED = '''def train_stalls(steps):
-    import os, time
-    rank = int(os.environ["RANK"])
+    import os, time, torch, torch.distributed as dist
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
     for step in progress(range(steps), desc="train"):
         time.sleep(0.01)
-        if rank == 1 and step == 100:
-            time.sleep(3600)     # waits for something that never comes: no output, no step, no CPU
+        if step == 100:
+            if rank == 1:
+                time.sleep(3600)         # never reaches the all_reduce below
+            dist.all_reduce(torch.ones(1))   # rank 0 waits here for rank 1
     return rank
 
-notebook_launcher(train_stalls, args=(100_000,), num_processes=2, stall_after=3, timeout=60)'''
+notebook_launcher(train_stalls, args=(10_000,), num_processes=2,
+                  stall_after=3, timeout=60)'''
 
 CELLS = [SETUP, RUNNING, FAILED, STALLED]
 LIVE_BARS = ".widget-hprogress .progress-bar"    # the widget panel while its run goes
@@ -191,7 +196,7 @@ def scene_stalled(page: Any, out: Path) -> list[str]:
     try:
         panel.get_by_text("stalled", exact=False).first.wait_for(timeout=45_000)
     except Exception:
-        raise RuntimeError("the panel never showed 'stalled' (stall_after=3, a rank asleep)") from None
+        raise RuntimeError("the panel never showed 'stalled' (stall_after=3, no rank moving)") from None
     cell(page, 3).screenshot(path=str(out / "stalled.png"))
     wait_for_text(page, 3, "LaunchError", 120)    # its timeout= ends the run
     return ["stalled.png"]
