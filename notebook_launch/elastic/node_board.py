@@ -118,9 +118,9 @@ class NodeBoard:
 
     def ask_where(self, own: Sequence[RankWhereabouts], label: Labeller,
                   wait: float = WHERE_WAIT) -> list[RankWhereabouts]:
-        """Every node's ranks' whereabouts: ``own`` (this node's) and what the other nodes post
-        within ``wait`` seconds (a node that does not answer is named in a note of none of its
-        ranks, as its ranks are not known here: the verdict is over the ranks that answered)."""
+        """Every node's ranks' whereabouts: ``own`` (this node's, first and in their order) then
+        what the other nodes post within ``wait`` seconds, by rank (a node that does not answer
+        is left out, its ranks not being known here: the verdict is over the ranks that answered)."""
         request = self._call(self.store.add, self._key("where-asked"), 1)
         text = encode_whereabouts(own, label)
         for earlier in range(self._answered + 1, request + 1):   # ours, and any another node made before
@@ -138,7 +138,8 @@ class NodeBoard:
         missing = [node for node in range(self.num_nodes) if node not in found]
         if missing:
             log.debug("nodes %s did not say where their ranks are within %g s", missing, wait)
-        return sorted((r for ranks in found.values() for r in ranks), key=lambda r: r.rank)
+        others = sorted((r for node, ranks in found.items() if node != self.node for r in ranks), key=lambda r: r.rank)
+        return list(own) + others   # this node's first, in its order: the supervisor pairs them with its ranks
 
     def _answer_newer(self, own: Sequence[RankWhereabouts], label: Labeller) -> None:
         latest = self._call(self.store.add, self._key("where-asked"), 0)
