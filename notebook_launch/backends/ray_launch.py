@@ -43,7 +43,7 @@ class RayLauncher(Launcher):
     name = "ray"
 
     def __init__(self, ray: Any, cluster: "RayCluster", *, host: str, run_id: str, mixed_precision: str,
-                 rendezvous_timeout: float, max_restarts: int = 0) -> None:
+                 rendezvous_timeout: float, max_restarts: int = 0, persistent: bool = False) -> None:
         self.ray = ray
         self.cluster = cluster
         self.host = host                      # the notebook's address toward the cluster
@@ -51,6 +51,7 @@ class RayLauncher(Launcher):
         self.mixed_precision = mixed_precision
         self.rendezvous_timeout = rendezvous_timeout   # for the placement and the connections back
         self.max_restarts = max_restarts
+        self.persistent = persistent          # the actors serve calls until told to stop (persistent ranks)
         self.attempts = 0                     # starts so far: each start is one attempt
         self.state: "RunState | None" = None
         self.display: "Display | None" = None
@@ -63,8 +64,9 @@ class RayLauncher(Launcher):
     def prepare_parent(self) -> None:
         import cloudpickle  # noqa: F401  (ships the job; imported before the panel starts)
 
-    def attach(self, state: "RunState", display: "Display") -> None:
-        """The run state and display the placement's progress goes to (and Stop comes from)."""
+    def attach(self, state: "RunState", display: "Display | None") -> None:
+        """The run state and display the placement's progress goes to (and Stop comes from);
+        no display: nothing is drawn while Ray places the ranks (persistent ranks starting)."""
         self.state, self.display = state, display
 
     def payload_for(self, job: "Job") -> bytes:
@@ -81,7 +83,7 @@ class RayLauncher(Launcher):
 
     def start(self, plan: "LaunchPlan", job: "Job", channels: list[RankPipes]) -> list[RankProcess]:
         """Place, start and connect one attempt's actors; the accepted connections go into ``channels``."""
-        assert self.state is not None and self.display is not None, "attach() the run state first"
+        assert self.state is not None, "attach() the run state first"
         ray, cluster, state, world_size = self.ray, self.cluster, self.state, plan.world_size
         payload = self.payload_for(job)
         if self._payload_ref is None:
@@ -114,6 +116,8 @@ class RayLauncher(Launcher):
                                          cluster=cluster, mixed_precision=self.mixed_precision,
                                          run_id=self.run_id, cuda_visible_devices=devices.get(p.node_id),
                                          restarts=restarts)
+            if self.persistent:
+                assignment["persistent"] = True
             futures.append(actor.run.remote(assignment, self._payload_ref,
                                             (listener.address[0], listener.address[1], listener.token)))
 
@@ -161,8 +165,9 @@ class RayLauncher(Launcher):
 
     def _waiting(self) -> None:
         """Every tick of a wait on Ray: the panel stays live, and Stop stops."""
-        assert self.state is not None and self.display is not None
-        self.display.refresh(self.state)
+        assert self.state is not None
+        if self.display is not None:
+            self.display.refresh(self.state)
         if self.state.stop_requested:
             raise KeyboardInterrupt("notebook_launch: run stopped with the Stop button")
 
