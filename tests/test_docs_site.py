@@ -100,6 +100,22 @@ def test_every_internal_link_and_anchor_of_the_built_site_resolves(site):
     assert not broken, "broken links in the built site:\n" + "\n".join(sorted(set(broken)))
 
 
+def test_the_readme_is_short_and_its_links_lead_somewhere():
+    """The README is for users (about 200 lines at most: issue 22); what it links to (the docs' sources,
+    CONTRIBUTING.md, LICENSE) exists, and so does CONTRIBUTING.md's."""
+    import re
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    assert len(readme.splitlines()) <= 200, f"README.md has {len(readme.splitlines())} lines; move detail to docs/"
+    missing = []
+    for name in ("README.md", "CONTRIBUTING.md"):
+        for target in re.findall(r"\]\(([^)\s]+)\)", (REPO / name).read_text(encoding="utf-8")):
+            path = target.split("#", 1)[0]
+            if path and not urlsplit(path).scheme and not (REPO / path).exists():
+                missing.append(f"{name}: {target}")
+    assert not missing, missing
+    assert "<this repository>" not in readme and "<you>" not in readme
+
+
 def test_the_parameters_table_comes_from_the_docstring_and_names_every_parameter(site):
     from notebook_launch import notebook_launcher
     api = (site / "reference" / "api.html").read_text(encoding="utf-8")
