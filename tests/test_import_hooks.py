@@ -71,3 +71,24 @@ def test_import_in_a_kernel_changes_nothing_until_load_ext():
     after_load_ext = cell_text(out.cells[5])
     for hook in ("IPython events", "at-fork handler registered", "torch.cuda._lazy_init"):
         assert repr(hook) in after_load_ext, after_load_ext
+
+
+def test_the_first_launch_installs_the_hooks():
+    """No %load_ext, no install_hooks(): the first launch installs them, and says so in the guard's
+    words ("at the first launch") when CUDA was touched before."""
+    script = SNAPSHOT + '''
+before = process_snapshot()
+import notebook_launch
+from notebook_launch import hooks, notebook_launcher
+assert hooks.installed_by() is None
+def one():
+    return 1
+if __name__ == "__main__":
+    print(notebook_launcher(one, num_processes=1, ui="none"))
+    print("installed by:", hooks.installed_by())
+    print("changed by the launch:", changed(before, process_snapshot()))
+'''
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert "installed by: the first launch" in proc.stdout
+    assert "'torch.cuda._lazy_init'" in proc.stdout.split("changed by the launch:")[1]
