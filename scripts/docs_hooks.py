@@ -3,6 +3,9 @@
 The Commands page shows ``notebook-launch --help`` and each command's ``--help`` as the installed CLI
 prints them (``<!-- CLI-HELP -->``), so its options and defaults are never copied by hand.
 
+The Accelerate guide shows ``plan.ACCELERATE_VARIABLE_DIFFERENCES`` (``<!-- ACCELERATE-VARIABLES -->``):
+where a rank's environment differs from what Accelerate's launcher gives, read from the code.
+
 The Benchmarks page shows the plots benchmarks/run.py drew.
 
 benchmarks/run.py writes its SVG plots into docs/images/benchmarks/ from the same run as its table. The
@@ -12,6 +15,7 @@ file that is not there (``mkdocs build --strict`` would fail on it) and a new pl
 """
 from __future__ import annotations
 
+import ast
 import json
 import os
 import subprocess
@@ -67,7 +71,36 @@ def cli_help() -> str:
     return "\n".join(parts)
 
 
+ACCELERATE_MARKER = "<!-- ACCELERATE-VARIABLES -->"
+
+
+def accelerate_variables() -> str:
+    """``notebook_launch/plan.py``'s ACCELERATE_VARIABLE_DIFFERENCES as a table, read from the source
+    (a literal: nothing is imported)."""
+    source = (Path(__file__).resolve().parent.parent / "notebook_launch" / "plan.py").read_text(encoding="utf-8")
+    for node in ast.parse(source).body:
+        if isinstance(node, (ast.Assign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            if any(isinstance(t, ast.Name) and t.id == "ACCELERATE_VARIABLE_DIFFERENCES" for t in targets):
+                assert node.value is not None
+                rows = ast.literal_eval(node.value)
+                break
+    else:
+        raise RuntimeError("notebook_launch/plan.py has no ACCELERATE_VARIABLE_DIFFERENCES")
+
+    def cell(text: str) -> str:
+        return text.replace("|", "\\|")
+
+    lines = ["| variable | Accelerate's `notebook_launcher` | notebook_launch | why |", "|---|---|---|---|"]
+    for variable, theirs, ours, why in rows:
+        names = ", ".join(f"`{name.strip()}`" for name in variable.split(","))
+        lines.append(f"| {names} | {cell(theirs)} | {cell(ours)} | {cell(why)} |")
+    return "\n".join(lines) + "\n"
+
+
 def on_page_markdown(markdown: str, page: Any, config: Any, files: Any) -> str:
+    if ACCELERATE_MARKER in markdown:
+        markdown = markdown.replace(ACCELERATE_MARKER, accelerate_variables())
     if CLI_MARKER in markdown:
         markdown = markdown.replace(CLI_MARKER, cli_help())
     if MARKER not in markdown:
