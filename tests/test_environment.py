@@ -6,6 +6,7 @@ names (``fake_two_t4_gpus``, ``fake_tpu_v3_8_chips``).
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 import tempfile
@@ -15,7 +16,6 @@ import pytest
 import torch
 
 from notebook_launch import notebook_launcher
-from notebook_launch.detect import platform as environment
 from notebook_launch.detect import xla as tpu_detection
 from notebook_launch.detect.platform import PLATFORMS, Environment, Probe, detect
 from notebook_launch.run import launch_summary
@@ -174,7 +174,7 @@ def test_real_process_is_a_script_and_detection_leaves_cuda_alone():
 
 def test_environment_is_frozen():
     found = detect(*CASES["script"])
-    with pytest.raises(Exception):
+    with pytest.raises(dataclasses.FrozenInstanceError):
         found.platform = "colab-gpu"
     assert isinstance(found, Environment)
 
@@ -257,7 +257,7 @@ def test_rank_environment_has_every_variable_accelerates_launcher_gives_or_says_
     if device_kind != "cuda":   # Accelerate's P2P/IB switches are for GPUs only, as ours
         expected -= {"NCCL_P2P_DISABLE", "NCCL_IB_DISABLE"}
     missing = sorted(name for name in expected if name not in env and name not in explained)
-    assert missing == [], f"set these in plan.rank_environment or explain them in ACCELERATE_VARIABLE_DIFFERENCES"
+    assert missing == [], "set these in plan.rank_environment or explain them in ACCELERATE_VARIABLE_DIFFERENCES"
     assert (env["NPROC"], env["MIXED_PRECISION"], env["ACCELERATE_MIXED_PRECISION"]) == ("2", "bf16", "bf16")
     assert (env["RANK"], env["LOCAL_RANK"], env["NODE_RANK"], env["WORLD_SIZE"]) == ("1", "1", "0", "2")
     assert env["TORCHELASTIC_RUN_ID"] == "run-7" and "TORCHELASTIC_USE_AGENT_STORE" not in env

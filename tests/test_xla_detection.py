@@ -419,3 +419,14 @@ def test_an_image_that_sets_the_bounds_plans_every_device_torch_xla_runs(tmp_pat
                       xla_installed=True)
     assert expected_layout(info, environ) == layout
     assert resolve_num_ranks(None, info, environ) == layout.ordinals
+
+
+def test_launch_target_reads_one_machine_for_both_detectors(fake_v5e_tpu_vm):
+    """launch_target's platform and its XLA decision read the same (fake) root: the TPU found on
+    its PCI and VFIO is the platform's TPU too (before, the platform read this machine's /dev)."""
+    from notebook_launch.detect.target import launch_target
+    environ, root = fake_v5e_tpu_vm
+    target = launch_target(None, None, environ=environ, root=root)
+    info = detect_xla(environ, root, modules={}, xla_installed=False)
+    assert target.where.has_tpu and target.where.device_count == info.local_chips == 8
+    assert target.where.tpu is not None and target.where.tpu.chips == 8

@@ -2,12 +2,13 @@
 ``notebook-launch env`` share, so the preview cannot disagree with the launch."""
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Mapping
 
 from ..options import default_start_method, validate_num_processes
 from ..plan import dist_backend_for
-from .platform import Environment, Probe, cuda_gpus, detect
+from .platform import Environment, Probe, cuda_gpus, detect, system_probe
 from .xla import XlaInfo, resolve_num_ranks, xla_launch_info, xla_note
 
 
@@ -37,6 +38,8 @@ def launch_target(start_method: str | None = None, num_processes: int | None = N
     """Detect the machine and settle device kind, rank count and start method.
     A TPU (or PJRT_DEVICE) with torch_xla goes through xmp.spawn, where
     num_processes counts XLA devices; otherwise one rank per CUDA GPU, else 1."""
+    if probe is None:   # the platform's TPU facts come from the same files the XLA decision reads
+        probe = dataclasses.replace(system_probe(), tpu_root=root)
     where = detect(environ, probe)
     device_count = where.device_count if where.device_kind == "cuda" else 0
     xla = xla_launch_info(start_method, environ, root)
