@@ -22,7 +22,9 @@ from .render import remember_cell
 
 USAGE = ("%%launch [-n N] [--mixed-precision no|fp16|bf16|fp8] [--timeout SECONDS] "
          "[--start-method fork|spawn] [--ui auto|widget|html|rich|text|none] [--port PORT] "
-         "[--log-dir DIR] [--display-ranks all|R,R] [--return NAME[,NAME...]]")
+         "[--log-dir DIR] [--display-ranks all|R,R] [--stall-after SECONDS|none] [--lines-per-second N|all] "
+         "[--return NAME[,NAME...]]")
+NOT_WATCHED = "none"   # --stall-after none: stall_after=None
 
 
 class _ArgumentParser(argparse.ArgumentParser):
@@ -43,7 +45,42 @@ def options_parser(prog: str, usage: str) -> argparse.ArgumentParser:
     p.add_argument("--port", default=None)
     p.add_argument("--log-dir", default=None)
     p.add_argument("--display-ranks", type=_display_ranks, default=None)
+    p.add_argument("--stall-after", type=_stall_after, default=None)
+    p.add_argument("--lines-per-second", type=_lines_per_second, default=None)
     return p
+
+
+def watch_options(args: argparse.Namespace) -> dict[str, Any]:
+    """``stall_after`` / ``lines_per_second`` keyword arguments for the options given (none:
+    the function's defaults apply)."""
+    options: dict[str, Any] = {}
+    if args.stall_after is not None:
+        options["stall_after"] = None if args.stall_after == NOT_WATCHED else args.stall_after
+    if args.lines_per_second is not None:
+        options["lines_per_second"] = args.lines_per_second
+    return options
+
+
+def _stall_after(text: str) -> float | str:
+    """Seconds, or ``none`` (not watched); notebook_launcher checks they are > 0."""
+    if text.strip().lower() in (NOT_WATCHED, "off"):
+        return NOT_WATCHED
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"--stall-after must be a number of seconds, or none to not watch for stalls; got {text!r}") from None
+
+
+def _lines_per_second(text: str) -> int | str:
+    """A whole number of lines a second, or ``all``; notebook_launcher checks it is >= 1."""
+    if text.strip() == "all":
+        return "all"
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"--lines-per-second must be a whole number of lines a second, or all; got {text!r}") from None
 
 
 def _display_ranks(text: str) -> str | list[int]:
@@ -95,7 +132,8 @@ def parse_launch_line(line: str) -> dict[str, Any]:
             f"{', '.join(map(repr, bad))}. Usage: {USAGE}")
     options = {"num_processes": args.num_processes, "mixed_precision": args.mixed_precision,
                "timeout": args.timeout, "start_method": args.start_method, "ui": args.ui,
-               "log_dir": args.log_dir, "display_ranks": args.display_ranks, "return_names": tuple(names)}
+               "log_dir": args.log_dir, "display_ranks": args.display_ranks, "return_names": tuple(names),
+               **watch_options(args)}
     if args.port is not None:
         options["use_port"] = args.port
     return options
@@ -163,7 +201,8 @@ def launch_cell(shell: Any, line: str, cell: str) -> None:
         namespace = referenced_globals(code, shell.user_ns)
         namespace.setdefault("__name__", "__main__")
     job = CellJob(source, filename, return_names, namespace)
-    results = notebook_launcher(job, **{k: v for k, v in options.items() if v is not None})
+    # None is "not given" except for stall_after, there only when given (--stall-after none: not watched)
+    results = notebook_launcher(job, **{k: v for k, v in options.items() if v is not None or k == "stall_after"})
     if return_names and shell is not None:
         shell.user_ns.update(results[0] or {})
     return None

@@ -26,12 +26,48 @@ def test_options_become_launcher_arguments():
     ("--return 'a b'", "not names: 'a b'"),
     ("--timeout soon", "--timeout must be a number of seconds"),
     ("--display-ranks first", "--display-ranks takes 'all' or ranks separated by commas"),
+    ("--stall-after soon", "--stall-after must be a number of seconds, or none"),
+    ("--lines-per-second many", "--lines-per-second must be a whole number of lines a second, or all"),
 ])
 def test_bad_options_name_the_option_and_show_usage(line, words):
     with pytest.raises(LaunchArgumentError) as info:
         parse_launch_line(line)
     assert words in str(info.value)
     assert "Usage: %%launch" in str(info.value)
+
+
+def test_ranks_start_options_reach_start_ranks(monkeypatch):
+    """%ranks start's --stall-after, --lines-per-second and --cluster become start_ranks' arguments
+    (start_ranks itself is replaced by a recorder here: the Ray side has its own tests, on real
+    clusters, in tests/raycluster)."""
+    from notebook_launch.cluster import RayCluster
+    from notebook_launch.persistent import magic as ranks_magic_module
+    calls = []
+
+    class StartRanksRecorder:
+        closed = False
+
+        def __init__(self, **kwargs):
+            calls.append(kwargs)
+
+        def close(self):
+            self.closed = True
+
+    monkeypatch.setattr(ranks_magic_module, "start_ranks", StartRanksRecorder)
+    monkeypatch.setattr(ranks_magic_module, "_active", None)
+    ranks_magic_module.ranks_magic(None, "start -n 2 --stall-after 60 --lines-per-second all --cluster 10.1.2.3:6379")
+    kwargs = calls[-1]
+    assert kwargs["stall_after"] == 60.0 and kwargs["lines_per_second"] == "all"
+    assert isinstance(kwargs["cluster"], RayCluster) and kwargs["cluster"].address == "10.1.2.3:6379"
+    assert "start_method" not in kwargs
+    ranks_magic_module.ranks_magic(None, "stop")
+    ranks_magic_module.ranks_magic(None, "start -n 2 --stall-after none")
+    assert calls[-1]["stall_after"] is None and "cluster" not in calls[-1] and "lines_per_second" not in calls[-1]
+    ranks_magic_module.ranks_magic(None, "stop")
+    with pytest.raises(LaunchArgumentError, match="--spawn and --cluster do not go together"):
+        ranks_magic_module.ranks_magic(None, "start -n 2 --spawn --cluster auto")
+    with pytest.raises(LaunchArgumentError, match="start the ranks with %ranks start --stall-after none"):
+        ranks_magic_module.ranks_magic(None, "--stall-after none", "x = 1")
 
 
 LOAD_EXT_CHECK = """

@@ -168,6 +168,9 @@ class CallSupervisor(Supervisor):
                                                     self.grace, reason)
             self.stop_all(reason)
 
+    def done_note(self, how: str) -> str:
+        return f"is done with this call ({how})"
+
     def only_reporting(self, running: list[RankWatch]) -> bool:
         """Every rank not back yet is sending its outcome (its code is over): not stuck, so
         the grace does not end it (a second interrupt still does)."""

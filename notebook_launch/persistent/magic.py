@@ -1,12 +1,16 @@
 """``%ranks`` and ``%%ranks``: persistent ranks from IPython.
 
     %ranks start -n 4 [--spawn] [--mixed-precision bf16] [--timeout S] [--ui ...] [--port P] [--log-dir D]
-                 [--grace S]   <- --spawn: fresh interpreters (after CUDA was initialized here)
-    %%ranks [--timeout S] [--ranks R,R]  <- the body runs on every rank (or those given), in the
+                 [--grace S] [--stall-after S|none] [--lines-per-second N|all] [--cluster ADDRESS]
+                               <- --spawn: fresh interpreters (after CUDA was initialized here);
+                                  --cluster: Ray actors on the cluster at ADDRESS (RayCluster)
+    %%ranks [--timeout S] [--ranks R,R] [--stall-after S|none] [--lines-per-second N|all]
+                               <- the body runs on every rank (or those given), in the
                                ranks' persistent namespace; a last line that is an expression
                                shows each rank's value, tagged [rank N]
     %ranks push NAME [NAME...] <- the notebook's values of these names, into every rank
     %ranks pull NAME [NAME...] <- every rank's value (a list, in rank order)
+    %ranks stacks              <- where every rank is now (during a call run elsewhere, or between calls)
     %ranks stop                (also: %ranks status)
 
 A cell's body sees the notebook's current values of the globals it names, except
@@ -20,16 +24,17 @@ import shlex
 from typing import Any
 
 from ..errors import LaunchArgumentError
-from ..magic import _ArgumentParser, _cell_filename, _seconds, options_parser, referenced_globals
+from ..magic import (NOT_WATCHED, _ArgumentParser, _cell_filename, _lines_per_second, _seconds, _stall_after,
+                     options_parser, referenced_globals, watch_options)
 from .namespace import NotRun
 from .pool import DEFAULT_GRACE, Ranks, start_ranks
 
 log = logging.getLogger("notebook_launch")
 USAGE = ("%ranks start [-n N] [--spawn] [--mixed-precision no|fp16|bf16|fp8] [--timeout S] "
          "[--ui auto|widget|html|rich|text|none] [--port PORT] [--log-dir DIR] [--display-ranks all|R,R] "
-         "[--grace S] | "
-         "%ranks push NAME... | %ranks pull NAME... | %ranks stop | %ranks status | "
-         "%%ranks [--timeout S] [--ranks R,R]")
+         "[--grace S] [--stall-after S|none] [--lines-per-second N|all] [--cluster ADDRESS] | "
+         "%ranks push NAME... | %ranks pull NAME... | %ranks stacks | %ranks stop | %ranks status | "
+         "%%ranks [--timeout S] [--ranks R,R] [--stall-after S] [--lines-per-second N|all]")
 _NOTEBOOK_ONLY = frozenset({"In", "Out", "get_ipython", "exit", "quit"})
 _active: Ranks | None = None
 
@@ -38,6 +43,7 @@ def _start_parser() -> argparse.ArgumentParser:
     p = options_parser("%ranks start", USAGE)
     p.add_argument("--grace", type=_seconds, default=DEFAULT_GRACE)
     p.add_argument("--spawn", action="store_true")
+    p.add_argument("--cluster", default=None)
     return p
 
 
@@ -45,6 +51,8 @@ def _cell_parser() -> argparse.ArgumentParser:
     p = _ArgumentParser(prog="%%ranks", add_help=False, usage=USAGE)
     p.add_argument("--timeout", type=_seconds, default=None)
     p.add_argument("--ranks", type=_rank_list, default=None)
+    p.add_argument("--stall-after", type=_stall_after, default=None)
+    p.add_argument("--lines-per-second", type=_lines_per_second, default=None)
     return p
 
 
@@ -75,7 +83,11 @@ def ranks_magic(shell: Any, line: str, cell: str | None = None) -> Any:
         raise LaunchArgumentError(f"%ranks: cannot read the options ({exc}). Usage: {USAGE}") from None
     if cell is not None:
         options = _cell_parser().parse_args(words)
-        return run_cell(shell, active(), cell, options.timeout, options.ranks)
+        if options.stall_after == NOT_WATCHED:
+            raise LaunchArgumentError("%%ranks --stall-after takes seconds for this cell; to not watch for "
+                                      "stalls at all, start the ranks with %ranks start --stall-after none")
+        return run_cell(shell, active(), cell, options.timeout, options.ranks,
+                        stall_after=options.stall_after, lines_per_second=options.lines_per_second)
     command, rest = (words[0], words[1:]) if words else ("status", [])
     if command == "start":
         if _active is not None and not _active.closed:
@@ -85,15 +97,25 @@ def ranks_magic(shell: Any, line: str, cell: str | None = None) -> Any:
         kwargs: dict[str, Any] = {"num_processes": args.num_processes, "mixed_precision": args.mixed_precision,
                                   "timeout": args.timeout, "ui": args.ui, "log_dir": args.log_dir,
                                   "interrupt_grace": args.grace, "display_ranks": args.display_ranks,
-                                  "start_method": "spawn" if args.spawn else None}
+                                  "start_method": "spawn" if args.spawn else None, **watch_options(args)}
         if args.port is not None:
             kwargs["use_port"] = args.port
+        if args.cluster is not None:
+            if args.spawn:
+                raise LaunchArgumentError("%ranks start: --spawn and --cluster do not go together (Ray starts "
+                                          "the ranks on the cluster). Usage: " + USAGE)
+            from ..cluster import RayCluster
+            kwargs["cluster"] = RayCluster(address=args.cluster)
+            del kwargs["start_method"]
         _active = start_ranks(**kwargs)
         return None
     if command == "stop":
         if _active is not None:
             _active.close()
             _active = None
+        return None
+    if command == "stacks":
+        print(active().stacks(), flush=True)
         return None
     if command == "status":
         print(repr(_active) if _active is not None else "no ranks are running (%ranks start -n N)")
@@ -113,14 +135,16 @@ def ranks_magic(shell: Any, line: str, cell: str | None = None) -> Any:
     raise LaunchArgumentError(f"%ranks: unknown command {command!r}. Usage: {USAGE}")
 
 
-def run_cell(shell: Any, ranks: Ranks, cell: str, timeout: float | None, subset: list[int] | None = None) -> None:
+def run_cell(shell: Any, ranks: Ranks, cell: str, timeout: float | None, subset: list[int] | None = None, *,
+             stall_after: float | None = None, lines_per_second: int | str | None = None) -> None:
     """Run the cell on every rank (or on ``subset``) with the notebook values it names (those
     that pickle), then show each rank's value of its last line as IPython shows a cell's result."""
     source = shell.transform_cell(cell) if shell is not None else cell
     filename = _cell_filename(shell, source, cell) if shell is not None else "<%%ranks cell>"
     code = compile(source, filename, "exec")   # a syntax error shows here, before any rank runs it
     values = shippable(referenced_globals(code, shell.user_ns)) if shell is not None else {}
-    results = ranks.run_cell(source, filename, values, timeout=timeout, ranks=subset)
+    results = ranks.run_cell(source, filename, values, timeout=timeout, ranks=subset, stall_after=stall_after,
+                             lines_per_second=lines_per_second)
     show_values(shell, results)
 
 

@@ -25,6 +25,7 @@ import threading
 import time
 import weakref
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from ..backends import get_backend
@@ -40,12 +41,14 @@ from ..net import release_claims
 from ..line_prefix import parse_line_prefix
 from ..logs import RunLogs
 from ..options import (
+    DEFAULT_LINES_PER_SECOND,
     DEFAULT_USE_PORT,
     LaunchOptions,
     check_display_ranks_exist,
     launch_options,
     validate_args,
     validate_function,
+    validate_lines_per_second,
     validate_timeout,
 )
 from ..plan import LaunchPlan
@@ -53,8 +56,9 @@ from ..preflight import check_not_inside_rank
 from ..rank.runner import Job
 from ..run import launch_summary, presenting
 from ..state import DONE, FAILED, RUNNING, RankState, RunState
-from ..supervise import leftovers, outcome
+from ..supervise import hang_verdict, leftovers, outcome, stacks as rank_stacks
 from ..supervise.outcome import error_summary
+from ..supervise.stall import DEFAULT_STALL_AFTER
 from . import commands, namespace
 from .call import CallSupervisor, LogSection
 from .idle import CellWatch, IdleReader
@@ -88,7 +92,8 @@ def start_ranks(num_processes: int | None = None, mixed_precision: str = "no",
                 log_line_prefix_template: str | None = None,
                 interrupt_grace: float = DEFAULT_GRACE,
                 display_ranks: int | Iterable[int] | str | None = None,
-                cluster: "RayCluster | None" = None) -> Ranks:
+                cluster: "RayCluster | None" = None, stall_after: float | None = DEFAULT_STALL_AFTER,
+                lines_per_second: int | str = DEFAULT_LINES_PER_SECOND) -> Ranks:
     """Fork ``num_processes`` ranks now and keep them: each ``run()`` then calls a function
     on the same processes, whose namespace (models, data, an initialized process group)
     lives on between calls. Options mean what they mean for ``notebook_launcher``;
@@ -98,6 +103,11 @@ def start_ranks(num_processes: int | None = None, mixed_precision: str = "no",
     where a fork is refused): each call's function and a ``%%ranks`` cell's values travel
     with cloudpickle, as they do to forked ranks; the ranks do not start with a copy of the
     notebook's globals, only what calls, cells and ``push`` bring.
+    ``stall_after``: seconds a call's ranks may all show no sign of progress before they are
+    marked stalled (nothing is stopped; see ``supervise.stall``), the default of each call;
+    None: not watched. ``lines_per_second``: each rank's output lines a second a call's cell
+    shows ("all": every line), the default of each call. ``ranks.stacks()`` says where every
+    rank is, during a call (from another thread) or between calls.
     Use ``with start_ranks(2) as ranks:`` or call ``close()``.
     """
     check_not_inside_rank()
@@ -119,10 +129,18 @@ def start_ranks(num_processes: int | None = None, mixed_precision: str = "no",
         use_port=use_port, master_addr=master_addr, node_rank=0, num_nodes=1, rdzv_backend="static",
         rdzv_endpoint="", rdzv_conf=None, rdzv_id="none", max_restarts=0, monitor_interval=0.1,
         log_line_prefix_template=log_line_prefix_template, kwargs=None, start_method=start_method,
-        timeout=timeout, log_dir=log_dir, ui=ui, rdzv_timeout=None, display_ranks=display_ranks)
+        timeout=timeout, log_dir=log_dir, ui=ui, rdzv_timeout=None, display_ranks=display_ranks,
+        stall_after=stall_after, lines_per_second=lines_per_second)
     ranks = Ranks(options, float(interrupt_grace))
     ranks._start()
     return ranks
+
+
+@dataclass(frozen=True)
+class CallWatchOptions:
+    """How one call is watched: ``stall_after`` (None: not) and ``lines_per_second`` (None: every line)."""
+    stall_after: float | None
+    lines_per_second: int | None
 
 
 class _Unsendable(LaunchArgumentError):
@@ -179,21 +197,25 @@ class Ranks:
         self._idle: IdleReader | None = None
         self._handed_back: dict[int, protocol.EventReader] = {}
         self._cells: CellWatch | None = None
+        self._supervisor: CallSupervisor | None = None   # the call running now (stacks() reads its state)
+        self._call_watch = CallWatchOptions(options.stall_after, options.lines_per_second)   # the call's
         self._finalizer = weakref.finalize(self, _kill_all, self._processes, self._reaping)
 
     # --- the public calls ---------------------------------------------------------------
     @_trimmed
     @_serialized
     def run(self, function: Callable[..., Any], args: tuple | list = (), kwargs: dict[str, Any] | None = None,
-            *, timeout: float | None = None) -> list[Any]:
+            *, timeout: float | None = None, stall_after: float | None = None,
+            lines_per_second: int | str | None = None) -> list[Any]:
         """Call ``function(*args, **kwargs)`` on every rank; return each rank's result in rank
         order. A notebook function runs in the ranks' namespace (what earlier calls assigned
-        with ``global`` is there). Raises LaunchError as notebook_launcher does."""
+        with ``global`` is there). Raises LaunchError as notebook_launcher does. ``timeout``,
+        ``stall_after``, ``lines_per_second``: for this call (None: start_ranks' values)."""
         validate_function(function)
         validate_args(args, kwargs)
         name = getattr(function, "__qualname__", None) or type(function).__name__
         return self._call(Call(Job(function, tuple(args), dict(kwargs or {}))), f"run({name})",
-                          self._timeout(timeout))
+                          self._timeout(timeout), watch=self._watch(stall_after, lines_per_second))
 
     @_trimmed
     @_serialized
@@ -217,7 +239,8 @@ class Ranks:
     @_trimmed
     @_serialized
     def run_cell(self, source: str, filename: str, values: dict[str, Any] | None = None, *,
-                 timeout: float | None = None, ranks: Iterable[int] | None = None) -> list[Any]:
+                 timeout: float | None = None, ranks: Iterable[int] | None = None,
+                 stall_after: float | None = None, lines_per_second: int | str | None = None) -> list[Any]:
         """Run cell source on every rank in the ranks' namespace (what ``%%ranks`` does), with
         ``values``: the notebook's values of the names the cell uses; return each rank's value of
         the cell's last line (None if it is no expression), in rank order. ``ranks``: the global
@@ -225,9 +248,11 @@ class Ranks:
         ``namespace.NotRun`` (so the cell must not call a collective that needs them).
         A value that cannot be sent (it does not pickle) is named here before anything runs;
         the ranks then use their own value of that name (e.g. their copy from the start), and
-        where they have none the cell raises a NameError that says why, before any of its code runs."""
+        where they have none the cell raises a NameError that says why, before any of its code runs.
+        ``timeout``, ``stall_after``, ``lines_per_second``: as for ``run``."""
         values = dict(values or {})
         timeout = self._timeout(timeout)
+        watch = self._watch(stall_after, lines_per_second)
         subset = self._rank_subset(ranks)
         idle = sorted(set(range(self.num_processes)) - subset) if subset is not None else []
         if subset is not None and idle:
@@ -239,7 +264,7 @@ class Ranks:
                   f"that needs {'them' if len(idle) > 1 else 'it'})", flush=True)
         try:
             return self._call(Call(Job(namespace.run_cell, (source, filename, values, None, subset)),
-                                   hidden_frames=1), "%%ranks cell", timeout, idle=frozenset(idle))
+                                   hidden_frames=1), "%%ranks cell", timeout, idle=frozenset(idle), watch=watch)
         except _Unsendable:
             pass
         unsent = namespace.unpicklable(values)
@@ -250,7 +275,7 @@ class Ranks:
               flush=True)
         sendable = {name: value for name, value in values.items() if name not in unsent}
         return self._call(Call(Job(namespace.run_cell, (source, filename, sendable, unsent, subset)),
-                               hidden_frames=1), "%%ranks cell", timeout, idle=frozenset(idle))
+                               hidden_frames=1), "%%ranks cell", timeout, idle=frozenset(idle), watch=watch)
 
     def _rank_subset(self, ranks: Iterable[int] | None) -> frozenset[int] | None:
         """``ranks`` checked against the pool's world size (an error naming the bad ones)."""
@@ -270,6 +295,62 @@ class Ranks:
                 f"(these ranks are {world}), e.g. ranks=[0] or %%ranks --ranks 0,2"
                 + (f"; not ranks here: {', '.join(map(repr, bad))}" if bad else ""))
         return frozenset(chosen)
+
+    def stacks(self) -> rank_stacks.WhereReport:
+        """Where every rank is now: a one-line verdict (who waits in which collective, who never
+        came), then each rank's threads, cells named. Works while a call runs (from another
+        thread: it takes no lock and stops nothing) and between calls (the ranks then wait for
+        the next call; their other threads show). Also written whole to each rank's log.
+        ``print(ranks.stacks())`` or ``%ranks stacks``."""
+        if self.closed:
+            raise LaunchArgumentError("these ranks were closed: there is no rank to ask")
+        plan, processes, supervisor = self.plan, list(self._processes), self._supervisor
+        if plan is None or not processes:
+            raise LaunchArgumentError(f"no ranks are running now ({self._lost or 'not started'}); the next call "
+                                      f"starts them")
+        calling = self._lock.locked()
+        state = supervisor.state if supervisor is not None else None
+        asked: list[tuple[int, int | None]] = []
+        notes: dict[int, str] = {}
+        for spec, process in zip(plan.ranks, processes):
+            rs = state.ranks[spec.local_rank] if state is not None else None
+            if not process.on_this_machine:
+                asked.append((spec.global_rank, None))
+                notes[spec.global_rank] = "was not asked (its process runs on another machine)"
+            elif _exited(process):
+                asked.append((spec.global_rank, None))
+                notes[spec.global_rank] = "ended (the next call restarts the ranks)"
+            elif rs is not None and rs.status != RUNNING:
+                asked.append((spec.global_rank, None))
+                notes[spec.global_rank] = f"is done with this call ({rs.exit_description or rs.status})"
+            else:
+                asked.append((spec.global_rank, process.pid))
+        found = rank_stacks.collect(asked)
+        label = outcome.cell_labeller()
+        rank_stacks.add_beyond_python(found, asked, label, native=calling)   # an idle rank: in our recvmsg
+        for where, spec in zip(found, plan.ranks):
+            where.note = notes.get(where.rank, where.note)
+            if state is not None:
+                where.stalled_for = state.stalled_for(spec.local_rank)
+        if calling:
+            for where in found:   # back in the loop before the call's supervisor read its report
+                if _waits_for_a_call(where):
+                    where.note = "is done with this call (its report is on its way)"
+            verdict, detail = rank_stacks.where_they_are(found, label)
+            verdict = verdict or "no rank could say where it is: " + hang_verdict.notes_text(found)
+        else:
+            waiting = [where for where in found if _waits_for_a_call(where)]
+            verdict = "no call is running: " + (
+                "every rank waits for the next one" if len(waiting) == len(found) else
+                hang_verdict.notes_text([where for where in found if where not in waiting])
+                + "; the others wait for the next call")
+            detail = hang_verdict.detail(found, label)
+        report = rank_stacks.WhereReport(verdict, detail)
+        if self.logs is not None:
+            for local_rank, where in enumerate(found):
+                self.logs.write_block(local_rank, "notebook_launch: where this rank is (ranks.stacks()): "
+                                      + verdict + "\n" + hang_verdict.detail([where], label, frames_per_thread=1000))
+        return report
 
     @_serialized
     def close(self) -> None:
@@ -319,6 +400,13 @@ class Ranks:
     # --- starting, calling, stopping ----------------------------------------------------
     def _timeout(self, timeout: float | None) -> float | None:
         return self.options.timeout if timeout is None else validate_timeout(timeout)
+
+    def _watch(self, stall_after: float | None, lines_per_second: int | str | None) -> CallWatchOptions:
+        """A call's stall_after and lines_per_second: its own, checked, else the pool's."""
+        return CallWatchOptions(
+            self.options.stall_after if stall_after is None else validate_timeout(stall_after, "stall_after"),
+            self.options.lines_per_second if lines_per_second is None
+            else validate_lines_per_second(lines_per_second))
 
     def _start(self) -> None:
         target, plan, run_id = plan_launch(self.options)
@@ -432,7 +520,8 @@ class Ranks:
         return events
 
     def _call(self, call: Call, title: str, timeout: float | None, quiet: bool = False,
-              idle: frozenset[int] = frozenset()) -> list[Any]:
+              idle: frozenset[int] = frozenset(), watch: CallWatchOptions | None = None) -> list[Any]:
+        self._call_watch = watch or self._watch(None, None)   # _supervise reads it
         """One call on every rank. ``quiet`` (push, pull): no panel, only an error if one comes;
         ``idle``: the global ranks whose part of the call runs nothing (the panel says so)."""
         if self.closed:
@@ -465,6 +554,7 @@ class Ranks:
 
     def _supervise(self, call: Call, frame: commands.Frame, title: str, timeout: float | None, quiet: bool,
                    events: dict[int, Any], idle: frozenset[int] = frozenset()) -> list[Any]:
+        watch = self._call_watch
         assert self.plan is not None and self.logs is not None and self._slot is not None
         self.calls += 1
         state = RunState(run_id=f"{self.run_id}-call{self.calls}", world_size=self.plan.world_size,
@@ -472,7 +562,8 @@ class Ranks:
                          ranks=[RankState(rank=r.global_rank, local_rank=r.local_rank, device=r.device,
                                           pid=p.pid, status=RUNNING)
                                 for r, p in zip(self.plan.ranks, self._processes)])
-        display = choose_display("none" if quiet else self.options.ui, line_prefix=self.options.line_prefix)
+        display = choose_display("none" if quiet else self.options.ui, line_prefix=self.options.line_prefix,
+                                 lines_per_second=watch.lines_per_second)
         rank_displays = RankDisplays(self.options.display_ranks, state.run_id) if in_ipython_kernel() else None
         section = LogSection(self.logs, f"call {self.calls}: {title}")
         with presenting(state, display, section, rank_displays):
@@ -481,13 +572,15 @@ class Ranks:
                                         grace=self.grace, slot=self._slot, call_number=self.calls,
                                         rank_displays=rank_displays, send=lambda: self._send(frame),
                                         events=events, command_fds=[c.write_fd for c in self._commands],
-                                        idle_ranks=idle)
+                                        idle_ranks=idle, stall_after=None if quiet else watch.stall_after)
+            self._supervisor = supervisor
             try:
                 results = supervisor.run()
             except LaunchError as error:
                 state.finish(FAILED, error_summary(error))
                 raise outcome.with_note(error, self._after_failure(supervisor.lost)) from None
             finally:
+                self._supervisor = None
                 self._handed_back = supervisor.events_by_rank()
                 if supervisor.lost is not None:
                     self._lost = supervisor.lost
@@ -513,6 +606,20 @@ class Ranks:
         if self._slot is not None:
             self._slot.close()
             self._slot = None
+
+
+def _waits_for_a_call(where: hang_verdict.RankWhereabouts) -> bool:
+    """A rank between calls: its main thread waits in ``serve_calls`` for the next command. Its
+    main thread (our code only) leaves the detail, which keeps the rank's other threads."""
+    frames = where.main_frames()
+    if not frames or not frames[0].filename.endswith(COMMANDS_FILE):
+        return False
+    where.threads = [thread for thread in where.threads if thread.frames is not frames]
+    where.note = "waits for the next call"
+    return True
+
+
+COMMANDS_FILE = os.path.join("notebook_launch", "persistent", "commands.py")
 
 
 def stop_processes(processes: list[RankProcess], pipes: list[RankPipes], command_pipes: list[commands.CommandPipe],

@@ -109,8 +109,8 @@ def collective_text(c: Collective, label: Labeller) -> str:
 def location_text(rank: RankWhereabouts, label: Labeller) -> str:
     """'in evaluate() at Cell In[5], line 30 (time.sleep(3600))', or what the rank's note says
     when there is no stack (a verb phrase: 'ended: finished', 'not running')."""
-    if rank.note and not rank.threads:
-        return rank.note
+    if rank.note and not any(thread.ident == rank.main_thread for thread in rank.threads):
+        return rank.note   # no stack, or none of its main thread (a persistent rank between calls)
     frame = user_frame(rank.main_frames())
     if frame is None:
         return "somewhere its stack did not show"
