@@ -47,8 +47,8 @@ from ..display.rank_displays import RankDisplays
 from ..errors import LaunchArgumentError, LaunchError
 from ..line_prefix import parse_line_prefix
 from ..logs import RunLogs, make_run_id
-from ..options import (DEFAULT_RDZV_TIMEOUT, DEFAULT_USE_PORT, LaunchOptions, check_display_ranks_exist,
-                       launch_options, validate_cluster_launch, validate_cluster_type)
+from ..options import (DEFAULT_LINES_PER_SECOND, DEFAULT_RDZV_TIMEOUT, DEFAULT_USE_PORT, LaunchOptions,
+                       check_display_ranks_exist, launch_options, validate_cluster_launch, validate_cluster_type)
 from ..protocol import FailureKind
 from ..rank.ray_serve import Kind, encode_message, serve_ray_calls
 from ..rank.runner import Job
@@ -57,6 +57,7 @@ from ..run import launch_summary, presenting
 from ..state import DONE, FAILED, RUNNING, RankState, RunState
 from ..supervise import outcome
 from ..supervise.outcome import error_summary
+from ..supervise.stall import DEFAULT_STALL_AFTER
 from . import commands
 from .call import CallSupervisor, LogSection
 from .idle import IdleReader
@@ -75,8 +76,12 @@ def start_ray_ranks(num_processes: int | None, cluster: "RayCluster", *, mixed_p
                     use_port: int | str = DEFAULT_USE_PORT, timeout: float | None = None,
                     log_dir: str | os.PathLike[str] | None = None, ui: str = "auto",
                     log_line_prefix_template: str | None = None, interrupt_grace: float = 3.0,
-                    display_ranks: int | Iterable[int] | str | None = None) -> "RayRanks":
-    """``start_ranks(num_processes, cluster=...)``: place and start the ranks now (see the module)."""
+                    display_ranks: int | Iterable[int] | str | None = None,
+                    stall_after: float | None = DEFAULT_STALL_AFTER,
+                    lines_per_second: int | str = DEFAULT_LINES_PER_SECOND) -> "RayRanks":
+    """``start_ranks(num_processes, cluster=...)``: place and start the ranks now (see the module).
+    The arguments mean what they mean for ``start_ranks``; ``use_port`` is not used (rank 0's
+    node picks the port)."""
     from ..cluster import RayCluster
     validate_cluster_type(cluster, RayCluster)
     if isinstance(interrupt_grace, bool) or not isinstance(interrupt_grace, (int, float)) \
@@ -87,7 +92,8 @@ def start_ray_ranks(num_processes: int | None, cluster: "RayCluster", *, mixed_p
         use_port=use_port, master_addr="127.0.0.1", node_rank=0, num_nodes=1, rdzv_backend="static",
         rdzv_endpoint="", rdzv_conf=None, rdzv_id="none", max_restarts=0, monitor_interval=0.1,
         log_line_prefix_template=log_line_prefix_template or LINE_PREFIX, kwargs=None, start_method=None,
-        timeout=timeout, log_dir=log_dir, ui=ui, rdzv_timeout=None, display_ranks=display_ranks)
+        timeout=timeout, log_dir=log_dir, ui=ui, rdzv_timeout=None, display_ranks=display_ranks,
+        stall_after=stall_after, lines_per_second=lines_per_second)
     validate_cluster_launch(options)
     ranks = RayRanks(options, float(interrupt_grace), cluster)
     ranks._start()
@@ -317,7 +323,10 @@ class RayRanks(Ranks):
 
     def _supervise(self, call: Any, frame: commands.Frame, title: str, timeout: float | None, quiet: bool,
                    events: dict[int, Any], idle: frozenset[int] = frozenset()) -> list[Any]:
-        """``Ranks._supervise`` with each rank's node in the panel."""
+        """``Ranks._supervise`` with each rank's node in the panel: the pool's own once it calls
+        ``_describe_ranks`` (the hook asked for), until then a copy that adds it."""
+        if hasattr(Ranks, "_describe_ranks"):
+            return super()._supervise(call, frame, title, timeout, quiet, events, idle)
         assert self.plan is not None and self.logs is not None and self._slot is not None
         self.calls += 1
         state = RunState(run_id=f"{self.run_id}-call{self.calls}", world_size=self.plan.world_size,
@@ -325,8 +334,7 @@ class RayRanks(Ranks):
                          ranks=[RankState(rank=r.global_rank, local_rank=r.local_rank, device=r.device,
                                           pid=p.pid, status=RUNNING)
                                 for r, p in zip(self.plan.ranks, self._processes)])
-        for rs, placement, address in zip(state.ranks, self._placements, self._addresses):
-            rs.node, rs.node_rank = f"node {placement.node_rank} ({address})", placement.node_rank
+        self._describe_ranks(state)
         display = choose_display("none" if quiet else self.options.ui, line_prefix=self.options.line_prefix)
         rank_displays = RankDisplays(self.options.display_ranks, state.run_id) if in_ipython_kernel() else None
         section = LogSection(self.logs, f"call {self.calls}: {title}")
@@ -348,6 +356,11 @@ class RayRanks(Ranks):
                     self._stop_processes(graceful=False)
             state.finish(DONE, f"{len(results)} ranks returned in {state.elapsed:.2f} s")
             return results
+
+    def _describe_ranks(self, state: RunState) -> None:
+        """Each rank's node, in a call's run state (the panel's rows, the errors' first lines)."""
+        for rs, placement, address in zip(state.ranks, self._placements, self._addresses):
+            rs.node, rs.node_rank = f"node {placement.node_rank} ({address})", placement.node_rank
 
     # --- ending -------------------------------------------------------------------------
     def _stop_processes(self, graceful: bool) -> None:

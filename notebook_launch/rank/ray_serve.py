@@ -54,6 +54,7 @@ class Inbox:
     calls: "queue.Queue[tuple[bytes, bytes] | None]"
     slot: Any          # persistent.commands.InterruptSlot of this rank alone
     stopped: threading.Event
+    main_thread: int   # the thread that runs the calls (the actor's task: the worker's main thread)
 
 
 _inbox: Inbox | None = None
@@ -64,7 +65,7 @@ def listen(sock: Any, finished: threading.Event) -> Inbox:
     this instead of its signal reader when the job is a persistent rank)."""
     from ..persistent.commands import InterruptSlot
     global _inbox
-    inbox = Inbox(queue.Queue(), InterruptSlot(1), threading.Event())
+    inbox = Inbox(queue.Queue(), InterruptSlot(1), threading.Event(), threading.get_ident())
     _inbox = inbox
     threading.Thread(target=_read_messages, args=(sock, inbox, finished), daemon=True,
                      name="notebook_launch-ray-commands").start()
@@ -89,7 +90,10 @@ def _read_messages(sock: Any, inbox: Inbox, finished: threading.Event) -> None:
         elif kind == Kind.INTERRUPT:
             inbox.slot.request(first)
             if inbox.slot.serving(0) and not finished.is_set():
-                os.kill(os.getpid(), signal.SIGINT)
+                # to the main thread itself: a process-wide signal lands on any of Ray's threads,
+                # and the main thread, asleep in a system call (time.sleep, a socket read), would
+                # run the handler only once that call returned by itself
+                signal.pthread_kill(inbox.main_thread, signal.SIGINT)
         elif kind == Kind.STOP:
             inbox.stopped.set()
             inbox.calls.put(None)
