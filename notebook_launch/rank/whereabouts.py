@@ -19,6 +19,15 @@ Two things, both installed once per rank by ``install`` (a rank hook):
 
 Both are memfds (memory, no path: nothing is left behind); the notebook opens them through
 ``/proc/<pid>/fd``, the rank being its child.
+
+What it costs: nothing while no collective runs; per collective, one Python call around torch's
+(a dict look-up, a frame walk to the caller, two small writes into the mapped record): about a
+microsecond, against tens of microseconds for the smallest gloo all_reduce (measured side by
+side by ``benchmarks/collective_bookkeeping.py``; a DDP step's gradient all-reduces run in
+torch's C++ reducer and are not wrapped at all). ``NOTEBOOK_LAUNCH_WHEREABOUTS=0`` in the
+notebook's environment (before the launch) leaves both out: the ranks then cannot say where
+they are, and a hang's error says only which ranks were running. ``set_recording`` swaps the
+wrappers out and in, for the benchmark.
 """
 from __future__ import annotations
 
@@ -57,6 +66,7 @@ COLLECTIVES = ("all_reduce", "broadcast", "all_gather", "all_gather_into_tensor"
                "destroy_process_group")
 
 
+SWITCH = "NOTEBOOK_LAUNCH_WHEREABOUTS"   # "0": no dump handler, no record, no wrapped collectives
 RECORD_NAME = "notebook_launch-whereabouts"   # the memfds' names: the notebook finds them in /proc/<pid>/fd
 STACKS_NAME = "notebook_launch-stacks"
 
@@ -109,7 +119,7 @@ def install(spec: Any) -> None:
     """The rank hook: the dump handler, the record, and the wrapped collectives (now if
     torch.distributed is imported already, else as soon as it is). Linux only (memfd, /proc)."""
     global _record, _stacks_fd
-    if _record is not None or not hasattr(os, "memfd_create"):
+    if _record is not None or not hasattr(os, "memfd_create") or os.environ.get(SWITCH, "1").strip() == "0":
         return
     _stacks_fd = os.memfd_create(STACKS_NAME)
     faulthandler.register(DUMP_SIGNAL, file=_stacks_fd, all_threads=True, chain=False)
@@ -156,6 +166,20 @@ def wrap_collectives(dist: Any) -> None:
         setattr(dist, name, wrapped)
         if c10d is not None and getattr(c10d, name, None) is original:
             setattr(c10d, name, wrapped)
+
+
+def set_recording(dist: Any, on: bool) -> None:
+    """Put the recording collectives (``on``) or torch's own back into ``torch.distributed``: what
+    the bookkeeping costs is measured by turns in one rank (benchmarks/collective_bookkeeping.py)."""
+    if on:
+        wrap_collectives(dist)
+        return
+    c10d = getattr(dist, "distributed_c10d", None)
+    for name in COLLECTIVES:
+        for module in (dist, c10d) if c10d is not None else (dist,):
+            current: Any = getattr(module, name, None)
+            if getattr(current, "_notebook_launch_wrapped", False):
+                setattr(module, name, current.__wrapped__)
 
 
 _SKIP_PREFIXES = (os.path.dirname(os.path.dirname(os.path.abspath(__file__))),)
