@@ -111,7 +111,8 @@ def test_a_kernel_imports_torch_dynamo_between_cells_once_the_notebook_defines_t
     have it already. A notebook that defines only quick functions never pays for it."""
     from nbutil import make_notebook, run_notebook
     nb = run_notebook(make_notebook(
-        PREIMPORT_CHECK + "import torch\nbefore = state()\nfrom notebook_launch import notebook_launcher",
+        PREIMPORT_CHECK + "import torch\nimport notebook_launch\nnotebook_launch.install_hooks()\n"
+                          "before = state()\nfrom notebook_launch import notebook_launcher",
         "def quick():\n    return 1",
         "print(before, state())",
         "def train():\n    model = torch.nn.Linear(2, 1)\n    model(torch.ones(1, 2)).sum().backward()",
@@ -129,7 +130,8 @@ def test_the_kernel_import_can_be_turned_off():
     from nbutil import make_notebook, run_notebook
     nb = run_notebook(make_notebook(
         PREIMPORT_CHECK + "import os\nos.environ['NOTEBOOK_LAUNCH_PREIMPORT'] = '0'\n"
-                          "import torch\nfrom notebook_launch import notebook_launcher",
+                          "import torch\nimport notebook_launch\nnotebook_launch.install_hooks()\n"
+                          "from notebook_launch import notebook_launcher",
         "def train(model):\n    model(torch.ones(1, 2)).sum().backward()",
         "import time\ntime.sleep(0.5)\nprint(state())",
     ), timeout=300)

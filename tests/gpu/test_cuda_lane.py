@@ -107,7 +107,8 @@ def _run_cells(tmp_path, *cells: str, allow_errors: bool = False) -> str:
 
 def test_cuda_guard_names_the_line_that_initialized_cuda_in_a_kernel(tmp_path):
     text = _run_cells(tmp_path, """
-        import notebook_launch, torch
+        %load_ext notebook_launch
+        import torch
         from notebook_launch import notebook_launcher, GuardError
         """, """
         x = torch.ones(2).cuda()   # the notebook touches CUDA
@@ -123,6 +124,28 @@ def test_cuda_guard_names_the_line_that_initialized_cuda_in_a_kernel(tmp_path):
         """)
     assert "GUARD: CUDA is already initialized in this notebook" in text, text
     assert "x = torch.ones(2).cuda()" in text, "the guard must quote the line that initialized CUDA"
+
+
+def test_cuda_guard_without_the_hooks_refuses_and_says_the_line_is_unknown(tmp_path):
+    """A bare import installs nothing (issue 21 item 6): CUDA touched before the first launch is
+    still refused, and the error says how to have the line named."""
+    text = _run_cells(tmp_path, """
+        import torch
+        from notebook_launch import notebook_launcher, GuardError
+        """, """
+        x = torch.ones(2).cuda()
+        """, """
+        def f():
+            return 1
+        try:
+            notebook_launcher(f, num_processes=1)
+        except GuardError as err:
+            print("GUARD:", err)
+        else:
+            print("NO GUARD")
+        """)
+    assert "GUARD: CUDA is already initialized in this notebook" in text, text
+    assert "is unknown: it happened before notebook_launch began recording" in text, text
 
 
 def test_spawn_after_cuda_was_initialized_in_the_notebook(tmp_path):
