@@ -544,3 +544,26 @@ def test_the_stop_button_says_where_the_ranks_were(log_dir, monkeypatch):
         f"notebook_launch: run stopped with the Stop button; where the ranks were: rank 0 waits in barrier #1 "
         f"({HERE}:{barrier}); rank 1 never reached it: it is in hangs_after_saying_so() at {HERE}:{sleep} "
         f"(time.sleep(HANG))")
+
+
+def switches_recording_off_and_on():
+    from notebook_launch.rank import whereabouts as w
+    wrapped = getattr(dist.all_reduce, "_notebook_launch_wrapped", False)
+    w.set_recording(dist, False)
+    original = dist.all_reduce is dist.distributed_c10d.all_reduce and \
+        not getattr(dist.all_reduce, "_notebook_launch_wrapped", False)
+    w.set_recording(dist, True)
+    return wrapped, original, getattr(dist.all_reduce, "_notebook_launch_wrapped", False)
+
+
+def test_the_bookkeeping_can_be_swapped_out_and_left_out(log_dir, monkeypatch):
+    """set_recording (the benchmark's switch) puts torch's own collectives back and the wrappers
+    again; NOTEBOOK_LAUNCH_WHEREABOUTS=0 leaves the bookkeeping out of the ranks: a hang's timeout
+    then says only which ranks were running."""
+    assert notebook_launcher(switches_recording_off_and_on, num_processes=1, log_dir=log_dir, ui="none",
+                             use_port=str(free_port())) == [(True, True, True)]
+    monkeypatch.setenv("NOTEBOOK_LAUNCH_WHEREABOUTS", "0")
+    assert notebook_launcher(switches_recording_off_and_on, num_processes=1, log_dir=log_dir, ui="none",
+                             use_port=str(free_port()))[0][0] is False
+    error = launch(sleeps_on_rank_1, 2, log_dir, timeout=10)
+    assert first_line(error) == "notebook_launch: timed out after 10 s; ranks still running: 1"
