@@ -456,3 +456,28 @@ def test_a_timeout_says_where_each_replica_is(tmp_path):
     # each replica shows its own thread (two threads of one process): rank 0 waits for its data
     assert f"skips_an_all_reduce() at {here}:{cpu_line}" in rank0 and f"{here}:{sleep_line}" not in rank0
     assert f"skips_an_all_reduce() at {here}:{sleep_line}" in rank1 and f"{here}:{cpu_line}" not in rank1
+
+
+def test_who_waits_in_a_lazy_xm_collective():
+    """xm's collectives only add to the graph: a replica waits in its latest one when another
+    replica has not issued that number, or issued another op as that number; when every replica
+    issued the same, none is said to wait in it (they may be anywhere since)."""
+    from notebook_launch.backends.xla import who_waits
+    from notebook_launch.supervise.hang_verdict import Collective, RankWhereabouts
+
+    def replica(rank, op=None, seq=0):
+        return RankWhereabouts(rank, last=Collective(op, "default group", seq, "", None) if op else None)
+
+    behind = [replica(0, "all_reduce", 4), replica(1, "all_reduce", 3), replica(2, "all_reduce", 4)]
+    who_waits(behind)
+    assert [r.inside.seq if r.inside else None for r in behind] == [4, None, 4]
+    assert behind[1].last.seq == 3
+    order = [replica(0, "all_reduce", 2), replica(1, "all_gather", 2)]
+    who_waits(order)
+    assert [r.inside.op for r in order] == ["all_reduce", "all_gather"]
+    level = [replica(0, "all_reduce", 5), replica(1, "all_reduce", 5)]
+    who_waits(level)
+    assert all(r.inside is None and r.last.seq == 5 for r in level)
+    never = [replica(0, "all_reduce", 1), replica(1)]
+    who_waits(never)
+    assert never[0].inside is not None and never[1].inside is None
