@@ -182,7 +182,7 @@ def encode_whereabouts(ranks: Sequence[RankWhereabouts], label: Labeller) -> byt
     for r in ranks:
         out.append({"rank": r.rank, "inside": collective(r.inside), "last": collective(r.last),
                     "main_thread": r.main_thread, "note": r.note, "stalled_for": r.stalled_for,
-                    "extra": list(getattr(r, "extra", [])),
+                    "beyond": list(getattr(r, "beyond", [])),
                     "threads": [[t.ident, t.current, [_frame_out(f, label, sources) for f in t.frames]]
                                 for t in r.threads]})
     return json.dumps({"ranks": out, "sources": sources}).encode()
@@ -219,8 +219,8 @@ def decode_whereabouts(data: bytes | str, node: int) -> list[RankWhereabouts]:
         where.threads = [ThreadStack(int(ident), bool(current), [f for f in map(frame, frames) if f is not None])
                          for ident, current, frames in r["threads"]]
         where.note = f"on node {node}" + (f": {r['note']}" if r.get("note") else "")
-        if r.get("extra") and hasattr(where, "extra"):
-            where.extra = list(r["extra"])
+        if r.get("beyond") and hasattr(where, "beyond"):   # native frames, stuck children (native_stacks)
+            where.beyond = list(r["beyond"])
         ranks.append(where)
     for name, original in renamed.items():
         lines = payload["sources"].get(original)
