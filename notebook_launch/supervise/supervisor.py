@@ -145,7 +145,10 @@ class Supervisor:
             if self.prompting(local):   # waiting for the user's answer is not a stall
                 self.stalls.saw(local, now)
         was_stalled = any(rs.stalled_since is not None for rs in self.state.ranks)
-        stalled = self.stalls.check_all(live, now)
+        if any(pid is None for _local, pid in live):   # a rank we cannot watch (on another machine) may
+            stalled: dict[int, float | None] = {}        # work silently: no claim that the run is stuck
+        else:
+            stalled = self.stalls.check_all(live, now)
         for rs in self.state.ranks:
             since = stalled.get(rs.local_rank)
             if since != rs.stalled_since:
