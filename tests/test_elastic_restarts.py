@@ -59,7 +59,7 @@ class RecordingDisplay(Display):
 @pytest.fixture
 def recording_display(monkeypatch):
     display = RecordingDisplay()
-    monkeypatch.setattr(run_module, "choose_display", lambda ui, line_prefix=None: display)
+    monkeypatch.setattr(run_module, "choose_display", lambda ui, **settings: display)
     return display
 
 

@@ -25,12 +25,13 @@ def run_elastic(plan: "LaunchPlan", job: "Job", options: "LaunchOptions", *, ren
     from .agent import ElasticRun, describe
 
     def body(run: RunContext) -> list[Any]:
-        kind, value = ElasticRun(run=run, job=job, settings=rendezvous).execute()
-        if kind == "results":
-            return value
-        if kind == "error":
-            raise value
-        raise KeyboardInterrupt("notebook_launch: the run was interrupted; every rank on this node was stopped")
+        ended = ElasticRun(run=run, job=job, settings=rendezvous).execute()
+        if ended.error is not None:
+            raise ended.error
+        if ended.interrupted:
+            raise KeyboardInterrupt("notebook_launch: the run was interrupted; every rank on this node was stopped")
+        assert ended.results is not None, "an elastic run that succeeded has its ranks' results"
+        return ended.results
 
     return run_with_scaffold(plan, body, options, run_id=run_id, platform=platform, backend_suffix="+elastic",
                              extra_lines=(describe(rendezvous, options.max_restarts),))

@@ -232,6 +232,15 @@ def attempt_plan(base: LaunchPlan, worker_group: AssignedGroup, port: int, attem
         master_port=port, ranks=tuple(ranks))
 
 
+@dataclasses.dataclass(frozen=True)
+class ElasticEnd:
+    """How an elastic run ended on this node: its ranks' results, the error that ended it, or an
+    interrupt (Ctrl-C or Stop; the other nodes were told)."""
+    results: list[Any] | None = None
+    error: LaunchError | None = None
+    interrupted: bool = False
+
+
 class ElasticRun:
     """Everything one elastic launch shares across attempts: the run scaffold's context,
     the job, the rendezvous settings, the deadline, and this node's own error."""
@@ -273,8 +282,8 @@ class ElasticRun:
                                         num_nodes=self.settings.num_nodes, state=self.run.state)
 
     # --- the run ------------------------------------------------------------------
-    def execute(self) -> tuple[str, Any]:
-        """Run the agent; return ("results", list) or ("error", LaunchError) or ("interrupt", None).
+    def execute(self) -> "ElasticEnd":
+        """Run the agent; return how the run ended: this node's results, one LaunchError, or interrupted.
 
         Exceptions are turned into values here so that nothing the caller raises
         keeps the agent, the handler or their TCPStore alive through a traceback
@@ -294,20 +303,20 @@ class ElasticRun:
             agent = NotebookElasticAgent(spec, self)
             result = agent.run()
             if result is None:   # elastic's "rendezvous gracefully exited"
-                return "error", self.rendezvous_error(RendezvousFailed("the rendezvous was closed"))
+                return ElasticEnd(error=self.rendezvous_error(RendezvousFailed("the rendezvous was closed")))
             if result.is_failed():
                 assert agent.failure is not None
-                return "error", self.error_for(agent.failure)
-            return "results", agent.results
+                return ElasticEnd(error=self.error_for(agent.failure))
+            return ElasticEnd(results=agent.results)
         except RunEnded as ended:
-            return "error", ended.error
+            return ElasticEnd(error=ended.error)
         except KeyboardInterrupt:
             self._tell_others_interrupted(agent)
-            return "interrupt", None
+            return ElasticEnd(interrupted=True)
         except Exception as exc:
             if agent is not None and agent.sup is not None:
                 raise
-            return "error", self.rendezvous_error(exc)
+            return ElasticEnd(error=self.rendezvous_error(exc))
         finally:
             if agent is not None:
                 agent.close_attempt()
