@@ -29,13 +29,12 @@ imported after the first call).
 from __future__ import annotations
 
 import logging
-import os
 from typing import Any
 
 from . import cuda_tracking
+from .debug_logging import DEBUG_VARIABLE, debug_logging_from_environment  # noqa: F401  (re-exported)
 
 log = logging.getLogger("notebook_launch")
-DEBUG_VARIABLE = "NOTEBOOK_LAUNCH_DEBUG"
 _installed_by: str | None = None     # what installed the hooks first ("%load_ext", "notebook_launcher", ...)
 
 
@@ -56,18 +55,6 @@ def install(by: str = "notebook_launch.install_hooks()", shell: Any = None) -> N
 def installed_by() -> str | None:
     """What installed the hooks (None: not installed in this process)."""
     return _installed_by
-
-
-def debug_logging_from_environment() -> None:
-    """NOTEBOOK_LAUNCH_DEBUG=1: every fallback the package takes is logged (debug level) to stderr."""
-    if os.environ.get(DEBUG_VARIABLE, "").strip().lower() not in ("1", "true", "yes", "on"):
-        return
-    logger = logging.getLogger("notebook_launch")
-    logger.setLevel(logging.DEBUG)
-    if not logger.handlers:
-        handler = logging.StreamHandler()
-        handler.setFormatter(logging.Formatter("notebook_launch[%(process)d] %(levelname)s %(message)s"))
-        logger.addHandler(handler)
 
 
 def _import_torch_if_installed() -> None:

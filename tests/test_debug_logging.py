@@ -40,3 +40,21 @@ def test_importing_alone_configures_no_logging_even_with_the_variable():
                     "print(logger.level, len(logger.handlers), len(logging.getLogger().handlers))\n")
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.split() == ["0", "0", "0"]
+
+
+def test_a_spawned_rank_logs_at_debug_level_too():
+    """A forked rank inherits the notebook's handler; a spawned one is a fresh interpreter that
+    inherits only the variable, so it turns the logging on itself (rank.spawn_entry)."""
+    script = ("import logging, notebook_launch\n"
+              "from notebook_launch import notebook_launcher\n"
+              "def level():\n"
+              "    import logging\n"
+              "    logger = logging.getLogger('notebook_launch')\n"
+              "    return logger.getEffectiveLevel(), len(logger.handlers)\n"
+              "print(notebook_launcher(level, num_processes=1, start_method='spawn', ui='none'))\n")
+    proc = run("1", script)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip().splitlines()[-1] == "[(10, 1)]", proc.stdout
+    quiet = run(None, script)
+    assert quiet.returncode == 0, quiet.stderr
+    assert quiet.stdout.strip().splitlines()[-1] == "[(30, 0)]", quiet.stdout

@@ -11,7 +11,7 @@ from typing import Any, Callable
 
 from .. import pickling, protocol, shared_tensors
 from ..plan import RankSpec
-from . import display_relay, process_groups, result_pickle, stdin_relay, whereabouts
+from . import display_relay, lightning_strategy, process_groups, result_pickle, stdin_relay, whereabouts
 from .bootstrap import EXIT_FAILED, flush_everything
 
 log = logging.getLogger("notebook_launch")
@@ -50,6 +50,7 @@ def _install_display_relay(spec: RankSpec) -> None:
 
 rank_hooks.append(_install_display_relay)
 rank_hooks.append(whereabouts.install)   # the notebook can ask where this rank is, even blocked in C (issue 20)
+rank_hooks.append(lightning_strategy.install)   # Lightning's ddp_notebook etc. join the launched ranks (#25)
 
 
 def flush_progress() -> None:

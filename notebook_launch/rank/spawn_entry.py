@@ -14,6 +14,7 @@ import sys
 from typing import Any
 
 from .. import protocol, shared_tensors
+from ..debug_logging import debug_logging_from_environment
 from . import spawn_context
 from .bootstrap import EXIT_FAILED, capture_output, detach_from_parent, exit_with
 from .runner import report_error, run_rank, setup_failure
@@ -37,6 +38,7 @@ def main(argv: list[str] | None = None) -> None:
     """Never returns: the process ends with the rank's exit code."""
     def body() -> int:
         args = parse_args(sys.argv[1:] if argv is None else argv)
+        debug_logging_from_environment()   # a forked rank inherits the notebook's handler; a spawned one its variable
         detach_from_parent(args.parent_pid)
         for fd in (args.events_fd, args.answers_fd, args.exit_fd, args.tensors_fd, args.job_tensors_fd):
             if fd is not None:  # the user's own subprocesses must not hold them
