@@ -193,6 +193,8 @@ def plot_footer(machine: dict, config: dict) -> str:
     """Under every plot: where and when it was measured (and that quick numbers are not to quote)."""
     text = (f"{machine.get('cores', '?')} cores, {machine.get('cpu', '?')}, torch {machine.get('torch', '?')}, "
             f"{machine.get('date', '?')}, n={config['repeats']}")
+    if busy_machine_warning(machine):
+        text = f"BUSY MACHINE (load average {machine['load average at start']} at the start): noisy; " + text
     return ("QUICK MODE, do not quote; " + text) if config["quick"] else text
 
 
