@@ -5,7 +5,7 @@ from typing import Any
 
 from . import cuda_tracking  # noqa: F401  (preflight and tests use it)
 from .cluster import RayCluster
-from .curves import load_metrics
+from .metrics import load_metrics
 from .errors import GuardError, LaunchArgumentError, LaunchError
 from .launcher import notebook_launcher
 from .persistent import Ranks, start_ranks

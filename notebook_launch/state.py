@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Sequence
 
-from .curves import Series, fold_series
+from .metrics import Series, fold_series
 
 if TYPE_CHECKING:
     from .plan import RankSpec

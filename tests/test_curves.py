@@ -8,7 +8,7 @@ import pytest
 from panel_helpers import keep_state
 
 from notebook_launch import load_metrics, notebook_launcher, progress
-from notebook_launch.curves import CAPACITY, METRICS_FILE, MetricsFile, Series
+from notebook_launch.metrics import CAPACITY, METRICS_FILE, MetricsFile, Series
 from notebook_launch.display import format as fmt
 from notebook_launch.display import html as html_display
 from notebook_launch.display.curves import curves_html, sparkline

@@ -13,7 +13,7 @@ import html
 import math
 from typing import TYPE_CHECKING
 
-from ..curves import Series
+from ..metrics import Series
 
 if TYPE_CHECKING:
     from ..state import RunState

@@ -1,4 +1,5 @@
-"""Logged metrics as curves: a bounded in-notebook summary, the full file, and its loader.
+"""Logged metrics (the data; ``display/curves.py`` draws them): a bounded in-notebook summary,
+the full file, and its loader.
 
 Every numeric value a rank logs (``progress.log(loss=...)``, ``set_postfix``,
 ``update(1, loss=...)``, tqdm's ``set_postfix``) reaches the parent in order. The
@@ -31,11 +32,6 @@ METRICS_FILE = "metrics.jsonl"
 COLUMNS = ("rank", "metric", "step", "value")
 
 _last_run_dir: Path | None = None    # the folder of the latest run started in this process
-
-
-def is_number(value: Any) -> bool:
-    """Curves are drawn for ints and floats; bools and strings stay latest-value-only."""
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 class Series:
