@@ -1,4 +1,5 @@
-"""Inside a rank forked from a Jupyter kernel: IPython's display() reaches the notebook.
+"""The rank's half of the display relay: in a rank forked from a Jupyter kernel, IPython's
+display() reaches the notebook.
 
 A forked rank inherits the kernel's IPython shell, so ``display()``,
 ``update_display``, ``DisplayHandle.update`` and ``clear_output`` (and what
@@ -7,7 +8,8 @@ shell's display publisher. That publisher sends
 on the kernel's zmq socket, which ipykernel refuses from a forked process
 ("attempted to send message from fork"), so the output would be lost. Here
 the publisher sends each call over the rank's event pipe instead; the
-notebook re-publishes it (``display.rank_displays``), so it appears in the cell.
+notebook re-publishes it (``display/display_relay.py``, the notebook's half of this relay:
+same name, the package says which side), so it appears in the cell.
 
 A widget made in a rank (ipywidgets, or anything that displays one) cannot be relayed:
 its model lives in the rank's process and talks over comm messages the fork cannot send,

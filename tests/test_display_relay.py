@@ -1,11 +1,11 @@
-"""The notebook side of a rank's display() calls (display.rank_displays) with a recording
+"""The notebook side of a rank's display() calls (display.display_relay) with a recording
 publisher and a manual clock, and the display_ranks argument."""
 import numpy as np
 import pytest
 
 from notebook_launch import LaunchArgumentError, notebook_launcher
-from notebook_launch.display import rank_displays
-from notebook_launch.display.rank_displays import RankDisplays
+from notebook_launch.display import display_relay
+from notebook_launch.display.display_relay import RankDisplays
 
 
 class Clock:
@@ -88,12 +88,12 @@ def test_a_flood_of_new_outputs_is_bounded_and_counted(capsys):
     displays, published, clock = relay()
     for i in range(1000):
         displays.on_event(0, show(f"plot {i}"))
-    assert len(published) == rank_displays.NEW_OUTPUTS_BURST
+    assert len(published) == display_relay.NEW_OUTPUTS_BURST
     clock.now += 1
     displays.on_event(0, show("after a second"))
     assert published[-1][1] == "after a second"
     displays.close()
-    dropped = 1000 - rank_displays.NEW_OUTPUTS_BURST
+    dropped = 1000 - display_relay.NEW_OUTPUTS_BURST
     assert f"{dropped} display() outputs of rank 0 were not shown" in capsys.readouterr().out
 
 
