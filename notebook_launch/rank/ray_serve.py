@@ -161,6 +161,9 @@ def serve_ray_calls(device_kind: str) -> None:
     assert writer is not None, "serve_ray_calls runs inside a rank"
     interrupts = _Interruptible(inbox.slot, 0)
     saved = signal.signal(signal.SIGINT, interrupts.handler)
+    # A Ray worker's main thread blocks SIGINT (SigBlk 0x2 in /proc): unblocked while we serve,
+    # or an interrupt would wait, pending, until the call ended by itself
+    mask = signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
     inbox.slot.set_serving(0)
     ns = namespace.current()
     try:
@@ -179,4 +182,5 @@ def serve_ray_calls(device_kind: str) -> None:
                 return
             run_one(spec, payload, ns, interrupts, ResultInEvent(writer), forked=False)  # type: ignore[arg-type]
     finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
         signal.signal(signal.SIGINT, saved)
