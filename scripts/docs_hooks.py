@@ -106,7 +106,9 @@ def on_page_markdown(markdown: str, page: Any, config: Any, files: Any) -> str:
     if MARKER not in markdown:
         return markdown
     folder = Path(config["docs_dir"]) / PLOTS
-    plots = sorted(folder.glob("*.svg")) if folder.is_dir() else []
+    known = list(TITLES)
+    plots = sorted(folder.glob("*.svg") if folder.is_dir() else [],
+                   key=lambda plot: (known.index(plot.stem) if plot.stem in known else len(known), plot.name))
     page_dir = Path(page.file.src_uri).parent
     if not plots:
         text = ("*No plots yet: `benchmarks/run.py` draws them into `docs/images/benchmarks/` "
@@ -117,5 +119,7 @@ def on_page_markdown(markdown: str, page: Any, config: Any, files: Any) -> str:
             title = TITLES.get(plot.stem, plot.stem.replace("_", " "))
             rel = Path(*([".."] * len(page_dir.parts)), PLOTS, plot.name).as_posix()
             blocks.append(f"### {title}\n\n![{title}]({rel})\n")
-        text = "## Plots\n\nDrawn by `benchmarks/run.py` from the same run as the table below.\n\n" + "\n".join(blocks)
+        text = ("## Plots\n\nDrawn by `benchmarks/run.py` (`--plots`, default `docs/images/benchmarks/`) from the run "
+                "that wrote its table; each plot's caption names that run's machine and date, which may differ "
+                "from the table below (`benchmarks/RESULTS.md` says when it was written).\n\n" + "\n".join(blocks))
     return markdown.replace(MARKER, text)

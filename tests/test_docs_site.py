@@ -4,8 +4,9 @@
 a docstring mkdocstrings cannot read) into a temporary folder; then every internal link of every built
 page (navigation and generated API links included, which mkdocs' own check does not see) must lead to
 a page that exists and to an anchor that page has; then the site, served over HTTP from that folder, is
-opened in headless Debian chromium: the home page, the API reference and one guide show their
-headings and no "404", the guide's panel pictures load, and screenshots go to test-artifacts/.
+opened in headless Debian chromium: the home page, the API reference, one guide and the benchmarks
+show their headings and no "404", the guide's panel pictures and the benchmark plots load, and
+screenshots go to test-artifacts/.
 
 The API page's Parameters table comes from ``notebook_launcher``'s docstring (mkdocstrings), so the test
 checks that it names every parameter the function takes: a new parameter without its line in the
@@ -159,6 +160,8 @@ def test_the_site_renders_in_headless_chromium(served):
                                               "LaunchError", "Magics"], "docs-api.png"),
         ("guides/panel.html", "The live panel and progress()", ["progress() in your function",
                                                                 "Metrics as curves"], "docs-guide-panel.png"),
+        # its plots (when benchmarks/run.py drew them) must load too
+        ("benchmarks.html", "Benchmarks", ["The table"], "docs-benchmarks.png"),
     ]
     with sync_playwright() as pw:
         browser = pw.chromium.launch(executable_path=CHROMIUM, args=[
