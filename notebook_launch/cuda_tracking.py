@@ -201,17 +201,6 @@ def _is_library_frame(filename: str) -> bool:
                                                  "<frozen", "/lib/python3"))
 
 
-def _reset_for_tests() -> None:
-    global _first_init_stack, _first_cell, _first_count_stack, _first_count_cell, _count_calls
-    global _initialized_before_tracking
-    _initialized_before_tracking = False
-    _first_init_stack = None
-    _first_cell = None
-    _first_count_stack = None
-    _first_count_cell = None
-    _count_calls = 0
-
-
 # --- fork safety: asked without touching the CUDA runtime here -------------------------
 
 def cuda_build(torch: Any) -> bool:

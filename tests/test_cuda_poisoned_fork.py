@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from fake_cuda_build_standin import install_fake_cuda_build
+from helpers.cuda_tracking_reset import reset_cuda_tracking
 from notebook_launch import GuardError, LaunchError, cuda_tracking, notebook_launcher, preflight
 from notebook_launch.detect.platform import cuda_device_count
 from notebook_launch.rank import runner
@@ -33,10 +34,10 @@ def fake_cuda_build(monkeypatch):
     (as Colab's and Kaggle's CPU runtimes: a CUDA build of torch, no device)."""
     monkeypatch.delenv(NVML, raising=False)
     fake = install_fake_cuda_build(monkeypatch)
-    cuda_tracking._reset_for_tests()
+    reset_cuda_tracking()
     cuda_tracking.install()   # wraps the fake's runtime count, as it wraps torch's
     yield fake
-    cuda_tracking._reset_for_tests()
+    reset_cuda_tracking()
 
 
 @pytest.fixture
@@ -45,10 +46,10 @@ def fake_cuda_build_with_two_fake_gpus(monkeypatch):
     plans CUDA ranks: only refusals are tested with it (no rank could use a fake GPU)."""
     monkeypatch.delenv(NVML, raising=False)
     fake = install_fake_cuda_build(monkeypatch, gpus=2, nvml_gpus=2)
-    cuda_tracking._reset_for_tests()
+    reset_cuda_tracking()
     cuda_tracking.install()
     yield fake
-    cuda_tracking._reset_for_tests()
+    reset_cuda_tracking()
 
 
 def check_cuda_in_a_notebook_cell():

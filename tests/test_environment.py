@@ -90,7 +90,7 @@ def test_detect_names_the_platform(expected):
 def test_kaggle_two_t4s():
     found = detect(*CASES["kaggle-gpu"])
     assert (found.device_kind, found.device_count, found.gpu_names) == ("cuda", 2, ("Tesla T4", "Tesla T4"))
-    assert not found.has_tpu and found.in_notebook and found.hosted == "kaggle"
+    assert not found.has_tpu and found.frontend == "notebook" and found.hosted == "kaggle"
     assert found.describe() == "kaggle-gpu: 2 CUDA GPU(s) (Tesla T4)"
 
 
@@ -139,7 +139,6 @@ def test_kernel_of_unknown_frontend_is_a_notebook():
 def test_frontends():
     assert detect(*CASES["ipython-terminal"]).frontend == "terminal"
     assert detect(*CASES["script"]).frontend == "script"
-    assert not detect(*CASES["script"]).in_notebook
 
 
 def test_tpu_device_files_are_counted(tmp_path):

@@ -93,10 +93,6 @@ class Environment:
         head = self.platform.split("-")[0]
         return head if head in ("colab", "kaggle") else None
 
-    @property
-    def in_notebook(self) -> bool:
-        return self.frontend == "notebook"
-
     def describe(self) -> str:
         if self.device_kind == "cuda":
             names = sorted(set(self.gpu_names))
