@@ -20,7 +20,7 @@ from .channels import RankPipes
 from .display import choose_display
 from .detect.platform import in_ipython_kernel
 from .display.base import Display
-from .display.rank_displays import RankDisplays
+from .display.display_relay import RankDisplays
 from .errors import LaunchError
 from .logs import RunLogs
 from .options import LaunchOptions
