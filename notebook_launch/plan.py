@@ -8,11 +8,17 @@ from __future__ import annotations
 import logging
 import os
 from dataclasses import dataclass, field
-from typing import Mapping, Sequence
+from typing import Literal, Mapping, Sequence
 
 log = logging.getLogger("notebook_launch")
 
 LOOPBACK_ADDRESSES = ("127.0.0.1", "localhost", "::1")
+
+# What the ranks compute on, decided once by detect/ (CUDA GPUs, TPU chips through XLA, or CPU) and
+# compared as a string everywhere after: the alias lets mypy catch a misspelt kind ("gpu", "tpu").
+DeviceKind = Literal["cpu", "cuda", "xla"]
+# The torch.distributed backend a device kind's ranks use (dist_backend_for).
+DistBackend = Literal["gloo", "nccl", "xla"]
 
 
 @dataclass(frozen=True)
@@ -31,8 +37,8 @@ class LaunchPlan:
     world_size: int
     master_addr: str
     master_port: int
-    device_kind: str            # "cpu", "cuda" or "xla"
-    dist_backend: str           # "gloo", "nccl" or "xla" (what init_process_group() picks)
+    device_kind: DeviceKind
+    dist_backend: DistBackend   # what init_process_group() picks
     mixed_precision: str
     start_method: str           # "fork", "spawn" or "xla": how the processes start
     ranks: tuple[RankSpec, ...] = field(default_factory=tuple)
@@ -63,9 +69,10 @@ def omp_threads(num_local: int, cpu_count: int) -> int:
 SOCKET_IFNAME_VARIABLES = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
 
 
-def dist_backend_for(device_kind: str) -> str:
+def dist_backend_for(device_kind: DeviceKind) -> DistBackend:
     """The torch.distributed backend ranks of this device kind use (what init_process_group() picks)."""
-    return {"cuda": "nccl", "xla": "xla"}.get(device_kind, "gloo")
+    backends: dict[DeviceKind, DistBackend] = {"cpu": "gloo", "cuda": "nccl", "xla": "xla"}
+    return backends[device_kind]
 
 
 def socket_interface_environment(interface: str | None, user_env: Mapping[str, str]) -> dict[str, str]:
@@ -78,7 +85,7 @@ def socket_interface_environment(interface: str | None, user_env: Mapping[str, s
 
 def rank_environment(*, global_rank: int, local_rank: int, num_processes: int, num_nodes: int,
                      node_rank: int, world_size: int, master_addr: str, master_port: int,
-                     device_kind: str, mixed_precision: str, run_id: str, user_env: Mapping[str, str],
+                     device_kind: DeviceKind, mixed_precision: str, run_id: str, user_env: Mapping[str, str],
                      cpu_count: int, gpu_names: Sequence[str] = (),
                      driver_version: str | None = None, restart_count: int = 0, max_restarts: int = 0,
                      interface: str | None = None) -> dict[str, str]:
@@ -159,7 +166,7 @@ ACCELERATE_VARIABLE_DIFFERENCES: tuple[tuple[str, str, str, str], ...] = (
 
 
 def build_plan(*, num_processes: int, num_nodes: int, node_rank: int, master_addr: str,
-               master_port: int, device_kind: str, mixed_precision: str, start_method: str,
+               master_port: int, device_kind: DeviceKind, mixed_precision: str, start_method: str,
                run_id: str, user_env: Mapping[str, str] | None = None, cpu_count: int | None = None,
                gpu_names: Sequence[str] = (), driver_version: str | None = None,
                notes: Sequence[str] = ()) -> LaunchPlan:

@@ -1,4 +1,6 @@
 """The plan is pure: ranks, environment and ports without starting anything."""
+from typing import get_args
+
 from notebook_launch.net import free_port, port_is_free
 from notebook_launch.options import DEFAULT_USE_PORT
 from notebook_launch.plan import build_plan, nccl_workarounds, omp_threads
@@ -104,9 +106,11 @@ def test_one_builder_for_elastic_attempts_and_cluster_ranks():
 def test_one_dist_backend_choice():
     from notebook_launch.detect.platform import Environment
     from notebook_launch.detect.target import LaunchTarget
-    from notebook_launch.plan import dist_backend_for
+    from notebook_launch.plan import DeviceKind, dist_backend_for
+    # every kind DeviceKind allows has a backend and a rank device (one added to the type alone fails here)
+    kinds = get_args(DeviceKind)
     assert [dist_backend_for(k) for k in ("cpu", "cuda", "xla")] == ["gloo", "nccl", "xla"]
-    for kind in ("cpu", "cuda", "xla"):
+    for kind in kinds:
         target = LaunchTarget(Environment("script", kind, 1), kind, 1, 1, "fork")
         assert target.dist_backend == dist_backend_for(kind)   # the preview says what the plan does
         plan = build_plan(num_processes=1, num_nodes=1, node_rank=0, master_addr="127.0.0.1", master_port=1,

@@ -11,6 +11,7 @@ from functools import lru_cache
 from typing import Any, Mapping
 
 from .. import cuda_tracking
+from ..plan import DeviceKind
 from .hosted import hosted_service
 from .xla import XlaInfo, detect_xla, torch_xla_installed
 
@@ -79,7 +80,7 @@ class Environment:
     """Where we run and which devices exist. ``device_count`` counts devices of
     ``device_kind`` (CUDA GPUs or TPU chips; 0 on CPU)."""
     platform: str
-    device_kind: str                  # "cpu", "cuda" or "xla"
+    device_kind: DeviceKind
     device_count: int
     gpu_names: tuple[str, ...] = ()
     has_tpu: bool = False
@@ -123,6 +124,7 @@ def detect(environ: Mapping[str, str] | None = None, probe: Probe | None = None)
     if has_tpu:
         evidence += tpu.evidence
 
+    device_kind: DeviceKind
     if probe.cuda_count > 0:
         device_kind, device_count = "cuda", probe.cuda_count
         evidence.append(f"{probe.cuda_count} CUDA device(s)")

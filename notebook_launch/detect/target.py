@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Mapping
 
 from ..options import default_start_method, validate_num_processes
-from ..plan import dist_backend_for
+from ..plan import DeviceKind, dist_backend_for
 from .platform import Environment, Probe, cuda_gpus, detect, system_probe
 from .xla import XlaInfo, resolve_num_ranks, xla_launch_info, xla_note
 
@@ -16,7 +16,7 @@ from .xla import XlaInfo, resolve_num_ranks, xla_launch_info, xla_note
 class LaunchTarget:
     """Where the ranks run: platform, device kind and count, how many ranks, how they start."""
     where: Environment
-    device_kind: str                  # "cpu", "cuda" or "xla"
+    device_kind: DeviceKind
     device_count: int                 # CUDA GPUs (0 unless device_kind is "cuda")
     num_processes: int
     start_method: str
@@ -46,7 +46,7 @@ def launch_target(start_method: str | None = None, num_processes: int | None = N
     if xla is not None:
         ranks = resolve_num_ranks(num_processes, xla, environ)
         return LaunchTarget(where, "xla", 0, ranks, "xla", xla, (xla_note(xla, ranks, environ),))
-    device_kind = "cuda" if device_count > 0 else "cpu"
+    device_kind: DeviceKind = "cuda" if device_count > 0 else "cpu"
     ranks = validate_num_processes(device_count or 1 if num_processes is None else num_processes,
                                    device_kind, device_count)
     return LaunchTarget(where, device_kind, device_count, ranks, start_method or default_start_method())
