@@ -29,6 +29,7 @@ from typing import Mapping, Sequence
 
 from ..rank.whereabouts import DUMP_SIGNAL, STACKS_NAME
 from . import hang_verdict
+from .faulthandler_dump import parse_dump
 
 NATIVE_WAIT = 8.0         # seconds for every rank's py-spy together
 FRAME_WIDTH = 120         # a C++ frame's name is cut to this many characters (templates run to pages)
@@ -224,8 +225,6 @@ def child_stacks(pid: int, wait: float = CHILD_WAIT) -> list[tuple[int, list[han
     """(child pid, its threads) for each forked child of ``pid`` that can dump its stack the way
     the rank does (faulthandler on ``DUMP_SIGNAL`` into the stacks memfd it inherited), one at a
     time: they share that file. A child that cannot is left out."""
-    from .stacks import parse_dump
-
     found: list[tuple[int, list[hang_verdict.ThreadStack]]] = []
     for child in children(pid)[:CHILDREN_SHOWN]:
         path = _stacks_file(child)
