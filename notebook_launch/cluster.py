@@ -7,9 +7,12 @@ The launch itself is ``run_ray`` (with ``backends.ray_launch.RayLauncher``).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
 from .options import validate_ray_cluster
+
+if TYPE_CHECKING:
+    from .plan import DeviceKind
 
 DEFAULT_RESOURCES = {"CPU": 1.0}
 
@@ -46,6 +49,6 @@ class RayCluster:
         return float(self.resources_per_rank.get("CPU", 0))
 
     @property
-    def device_kind(self) -> str:
+    def device_kind(self) -> DeviceKind:
         """A rank with a GPU trains on CUDA (NCCL); otherwise on CPU (gloo)."""
         return "cuda" if self.gpus_per_rank > 0 else "cpu"

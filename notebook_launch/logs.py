@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 from typing import IO, Callable, Iterable
 
-from .curves import MetricsFile
+from .metrics import MetricsFile
 from .errors import LaunchArgumentError
 from .run_folders import (LiveRunFolder, Retention, default_log_root, fallback_log_root, prune,
                           retention_from_environment)

@@ -33,7 +33,7 @@ from .. import protocol
 from ..backends.base import RankPipes, RankProcess, WaitStatus
 from ..detect.platform import in_ipython_kernel
 from ..display import choose_display
-from ..display.rank_displays import RankDisplays
+from ..display.display_relay import RankDisplays
 from ..errors import GuardError, LaunchArgumentError, LaunchError
 from ..detect.target import LaunchTarget
 from ..launcher import plan_launch

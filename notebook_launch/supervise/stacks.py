@@ -8,7 +8,6 @@ from __future__ import annotations
 import logging
 import mmap
 import os
-import re
 import time
 from dataclasses import dataclass
 from typing import Any, Sequence
@@ -16,14 +15,13 @@ from typing import Any, Sequence
 from ..rank.whereabouts import (FIELD_SEP, GEN_OFFSET, HEADER, MAGIC, RECORD_NAME, RECORD_SIZE, STACKS_NAME,
                                 STATE, TEXT_OFFSET)
 from . import hang_verdict
-from .hang_verdict import Collective, Frame, RankWhereabouts, ThreadStack
+from .faulthandler_dump import parse_dump
+from .hang_verdict import Collective, Frame, RankWhereabouts
 
 DUMP_WAIT = 2.0       # seconds to wait for the ranks' dumps (a dump takes microseconds once delivered)
 SETTLE = 0.05         # a dump is complete once its file stopped growing for this long
 log = logging.getLogger("notebook_launch")
 
-_THREAD = re.compile(r"^(Current thread|Thread) 0x([0-9a-fA-F]+)")
-_FRAME = re.compile(r'^\s+File "(.*)", line (\d+) in (.*)$')
 
 
 def rank_files(pid: int) -> dict[str, str]:
@@ -74,20 +72,6 @@ def parse_collective(text: str, seq: int) -> Collective | None:
     op, group, tensors, filename, lineno, function = fields
     caller = Frame(filename, int(lineno), function) if filename else None
     return Collective(op, group, seq, tensors, caller)
-
-
-def parse_dump(text: str) -> list[ThreadStack]:
-    """faulthandler's ``dump_traceback(all_threads=True)`` text -> one ThreadStack per thread."""
-    threads: list[ThreadStack] = []
-    for line in text.splitlines():
-        head = _THREAD.match(line)
-        if head:
-            threads.append(ThreadStack(int(head.group(2), 16), head.group(1) == "Current thread", []))
-            continue
-        frame = _FRAME.match(line)
-        if frame and threads:
-            threads[-1].frames.append(Frame(frame.group(1), int(frame.group(2)), frame.group(3).strip()))
-    return threads
 
 
 def _size(path: str) -> int:
