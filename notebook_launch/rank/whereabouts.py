@@ -76,8 +76,8 @@ class Record:
     no path: nothing is left behind when the rank ends, however it ends; the notebook opens it
     through ``/proc/<pid>/fd`` (its own child's)."""
 
-    def __init__(self) -> None:
-        self.fd = os.memfd_create(RECORD_NAME)
+    def __init__(self, name: str = RECORD_NAME) -> None:
+        self.fd = os.memfd_create(name)   # the name is how the notebook finds it (/proc/<pid>/fd)
         os.ftruncate(self.fd, RECORD_SIZE)
         self.map = mmap.mmap(self.fd, RECORD_SIZE)
         self.generation = 0

@@ -13,7 +13,6 @@ from __future__ import annotations
 import dataclasses
 import io
 import logging
-import mmap
 import os
 import sys
 import threading
@@ -162,12 +161,7 @@ class ReplicaRecord(whereabouts.Record):
     """``whereabouts.Record`` for one replica: its own memfd, its own thread in the header."""
 
     def __init__(self, ordinal: int) -> None:
-        super().__init__()
-        self.map.close()   # the process-wide record's memfd: this one gets a name of its own
-        os.close(self.fd)
-        self.fd = os.memfd_create(f"{REPLICA_RECORD_NAME}{ordinal}")
-        os.ftruncate(self.fd, whereabouts.RECORD_SIZE)
-        self.map = mmap.mmap(self.fd, whereabouts.RECORD_SIZE)
+        super().__init__(f"{REPLICA_RECORD_NAME}{ordinal}")   # a name of its own: the notebook finds it by ordinal
 
     def announce(self) -> None:
         whereabouts.HEADER.pack_into(self.map, 0, b"\0" * 8, os.getpid(), threading.get_ident(),

@@ -24,7 +24,7 @@ from .watch import RankWatch, Watcher
 if TYPE_CHECKING:
     from ..backends.base import RankPipes, RankProcess
     from ..display.base import Display
-    from ..display.rank_displays import RankDisplays
+    from ..display.display_relay import RankDisplays
     from ..logs import RunLogs
 
 STACK_SAMPLE_WAIT = 0.5  # seconds a stall's stack sample waits for the ranks' dumps
@@ -241,14 +241,22 @@ class Supervisor:
     def whereabouts(self, native: bool = True) -> list[hang_verdict.RankWhereabouts]:
         """Every rank of this run, asked where it is (the ended ones say how they ended), with what
         its Python stack cannot show (``stacks.add_beyond_python``)."""
-        # A process carrying several ranks (XLA: one thread per device) has one record for all, and a
-        # process of another machine (a Ray actor) is read through /proc of its own node: neither is asked
+        # A process carrying several ranks (XLA: one thread per device) has one record for all (it answers
+        # for each through its ask_where, when it has one), and a process of another machine (a Ray actor)
+        # is read through /proc of its own node: neither is asked by pid
         # (another process here may even carry that pid).
         # A rank done with the run (a persistent rank that returned from the call) is not asked either.
         asked = [(self.global_rank(w.local_rank),
                   w.process.pid if w.exit is None and len(w.process.ranks()) == 1 and w.process.on_this_machine
                   and self.state.ranks[w.local_rank].status in (STARTING, RUNNING) else None) for w in self.watches]
         found = stacks.collect(asked)
+        for process in teardown.distinct(w.process for w in self.watches if w.exit is None):
+            ask_where = getattr(process, "ask_where", None)   # a process carrying several ranks (XLA) asks them
+            if ask_where is not None and process.on_this_machine:
+                answers = ask_where(self.global_rank)
+                for index, watch in enumerate(self.watches):
+                    if watch.local_rank in answers:
+                        found[index] = answers[watch.local_rank]
         stacks.add_beyond_python(found, asked, outcome.cell_labeller(), native=native)
         for watch, where in zip(self.watches, found):
             rs = self.state.ranks[watch.local_rank]
@@ -256,7 +264,7 @@ class Supervisor:
                 where.note = f"ended ({rs.exit_description or rs.status})"
             elif rs.status not in (STARTING, RUNNING):
                 where.note = self.done_note(rs.exit_description or str(rs.status))
-            elif len(watch.process.ranks()) > 1:
+            elif len(watch.process.ranks()) > 1 and not (where.threads or where.note):
                 where.note = "was not asked (it shares its process with other ranks)"
             elif not watch.process.on_this_machine:
                 where.note = "was not asked (its process runs on another machine)"
