@@ -147,7 +147,7 @@ class RayTwoNodes:
                             f"ray.init(address={self.head!r}, log_to_driver=False)\n"
                             "print(json.dumps(len([n for n in ray.nodes() if n['Alive']])))")
 
-    def start_node(self, node: int, *args: str, attempts: int = 3) -> None:
+    def start_node(self, node: int, *args: str, attempts: int = 5) -> None:
         """`ray start` on a node. Ray gives a raylet 30 s to register, which a loaded 2-core
         machine can miss: then everything of that node is killed and it starts again."""
         for attempt in range(attempts):
