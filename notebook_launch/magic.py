@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import os
 import shlex
-import sys
 import types
 from typing import Any, Callable, Iterable, NoReturn
 
@@ -234,14 +233,10 @@ def _running_cell_number(shell: Any, compiler: Any) -> int:
 
 
 def load_ipython_extension(ipython: Any) -> None:
-    """``%load_ext notebook_launch``: start recording where CUDA gets initialized, add ``%%launch``."""
-    from . import cuda_tracking
-    if "torch" not in sys.modules:
-        try:
-            import torch  # noqa: F401  (the CUDA witness wraps torch.cuda._lazy_init)
-        except ImportError:
-            pass  # without torch there is no CUDA to track
-    cuda_tracking.install()
+    """``%load_ext notebook_launch`` (or ``notebook_launch.magic``): the hooks (``hooks``: where CUDA
+    gets initialized, among others), then ``%%launch``."""
+    from .hooks import install
+    install(by="%load_ext notebook_launch", shell=ipython)   # idempotent: the package's extension calls it too
 
     def launch(line: str, cell: str) -> None:
         return launch_cell(ipython, line, cell)

@@ -141,7 +141,7 @@ def rank_environment(*, global_rank: int, local_rank: int, num_processes: int, n
 
 
 # Where a rank's environment differs from what Accelerate's notebook_launcher (1.15) gives its
-# ranks, and why: (variable, Accelerate's value, ours, why). The README's table is this one.
+# ranks, and why: (variable, Accelerate's value, ours, why). The docs' Accelerate guide renders this one.
 ACCELERATE_VARIABLE_DIFFERENCES: tuple[tuple[str, str, str, str], ...] = (
     ("TORCHELASTIC_RUN_ID", '"none" (rdzv_id\'s default)', "the launch's run id (NOTEBOOK_LAUNCH_RUN_ID)",
      "a run id per launch names its log folder and keeps a relaunch from joining a stale rendezvous; "

@@ -18,7 +18,7 @@ from ..protocol import Failure
 from ..state import RUNNING, STARTING, RunState
 from . import hang_verdict, interrupts, leftovers, outcome, stacks, teardown
 from .stall import StallWatch
-from .prompts import StdinRelay, reply_on
+from .stdin_relay import StdinRelay, reply_on
 from .watch import RankWatch, Watcher
 
 if TYPE_CHECKING:
