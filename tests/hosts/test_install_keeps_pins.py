@@ -85,7 +85,7 @@ def _build_wheel(tmp_path: Path) -> Path:
     checkout, which the lanes mount from outside)."""
     src = tmp_path / "src"
     src.mkdir()
-    for name in ("pyproject.toml", "README.md"):
+    for name in ("pyproject.toml", "README.md", "LICENSE"):
         shutil.copy2(REPO / name, src / name)
     shutil.copytree(REPO / "notebook_launch", src / "notebook_launch",
                     ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
