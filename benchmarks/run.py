@@ -22,14 +22,14 @@ if __package__ in (None, ""):  # run as a script: make the repository importable
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     __package__ = "benchmarks"
 
-from benchmarks import (companions, iteration_cost, kernel_first_launch, launch_cost, memory,  # noqa: E402
-                        persistent_cost, ray_cluster, result_transfer)
+from benchmarks import (collective_bookkeeping, companions, iteration_cost, kernel_first_launch,  # noqa: E402
+                        launch_cost, memory, persistent_cost, ray_cluster, result_transfer)
 from benchmarks.common import REPO_ROOT, machine_description  # noqa: E402
 from benchmarks.plots import write_plots  # noqa: E402
 from benchmarks.table import render_table  # noqa: E402
 from benchmarks.worker import READY_STATES  # noqa: E402
 
-ITEMS = ("1", "2", "3", "4", "5", "6", "7", "8", "9", "10")   # 9: Ray cluster rows (needs root for network namespaces)
+ITEMS = ("1", "2", "3", "4", "5", "6", "7", "8", "9", "10", "11")   # 9: Ray cluster rows (needs root for network namespaces)
 DEFAULT_OUT = os.path.join(REPO_ROOT, "benchmarks", "RESULTS.md")
 DEFAULT_PLOTS = os.path.join(REPO_ROOT, "docs", "images", "benchmarks")
 
@@ -101,6 +101,8 @@ def measure(config: dict, only: set, log_dir: str, say):
         rows += ray_cluster.run(config, log_dir, say)
     if "10" in only:
         rows += kernel_first_launch.run(config, log_dir, say)
+    if "11" in only:
+        rows += collective_bookkeeping.run(config, log_dir, say)
     order = {"fresh": 1, "kernel": 2}   # warm process, fresh process, fresh kernel
     rows.sort(key=lambda r: (r.group, order.get(r.condition, 0), int(r.ranks)))  # stable: fork before spawn
     return rows, companion_outputs
@@ -182,6 +184,7 @@ def notes(config: dict, elapsed: float) -> list:
         "forked after its parent ran an OpenMP region hangs). Ours and the Queue include the ranks building "
         "their state_dicts; ours returns tensors over the pages the ranks wrote (mapped copy-on-write), so "
         "the read of every byte afterwards is shown apart.",
+        collective_bookkeeping.NOTE,
         f"Whole run: {elapsed:.0f} s.",
     ]
     if config["quick"]:
