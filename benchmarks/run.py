@@ -29,7 +29,8 @@ from benchmarks.plots import write_plots  # noqa: E402
 from benchmarks.table import render_table  # noqa: E402
 from benchmarks.worker import READY_STATES  # noqa: E402
 
-ITEMS = ("1", "2", "3", "4", "5", "6", "7", "8", "9", "10", "11")   # 9: Ray cluster rows (needs root for network namespaces)
+# 9: Ray cluster rows (needs root for network namespaces); 11: the hang bookkeeping
+ITEMS = ("1", "2", "3", "4", "5", "6", "7", "8", "9", "10", "11")
 DEFAULT_OUT = os.path.join(REPO_ROOT, "benchmarks", "RESULTS.md")
 DEFAULT_PLOTS = os.path.join(REPO_ROOT, "docs", "images", "benchmarks")
 
