@@ -1,4 +1,4 @@
-"""Item 11: persistent ranks on a Ray cluster (``start_ranks(4, cluster=RayCluster(...))``).
+"""Item 12: persistent ranks on a Ray cluster (``start_ranks(4, cluster=RayCluster(...))``).
 
 On a real two-node Ray cluster (two network namespaces joined by a veth pair,
 tests/raycluster/ray_two_nodes.py), driven from a Jupyter kernel on node A:
@@ -139,21 +139,21 @@ def run(config: dict, log_dir: str, say=print) -> list[Row]:
     engines: list[subprocess.Popen] = []
     profile = Path(log_dir) / "ipyparallel-profile"
     try:
-        say("item 11: starting a two-node Ray cluster")
+        say("item 12: starting a two-node Ray cluster")
         nodes.up()
         nodes.notebook.value(SETUP.format(head=nodes.head), timeout=300)
         try:
             engines = start_ipyparallel(nodes, profile)
         except Exception as exc:   # reported in its cell, the other rows still run
-            say(f"item 11: ipyparallel did not start: {exc}")
-        say("item 11: measuring")
+            say(f"item 12: ipyparallel did not start: {exc}")
+        say("item 12: measuring")
         reply = nodes.notebook.value(MEASURE.format(
             profile=str(profile), ranks=RANKS, engine_wait=ENGINE_WAIT if engines else 1, repeats=config["repeats"],
             calls=CALLS_PER_REPEAT, width=width, steps=STEPS_INSIDE), timeout=3600)
         fill_trivial(rows[0], reply)
         fill_step(rows[1], reply)
     except Exception as exc:
-        say(f"item 11 failed: {exc}")
+        say(f"item 12 failed: {exc}")
         for row in rows:
             row.cell("ours").text = f"error: {type(exc).__name__}: {str(exc).splitlines()[0][:160]}"
     finally:
@@ -189,9 +189,9 @@ def start_ipyparallel(nodes, profile: Path) -> list[subprocess.Popen]:
 
 
 def trivial_row() -> Row:
-    row = Row(item="11", measurement=f"Ray cluster: trivial call on 4 warm persistent ranks over 2 nodes "
+    row = Row(item="12", measurement=f"Ray cluster: trivial call on 4 warm persistent ranks over 2 nodes "
               f"(`ranks.run`, {CALLS_PER_REPEAT} calls per repeat) vs a fresh cluster launch vs ipyparallel "
-              "`view.apply_sync` (4 engines, 2 per node)", ranks=str(RANKS), unit="s", group=11,
+              "`view.apply_sync` (4 engines, 2 per node)", ranks=str(RANKS), unit="s", group=12,
               goal=f">= {GOAL_VS_LAUNCH:g}x faster than a fresh cluster launch")
     row.cell("ours").label = "persistent run() on Ray"
     row.cells["other"] = [Cell(label="notebook_launcher(cluster=) launch"), Cell(label="ipyparallel apply_sync")]
@@ -211,10 +211,10 @@ def fill_trivial(row: Row, reply: dict) -> None:
 
 
 def step_row(width: int) -> Row:
-    row = Row(item="11", measurement="Ray cluster: a DDP step on the model kept in the ranks (all-reduce over "
+    row = Row(item="12", measurement="Ray cluster: a DDP step on the model kept in the ranks (all-reduce over "
               f"2 nodes): in a new `ranks.run` (call to return) vs one step inside a call (timed in rank 0), "
               f"{STEPS_INSIDE} of each per repeat; 4 layers of {width}, batch 256", ranks=str(RANKS), unit="s",
-              group=11, goal=f"new run() within {int(round((GOAL_STEP_RATIO - 1) * 100))}% of a step inside one call")
+              group=12, goal=f"new run() within {int(round((GOAL_STEP_RATIO - 1) * 100))}% of a step inside one call")
     row.cell("ours").label = "step in a new run()"
     row.cells["other"] = [Cell(label="step inside one call")]
     return row
@@ -229,7 +229,7 @@ def fill_step(row: Row, reply: dict) -> None:
     row.met = "yes" if value is not None and value <= GOAL_STEP_RATIO else "**NO (missed)**"
 
 
-NOTES = ("Item 11 (persistent ranks on Ray): the two-node Ray cluster of item 9 (two network namespaces "
+NOTES = ("Item 12 (persistent ranks on Ray): the two-node Ray cluster of item 9 (two network namespaces "
          "joined by a veth pair, 4 logical CPUs per node, dashboard off), driven from a Jupyter kernel on "
          "node A. `start_ranks(4, cluster=RayCluster(address=HEAD, placement='SPREAD'))` places 2 ranks on "
          "each node, once; a fresh launch is `notebook_launcher(trivial, num_processes=4, cluster=...)` on the "
@@ -240,7 +240,7 @@ NOTES = ("Item 11 (persistent ranks on Ray): the two-node Ray cluster of item 9 
 
 
 def main(argv=None) -> int:
-    """Run item 11 alone and write its table as a section of RESULTS-ray.md (``run.py --only 11``
+    """Run item 12 alone and write its table as a section of RESULTS-ray.md (``run.py --only 12``
     does the same inside the whole table once registered there)."""
     import argparse
     import tempfile
@@ -257,7 +257,7 @@ def main(argv=None) -> int:
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="nl-bench-ray-persistent-") as log_dir:
         rows = run(config, log_dir, say=lambda text: print(text, flush=True))
-    section = ["", "## Item 11: persistent ranks on a Ray cluster", "",
+    section = ["", "## Item 12: persistent ranks on a Ray cluster", "",
                f"Command: `python -m benchmarks.persistent_ray --repeats {args.repeats}"
                + (" --quick" if args.quick else "") + "`", "",
                "Machine: " + "; ".join(f"{k}: {v}" for k, v in machine.items() if k != "executable"), "",
@@ -267,7 +267,7 @@ def main(argv=None) -> int:
     if args.quick:
         section.insert(2, "**QUICK MODE: tiny sizes to check the harness; do not quote these numbers.**")
     text = Path(args.out).read_text() if Path(args.out).exists() else ""
-    marker = "\n## Item 11: persistent ranks on a Ray cluster"
+    marker = "\n## Item 12: persistent ranks on a Ray cluster"
     if marker in text:
         text = text[:text.index(marker)]
     Path(args.out).write_text(text.rstrip("\n") + "\n" + "\n".join(section) + "\n")
