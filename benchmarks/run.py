@@ -23,14 +23,14 @@ if __package__ in (None, ""):  # run as a script: make the repository importable
     __package__ = "benchmarks"
 
 from benchmarks import (collective_bookkeeping, companions, iteration_cost, kernel_first_launch,  # noqa: E402
-                        launch_cost, memory, persistent_cost, ray_cluster, result_transfer)
+                        launch_cost, memory, persistent_cost, persistent_ray, ray_cluster, result_transfer)
 from benchmarks.common import REPO_ROOT, machine_description  # noqa: E402
 from benchmarks.plots import write_plots  # noqa: E402
 from benchmarks.table import render_table  # noqa: E402
 from benchmarks.worker import READY_STATES  # noqa: E402
 
-# 9: Ray cluster rows (needs root for network namespaces); 11: the hang bookkeeping
-ITEMS = ("1", "2", "3", "4", "5", "6", "7", "8", "9", "10", "11")
+# 9 and 12: Ray cluster rows (need root for network namespaces); 11: the hang bookkeeping
+ITEMS = ("1", "2", "3", "4", "5", "6", "7", "8", "9", "10", "11", "12")
 DEFAULT_OUT = os.path.join(REPO_ROOT, "benchmarks", "RESULTS.md")
 DEFAULT_PLOTS = os.path.join(REPO_ROOT, "docs", "images", "benchmarks")
 
@@ -104,6 +104,8 @@ def measure(config: dict, only: set, log_dir: str, say):
         rows += kernel_first_launch.run(config, log_dir, say)
     if "11" in only:
         rows += collective_bookkeeping.run(config, log_dir, say)
+    if "12" in only:
+        rows += persistent_ray.run(config, log_dir, say)
     order = {"fresh": 1, "kernel": 2}   # warm process, fresh process, fresh kernel
     rows.sort(key=lambda r: (r.group, order.get(r.condition, 0), int(r.ranks)))  # stable: fork before spawn
     return rows, companion_outputs
@@ -213,7 +215,8 @@ def render(machine: dict, config: dict, rows, companion_outputs, elapsed: float,
             f"[{os.path.basename(p)}]({os.path.relpath(p, here)})" for p in plots), ""]
     out += [render_table(rows), "", "Notes:", ""]
     warning = busy_machine_warning(machine)
-    ray_notes = [ray_cluster.NOTES] if any(row.item == "9" for row in rows) else []
+    ray_notes = (([ray_cluster.NOTES] if any(row.item == "9" for row in rows) else [])
+                 + ([persistent_ray.NOTES] if any(row.item == "12" for row in rows) else []))
     out += [f"- {line}" for line in ([warning] if warning else []) + notes(config, elapsed) + ray_notes]
     for name, text in companion_outputs.items():
         out += ["", f"## Output of benchmarks/{name}", "", "```", text, "```"]

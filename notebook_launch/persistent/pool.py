@@ -116,7 +116,8 @@ def start_ranks(num_processes: int | None = None, mixed_precision: str = "no",
         return start_ray_ranks(num_processes, cluster, mixed_precision=mixed_precision, use_port=use_port,
                                timeout=timeout, log_dir=log_dir, ui=ui,
                                log_line_prefix_template=log_line_prefix_template,
-                               interrupt_grace=interrupt_grace, display_ranks=display_ranks)
+                               interrupt_grace=interrupt_grace, display_ranks=display_ranks,
+                               stall_after=stall_after, lines_per_second=lines_per_second)
     if start_method not in (None, "fork", "spawn"):
         raise LaunchArgumentError(
             f"start_ranks(start_method={start_method!r}): persistent ranks are forked or spawned, so "
@@ -552,6 +553,9 @@ class Ranks:
             except BrokenPipeError:   # that rank is gone: the supervisor sees its exit
                 log.debug("rank command pipe %d is broken", pipe.write_fd)
 
+    def _describe_ranks(self, state: RunState) -> None:
+        """Where each rank runs, in a call's run state: here, nothing to add (Ray ranks name their node)."""
+
     def _supervise(self, call: Call, frame: commands.Frame, title: str, timeout: float | None, quiet: bool,
                    events: dict[int, Any], idle: frozenset[int] = frozenset()) -> list[Any]:
         watch = self._call_watch
@@ -562,6 +566,7 @@ class Ranks:
                          ranks=[RankState(rank=r.global_rank, local_rank=r.local_rank, device=r.device,
                                           pid=p.pid, status=RUNNING)
                                 for r, p in zip(self.plan.ranks, self._processes)])
+        self._describe_ranks(state)
         display = choose_display("none" if quiet else self.options.ui, line_prefix=self.options.line_prefix,
                                  lines_per_second=watch.lines_per_second)
         rank_displays = RankDisplays(self.options.display_ranks, state.run_id) if in_ipython_kernel() else None

@@ -43,9 +43,7 @@ from ..backends.ray_gang import (WAIT_TICK, Gang, Placement, RayRank, Waiter, as
 from ..backends.ray_launch import (_notebook_address, describe_actors, notebook_plan, placement_timeout_error,
                                    rank_assignment)
 from ..backends.socket_pipes import SocketPipes, StreamListener
-from ..detect.platform import in_ipython_kernel
 from ..display import choose_display
-from ..display.display_relay import RankDisplays
 from ..errors import LaunchArgumentError, LaunchError
 from ..line_prefix import parse_line_prefix
 from ..logs import RunLogs, make_run_id
@@ -55,13 +53,11 @@ from ..protocol import FailureKind
 from ..rank.ray_serve import Kind, encode_message, serve_ray_calls
 from ..rank.runner import Job
 from ..rank.spawn_context import capture_context, pickle_job
-from ..run import launch_summary, presenting
-from ..state import DONE, FAILED, RUNNING, RankState, RunState
+from ..run import launch_summary
+from ..state import RankState, RunState
 from ..supervise import outcome
-from ..supervise.outcome import error_summary
 from ..supervise.stall import DEFAULT_STALL_AFTER
 from . import commands
-from .call import CallSupervisor, LogSection
 from .idle import IdleReader
 from .pool import STOP_GRACE, Ranks, _exited
 
@@ -343,42 +339,6 @@ class RayRanks(Ranks):
                 write_whole(pipes.events_r, parts, gone=functools.partial(_exited, process))
             except OSError:
                 log.debug("rank %d's connection is closed; not sent", process.local_rank, exc_info=True)
-
-    def _supervise(self, call: Any, frame: commands.Frame, title: str, timeout: float | None, quiet: bool,
-                   events: dict[int, Any], idle: frozenset[int] = frozenset()) -> list[Any]:
-        """``Ranks._supervise`` with each rank's node in the panel: the pool's own once it calls
-        ``_describe_ranks`` (the hook asked for), until then a copy that adds it."""
-        if hasattr(Ranks, "_describe_ranks"):
-            return super()._supervise(call, frame, title, timeout, quiet, events, idle)
-        assert self.plan is not None and self.logs is not None and self._slot is not None
-        self.calls += 1
-        state = RunState(run_id=f"{self.run_id}-call{self.calls}", world_size=self.plan.world_size,
-                         backend=self.backend_name, log_dir=str(self.logs.path),
-                         ranks=[RankState(rank=r.global_rank, local_rank=r.local_rank, device=r.device,
-                                          pid=p.pid, status=RUNNING)
-                                for r, p in zip(self.plan.ranks, self._processes)])
-        self._describe_ranks(state)
-        display = choose_display("none" if quiet else self.options.ui, line_prefix=self.options.line_prefix)
-        rank_displays = RankDisplays(self.options.display_ranks, state.run_id) if in_ipython_kernel() else None
-        section = LogSection(self.logs, f"call {self.calls}: {title}")
-        with presenting(state, display, section, rank_displays):
-            supervisor = CallSupervisor(self._processes, self._pipes, state, display, section,
-                                        timeout=timeout, poll_interval=self.options.poll_interval,
-                                        grace=self.grace, slot=self._slot, call_number=self.calls,
-                                        rank_displays=rank_displays, send=lambda: self._send(frame),
-                                        events=events, command_fds=[], idle_ranks=idle)
-            try:
-                results = supervisor.run()
-            except LaunchError as error:
-                state.finish(FAILED, error_summary(error))
-                raise outcome.with_note(error, self._after_failure(supervisor.lost)) from None
-            finally:
-                self._handed_back = supervisor.events_by_rank()
-                if supervisor.lost is not None:
-                    self._lost = supervisor.lost
-                    self._stop_processes(graceful=False)
-            state.finish(DONE, f"{len(results)} ranks returned in {state.elapsed:.2f} s")
-            return results
 
     def _describe_ranks(self, state: RunState) -> None:
         """Each rank's node, in a call's run state (the panel's rows, the errors' first lines)."""

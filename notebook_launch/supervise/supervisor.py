@@ -284,7 +284,8 @@ class Supervisor:
             self.prompts.close("the run ended")
             self.watcher.close()
             for process in teardown.distinct(w.process for w in self.watches if w.exit is None):
-                leftovers.end_rank_group(process.pid)   # alive or not yet reaped: the group id is still its own
+                if process.on_this_machine:   # a Ray actor's pid is its node's: here it may be anyone's group
+                    leftovers.end_rank_group(process.pid)   # alive or not yet reaped: the group id is still its own
             for watch in self.watches:
                 if watch.exit is None:
                     if watch.process.poll() is None:  # a sibling rank may have reaped it already
@@ -332,8 +333,9 @@ class Supervisor:
 
     def on_process_exit(self, process: "RankProcess") -> None:
         watches = self.watcher.watches_of(process)
-        if any(w.exit is None for w in watches):
-            # Not reaped yet: the rank's pid, and so its group id, cannot have been reused.
+        if any(w.exit is None for w in watches) and process.on_this_machine:
+            # Not reaped yet: the rank's pid, and so its group id, cannot have been reused
+            # (a Ray actor's pid is its own node's, never a group to end here).
             leftovers.end_rank_group(process.pid)
         shared = len(process.ranks()) > 1
         for watch in watches:
