@@ -254,8 +254,8 @@ def in_browser(lab, scenario):
         except BaseException:
             try:
                 page.screenshot(path=str(ARTIFACTS / "panel-browser-failure.png"), full_page=True)
-            except Exception:
-                pass
+            except Exception as shot_failed:   # the page may be gone with the browser: the log matters more
+                print(f"(no failure screenshot: {shot_failed})")
             print("---- jupyter server log (tail; whole log: test-artifacts/jupyter-server.log) ----")
             print(Path(lab["log"]).read_text()[-6000:])
             raise

@@ -12,7 +12,7 @@ import os
 
 import pytest
 
-from notebook_launch import notebook_launcher
+from notebook_launch import LaunchError, notebook_launcher
 from notebook_launch import run as run_module
 from notebook_launch.display.base import Display
 
@@ -40,7 +40,7 @@ def _still_open(fd) -> bool:
 @pytest.fixture
 def bystander_display(monkeypatch):
     display = BystanderDisplay()
-    monkeypatch.setattr(run_module, "choose_display", lambda ui, line_prefix=None: display)
+    monkeypatch.setattr(run_module, "choose_display", lambda ui, **settings: display)
     yield display
     for fd in display.bystanders:
         if _still_open(fd):
@@ -60,7 +60,7 @@ def test_fds_opened_while_a_run_ends_survive_it(bystander_display, log_dir, star
 
 
 def test_fds_survive_a_failed_run(bystander_display, log_dir):
-    with pytest.raises(Exception):
+    with pytest.raises(LaunchError, match="boom"):
         notebook_launcher(_fails, num_processes=2, log_dir=log_dir)
     closed = [fd for fd in bystander_display.bystanders if not _still_open(fd)]
     assert not closed, f"the launcher closed fds it did not own (again): {closed}"

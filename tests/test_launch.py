@@ -1,7 +1,6 @@
 """Real launches on CPU ranks (fork, gloo): results, per-rank environment, Accelerate."""
 import os
 
-import pytest
 import torch
 
 from notebook_launch import notebook_launcher

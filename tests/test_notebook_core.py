@@ -1,6 +1,5 @@
 """The core behaviours inside a real Jupyter kernel, driven by nbclient."""
-import pytest
-from nbutil import CellExecutionError, cell_text, make_notebook, run_notebook
+from nbutil import cell_text, make_notebook, run_notebook
 
 SETUP = """
 import os, time
@@ -44,6 +43,7 @@ def test_cuda_first_initialized_cell_is_recorded_by_the_ipython_hook(tmp_path):
     """The post-run-cell hook names the cell after which CUDA became initialized. No GPU exists
     here, so a fake stands in for torch.cuda.is_initialized (named as such in the cell)."""
     nb = make_notebook(SETUP, """
+%load_ext notebook_launch
 import notebook_launch.cuda_tracking as tracking
 FAKE_CUDA_CONTEXT = [False]   # stands in for a real CUDA context (no GPU here)
 tracking.is_cuda_initialized = lambda: FAKE_CUDA_CONTEXT[0]

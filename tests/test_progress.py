@@ -4,10 +4,12 @@ import itertools
 
 import pytest
 
+from panel_helpers import keep_state
+
 from notebook_launch import notebook_launcher, progress
+
 # The package attribute `progress` is the public alias of Progress; its module is notebook_launch.rank.progress
 progress_module = importlib.import_module("notebook_launch.rank.progress")
-from panel_helpers import keep_state
 
 
 def test_outside_a_launch_progress_is_a_plain_pass_through():

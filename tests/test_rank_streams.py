@@ -76,7 +76,8 @@ def test_ranks_forked_after_an_openmp_region_in_the_notebook_do_not_hang(tmp_pat
     script = tmp_path / "openmp_then_fork.py"
     script.write_text(OPENMP_AFTER_NOTEBOOK_RAN_ONE)
     env = dict(os.environ, OMP_NUM_THREADS="2")   # every rank keeps 2 threads, also with 2 ranks on 2 cores
-    proc = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=400, check=False)
+    proc = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=400,
+                          check=False)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     lines = [line for line in proc.stdout.splitlines() if line.startswith("[[")]
     expected = ["[[2, 67108864.0]]", "[[2, 67108864.0], [2, 67108864.0]]"]

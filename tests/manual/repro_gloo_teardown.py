@@ -7,7 +7,12 @@ tmp / tmp-dynamo (bare torch.multiprocessing.start_processes fork, without/with 
 imported in the parent), accel / accel-dynamo (accelerate.notebook_launcher, same split).
 To test main without the fix: PYTHONPATH=<a checkout of main> from another directory.
 """
-import argparse, os, sys, time, socket, signal
+import argparse
+import os
+import sys
+import time
+import socket
+import signal
 
 import torch
 import torch.distributed as dist
@@ -20,13 +25,19 @@ def train(steps=5):
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     for _ in range(steps):
         loss = model(torch.randn(8, 3)).sum()
-        opt.zero_grad(); loss.backward(); opt.step()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
     dist.destroy_process_group()
     return 1
 
 
 def free_port():
-    s = socket.socket(); s.bind(("127.0.0.1", 0)); p = s.getsockname()[1]; s.close(); return p
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    p = s.getsockname()[1]
+    s.close()
+    return p
 
 
 def tmp_rank(i, world, port, steps):
@@ -45,7 +56,8 @@ def run_tmp(world, steps, timeout):
         if time.monotonic() > deadline:
             pids = [p.pid for p in ctx.processes if p.is_alive()]
             if os.environ.get("KEEP_STUCK"):
-                print("STUCK pids", pids, flush=True); time.sleep(float(os.environ["KEEP_STUCK"]))
+                print("STUCK pids", pids, flush=True)
+                time.sleep(float(os.environ["KEEP_STUCK"]))
             for p in ctx.processes:
                 if p.is_alive():
                     os.kill(p.pid, signal.SIGKILL)
@@ -71,11 +83,13 @@ def run_accel(world, steps, timeout):
         from accelerate import notebook_launcher as acc
         acc(train, args=(steps,), num_processes=world, use_port=str(free_port()))
     p = multiprocessing.get_context("fork").Process(target=target)
-    p.start(); p.join(timeout)
+    p.start()
+    p.join(timeout)
     if p.is_alive():
         import subprocess
         subprocess.run(["pkill", "-9", "-P", str(p.pid)])   # the ranks of this one launch
-        p.kill(); p.join()
+        p.kill()
+        p.join()
         return "hang"
     return "ok" if p.exitcode == 0 else f"error rc {p.exitcode}"
 

@@ -298,7 +298,7 @@ def report_progress():
 def test_one_panel_row_per_ordinal_with_its_own_progress(tmp_path, monkeypatch):
     from notebook_launch import run as run_module
     display = RecordingDisplay()
-    monkeypatch.setattr(run_module, "choose_display", lambda ui, line_prefix=None: display)
+    monkeypatch.setattr(run_module, "choose_display", lambda ui, **settings: display)
     assert launch(report_progress, tmp_path=tmp_path) == [0, 1]
     rows = display.final.ranks
     assert [r.rank for r in rows] == [0, 1]
