@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from notebook_launch import GuardError, LaunchArgumentError, LaunchError, cuda_tracking, notebook_launcher
+from helpers.cuda_tracking_reset import reset_cuda_tracking
 from notebook_launch.net import free_port
 
 
@@ -59,9 +60,9 @@ def test_after_reset_the_launch_works(clean_accelerate_state):
 def fake_cuda_initialized(monkeypatch):
     """Stands in for a CUDA context in the parent: no GPU exists on the test machine."""
     monkeypatch.setattr(cuda_tracking, "is_cuda_initialized", lambda: True)
-    cuda_tracking._reset_for_tests()
+    reset_cuda_tracking()
     yield
-    cuda_tracking._reset_for_tests()
+    reset_cuda_tracking()
 
 
 def touch_cuda_in_a_notebook_cell():

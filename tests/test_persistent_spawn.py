@@ -16,6 +16,7 @@ import torch
 import torch.distributed as dist
 
 from fake_cuda_build_standin import install_fake_cuda_build
+from helpers.cuda_tracking_reset import reset_cuda_tracking
 from notebook_launch import GuardError, LaunchError, cuda_tracking, preflight, start_ranks
 from notebook_launch.net import free_port
 
@@ -96,7 +97,7 @@ def test_a_poisoned_fork_names_spawned_persistent_ranks_as_the_way_out(monkeypat
     a fake GPU could not run one)."""
     monkeypatch.delenv(cuda_tracking.NVML_CHECK_VARIABLE, raising=False)
     install_fake_cuda_build(monkeypatch, gpus=2, nvml_gpus=2)
-    cuda_tracking._reset_for_tests()
+    reset_cuda_tracking()
     cuda_tracking.install()
     try:
         assert torch.cuda.is_available()
@@ -107,7 +108,7 @@ def test_a_poisoned_fork_names_spawned_persistent_ranks_as_the_way_out(monkeypat
         assert our_children() == []
         preflight.check_cuda_not_initialized("spawn", 2)
     finally:
-        cuda_tracking._reset_for_tests()
+        reset_cuda_tracking()
 
 
 def test_spawned_persistent_ranks_in_a_kernel_after_cuda_was_initialized(tmp_path):
