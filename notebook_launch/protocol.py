@@ -173,7 +173,8 @@ class Failure:
                    headline=record.get("headline", ""), traceback=record.get("traceback") or "",
                    exc_type=record.get("exc_type"), exc_message=record.get("exc_message"),
                    node=record.get("node"), rank=record.get("rank"), attempt=record.get("attempt") or 0,
-                   restartable=record.get("restartable", True), secondary=bool(record.get("secondary")))
+                   restartable=record.get("restartable", True), secondary=bool(record.get("secondary")),
+                   detail=record.get("detail") or "")
 
     def same_as(self, other: "Failure") -> bool:
         return (self.node, self.rank, self.headline, self.attempt) == \

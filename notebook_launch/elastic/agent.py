@@ -104,9 +104,13 @@ class NotebookElasticAgent(SimpleElasticAgent):
         self.pipes = []
         self.pipes = ctx.run.launcher.open_channels(plan)
         processes = ctx.run.launcher.start(plan, ctx.job, self.pipes)
+        # Stall marking needs every rank in view: on several nodes, ranks waiting here may wait on
+        # ranks working on another node, which this node cannot see (the timeout's verdict covers all).
+        stall_after = ctx.run.options.stall_after if worker_group.group_world_size == 1 else None
         self.sup = AttemptSupervisor(processes, self.pipes, ctx.run.state, ctx.run.display, ctx.run.logs,
                                      timeout=ctx.timeout, poll_interval=ctx.poll_interval,
-                                     rank_displays=ctx.run.rank_displays)
+                                     rank_displays=ctx.run.rank_displays, stall_after=stall_after)
+        self.sup.board = self.board
         return self.sup.pids()
 
     def _monitor_workers(self, worker_group: AssignedGroup) -> RunResult:
@@ -117,6 +121,7 @@ class NotebookElasticAgent(SimpleElasticAgent):
             sup.time_out()
             status = Step.FAILED
         try:
+            board.answer_where(sup.local_whereabouts, outcome.cell_labeller())   # a node diagnosing a hang asks
             if status is Step.FAILED:
                 return self._after_local_failure(worker_group)
             remote = board.failure()

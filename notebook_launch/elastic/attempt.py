@@ -17,7 +17,10 @@ from typing import Any
 from .. import restarts
 from ..errors import LaunchError
 from ..protocol import Failure
+from ..supervise import outcome
+from ..supervise.hang_verdict import RankWhereabouts
 from ..supervise.supervisor import Step, Supervisor
+from .node_board import BoardUnreachable, NodeBoard
 
 # Errors a rank gets because a rank elsewhere died, not because of its own code.
 SECONDARY_PATTERNS = re.compile(
@@ -30,6 +33,21 @@ class AttemptSupervisor(Supervisor):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.results: list[Any] | None = None
+        self.board: NodeBoard | None = None   # set by the agent: a hang's verdict then covers every node
+
+    def whereabouts(self, native: bool = True) -> list[RankWhereabouts]:
+        """Every rank of the run, on every node (the board asks the other nodes' agents)."""
+        found = super().whereabouts(native)
+        if self.board is None or self.board.num_nodes == 1:
+            return found
+        try:
+            return self.board.ask_where(found, outcome.cell_labeller())
+        except BoardUnreachable:
+            return found
+
+    def local_whereabouts(self) -> list[RankWhereabouts]:
+        """This node's ranks only: what this node answers when another one asks."""
+        return super().whereabouts()
 
     def step(self, wait: float) -> Step:
         """The core step; once done, also load the results (a result that cannot be

@@ -260,6 +260,8 @@ def remote_error(record: Failure, state: RunState) -> LaunchError:
     if record.traceback:
         lines += ["", f"Traceback from rank {rank} (node {node}):",
                   clip_middle(record.traceback.rstrip(), TRACEBACK_LIMIT, where)]
+    if record.detail:   # a hang diagnosed on that node: where every rank of the run was
+        lines += ["", "Where each rank was:", clip_middle(record.detail, TRACEBACK_LIMIT, f"node {node}'s logs")]
     lines += ["", f"Ranks on this node (node {state.node_rank}):"]
     for rs in state.ranks:
         lines.append(f"  rank {rs.rank}: {rs.exit_description or rs.status}")

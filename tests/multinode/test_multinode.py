@@ -107,7 +107,11 @@ def test_a_hang_across_nodes_gets_one_verdict_over_every_rank(two_nodes):
         assert verdict in outcome["message"].splitlines()[0], outcome["message"]
         assert outcome["seconds"] < 100, "the ranks sleep 120 s: they were not stopped"
         _clean_exit(outcome)
-    reporting = node0 if "Where each rank was:" in node0["message"] else node1
+    # every node's error carries the detail: the reporting node's own, the other's from its failure record
+    assert all("Where each rank was:" in outcome["message"] for outcome in (node0, node1)), (node0, node1)
+    # the node that diagnosed the hang; the other's error is the record it posted ("node N has its own" logs)
+    reporting = node1 if "has its own)" in node0["message"] else node0
+    assert "has its own)" not in reporting["message"], (node0, node1)
     detail = reporting["message"][reporting["message"].index("Where each rank was:"):]
     other = 1 if reporting is node0 else 0
     # the other node's ranks are there, said to be its own, with their stacks and source lines
