@@ -36,33 +36,71 @@ def notebook_launcher(function: Callable[..., Any], args: tuple | list = (), num
                       lines_per_second: int | str = DEFAULT_LINES_PER_SECOND) -> list[Any]:
     """Run ``function(*args, **kwargs)`` on ``num_processes`` ranks and return every rank's result.
 
-    The first fourteen parameters mean what they mean in Hugging Face Accelerate's
-    ``notebook_launcher``, so swapping the import is enough. Beyond them:
+    The first fourteen parameters are Hugging Face Accelerate's ``notebook_launcher``'s, in the same
+    order and with the same defaults, so swapping the import is enough; the rest are keyword-only.
 
-    kwargs: keyword arguments for ``function``.
-    start_method: "fork" (default where safe), "spawn" (ships the function with cloudpickle) or
-        "xla" (torch_xla's xmp.spawn; the default when a TPU or PJRT_DEVICE is found, and then
-        num_processes counts XLA devices: None or all of them, or 1).
-    timeout: seconds after which every rank is stopped and LaunchError names those still running.
-    log_dir: folder for the per-rank logs; by default a new folder per run in the user cache.
-    ui: "auto", "widget", "html", "rich", "text" or "none".
-    rdzv_timeout: seconds every node has to join the rendezvous (multi-node or max_restarts > 0);
-        default rdzv_conf's "join_timeout"/"timeout", else 900 s (torch elastic's default).
-        With cluster=, how long to wait for Ray to place every rank.
-    display_ranks: whose IPython display() calls (HTML, images, the Transformers Trainer's
-        notebook progress) the cell shows: None for rank 0, a global rank or a list of them, or "all".
-    cluster: RayCluster(address=..., resources_per_rank=..., placement=...) runs num_processes ranks
-        as Ray actors on that cluster (one placement group), instead of processes on this machine.
-    stall_after: seconds a live rank may show no sign of progress (no output, progress() step or
-        CPU time) before it is marked stalled; nothing is stopped. None: not watched.
-        Default DEFAULT_STALL_AFTER (supervise/stall.py).
-    lines_per_second: how many output lines a second of each rank the cell shows (a flood of
-        prints would otherwise slow the kernel and bury the panel); the rest are in the rank's
-        log file. "all": every line.
+    Args:
+        function: What every rank runs: ``function(*args, **kwargs)``. Define it in a cell; create the
+            Accelerator / process group / CUDA tensors inside it.
+        args: Positional arguments (a tuple or list; one argument is ``args=(value,)``).
+        num_processes: Ranks on this machine: any whole number (``int``, NumPy's ``int64``, ...).
+            ``None``: one per visible CUDA GPU, else 1. On GPUs at most the number visible; on CPU up
+            to 8 per core (at least 64; they share the cores). With ``start_method="xla"`` it counts
+            XLA devices: ``None`` or all of them, or 1.
+        mixed_precision: ``"no"``, ``"fp16"``, ``"bf16"`` or ``"fp8"``; exported as
+            ``ACCELERATE_MIXED_PRECISION``, so ``Accelerator()`` in each rank uses it.
+        use_port: Rendezvous TCP port on ``master_addr``. Left at the default and busy, a free port is
+            chosen (and said); a port you chose that is busy is an error.
+        master_addr: Address of node 0 (the rendezvous store): a non-empty host name or IP address.
+        node_rank: This machine's index among ``num_nodes``.
+        num_nodes: Machines taking part; each runs ``notebook_launcher`` with its own ``node_rank``.
+        rdzv_backend: ``"static"``, ``"c10d"``, ``"etcd"`` or ``"etcd-v2"`` (multi-node rendezvous,
+            as in torchrun).
+        rdzv_endpoint: Rendezvous endpoint for the dynamic backends (default ``master_addr:use_port``).
+        rdzv_conf: Rendezvous options for the dynamic backends.
+        rdzv_id: Rendezvous job id for the dynamic backends.
+        max_restarts: How many times a failed group is restarted before the error is raised.
+        monitor_interval: Seconds between the supervisor's checks (used up to 0.1 s); a finite
+            number > 0.
+        log_line_prefix_template: Prefix of every output line, default ``[rank N]``. torchrun's
+            syntax, rendered as torchrun renders it: ``"${role_name}-${rank}: "`` gives
+            ``default-0: ...``; or ``str.format`` syntax, ``"[{rank}]: "``. Fields ``rank`` (global),
+            ``local_rank``, ``role_name`` (``default``), ``node_rank``.
+        kwargs: Keyword arguments for ``function``.
+        start_method: ``"fork"`` (default where safe: fast, the notebook's globals are inherited),
+            ``"spawn"`` (fresh interpreters; the function and arguments travel with cloudpickle;
+            needed after CUDA was initialized in the notebook) or ``"xla"`` (torch_xla's xmp.spawn;
+            the default when a TPU or ``PJRT_DEVICE`` is found).
+        timeout: Seconds (> 0; ``float("inf")`` means none, like ``None``); past it every rank is
+            stopped and ``LaunchError`` says where each rank was.
+        log_dir: Folder for the ``rank<N>.log`` files; default a new folder per run under
+            ``~/.cache/notebook_launch/runs`` (``NOTEBOOK_LAUNCH_LOG_DIR`` moves it).
+        ui: ``"auto"``, ``"widget"``, ``"html"``, ``"rich"``, ``"text"`` or ``"none"``: how the run
+            is shown.
+        rdzv_timeout: Seconds every node has to join the rendezvous (multi-node or
+            ``max_restarts > 0``); default ``rdzv_conf["join_timeout"]``/``["timeout"]``, else 900 s
+            (torch elastic's default). With ``cluster=``: how long to wait for Ray to place every rank.
+        display_ranks: Whose IPython ``display()`` calls (HTML, images, the Transformers Trainer's
+            notebook progress) the cell shows: ``None`` for rank 0, a global rank or a list of them,
+            or ``"all"``.
+        cluster: ``RayCluster(address=..., resources_per_rank=..., placement=...)`` runs
+            ``num_processes`` ranks as Ray actors on that cluster (one placement group), instead of
+            processes on this machine.
+        stall_after: Seconds the whole run may show no sign of progress (no output line,
+            ``progress()`` step, CPU time, I/O or stack change on any rank) before its ranks are
+            marked stalled and the panel says where each one is; nothing is stopped. ``None``: not
+            watched. Default 300 s (``DEFAULT_STALL_AFTER``; why: ``supervise/stall.py``).
+        lines_per_second: How many output lines a second of each rank the cell shows (a flood of
+            prints would otherwise slow the kernel and bury the panel); the rest are in the rank's
+            log file. ``"all"``: every line.
 
-    Returns a list with each local rank's return value, in rank order (tensors moved to CPU).
-    Raises LaunchError when a rank fails (naming it, with its traceback), GuardError when
-    launching now would misbehave, LaunchArgumentError for invalid arguments.
+    Returns:
+        Each local rank's return value, in rank order (tensors moved to the CPU).
+
+    Raises:
+        LaunchError: A rank failed (naming it, with its traceback), timed out or could not report.
+        GuardError: Launching now would misbehave (an Accelerator or CUDA already in the notebook...).
+        LaunchArgumentError: An argument is invalid; nothing was started.
     """
     __tracebackhide__ = True  # noqa: F841  (IPython and pytest hide this frame)
     try:

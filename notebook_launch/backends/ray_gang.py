@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+import secrets
 import signal
 import threading
 import time
@@ -174,6 +175,7 @@ def death_reason(exc: BaseException) -> str:
 class Gang:
     """One attempt's placement group and actors; ``end()`` removes both and waits until Ray
     reports every actor dead, so nothing of the run stays on the cluster."""
+    NAME = "notebook_launch"   # placement groups are named NAME-<notebook pid>-<random>
 
     def __init__(self, ray: Any, cluster: "RayCluster", world_size: int) -> None:
         self.ray = ray
@@ -183,13 +185,18 @@ class Gang:
         self.actors: list[Any] = []
         self.waiter: Waiter | None = None
 
+    def group_name(self) -> str:
+        """The placement group's name: unique, since Ray refuses a second live group of a name (two
+        launches from one notebook, or a launch beside persistent ranks), and saying whose it is."""
+        return f"{self.NAME}-{os.getpid()}-{secrets.token_hex(4)}"
+
     def reserve(self, deadline: float, on_wait: Callable[[], None]) -> list[Placement]:
         """Create the placement group and wait until Ray placed every bundle (or ``deadline``:
         TimeoutError). ``on_wait`` runs every tick (panel refresh, Stop, interrupt)."""
         from ray.util.placement_group import placement_group, placement_group_table
         bundle = {k: float(v) for k, v in self.cluster.resources_per_rank.items() if float(v) > 0}
         self.group = placement_group([dict(bundle) for _ in range(self.world_size)],
-                                     strategy=self.cluster.placement, name=f"notebook_launch-{os.getpid()}")
+                                     strategy=self.cluster.placement, name=self.group_name())
         ready = self.group.ready()
         while True:
             done, _ = self.ray.wait([ready], timeout=WAIT_TICK)

@@ -96,7 +96,8 @@ def looks_like_training(function: Callable[..., Any]) -> bool:
 def warm_for(function: Callable[..., Any]) -> None:
     """Import in the parent what the ranks of this launch would import after the fork."""
     wait_for_background_import()
-    from ..rank import process_groups, progress, tqdm_bridge  # noqa: F401  (ours: ms per rank)
+    from ..rank import (process_groups, progress, progress_bridge, rich_bridge,  # noqa: F401  (ours: ms per rank)
+                        tqdm_bridge, transformers_bridge)
     if "torch" not in sys.modules or "torch._dynamo" in sys.modules:
         return
     try:

@@ -28,7 +28,6 @@ import logging
 import mmap
 import os
 import pickle
-import secrets
 import select
 import time
 import weakref
@@ -38,7 +37,7 @@ from typing import TYPE_CHECKING, Any
 
 from .. import protocol
 from ..backends import ray_connect
-from ..backends.ray_gang import (WAIT_TICK, Gang, Placement, RayRank, Waiter, assign_ranks, death_reason,
+from ..backends.ray_gang import (Gang, Placement, RayRank, Waiter, death_reason,
                                  visible_devices_by_node)
 from ..backends.ray_launch import (_notebook_address, describe_actors, notebook_plan, placement_timeout_error,
                                    rank_assignment)
@@ -135,24 +134,9 @@ class PersistentRayRank(RayRank):
 
 
 class PersistentGang(Gang):
-    """The persistent ranks' gang, whose placement group has a name of its own: Ray refuses a
-    second live group of the same name, and a launch from the same notebook
-    (``notebook_launcher(..., cluster=)`` while these ranks live) names its group by the
-    notebook's pid."""
+    """The persistent ranks' gang, whose placement group says it holds persistent ranks."""
 
-    def reserve(self, deadline: float, on_wait: Callable[[], None]) -> list[Placement]:
-        from ray.util.placement_group import placement_group, placement_group_table
-        bundle = {k: float(v) for k, v in self.cluster.resources_per_rank.items() if float(v) > 0}
-        self.group = placement_group([dict(bundle) for _ in range(self.world_size)],
-                                     strategy=self.cluster.placement,
-                                     name=f"notebook_launch-ranks-{os.getpid()}-{secrets.token_hex(4)}")
-        ready = self.group.ready()
-        while not self.ray.wait([ready], timeout=WAIT_TICK)[0]:
-            on_wait()
-            if time.monotonic() > deadline:
-                raise TimeoutError("placement group not ready")
-        nodes = placement_group_table(self.group)["bundles_to_node_id"]
-        return assign_ranks([nodes[b] for b in range(self.world_size)])
+    NAME = "notebook_launch-ranks"
 
 
 class RayRanks(Ranks):
