@@ -19,7 +19,7 @@ from ..channels import RankPipes, RankProcess
 from ..channels.sockets import SocketPipes, StreamListener
 from ..errors import GuardError
 from ..net import source_address_toward
-from ..plan import LaunchPlan, RankSpec
+from ..plan import LaunchPlan, RankSpec, dist_backend_for
 from ..protocol import Failure, FailureKind
 from ..rank.spawn_context import capture_context, pickle_job
 from ..supervise import outcome
@@ -229,7 +229,7 @@ def notebook_plan(world_size: int, cluster: "RayCluster", mixed_precision: str) 
     ranks = tuple(RankSpec(rank, rank, device, {}) for rank in range(world_size))
     return LaunchPlan(num_processes=world_size, num_nodes=1, node_rank=0, world_size=world_size,
                       master_addr="", master_port=0, device_kind=cluster.device_kind,
-                      dist_backend="nccl" if cluster.device_kind == "cuda" else "gloo",
+                      dist_backend=dist_backend_for(cluster.device_kind),
                       mixed_precision=mixed_precision, start_method="ray", ranks=ranks)
 
 
