@@ -27,7 +27,8 @@ from ..errors import LaunchArgumentError
 from ..magic import (NOT_WATCHED, _ArgumentParser, _cell_filename, _lines_per_second, _seconds, _stall_after,
                      options_parser, referenced_globals, watch_options)
 from .namespace import NotRun
-from .pool import DEFAULT_GRACE, Ranks, start_ranks
+from .pool import DEFAULT_GRACE, Ranks
+from .start import start_ranks
 
 log = logging.getLogger("notebook_launch")
 USAGE = ("%ranks start [-n N] [--spawn] [--mixed-precision no|fp16|bf16|fp8] [--timeout S] "

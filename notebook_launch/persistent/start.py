@@ -1,0 +1,71 @@
+"""``start_ranks``: make persistent ranks, forked or spawned on this machine (``pool.Ranks``) or
+Ray actors on a cluster (``ray_ranks.RayRanks``, a subclass). Its own module, so that the pool
+does not import the Ray pool that builds on it (the package's import graph has no cycle)."""
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
+
+from ..errors import LaunchArgumentError
+from ..options import DEFAULT_LINES_PER_SECOND, DEFAULT_USE_PORT, launch_options
+from ..preflight import check_not_inside_rank
+from ..supervise.stall import DEFAULT_STALL_AFTER
+from .pool import DEFAULT_GRACE, Ranks, _trimmed
+from .serve import serve_calls
+
+if TYPE_CHECKING:
+    from ..cluster import RayCluster
+
+
+@_trimmed
+def start_ranks(num_processes: int | None = None, mixed_precision: str = "no",
+                use_port: int | str = DEFAULT_USE_PORT, master_addr: str = "127.0.0.1", *,
+                start_method: str | None = None, timeout: float | None = None,
+                log_dir: str | os.PathLike[str] | None = None, ui: str = "auto",
+                log_line_prefix_template: str | None = None,
+                interrupt_grace: float = DEFAULT_GRACE,
+                display_ranks: int | Iterable[int] | str | None = None,
+                cluster: "RayCluster | None" = None, stall_after: float | None = DEFAULT_STALL_AFTER,
+                lines_per_second: int | str = DEFAULT_LINES_PER_SECOND) -> Ranks:
+    """Fork ``num_processes`` ranks now and keep them: each ``run()`` then calls a function
+    on the same processes, whose namespace (models, data, an initialized process group)
+    lives on between calls. Options mean what they mean for ``notebook_launcher``;
+    ``timeout`` is the default for each call; ``interrupt_grace`` the seconds interrupted
+    ranks have to come back before every rank is stopped (and restarted on the next call).
+    ``start_method="spawn"``: fresh interpreters (after CUDA was initialized in the notebook,
+    where a fork is refused): each call's function and a ``%%ranks`` cell's values travel
+    with cloudpickle, as they do to forked ranks; the ranks do not start with a copy of the
+    notebook's globals, only what calls, cells and ``push`` bring.
+    ``stall_after``: seconds a call's ranks may all show no sign of progress before they are
+    marked stalled (nothing is stopped; see ``supervise.stall``), the default of each call;
+    None: not watched. ``lines_per_second``: each rank's output lines a second a call's cell
+    shows ("all": every line), the default of each call. ``ranks.stacks()`` says where every
+    rank is, during a call (from another thread) or between calls.
+    Use ``with start_ranks(2) as ranks:`` or call ``close()``.
+    """
+    check_not_inside_rank()
+    if cluster is not None:   # persistent ranks as Ray actors (issue 24): their own home
+        from .ray_ranks import start_ray_ranks
+        return start_ray_ranks(num_processes, cluster, mixed_precision=mixed_precision, use_port=use_port,
+                               timeout=timeout, log_dir=log_dir, ui=ui,
+                               log_line_prefix_template=log_line_prefix_template,
+                               interrupt_grace=interrupt_grace, display_ranks=display_ranks,
+                               stall_after=stall_after, lines_per_second=lines_per_second)
+    if start_method not in (None, "fork", "spawn"):
+        raise LaunchArgumentError(
+            f"start_ranks(start_method={start_method!r}): persistent ranks are forked or spawned, so "
+            f"start_method must be 'fork', 'spawn' or None; use notebook_launcher for xla")
+    if isinstance(interrupt_grace, bool) or not isinstance(interrupt_grace, (int, float)) \
+            or interrupt_grace <= 0:
+        raise LaunchArgumentError(f"interrupt_grace must be a number of seconds > 0; got {interrupt_grace!r}")
+    options = launch_options(
+        function=serve_calls, args=(), num_processes=num_processes, mixed_precision=mixed_precision,
+        use_port=use_port, master_addr=master_addr, node_rank=0, num_nodes=1, rdzv_backend="static",
+        rdzv_endpoint="", rdzv_conf=None, rdzv_id="none", max_restarts=0, monitor_interval=0.1,
+        log_line_prefix_template=log_line_prefix_template, kwargs=None, start_method=start_method,
+        timeout=timeout, log_dir=log_dir, ui=ui, rdzv_timeout=None, display_ranks=display_ranks,
+        stall_after=stall_after, lines_per_second=lines_per_second)
+    ranks = Ranks(options, float(interrupt_grace))
+    ranks._start()
+    return ranks
