@@ -71,6 +71,7 @@ class RayRank(RankProcess):
     /proc speaks for it (``on_this_machine``)."""
 
     on_this_machine = False
+    where_asker: Any = None   # backends.ray_where.WhereAsker of its gang's ranks (set by Waiter)
 
     def __init__(self, ray: Any, local_rank: int, actor: Any, pid: int, pipes: "SocketPipes") -> None:
         self.ray = ray
@@ -102,6 +103,12 @@ class RayRank(RankProcess):
         if signum == signal.SIGKILL or not self.pipes.send_signal(signum):
             self.kill()
 
+    def ask_where(self, global_rank: Callable[[int], int]) -> dict[int, Any]:
+        """Where this rank is, asked over its connections (``backends.ray_where``: with every rank
+        of its gang at once); {} when it was not asked (no ``Waiter`` made it one of a gang)."""
+        asker = self.where_asker
+        return {} if asker is None else asker.ask(self, global_rank)
+
     def kill(self) -> None:
         self.sent_signal = signal.SIGKILL
         try:
@@ -126,6 +133,10 @@ class Waiter(threading.Thread):
         self.ray = ray
         self.pending = {future: rank for future, rank in zip(futures, ranks)}
         self._halt = threading.Event()
+        from .ray_where import WhereAsker
+        asker = WhereAsker(ranks)   # the gang's ranks are asked where they are together
+        for rank in ranks:
+            rank.where_asker = asker
 
     def run(self) -> None:
         while self.pending and not self._halt.is_set():

@@ -27,6 +27,7 @@ from ..backends.socket_pipes import SIGNAL_FRAME, connect_streams
 from ..net import free_port, interface_with_address
 from ..plan import RankSpec, rank_environment
 from .bootstrap import EXIT_FAILED, capture_output, flush_everything
+from .ray_where import Answerer, request_number
 
 log = logging.getLogger("notebook_launch")
 
@@ -62,9 +63,9 @@ class RankActor:
             signal.signal(signal.SIGTERM, writer.stop_rank)
             if assignment.get("persistent"):   # the notebook's calls come on the events connection
                 from .ray_serve import listen
-                listen(socks[0], finished)
+                listen(socks[0], finished, socks[3])
             else:
-                threading.Thread(target=_obey_notebook, args=(socks[0], finished), daemon=True,
+                threading.Thread(target=_obey_notebook, args=(socks[0], finished, Answerer(socks[3])), daemon=True,
                                  name="notebook_launch-control").start()
             spec = _rank_spec(assignment)
             os.environ.update(spec.env)
@@ -158,9 +159,10 @@ def _load_job(payload: bytes, spec: RankSpec, writer: protocol.EventWriter) -> A
     return job
 
 
-def _obey_notebook(sock: Any, finished: threading.Event) -> None:
-    """Deliver the signals the notebook sends (Stop, timeout, another rank failed); if the
-    notebook goes away while the rank runs, end the rank (as a local rank dies with its parent)."""
+def _obey_notebook(sock: Any, finished: threading.Event, answerer: Answerer) -> None:
+    """Deliver the signals the notebook sends (Stop, timeout, another rank failed) and hand its
+    where requests to ``answerer`` (``rank.ray_where``); if the notebook goes away while the rank
+    runs, end the rank (as a local rank dies with its parent)."""
     buffer = b""
     while True:
         try:
@@ -175,5 +177,8 @@ def _obey_notebook(sock: Any, finished: threading.Event) -> None:
         while len(buffer) >= SIGNAL_FRAME.size:
             (signum,) = SIGNAL_FRAME.unpack_from(buffer)
             buffer = buffer[SIGNAL_FRAME.size:]
-            if not finished.is_set():   # never into the actor's next call
+            number = request_number(signum)
+            if number is not None:
+                answerer.ask(number)
+            elif not finished.is_set():   # never into the actor's next call
                 os.kill(os.getpid(), signum)

@@ -12,7 +12,9 @@ uses only for signals), as ``Message`` frames:
 - INTERRUPT n: the notebook interrupts call n (what a local pool writes to its shared
   ``InterruptSlot`` and signals with SIGINT): the rank's own slot records it and the rank
   signals itself, under the local rule (it raises only while call n's code runs);
-- STOP: the loop returns; end of file (the notebook went away) ends the process.
+- STOP: the loop returns; end of file (the notebook went away) ends the process;
+- a where request (``rank.ray_where``): a launch's 4-byte request frame, told from a message by
+  its first byte (0, which no kind is); the rank answers on its answers connection.
 
 One thread (``listen``) reads that connection for the life of the actor's call, so an
 interrupt is seen while the main thread runs the user's code; frames of calls go to the
@@ -32,7 +34,9 @@ from typing import Any
 
 from .. import protocol, shared_tensors
 from ..plan import RankSpec
+from ..channels.sockets import SIGNAL_FRAME
 from . import runner
+from .ray_where import Answerer, request_number
 
 log = logging.getLogger("notebook_launch")
 MESSAGE = struct.Struct("!BQQ")   # kind, then two numbers (CALL: sizes of the frame and its tensors)
@@ -55,26 +59,37 @@ class Inbox:
     slot: Any          # persistent.commands.InterruptSlot of this rank alone
     stopped: threading.Event
     main_thread: int   # the thread that runs the calls (the actor's task: the worker's main thread)
+    between_calls: bool = False   # the serving loop waits for the next call (what a where answer says)
 
 
 _inbox: Inbox | None = None
 
 
-def listen(sock: Any, finished: threading.Event) -> Inbox:
+def listen(sock: Any, finished: threading.Event, answers: Any = None) -> Inbox:
     """Start reading the notebook's messages on the events connection (the actor's ``run`` calls
-    this instead of its signal reader when the job is a persistent rank)."""
+    this instead of its signal reader when the job is a persistent rank); where requests are
+    answered on ``answers``, the rank's answers connection (None: read and left unanswered)."""
     from ..persistent.commands import InterruptSlot
     global _inbox
     inbox = Inbox(queue.Queue(), InterruptSlot(1), threading.Event(), threading.get_ident())
     _inbox = inbox
-    threading.Thread(target=_read_messages, args=(sock, inbox, finished), daemon=True,
+    answerer = None if answers is None else Answerer(answers, lambda: inbox.between_calls)
+    threading.Thread(target=_read_messages, args=(sock, inbox, finished, answerer), daemon=True,
                      name="notebook_launch-ray-commands").start()
     return inbox
 
 
-def _read_messages(sock: Any, inbox: Inbox, finished: threading.Event) -> None:
+def _read_messages(sock: Any, inbox: Inbox, finished: threading.Event, answerer: Answerer | None) -> None:
     while True:
-        header = _receive(sock, MESSAGE.size)
+        first = _receive(sock, 1)
+        if first == b"\0":   # a where request (a 4-byte frame): no message kind is 0
+            rest = _receive(sock, SIGNAL_FRAME.size - 1)
+            number = None if rest is None else request_number(SIGNAL_FRAME.unpack(first + rest)[0])
+            if number is not None and answerer is not None:
+                answerer.ask(number)
+            continue   # (end of file: the next read says so)
+        rest = None if first is None else _receive(sock, MESSAGE.size - 1)
+        header = None if first is None or rest is None else first + rest
         if header is None:   # the notebook is gone (or closed the ranks)
             inbox.calls.put(None)
             if not finished.is_set() and not inbox.stopped.is_set():
@@ -168,7 +183,11 @@ def serve_ray_calls(device_kind: str) -> None:
     ns = namespace.current()
     try:
         while True:
-            message = inbox.calls.get()
+            inbox.between_calls = True
+            try:
+                message = inbox.calls.get()
+            finally:
+                inbox.between_calls = False
             if message is None:
                 return
             try:

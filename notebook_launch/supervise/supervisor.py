@@ -250,13 +250,15 @@ class Supervisor:
                   w.process.pid if w.exit is None and len(w.process.ranks()) == 1 and w.process.on_this_machine
                   and self.state.ranks[w.local_rank].status in (STARTING, RUNNING) else None) for w in self.watches]
         found = stacks.collect(asked)
+        answered: set[int] = set()
         for process in teardown.distinct(w.process for w in self.watches if w.exit is None):
-            ask_where = getattr(process, "ask_where", None)   # a process carrying several ranks (XLA) asks them
-            if ask_where is not None and process.on_this_machine:
+            ask_where = getattr(process, "ask_where", None)   # a process carrying several ranks (XLA) asks
+            if ask_where is not None:   # them; one of another machine (Ray) is asked over its connections
                 answers = ask_where(self.global_rank)
                 for index, watch in enumerate(self.watches):
                     if watch.local_rank in answers:
                         found[index] = answers[watch.local_rank]
+                        answered.add(watch.local_rank)
         stacks.add_beyond_python(found, asked, outcome.cell_labeller(), native=native)
         for watch, where in zip(self.watches, found):
             rs = self.state.ranks[watch.local_rank]
@@ -266,7 +268,7 @@ class Supervisor:
                 where.note = self.done_note(rs.exit_description or str(rs.status))
             elif len(watch.process.ranks()) > 1 and not (where.threads or where.note):
                 where.note = "was not asked (it shares its process with other ranks)"
-            elif not watch.process.on_this_machine:
+            elif not watch.process.on_this_machine and watch.local_rank not in answered:
                 where.note = "was not asked (its process runs on another machine)"
             where.stalled_for = self.state.stalled_for(watch.local_rank)
         return found

@@ -1,0 +1,151 @@
+"""Where a Ray rank is, asked over the network (issue 20), the rank side; the notebook's is
+``backends.ray_where``.
+
+A local rank is read through ``/proc/<pid>`` (its whereabouts memfd) and dumps its stacks on a
+signal (``rank.whereabouts``). A Ray rank runs on another machine: the notebook asks it on its
+events connection (a request frame beside the notebook's signal frames, or its messages for a
+persistent rank) and the rank answers on its answers connection, whose rank -> notebook
+direction nothing else uses. The answer is built in the rank's own process by a thread of its
+own (``Answerer``), not the main thread, which may be blocked in gloo, a lock or ``time.sleep``:
+its collective record read in-process, and every thread's Python stack from
+``sys._current_frames()`` (a blocked main thread has released the interpreter lock, so another
+thread runs), with the source lines this node can read (the notebook may not have its files).
+
+A request frame is a ``SIGNAL_FRAME`` whose value is ``REQUEST_BASE`` + the request's number:
+signal numbers are far below it, and its first byte is 0, which no persistent message's kind
+is (``rank.ray_serve`` tells the two apart by it). An answer is ``REPLY`` (magic, the request's
+number, the body's length) and a zlib-compressed JSON body (``snapshot``).
+"""
+from __future__ import annotations
+
+import json
+import linecache
+import logging
+import queue
+import socket
+import struct
+import sys
+import threading
+import time
+import zlib
+from typing import Any, Callable
+
+from ..channels.sockets import SIGNAL_FRAME
+from . import whereabouts
+
+log = logging.getLogger("notebook_launch")
+REQUEST_BASE = 1 << 23      # request frames: REQUEST_BASE + number (mod REQUEST_BASE); first byte 0
+REPLY = struct.Struct("!4sIQ")   # magic, request number, body length
+REPLY_MAGIC = b"NLWR"
+MAX_FRAMES = 100            # frames kept per thread, innermost first (faulthandler keeps as many)
+
+
+def request_frame(number: int) -> bytes:
+    """The 4 bytes that ask a Ray rank where it is (``number`` names the request)."""
+    return SIGNAL_FRAME.pack(REQUEST_BASE + number % REQUEST_BASE)
+
+
+def request_number(value: int) -> int | None:
+    """The request's number if a frame's value is a where request, else None (a signal)."""
+    return value - REQUEST_BASE if REQUEST_BASE <= value < 2 * REQUEST_BASE else None
+
+
+def read_record() -> dict[str, Any] | None:
+    """This rank's collective record (``whereabouts.Record``), read in-process as the notebook
+    reads a local rank's: the raw text (``FIELD_SEP`` fields), its number, and whether the rank
+    is inside it. None when the bookkeeping is not installed (yet, or switched off)."""
+    record = whereabouts._record
+    if record is None:
+        return None
+    header = whereabouts.HEADER.unpack_from(record.map, 0)
+    if header[0] != whereabouts.MAGIC:
+        return None
+    for _ in range(1000):
+        gen, inside, size, seq = whereabouts.STATE.unpack_from(record.map, whereabouts.GEN_OFFSET)
+        text = bytes(record.map[whereabouts.TEXT_OFFSET:whereabouts.TEXT_OFFSET + size])
+        again = whereabouts.STATE.unpack_from(record.map, whereabouts.GEN_OFFSET)
+        if gen == again[0] and gen % 2 == 0:
+            return {"text": text.decode("utf-8", "replace"), "seq": seq, "inside": bool(again[1]),
+                    "main_thread": header[2]}
+        time.sleep(0.001)   # the main thread is between two writes: let it finish
+    return None
+
+
+def snapshot(between_calls: bool = False) -> dict[str, Any]:
+    """Where this process is now: its record, every thread's stack but the asking one (innermost
+    frame first, as faulthandler writes them), and the source lines of those frames this node
+    can read (file -> line number -> text), for a notebook that cannot read them."""
+    me = threading.get_ident()
+    sources: dict[str, dict[str, str]] = {}
+
+    def source(filename: str, lineno: int) -> None:
+        text = linecache.getline(filename, lineno).rstrip("\n") if filename else ""
+        if text:
+            sources.setdefault(filename, {})[str(lineno)] = text
+
+    threads = []
+    for ident, top in sys._current_frames().items():
+        if ident == me:
+            continue
+        frames: list[list[Any]] = []
+        frame: Any = top
+        while frame is not None and len(frames) < MAX_FRAMES:
+            code, lineno = frame.f_code, frame.f_lineno or 0
+            frames.append([code.co_filename, lineno, code.co_name])
+            source(code.co_filename, lineno)
+            frame = frame.f_back
+        threads.append([ident, frames])
+    record = read_record()
+    if record is not None:
+        fields = record["text"].split(whereabouts.FIELD_SEP)
+        if len(fields) == 6 and fields[3] and fields[4].isdigit():
+            source(fields[3], int(fields[4]))
+    main = record["main_thread"] if record is not None else threading.main_thread().ident
+    return {"record": record, "main_thread": main or 0, "threads": threads, "sources": sources,
+            "between_calls": between_calls}
+
+
+def encode_reply(number: int, payload: dict[str, Any]) -> bytes:
+    body = zlib.compress(json.dumps(payload).encode("utf-8"))
+    return REPLY.pack(REPLY_MAGIC, number % (1 << 32), len(body)) + body
+
+
+def decode_body(body: bytes) -> dict[str, Any]:
+    data = json.loads(zlib.decompress(body).decode("utf-8"))
+    if not isinstance(data, dict):
+        raise ValueError("a where reply's body is not an object")
+    return data
+
+
+class Answerer:
+    """Answers the notebook's where requests on the rank's answers connection, from a thread of
+    its own (started with the first request). Requests that queued while one was answered get
+    one answer, the newest's: the notebook waits for its latest request only."""
+
+    def __init__(self, sock: socket.socket, between_calls: Callable[[], bool] = lambda: False) -> None:
+        self.sock = sock
+        self.between_calls = between_calls
+        self.requests: queue.Queue[int] = queue.Queue()
+        self.thread: threading.Thread | None = None
+
+    def ask(self, number: int) -> None:
+        self.requests.put(number)
+        if self.thread is None:
+            self.thread = threading.Thread(target=self._serve, daemon=True, name="notebook_launch-where")
+            self.thread.start()
+
+    def _serve(self) -> None:
+        while True:
+            number = self.requests.get()
+            while not self.requests.empty():
+                number = self.requests.get_nowait()
+            try:
+                data = encode_reply(number, snapshot(self.between_calls()))
+            except Exception as exc:   # say so rather than leave the notebook waiting
+                log.debug("could not say where this rank is", exc_info=True)
+                data = encode_reply(number, {"error": f"{type(exc).__name__}: {exc}"})
+            try:
+                self.sock.sendall(data)
+            except OSError:   # the run is over: the connection is closed
+                log.debug("the where reply was not sent", exc_info=True)
+                return
