@@ -202,3 +202,30 @@ def test_a_persistent_rank_reads_a_where_request_between_its_messages():
         finished.set()
         for sock in (notebook_end, rank_end, answers_notebook, answers_rank):
             sock.close()
+
+
+def test_a_timed_out_call_of_persistent_ray_ranks_says_where_each_rank_is(ray_nodes, notebook):
+    """The same hang in a call of persistent Ray ranks (their events connection carries messages):
+    the call's timeout names where each rank is."""
+    out = notebook.run("""
+from notebook_launch import start_ranks
+ranks = start_ranks(2, cluster=RayCluster(address=HEAD, placement="SPREAD"), ui="none")
+def hang():
+    import torch, torch.distributed as dist
+    dist.init_process_group("gloo")
+    if dist.get_rank() == 1:
+        time.sleep(600)
+    dist.all_reduce(torch.ones(4))
+try:
+    ranks.run(hang, timeout=30)
+except LaunchError as err:
+    print(json.dumps({"message": str(err)}))
+finally:
+    ranks.close()
+""", timeout=400)
+    assert out["error"] is None, out
+    message = json.loads(out["stdout"].strip().splitlines()[-1])["message"]
+    assert re.search(r"rank 0 waits in all_reduce #1 \(Cell In\[\d+\], line \d+\); rank 1 never reached it: "
+                     r"it is in hang\(\) at Cell In\[\d+\], line \d+ \(time\.sleep\(600\)\)",
+                     message.splitlines()[0]), message
+    assert "was not asked" not in message
