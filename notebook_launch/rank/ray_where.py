@@ -119,20 +119,19 @@ def decode_body(body: bytes) -> dict[str, Any]:
 
 class Answerer:
     """Answers the notebook's where requests on the rank's answers connection, from a thread of
-    its own (started with the first request). Requests that queued while one was answered get
-    one answer, the newest's: the notebook waits for its latest request only."""
+    its own (started here, so no answer catches the reading thread starting it). Requests that
+    queued while one was answered get one answer, the newest's: the notebook waits for its
+    latest request only."""
 
     def __init__(self, sock: socket.socket, between_calls: Callable[[], bool] = lambda: False) -> None:
         self.sock = sock
         self.between_calls = between_calls
         self.requests: queue.Queue[int] = queue.Queue()
-        self.thread: threading.Thread | None = None
+        self.thread = threading.Thread(target=self._serve, daemon=True, name="notebook_launch-where")
+        self.thread.start()
 
     def ask(self, number: int) -> None:
         self.requests.put(number)
-        if self.thread is None:
-            self.thread = threading.Thread(target=self._serve, daemon=True, name="notebook_launch-where")
-            self.thread.start()
 
     def _serve(self) -> None:
         while True:
