@@ -34,8 +34,8 @@ def package_version(name: str) -> str:
 
 def launch_preview() -> dict[str, Any]:
     """What ``notebook_launcher(fn)`` would choose here, without starting anything: the
-    launcher's own decision (``detect.target.launch_target``), so the two cannot disagree."""
-    from .detect.target import launch_target
+    launcher's own decision (``target.launch_target``), so the two cannot disagree."""
+    from .target import launch_target
     try:
         target = launch_target()
     except (LaunchArgumentError, GuardError) as exc:   # e.g. a TPU whose layout is unknown

@@ -6,7 +6,7 @@ import os
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping
 
 from . import fd_budget, net, preflight
-from .detect.target import LaunchTarget, launch_target
+from .target import LaunchTarget, launch_target
 from .errors import GuardError, LaunchArgumentError, LaunchError
 from .logs import make_run_id
 from .options import (DEFAULT_LINES_PER_SECOND, DEFAULT_USE_PORT, LaunchOptions, check_display_ranks_exist,

@@ -3,7 +3,7 @@
 Every argument check lives here and runs before anything is detected or
 started; each error names the argument and the values that would work.
 Checks that need to know the machine (num_processes against the GPUs seen)
-are here too and are called once detection has run (``detect.target``).
+are here too and are called once detection has run (``target``).
 """
 from __future__ import annotations
 
@@ -44,7 +44,7 @@ class LaunchOptions:
     """What the user asked for, validated and resolved: the one settings object every run
     (a launch, elastic, Ray, persistent ranks) is given, instead of its fields one by one.
     Each field's default is ``notebook_launcher``'s. ``num_processes`` and ``start_method``
-    may still be None here: detection (``detect.target``) settles them.
+    may still be None here: detection (``target``) settles them.
     Build it with ``launch_options`` (which checks every value); the defaults let a caller
     such as ``start_ranks`` name only what it sets."""
     function: Callable[..., Any]

@@ -95,8 +95,15 @@ class FailureKind(str, enum.Enum):
     INTERRUPTED = "interrupted"
     RENDEZVOUS = "rendezvous"
 
+    # str() and format() give the value, as enum.StrEnum does: a kind in a message reads "exit"
+    def __str__(self) -> str:
+        return str(self.value)
 
-def error_payload(exc: BaseException | None = None, *, kind: str = FailureKind.EXCEPTION.value,
+    def __format__(self, format_spec: str) -> str:
+        return format(str(self.value), format_spec)
+
+
+def error_payload(exc: BaseException | None = None, *, kind: str = FailureKind.EXCEPTION,
                   exc_type: str | None = None, message: str | None = None,
                   traceback: str | None = None, skip_frames: int = 0) -> ErrorPayload:
     """The ERROR payload for ``exc`` (or for a failure described by ``exc_type``/``message``).
@@ -157,7 +164,7 @@ class Failure:
 
     @classmethod
     def from_payload(cls, local_rank: int | None, payload: ErrorPayload) -> "Failure":
-        return cls(local_rank, payload.get("kind", FailureKind.EXCEPTION.value),
+        return cls(local_rank, payload.get("kind", FailureKind.EXCEPTION),
                    headline_of(payload["type"], payload["message"]),
                    payload.get("traceback", ""), payload["type"], payload["message"])
 
@@ -169,7 +176,7 @@ class Failure:
 
     @classmethod
     def from_record(cls, record: dict[str, Any]) -> "Failure":
-        return cls(local_rank=None, kind=record.get("kind", FailureKind.EXCEPTION.value),
+        return cls(local_rank=None, kind=record.get("kind", FailureKind.EXCEPTION),
                    headline=record.get("headline", ""), traceback=record.get("traceback") or "",
                    exc_type=record.get("exc_type"), exc_message=record.get("exc_message"),
                    node=record.get("node"), rank=record.get("rank"), attempt=record.get("attempt") or 0,

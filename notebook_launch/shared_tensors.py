@@ -40,7 +40,6 @@ from __future__ import annotations
 
 import ctypes
 import errno
-import fcntl
 import io
 import logging
 import mmap
@@ -50,7 +49,11 @@ import sys
 from typing import Any
 
 from . import pickling
+from .channels import create_memfd
 
+# A memfd for tensor bytes is a channel (``channels.pipes``): one maker for a rank's result file
+# and the files of calls and jobs.
+create_file = create_memfd
 logger = logging.getLogger("notebook_launch")
 
 INLINE_LIMIT = 64 * 1024   # smaller storages travel inside the pickle stream
@@ -59,24 +62,6 @@ INLINE_LIMIT = 64 * 1024   # smaller storages travel inside the pickle stream
 # thousand tensors must not take one each.
 MAPPINGS_PER_LOAD = 256
 _PAGE = mmap.ALLOCATIONGRANULARITY
-_MEMFD_NAME = "notebook_launch-tensors"
-
-
-def create_file() -> int | None:
-    """A new memfd for tensor bytes, sealed against shrinking; None where memfds do not exist."""
-    memfd_create = getattr(os, "memfd_create", None)
-    if memfd_create is None:
-        return None
-    try:
-        fd = memfd_create(_MEMFD_NAME, os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
-    except OSError as exc:   # e.g. a seccomp profile that forbids it
-        logger.debug("memfd_create failed (%s): tensors travel inside the pickle stream", exc)
-        return None
-    try:
-        fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK)
-    except (OSError, AttributeError) as exc:
-        logger.debug("could not seal the tensor memfd against shrinking: %s", exc)
-    return fd
 
 
 def _align(offset: int) -> int:

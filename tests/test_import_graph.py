@@ -116,17 +116,7 @@ def test_the_cycle_finder_finds_a_cycle():
 # Package edges that still point the wrong way, each with the module edges behind it and why
 # it is there. Empty is the goal (issue 21 item 2); test_every_known_back_edge_is_still_there
 # makes an entry that was fixed leave the list.
-KNOWN_BACK_EDGES: dict[tuple[str, str], str] = {
-    ("rank", "backends"): "rank.fork_entry, rank.xla_replicas and rank.ray_actor import the channel types "
-                          "through backends.base / backends.socket_pipes: to import them from channels",
-    ("supervise", "backends"): "supervise.watch imports the channel types through backends.base: to import "
-                               "them from channels",
-    ("rank", "persistent"): "rank.ray_serve (a persistent Ray rank) runs persistent.serve, namespace and "
-                            "commands, the rank side of persistent ranks that lives in persistent/",
-    ("detect", "options"): "detect.target (the launch decision: prepare level) imports options' "
-                           "default_start_method and validate_num_processes, while the rest of detect is "
-                           "facts the rank side and the displays read: the machine checks to move to detect",
-}
+KNOWN_BACK_EDGES: dict[tuple[str, str], str] = {}
 
 
 def unit_of(module: str) -> str:

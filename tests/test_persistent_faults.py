@@ -14,7 +14,7 @@ import pytest
 
 from notebook_launch import LaunchError, start_ranks
 from notebook_launch.net import free_port
-from notebook_launch.persistent import commands
+from notebook_launch.rank import commands
 from notebook_launch.rank import runner
 
 from fd_helpers import fd_links
@@ -404,7 +404,7 @@ def echo(value):
 def test_tensors_cross_through_memfds_both_ways(ranks, monkeypatch):
     import torch
 
-    from notebook_launch.persistent.serve import Call
+    from notebook_launch.rank.serve import Call
     from notebook_launch.rank.runner import Job
     big = torch.arange(16 << 20, dtype=torch.float32)   # 64 MiB
     frame = commands.encode(commands.Command.CALL, Call(Job(echo, (big, big[:10]))))

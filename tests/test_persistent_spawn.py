@@ -78,7 +78,7 @@ def test_after_cuda_a_fork_is_refused_naming_spawn_and_spawned_ranks_keep_their_
                               "<cell>", {}) == [
             torch.tensor(0.0), torch.tensor(3.0)]
         assert ranks.run_cell("marked = 1\nmarked", "<cell>", {}, ranks=[1]) == [
-            pytest.importorskip("notebook_launch.persistent.namespace").NotRun, 1]
+            pytest.importorskip("notebook_launch.rank.namespace").NotRun, 1]
 
         with pytest.raises(LaunchError, match="rank 1 failed: ValueError: bad batch on rank 1") as failed:
             ranks.run(fail_on_rank_1)

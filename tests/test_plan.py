@@ -105,7 +105,7 @@ def test_one_builder_for_elastic_attempts_and_cluster_ranks():
 
 def test_one_dist_backend_choice():
     from notebook_launch.detect.platform import Environment
-    from notebook_launch.detect.target import LaunchTarget
+    from notebook_launch.target import LaunchTarget
     from notebook_launch.plan import DeviceKind, dist_backend_for
     # every kind DeviceKind allows has a backend and a rank device (one added to the type alone fails here)
     kinds = get_args(DeviceKind)

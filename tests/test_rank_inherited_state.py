@@ -14,7 +14,7 @@ Our deliberate differences, allowed below and why:
 - ``DUMP_SIGNAL`` (a realtime signal, rank.whereabouts) is caught in every rank: faulthandler dumps
   every thread's stack when the notebook asks where a hung rank is (issue 20), even while it is
   blocked in C. Python sees SIG_DFL; SIGUSR1/SIGUSR2 stay the user's.
-- A persistent rank's SIGINT handler is its own (persistent.serve): an interrupt raises
+- A persistent rank's SIGINT handler is its own (rank.serve): an interrupt raises
   KeyboardInterrupt only inside the call it was meant for, and the rank stays alive.
 - Not signal state but also ours: the rank leads its own process group and dies with the
   notebook (PR_SET_PDEATHSIG), fds 1/2 are the rank's pipes, fd 0 reads /dev/null.
@@ -181,7 +181,7 @@ def from_blocked_thread(body):
 def assert_fresh(rank_state: dict, fresh: dict, *, persistent: bool = False) -> None:
     handlers = {int(k): v for k, v in rank_state["handlers"].items()}
     expected = {int(k): v for k, v in fresh["handlers"].items()}
-    if persistent:   # persistent.serve's interrupt handler (see the module docstring)
+    if persistent:   # rank.serve's interrupt handler (see the module docstring)
         assert handlers[signal.SIGINT].startswith("python:"), handlers[signal.SIGINT]
         handlers[signal.SIGINT] = expected[signal.SIGINT]
     assert handlers == expected

@@ -10,12 +10,12 @@ import time
 import pytest
 
 from notebook_launch import LaunchError, notebook_launcher
-from notebook_launch.backends import base
+from notebook_launch import channels
 from notebook_launch.backends.fork import ForkedRank
 from notebook_launch.supervise import outcome
 
 
-class FakeStuckInDriverRank(base.RankProcess):
+class FakeStuckInDriverRank(channels.RankProcess):
     """A FAKE rank process that never ends (as one in uninterruptible sleep)."""
 
     def __init__(self):
@@ -30,11 +30,11 @@ class FakeStuckInDriverRank(base.RankProcess):
 
 def test_wait_gives_up_and_says_why():
     process = FakeStuckInDriverRank()
-    assert process.wait() == base.STUCK
+    assert process.wait() == channels.STUCK
     assert "process 424242 is stuck in the kernel" in process.end_note
     assert "restart the runtime" in process.end_note
-    assert "did not end after SIGKILL" in outcome.describe_status(base.STUCK)
-    assert "but it did not end after SIGKILL" in outcome.stopped_description("rank 0 failed", base.STUCK)
+    assert "did not end after SIGKILL" in outcome.describe_status(channels.STUCK)
+    assert "but it did not end after SIGKILL" in outcome.stopped_description("rank 0 failed", channels.STUCK)
 
 
 def fail_or_hang():
@@ -83,7 +83,7 @@ def test_a_spawned_rank_that_does_not_end_is_waited_for_a_bounded_time():
     rank = SpawnedRank(0, popen, _PayloadDir(1))
     rank.wait_limit = 0.3
     try:
-        assert rank.wait() == base.STUCK
+        assert rank.wait() == channels.STUCK
         assert f"process {popen.pid} is stuck in the kernel" in rank.end_note
     finally:
         popen.kill()

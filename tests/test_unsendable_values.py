@@ -157,7 +157,7 @@ def test_a_ranks_cell_names_an_open_file_among_the_values_it_cannot_send(tmp_pat
     named (with why), not passed as an empty copy and refused for the whole cell."""
     import io
 
-    from notebook_launch.persistent.namespace import unpicklable
+    from notebook_launch.rank.namespace import unpicklable
     path = tmp_path / "data.txt"
     path.write_text("x")
     with open(path) as handle:

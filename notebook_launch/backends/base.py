@@ -22,17 +22,14 @@ import abc
 import sys
 from typing import TYPE_CHECKING, Callable, Sequence
 
-# The channel types live in ``channels`` (they depend on nothing of ours); these names stay
-# here until every import uses the new home.
-from ..channels import STUCK, WAIT_LIMIT, RankPipes, RankProcess, WaitStatus, stuck_note
+from ..channels import RankPipes, RankProcess
 from ..supervise import leftovers
 
 if TYPE_CHECKING:
     from ..plan import LaunchPlan, RankSpec
     from ..rank.runner import Job
 
-__all__ = ["Backend", "Launcher", "RankPipes", "RankProcess", "STUCK", "WAIT_LIMIT", "WaitStatus",
-           "start_each", "stuck_note"]
+__all__ = ["Launcher", "start_each"]
 
 
 class Launcher(abc.ABC):
@@ -71,8 +68,6 @@ class Launcher(abc.ABC):
         """Once the ranks of ``start`` ended and were released: let go of what else it made
         (Ray: the actors and their placement group). Called whatever happened."""
 
-
-Backend = Launcher   # the former name, kept until every import uses ``Launcher``
 
 
 def start_each(plan: "LaunchPlan", pipes_by_rank: Sequence[RankPipes],

@@ -134,7 +134,7 @@ class RayLauncher(Launcher):
                     raise outcome.cluster_error(
                         f"{state.ranks[index].node}, rank {index} failed before it connected to the notebook "
                         f"at {self.host}: {death_reason(exc)}", state, rank=index,
-                        kind=FailureKind.EXIT.value) from None
+                        kind=FailureKind.EXIT) from None
 
         try:
             pipes = listener.accept_all(deadline, check)
@@ -188,7 +188,7 @@ def describe_actors(ray: Any, gang: Gang, placements: list[Placement], state: Ru
                 f"the Ray actor of rank {p.global_rank} could not start on its node: {death_reason(exc)}. Every "
                 f"node needs notebook_launch (the notebook's version) and the packages your function imports, "
                 f"or RayCluster(runtime_env={{...}}) that brings them.", state, rank=p.global_rank,
-                kind=FailureKind.EXIT.value) from None
+                kind=FailureKind.EXIT) from None
     return infos
 
 
@@ -242,5 +242,3 @@ def notebook_address(ray: Any, cluster: "RayCluster") -> str:
                          f"ranks could not send their output back to this notebook")
     return address
 
-
-_notebook_address = notebook_address   # the former name (persistent.ray_ranks), until the sweep

@@ -29,7 +29,8 @@ from typing import TYPE_CHECKING, Callable, NoReturn, Sequence
 
 from ..supervise import leftovers
 from ..supervise.hang_verdict import RankWhereabouts
-from .base import Backend, RankPipes, RankProcess
+from ..channels import RankPipes, RankProcess
+from .base import Launcher
 from .fork import ForkedRank
 from .fork_thread import fork_from_clean_thread
 
@@ -140,7 +141,7 @@ def who_waits(replicas: Sequence[RankWhereabouts]) -> None:
                     r.inside, r.last = r.last, None
 
 
-class XlaBackend(Backend):
+class XlaBackend(Launcher):
     name = "xla"
 
     def prepare_parent(self) -> None:
@@ -166,7 +167,7 @@ class XlaBackend(Backend):
                     del os.environ[key]
             _import_environ = changed
 
-    def start(self, plan: "LaunchPlan", job: "Job", pipes_by_rank: Sequence[RankPipes]) -> list[RankProcess]:
+    def start(self, plan: "LaunchPlan", job: "Job", channels: Sequence[RankPipes]) -> list[RankProcess]:
         from ..rank.xla_replicas import run_launcher
 
         sys.stdout.flush()
@@ -176,7 +177,7 @@ class XlaBackend(Backend):
 
         def launcher() -> NoReturn:
             os.environ.update(_import_environ)
-            run_launcher(plan, job, pipes_by_rank, parent_pid, nprocs)   # never returns
+            run_launcher(plan, job, channels, parent_pid, nprocs)   # never returns
             os._exit(1)
 
         # Not os.fork() from this thread: it may have run an OpenMP region (a torch op in a
@@ -186,7 +187,7 @@ class XlaBackend(Backend):
         # The launcher leads the replicas' process group: if the notebook dies before the run is swept,
         # its keeper ends that group and whatever carries the run's mark (as start_each does per rank).
         leftovers.guard(plan.ranks[0].env.get(leftovers.RUN_MARK, ""), pid)
-        for pipes in pipes_by_rank:
+        for pipes in channels:
             pipes.close_child_ends()
         return [XlaLauncherProcess([spec.local_rank for spec in plan.ranks], pid)]
 

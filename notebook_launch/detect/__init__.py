@@ -1,6 +1,6 @@
 """Where we run and which devices exist, found without initializing CUDA or XLA.
 
 ``hosted`` names the notebook service, ``xla`` finds TPUs (and PJRT settings),
-``platform`` puts both together with CUDA and the frontend; ``target`` is the
-one decision the launcher and ``notebook-launch env`` share.
+``platform`` puts both together with CUDA and the frontend. The launch decision made
+from these facts is ``notebook_launch.target``.
 """

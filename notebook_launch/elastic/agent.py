@@ -343,7 +343,7 @@ class ElasticRun:
             return
         try:
             agent.board.publish_failure(Failure(
-                None, FailureKind.INTERRUPTED.value, "was interrupted (KeyboardInterrupt or the Stop button)",
+                None, FailureKind.INTERRUPTED, "was interrupted (KeyboardInterrupt or the Stop button)",
                 exc_type="KeyboardInterrupt", exc_message="", node=self.run.state.node_rank,
                 attempt=agent.attempt, restartable=False))
         except Exception:

@@ -16,11 +16,11 @@ from ..state import DONE, FAILED, STOPPED
 from ..supervise import interrupts, outcome
 from ..supervise.supervisor import Step, Supervisor
 from ..supervise.watch import RankWatch, Watcher
-from . import commands
-from .commands import InterruptSlot
+from ..rank import commands
+from ..rank.commands import InterruptSlot
 
 if TYPE_CHECKING:
-    from ..backends.base import RankProcess
+    from ..channels import RankProcess
 
 log = logging.getLogger("notebook_launch")
 DRAIN_ROUNDS = 64   # reads of what a call printed before its RESULT (64 KiB each)

@@ -27,7 +27,7 @@ from .. import protocol
 from ..logs import LineSplitter
 
 if TYPE_CHECKING:
-    from ..backends.base import RankPipes, RankProcess
+    from ..channels import RankPipes, RankProcess
     from ..logs import RunLogs
 
 log = logging.getLogger("notebook_launch")

@@ -14,7 +14,7 @@
     %ranks stop                (also: %ranks status)
 
 A cell's body sees the notebook's current values of the globals it names, except
-names the ranks assigned themselves (theirs win; see ``persistent.namespace``).
+names the ranks assigned themselves (theirs win; see ``rank.namespace``).
 """
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ from typing import Any
 from ..errors import LaunchArgumentError
 from ..magic import (NOT_WATCHED, _ArgumentParser, _cell_filename, _lines_per_second, _seconds, _stall_after,
                      options_parser, referenced_globals, watch_options)
-from .namespace import NotRun
+from ..rank.namespace import NotRun
 from .pool import DEFAULT_GRACE, Ranks
 from .start import start_ranks
 

@@ -30,12 +30,12 @@ from typing import Any, TypeVar
 
 from ..backends import get_backend
 from .. import protocol
-from ..backends.base import RankPipes, RankProcess, WaitStatus
+from ..channels import RankPipes, RankProcess, WaitStatus
 from ..detect.platform import in_ipython_kernel
 from ..display import choose_display
 from ..display.display_relay import RankDisplays
 from ..errors import GuardError, LaunchArgumentError, LaunchError
-from ..detect.target import LaunchTarget
+from ..target import LaunchTarget
 from ..launcher import plan_launch
 from ..net import release_claims
 from ..line_prefix import parse_line_prefix
@@ -54,10 +54,10 @@ from ..run import launch_summary, presenting
 from ..state import DONE, FAILED, RUNNING, RankState, RunState
 from ..supervise import hang_verdict, leftovers, outcome, stacks as rank_stacks
 from ..supervise.outcome import error_summary
-from . import commands, namespace
+from ..rank import commands, namespace
 from .call import CallSupervisor, LogSection
 from .idle import CellWatch, IdleReader
-from .serve import Call, serve_calls
+from ..rank.serve import Call, serve_calls
 
 log = logging.getLogger("notebook_launch")
 DEFAULT_GRACE = 3.0    # seconds interrupted ranks have to come back

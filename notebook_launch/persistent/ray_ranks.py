@@ -6,7 +6,7 @@ timeout rules, and the between-calls reader. What differs is where the ranks liv
 
 - starting: the ranks of a Ray launch (``backends.ray_launch``): one placement group, one
   actor per rank (``rank.ray_actor.RankActor``), each connecting its streams back to the
-  notebook (``backends.socket_pipes``); the actor's job is ``rank.ray_serve.serve_ray_calls``,
+  notebook (``channels.sockets``); the actor's job is ``rank.ray_serve.serve_ray_calls``,
   which serves calls until STOP. The panel shows each rank's node;
 - talking to a rank: a local rank gets calls on a Unix socket with memfds and shares an
   ``InterruptSlot`` in memory; a Ray rank gets them on its events connection
@@ -39,9 +39,9 @@ from .. import protocol
 from ..backends import ray_connect
 from ..backends.ray_gang import (Gang, Placement, RayRank, Waiter, death_reason,
                                  visible_devices_by_node)
-from ..backends.ray_launch import (_notebook_address, describe_actors, notebook_plan, placement_timeout_error,
+from ..backends.ray_launch import (notebook_address, describe_actors, notebook_plan, placement_timeout_error,
                                    rank_assignment)
-from ..backends.socket_pipes import SocketPipes, StreamListener
+from ..channels.sockets import SocketPipes, StreamListener
 from ..display import choose_display
 from ..errors import LaunchArgumentError, LaunchError
 from ..line_prefix import parse_line_prefix
@@ -56,12 +56,12 @@ from ..run import launch_summary
 from ..state import RankState, RunState
 from ..supervise import outcome
 from ..supervise.stall import DEFAULT_STALL_AFTER
-from . import commands
+from ..rank import commands
 from .idle import IdleReader
 from .pool import STOP_GRACE, Ranks, _exited
 
 if TYPE_CHECKING:
-    from ..backends.base import RankProcess
+    from ..channels import RankProcess
     from ..cluster import RayCluster
 
 log = logging.getLogger("notebook_launch")
@@ -171,7 +171,7 @@ class RayRanks(Ranks):
         ray = ray_connect.connect(cluster)
         nodes = ray_connect.alive_nodes(ray)
         ray_connect.check_resources(world_size, cluster, nodes)
-        host = _notebook_address(ray, cluster)
+        host = notebook_address(ray, cluster)
         run_id = make_run_id()
         plan = notebook_plan(world_size, cluster, options.mixed_precision)
         check_display_ranks_exist(options.display_ranks, plan.world_size)
@@ -225,7 +225,7 @@ class RayRanks(Ranks):
                         raise outcome.cluster_error(
                             f"node {placements[index].node_rank} ({infos[index]['address']}), rank {index} failed "
                             f"before it connected to the notebook at {host}: {reason}", state, rank=index,
-                            kind=FailureKind.EXIT.value)
+                            kind=FailureKind.EXIT)
 
             try:
                 pipes = listener.accept_all(deadline, check)
@@ -304,7 +304,7 @@ class RayRanks(Ranks):
         message = (f"notebook_launch: {rank_words} ({' and '.join(where)}) {'were' if len(lost) > 1 else 'was'} "
                    f"lost between calls: {reason}. This call did not run. "
                    + outcome.ranks_lost_note(self._lost))
-        return LaunchError(message, rank=lost[0], kind=FailureKind.SIGNAL.value, log_dir=str(self.logs.path),
+        return LaunchError(message, rank=lost[0], kind=FailureKind.SIGNAL, log_dir=str(self.logs.path),
                            results=[None] * self.num_processes,
                            node_rank=self._placements[lost[0]].node_rank)
 

@@ -12,7 +12,7 @@ from ..options import DEFAULT_LINES_PER_SECOND, DEFAULT_USE_PORT, launch_options
 from ..preflight import check_not_inside_rank
 from ..supervise.stall import DEFAULT_STALL_AFTER
 from .pool import DEFAULT_GRACE, Ranks, _trimmed
-from .serve import serve_calls
+from ..rank.serve import serve_calls
 
 if TYPE_CHECKING:
     from ..cluster import RayCluster

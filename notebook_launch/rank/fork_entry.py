@@ -6,7 +6,7 @@ import os
 from typing import Sequence
 
 from .. import protocol
-from ..backends.base import RankPipes
+from ..channels import RankPipes
 from ..plan import RankSpec
 from .bootstrap import capture_output, detach_from_parent, exit_with
 from .runner import Job, run_rank

@@ -23,7 +23,7 @@ import threading
 from typing import Any
 
 from .. import protocol
-from ..backends.socket_pipes import SIGNAL_FRAME, connect_streams
+from ..channels.sockets import SIGNAL_FRAME, connect_streams
 from ..net import free_port, interface_with_address
 from ..plan import RankSpec, rank_environment
 from .bootstrap import EXIT_FAILED, capture_output, flush_everything

@@ -2,12 +2,12 @@
 
 The actor runs the same ``RankActor.run`` as a launched Ray rank (streams connected back to
 the notebook, the rank's environment, ``runner.run_rank``); its job is ``serve_ray_calls``,
-the loop of ``persistent.serve`` over a network: no memfd, Unix socket or shared memory
+the loop of ``rank.serve`` over a network: no memfd, Unix socket or shared memory
 reaches the notebook from another machine, so everything the notebook says to the rank
 travels on the rank's events connection (the notebook -> rank direction, which a launch
 uses only for signals), as ``Message`` frames:
 
-- CALL: a call's frame as ``persistent.commands.encode`` made it, and the bytes of its
+- CALL: a call's frame as ``rank.commands.encode`` made it, and the bytes of its
   tensor file (the rank puts them in a memfd of its own and maps it, as a local rank does);
 - INTERRUPT n: the notebook interrupts call n (what a local pool writes to its shared
   ``InterruptSlot`` and signals with SIGINT): the rank's own slot records it and the rank
@@ -56,7 +56,7 @@ def encode_message(kind: Kind, first: int = 0, second: int = 0) -> bytes:
 class Inbox:
     """What the listening thread hands the serving loop: call frames, in order; None = stop."""
     calls: "queue.Queue[tuple[bytes, bytes] | None]"
-    slot: Any          # persistent.commands.InterruptSlot of this rank alone
+    slot: Any          # rank.commands.InterruptSlot of this rank alone
     stopped: threading.Event
     main_thread: int   # the thread that runs the calls (the actor's task: the worker's main thread)
     between_calls: bool = False   # the serving loop waits for the next call (what a where answer says)
@@ -69,7 +69,7 @@ def listen(sock: Any, finished: threading.Event, answers: Any = None) -> Inbox:
     """Start reading the notebook's messages on the events connection (the actor's ``run`` calls
     this instead of its signal reader when the job is a persistent rank); where requests are
     answered on ``answers``, the rank's answers connection (None: read and left unanswered)."""
-    from ..persistent.commands import InterruptSlot
+    from .commands import InterruptSlot
     global _inbox
     inbox = Inbox(queue.Queue(), InterruptSlot(1), threading.Event(), threading.get_ident())
     _inbox = inbox
@@ -164,10 +164,10 @@ def decode(data: bytes, tensors: bytes) -> tuple[str, Any]:
 
 def serve_ray_calls(device_kind: str) -> None:
     """The function a persistent Ray rank runs (``runner.run_rank`` calls it on the actor): one
-    call after the other until STOP, each through ``persistent.serve.run_one``."""
-    from ..persistent import namespace
-    from ..persistent.commands import Command
-    from ..persistent.serve import _Interruptible, run_one
+    call after the other until STOP, each through ``rank.serve.run_one``."""
+    from . import namespace
+    from .commands import Command
+    from .serve import _Interruptible, run_one
     inbox = _inbox
     assert inbox is not None, "serve_ray_calls runs inside RankActor.run with a persistent assignment"
     global_rank, local_rank = int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"])

@@ -181,14 +181,14 @@ def call_and_report(spec: RankSpec, job: Job, writer: protocol.EventWriter, own_
         payload = serialize_result(value, writer.result_file(), main_classes_by_reference=forked_from_notebook)
     except OSError as exc:   # the result file: out of memory, or a memfd limit
         report_error(protocol.error_payload(
-            exc, kind=protocol.FailureKind.RESULT.value, traceback="",
+            exc, kind=protocol.FailureKind.RESULT, traceback="",
             message=(f"rank {spec.global_rank} could not write its result's tensors to shared memory "
                      f"({type(exc).__name__}: {exc}). Free memory on the machine, or return less "
                      f"(for example only rank 0's state_dict).")), writer)
         return EXIT_FAILED
     except Exception as exc:
         report_error(protocol.error_payload(
-            exc, kind=protocol.FailureKind.RESULT.value, traceback="",
+            exc, kind=protocol.FailureKind.RESULT, traceback="",
             message=unpicklable_result_message(spec, value, exc)), writer)
         return EXIT_FAILED
     flush_everything()   # the call's output reaches its pipes before its RESULT

@@ -23,7 +23,7 @@ from .. import protocol
 from ..detect.xla import stale_tpu_variables
 from .bootstrap import (EXIT_FAILED, detach_from_parent, die_with_parent, flush_everything, install_std_streams,
                         redirect_fds, text_stream)
-from ..backends.base import RankPipes
+from ..channels import RankPipes
 from ..plan import LaunchPlan
 from .runner import Job, report_error, reset_inherited_state, run_rank
 from . import whereabouts

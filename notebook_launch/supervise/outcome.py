@@ -18,7 +18,7 @@ from ..state import DONE, FAILED, STOPPED, RunState, Status
 from .child_failed import RankFailureFacts, exitcode_of, process_failures
 
 if TYPE_CHECKING:
-    from ..backends.base import WaitStatus
+    from ..channels import WaitStatus
     from .watch import RankWatch
 
 LAST_LINES_IN_ERROR = 20  # a crash without a Python traceback shows the rank's last output instead
@@ -62,25 +62,25 @@ def classify_exit(watch: "RankWatch", status: "WaitStatus", shares_process: bool
     description = describe_status(status)
     note = watch.process.end_note   # e.g. a Ray actor's death: Ray knows why, no exit status does
     if note and watch.error is None:
-        failure = Failure(local, FailureKind.SIGNAL.value, note)
+        failure = Failure(local, FailureKind.SIGNAL, note)
         return RankEnd(FAILED, note, error=note, failure=failure)
     if watch.error is not None:
         headline = headline_of(watch.error["type"], watch.error["message"])
         return RankEnd(FAILED, description, error=clip_middle(headline, MESSAGE_LIMIT))
     if status == ("exit", 0):
-        failure = Failure(local, FailureKind.EXIT.value, "exited with code 0 without returning from the "
+        failure = Failure(local, FailureKind.EXIT, "exited with code 0 without returning from the "
                           "function (os._exit(0) or a library that ended the process)")
     elif status[0] == "signal":
-        failure = Failure(local, FailureKind.SIGNAL.value, description)
+        failure = Failure(local, FailureKind.SIGNAL, description)
     else:
-        failure = Failure(local, FailureKind.EXIT.value, f"{description} without raising a Python "
+        failure = Failure(local, FailureKind.EXIT, f"{description} without raising a Python "
                           "exception (os._exit, or a crash in C code)")
     return RankEnd(FAILED, description, error=failure.headline, failure=failure)
 
 
 def describe_status(status: "WaitStatus") -> str:
     kind, value = status
-    if kind == "stuck":   # backends.base.STUCK: it outlived SIGKILL, left behind unreaped
+    if kind == "stuck":   # channels.STUCK: it outlived SIGKILL, left behind unreaped
         return ("did not end after SIGKILL (stuck in the kernel, usually a GPU/TPU driver; "
                 "left behind: restart the runtime if the device stays busy)")
     if kind == "signal":
@@ -108,15 +108,15 @@ def timeout_failure(timeout: float, running_ranks: Sequence[int], verdict: str |
     """The timeout: with ``verdict`` (``hang_verdict``: where the ranks are) its first line says
     where the ranks are, and ``detail`` (each rank's collective and stacks) follows."""
     if verdict is None:
-        return Failure(None, FailureKind.TIMEOUT.value, f"timed out after {timeout:g} s; ranks still running: "
+        return Failure(None, FailureKind.TIMEOUT, f"timed out after {timeout:g} s; ranks still running: "
                        + ", ".join(map(str, running_ranks)))
-    return Failure(None, FailureKind.TIMEOUT.value, f"timed out after {timeout:g} s: {verdict}", detail=detail)
+    return Failure(None, FailureKind.TIMEOUT, f"timed out after {timeout:g} s: {verdict}", detail=detail)
 
 
 def stopped_stall_failure(how: str, verdict: str, detail: str) -> Failure:
     """A stalled run the user stopped (``how``: "the Stop button", "an interrupt"): the error
     starts with where the ranks were, and each rank's detail follows."""
-    return Failure(None, FailureKind.STOPPED.value, f"stopped with {how} after the run stalled: {verdict}",
+    return Failure(None, FailureKind.STOPPED, f"stopped with {how} after the run stalled: {verdict}",
                    detail=detail)
 
 
@@ -134,10 +134,10 @@ def load_result(watch: "RankWatch", global_rank: int) -> tuple[Any, Failure | No
     try:   # tensors come back over the pages of the rank's result file, not copied
         return shared_tensors.loads(watch.result, watch.pipes.tensors), None
     except OSError as exc:   # a system limit (shared_tensors names it and how to raise it)
-        return None, Failure(watch.local_rank, FailureKind.RESULT.value,
+        return None, Failure(watch.local_rank, FailureKind.RESULT,
                              f"the result of rank {global_rank} could not be loaded in the notebook: {exc}")
     except Exception as exc:
-        return None, Failure(watch.local_rank, FailureKind.RESULT.value,
+        return None, Failure(watch.local_rank, FailureKind.RESULT,
                              f"the result of rank {global_rank} could not be unpickled in the notebook "
                              f"({type(exc).__name__}: {exc}); {unpickling_advice(exc)}")
 
@@ -309,19 +309,19 @@ def ranks_lost_note(lost: str) -> str:
 
 def lost_contact_error(exc: Exception, state: RunState) -> LaunchError:
     message = f"node {state.node_rank}: {exc}. This node's ranks were stopped."
-    return LaunchError(message, kind=FailureKind.RENDEZVOUS.value, node_rank=state.node_rank,
+    return LaunchError(message, kind=FailureKind.RENDEZVOUS, node_rank=state.node_rank,
                        log_dir=state.log_dir, results=[None] * len(state.ranks))
 
 
 def rendezvous_error(text: str, *, node_rank: int, num_nodes: int, state: RunState) -> LaunchError:
     message = (f"notebook_launch: {text}\nNo rank was started on this node "
                f"(node_rank={node_rank}, num_nodes={num_nodes}).")
-    return LaunchError(message, kind=FailureKind.RENDEZVOUS.value, node_rank=node_rank,
+    return LaunchError(message, kind=FailureKind.RENDEZVOUS, node_rank=node_rank,
                        log_dir=state.log_dir, results=[None] * len(state.ranks))
 
 
 def cluster_error(text: str, state: RunState, *, rank: int | None = None,
-                  kind: str = FailureKind.RENDEZVOUS.value) -> LaunchError:
+                  kind: str = FailureKind.RENDEZVOUS) -> LaunchError:
     """A run on a cluster (Ray) that ended before its ranks ran: placement timed out, ranks could
     not connect back to the notebook, or a rank's actor failed to start."""
     return LaunchError(f"notebook_launch: {text}", rank=rank, kind=kind, log_dir=state.log_dir,

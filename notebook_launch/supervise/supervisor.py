@@ -22,7 +22,7 @@ from .stdin_relay import StdinRelay, reply_on
 from .watch import RankWatch, Watcher
 
 if TYPE_CHECKING:
-    from ..backends.base import RankPipes, RankProcess
+    from ..channels import RankPipes, RankProcess
     from ..display.base import Display
     from ..display.display_relay import RankDisplays
     from ..logs import RunLogs

@@ -11,7 +11,7 @@ from ..state import STOPPED, RunState
 from . import interrupts, outcome
 
 if TYPE_CHECKING:
-    from ..backends.base import RankProcess
+    from ..channels import RankProcess
     from .watch import RankWatch, Watcher
 
 TERM_GRACE = outcome.TERM_GRACE

@@ -14,7 +14,7 @@ import time
 from typing import Any, Protocol, Sequence
 
 from .. import protocol
-from ..backends.base import RankPipes, RankProcess, WaitStatus
+from ..channels import RankPipes, RankProcess, WaitStatus
 from ..logs import LineSplitter
 
 READ_SIZE = 1 << 16

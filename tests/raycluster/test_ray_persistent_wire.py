@@ -10,9 +10,9 @@ import threading
 
 import torch
 
-from notebook_launch.persistent import commands
+from notebook_launch.rank import commands
 from notebook_launch.persistent.ray_ranks import RaySlot, call_message, write_whole
-from notebook_launch.persistent.serve import Call
+from notebook_launch.rank.serve import Call
 from notebook_launch.rank import ray_serve
 from notebook_launch.rank.runner import Job
 

@@ -6,10 +6,10 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Mapping
 
-from ..options import default_start_method, validate_num_processes
-from ..plan import DeviceKind, dist_backend_for
-from .platform import Environment, Probe, cuda_gpus, detect, system_probe
-from .xla import XlaInfo, resolve_num_ranks, xla_launch_info, xla_note
+from .options import default_start_method, validate_num_processes
+from .plan import DeviceKind, dist_backend_for
+from .detect.platform import Environment, Probe, cuda_gpus, detect, system_probe
+from .detect.xla import XlaInfo, resolve_num_ranks, xla_launch_info, xla_note
 
 
 @dataclass(frozen=True)

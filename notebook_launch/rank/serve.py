@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from .. import protocol, shared_tensors
-from ..rank import runner
+from . import runner
 from . import commands, namespace
 
 if TYPE_CHECKING:
