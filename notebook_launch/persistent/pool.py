@@ -253,20 +253,29 @@ class Ranks:
         state = supervisor.state if supervisor is not None else None
         asked: list[tuple[int, int | None]] = []
         notes: dict[int, str] = {}
-        for spec, process in zip(plan.ranks, processes):
+        remote: list[tuple[int, RankProcess]] = []   # (index, process) of ranks on other machines (Ray)
+        for index, (spec, process) in enumerate(zip(plan.ranks, processes)):
             rs = state.ranks[spec.local_rank] if state is not None else None
-            if not process.on_this_machine:
-                asked.append((spec.global_rank, None))
-                notes[spec.global_rank] = "was not asked (its process runs on another machine)"
-            elif _exited(process):
+            if _exited(process):
                 asked.append((spec.global_rank, None))
                 notes[spec.global_rank] = "ended (the next call restarts the ranks)"
             elif rs is not None and rs.status != RUNNING:
                 asked.append((spec.global_rank, None))
                 notes[spec.global_rank] = f"is done with this call ({rs.exit_description or rs.status})"
+            elif not process.on_this_machine:   # asked over its connections below (backends.ray_where)
+                asked.append((spec.global_rank, None))
+                remote.append((index, process))
             else:
                 asked.append((spec.global_rank, process.pid))
         found = rank_stacks.collect(asked)
+        global_rank = {spec.local_rank: spec.global_rank for spec in plan.ranks}.__getitem__
+        for index, process in remote:
+            ask_where = getattr(process, "ask_where", None)
+            answer = ask_where(global_rank).get(plan.ranks[index].local_rank) if ask_where is not None else None
+            if answer is None:
+                notes[plan.ranks[index].global_rank] = "was not asked (its process runs on another machine)"
+            else:
+                found[index] = answer
         label = outcome.cell_labeller()
         rank_stacks.add_beyond_python(found, asked, label, native=calling)   # an idle rank: in our recvmsg
         for where, spec in zip(found, plan.ranks):
@@ -556,6 +565,8 @@ class Ranks:
 def _waits_for_a_call(where: hang_verdict.RankWhereabouts) -> bool:
     """A rank between calls: its main thread waits in ``serve_calls`` for the next command. Its
     main thread (our code only) leaves the detail, which keeps the rank's other threads."""
+    if where.note == "waits for the next call" and all(t.ident != where.main_thread for t in where.threads):
+        return True   # a Ray rank said so itself (backends.ray_where.decode_answer)
     frames = where.main_frames()
     if not frames or not frames[0].filename.endswith(COMMANDS_FILE):
         return False
@@ -564,7 +575,7 @@ def _waits_for_a_call(where: hang_verdict.RankWhereabouts) -> bool:
     return True
 
 
-COMMANDS_FILE = os.path.join("notebook_launch", "persistent", "commands.py")
+COMMANDS_FILE = os.path.join("notebook_launch", "rank", "commands.py")   # where serve_calls waits
 
 
 def stop_processes(processes: list[RankProcess], pipes: list[RankPipes], command_pipes: list[commands.CommandPipe],
