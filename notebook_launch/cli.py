@@ -359,44 +359,24 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _count(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = -1
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be a whole number >= 0; got {text!r}")
-    return value
+def _number_at_least(kind: type, minimum: float, what: str) -> Callable[[str], Any]:
+    """An argparse type: ``kind`` (int or float) parsed from the text, finite and >= ``minimum``,
+    or an error that says ``what`` it must be."""
+    def parse(text: str) -> Any:
+        try:
+            value = kind(text)
+        except ValueError:
+            value = None
+        if value is None or not minimum <= value < float("inf"):
+            raise argparse.ArgumentTypeError(f"must be {what}; got {text!r}")
+        return value
+    return parse
 
 
-def _megabytes_argument(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = float("nan")
-    if not 0 <= value < float("inf"):
-        raise argparse.ArgumentTypeError(f"must be a number of megabytes >= 0; got {text!r}")
-    return value
-
-
-def _days(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = float("nan")
-    if not 0 <= value < float("inf"):
-        raise argparse.ArgumentTypeError(f"must be a number of days >= 0; got {text!r}")
-    return value
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be a whole number >= 1; got {text!r}")
-    return value
+_count = _number_at_least(int, 0, "a whole number >= 0")
+_megabytes_argument = _number_at_least(float, 0, "a number of megabytes >= 0")
+_days = _number_at_least(float, 0, "a number of days >= 0")
+_positive_int = _number_at_least(int, 1, "a whole number >= 1")
 
 
 def _seconds(text: str) -> float:
