@@ -22,6 +22,7 @@ import io
 import pickle
 import socket
 import sys
+import types
 from typing import Any, Iterator
 
 # The classes that hold a descriptor of this process (subclasses too, unless they say how to
@@ -59,6 +60,29 @@ def describe_handle(obj: Any) -> str:
                                            f"mode={mode!r}" if mode is not None else "") if part)
     kind = "a closed file" if closed else "an open file"
     return f"{kind} ({type(obj).__module__}.{type(obj).__qualname__}{', ' + details if details else ''})"
+
+
+DYNAMIC_CODE = "<dynamic-code>"   # cloudpickle >= 3.1.3's co_filename for every code object it ships
+
+
+def reduce_code(obj: Any) -> Any:
+    """For a pickler's ``reducer_override``: cloudpickle's reduction of a code object with its
+    ``co_filename`` kept; NotImplemented for anything else. cloudpickle 3.1.3 ships every code
+    object as if from ``<dynamic-code>`` (a deterministic payload), so a function defined in a
+    cell would run in a spawned or Ray rank with frames no one can place: its traceback, the hang
+    verdict and the "Cell In[5], line 12" labels need the file its code came from."""
+    if not isinstance(obj, types.CodeType):
+        return NotImplemented
+    from cloudpickle import cloudpickle as implementation
+    code_reduce = getattr(implementation, "_code_reduce", None)
+    if code_reduce is None:
+        return NotImplemented
+    reduced = code_reduce(obj)
+    args = reduced[1]
+    if DYNAMIC_CODE not in args:
+        return reduced
+    kept = tuple(obj.co_filename if isinstance(arg, str) and arg == DYNAMIC_CODE else arg for arg in args)
+    return (reduced[0], kept, *reduced[2:])
 
 
 def reduce_handle(obj: Any) -> Any:

@@ -101,6 +101,9 @@ def pickler_class(base: type) -> type:
             handle = pickling.reduce_handle(obj)   # an open file or socket is refused, not copied
             if handle is not NotImplemented:
                 return handle
+            code = pickling.reduce_code(obj)   # a function's code keeps the file it came from
+            if code is not NotImplemented:
+                return code
             parent = getattr(super(), "reducer_override", None)
             return parent(obj) if parent is not None else NotImplemented
 
