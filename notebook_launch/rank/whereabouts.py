@@ -260,9 +260,15 @@ def _recording(name: str, original: Callable[..., Any]) -> Callable[..., Any]:
             record.depth -= 1
             record.leave()
 
-    collective.__wrapped__ = original   # type: ignore[attr-defined]
-    collective.__name__ = getattr(original, "__name__", name)
-    collective.__qualname__ = getattr(original, "__qualname__", name)
-    collective.__doc__ = getattr(original, "__doc__", None)
-    collective._notebook_launch_wrapped = True   # type: ignore[attr-defined]
-    return collective
+    return marked_wrapper(collective, original, name)
+
+
+def marked_wrapper(wrapper: Callable[..., Any], original: Callable[..., Any], name: str) -> Callable[..., Any]:
+    """``wrapper`` named as ``original``, which it keeps as ``__wrapped__`` (``set_recording`` puts it
+    back), and marked as ours so that a collective is never wrapped twice."""
+    wrapper.__wrapped__ = original   # type: ignore[attr-defined]
+    wrapper.__name__ = getattr(original, "__name__", name)
+    wrapper.__qualname__ = getattr(original, "__qualname__", name)
+    wrapper.__doc__ = getattr(original, "__doc__", None)
+    wrapper._notebook_launch_wrapped = True   # type: ignore[attr-defined]
+    return wrapper

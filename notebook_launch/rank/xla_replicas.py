@@ -229,12 +229,7 @@ def _recording(name: str, original: Callable[..., Any]) -> Callable[..., Any]:
             if blocking:
                 record.leave()
 
-    collective.__wrapped__ = original   # type: ignore[attr-defined]
-    collective.__name__ = getattr(original, "__name__", name)
-    collective.__qualname__ = getattr(original, "__qualname__", name)
-    collective.__doc__ = getattr(original, "__doc__", None)
-    collective._notebook_launch_wrapped = True   # type: ignore[attr-defined]
-    return collective
+    return whereabouts.marked_wrapper(collective, original, name)
 
 
 def _setup_process(ctx: _Context, pipes: RankPipes, first_device: bool) -> None:
