@@ -4,7 +4,7 @@ import sys
 import pytest
 
 HERE = os.path.dirname(__file__)
-sys.path.insert(0, HERE)  # for tests/nbutil.py and helper modules
+sys.path.insert(0, HERE)  # for tests/helpers/ (nbutil and the other helper modules)
 
 
 @pytest.fixture

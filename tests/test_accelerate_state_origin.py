@@ -5,7 +5,7 @@ TrainingArguments alone, with no device touched, is undone for the user and the 
 each rank computing its own device. Real kernels, real Accelerate and Transformers (no downloads)."""
 from __future__ import annotations
 
-from nbutil import cell_text, make_notebook, run_notebook
+from helpers.nbutil import cell_text, make_notebook, run_notebook
 
 from notebook_launch.accelerate_state import find_origin, makers_in_cells
 

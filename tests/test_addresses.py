@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from netns_pair import create_pair, delete_pair, ip, pair_names, unavailable_reason
+from helpers.netns_pair import create_pair, delete_pair, ip, pair_names, unavailable_reason
 from notebook_launch import notebook_launcher
 from notebook_launch.errors import GuardError, LaunchArgumentError
 

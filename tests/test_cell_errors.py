@@ -32,7 +32,7 @@ def shown(out) -> str:
 @pytest.fixture(scope="module")
 def executed():
     pytest.importorskip("nbclient")
-    from nbutil import make_notebook, run_notebook
+    from helpers.nbutil import make_notebook, run_notebook
     return run_notebook(make_notebook(
         "from notebook_launch import notebook_launcher",
         TRAIN,
@@ -91,7 +91,7 @@ def executed_more():
     %%ranks cell), a cell run twice, on whatever IPython the tests run (7.34 in the Colab and
     Kaggle lanes: no map from cell files to numbers there, see render.cell_label)."""
     pytest.importorskip("nbclient")
-    from nbutil import make_notebook, run_notebook
+    from helpers.nbutil import make_notebook, run_notebook
     return run_notebook(make_notebook(
         EARLY,                                                                              # In[1]
         "from notebook_launch import notebook_launcher, start_ranks\n"

@@ -11,7 +11,7 @@ import psutil
 import pytest
 import torch
 
-from fake_cuda_build_standin import install_fake_cuda_build
+from helpers.fake_cuda_build_standin import install_fake_cuda_build
 from helpers.cuda_tracking_reset import reset_cuda_tracking
 from notebook_launch import GuardError, LaunchError, cuda_tracking, notebook_launcher, preflight
 from notebook_launch.detect.platform import cuda_device_count
@@ -220,12 +220,12 @@ def test_a_throwaway_child_answers_and_is_reaped():
 
 def test_the_cell_that_asked_is_named_in_a_kernel(tmp_path):
     pytest.importorskip("ipykernel")
-    from nbutil import cell_text, make_notebook, run_notebook
+    from helpers.nbutil import cell_text, make_notebook, run_notebook
     tests = os.path.dirname(os.path.abspath(__file__))
     nb = make_notebook(textwrap.dedent(f"""
         import sys; sys.path.insert(0, {tests!r})
         import torch
-        from fake_cuda_build_standin import install_in_kernel
+        from helpers.fake_cuda_build_standin import install_in_kernel
         install_in_kernel(gpus=2)   # a FAKE CUDA build with two FAKE GPUs: the launch plans CUDA ranks
         %load_ext notebook_launch
         from notebook_launch import notebook_launcher, GuardError

@@ -5,7 +5,7 @@ import json
 import math
 
 import pytest
-from panel_helpers import keep_state
+from helpers.panel_helpers import keep_state
 
 from notebook_launch import load_metrics, notebook_launcher, progress
 from notebook_launch.metrics import CAPACITY, METRICS_FILE, MetricsFile, Series
@@ -139,7 +139,7 @@ def test_every_logged_point_reaches_the_run_folder_though_events_are_batched(mon
 
 def test_widget_panel_ends_with_the_curves_after_a_run_in_a_kernel():
     pytest.importorskip("nbclient")
-    from nbutil import cell_text, make_notebook, run_notebook
+    from helpers.nbutil import cell_text, make_notebook, run_notebook
     nb = run_notebook(make_notebook(
         "from notebook_launch import notebook_launcher, progress, load_metrics",
         '''def train(n):

@@ -293,7 +293,7 @@ def train():
 @pytest.fixture(scope="module")
 def hung_in_a_kernel():
     pytest.importorskip("nbclient")
-    from nbutil import make_notebook, run_notebook
+    from helpers.nbutil import make_notebook, run_notebook
     return run_notebook(make_notebook(
         "import os, time, torch, torch.distributed as dist\nfrom notebook_launch import notebook_launcher",
         HANGING_CELL,

@@ -7,7 +7,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from nbutil import cell_text, make_notebook, run_notebook
+from helpers.nbutil import cell_text, make_notebook, run_notebook
 
 # What the process looks like: compared before and after `import notebook_launch`.
 SNAPSHOT = '''

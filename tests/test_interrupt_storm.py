@@ -134,7 +134,7 @@ def test_repeated_interrupts_in_a_kernel_leave_the_panel_stopped_and_nothing_beh
     from jupyter_client.kernelspec import KernelSpecManager
     from jupyter_client.manager import KernelManager
 
-    from nbutil import KERNEL_NAME, kernel_spec_dir
+    from helpers.nbutil import KERNEL_NAME, kernel_spec_dir
 
     km = KernelManager(kernel_name=KERNEL_NAME,
                        kernel_spec_manager=KernelSpecManager(kernel_dirs=[kernel_spec_dir()]))

@@ -11,7 +11,7 @@ import time
 
 import psutil
 import pytest
-from fd_helpers import fd_links
+from helpers.fd_helpers import fd_links
 
 from notebook_launch import LaunchError, notebook_launcher
 

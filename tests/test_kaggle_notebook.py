@@ -7,7 +7,7 @@ from pathlib import Path
 
 import nbformat
 
-from nbutil import cell_text, run_notebook
+from helpers.nbutil import cell_text, run_notebook
 
 NOTEBOOK = Path(__file__).resolve().parent.parent / "notebooks" / "kaggle_2xT4.ipynb"
 

@@ -4,7 +4,7 @@ Transformers Trainer's notebook progress among them), and notebook classes in re
 import os
 
 import pytest
-from nbutil import cell_text, make_notebook, run_notebook
+from helpers.nbutil import cell_text, make_notebook, run_notebook
 
 PANEL = "<div class='nl-panel'>"   # the widget panel's output once the run ended (display/widget.py)
 
@@ -140,7 +140,7 @@ def test_the_transformers_trainer_notebook_progress_reaches_the_cell_and_every_r
     in its panel row (rank.transformers_bridge), as tqdm bars would be."""
     pytest.importorskip("transformers")
     import ast
-    from panel_helpers import KEEP_STATES_CELL
+    from helpers.panel_helpers import KEEP_STATES_CELL
     messages = []
     nb = run_notebook(make_notebook(TRAINER + KEEP_STATES_CELL,
                                     "print(notebook_launcher(train, args=(tempfile.mkdtemp(),), num_processes=2))\n"

@@ -56,7 +56,7 @@ def _check_trainer(results):
 @pytest.mark.parametrize("strategy", ["ddp_notebook", "ddp_spawn", "ddp_fork",
                                       "DDPStrategy(start_method='forkserver')"])
 def test_process_starting_strategies_join_the_ranks_in_a_kernel(strategy):
-    from nbutil import cell_text, make_notebook, run_notebook
+    from helpers.nbutil import cell_text, make_notebook, run_notebook
     nb = run_notebook(make_notebook(
         TRAIN + "from notebook_launch import notebook_launcher",
         f"print(notebook_launcher(train, args=({strategy!r},), num_processes=2, ui='none', timeout=240))",
@@ -67,7 +67,7 @@ def test_process_starting_strategies_join_the_ranks_in_a_kernel(strategy):
 
 
 def test_fabric_ddp_notebook_joins_the_ranks_in_a_kernel():
-    from nbutil import cell_text, make_notebook, run_notebook
+    from helpers.nbutil import cell_text, make_notebook, run_notebook
     nb = run_notebook(make_notebook(
         TRAIN + "from notebook_launch import notebook_launcher",
         "print(notebook_launcher(fabric_train, args=('ddp_notebook',), num_processes=2, ui='none', timeout=240))",

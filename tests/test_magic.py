@@ -6,7 +6,7 @@ import pytest
 from notebook_launch.errors import LaunchArgumentError
 from notebook_launch.magic import parse_launch_line
 
-from nbutil import cell_text, make_notebook, run_notebook
+from helpers.nbutil import cell_text, make_notebook, run_notebook
 
 
 def test_options_become_launcher_arguments():

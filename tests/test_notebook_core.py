@@ -1,5 +1,5 @@
 """The core behaviours inside a real Jupyter kernel, driven by nbclient."""
-from nbutil import cell_text, make_notebook, run_notebook
+from helpers.nbutil import cell_text, make_notebook, run_notebook
 
 SETUP = """
 import os, time

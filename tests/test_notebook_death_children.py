@@ -21,7 +21,7 @@ import textwrap
 import psutil
 import pytest
 
-from nbutil import KERNEL_NAME, kernel_spec_dir
+from helpers.nbutil import KERNEL_NAME, kernel_spec_dir
 
 GONE_WITHIN = 60
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from nbutil import cell_text, run_notebook
+from helpers.nbutil import cell_text, run_notebook
 
 NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
 

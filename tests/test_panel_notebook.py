@@ -1,7 +1,7 @@
 """The widget panel in a real Jupyter kernel (nbclient): while a run goes the panel is live
 widgets; when it ends its output is replaced in place by static HTML of the final panel
 (every rank's bar at its final value, statuses, curves, the error row), its widgets closed.
-The kernel runs this interpreter (tests/nbutil.py), so the Colab and Kaggle lanes check
+The kernel runs this interpreter (tests/helpers/nbutil.py), so the Colab and Kaggle lanes check
 IPython 7.34 / ipykernel 6.17 with ipywidgets 7.7.1 and 8.1.5."""
 import re
 
@@ -26,8 +26,8 @@ def train(n):
 
 
 def run_notebook(cells, timeout=240, messages=None):
-    from nbutil import make_notebook
-    from nbutil import run_notebook as run
+    from helpers.nbutil import make_notebook
+    from helpers.nbutil import run_notebook as run
     return run(make_notebook(*cells), timeout=timeout, allow_errors=True, messages=messages)
 
 

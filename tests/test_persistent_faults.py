@@ -17,7 +17,7 @@ from notebook_launch.net import free_port
 from notebook_launch.rank import commands
 from notebook_launch.rank import runner
 
-from fd_helpers import fd_links
+from helpers.fd_helpers import fd_links
 
 pytestmark = pytest.mark.timeout(180)
 WAIT = 60   # seconds a condition may take on a busy machine before the test gives up

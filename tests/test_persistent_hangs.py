@@ -13,7 +13,7 @@ import time
 import pytest
 import torch
 import torch.distributed as dist
-from nbutil import cell_text, make_notebook
+from helpers.nbutil import cell_text, make_notebook
 
 from notebook_launch import LaunchError, start_ranks
 from notebook_launch.net import free_port
@@ -162,7 +162,7 @@ def test_stall_after_and_lines_per_second_are_checked_per_call(ranks):
 def test_stacks_and_the_stall_options_in_a_kernel(tmp_path):
     """%ranks start --stall-after, %%ranks --stall-after, %ranks stacks between calls, and a
     stuck cell: its error starts with the verdict and names the cell."""
-    from nbutil import run_notebook
+    from helpers.nbutil import run_notebook
     nb = make_notebook(
         "%load_ext notebook_launch",
         "from notebook_launch.net import free_port\n"

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from nbutil import IOPUB_TIMEOUT, KERNEL_NAME, cell_text, kernel_spec_dir, make_notebook, stop_kernel
+from helpers.nbutil import IOPUB_TIMEOUT, KERNEL_NAME, cell_text, kernel_spec_dir, make_notebook, stop_kernel
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -165,7 +165,7 @@ def test_a_notebook_session_on_persistent_ranks(tmp_path):
 
 
 def test_the_ranks_magics(tmp_path):
-    from nbutil import run_notebook
+    from helpers.nbutil import run_notebook
     nb = make_notebook(
         "%load_ext notebook_launch",
         "from notebook_launch.net import free_port\n%ranks start -n 2 --ui text --port {free_port()}",
@@ -201,7 +201,7 @@ def test_the_ranks_magics(tmp_path):
 
 
 def test_kernel_shutdown_leaves_no_rank(tmp_path):
-    from nbutil import run_notebook
+    from helpers.nbutil import run_notebook
     pid_file = tmp_path / "pids"
     nb = make_notebook("from notebook_launch import start_ranks\nranks = start_ranks(2, ui='none')\n"
                        f"open({str(pid_file)!r}, 'w').write(' '.join(map(str, ranks.pids)))")
@@ -218,7 +218,7 @@ def test_kernel_shutdown_leaves_no_rank(tmp_path):
 def test_display_from_persistent_ranks_reaches_the_cell(tmp_path):
     """display() in ranks.run and in a %%ranks cell is relayed per call as for notebook_launcher:
     rank 0's by default, the ranks named by display_ranks / --display-ranks otherwise."""
-    from nbutil import run_notebook
+    from helpers.nbutil import run_notebook
     messages = []
     nb = make_notebook(
         "%load_ext notebook_launch\n"
@@ -251,7 +251,7 @@ def test_display_from_persistent_ranks_reaches_the_cell(tmp_path):
 def test_a_ranks_output_between_calls_reaches_the_running_cell(tmp_path):
     """A thread a call started prints after the call: its lines reach the rank's log and the
     cell that runs when they come (a plain cell, no ranks call), never a finished cell."""
-    from nbutil import run_notebook
+    from helpers.nbutil import run_notebook
     markers = tmp_path / "markers"
     markers.mkdir()
     go, log_dir = markers / "go", tmp_path / "logs"
@@ -292,7 +292,7 @@ print("the cell saw the log")
 def test_a_ranks_cell_names_the_notebook_values_it_cannot_send(tmp_path):
     """A %%ranks cell naming a notebook value that does not pickle says which and why before
     running; the ranks use their own value when they have one (here: their copy of the start)."""
-    from nbutil import run_notebook
+    from helpers.nbutil import run_notebook
     nb = make_notebook(
         "%load_ext notebook_launch",
         "import threading\nearly = threading.Lock()   # before the start: the ranks have their copy\n"

@@ -15,7 +15,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from fake_cuda_build_standin import install_fake_cuda_build
+from helpers.fake_cuda_build_standin import install_fake_cuda_build
 from helpers.cuda_tracking_reset import reset_cuda_tracking
 from notebook_launch import GuardError, LaunchError, cuda_tracking, preflight, start_ranks
 from notebook_launch.net import free_port
@@ -112,7 +112,7 @@ def test_a_poisoned_fork_names_spawned_persistent_ranks_as_the_way_out(monkeypat
 
 
 def test_spawned_persistent_ranks_in_a_kernel_after_cuda_was_initialized(tmp_path):
-    from nbutil import cell_text, make_notebook, run_notebook
+    from helpers.nbutil import cell_text, make_notebook, run_notebook
     nb = make_notebook(
         "%load_ext notebook_launch\nfrom notebook_launch import cuda_tracking\n"
         "cuda_tracking.is_cuda_initialized = lambda: True   # a stand-in: the notebook 'initialized CUDA'",

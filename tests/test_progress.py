@@ -4,7 +4,7 @@ import itertools
 
 import pytest
 
-from panel_helpers import keep_state
+from helpers.panel_helpers import keep_state
 
 from notebook_launch import notebook_launcher, progress
 

@@ -16,7 +16,7 @@ pytest.importorskip("rich")
 pytest.importorskip("tqdm")
 pytest.importorskip("ipywidgets")
 
-from panel_helpers import KEEP_STATES_CELL
+from helpers.panel_helpers import KEEP_STATES_CELL
 
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 
@@ -82,7 +82,7 @@ def _printed(cell, marker):
 
 @pytest.fixture(scope="module")
 def notebook():
-    from nbutil import make_notebook, run_notebook
+    from helpers.nbutil import make_notebook, run_notebook
     cells = [
         KEEP_STATES_CELL,
         DEFINITIONS,

@@ -153,7 +153,7 @@ class DeliveringPollerStandIn:
 def widget_panel(monkeypatch):
     pytest.importorskip("ipywidgets")
     from notebook_launch.display import widget as widget_module
-    from widget_comms import recording_comms
+    from helpers.widget_comms import recording_comms
     sent = recording_comms(monkeypatch)
     monkeypatch.setattr(widget_module, "_show", lambda panel, text: None)
     monkeypatch.setattr(widget_module, "CommPoller", DeliveringPollerStandIn)

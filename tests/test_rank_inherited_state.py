@@ -238,7 +238,7 @@ def test_ranks_launched_from_a_real_kernel_start_as_a_fresh_python(fresh_python,
     """In a Jupyter kernel as it is (ipykernel's own SIGINT handling, its threads and event
     loop), a launch from the cell and one from a thread that blocked signals, fork and spawn,
     and persistent ranks: every rank's state is a fresh Python's."""
-    from nbutil import make_notebook, run_notebook
+    from helpers.nbutil import make_notebook, run_notebook
     tests_dir = os.path.dirname(os.path.abspath(__file__))
     out = tmp_path / "states.json"
     nb = make_notebook(textwrap.dedent(f'''

@@ -9,7 +9,7 @@ import textwrap
 from dataclasses import dataclass, field
 
 import pytest
-from nbutil import KERNEL_NAME, cell_text, kernel_spec_dir, make_notebook, run_notebook
+from helpers.nbutil import KERNEL_NAME, cell_text, kernel_spec_dir, make_notebook, run_notebook
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="fork ranks: Linux")
 

@@ -7,7 +7,7 @@ import sys
 import textwrap
 
 import pytest
-from panel_helpers import keep_state
+from helpers.panel_helpers import keep_state
 
 from notebook_launch import notebook_launcher
 

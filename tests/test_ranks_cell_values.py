@@ -1,7 +1,7 @@
 """A %%ranks cell's value per rank, and a cell on some ranks only, in a real Jupyter kernel
 (nbclient), on real forked ranks with gloo."""
 import pytest
-from nbutil import cell_text, make_notebook, run_notebook
+from helpers.nbutil import cell_text, make_notebook, run_notebook
 
 pytestmark = pytest.mark.timeout(300)
 

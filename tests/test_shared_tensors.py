@@ -16,7 +16,7 @@ import time
 import warnings
 
 import pytest
-from fd_helpers import fd_links
+from helpers.fd_helpers import fd_links
 import torch
 
 from notebook_launch import LaunchError, notebook_launcher, shared_tensors

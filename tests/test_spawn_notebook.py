@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from nbutil import cell_text, notebook_from_cells, run_notebook
+from helpers.nbutil import cell_text, notebook_from_cells, run_notebook
 
 pytest.importorskip("nbclient")
 

@@ -109,7 +109,7 @@ def test_a_kernel_imports_torch_dynamo_between_cells_once_the_notebook_defines_t
     """In a kernel the import happens after the cell that defines a training function; the next
     cell (here run at once) starts only when it is done, and a launch in it forks ranks that
     have it already. A notebook that defines only quick functions never pays for it."""
-    from nbutil import make_notebook, run_notebook
+    from helpers.nbutil import make_notebook, run_notebook
     nb = run_notebook(make_notebook(
         PREIMPORT_CHECK + "import torch\nimport notebook_launch\nnotebook_launch.install_hooks()\n"
                           "before = state()\nfrom notebook_launch import notebook_launcher",
@@ -127,7 +127,7 @@ def test_a_kernel_imports_torch_dynamo_between_cells_once_the_notebook_defines_t
 
 
 def test_the_kernel_import_can_be_turned_off():
-    from nbutil import make_notebook, run_notebook
+    from helpers.nbutil import make_notebook, run_notebook
     nb = run_notebook(make_notebook(
         PREIMPORT_CHECK + "import os\nos.environ['NOTEBOOK_LAUNCH_PREIMPORT'] = '0'\n"
                           "import torch\nimport notebook_launch\nnotebook_launch.install_hooks()\n"

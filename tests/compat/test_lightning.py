@@ -76,7 +76,7 @@ def test_fabric_with_more_devices_than_ranks_fails_clearly():
 
 
 def test_fabric_joins_the_launched_ranks_from_a_jupyter_kernel():
-    from nbutil import cell_text, make_notebook, run_notebook
+    from helpers.nbutil import cell_text, make_notebook, run_notebook
     import inspect
     body = textwrap.dedent(inspect.getsource(_fabric_train))
     nb = make_notebook(
@@ -138,8 +138,8 @@ def fit(bar="rich"):
 
 @pytest.fixture(scope="module")
 def lightning_notebook():
-    from nbutil import make_notebook, run_notebook
-    from panel_helpers import KEEP_STATES_CELL
+    from helpers.nbutil import make_notebook, run_notebook
+    from helpers.panel_helpers import KEEP_STATES_CELL
     cells = [KEEP_STATES_CELL, LIGHTNING_FIT,
              "print('RESULT', notebook_launcher(fit, args=('rich',), num_processes=2))\n"
              "print('BARS', (bars_of(0), bars_of(1)))",
@@ -150,7 +150,7 @@ def lightning_notebook():
 
 def _printed(cell, marker):
     import ast
-    from nbutil import cell_text
+    from helpers.nbutil import cell_text
     text = cell_text(cell)
     for line in text.splitlines():
         if line.startswith(marker + " "):
@@ -174,7 +174,7 @@ def _check_lightning_bars(rank0, rank1):
 
 
 def test_lightning_default_rich_bar_reaches_the_panel_from_a_kernel(lightning_notebook):
-    from nbutil import cell_text
+    from helpers.nbutil import cell_text
     cell = lightning_notebook.cells[2]
     assert _printed(cell, "RESULT") == [("RichProgressBar", False)] * N
     _check_lightning_bars(*_printed(cell, "BARS"))
@@ -182,7 +182,7 @@ def test_lightning_default_rich_bar_reaches_the_panel_from_a_kernel(lightning_no
 
 
 def test_lightning_tqdm_bar_row_follows_the_training_bar(lightning_notebook):
-    from nbutil import cell_text
+    from helpers.nbutil import cell_text
     cell = lightning_notebook.cells[3]
     assert _printed(cell, "RESULT") == [("TQDMProgressBar", False)] * N
     _check_lightning_bars(*_printed(cell, "BARS"))

@@ -99,7 +99,7 @@ def test_a_cuda_tensor_returned_comes_back_on_the_cpu(gpus, log_dir):
 
 def _run_cells(tmp_path, *cells: str, allow_errors: bool = False) -> str:
     needs_kernel()
-    from nbutil import cell_text, make_notebook, run_notebook
+    from helpers.nbutil import cell_text, make_notebook, run_notebook
     nb = make_notebook(*(textwrap.dedent(c) for c in cells))
     executed = run_notebook(nb, cwd=str(tmp_path), timeout=600, allow_errors=allow_errors)
     return "\n".join(cell_text(c) for c in executed.cells)
@@ -173,7 +173,7 @@ def test_kaggle_2xT4_notebook_end_to_end(tmp_path):
         pytest.skip(f"the Kaggle notebook trains on 2 GPUs; {gpus} visible here")
     needs_kernel()
     import nbformat
-    from nbutil import cell_text, run_notebook
+    from helpers.nbutil import cell_text, run_notebook
     from pathlib import Path
     path = Path(__file__).resolve().parents[2] / "notebooks" / "kaggle_2xT4.ipynb"
     nb = nbformat.read(str(path), as_version=4)

@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from netns_pair import create_pair, delete_pair, pair_names, unavailable_reason
+from helpers.netns_pair import create_pair, delete_pair, pair_names, unavailable_reason
 
 REPO = Path(__file__).resolve().parents[2]
 NODE_SCRIPT = Path(__file__).with_name("node_script.py")

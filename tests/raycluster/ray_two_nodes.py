@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # tests/: netns_pair (also for benchmarks)
-import netns_pair  # noqa: E402
+from helpers import netns_pair  # noqa: E402
 
 
 REPO = Path(__file__).resolve().parents[2]

@@ -31,7 +31,7 @@ TRAIN = """def train():
 def test_a_ray_rank_error_names_the_cell_and_shows_its_lines(ray_nodes, node_a_kernel):
     import nbclient
     import nbformat
-    from nbutil import stop_kernel
+    from helpers.nbutil import stop_kernel
     nb = nbformat.v4.new_notebook()
     nb.cells = [nbformat.v4.new_code_cell(SETUP.format(head=ray_nodes.head)), nbformat.v4.new_code_cell(TRAIN),
                 nbformat.v4.new_code_cell("notebook_launcher(train, num_processes=4, ui='text', "

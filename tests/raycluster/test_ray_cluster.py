@@ -252,7 +252,7 @@ def test_widget_panel_in_a_notebook_shows_each_rank_and_its_node(ray_nodes, note
     row per rank with its node, bars at their final value, and the tagged lines reach the cell."""
     import nbclient
     import nbformat
-    from nbutil import stop_kernel
+    from helpers.nbutil import stop_kernel
     nb = nbformat.v4.new_notebook()
     nb.cells = [nbformat.v4.new_code_cell(SETUP.format(head=ray_nodes.head)), nbformat.v4.new_code_cell("""
 from notebook_launch import progress
