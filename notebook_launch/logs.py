@@ -1,9 +1,9 @@
-"""Rank output in the parent: bytes -> whole lines, and per-rank log files.
+"""The run's log files in the parent: one per rank, every whole line a rank printed
+(``line_splitter`` makes the lines), and ``metrics.jsonl``.
 
-Lines are only ever handed on whole, so lines of different ranks never mix
-mid-line. Memory stays bounded: a partial line longer than MAX_LINE is cut,
-and nothing keeps more than the display's recent lines; the log file on
-disk keeps everything.
+What writes to them is typed against ``LogWriter``: a launch's supervisor writes to its
+``RunLogs``, one call on persistent ranks to a ``LogSection`` of the pool's ``RunLogs``
+(``RunLogs.section``). The log files on disk keep everything; nothing in memory does.
 """
 from __future__ import annotations
 
@@ -13,68 +13,34 @@ import logging
 import os
 import time
 from pathlib import Path
-from typing import IO, Callable, Iterable
+from typing import IO, Callable, Iterable, Protocol
 
 from .metrics import MetricsFile
 from .errors import LaunchArgumentError
 from .run_folders import (LiveRunFolder, Retention, default_log_root, fallback_log_root, prune,
                           retention_from_environment)
 
-__all__ = ["MAX_LINE", "LineSplitter", "RunLogs", "default_log_root", "fallback_log_root", "make_run_id",
-           "utf8_boundary"]
+__all__ = ["LogSection", "LogWriter", "RunLogs", "default_log_root", "fallback_log_root", "make_run_id"]
 
 log = logging.getLogger("notebook_launch")
 
-MAX_LINE = 64 * 1024
 
+class LogWriter(Protocol):
+    """What a supervisor, the elastic agent and a ``session.Session`` write a run's output
+    through: a launch's ``RunLogs``, or a ``LogSection`` (one call on persistent ranks).
+    ``close`` ends what the writer stands for (the run's files, or the call's section)."""
 
-class LineSplitter:
-    """Feeds bytes, returns complete lines (decoded, without the newline).
-    A carriage return keeps only what follows it, as a terminal would show."""
+    path: Path
 
-    def __init__(self) -> None:
-        self._partial = bytearray()
+    def write_line(self, local_rank: int, stream: str, text: str) -> None: ...
 
-    def feed(self, data: bytes) -> list[str]:
-        self._partial += data
-        lines = []
-        while True:
-            cut = self._partial.find(b"\n")
-            if cut < 0:
-                break
-            lines.append(_decode(self._partial[:cut]))
-            del self._partial[:cut + 1]
-        while len(self._partial) > MAX_LINE:
-            cut = utf8_boundary(self._partial, MAX_LINE)
-            lines.append(_decode(self._partial[:cut]))
-            del self._partial[:cut]
-        return lines
+    def write_block(self, local_rank: int, text: str) -> None: ...
 
-    def flush(self) -> list[str]:
-        """The last, unterminated line (at end of file), if any."""
-        if not self._partial:
-            return []
-        line = _decode(self._partial)
-        self._partial.clear()
-        return [line]
+    def write_metrics(self, rank: int, series: dict[str, list[int | float]] | None) -> None: ...
 
+    def flush(self) -> None: ...
 
-def utf8_boundary(data: bytes | bytearray, limit: int) -> int:
-    """Where to cut ``data`` at most ``limit`` bytes in without splitting a UTF-8 character
-    (a split one would show as U+FFFD on both sides): back up over continuation bytes
-    (0b10xxxxxx), at most three, to the start of the character that straddles the cut."""
-    cut = limit
-    while cut > limit - 3 and (data[cut] & 0xC0) == 0x80:
-        cut -= 1
-    return cut if (data[cut] & 0xC0) != 0x80 else limit   # not UTF-8 at all: cut where asked
-
-
-def _decode(raw: bytes | bytearray) -> str:
-    text = bytes(raw).decode("utf-8", errors="replace")
-    if "\r" in text:
-        text = text.rstrip("\r")
-        text = text[text.rfind("\r") + 1:]
-    return text
+    def close(self) -> None: ...
 
 
 _launches = itertools.count()
@@ -112,6 +78,7 @@ class RunLogs:
         self.metrics: MetricsFile | None = None
         self._live: LiveRunFolder | None = None
         names = {local: f"rank{global_rank}.log" for local, global_rank in zip(local_ranks, global_ranks)}
+        self.local_ranks = tuple(names)   # a file each, by local rank
         if log_dir is not None:
             self.path = Path(log_dir).expanduser()
             try:
@@ -180,6 +147,17 @@ class RunLogs:
         except OSError as exc:
             self._stop_logging(exc)
 
+    def write_to_all(self, text: str) -> None:
+        """One block in every rank's file: a call's title, a restart of persistent ranks."""
+        for local_rank in self.local_ranks:
+            self.write_block(local_rank, text)
+
+    def section(self, title: str) -> LogSection:
+        """The run's files as one call on persistent ranks writes them: under a title line in
+        every rank's file; closing the section flushes the files, which stay open (the pool's)."""
+        self.write_to_all(f"----- {title} -----")
+        return LogSection(self)
+
     def write_metrics(self, rank: int, series: dict[str, list[int | float]] | None) -> None:
         """Every value a progress event carries, to metrics.jsonl (``rank``: global rank)."""
         if not series or self._stopped_because is not None or self.metrics is None:
@@ -223,6 +201,30 @@ class RunLogs:
             except OSError:   # the buffered rest cannot be written (the disk that is full)
                 log.debug("closing a rank log failed", exc_info=True)
         self._files.clear()
+
+
+class LogSection:
+    """One call's part of a pool's ``RunLogs`` (made by ``RunLogs.section``): writes go to the
+    run's files; ``close`` ends the section, not the files (they live as long as the pool)."""
+
+    def __init__(self, logs: RunLogs) -> None:
+        self.logs = logs
+        self.path = logs.path
+
+    def write_line(self, local_rank: int, stream: str, text: str) -> None:
+        self.logs.write_line(local_rank, stream, text)
+
+    def write_block(self, local_rank: int, text: str) -> None:
+        self.logs.write_block(local_rank, text)
+
+    def write_metrics(self, rank: int, series: dict[str, list[int | float]] | None) -> None:
+        self.logs.write_metrics(rank, series)
+
+    def flush(self) -> None:
+        self.logs.flush()
+
+    def close(self) -> None:
+        self.logs.flush()
 
 
 def _reason(exc: OSError) -> str:

@@ -1,6 +1,7 @@
 """The one scaffold around every run, single-node, elastic and Ray alike: the launcher's
-parent-side preparation, the run folder and its logs, the run state, the display,
-the launch line, signal handlers (saved and restored exactly), and the final status.
+parent-side preparation, then one ``session.Session`` (the run folder and its logs, the run
+state, the display, the launch line, signal handlers saved and restored exactly, and the
+final status) around the body.
 
 Every run is given one settings object, the launch's ``LaunchOptions``. ``run_plan`` is
 a single-node launch on it (``supervise_ranks``: the launcher interface's one start,
@@ -9,28 +10,23 @@ and ``run_ray`` a Ray launcher with its restarts.
 """
 from __future__ import annotations
 
-import contextlib
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, Callable, Iterator, TypeVar
+from typing import Any, Callable, TypeVar
 
 from .backends import get_backend
 from .backends.base import Launcher
 from .channels import RankPipes
-from .display import choose_display
-from .detect.platform import in_ipython_kernel
 from .display.base import Display
 from .display.display_relay import RankDisplays
-from .errors import LaunchError
 from .logs import RunLogs
 from .options import LaunchOptions
 from .plan import LaunchPlan
-from .signal_handlers import restore_signal_handlers, save_signal_handlers
 from .rank.runner import Job
-from .state import DONE, FAILED, STOPPED, RankState, RunState
-from .supervise.outcome import error_summary
-from .supervise import interrupts
+from .session import Session, launch_summary
+from .state import RunState
 from .supervise.supervisor import Supervisor
+
+__all__ = ["RunContext", "launch_summary", "run_plan", "run_with_scaffold", "supervise_ranks"]
 
 T = TypeVar("T")
 
@@ -78,70 +74,15 @@ def supervise_ranks(ctx: RunContext, job: Job, launcher: Launcher | None = None)
 def run_with_scaffold(plan: LaunchPlan, body: Callable[[RunContext], T], options: LaunchOptions, *,
                       run_id: str, platform: str | None = None, launcher: Launcher | None = None,
                       backend_suffix: str = "", extra_lines: tuple[str, ...] = ()) -> T:
-    """Set up the run around ``body`` and tear it down whatever happens; ``body``
-    returns this node's results or raises LaunchError / KeyboardInterrupt. ``launcher``:
-    the way its ranks start (default: the one for ``plan.start_method``)."""
+    """Set up the run around ``body`` and tear it down whatever happens (one
+    ``session.Session``); ``body`` returns this node's results or raises LaunchError /
+    KeyboardInterrupt. ``launcher``: the way its ranks start (default: the one for
+    ``plan.start_method``)."""
     launcher = launcher or get_backend(plan.start_method)
     launcher.prepare_parent()
-    logs = RunLogs(run_id, [r.local_rank for r in plan.ranks], [r.global_rank for r in plan.ranks],
-                   options.log_dir)
-    state = RunState(run_id=run_id, world_size=plan.world_size, backend=launcher.name + backend_suffix,
-                     log_dir=str(logs.path), node_rank=plan.node_rank, num_nodes=plan.num_nodes,
-                     max_restarts=options.max_restarts,
-                     ranks=[RankState(rank=r.global_rank, local_rank=r.local_rank, device=r.device)
-                            for r in plan.ranks])
-    display = choose_display(options.ui, line_prefix=options.line_prefix, lines_per_second=options.lines_per_second)
-    print("\n".join((launch_summary(plan, state.backend, logs.path, platform=platform, display=display.name),
-                     *(f"notebook_launch: {note}" for note in logs.notes), *extra_lines)), flush=True)
-    rank_displays = RankDisplays(options.display_ranks, run_id) if in_ipython_kernel() else None
-    with presenting(state, display, logs, rank_displays):
-        try:
-            results = body(RunContext(plan, launcher, logs, state, display, options, rank_displays))
-        except LaunchError as error:
-            state.finish(FAILED, error_summary(error))
-            raise
-        state.finish(DONE, f"{plan.num_processes} ranks finished in {state.elapsed:.1f} s")
+    with Session.for_launch(plan, options, run_id=run_id, backend=launcher.name + backend_suffix,
+                            platform=platform, extra_lines=extra_lines) as session:
+        results = body(RunContext(plan, launcher, session.logs, session.state, session.display, options,
+                                  session.rank_displays))
+        session.finish(f"{plan.num_processes} ranks finished in {session.state.elapsed:.1f} s")
         return results
-
-
-@contextlib.contextmanager
-def presenting(state: RunState, display: Display, logs: RunLogs,
-               rank_displays: RankDisplays | None = None) -> Iterator[None]:
-    """What every run does around its ranks: interrupts reach us as KeyboardInterrupt, the
-    display starts and always closes with the final state, the ranks' display() outputs get
-    their final content, the logs close, and the notebook gets its signal handlers back
-    exactly as they were."""
-    saved = save_signal_handlers()
-    try:
-        with interrupts.guarding_run():   # a second Ctrl-C cannot cut the teardown short
-            try:
-                display.start(state)
-                yield
-            finally:
-                with interrupts.tearing_down():
-                    if state.ended_at is None:
-                        state.finish(STOPPED, "interrupted")
-                    try:
-                        if rank_displays is not None:
-                            rank_displays.close()
-                        display.close(state)
-                    finally:
-                        logs.close()
-    finally:
-        restore_signal_handlers(saved)
-
-
-def launch_summary(plan: LaunchPlan, backend_name: str, log_path: str | Path, platform: str | None = None,
-                   display: str | None = None) -> str:
-    """One line that says what the launcher chose and why it matters: where, on what, how."""
-    what = {"cpu": "CPU", "cuda": "CUDA GPU", "xla": "XLA"}[plan.device_kind]
-    nodes = f" on node {plan.node_rank} of {plan.num_nodes}" if plan.num_nodes > 1 else ""
-    where = f" on {platform}" if platform else ""
-    shown = f", display {display}" if display else ""
-    port = f", port {plan.master_port}" if plan.master_port else ""   # 0: chosen on rank 0's node (Ray)
-    line = (f"notebook_launch: {plan.num_processes} rank{'s' if plan.num_processes != 1 else ''}{where} "
-            f"({what}, {plan.dist_backend}, {backend_name}){nodes}{port}{shown}; "
-            f"logs: {log_path}")
-    for note in plan.notes:
-        line += f"\nnotebook_launch: {note}"
-    return line

@@ -20,7 +20,8 @@ from notebook_launch.channels import RankPipes
 from notebook_launch.backends.fork import ForkedRank
 from notebook_launch.display.base import Display
 from notebook_launch.errors import LaunchError
-from notebook_launch.logs import MAX_LINE, LineSplitter, RunLogs
+from notebook_launch.line_splitter import MAX_LINE, LineSplitter
+from notebook_launch.logs import RunLogs
 from notebook_launch.protocol import EventKind, EventReader, EventWriter, Failure
 from notebook_launch.state import DONE, FAILED, STOPPED, RankState, RunState
 from notebook_launch.supervise import outcome, teardown

@@ -1,6 +1,7 @@
 """The notebook side of one call on persistent ranks: the supervisor of a launch, except
 that a call ends when every rank has reported (the processes live on), a failure
-interrupts the other ranks instead of stopping them, and the pipes stay open."""
+interrupts the other ranks instead of stopping them, and the pipes stay open. Its logs are
+the call's section of the pool's (``logs.RunLogs.section``)."""
 from __future__ import annotations
 
 import logging
@@ -11,7 +12,6 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from .. import protocol
-from ..logs import RunLogs
 from ..state import DONE, FAILED, STOPPED
 from ..supervise import interrupts, outcome
 from ..supervise.supervisor import Step, Supervisor
@@ -25,28 +25,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("notebook_launch")
 DRAIN_ROUNDS = 64   # reads of what a call printed before its RESULT (64 KiB each)
 STARTING_ALLOWANCE = 120.0   # seconds past the grace for ranks still starting (a spawned rank imports torch)
-
-
-class LogSection(RunLogs):
-    """The pool's run logs as one call sees them: ``close`` ends the call's section, not the files."""
-
-    def __init__(self, logs: RunLogs, title: str) -> None:   # no super().__init__: the files are the pool's
-        self.logs = logs
-        self.path = logs.path
-        for local_rank in logs._files:
-            logs.write_block(local_rank, f"----- {title} -----")
-
-    def write_line(self, local_rank: int, stream: str, text: str) -> None:
-        self.logs.write_line(local_rank, stream, text)
-
-    def write_block(self, local_rank: int, text: str) -> None:
-        self.logs.write_block(local_rank, text)
-
-    def flush(self) -> None:
-        self.logs.flush()
-
-    def close(self) -> None:
-        self.logs.flush()
 
 
 class CallWatcher(Watcher):
@@ -232,4 +210,4 @@ def reported(watch: RankWatch) -> bool:
     return watch.has_result or watch.error is not None or watch.exit is not None
 
 
-__all__ = ["CallSupervisor", "LogSection"]
+__all__ = ["CallSupervisor"]

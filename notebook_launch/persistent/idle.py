@@ -24,7 +24,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from .. import protocol
-from ..logs import LineSplitter
+from ..line_splitter import LineSplitter
 
 if TYPE_CHECKING:
     from ..channels import RankPipes, RankProcess

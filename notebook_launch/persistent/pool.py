@@ -31,9 +31,7 @@ from typing import Any, TypeVar
 from ..backends import get_backend
 from .. import protocol
 from ..channels import RankPipes, RankProcess, WaitStatus
-from ..detect.platform import in_ipython_kernel
 from ..display import choose_display
-from ..display.display_relay import RankDisplays
 from ..errors import GuardError, LaunchArgumentError, LaunchError
 from ..target import LaunchTarget
 from ..launcher import plan_launch
@@ -50,12 +48,11 @@ from ..options import (
 )
 from ..plan import LaunchPlan
 from ..rank.runner import Job
-from ..run import launch_summary, presenting
-from ..state import DONE, FAILED, RUNNING, RankState, RunState
+from ..session import Session, launch_line, open_logs, plan_state
+from ..state import RUNNING, RunState
 from ..supervise import hang_verdict, leftovers, outcome, stacks as rank_stacks
-from ..supervise.outcome import error_summary
 from ..rank import commands, namespace
-from .call import CallSupervisor, LogSection
+from .call import CallSupervisor
 from .idle import CellWatch, IdleReader
 from ..rank.serve import Call, serve_calls
 
@@ -377,8 +374,7 @@ class Ranks:
         backend.prepare_parent()
         if self.logs is None:
             self.run_id = run_id
-            self.logs = RunLogs(run_id, [r.local_rank for r in plan.ranks],
-                                [r.global_rank for r in plan.ranks], self.options.log_dir)
+            self.logs = open_logs(plan, run_id, self.options)
         pipes = [RankPipes.open() for _ in plan.ranks]
         command_pipes = [commands.CommandPipe.open() for _ in plan.ranks]
         slot = commands.InterruptSlot(len(plan.ranks))
@@ -410,8 +406,8 @@ class Ranks:
         self._start_idle({})
         if self.restarts == 0:
             display = choose_display(self.options.ui, line_prefix=self.options.line_prefix).name
-            print(launch_summary(plan, self.backend_name, self.logs.path, platform=target.where.platform,
-                                 display=display), flush=True)
+            print(launch_line(plan, self.backend_name, self.logs, display=display, platform=target.where.platform),
+                  flush=True)
 
     def _start_idle(self, events: dict[int, protocol.EventReader]) -> None:
         """Hand the ranks' pipes to the between-calls reader (started with the ranks)."""
@@ -461,8 +457,7 @@ class Ranks:
             self._stop_processes(graceful=False)
             self.restarts += 1
             assert self.logs is not None
-            for local_rank in range(len(self._pipes) or self.options.num_processes or 0):
-                self.logs.write_block(local_rank, f"----- ranks restarted: {lost} -----")
+            self.logs.write_to_all(f"----- ranks restarted: {lost} -----")
             print(f"notebook_launch: the ranks were restarted because {lost}; their state (models, "
                   f"variables, process group) is lost: this call runs on fresh ranks.", flush=True)
             self._start()
@@ -510,28 +505,22 @@ class Ranks:
         watch = self._call_watch
         assert self.plan is not None and self.logs is not None and self._slot is not None
         self.calls += 1
-        state = RunState(run_id=f"{self.run_id}-call{self.calls}", world_size=self.plan.world_size,
-                         backend=self.backend_name, log_dir=str(self.logs.path),
-                         ranks=[RankState(rank=r.global_rank, local_rank=r.local_rank, device=r.device,
-                                          pid=p.pid, status=RUNNING)
-                                for r, p in zip(self.plan.ranks, self._processes)])
+        state = plan_state(self.plan, f"{self.run_id}-call{self.calls}", self.backend_name, self.logs.path,
+                           processes=self._processes)
         self._describe_ranks(state)
-        display = choose_display("none" if quiet else self.options.ui, line_prefix=self.options.line_prefix,
-                                 lines_per_second=watch.lines_per_second)
-        rank_displays = RankDisplays(self.options.display_ranks, state.run_id) if in_ipython_kernel() else None
-        section = LogSection(self.logs, f"call {self.calls}: {title}")
-        with presenting(state, display, section, rank_displays):
-            supervisor = CallSupervisor(self._processes, self._pipes, state, display, section,
+        with Session.for_call(self.logs, f"call {self.calls}: {title}", state, self.options, quiet=quiet,
+                              lines_per_second=watch.lines_per_second) as session:
+            supervisor = CallSupervisor(self._processes, self._pipes, state, session.display, session.logs,
                                         timeout=timeout, poll_interval=self.options.poll_interval,
                                         grace=self.grace, slot=self._slot, call_number=self.calls,
-                                        rank_displays=rank_displays, send=lambda: self._send(frame),
+                                        rank_displays=session.rank_displays, send=lambda: self._send(frame),
                                         events=events, command_fds=[c.write_fd for c in self._commands],
                                         idle_ranks=idle, stall_after=None if quiet else watch.stall_after)
             self._supervisor = supervisor
             try:
                 results = supervisor.run()
             except LaunchError as error:
-                state.finish(FAILED, error_summary(error))
+                session.fail(error)
                 raise outcome.with_note(error, self._after_failure(supervisor.lost)) from None
             finally:
                 self._supervisor = None
@@ -539,7 +528,7 @@ class Ranks:
                 if supervisor.lost is not None:
                     self._lost = supervisor.lost
                     self._stop_processes(graceful=False)
-            state.finish(DONE, f"{len(results)} ranks returned in {state.elapsed:.2f} s")
+            session.finish(f"{len(results)} ranks returned in {state.elapsed:.2f} s")
             return results
 
     def _after_failure(self, lost: str | None) -> str:

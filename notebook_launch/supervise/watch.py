@@ -15,7 +15,7 @@ from typing import Any, Protocol, Sequence
 
 from .. import protocol
 from ..channels import RankPipes, RankProcess, WaitStatus
-from ..logs import LineSplitter
+from ..line_splitter import LineSplitter
 
 READ_SIZE = 1 << 16
 STREAMS = ("stdout", "stderr")
