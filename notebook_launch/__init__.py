@@ -6,7 +6,7 @@ from typing import Any
 from . import cuda_tracking  # noqa: F401  (preflight and tests use it)
 from .cluster import RayCluster
 from .metrics import load_metrics
-from .errors import GuardError, LaunchArgumentError, LaunchError
+from .errors import GuardError, LaunchArgumentError, LaunchError, NotebookLaunchError
 from .launcher import notebook_launcher
 from .persistent import Ranks, start_ranks
 from ._version import __version__
@@ -34,6 +34,6 @@ def load_ipython_extension(ipython: Any) -> None:
     _register_ranks(ipython)
 
 
-__all__ = ["notebook_launcher", "RayCluster", "start_ranks", "Ranks", "progress", "load_metrics", "LaunchError",
-           "GuardError", "LaunchArgumentError",
+__all__ = ["notebook_launcher", "RayCluster", "start_ranks", "Ranks", "progress", "load_metrics",
+           "NotebookLaunchError", "LaunchError", "GuardError", "LaunchArgumentError",
            "load_ipython_extension", "install_hooks", "__version__"]

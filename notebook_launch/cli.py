@@ -17,7 +17,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any, Callable
 
-from .errors import GuardError, LaunchArgumentError
+from .errors import LaunchArgumentError, NotebookLaunchError
 
 VERSIONED = ("torch", "accelerate", "ipywidgets", "ipykernel", "torch_xla", "lightning", "cloudpickle")
 
@@ -38,7 +38,7 @@ def launch_preview() -> dict[str, Any]:
     from .target import launch_target
     try:
         target = launch_target()
-    except (LaunchArgumentError, GuardError) as exc:   # e.g. a TPU whose layout is unknown
+    except NotebookLaunchError as exc:   # e.g. a TPU whose layout is unknown
         from .detect.platform import detect
         where = detect()
         return _preview(where, where.describe(), "?", f"? ({exc})", "?")

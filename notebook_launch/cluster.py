@@ -1,7 +1,8 @@
 """``RayCluster``: where ``notebook_launcher(..., cluster=...)`` runs its ranks.
 
-A plain description, checked when it is made; importing it imports nothing of
-Ray, so a notebook that never passes ``cluster=`` never pays for Ray (or needs it).
+A plain description, checked when it is made (every check of its own fields is
+here, before anything connects); importing it imports nothing of Ray, so a
+notebook that never passes ``cluster=`` never pays for Ray (or needs it).
 The launch itself is ``run_ray`` (with ``backends.ray_launch.RayLauncher``).
 """
 from __future__ import annotations
@@ -9,12 +10,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Mapping
 
-from .options import validate_ray_cluster
+from .errors import LaunchArgumentError
 
 if TYPE_CHECKING:
     from .plan import DeviceKind
 
 DEFAULT_RESOURCES = {"CPU": 1.0}
+RAY_PLACEMENTS = ("PACK", "SPREAD", "STRICT_SPREAD")   # Ray's placement group strategies we accept
 
 
 @dataclass(frozen=True)
@@ -37,8 +39,11 @@ class RayCluster:
     runtime_env: Mapping[str, Any] | None = None
 
     def __post_init__(self) -> None:
-        validate_ray_cluster(address=self.address, resources_per_rank=self.resources_per_rank,
-                             placement=self.placement, runtime_env=self.runtime_env)
+        """Refuse a bad field when the description is made, not minutes later on the cluster."""
+        _check_address(self.address)
+        _check_placement(self.placement)
+        _check_resources_per_rank(self.resources_per_rank)
+        _check_runtime_env(self.runtime_env)
 
     @property
     def gpus_per_rank(self) -> float:
@@ -52,3 +57,39 @@ class RayCluster:
     def device_kind(self) -> DeviceKind:
         """A rank with a GPU trains on CUDA (NCCL); otherwise on CPU (gloo)."""
         return "cuda" if self.gpus_per_rank > 0 else "cpu"
+
+
+def _check_address(address: object) -> None:
+    if address is not None and (not isinstance(address, str) or not address):
+        raise LaunchArgumentError(
+            f"RayCluster(address=...) must be 'auto', 'host:port', 'ray://host:port' or None "
+            f"(the Ray this notebook already initialized); got {address!r}")
+
+
+def _check_placement(placement: object) -> None:
+    if placement not in RAY_PLACEMENTS:
+        raise LaunchArgumentError(
+            f"RayCluster(placement={placement!r}) is not valid; choose one of "
+            + ", ".join(repr(p) for p in RAY_PLACEMENTS))
+
+
+def _check_resources_per_rank(resources_per_rank: object) -> None:
+    if not isinstance(resources_per_rank, Mapping) or not resources_per_rank:
+        raise LaunchArgumentError(
+            f"RayCluster(resources_per_rank=...) must be a non-empty dict such as {{'GPU': 1, 'CPU': 4}}; "
+            f"got {resources_per_rank!r}")
+    for name, amount in resources_per_rank.items():
+        if not isinstance(name, str) or isinstance(amount, bool) or not isinstance(amount, (int, float)) \
+                or amount < 0:
+            raise LaunchArgumentError(
+                f"RayCluster(resources_per_rank=...) maps resource names to amounts >= 0; got {name!r}: {amount!r}")
+    if sum(float(v) for v in resources_per_rank.values()) <= 0:
+        raise LaunchArgumentError(
+            "RayCluster(resources_per_rank=...) reserves nothing; give each rank at least one resource, "
+            "e.g. {'CPU': 1}")
+
+
+def _check_runtime_env(runtime_env: object) -> None:
+    if runtime_env is not None and not isinstance(runtime_env, Mapping):
+        raise LaunchArgumentError(
+            f"RayCluster(runtime_env=...) must be a dict or None; got {type(runtime_env).__name__}")

@@ -17,7 +17,7 @@ import types
 from typing import Any, Callable, Iterable, NoReturn
 
 from .errors import LaunchArgumentError
-from .render import remember_cell
+from .errors.render import remember_cell
 
 USAGE = ("%%launch [-n N] [--mixed-precision no|fp16|bf16|fp8] [--timeout SECONDS] "
          "[--start-method fork|spawn] [--ui auto|widget|html|rich|text|none] [--port PORT] "
@@ -209,7 +209,7 @@ def launch_cell(shell: Any, line: str, cell: str) -> None:
 
 def _cell_filename(shell: Any, source: str, raw: str) -> str:
     """IPython's own cell file name (the one its tracebacks show), registered in linecache, and
-    its In[n] remembered for IPython 7, which keeps no map from names to numbers (render.py)."""
+    its In[n] remembered for IPython 7, which keeps no map from names to numbers (errors/render.py)."""
     compiler = getattr(shell, "compile", None)
     if compiler is not None and hasattr(compiler, "cache"):
         number = _running_cell_number(shell, compiler)

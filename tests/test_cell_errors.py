@@ -9,7 +9,7 @@ import textwrap
 import pytest
 
 from notebook_launch import LaunchError
-from notebook_launch.render import render_remote_traceback
+from notebook_launch.errors.render import render_remote_traceback
 
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
@@ -89,7 +89,7 @@ LATER = '''def later(n):
 def executed_more():
     """Cells defined before notebook_launch is imported, persistent ranks (a function and a
     %%ranks cell), a cell run twice, on whatever IPython the tests run (7.34 in the Colab and
-    Kaggle lanes: no map from cell files to numbers there, see render.cell_label)."""
+    Kaggle lanes: no map from cell files to numbers there, see errors.render.cell_label)."""
     pytest.importorskip("nbclient")
     from helpers.nbutil import make_notebook, run_notebook
     return run_notebook(make_notebook(

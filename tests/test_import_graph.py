@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ast
 from pathlib import Path
+from typing import AbstractSet
 
 PACKAGE = Path(__file__).resolve().parents[1] / "notebook_launch"
 
@@ -136,7 +137,8 @@ def package_edges(graph: dict[str, set[str]]) -> dict[tuple[str, str], list[str]
     return edges
 
 
-def package_graph(edges: dict[tuple[str, str], list[str]], ignore: set[tuple[str, str]] = set()) -> dict[str, set[str]]:
+def package_graph(edges: dict[tuple[str, str], list[str]],
+                  ignore: AbstractSet[tuple[str, str]] = frozenset()) -> dict[str, set[str]]:
     graph: dict[str, set[str]] = {}
     for a, b in edges:
         graph.setdefault(b, set())

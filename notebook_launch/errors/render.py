@@ -1,8 +1,9 @@
 """How our errors show themselves in IPython: the failing rank's cells, not our frames.
 
 IPython asks an exception for ``_render_traceback_()`` (a list of lines) before
-formatting its Python traceback; ``install`` gives our error classes that method.
-Only IPython calls it: a script still prints the usual traceback and message.
+formatting its Python traceback; ``NotebookLaunchError``'s method answers with
+``render_traceback``. Only IPython calls it: a script still prints the usual
+traceback and message.
 
 A LaunchError shows its headline, the rank's traceback with every notebook-cell
 frame named as IPython names it (``Cell In[2], line 6``) with the cell's lines
@@ -24,23 +25,20 @@ log = logging.getLogger("notebook_launch")
 BOLD_RED, GREEN, CYAN, DIM, RESET = "\x1b[1;31m", "\x1b[32m", "\x1b[36m", "\x1b[2m", "\x1b[0m"
 CONTEXT_BEFORE, CONTEXT_AFTER = 2, 1    # cell lines shown around the failing line
 _FRAME = re.compile(r'^  File "(?P<file>[^"]+)", line (?P<line>\d+)(?:, in (?P<name>.+))?$')
-_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+# notebook_launch/, whose frames a rank's traceback leaves out (this file is in notebook_launch/errors/)
+_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 _TAIL_STARTS = ("Other ranks:", "Ranks:", "Ranks on this node")
 
 
-def install(*classes: type) -> None:
-    """Give each error class IPython's rendering hook."""
-    for cls in classes:
-        cls._render_traceback_ = _render_traceback_  # type: ignore[attr-defined]
-
-
-def _render_traceback_(self: BaseException) -> list[str]:
+def render_traceback(error: BaseException) -> list[str]:
+    """What IPython shows for ``error``: a launch failure with its rank's traceback rendered,
+    any other error as its message."""
     try:
-        if getattr(self, "remote_traceback", None) is not None or hasattr(self, "log_dir"):
-            return render_launch_error(self)
-        return render_message(self)
+        if getattr(error, "remote_traceback", None) is not None or hasattr(error, "log_dir"):
+            return render_launch_error(error)
+        return render_message(error)
     except Exception:   # IPython falls back to its own traceback when this raises; say why
-        log.debug("rendering %s failed", type(self).__name__, exc_info=True)
+        log.debug("rendering %s failed", type(error).__name__, exc_info=True)
         raise
 
 

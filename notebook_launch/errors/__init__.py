@@ -1,7 +1,15 @@
-"""The exceptions a user can see. Every message says what happened and what to do."""
+"""The exceptions a user can see. Every message says what happened and what to do.
+
+All derive from ``NotebookLaunchError``, so one ``except NotebookLaunchError`` catches any of
+them, and each keeps the builtin base it had (``LaunchError`` and ``GuardError`` are
+``RuntimeError``s, ``LaunchArgumentError`` a ``ValueError``) so existing handlers still work.
+How they show in IPython (cells, not our frames) is ``errors.render``.
+"""
 from __future__ import annotations
 
 from typing import Any
+
+from . import render
 
 
 def _child_failed_error() -> type:
@@ -16,7 +24,19 @@ def _child_failed_error() -> type:
     return ChildFailedError
 
 
-class LaunchError(RuntimeError, _child_failed_error()):  # type: ignore[misc]
+class NotebookLaunchError(Exception):
+    """The base of every error notebook_launch raises in the notebook: ``LaunchError``,
+    ``GuardError`` and ``LaunchArgumentError``.
+
+    In IPython each shows itself through ``_render_traceback_`` (``errors.render``): a launch
+    failure as the failing rank's cells, the others as their message alone, without our frames.
+    """
+
+    def _render_traceback_(self) -> list[str]:
+        return render.render_traceback(self)
+
+
+class LaunchError(NotebookLaunchError, RuntimeError, _child_failed_error()):  # type: ignore[misc]
     """A launch failed: a rank raised, died, timed out or could not report its result.
 
     The first line of the message names the failing rank (and node, for
@@ -55,13 +75,10 @@ class LaunchError(RuntimeError, _child_failed_error()):  # type: ignore[misc]
         self.node_rank = node_rank
 
 
-class GuardError(RuntimeError):
+class GuardError(NotebookLaunchError, RuntimeError):
     """Raised before any process starts, when launching now would fail or misbehave."""
 
 
-class LaunchArgumentError(ValueError):
+class LaunchArgumentError(NotebookLaunchError, ValueError):
     """An argument of notebook_launcher is invalid; the message names it and the valid values."""
 
-
-from .render import install as _install_rendering  # noqa: E402  (IPython shows cells, not our frames)
-_install_rendering(LaunchError, GuardError, LaunchArgumentError)
