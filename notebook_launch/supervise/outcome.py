@@ -121,8 +121,8 @@ def stopped_stall_failure(how: str, verdict: str, detail: str) -> Failure:
 
 
 def cell_labeller() -> Callable[[str], str | None]:
-    """How the verdict names a file: a cell of this kernel as 'Cell In[5]' (render.cell_label)."""
-    from ..render import cell_label
+    """How the verdict names a file: a cell of this kernel as 'Cell In[5]' (errors.render.cell_label)."""
+    from ..errors.render import cell_label
     return cell_label
 
 
