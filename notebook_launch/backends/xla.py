@@ -63,29 +63,19 @@ def replica_records(launcher: int) -> dict[int, tuple[int, str]]:
     only the process the record names as its own counts."""
     from ..rank.xla_replicas import REPLICA_RECORD_NAME
     from ..supervise.native_stacks import children
-    from ..supervise.stacks import read_record
+    from ..supervise.stacks import memfds, read_record
 
     found: dict[int, tuple[int, str]] = {}
     queue = [launcher]
     while queue:
         pid = queue.pop(0)
         queue.extend(children(pid))
-        folder = f"/proc/{pid}/fd"
-        try:
-            names = os.listdir(folder)
-        except OSError:
-            continue
-        for name in names:
-            try:
-                target = os.readlink(os.path.join(folder, name))
-            except OSError:
-                continue
-            prefix = f"/memfd:{REPLICA_RECORD_NAME}"
-            if target.startswith(prefix):
-                ordinal = target[len(prefix):].split(" ", 1)[0]
-                record = read_record(os.path.join(folder, name))
-                if ordinal.isdigit() and record is not None and record[0] == pid:
-                    found[int(ordinal)] = (pid, os.path.join(folder, name))
+        for name, path in memfds(pid).items():
+            ordinal = name.removeprefix(REPLICA_RECORD_NAME)
+            if ordinal != name and ordinal.isdigit():
+                record = read_record(path)
+                if record is not None and record[0] == pid:
+                    found[int(ordinal)] = (pid, path)
     return found
 
 

@@ -120,22 +120,54 @@ class Record:
 
 _record: Record | None = None
 _stacks_fd: int | None = None
+_installed_by: int | None = None   # the pid that installed them: a forked child has its parent's
 
 
 def install(spec: Any) -> None:
     """The rank hook: the dump handler, the record, and the wrapped collectives (now if
-    torch.distributed is imported already, else as soon as it is). Linux only (memfd, /proc)."""
-    global _record, _stacks_fd
-    if _record is not None or not hasattr(os, "memfd_create") or os.environ.get(SWITCH, "1").strip() == "0":
+    torch.distributed is imported already, else as soon as it is). Linux only (memfd, /proc).
+
+    A process forked from one that had them (a rank forked by a process that ran rank code
+    itself: a test, a persistent rank's own launch) inherits the parent's record and stacks
+    memfd, whose header names the parent's pid: the notebook would never find this rank's.
+    Such a child drops the inherited ones and installs its own."""
+    global _record, _stacks_fd, _installed_by
+    if _record is not None and _installed_by == os.getpid():
         return
+    if not hasattr(os, "memfd_create") or os.environ.get(SWITCH, "1").strip() == "0":
+        return
+    _forget_inherited()
     _stacks_fd = os.memfd_create(STACKS_NAME)
+    _installed_by = os.getpid()
     faulthandler.register(DUMP_SIGNAL, file=_stacks_fd, all_threads=True, chain=False)
     _record = Record()
     if "torch.distributed" in sys.modules:
         wrap_collectives(sys.modules["torch.distributed"])
-    else:
+    elif not any(isinstance(finder, _WrapOnImport) for finder in sys.meta_path):   # one, even after a fork
         sys.meta_path.insert(0, _WrapOnImport())
     _record.announce()
+
+
+def _forget_inherited() -> None:
+    """Close what a fork inherited from a parent that had installed its own (see ``install``)."""
+    global _record, _stacks_fd
+    if _record is not None:
+        try:
+            _record.map.close()
+        except (BufferError, ValueError):   # views of it still held: leave the mapping to the GC
+            pass
+        _close_quietly(_record.fd)
+        _record = None
+    if _stacks_fd is not None:
+        _close_quietly(_stacks_fd)
+        _stacks_fd = None
+
+
+def _close_quietly(fd: int) -> None:
+    try:
+        os.close(fd)
+    except OSError:
+        pass
 
 
 class _WrapOnImport(importlib.abc.MetaPathFinder):

@@ -30,6 +30,7 @@ from typing import Mapping, Sequence
 from ..rank.whereabouts import DUMP_SIGNAL, STACKS_NAME
 from . import hang_verdict
 from .faulthandler_dump import parse_dump
+from .stacks import memfds
 
 NATIVE_WAIT = 8.0         # seconds for every rank's py-spy together
 FRAME_WIDTH = 120         # a C++ frame's name is cut to this many characters (templates run to pages)
@@ -200,18 +201,7 @@ def catches_dump_signal(pid: int) -> bool:
 
 
 def _stacks_file(pid: int) -> str | None:
-    folder = f"/proc/{pid}/fd"
-    try:
-        names = os.listdir(folder)
-    except OSError:
-        return None
-    for name in names:
-        try:
-            if os.readlink(os.path.join(folder, name)).startswith(f"/memfd:{STACKS_NAME} "):
-                return os.path.join(folder, name)
-        except OSError:
-            continue
-    return None
+    return memfds(pid).get(STACKS_NAME)
 
 
 def _size(path: str) -> int:

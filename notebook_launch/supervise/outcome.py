@@ -106,10 +106,11 @@ def stopped_description(stop_reason: str, status: "WaitStatus", hurried: bool = 
 def timeout_failure(timeout: float, running_ranks: Sequence[int], verdict: str | None = None,
                     detail: str = "") -> Failure:
     """The timeout: with ``verdict`` (``hang_verdict``: where the ranks are) its first line says
-    where the ranks are, and ``detail`` (each rank's collective and stacks) follows."""
+    where the ranks are, and ``detail`` (each rank's collective and stacks) follows; without one,
+    the running ranks are named and ``detail`` says why they could not say where they were."""
     if verdict is None:
         return Failure(None, FailureKind.TIMEOUT, f"timed out after {timeout:g} s; ranks still running: "
-                       + ", ".join(map(str, running_ranks)))
+                       + ", ".join(map(str, running_ranks)), detail=detail)
     return Failure(None, FailureKind.TIMEOUT, f"timed out after {timeout:g} s: {verdict}", detail=detail)
 
 

@@ -24,8 +24,10 @@ log = logging.getLogger("notebook_launch")
 
 
 
-def rank_files(pid: int) -> dict[str, str]:
-    """The /proc paths of the rank's whereabouts memfds, by name (none: not installed, or gone)."""
+def memfds(pid: int) -> dict[str, str]:
+    """The memfds ``pid`` holds open: name -> its /proc path (the first fd of each name). Linux
+    shows a memfd's link as "/memfd:NAME (deleted)"; the prefix slash and the suffix are not
+    relied on. Empty when the process is gone or its fds cannot be read."""
     found: dict[str, str] = {}
     folder = f"/proc/{pid}/fd"
     try:
@@ -37,10 +39,16 @@ def rank_files(pid: int) -> dict[str, str]:
             target = os.readlink(os.path.join(folder, name))
         except OSError:
             continue
-        for wanted in (RECORD_NAME, STACKS_NAME):
-            if target.startswith(f"/memfd:{wanted} "):
-                found.setdefault(wanted, os.path.join(folder, name))
+        memfd = target.lstrip("/")
+        if memfd.startswith("memfd:"):
+            memfd = memfd[len("memfd:"):].removesuffix(" (deleted)")
+            found.setdefault(memfd, os.path.join(folder, name))
     return found
+
+
+def rank_files(pid: int) -> dict[str, str]:
+    """The /proc paths of the rank's whereabouts memfds, by name (none: not installed, or gone)."""
+    return {name: path for name, path in memfds(pid).items() if name in (RECORD_NAME, STACKS_NAME)}
 
 
 def read_record(path: str) -> tuple[int, int, int, Collective | None, bool] | None:
@@ -93,9 +101,14 @@ def collect(ranks: Sequence[tuple[int, int | None]], wait: float = DUMP_WAIT) ->
             where.note = "was not running"
             continue
         files = rank_files(pid)
-        record = read_record(files[RECORD_NAME]) if RECORD_NAME in files else None
+        try:
+            record = read_record(files[RECORD_NAME]) if RECORD_NAME in files else None
+        except Exception as exc:   # a record we cannot make sense of: this rank says nothing, the others do
+            where.note = f"could not be read ({type(exc).__name__}: {exc})"
+            continue
         if record is None or record[0] != pid or STACKS_NAME not in files:
-            where.note = "had not started the launched function yet"
+            where.note = ("had not started the launched function yet" if record is None or record[0] == pid
+                          else "kept the record of the process that forked it")
             continue
         _, where.main_thread, signum, collective, inside = record
         if inside:
@@ -118,11 +131,14 @@ def collect(ranks: Sequence[tuple[int, int | None]], wait: float = DUMP_WAIT) ->
             where, path, offset = pending[index]
             size = _size(path)
             if size > offset and size == sizes[index]:   # grew, then stopped growing: the dump is whole
-                with open(path, "rb") as f:
-                    f.seek(offset)
-                    where.raw_stacks = f.read(size - offset).decode("utf-8", "replace")
-                where.threads = parse_dump(where.raw_stacks)
                 del pending[index]
+                try:
+                    with open(path, "rb") as f:
+                        f.seek(offset)
+                        where.raw_stacks = f.read(size - offset).decode("utf-8", "replace")
+                    where.threads = parse_dump(where.raw_stacks)
+                except Exception as exc:
+                    where.note = f"dumped a stack that could not be read ({type(exc).__name__}: {exc})"
             sizes[index] = size
     for where, _path, _offset in pending.values():
         where.note = f"did not dump its stack within {wait:g} s (a signal it blocks, or a process stopped)"

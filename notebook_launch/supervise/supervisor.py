@@ -63,6 +63,7 @@ class Supervisor:
         self.stalls = None if stall_after is None else StallWatch(stall_after, time.monotonic(),
                                                                   stack=self.stack_fingerprints)
         self.last_found: list[hang_verdict.RankWhereabouts] = []   # the last answer of whereabouts()
+        self.where_problem = "they were not asked"   # why the last where_they_are had no verdict
         self._stopped = False
         self._closed = False
         self.prompts = StdinRelay(lambda local: f"rank {self.global_rank(local)}",
@@ -183,7 +184,7 @@ class Supervisor:
         ``where_report``; the whole stacks go to each rank's log, the verdict to every rank's log."""
         verdict, detail = self.where_they_are(why)
         if verdict is None:
-            text = "no rank could say where it is: " + hang_verdict.notes_text(self.last_found)
+            text = "no rank could say where it is: " + self.where_problem
             for local_rank in range(len(self.state.ranks)):
                 self.logs.write_block(local_rank, f"notebook_launch: where the ranks were ({why}): {text}")
         else:
@@ -210,6 +211,8 @@ class Supervisor:
         running = [self.global_rank(w.local_rank) for w in self.watches if w.exit is None]
         if self.first_failure is None:
             verdict, detail = self.where_they_are("at the timeout")
+            if verdict is None:   # say why not, so that a blind timeout can be looked into
+                detail = f"no rank could say where it is: {self.where_problem}"
             self.first_failure = outcome.timeout_failure(self.timeout, running, verdict, detail)
         self.stop("the timeout")
 
@@ -220,8 +223,9 @@ class Supervisor:
         ``native``: add native frames where py-spy is installed (seconds: not on an interrupt)."""
         try:
             found = self.last_found = self.whereabouts(native)
-        except Exception:   # a diagnosis must never stand in the way of the stop
+        except Exception as exc:   # a diagnosis must never stand in the way of the stop
             log.debug("could not collect the ranks' whereabouts", exc_info=True)
+            self.where_problem = f"asking them failed ({type(exc).__name__}: {exc})"
             return None, ""
         finally:
             if self.stalls is not None:   # our dumps wrote to the ranks' memfds: not their work
@@ -229,6 +233,7 @@ class Supervisor:
         label = outcome.cell_labeller()
         verdict, detail = stacks.where_they_are(found, label)
         if verdict is None:
+            self.where_problem = hang_verdict.notes_text(found)
             return None, ""
         whole = hang_verdict.detail(found, label, frames_per_thread=1000)
         heading = f"notebook_launch: where the ranks were{f' ({why})' if why else ''}: {verdict}\n"
@@ -253,13 +258,22 @@ class Supervisor:
         answered: set[int] = set()
         for process in teardown.distinct(w.process for w in self.watches if w.exit is None):
             ask_where = getattr(process, "ask_where", None)   # a process carrying several ranks (XLA) asks
-            if ask_where is not None:   # them; one of another machine (Ray) is asked over its connections
+            if ask_where is None:   # them; one of another machine (Ray) is asked over its connections
+                continue
+            try:   # each part of the answer on its own: one that fails must not take the others with it
                 answers = ask_where(self.global_rank)
-                for index, watch in enumerate(self.watches):
-                    if watch.local_rank in answers:
-                        found[index] = answers[watch.local_rank]
-                        answered.add(watch.local_rank)
-        stacks.add_beyond_python(found, asked, outcome.cell_labeller(), native=native)
+            except Exception as exc:
+                log.debug("a process could not be asked where its ranks are", exc_info=True)
+                answers = {r: hang_verdict.RankWhereabouts(self.global_rank(r), note=f"could not be asked ({exc})")
+                           for r in process.ranks()}
+            for index, watch in enumerate(self.watches):
+                if watch.local_rank in answers:
+                    found[index] = answers[watch.local_rank]
+                    answered.add(watch.local_rank)
+        try:
+            stacks.add_beyond_python(found, asked, outcome.cell_labeller(), native=native)
+        except Exception:   # native frames and stuck children are extras: the Python stacks stand alone
+            log.debug("could not add what the Python stacks cannot show", exc_info=True)
         for watch, where in zip(self.watches, found):
             rs = self.state.ranks[watch.local_rank]
             if watch.exit is not None:
