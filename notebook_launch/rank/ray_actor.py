@@ -3,8 +3,8 @@
 ``describe`` tells the notebook where the actor landed (node address, the
 interface that carries it, its GPUs, a free port there). ``run`` connects the
 rank's three streams back to the notebook, points fds 1/2 and the event channel
-at them, sets the same environment a local rank gets (``plan.rank_environment``)
-plus the interface gloo and NCCL must bind, loads the cloudpickled job and runs
+at them, sets the same environment a local rank gets (``plan.rank_environment``, with the
+attempt's restart count and the interface gloo and NCCL must bind), loads the cloudpickled job and runs
 it with ``rank.runner.run_rank``: from there on a Ray rank is a local rank.
 A persistent rank (``persistent.ray_ranks``) is the same call whose job serves calls
 until the notebook stops it (``rank.ray_serve``).
@@ -119,22 +119,17 @@ def _close(sock: Any) -> None:
 
 
 def _rank_spec(assignment: dict[str, Any]) -> RankSpec:
-    """The rank's environment: a local rank's (``rank_environment``) on its node, plus the
-    interface that reaches the other nodes and the GPUs Ray gave this node's ranks."""
+    """The rank's environment: a local rank's (``rank_environment``, the one builder) on its node,
+    with the attempt's restart count and the interface that reaches the other nodes, plus the
+    GPUs Ray gave this node's ranks."""
     a = assignment
     env = rank_environment(
         global_rank=a["global_rank"], local_rank=a["local_rank"], num_processes=a["local_world_size"],
         num_nodes=a["num_nodes"], node_rank=a["node_rank"], world_size=a["world_size"],
         master_addr=a["master_addr"], master_port=a["master_port"], device_kind=a["device_kind"],
         mixed_precision=a["mixed_precision"], run_id=a["run_id"], user_env=os.environ,
-        cpu_count=a["cpu_count"])
-    env["TORCHELASTIC_RESTART_COUNT"] = str(a.get("attempt", 0))   # as torch elastic numbers restarts
-    env["TORCHELASTIC_MAX_RESTARTS"] = str(a.get("max_restarts", 0))
-    interface = a.get("interface")
-    if interface:
-        for name in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"):
-            if name not in os.environ:
-                env[name] = interface
+        cpu_count=a["cpu_count"], restart_count=a.get("attempt", 0), max_restarts=a.get("max_restarts", 0),
+        interface=a.get("interface"))
     if a.get("cuda_visible_devices") is not None:
         env["CUDA_VISIBLE_DEVICES"] = a["cuda_visible_devices"]
     device = f"cuda:{a['local_rank']}" if a["device_kind"] == "cuda" else "cpu"
