@@ -3,7 +3,8 @@
 launchers do: ``START_PATHS`` lists them all. Each local path is run for real here (fork,
 spawn, elastic's attempts, persistent ranks) and the ranks' own pids must be those the
 launcher's ``start`` returned; xla runs in the xla lane (tests/xla) and Ray on the two-node
-cluster (tests/raycluster, test_max_restarts_restarts_every_rank records its starts).
+cluster (tests/raycluster: test_max_restarts_restarts_every_rank and, for persistent ranks,
+test_node_lost_between_calls_is_a_launch_error_and_the_next_call_restarts record their starts).
 Statically, no module outside the launchers starts a rank process."""
 from __future__ import annotations
 
@@ -35,6 +36,8 @@ START_PATHS = {
             "tests/raycluster test_max_restarts_restarts_every_rank"),
     "persistent": ("start_ranks(start_method='fork' or 'spawn')", ForkBackend,
                    "test_persistent_ranks_start_through_start"),
+    "persistent ray": ("start_ranks(cluster=RayCluster(...))", RayLauncher,
+                       "tests/raycluster test_node_lost_between_calls_is_a_launch_error_and_the_next_call_restarts"),
 }
 
 # Processes the package starts that are not ranks, and why they are allowed outside a launcher.
@@ -46,11 +49,9 @@ NOT_RANKS = {
     "notebook_launch.cuda_tracking": "a throwaway fork that probes whether a fork is poisoned",
     "notebook_launch.rank.xla_replicas": "xmp.spawn, inside the xla launcher's own child (backends.xla)",
 }
-# Start paths that do not go through the interface yet; each must leave this list once it does.
-NOT_YET = {
-    "notebook_launch.persistent.ray_ranks": "persistent ranks on Ray start their actors' serve loops "
-                                            "with ray_gang.Gang directly, not through RayLauncher.start",
-}
+# Start paths that do not go through the interface yet; each must leave this list once it does
+# (none is left: persistent ranks on Ray start through RayLauncher.start, with persistent=True).
+NOT_YET: dict[str, str] = {}
 STARTS_A_PROCESS = {("os", "fork"), ("os", "forkpty"), ("os", "posix_spawn"), ("subprocess", "Popen"),
                     ("subprocess", "run"), ("xmp", "spawn"), ("multiprocessing", "Process")}
 

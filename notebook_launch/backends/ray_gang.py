@@ -124,6 +124,16 @@ class RayRank(RankProcess):
         self.sentinel = None
 
 
+class PersistentRayRank(RayRank):
+    """A persistent rank's actor (``persistent.ray_ranks``), whose events connection carries
+    ``rank.ray_serve`` messages: a signal is never written there as a launch's raw signal frame
+    (it would break the message stream); anything but an interrupt (a message of its own) ends
+    the actor."""
+
+    def signal(self, signum: int) -> None:
+        self.kill()
+
+
 class Waiter(threading.Thread):
     """Turns the actors' ``run`` futures into ends of RayRank: ``ray.wait`` in one thread,
     each end written to the rank's sentinel, which the supervisor's selector watches."""
@@ -273,6 +283,12 @@ class Gang:
                 log.debug("actor gone", exc_info=True)
         while self.actors and time.monotonic() < deadline and not all(map(_actor_dead, self.actors)):
             time.sleep(WAIT_TICK)
+
+
+class PersistentGang(Gang):
+    """The persistent ranks' gang, whose placement group says it holds persistent ranks."""
+
+    NAME = "notebook_launch-ranks"
 
 
 def _actor_dead(actor: Any) -> bool:

@@ -7,6 +7,12 @@ listener the notebook opens on the interface that reaches the cluster (``channel
 those sockets are the channels it hands back, so the supervisor selects on them as it does
 on a local rank's pipes. ``end`` leaves nothing on the cluster. Each ``start`` is one attempt;
 restarts are ``restarts.run_attempts`` (``run_ray``), under the rule elastic's agent follows.
+
+Persistent ranks on Ray (``persistent.ray_ranks``) start through the same ``start`` with
+``persistent=True``: the same placement, actors, environment and connections, but each actor's
+job serves calls until told to stop (``rank.ray_serve``), its events connection carries calls
+instead of signal frames (``ray_gang.PersistentRayRank``), and its placement group is named as
+persistent ranks' (``ray_gang.PersistentGang``).
 """
 from __future__ import annotations
 
@@ -25,7 +31,8 @@ from ..rank.spawn_context import capture_context, pickle_job
 from ..supervise import outcome
 from . import ray_connect
 from .base import Launcher
-from .ray_gang import Gang, Placement, RayRank, Waiter, death_reason, visible_devices_by_node
+from .ray_gang import (Gang, PersistentGang, PersistentRayRank, Placement, RayRank, Waiter, death_reason,
+                       visible_devices_by_node)
 
 if TYPE_CHECKING:
     from ..cluster import RayCluster
@@ -60,6 +67,8 @@ class RayLauncher(Launcher):
         self._gang: Gang | None = None
         self._listener: StreamListener | None = None
         self._handed: list[SocketPipes] = []
+        self.placements: list[Placement] = []   # where the last start placed each rank, by global rank
+        self.addresses: list[str] = []          # each rank's node address, by global rank
 
     def prepare_parent(self) -> None:
         import cloudpickle  # noqa: F401  (ships the job; imported before the panel starts)
@@ -90,8 +99,9 @@ class RayLauncher(Launcher):
             self._payload_ref = ray.put(payload)
         restarts = (self.attempts, self.max_restarts)
         self.attempts += 1
-        self._gang = gang = Gang(ray, cluster, world_size)
+        self._gang = gang = (PersistentGang if self.persistent else Gang)(ray, cluster, world_size)
         self._handed = []
+        self.placements, self.addresses = [], []
         deadline = time.monotonic() + self.rendezvous_timeout
         waiting = self._waiting
         for rank_state in state.ranks:
@@ -144,9 +154,13 @@ class RayLauncher(Launcher):
                 f"and the notebook ({self.host}) blocks it, or the nodes reach the notebook through "
                 f"another address", state) from None
         self._handed = pipes
+        listener.close(keep=pipes)   # every rank connected: nothing more comes (persistent ranks live on)
+        self._listener = None
         channels.extend(pipes)
-        processes = [RayRank(ray, p.global_rank, actor, info["pid"], pipes[p.global_rank])
+        rank_type = PersistentRayRank if self.persistent else RayRank
+        processes = [rank_type(ray, p.global_rank, actor, info["pid"], pipes[p.global_rank])
                      for actor, p, info in zip(gang.actors, placements, infos)]
+        self.placements, self.addresses = list(placements), [info["address"] for info in infos]
         gang.waiter = Waiter(ray, futures, processes)
         gang.waiter.start()
         return list(processes)

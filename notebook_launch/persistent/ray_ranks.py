@@ -4,16 +4,18 @@ The same ``Ranks`` as local persistent ranks (``pool``): one call at a time, eac
 by ``call.CallSupervisor`` with the same panel, logs, LaunchError texts, interrupt and
 timeout rules, and the between-calls reader. What differs is where the ranks live:
 
-- starting: the ranks of a Ray launch (``backends.ray_launch``): one placement group, one
-  actor per rank (``rank.ray_actor.RankActor``), each connecting its streams back to the
-  notebook (``channels.sockets``); the actor's job is ``rank.ray_serve.serve_ray_calls``,
-  which serves calls until STOP. The panel shows each rank's node;
+- starting: through the launcher interface, as every start path (``backends.base``):
+  ``RayLauncher(persistent=True).start`` places the ranks of a Ray launch
+  (``backends.ray_launch``): one placement group, one actor per rank
+  (``rank.ray_actor.RankActor``), each connecting its streams back to the notebook
+  (``channels.sockets``); the actor's job is ``rank.ray_serve.serve_ray_calls``, which serves
+  calls until STOP. The panel shows each rank's node;
 - talking to a rank: a local rank gets calls on a Unix socket with memfds and shares an
   ``InterruptSlot`` in memory; a Ray rank gets them on its events connection
   (``rank.ray_serve`` messages): a call's frame with its tensor bytes, and an interrupt
   that names its call (``RaySlot``);
 - ending: ``close()`` sends STOP, then kills the actors and removes the placement group and
-  waits until Ray reports the actors dead (``ray_gang.Gang.end``). The actors belong to the
+  waits until Ray reports the actors dead (``RayLauncher.end``, ``ray_gang.Gang.end``). The actors belong to the
   notebook's Ray driver (not detached) and the group to its job: when the notebook's kernel
   dies, Ray ends both; a rank whose connection to the notebook ends also exits by itself;
 - a lost rank: a rank (or a node) lost during a call fails the call as on a Ray launch; a
@@ -27,7 +29,6 @@ import functools
 import logging
 import mmap
 import os
-import pickle
 import select
 import time
 import weakref
@@ -37,23 +38,19 @@ from typing import TYPE_CHECKING, Any
 
 from .. import protocol
 from ..backends import ray_connect
-from ..backends.ray_gang import (Gang, Placement, RayRank, Waiter, death_reason,
-                                 visible_devices_by_node)
-from ..backends.ray_launch import (notebook_address, describe_actors, notebook_plan, placement_timeout_error,
-                                   rank_assignment)
-from ..channels.sockets import SocketPipes, StreamListener
+from ..backends.ray_gang import Placement
+from ..backends.ray_launch import RayLauncher, notebook_address, notebook_plan
 from ..display import choose_display
 from ..errors import LaunchArgumentError, LaunchError
 from ..line_prefix import parse_line_prefix
-from ..logs import RunLogs, make_run_id
-from ..options import (DEFAULT_LINES_PER_SECOND, DEFAULT_RDZV_TIMEOUT, DEFAULT_USE_PORT, LaunchOptions,
+from ..logs import make_run_id
+from ..options import (DEFAULT_LINES_PER_SECOND, DEFAULT_USE_PORT, LaunchOptions,
                        check_display_ranks_exist, launch_options, validate_cluster_launch, validate_cluster_type)
 from ..protocol import FailureKind
 from ..rank.ray_serve import Kind, encode_message, serve_ray_calls
 from ..rank.runner import Job
-from ..rank.spawn_context import capture_context, pickle_job
-from ..run import launch_summary
-from ..state import RankState, RunState
+from ..session import launch_line, open_logs, plan_state
+from ..state import RunState
 from ..supervise import outcome
 from ..supervise.stall import DEFAULT_STALL_AFTER
 from ..rank import commands
@@ -124,21 +121,6 @@ class RaySlot:
         pass
 
 
-class PersistentRayRank(RayRank):
-    """A rank's actor whose events connection carries ``rank.ray_serve`` messages: a signal
-    is never written there as a launch's raw signal frame (it would break the message
-    stream); anything but an interrupt (which goes through ``RaySlot``) ends the actor."""
-
-    def signal(self, signum: int) -> None:
-        self.kill()
-
-
-class PersistentGang(Gang):
-    """The persistent ranks' gang, whose placement group says it holds persistent ranks."""
-
-    NAME = "notebook_launch-ranks"
-
-
 class RayRanks(Ranks):
     """Persistent ranks as Ray actors; made by ``start_ranks(..., cluster=)``, used as ``Ranks``."""
 
@@ -146,10 +128,10 @@ class RayRanks(Ranks):
         super().__init__(options, grace)
         self.cluster = cluster
         self.summary = ""
-        self._gangs: list[Gang] = []    # the current ranks' gang (a list: the finalizer's view)
+        self._launchers: list[RayLauncher] = []   # the current ranks' launcher (a list: the finalizer's view)
         self._placements: list[Placement] = []
         self._addresses: list[str] = []
-        self._ray_finalizer = weakref.finalize(self, _end_gangs, self._gangs)
+        self._ray_finalizer = weakref.finalize(self, _end_launchers, self._launchers)
 
     @property
     def backend_name(self) -> str:
@@ -166,89 +148,44 @@ class RayRanks(Ranks):
 
     # --- starting ---------------------------------------------------------------------
     def _start(self) -> None:
+        """Start the ranks as every start path does (``backends.base``): the launcher's channels,
+        then ``RayLauncher.start`` with ``persistent=True`` (actors that serve calls)."""
         cluster, options = self.cluster, self.options
         world_size = options.num_processes or 0
         ray = ray_connect.connect(cluster)
         nodes = ray_connect.alive_nodes(ray)
         ray_connect.check_resources(world_size, cluster, nodes)
-        host = notebook_address(ray, cluster)
         run_id = make_run_id()
         plan = notebook_plan(world_size, cluster, options.mixed_precision)
         check_display_ranks_exist(options.display_ranks, plan.world_size)
         if self.logs is None:
             self.run_id = run_id
-            self.logs = RunLogs(run_id, [r.local_rank for r in plan.ranks], [r.global_rank for r in plan.ranks],
-                                options.log_dir)
+            self.logs = open_logs(plan, run_id, options)
             self.summary = (f"notebook_launch: Ray cluster {ray_connect.gcs_host(ray) or cluster.address}: "
                             f"{ray_connect.describe_cluster(nodes)}; {world_size} ranks x "
                             f"{dict(cluster.resources_per_rank)}, placement {cluster.placement}")
-        state = RunState(run_id=run_id, world_size=world_size, backend=self.backend_name,
-                         log_dir=str(self.logs.path),
-                         ranks=[RankState(rank=r.global_rank, local_rank=r.local_rank, device=r.device)
-                                for r in plan.ranks])
-        payload = pickle.dumps({"context": capture_context(),
-                                "job": pickle_job(Job(serve_ray_calls, (cluster.device_kind,)))},
-                               protocol=pickle.HIGHEST_PROTOCOL)
-        gang = PersistentGang(ray, cluster, world_size)
-        self._gangs[:] = [gang]
-        listener: StreamListener | None = None
-        pipes: list[SocketPipes] = []
-        deadline = time.monotonic() + (options.rdzv_timeout or DEFAULT_RDZV_TIMEOUT)
+        state = plan_state(plan, run_id, self.backend_name, self.logs.path)   # the start's errors name nodes
+        # one launcher per start: fresh ranks after a loss are a new start, not an elastic restart
+        # (TORCHELASTIC_RESTART_COUNT stays 0, as for local persistent ranks)
+        launcher = RayLauncher(ray, cluster, host=notebook_address(ray, cluster), run_id=run_id,
+                               mixed_precision=options.mixed_precision,
+                               rendezvous_timeout=options.rendezvous_timeout, persistent=True)
+        launcher.attach(state, None)   # nothing is drawn while Ray places the ranks
+        self._launchers[:] = [launcher]
+        channels = launcher.open_channels(plan)
         try:
-            try:
-                placements = gang.reserve(deadline, lambda: None)
-            except TimeoutError:
-                raise placement_timeout_error(ray, cluster, world_size,
-                                              options.rdzv_timeout or DEFAULT_RDZV_TIMEOUT, state) from None
-            gang.start_actors(placements)
-            infos = describe_actors(ray, gang, placements, state, lambda: None)
-            devices = visible_devices_by_node(placements, [info["gpu_ids"] for info in infos])
-            listener = StreamListener(host, world_size)
-            num_nodes = len({p.node_id for p in placements})
-            futures = []
-            for actor, p, info in zip(gang.actors, placements, infos):
-                assignment = rank_assignment(p, info, infos[0], num_nodes=num_nodes, world_size=world_size,
-                                             cluster=cluster, mixed_precision=options.mixed_precision,
-                                             run_id=run_id, cuda_visible_devices=devices.get(p.node_id))
-                assignment["persistent"] = True
-                futures.append(actor.run.remote(assignment, payload,
-                                                (listener.address[0], listener.address[1], listener.token)))
-
-            def check() -> None:
-                for index, future in enumerate(futures):
-                    if ray.wait([future], timeout=0)[0]:
-                        try:
-                            ray.get(future)
-                            reason = "its actor's call returned before it connected"
-                        except Exception as exc:
-                            reason = death_reason(exc)
-                        raise outcome.cluster_error(
-                            f"node {placements[index].node_rank} ({infos[index]['address']}), rank {index} failed "
-                            f"before it connected to the notebook at {host}: {reason}", state, rank=index,
-                            kind=FailureKind.EXIT)
-
-            try:
-                pipes = listener.accept_all(deadline, check)
-            except TimeoutError as exc:
-                raise outcome.cluster_error(f"{exc}; a firewall between the cluster and the notebook ({host}) "
-                                            f"blocks it, or the nodes reach the notebook through another "
-                                            f"address", state) from None
+            processes = launcher.start(plan, Job(serve_ray_calls, (cluster.device_kind,)), channels)
         except BaseException:
-            if listener is not None:
-                listener.close()
-            gang.end()
-            self._gangs[:] = []
+            for pipes in channels:
+                pipes.close_parent_ends()
+            launcher.end()
+            self._launchers[:] = []
             raise
-        listener.close(keep=pipes)
-        processes = [PersistentRayRank(ray, p.global_rank, actor, info["pid"], pipes[p.global_rank])
-                     for actor, p, info in zip(gang.actors, placements, infos)]
-        gang.waiter = Waiter(ray, futures, processes)
-        gang.waiter.start()
-        self.plan, self._pipes, self._commands = plan, list(pipes), []
+        self.plan, self._pipes, self._commands = plan, list(channels), []
         self._slot = RaySlot(self._send_all)   # type: ignore[assignment]
         self._processes[:] = processes
-        self._placements = placements
-        self._addresses = [info["address"] for info in infos]
+        self._placements = launcher.placements
+        self._addresses = launcher.addresses
         self._run_mark = ""   # nothing of this machine to sweep
         self._lost = None
         if self._cells is None:
@@ -257,9 +194,9 @@ class RayRanks(Ranks):
         self._start_idle({})
         if self.restarts == 0:
             display = choose_display(options.ui, line_prefix=options.line_prefix).name
-            print(launch_summary(plan, self.backend_name, self.logs.path, display=display) + "\n" + self.summary
-                  + "\nnotebook_launch: " + ", ".join(f"rank {r} on {n}" for r, n in enumerate(self.nodes)),
-                  flush=True)
+            where = ", ".join(f"rank {r} on {n}" for r, n in enumerate(self.nodes))
+            print(launch_line(plan, self.backend_name, self.logs, display=display,
+                              extra_lines=(self.summary, f"notebook_launch: {where}")), flush=True)
 
     def _start_idle(self, events: dict[int, protocol.EventReader]) -> None:
         """The between-calls reader, as local ranks have it, except that a rank that ends has no
@@ -343,9 +280,9 @@ class RayRanks(Ranks):
                 if left > 0 and not _exited(process) and process.sentinel is not None:
                     select.select([process.sentinel], [], [], left)
         self._stop_idle()
-        for gang in self._gangs:
-            gang.end()
-        self._gangs[:] = []
+        for launcher in self._launchers:
+            launcher.end()
+        self._launchers[:] = []
         for process in self._processes:
             process.release()
         for pipes in self._pipes:
@@ -388,11 +325,11 @@ def write_whole(fd: int, parts: Iterable[Any], gone: Callable[[], bool] = lambda
                     raise BrokenPipeError("the rank ended") from None
 
 
-def _end_gangs(gangs: list[Gang]) -> None:
+def _end_launchers(launchers: list[RayLauncher]) -> None:
     """(The pool's finalizer) nothing of forgotten ranks stays on the cluster."""
-    for gang in gangs:
+    for launcher in launchers:
         try:
-            gang.end()
+            launcher.end()
         except Exception:
             log.debug("ending the Ray ranks failed", exc_info=True)
-    gangs[:] = []
+    launchers[:] = []

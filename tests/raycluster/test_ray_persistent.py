@@ -213,14 +213,24 @@ print(json.dumps(ranks.run(keep)))
 def test_node_lost_between_calls_is_a_launch_error_and_the_next_call_restarts(ray_nodes, notebook):
     """Last in the module: node B stays down. The rank on node B is lost with its node between
     calls: the next call is a LaunchError naming it and its node, and every rank is stopped; the
-    call after that starts fresh ranks (on node A, the one left) and says so."""
+    call after that starts fresh ranks (on node A, the one left) and says so. Both starts go
+    through the launcher interface (RayLauncher.start, recorded here: the ranks that run are the
+    actors its last start returned; see tests/test_launchers.py)."""
     nodes = notebook.value("""
+from notebook_launch.backends.ray_launch import RayLauncher
+starts, real_start = [], RayLauncher.start
+def recording_start(self, plan, job, channels):
+    processes = real_start(self, plan, job, channels)
+    starts.append([self.persistent, [p.pid for p in processes]])
+    return processes
+RayLauncher.start = recording_start
 ranks = start_ranks(2, cluster=cluster(), ui="none")
 def keep():
     global kept
     kept = int(os.environ["RANK"])
     return kept
 assert ranks.run(keep) == [0, 1]
+assert starts == [[True, ranks.pids]], (starts, ranks.pids)
 print(json.dumps(ranks.nodes))
 """)
     lost_address = ray_nodes.addresses[1]            # node B (node A holds the notebook and the head)
@@ -250,5 +260,10 @@ print(json.dumps(ranks.run(fresh)))
     assert out["error"] is None, out
     assert "the ranks were restarted because" in out["stdout"], out["stdout"]
     assert json.loads(out["stdout"].strip().splitlines()[-1]) == [["0", False], ["1", False]]
+    restarted = notebook.value("""
+RayLauncher.start = real_start
+print(json.dumps([len(starts), starts[-1] == [True, ranks.pids]]))
+""")
+    assert restarted == [2, True]   # one start each time the ranks started, the last the ranks' own
     notebook.value("ranks.close()\nprint(json.dumps(True))")
     assert_nothing_left(ray_nodes, notebook)
