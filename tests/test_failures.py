@@ -122,7 +122,7 @@ def test_timeout_names_the_ranks_still_running(log_dir):
     first = str(info.value).splitlines()[0]
     line = hang_on_rank_1.__code__.co_firstlineno + 2   # time.sleep(120): where rank 1 is (issue 20)
     assert first == (f"notebook_launch: timed out after 3 s: ranks 0, 2 ended (finished); "
-                     f"rank 1 is in hang_on_rank_1() at test_failures.py:{line} (time.sleep(120))")
+                     f"rank 1 is in hang_on_rank_1() at test_failures.py:{line} (time.sleep(120))"), str(info.value)
     assert info.value.kind == "timeout"
     assert info.value.results[0] == "done" and info.value.results[1] is None
     assert_no_children()

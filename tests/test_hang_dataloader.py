@@ -75,7 +75,7 @@ def test_a_deadlocked_dataloader_worker_is_named_with_the_rank_waiting_for_it(lo
     assert text.splitlines()[0] == (
         f"notebook_launch: timed out after {TIMEOUT} s: rank 0 waits in all_reduce #1 ({HERE}:{reduce_line}); "
         f"rank 1 never reached it: it is in train_with_a_deadlocking_worker() at {HERE}:{next_line} "
-        f"(batch = next(batches))")
+        f"(batch = next(batches))"), text
     rank1 = text[text.index("rank 1:"):]
     # the rank's own stack, inside the DataLoader, waiting for the worker's batch
     assert "_next_data() at dataloader.py:" in rank1 and "_get_data() at dataloader.py:" in rank1

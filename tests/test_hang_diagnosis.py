@@ -108,7 +108,7 @@ def test_a_rank_that_skips_an_all_reduce_is_named_with_where_it_is(n, log_dir):
     sleep = line_of(evaluate, "time.sleep")
     assert first_line(error) == (
         f"notebook_launch: timed out after {15 + 5 * n} s: {who} in all_reduce #4 ({HERE}:{call}); "
-        f"rank 1 never reached it: it is in evaluate() at {HERE}:{sleep} (time.sleep(HANG))")
+        f"rank 1 never reached it: it is in evaluate() at {HERE}:{sleep} (time.sleep(HANG))"), str(error)
     text = str(error)
     assert "Where each rank was:" in text
     assert "waits in all_reduce #4" in text and "tensors (4,) float32" in text
@@ -127,7 +127,7 @@ def test_ranks_that_call_collectives_in_a_different_order(log_dir):
     all_reduce = line_of(calls_in_a_different_order, "else:") + 1
     assert first_line(error) == (
         f"notebook_launch: timed out after 20 s: rank 0 waits in broadcast #2 ({HERE}:{broadcast}) while "
-        f"ranks 1, 2 wait in all_reduce #2 ({HERE}:{all_reduce}): the ranks call collectives in a different order")
+        f"ranks 1, 2 wait in all_reduce #2 ({HERE}:{all_reduce}): the ranks call collectives in a different order"), str(error)
 
 
 def test_a_rank_that_never_calls_init_process_group(log_dir):
@@ -136,7 +136,7 @@ def test_a_rank_that_never_calls_init_process_group(log_dir):
     sleep = line_of(never_joins, "time.sleep")
     assert first_line(error) == (
         f"notebook_launch: timed out after 20 s: ranks 0, 1 wait in init_process_group ({HERE}:{init}); "
-        f"rank 2 never joined: it is in never_joins() at {HERE}:{sleep} (time.sleep(HANG))")
+        f"rank 2 never joined: it is in never_joins() at {HERE}:{sleep} (time.sleep(HANG))"), str(error)
 
 
 def test_a_rank_asleep_in_c_in_a_run_without_torch_distributed(log_dir):
@@ -144,7 +144,7 @@ def test_a_rank_asleep_in_c_in_a_run_without_torch_distributed(log_dir):
     sleep = line_of(sleeps_on_rank_1, "time.sleep")
     assert first_line(error) == (
         f"notebook_launch: timed out after 15 s: "
-        f"ranks 0, 2 ended (finished); rank 1 is in sleeps_on_rank_1() at {HERE}:{sleep} (time.sleep(HANG))")
+        f"ranks 0, 2 ended (finished); rank 1 is in sleeps_on_rank_1() at {HERE}:{sleep} (time.sleep(HANG))"), str(error)
     assert error.results[0] == "done" and error.results[1] is None
 
 
@@ -154,7 +154,7 @@ def test_a_rank_asleep_in_c_while_the_other_waits_in_a_barrier(log_dir):
     barrier = line_of(all_reduce_then_sleep, "dist.barrier")
     assert first_line(error) == (
         f"notebook_launch: timed out after 15 s: rank 1 waits in barrier #2 ({HERE}:{barrier}); "
-        f"rank 0 never reached it: it is in all_reduce_then_sleep() at {HERE}:{sleep} (time.sleep(HANG))")
+        f"rank 0 never reached it: it is in all_reduce_then_sleep() at {HERE}:{sleep} (time.sleep(HANG))"), str(error)
     assert "the last one it called: all_reduce #1" in str(error)
 
 
