@@ -127,7 +127,8 @@ def test_ranks_that_call_collectives_in_a_different_order(log_dir):
     all_reduce = line_of(calls_in_a_different_order, "else:") + 1
     assert first_line(error) == (
         f"notebook_launch: timed out after 20 s: rank 0 waits in broadcast #2 ({HERE}:{broadcast}) while "
-        f"ranks 1, 2 wait in all_reduce #2 ({HERE}:{all_reduce}): the ranks call collectives in a different order"), str(error)
+        f"ranks 1, 2 wait in all_reduce #2 ({HERE}:{all_reduce}): the ranks call collectives in a different order"
+    ), str(error)
 
 
 def test_a_rank_that_never_calls_init_process_group(log_dir):
@@ -144,7 +145,8 @@ def test_a_rank_asleep_in_c_in_a_run_without_torch_distributed(log_dir):
     sleep = line_of(sleeps_on_rank_1, "time.sleep")
     assert first_line(error) == (
         f"notebook_launch: timed out after 15 s: "
-        f"ranks 0, 2 ended (finished); rank 1 is in sleeps_on_rank_1() at {HERE}:{sleep} (time.sleep(HANG))"), str(error)
+        f"ranks 0, 2 ended (finished); rank 1 is in sleeps_on_rank_1() at {HERE}:{sleep} (time.sleep(HANG))"
+    ), str(error)
     assert error.results[0] == "done" and error.results[1] is None
 
 
