@@ -19,6 +19,12 @@ LOOPBACK_ADDRESSES = ("127.0.0.1", "localhost", "::1")
 DeviceKind = Literal["cpu", "cuda", "xla"]
 # The torch.distributed backend a device kind's ranks use (dist_backend_for).
 DistBackend = Literal["gloo", "nccl", "xla"]
+# How ranks start on this machine (``backends.get_backend``): fork (the notebook's globals are
+# inherited), spawn (fresh interpreters) or xla (torch_xla's xmp.spawn). The user's start_method
+# becomes one in options; a Ray launch (cluster=) has no start method, and its plan says "ray".
+StartMethod = Literal["fork", "spawn", "xla"]
+# How a plan's ranks start: a start method, or "ray" (Ray actors, which only run_ray can start).
+PlanStartMethod = Literal[StartMethod, "ray"]
 
 
 @dataclass(frozen=True)
@@ -40,7 +46,7 @@ class LaunchPlan:
     device_kind: DeviceKind
     dist_backend: DistBackend   # what init_process_group() picks
     mixed_precision: str
-    start_method: str           # "fork", "spawn" or "xla": how the processes start
+    start_method: PlanStartMethod
     ranks: tuple[RankSpec, ...] = field(default_factory=tuple)
     notes: tuple[str, ...] = field(default_factory=tuple)   # things the launcher should tell the user
 
@@ -88,7 +94,8 @@ def rank_environment(*, global_rank: int, local_rank: int, num_processes: int, n
                      device_kind: DeviceKind, mixed_precision: str, run_id: str, user_env: Mapping[str, str],
                      cpu_count: int, gpu_names: Sequence[str] = (),
                      driver_version: str | None = None, restart_count: int = 0, max_restarts: int = 0,
-                     interface: str | None = None) -> dict[str, str]:
+                     interface: str | None = None, rdzv_id: str | None = None,
+                     use_agent_store: bool | None = None) -> dict[str, str]:
     """Every variable torch.distributed, Accelerate and Lightning Fabric read in a rank: what
     torchrun's agent sets (torch/distributed/elastic/agent/server/local_elastic_agent.py), plus
     what Accelerate's notebook_launcher exports (accelerate/launchers.py patches NPROC,
@@ -96,7 +103,9 @@ def rank_environment(*, global_rank: int, local_rank: int, num_processes: int, n
     ranks inherit; PrepareForLaunch adds FORK_LAUNCHED=1 on its TPU path), so user code that
     reads them finds them. ``ACCELERATE_VARIABLE_DIFFERENCES`` lists where the values differ.
     The one builder of a rank's environment: local launches, elastic attempts (``restart_count``,
-    ``max_restarts``, the ``interface`` toward rank 0's node) and Ray ranks on their node."""
+    ``max_restarts``, the ``interface`` toward rank 0's node, the rendezvous' ``rdzv_id`` as
+    TORCHELASTIC_RUN_ID, and ``use_agent_store=False``: each attempt's ranks meet on a fresh store
+    that rank 0 hosts, whatever the inherited environment says) and Ray ranks on their node."""
     env = {
         "RANK": str(global_rank),
         "LOCAL_RANK": str(local_rank),
@@ -117,11 +126,13 @@ def rank_environment(*, global_rank: int, local_rank: int, num_processes: int, n
         # torchrun's markers: torch.distributed.is_torchelastic_launched() reads the run id, and
         # Lightning Fabric/Trainer then pick TorchElasticEnvironment (processes exist, join them,
         # and check devices * num_nodes == WORLD_SIZE) instead of starting processes of their own.
-        "TORCHELASTIC_RUN_ID": run_id,
+        "TORCHELASTIC_RUN_ID": run_id if rdzv_id is None else rdzv_id,
         "TORCHELASTIC_RESTART_COUNT": str(restart_count),
         "TORCHELASTIC_MAX_RESTARTS": str(max_restarts),
         "NOTEBOOK_LAUNCH_RANK": str(global_rank),
     }
+    if use_agent_store is not None:
+        env["TORCHELASTIC_USE_AGENT_STORE"] = str(use_agent_store)
     if device_kind == "cpu":
         env["ACCELERATE_USE_CPU"] = "true"
     if device_kind == "xla":
@@ -166,7 +177,7 @@ ACCELERATE_VARIABLE_DIFFERENCES: tuple[tuple[str, str, str, str], ...] = (
 
 
 def build_plan(*, num_processes: int, num_nodes: int, node_rank: int, master_addr: str,
-               master_port: int, device_kind: DeviceKind, mixed_precision: str, start_method: str,
+               master_port: int, device_kind: DeviceKind, mixed_precision: str, start_method: StartMethod,
                run_id: str, user_env: Mapping[str, str] | None = None, cpu_count: int | None = None,
                gpu_names: Sequence[str] = (), driver_version: str | None = None,
                notes: Sequence[str] = ()) -> LaunchPlan:

@@ -10,7 +10,7 @@ import psutil
 import pytest
 
 from notebook_launch import LaunchArgumentError, LaunchError, notebook_launcher
-from notebook_launch import run as run_module
+from notebook_launch import session as session_module
 from notebook_launch.display import Display
 from notebook_launch.net import free_port
 
@@ -59,7 +59,7 @@ class RecordingDisplay(Display):
 @pytest.fixture
 def recording_display(monkeypatch):
     display = RecordingDisplay()
-    monkeypatch.setattr(run_module, "choose_display", lambda ui, **settings: display)
+    monkeypatch.setattr(session_module, "choose_display", lambda ui, **settings: display)
     return display
 
 
@@ -182,3 +182,73 @@ def test_run_attempts_restarts_what_the_rule_allows_and_says_which_attempt_faile
     assert str(info.value) == "attempt 2 failed (attempt 2)"
     assert restarts.run_attempts(lambda n: n, 0, print, last_error=lambda e, n: e) == 0
 
+
+
+# --- an attempt's environment: plan.rank_environment for the place elastic assigned ----------------
+
+def _elastic_group(node, num_nodes, per_node, master_addr):
+    """What elastic's rendezvous hands the agent's hooks (a WorkerGroup with one role)."""
+    from types import SimpleNamespace
+    world = num_nodes * per_node
+    workers = [SimpleNamespace(global_rank=node * per_node + i, local_rank=i, world_size=world,
+                               role_rank=node * per_node + i, role_world_size=world) for i in range(per_node)]
+    return SimpleNamespace(group_rank=node, group_world_size=num_nodes, master_addr=master_addr, workers=workers)
+
+
+def _without_socket_and_thread_settings(monkeypatch):
+    for name in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME", "TORCH_NCCL_ASYNC_ERROR_HANDLING", "OMP_NUM_THREADS"):
+        monkeypatch.delenv(name, raising=False)
+
+
+def test_an_elastic_attempts_environment_is_rank_environments(monkeypatch):
+    """plan.rank_environment writes every rank's variables, an elastic attempt's too (issue 21 item 8)."""
+    from notebook_launch.elastic import agent
+    from notebook_launch.plan import available_cpus, build_plan, rank_environment
+    _without_socket_and_thread_settings(monkeypatch)
+    monkeypatch.setattr(agent, "interface_toward", lambda address: "eth7")
+    base = build_plan(num_processes=2, num_nodes=2, node_rank=0, master_addr="10.0.0.5", master_port=29500,
+                      device_kind="cpu", mixed_precision="bf16", start_method="fork", run_id="run-1")
+    # elastic's c10d rendezvous may give this node another place and rank 0 another address
+    plan = agent.attempt_plan(base, _elastic_group(1, 2, 2, "10.0.0.9"), 40001, attempt=2, max_restarts=3,
+                              run_id="run-1", rdzv_id="job-7")
+    assert (plan.node_rank, plan.num_nodes, plan.world_size, plan.master_addr, plan.master_port) == \
+        (1, 2, 4, "10.0.0.9", 40001)
+    assert [spec.global_rank for spec in plan.ranks] == [2, 3]
+    for local_rank, spec in enumerate(plan.ranks):
+        assert spec.env == rank_environment(
+            global_rank=2 + local_rank, local_rank=local_rank, num_processes=2, num_nodes=2, node_rank=1,
+            world_size=4, master_addr="10.0.0.9", master_port=40001, device_kind="cpu", mixed_precision="bf16",
+            run_id="run-1", user_env=os.environ, cpu_count=available_cpus(), restart_count=2, max_restarts=3,
+            interface="eth7", rdzv_id="job-7", use_agent_store=False)
+    env = plan.ranks[1].env
+    assert (env["RANK"], env["LOCAL_RANK"], env["NODE_RANK"], env["GROUP_RANK"], env["ROLE_RANK"]) == \
+        ("3", "1", "1", "1", "3")
+    assert (env["GLOO_SOCKET_IFNAME"], env["NCCL_SOCKET_IFNAME"]) == ("eth7", "eth7")
+    assert (env["TORCHELASTIC_RUN_ID"], env["NOTEBOOK_LAUNCH_RUN_ID"]) == ("job-7", "run-1")
+    assert (env["TORCHELASTIC_RESTART_COUNT"], env["TORCHELASTIC_MAX_RESTARTS"]) == ("2", "3")
+    assert env["TORCHELASTIC_USE_AGENT_STORE"] == "False"   # the attempt's own store, hosted by rank 0
+
+
+def test_an_elastic_attempt_keeps_what_the_launch_settled_for_its_node(monkeypatch):
+    """One node launched on loopback, where c10d names rank 0 by host name: gloo stays on "lo", the
+    NCCL switches for this node's GPUs stay, and the user's own variables are inherited as they are."""
+    from notebook_launch.elastic import agent
+    from notebook_launch.plan import build_plan
+    _without_socket_and_thread_settings(monkeypatch)
+    monkeypatch.setenv("NCCL_SOCKET_IFNAME", "ib0")
+    monkeypatch.setenv("TORCH_NCCL_ASYNC_ERROR_HANDLING", "3")
+    monkeypatch.setattr(agent, "interface_toward", lambda address: pytest.fail("one node needs no route"))
+    base = build_plan(num_processes=2, num_nodes=1, node_rank=0, master_addr="127.0.0.1", master_port=29500,
+                      device_kind="cuda", mixed_precision="no", start_method="spawn", run_id="run-1",
+                      gpu_names=("NVIDIA GeForce RTX 4090",), driver_version="535.1")
+    plan = agent.attempt_plan(base, _elastic_group(0, 1, 2, "myhost.example"), 40001, attempt=1, max_restarts=1,
+                              run_id="run-1", rdzv_id="none")
+    spec = plan.ranks[1]
+    assert spec.device == "cuda:1" and spec.local_rank == 1
+    env = spec.env
+    assert (env["MASTER_ADDR"], env["MASTER_PORT"], env["RANK"], env["WORLD_SIZE"]) == \
+        ("myhost.example", "40001", "1", "2")
+    assert env["GLOO_SOCKET_IFNAME"] == "lo" and "NCCL_SOCKET_IFNAME" not in env
+    assert (env["NCCL_P2P_DISABLE"], env["NCCL_IB_DISABLE"]) == ("1", "1")
+    assert "TORCH_NCCL_ASYNC_ERROR_HANDLING" not in env and "OMP_NUM_THREADS" in env
+    assert {**os.environ, **env}["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "3"   # what the rank sees

@@ -101,6 +101,10 @@ def test_one_builder_for_elastic_attempts_and_cluster_ranks():
     plain = _env()
     assert (plain["TORCHELASTIC_RESTART_COUNT"], plain["TORCHELASTIC_MAX_RESTARTS"]) == ("0", "0")
     assert "NCCL_SOCKET_IFNAME" not in plain and "GLOO_SOCKET_IFNAME" not in plain   # two nodes: no "lo"
+    assert plain["TORCHELASTIC_RUN_ID"] == "r" and "TORCHELASTIC_USE_AGENT_STORE" not in plain
+    attempt = _env(rdzv_id="job-7", use_agent_store=False)   # elastic's rendezvous id, the attempt's own store
+    assert (attempt["TORCHELASTIC_RUN_ID"], attempt["NOTEBOOK_LAUNCH_RUN_ID"]) == ("job-7", "r")
+    assert attempt["TORCHELASTIC_USE_AGENT_STORE"] == "False"
 
 
 def test_one_dist_backend_choice():

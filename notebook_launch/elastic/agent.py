@@ -40,7 +40,7 @@ from torch.distributed.elastic.agent.server.api import (  # noqa: E402  (torch i
 from ..channels import RankPipes
 from ..errors import LaunchError
 from ..net import free_port, interface_toward, is_loopback
-from ..plan import LaunchPlan
+from ..plan import SOCKET_IFNAME_VARIABLES, LaunchPlan, available_cpus, rank_environment
 from ..protocol import Failure, FailureKind
 from ..supervise import outcome
 from ..supervise.supervisor import Step
@@ -95,7 +95,8 @@ class NotebookElasticAgent(SimpleElasticAgent):
         ctx = self.run_ctx
         attempt = self.attempt
         port = self._agree_worker_port(worker_group, attempt)
-        plan = attempt_plan(ctx.base_plan, worker_group, port, attempt, ctx.max_restarts, ctx.settings.run_id)
+        plan = attempt_plan(ctx.base_plan, worker_group, port, attempt=attempt, max_restarts=ctx.max_restarts,
+                            run_id=ctx.run.state.run_id, rdzv_id=ctx.settings.run_id)
         ctx.begin_attempt(plan, attempt)
         self.board = NodeBoard(worker_group.store, node=worker_group.group_rank,
                                num_nodes=worker_group.group_world_size, attempt=attempt,
@@ -198,43 +199,35 @@ def _rank_words(record: Failure) -> str:
     return f", rank {record.rank}" if record.rank is not None else ""
 
 
-SOCKET_IFNAME_VARIABLES = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
-
-
-def attempt_plan(base: LaunchPlan, worker_group: AssignedGroup, port: int, attempt: int, max_restarts: int,
-                 run_id: str) -> LaunchPlan:
-    """This node's ranks as elastic assigned them, with the environment elastic gives workers."""
-    multi_node = worker_group.group_world_size > 1
+def attempt_plan(base: LaunchPlan, worker_group: AssignedGroup, port: int, *, attempt: int, max_restarts: int,
+                 run_id: str, rdzv_id: str) -> LaunchPlan:
+    """This node's ranks as elastic assigned them, each with ``plan.rank_environment`` for its
+    place (the one writer of a rank's variables), laid over the base plan's: what the launch
+    settled for this node and elastic does not change (NCCL switches for its GPUs, "lo" for a
+    one-machine launch) stays."""
+    master_addr = str(worker_group.master_addr)
+    num_nodes = worker_group.group_world_size
+    world_size = worker_group.workers[0].world_size
     # Both collectives bind to the interface that reaches rank 0's node (gloo and NCCL would
     # otherwise pick the first one up, e.g. docker0); a variable the user set wins.
-    unset = [name for name in SOCKET_IFNAME_VARIABLES if name not in os.environ]
-    iface = None
-    if multi_node and unset and not is_loopback(worker_group.master_addr):
-        iface = interface_toward(worker_group.master_addr)
+    unset = any(name not in os.environ for name in SOCKET_IFNAME_VARIABLES)
+    interface = None
+    if num_nodes > 1 and unset and not is_loopback(master_addr):
+        interface = interface_toward(master_addr)
+    cpu_count = available_cpus()
     ranks = []
     for spec, worker in zip(base.ranks, worker_group.workers):
-        env = dict(spec.env)
-        env.update({
-            "RANK": str(worker.global_rank), "LOCAL_RANK": str(worker.local_rank),
-            "WORLD_SIZE": str(worker.world_size), "GROUP_RANK": str(worker_group.group_rank),
-            "NODE_RANK": str(worker_group.group_rank),
-            "GROUP_WORLD_SIZE": str(worker_group.group_world_size),
-            "ROLE_RANK": str(worker.role_rank), "ROLE_WORLD_SIZE": str(worker.role_world_size),
-            "MASTER_ADDR": str(worker_group.master_addr), "MASTER_PORT": str(port),
-            "NOTEBOOK_LAUNCH_RANK": str(worker.global_rank),
-            "TORCHELASTIC_RESTART_COUNT": str(attempt),
-            "TORCHELASTIC_MAX_RESTARTS": str(max_restarts),
-            "TORCHELASTIC_RUN_ID": run_id,
-            "TORCHELASTIC_USE_AGENT_STORE": str(False),
-            "TORCH_NCCL_ASYNC_ERROR_HANDLING": os.environ.get("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1"),
-        })
-        if iface:
-            env.update({name: iface for name in unset})
-        ranks.append(dataclasses.replace(spec, global_rank=worker.global_rank, env=env))
+        env = rank_environment(
+            global_rank=worker.global_rank, local_rank=worker.local_rank, num_processes=base.num_processes,
+            num_nodes=num_nodes, node_rank=worker_group.group_rank, world_size=world_size,
+            master_addr=master_addr, master_port=port, device_kind=base.device_kind,
+            mixed_precision=base.mixed_precision, run_id=run_id, user_env=os.environ, cpu_count=cpu_count,
+            restart_count=attempt, max_restarts=max_restarts, interface=interface, rdzv_id=rdzv_id,
+            use_agent_store=False)
+        ranks.append(dataclasses.replace(spec, global_rank=worker.global_rank, env={**spec.env, **env}))
     return dataclasses.replace(
-        base, node_rank=worker_group.group_rank, num_nodes=worker_group.group_world_size,
-        world_size=worker_group.workers[0].world_size, master_addr=str(worker_group.master_addr),
-        master_port=port, ranks=tuple(ranks))
+        base, node_rank=worker_group.group_rank, num_nodes=num_nodes, world_size=world_size,
+        master_addr=master_addr, master_port=port, ranks=tuple(ranks))
 
 
 @dataclasses.dataclass(frozen=True)
