@@ -13,18 +13,16 @@ import operator
 import os
 import sys
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Literal, Mapping, Sequence, get_args
+from typing import Any, Callable, Iterable, Mapping, Sequence, get_args
 
 from .display import NOTEBOOK_LINES_PER_SECOND, UI_CHOICES
 from .errors import LaunchArgumentError
 from .line_prefix import parse_line_prefix
 from .net import DEFAULT_PORT
-from .plan import available_cpus
+from .plan import DeviceKind, StartMethod, available_cpus
 from .supervise.stall import DEFAULT_STALL_AFTER
 
 MIXED_PRECISION_CHOICES = ("no", "fp16", "bf16", "fp8")
-# How ranks start on this machine (``backends.get_backend``); a Ray launch is chosen with cluster=.
-StartMethod = Literal["fork", "spawn", "xla"]
 START_METHODS: tuple[StartMethod, ...] = get_args(StartMethod)
 RDZV_BACKENDS = ("static", "c10d", "etcd", "etcd-v2")
 DEFAULT_RDZV_TIMEOUT = 900.0      # seconds, as torch.distributed.launcher.api.LaunchConfig
@@ -100,7 +98,7 @@ def launch_options(*, function: Any, args: Any = (), num_processes: Any = None, 
     if num_processes is not None:
         num_processes = validate_whole_number("num_processes", num_processes)
     mixed_precision = normalize_mixed_precision(mixed_precision)
-    validate_choice("start_method", start_method, (None, *START_METHODS))
+    start_method = validate_start_method(start_method)
     validate_choice("ui", ui, UI_CHOICES)
     validate_choice("rdzv_backend", rdzv_backend, RDZV_BACKENDS)
     num_nodes = validate_int("num_nodes", num_nodes, 1)
@@ -143,13 +141,19 @@ def validate_lines_per_second(value: object) -> int | None:
     return int(value)
 
 
-def default_start_method() -> str:
+def validate_start_method(value: object) -> StartMethod | None:
+    """The user's start_method as the launch's type (None: the default for where it runs)."""
+    validate_choice("start_method", value, (None, *START_METHODS))
+    return next((method for method in START_METHODS if method == value), None)
+
+
+def default_start_method() -> StartMethod:
     """fork where it is safe (Linux); spawn elsewhere: Windows has no fork, and macOS
     system frameworks crash in forked children (CPython defaults to spawn there too)."""
     return "fork" if hasattr(os, "fork") and sys.platform.startswith("linux") else "spawn"
 
 
-def validate_elastic_start_method(start_method: str | None) -> None:
+def validate_elastic_start_method(start_method: StartMethod | None) -> None:
     """The elastic agent keys ranks by process; xmp.spawn runs several ranks per process."""
     if start_method == "xla":
         raise LaunchArgumentError(
@@ -196,7 +200,7 @@ def max_cpu_ranks(cpus: int | None = None) -> int:
     return max(64, 8 * (cpus or available_cpus()))
 
 
-def validate_num_processes(num_processes: object, device_kind: str, device_count: int) -> int:
+def validate_num_processes(num_processes: object, device_kind: DeviceKind, device_count: int) -> int:
     """num_processes against what detection found (CUDA GPUs limit it)."""
     count = validate_whole_number("num_processes", num_processes)
     if count < 1:

@@ -14,6 +14,7 @@ from .detect.xla import runtime_initialized
 from .errors import GuardError, LaunchArgumentError
 from .hooks import installed_by
 from .net import PortReservation, claim_any_free_port, claim_free_port
+from .plan import StartMethod
 
 log = logging.getLogger("notebook_launch")
 
@@ -78,7 +79,7 @@ def _nothing_but_the_state_was_started() -> bool:
         return False
 
 
-def check_cuda_not_initialized(start_method: str, gpus: int) -> None:
+def check_cuda_not_initialized(start_method: StartMethod, gpus: int) -> None:
     """Forking a process that holds a CUDA context, or whose CUDA runtime was already asked
     for the device count (``torch.cuda.is_available()``: a poisoned fork, see cuda_tracking),
     gives every rank a CUDA it cannot use. Refuse, saying which line did it and what to do.

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Mapping
 
 from .options import default_start_method, validate_num_processes
-from .plan import DeviceKind, dist_backend_for
+from .plan import DeviceKind, DistBackend, StartMethod, dist_backend_for
 from .detect.platform import Environment, Probe, cuda_gpus, detect, system_probe
 from .detect.xla import XlaInfo, resolve_num_ranks, xla_launch_info, xla_note
 
@@ -19,12 +19,12 @@ class LaunchTarget:
     device_kind: DeviceKind
     device_count: int                 # CUDA GPUs (0 unless device_kind is "cuda")
     num_processes: int
-    start_method: str
+    start_method: StartMethod
     xla: XlaInfo | None = None
     notes: tuple[str, ...] = ()
 
     @property
-    def dist_backend(self) -> str:
+    def dist_backend(self) -> DistBackend:
         return dist_backend_for(self.device_kind)
 
     def gpus(self) -> tuple[tuple[str, str], ...]:
@@ -32,7 +32,7 @@ class LaunchTarget:
         return cuda_gpus() if self.device_kind == "cuda" else ()
 
 
-def launch_target(start_method: str | None = None, num_processes: int | None = None, *,
+def launch_target(start_method: StartMethod | None = None, num_processes: int | None = None, *,
                   environ: Mapping[str, str] | None = None, probe: Probe | None = None,
                   root: str = "/") -> LaunchTarget:
     """Detect the machine and settle device kind, rank count and start method.

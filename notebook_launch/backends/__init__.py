@@ -4,10 +4,15 @@
 the connected cluster). Elastic's agent starts each attempt through the fork or spawn launcher."""
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from .base import Launcher
 
+if TYPE_CHECKING:
+    from ..plan import PlanStartMethod
 
-def get_backend(start_method: str) -> Launcher:
+
+def get_backend(start_method: PlanStartMethod) -> Launcher:
     """The launcher for a ``start_method`` (validated by ``options``). Ray's needs the
     connected cluster: ``run_ray`` makes it (``backends.ray_launch.RayLauncher``)."""
     if start_method == "fork":

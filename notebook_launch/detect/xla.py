@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Collection, Mapping
 
 from ..errors import LaunchArgumentError
+from ..plan import StartMethod
 from .hosted import hosted_service
 
 log = logging.getLogger("notebook_launch")
@@ -365,7 +366,7 @@ def resolve_num_ranks(num_processes: int | None, info: XlaInfo, environ: Mapping
         + (", or set CPU_NUM_DEVICES to the number you want." if device == "CPU" else "."))
 
 
-def xla_launch_info(start_method: str | None, environ: Mapping[str, str] | None = None, root: str = "/",
+def xla_launch_info(start_method: StartMethod | None, environ: Mapping[str, str] | None = None, root: str = "/",
                     xla_installed: bool | None = None) -> XlaInfo | None:
     """The XlaInfo when this launch goes through torch_xla, else None.
     start_method=None picks XLA when ``wants_xla``; "xla" insists on it."""
