@@ -63,7 +63,8 @@ def replica_records(launcher: int) -> dict[int, tuple[int, str]]:
     only the process the record names as its own counts."""
     from ..rank.xla_replicas import REPLICA_RECORD_NAME
     from ..supervise.native_stacks import children
-    from ..supervise.stacks import memfds, read_record
+    from ..supervise.memfds import memfds
+    from ..supervise.stacks import read_record
 
     found: dict[int, tuple[int, str]] = {}
     queue = [launcher]

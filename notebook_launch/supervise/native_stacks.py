@@ -30,7 +30,7 @@ from typing import Mapping, Sequence
 from ..rank.whereabouts import DUMP_SIGNAL, STACKS_NAME
 from . import hang_verdict
 from .faulthandler_dump import parse_dump
-from .stacks import memfds
+from .memfds import memfds
 
 NATIVE_WAIT = 8.0         # seconds for every rank's py-spy together
 FRAME_WIDTH = 120         # a C++ frame's name is cut to this many characters (templates run to pages)

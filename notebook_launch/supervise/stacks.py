@@ -16,34 +16,13 @@ from ..rank.whereabouts import (FIELD_SEP, GEN_OFFSET, HEADER, MAGIC, RECORD_NAM
                                 STATE, TEXT_OFFSET)
 from . import hang_verdict
 from .faulthandler_dump import parse_dump
+from .memfds import memfds
 from .hang_verdict import Collective, Frame, RankWhereabouts
 
 DUMP_WAIT = 2.0       # seconds to wait for the ranks' dumps (a dump takes microseconds once delivered)
 SETTLE = 0.05         # a dump is complete once its file stopped growing for this long
 log = logging.getLogger("notebook_launch")
 
-
-
-def memfds(pid: int) -> dict[str, str]:
-    """The memfds ``pid`` holds open: name -> its /proc path (the first fd of each name). Linux
-    shows a memfd's link as "/memfd:NAME (deleted)"; the prefix slash and the suffix are not
-    relied on. Empty when the process is gone or its fds cannot be read."""
-    found: dict[str, str] = {}
-    folder = f"/proc/{pid}/fd"
-    try:
-        names = os.listdir(folder)
-    except OSError:
-        return found
-    for name in names:
-        try:
-            target = os.readlink(os.path.join(folder, name))
-        except OSError:
-            continue
-        memfd = target.lstrip("/")
-        if memfd.startswith("memfd:"):
-            memfd = memfd[len("memfd:"):].removesuffix(" (deleted)")
-            found.setdefault(memfd, os.path.join(folder, name))
-    return found
 
 
 def rank_files(pid: int) -> dict[str, str]:
