@@ -4,10 +4,9 @@ own SIGTERM handler). Torch elastic's launcher and Ray change them and never res
 a kernel must get back exactly what it had."""
 from __future__ import annotations
 
-import contextlib
 import signal
 import threading
-from typing import Any, Iterator
+from typing import Any
 
 SAVED_SIGNALS = ("SIGINT", "SIGTERM", "SIGHUP", "SIGQUIT", "SIGCHLD")
 
@@ -24,13 +23,3 @@ def restore_signal_handlers(saved: dict[str, Any]) -> None:
     for name, handler in saved.items():
         if handler is not None:
             signal.signal(getattr(signal, name), handler)
-
-
-@contextlib.contextmanager
-def kept_signal_handlers() -> Iterator[None]:
-    """Whatever runs inside, the handlers are as they were afterwards."""
-    saved = save_signal_handlers()
-    try:
-        yield
-    finally:
-        restore_signal_handlers(saved)

@@ -70,7 +70,3 @@ def release_destroyed_groups() -> None:
     if live is None:
         return
     _kept[:] = [group for group in _kept if group in live]
-
-
-def kept_group_count() -> int:
-    return len(_kept)
