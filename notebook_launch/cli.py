@@ -15,9 +15,12 @@ import tempfile
 import time
 from importlib import metadata
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from .errors import LaunchArgumentError, NotebookLaunchError
+
+if TYPE_CHECKING:
+    from .plan import StartMethod
 
 VERSIONED = ("torch", "accelerate", "ipywidgets", "ipykernel", "torch_xla", "lightning", "cloudpickle")
 
@@ -129,7 +132,7 @@ def selftest_failing_rank(bad_rank: int) -> None:
     time.sleep(60)  # the others wait: the launcher must stop them
 
 
-def run_selftest(n: int, start_method: str | None = None, timeout: float = 180.0,
+def run_selftest(n: int, start_method: StartMethod | None = None, timeout: float = 180.0,
                  out: Callable[[str], Any] = print) -> list[str]:
     """Launch ``n`` ranks and return the failed checks (empty: everything works)."""
     from .errors import LaunchError

@@ -11,7 +11,7 @@ from .errors import LaunchArgumentError, LaunchError, NotebookLaunchError
 from .logs import make_run_id
 from .options import (DEFAULT_LINES_PER_SECOND, DEFAULT_USE_PORT, LaunchOptions, check_display_ranks_exist,
                       launch_options, validate_cluster_launch, validate_cluster_type, validate_elastic_start_method)
-from .plan import LaunchPlan, build_plan
+from .plan import LaunchPlan, StartMethod, build_plan
 from .rank.runner import Job
 from .run import run_plan
 from .supervise.stall import DEFAULT_STALL_AFTER
@@ -27,7 +27,7 @@ def notebook_launcher(function: Callable[..., Any], args: tuple | list = (), num
                       rdzv_conf: Mapping[str, Any] | None = None, rdzv_id: str = "none",
                       max_restarts: int = 0, monitor_interval: float = 0.1,
                       log_line_prefix_template: str | None = None, *, kwargs: dict[str, Any] | None = None,
-                      start_method: str | None = None, timeout: float | None = None,
+                      start_method: StartMethod | None = None, timeout: float | None = None,
                       log_dir: str | os.PathLike[str] | None = None, ui: str = "auto",
                       rdzv_timeout: float | None = None,
                       display_ranks: int | Iterable[int] | str | None = None,

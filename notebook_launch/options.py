@@ -352,38 +352,6 @@ def validate_rendezvous(*, rdzv_backend: str, rdzv_endpoint: object, rdzv_conf: 
 
 # --- cluster=RayCluster(...) ----------------------------------------------------------------
 
-RAY_PLACEMENTS = ("PACK", "SPREAD", "STRICT_SPREAD")
-
-
-def validate_ray_cluster(*, address: object, resources_per_rank: object, placement: object,
-                         runtime_env: object) -> None:
-    """RayCluster's fields (checked when it is made, before anything connects)."""
-    if address is not None and (not isinstance(address, str) or not address):
-        raise LaunchArgumentError(
-            f"RayCluster(address=...) must be 'auto', 'host:port', 'ray://host:port' or None "
-            f"(the Ray this notebook already initialized); got {address!r}")
-    if placement not in RAY_PLACEMENTS:
-        raise LaunchArgumentError(
-            f"RayCluster(placement={placement!r}) is not valid; choose one of "
-            + ", ".join(repr(p) for p in RAY_PLACEMENTS))
-    if not isinstance(resources_per_rank, Mapping) or not resources_per_rank:
-        raise LaunchArgumentError(
-            f"RayCluster(resources_per_rank=...) must be a non-empty dict such as {{'GPU': 1, 'CPU': 4}}; "
-            f"got {resources_per_rank!r}")
-    for name, amount in resources_per_rank.items():
-        if not isinstance(name, str) or isinstance(amount, bool) or not isinstance(amount, (int, float)) \
-                or amount < 0:
-            raise LaunchArgumentError(
-                f"RayCluster(resources_per_rank=...) maps resource names to amounts >= 0; got {name!r}: {amount!r}")
-    if sum(float(v) for v in resources_per_rank.values()) <= 0:
-        raise LaunchArgumentError(
-            "RayCluster(resources_per_rank=...) reserves nothing; give each rank at least one resource, "
-            "e.g. {'CPU': 1}")
-    if runtime_env is not None and not isinstance(runtime_env, Mapping):
-        raise LaunchArgumentError(
-            f"RayCluster(runtime_env=...) must be a dict or None; got {type(runtime_env).__name__}")
-
-
 def validate_cluster_type(cluster: object, cluster_type: type) -> None:
     if not isinstance(cluster, cluster_type):
         raise LaunchArgumentError(
