@@ -10,21 +10,25 @@ from __future__ import annotations
 
 import os
 import time
+from typing import Any, Callable, Iterable
 
 from .table import NOT_AVAILABLE, Cell, Row, fmt_ratio, ratio
 from .worker import Worker, WorkerError
+
+LoopWrap = Callable[[Iterable[Any]], Iterable[Any]]  # how a timed loop wraps its range (bare, tqdm, progress)
 
 
 def loops_in_rank(iterations: int, repeats: int):
     def measure():
         from tqdm import tqdm
+        loops: dict[str, LoopWrap | None] = {"bare": lambda it: it, "tqdm": None, "progress": None}
         try:
             from notebook_launch import progress
+            loops["progress"] = progress
         except ImportError:
-            progress = None
-        loops = {"bare": lambda it: it, "tqdm": None, "progress": progress}
-        samples = {name: [] for name in loops}
-        unavailable = None if progress is not None else "notebook_launch.progress does not exist"
+            pass
+        samples: dict[str, list[float]] = {name: [] for name in loops}
+        unavailable = None if loops["progress"] is not None else "notebook_launch.progress does not exist"
         with open(os.devnull, "w") as null:
             loops["tqdm"] = lambda it: tqdm(it, file=null)
             for _ in range(repeats):

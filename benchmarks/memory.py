@@ -25,7 +25,7 @@ FORK_GOAL_MB = 50
 def measure(start_method, ranks, tensor_mib, repeats, log_dir, kinds=("read", "nothing")):
     """{kind: Cell of extra MB per rank} (the "nothing" Cell holds the baseline USS itself), or a text Cell."""
     worker = Worker("ours", log_dir=log_dir)
-    samples = {kind: [] for kind in kinds}
+    samples: dict[str, list] = {kind: [] for kind in kinds}
     try:
         worker.wait_ready()
         for _ in range(repeats):

@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import os
 import time
+from typing import TYPE_CHECKING
 
 from .table import Cell, Row, fmt_ratio, ratio
 from .worker import Worker, WorkerError
@@ -26,6 +27,15 @@ GOAL_STEP_RATIO = 1.10
 
 
 # --- in the worker process ---------------------------------------------------------------
+
+if TYPE_CHECKING:
+    import torch
+
+# What build_ddp leaves in each rank for one_step (a rank's globals live as long as the persistent rank).
+model: torch.nn.Module
+optimizer: torch.optim.Optimizer
+batch: tuple[torch.Tensor, torch.Tensor]
+
 
 def trivial() -> int:
     return int(os.environ.get("RANK", "0"))

@@ -176,11 +176,13 @@ def accelerate_per_node(nodes, log_dir: str, repeat: int) -> float:
                 ["ip", "netns", "exec", nodes.namespaces[node], sys.executable, "-c", NODE_SCRIPT],
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env))
         for proc in procs:
+            assert proc.stdout is not None  # a pipe, as asked above
             line = proc.stdout.readline()
             if line.strip() != "ready":
                 raise RuntimeError(f"a node process did not start: {line}{proc.stdout.read()}")
         t0 = time.time()
         for node, proc in enumerate(procs):
+            assert proc.stdin is not None  # a pipe, as asked above
             proc.stdin.write(f"{node} {nodes.addresses[0]} 29555 {out}\n")
             proc.stdin.flush()
         for proc in procs:

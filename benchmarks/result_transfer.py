@@ -467,7 +467,7 @@ def _persistent_rows(mib, ranks, samples, errors):
     run_rank = (statistics.median(max(r["rank_extra"] or [0]) for r in samples["persistent"])
                 if samples["persistent"] else None)
     push_nb, pull_nb = median_of(pushes, "push_extra"), median_of(pushes, "pull_extra")
-    if None in (run_nb, push_nb, pull_nb):
+    if run_nb is None or run_rank is None or push_nb is None or pull_nb is None:
         memory.cells["ours"] = Cell(text=errors.get("persistent") or error or "—")
     else:
         memory.cells["ours"] = Cell(text=f"run {run_nb / 1e6:.0f} MB (rank {run_rank / 1e6:.0f} MB); "

@@ -71,7 +71,7 @@ def measure(seconds: float = 5.0, world: int = 8) -> dict:
     display.close(state)
     elapsed = time.monotonic() - started
     running = [t for t, kind in sent[opened:close_from] if kind == "comm_msg"]
-    per_second = {}
+    per_second: dict[int, int] = {}  # whole seconds since the start -> comm messages sent in it
     for t in running:
         per_second[int(t - started)] = per_second.get(int(t - started), 0) + 1
     window_max, j = 0, 0

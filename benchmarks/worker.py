@@ -21,11 +21,13 @@ import sys
 import tempfile
 import time
 import traceback
+from typing import IO, Any
 
 from .common import REPO_ROOT
 
 REPLY_TIMEOUT = 300.0  # generous: the slowest call (8 ranks, Accelerate, loaded machine) takes ~1 min
-READY_STATES = []  # (launcher, what the worker had imported before its first launch), for the notes
+# (launcher, what the worker had imported before its first launch), for the notes
+READY_STATES: list[tuple[str, dict]] = []
 
 
 class WorkerError(RuntimeError):
@@ -44,8 +46,11 @@ class Worker:
         self.proc = subprocess.Popen([sys.executable, "-m", "benchmarks.worker", launcher], cwd=REPO_ROOT,
                                      env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      stderr=self.stderr)
+        assert self.proc.stdin is not None and self.proc.stdout is not None  # both pipes, as asked above
+        self._commands: IO[bytes] = self.proc.stdin
+        self._replies: IO[bytes] = self.proc.stdout
         self._buffer = b""
-        self.ready = None
+        self.ready: dict | None = None
 
     def wait_ready(self) -> dict:
         if self.ready is None:
@@ -55,8 +60,8 @@ class Worker:
 
     def ask(self, **command) -> dict:
         self.wait_ready()
-        self.proc.stdin.write((json.dumps(command) + "\n").encode())
-        self.proc.stdin.flush()
+        self._commands.write((json.dumps(command) + "\n").encode())
+        self._commands.flush()
         reply = self._reply()
         if "error" in reply:
             raise WorkerError(reply["error"])
@@ -64,7 +69,7 @@ class Worker:
 
     def _reply(self) -> dict:
         deadline = time.monotonic() + REPLY_TIMEOUT
-        fd = self.proc.stdout.fileno()
+        fd = self._replies.fileno()
         while b"\n" not in self._buffer:
             left = deadline - time.monotonic()
             if left <= 0:
@@ -86,8 +91,8 @@ class Worker:
     def close(self) -> None:
         if self.proc.poll() is None:
             try:
-                self.proc.stdin.write(b'{"op": "exit"}\n')
-                self.proc.stdin.flush()
+                self._commands.write(b'{"op": "exit"}\n')
+                self._commands.flush()
                 self.proc.wait(timeout=30)
             except Exception:
                 self.proc.kill()
@@ -128,11 +133,11 @@ def handle(launcher: str, command: dict, tensors: dict) -> dict:
     if op == "iteration":
         return _iteration(launcher, command)
     if op == "persistent":
-        from .persistent_cost import measure_in_worker
-        return measure_in_worker(command["repeats"], command["width"])
+        from .persistent_cost import measure_in_worker as measure_persistent
+        return measure_persistent(command["repeats"], command["width"])
     if op == "transfer":
-        from .result_transfer import measure_in_worker
-        return measure_in_worker(command, lambda fn, ranks: launchers.launch(launcher, fn, ranks))
+        from .result_transfer import measure_in_worker as measure_transfer
+        return measure_transfer(command, lambda fn, ranks: launchers.launch(launcher, fn, ranks))
     raise ValueError(f"unknown op {op!r}")
 
 
@@ -152,7 +157,7 @@ def main(argv=None) -> None:
     from . import launchers
     launchers.prepare(launcher)
     replies.write(json.dumps({"ready": True, **_modules_state()}) + "\n")
-    tensors = {}
+    tensors: dict[int, Any] = {}  # tensor_mib -> the one resident tensor of that size
     for line in sys.stdin:
         command = json.loads(line)
         if command.get("op") == "exit":
