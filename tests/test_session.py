@@ -242,3 +242,27 @@ def test_the_launch_line_says_where_the_logs_went_when_not_where_expected(tmp_pa
         logs.close()
     assert line.splitlines()[0].startswith("notebook_launch: 1 rank (CPU, gloo, spawn, persistent)")
     assert line.splitlines()[-1] == "notebook_launch: cannot write logs under /nowhere; this run's logs go to /tmp/x"
+
+
+def test_a_launch_makes_its_display_and_state_with_the_callers_names(tmp_path, capsys):
+    """run.run_with_scaffold passes its own choose_display and RunState: tests and notebook
+    cells replace run.choose_display and run.RunState to watch a launch."""
+    class MyState(RunState):
+        pass
+
+    display = RecordingDisplay()
+    asked = []
+
+    def choose(ui, **settings):
+        asked.append((ui, settings))
+        return display
+
+    options = LaunchOptions(function=print, ui="text", log_dir=tmp_path, lines_per_second=7)
+    session = Session.for_launch(a_plan(), options, run_id="run-2", backend="fork", choose=choose,
+                                 state_type=MyState)
+    with session:
+        session.finish("done")
+    assert type(session.state) is MyState and session.display is display
+    assert asked == [("text", {"line_prefix": None, "lines_per_second": 7})]
+    assert display.calls == [("start", "running"), ("close", "done")]
+    assert ", display none;" in capsys.readouterr().out

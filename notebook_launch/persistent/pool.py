@@ -506,7 +506,7 @@ class Ranks:
         assert self.plan is not None and self.logs is not None and self._slot is not None
         self.calls += 1
         state = plan_state(self.plan, f"{self.run_id}-call{self.calls}", self.backend_name, self.logs.path,
-                           processes=self._processes)
+                           processes=self._processes, state_type=RunState)   # pool.RunState: tests replace it
         self._describe_ranks(state)
         with Session.for_call(self.logs, f"call {self.calls}: {title}", state, self.options, quiet=quiet,
                               lines_per_second=watch.lines_per_second) as session:
