@@ -16,6 +16,8 @@ import torch.distributed as dist
 from notebook_launch import LaunchArgumentError, LaunchError, start_ranks
 from notebook_launch.net import free_port   # not 29500: on a shared machine it can be taken before rank 0 binds it
 
+from helpers.waiting import ended, wait_for, wait_until_inside
+
 pytestmark = pytest.mark.timeout(120)
 
 
@@ -45,8 +47,8 @@ def fail_on_rank_1_while_rank_0_waits_in_python(marker_dir):
         while not os.path.exists(marker):   # rank 0 is in its loop by then
             time.sleep(0.01)
         raise ValueError("boom on rank 1")
-    open(marker, "w").close()
     try:
+        open(marker, "w").close()   # in the try: the interrupt may come as soon as the marker is there
         while True:
             time.sleep(0.01)
     except KeyboardInterrupt:
@@ -54,9 +56,9 @@ def fail_on_rank_1_while_rank_0_waits_in_python(marker_dir):
         raise
 
 
-def fail_on_rank_1_while_rank_0_waits_in_a_barrier():
+def fail_on_rank_1_while_rank_0_waits_in_a_barrier(rank_0_pid):
     if dist.get_rank() == 1:
-        time.sleep(0.5)   # rank 0 is in the barrier by then
+        wait_until_inside(rank_0_pid, "barrier")   # rank 0's whereabouts record says it is in there
         raise ValueError("boom before the barrier")
     dist.barrier()
 
@@ -69,8 +71,8 @@ def die_on_rank_1():
 
 def wait_for_interrupt(marker_dir):
     global interrupted
-    open(os.path.join(marker_dir, f"running{os.environ['RANK']}"), "w").close()
     try:
+        open(os.path.join(marker_dir, f"running{os.environ['RANK']}"), "w").close()   # then interrupts come
         while True:
             time.sleep(0.01)
     except KeyboardInterrupt:
@@ -79,12 +81,18 @@ def wait_for_interrupt(marker_dir):
 
 
 def ignore_interrupts(marker_dir):
-    open(os.path.join(marker_dir, f"running{os.environ['RANK']}"), "w").close()
+    """Swallow every interrupt, counting each in the marker ``interruptedRANK`` (a byte each)."""
+    rank = os.environ["RANK"]
+    announced = False
     while True:
         try:
+            if not announced:
+                open(os.path.join(marker_dir, f"running{rank}"), "w").close()   # then interrupts come
+                announced = True
             time.sleep(0.01)
         except KeyboardInterrupt:
-            pass
+            with open(os.path.join(marker_dir, f"interrupted{rank}"), "a") as counted:
+                counted.write("x")
 
 
 def read_global(name):
@@ -104,16 +112,22 @@ def sleep_forever():
 
 # --- helpers ------------------------------------------------------------------------------
 
-def interrupt_when_running(marker_dir, count, ranks=2, spacing=0.5):
-    """SIGINT this process (what a kernel interrupt is) once every rank runs; ``count`` times."""
+def interrupt_when_running(marker_dir, count, ranks=2):
+    """SIGINT this process (what a kernel interrupt is) once every rank runs; ``count`` times,
+    each once every rank got the one before (``ignore_interrupts`` counts them), so that two
+    never land as one. Past the generous wait it sends anyway: the test then fails, not hangs."""
+    def markers(name):
+        return [os.path.join(marker_dir, f"{name}{r}") for r in range(ranks)]
+
+    def every_rank_interrupted(times):
+        return all(os.path.exists(p) and os.path.getsize(p) >= times for p in markers("interrupted"))
+
     def send():
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline and not all(
-                os.path.exists(os.path.join(marker_dir, f"running{r}")) for r in range(ranks)):
-            time.sleep(0.01)
-        for _ in range(count):
+        wait_for(lambda: all(os.path.exists(p) for p in markers("running")))
+        for sent in range(1, count + 1):
             os.kill(os.getpid(), signal.SIGINT)
-            time.sleep(spacing)
+            if sent < count:
+                wait_for(lambda times=sent: every_rank_interrupted(times))
     thread = threading.Thread(target=send, daemon=True)
     thread.start()
     return thread
@@ -185,8 +199,8 @@ def test_a_rank_stuck_in_a_gloo_barrier_gets_the_ranks_restarted(ranks, capsys):
     ranks.run(build, args=(2,))
     old_pids = ranks.pids
     with pytest.raises(LaunchError) as caught:
-        ranks.run(fail_on_rank_1_while_rank_0_waits_in_a_barrier)
-    assert caught.value.rank == 1
+        ranks.run(fail_on_rank_1_while_rank_0_waits_in_a_barrier, args=(old_pids[0],))
+    assert caught.value.rank == 1 and caught.value.exc_type == "ValueError"   # it saw rank 0 in the barrier
     assert "rank 0 did not come back within 2 s of the interrupt" in str(caught.value)
     assert "state (models, variables, process group) is lost" in str(caught.value)
     assert not any(psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
@@ -218,7 +232,7 @@ def test_a_dead_rank_fails_the_call_and_the_next_call_restarts(ranks, capsys):
 def test_a_rank_killed_between_calls_is_noticed_before_the_next_call(ranks, capsys):
     ranks.run(build, args=(2,))
     os.kill(ranks.pids[0], signal.SIGKILL)
-    time.sleep(0.2)
+    assert wait_for(lambda: ended(ranks.pids[0]))   # dead before the next call: it ended between calls
     capsys.readouterr()
     assert ranks.run(read_global, args=("calls",)) == ["missing", "missing"]
     assert "local rank 0 ended between calls (killed by SIGKILL" in capsys.readouterr().out
@@ -240,10 +254,9 @@ def test_a_second_interrupt_stops_ranks_that_do_not_come_back(log_dir, tmp_path,
         ranks.run(build, args=(2,))
         old_pids = ranks.pids
         interrupt_when_running(str(tmp_path), count=2)
-        started = time.monotonic()
-        with pytest.raises(KeyboardInterrupt):
+        with pytest.raises(KeyboardInterrupt) as interrupted:
             ranks.run(ignore_interrupts, args=(str(tmp_path),))
-        assert time.monotonic() - started < 60     # the second interrupt, not the grace, ended it
+        assert str(interrupted.value) == "notebook_launch: interrupted twice"   # not the 60 s grace
         assert not ranks.alive
         capsys.readouterr()
         assert ranks.run(read_global, args=("calls",)) == ["missing", "missing"]
@@ -288,10 +301,7 @@ def test_close_and_the_death_of_the_notebook_leave_no_process(tmp_path):
     assert len(pids) == 2 and all(psutil.pid_exists(p) for p in pids)
     proc.kill()                                        # the kernel dies
     proc.wait()
-    deadline = time.monotonic() + 10
-    while any(psutil.pid_exists(p) for p in pids) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert not any(psutil.pid_exists(p) for p in pids)
+    assert wait_for(lambda: not any(psutil.pid_exists(p) for p in pids))   # what the notebook started ends
     ranks = start_ranks(2, ui="none")
     ranks.run(time.sleep, args=(0,))
     assert len(our_children()) == 2
@@ -348,32 +358,37 @@ def init_with_short_timeout():
     kept = "still here"
 
 
-def fail_while_rank_0_waits_in_an_all_reduce():
+def fail_while_rank_0_waits_in_an_all_reduce(rank_0_pid):
     if dist.get_rank() == 1:
-        time.sleep(0.3)
+        wait_until_inside(rank_0_pid, "all_reduce")
         raise ValueError("boom before the all_reduce")
     dist.all_reduce(torch.ones(1))
 
 
-def recreate_group_and_all_reduce():
+def recreate_group_and_all_reduce(marker_dir):
     import datetime
     dist.destroy_process_group()
+    # rank 0 serves the new group's store on the same port: a rank that got here first would reach
+    # the old one, which rank 0 then closes (a broken pipe). Every rank destroys, then any creates.
+    open(os.path.join(marker_dir, f"destroyed{os.environ['RANK']}"), "w").close()
+    assert wait_for(lambda: all(os.path.exists(os.path.join(marker_dir, f"destroyed{r}")) for r in range(2)))
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=3))
     total = torch.ones(1)
     dist.all_reduce(total)
     return kept, total.item()
 
 
-def test_a_group_timeout_shorter_than_the_grace_keeps_a_stuck_ranks_state(log_dir):
+def test_a_group_timeout_shorter_than_the_grace_keeps_a_stuck_ranks_state(log_dir, tmp_path):
     """What the README recommends for collectives: the group's own timeout brings the waiting
     rank back within the grace, so nothing is restarted; the group is re-created in a call."""
     with start_ranks(2, ui="none", log_dir=log_dir, interrupt_grace=10, use_port=free_port()) as ranks:
         ranks.run(init_with_short_timeout)
         pids = ranks.pids
         with pytest.raises(LaunchError) as caught:
-            ranks.run(fail_while_rank_0_waits_in_an_all_reduce)
-        assert caught.value.rank == 1 and "still running, with their state" in str(caught.value)
-        assert ranks.run(recreate_group_and_all_reduce) == [("still here", 2.0)] * 2
+            ranks.run(fail_while_rank_0_waits_in_an_all_reduce, args=(pids[0],))
+        assert caught.value.rank == 1 and caught.value.exc_type == "ValueError"   # rank 0 was in the all_reduce
+        assert "still running, with their state" in str(caught.value)
+        assert ranks.run(recreate_group_and_all_reduce, args=(str(tmp_path),)) == [("still here", 2.0)] * 2
         assert ranks.pids == pids and ranks.restarts == 0
 
 

@@ -1,0 +1,52 @@
+"""Real synchronisation for tests that need one process to be somewhere before another acts:
+poll a condition with a generous deadline instead of sleeping a guessed time, which a loaded
+machine outlasts. The deadlines only keep a broken test from hanging: the conditions are what
+the tests wait for, and they hold within milliseconds on an idle machine."""
+from __future__ import annotations
+
+import time
+from typing import Callable
+
+import psutil
+
+from notebook_launch.rank.whereabouts import RECORD_NAME
+from notebook_launch.supervise.stacks import rank_files, read_record
+
+GENEROUS = 60.0   # seconds: far beyond any wait these conditions need, short of the tests' timeouts
+POLL = 0.01
+
+
+def wait_for(condition: Callable[[], bool], timeout: float = GENEROUS) -> bool:
+    """Whether ``condition()`` became true before ``timeout`` seconds passed (polled)."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(POLL)
+    return True
+
+
+def inside_collective(pid: int, op: str) -> bool:
+    """Whether the rank ``pid`` is inside the torch.distributed collective ``op`` now, as its own
+    whereabouts record says (``rank.whereabouts``: set as the wrapper calls into torch)."""
+    files = rank_files(pid)
+    record = read_record(files[RECORD_NAME]) if RECORD_NAME in files else None
+    if record is None:
+        return False
+    record_pid, _, _, collective, inside = record
+    return record_pid == pid and inside and collective is not None and collective.op == op
+
+
+def wait_until_inside(pid: int, op: str, timeout: float = GENEROUS) -> None:
+    """Return once the rank ``pid`` is inside ``op`` (run by another rank, which then acts);
+    TimeoutError if it never gets there."""
+    if not wait_for(lambda: inside_collective(pid, op), timeout):
+        raise TimeoutError(f"the rank with pid {pid} was not inside {op} within {timeout:g} s")
+
+
+def ended(pid: int) -> bool:
+    """Whether the process ``pid`` has ended: gone, or a zombie its parent has not reaped yet."""
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
