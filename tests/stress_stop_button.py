@@ -11,9 +11,7 @@ from __future__ import annotations
 
 import argparse
 import multiprocessing
-import os
 import queue
-import signal
 import sys
 import time
 
@@ -102,7 +100,7 @@ def main():
         km.shutdown_kernel(now=False)
         stderr.close()
         for hog in hogs:
-            os.kill(hog.pid, signal.SIGKILL)
+            hog.kill()   # SIGKILL
     text = open(args.stderr).read()
     aborted = "Bad file descriptor" in text or "signaler.cpp" in text
     print(f"{args.runs} runs, {failures} failed; zmq abort in kernel stderr: {aborted}")

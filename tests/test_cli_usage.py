@@ -45,6 +45,7 @@ def subcommands():
     from notebook_launch.cli import build_parser
     parser = build_parser()
     action = next(a for a in parser._actions if a.__class__.__name__ == "_SubParsersAction")
+    assert action.choices is not None   # a subparsers action's choices: {name: its parser}
     return sorted(action.choices)
 
 

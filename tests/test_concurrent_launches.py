@@ -73,6 +73,7 @@ def test_several_notebooks_launch_at_once(tmp_path):
     procs = [subprocess.Popen([sys.executable, "-c", NOTEBOOK, tests_dir, str(tmp_path)], stdin=subprocess.PIPE,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(3)]
     for p in procs:   # all imported and waiting: release them together
+        assert p.stdin is not None
         p.stdin.write("\n")
         p.stdin.flush()
     outs = [p.communicate(timeout=200) for p in procs]
@@ -102,6 +103,7 @@ def test_the_claim_ends_with_the_run_and_with_a_crashed_holder():
     holder = subprocess.Popen([sys.executable, "-c", "import sys; from notebook_launch.net import claim_free_port; "
                                "c = claim_free_port(29735); print(c is not None, flush=True); sys.stdin.read()"],
                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    assert holder.stdout is not None
     assert holder.stdout.readline().strip() == "True"
     assert claim_free_port(29735) is None
     holder.kill()

@@ -151,7 +151,7 @@ def test_teardown_escalates_to_sigkill_for_a_rank_that_ignores_sigterm(tmp_path,
 def test_every_pipe_fd_is_closed_exactly_once(tmp_path, monkeypatch):
     sup, _, pipes, logs = supervise(tmp_path, [returns(1), raises("boom")])
     ours = {fd for p in pipes for fd in p.parent_ends()}
-    closes = collections.Counter()
+    closes: collections.Counter[int] = collections.Counter()   # fd -> how often os.close got it
     real_close = os.close
 
     def counting_close(fd):

@@ -31,6 +31,7 @@ def test_an_exception_whose_str_raises_is_named_as_an_exception(log_dir):
     assert err.kind == "exception" and err.exc_type == "UnprintableError", str(err)
     assert str(err).startswith("rank 0 failed: UnprintableError: <str() failed")
     assert "without raising a Python exception" not in str(err)
+    assert err.remote_traceback is not None
     assert "raise UnprintableError" in err.remote_traceback
 
 
@@ -90,6 +91,7 @@ def test_a_rank_that_exits_cleanly_when_stopped_is_reported_stopped(log_dir):
     assert text.startswith("rank 1 failed: ValueError: rank 1 breaks")
     assert "rank 0: stopped after rank 1 failed (it exited cleanly when asked)" in text, text
     assert "finished" not in text.split("Other ranks:")[1]
+    assert info.value.results is not None
     assert info.value.results[0] is None, "a rank we stopped did not finish: it has no result"
 
 
@@ -124,6 +126,7 @@ def test_a_huge_message_is_capped_in_the_error_and_whole_in_the_log(log_dir):
         notebook_launcher(raise_huge, num_processes=1, log_dir=log_dir)
     err = info.value
     assert len(str(err)) < 64 * 1024, f"LaunchError text is {len(str(err))} characters"
+    assert err.remote_traceback is not None and err.exc_message is not None
     assert len(err.remote_traceback) < 64 * 1024 and len(err.exc_message) < 64 * 1024
     first = str(err).splitlines()[0]
     assert first.startswith("rank 0 failed: ValueError: AAAA") and first.endswith("BBBB")

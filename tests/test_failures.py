@@ -41,6 +41,7 @@ def test_exception_names_rank_type_message_and_traceback(log_dir):
     assert "rank 0: stopped by notebook_launch (SIGTERM) after rank 1 failed" in str(err)
     assert "rank 2: stopped by notebook_launch (SIGTERM) after rank 1 failed" in str(err)
     assert err.rank == 1 and err.kind == "exception" and err.exc_type == "ValueError"
+    assert err.remote_traceback is not None
     assert "Traceback" in err.remote_traceback
     assert elapsed < 60, "the hanging ranks must be stopped, not waited for"
     assert_no_children()
@@ -124,6 +125,7 @@ def test_timeout_names_the_ranks_still_running(log_dir):
     assert first == (f"notebook_launch: timed out after 3 s: ranks 0, 2 ended (finished); "
                      f"rank 1 is in hang_on_rank_1() at test_failures.py:{line} (time.sleep(120))"), str(info.value)
     assert info.value.kind == "timeout"
+    assert info.value.results is not None
     assert info.value.results[0] == "done" and info.value.results[1] is None
     assert_no_children()
 

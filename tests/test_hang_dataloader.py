@@ -19,9 +19,10 @@ import pytest
 from notebook_launch import LaunchError, notebook_launcher
 from notebook_launch.net import free_port
 
-torch = pytest.importorskip("torch")
-dist = pytest.importorskip("torch.distributed")
-data = pytest.importorskip("torch.utils.data")
+pytest.importorskip("torch")
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+from torch.utils import data  # noqa: E402
 
 HERE = os.path.basename(__file__)
 TIMEOUT = 30   # seconds: both ranks have reached their hanging lines long before (gloo's start, one fork)

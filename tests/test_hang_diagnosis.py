@@ -17,6 +17,7 @@ import pytest
 
 from notebook_launch import LaunchError, notebook_launcher
 from notebook_launch.net import free_port
+from notebook_launch.plan import StartMethod
 from notebook_launch.rank import whereabouts
 from notebook_launch.supervise.hang_verdict import (Collective, Frame, RankWhereabouts, ThreadStack, detail,
                                                     verdict)
@@ -87,7 +88,7 @@ def all_reduce_then_sleep():
     dist.barrier()
 
 
-def launch(function, n: int, log_dir: str, timeout: float, start_method: str = "fork") -> LaunchError:
+def launch(function, n: int, log_dir: str, timeout: float, start_method: StartMethod = "fork") -> LaunchError:
     with pytest.raises(LaunchError) as info:
         notebook_launcher(function, num_processes=n, timeout=timeout, log_dir=log_dir, ui="text",
                           use_port=str(free_port()), start_method=start_method)
@@ -114,6 +115,7 @@ def test_a_rank_that_skips_an_all_reduce_is_named_with_where_it_is(n, log_dir):
     assert "waits in all_reduce #4" in text and "tensors (4,) float32" in text
     assert "in no collective; the last one it called: all_reduce #3" in text   # rank 1
     # the verdict and the whole stacks are in each rank's log
+    assert error.log_dir is not None
     with open(os.path.join(error.log_dir, "rank1.log")) as f:
         log = f.read()
     assert f"notebook_launch: where the ranks were (at the timeout): {first_line(error).split(' s: ')[1]}\n" \
@@ -147,6 +149,7 @@ def test_a_rank_asleep_in_c_in_a_run_without_torch_distributed(log_dir):
         f"notebook_launch: timed out after 15 s: "
         f"ranks 0, 2 ended (finished); rank 1 is in sleeps_on_rank_1() at {HERE}:{sleep} (time.sleep(HANG))"
     ), str(error)
+    assert error.results is not None
     assert error.results[0] == "done" and error.results[1] is None
 
 
@@ -445,7 +448,7 @@ def test_where_are_they_answers_the_button_and_stops_nothing(log_dir, tmp_path, 
     supervisor answers in ``where_report`` and the run goes on (the answer lets the ranks finish)."""
     from notebook_launch import run as run_module
     flag = str(tmp_path / "go")
-    answers = []
+    answers: list[tuple[str, list[str], bool]] = []   # (the report, each rank's status, still requested)
 
     class AskWhenBothWait(run_module.RunState):
         def on_line(self, local_rank, stream, text):
@@ -510,7 +513,7 @@ def say_when_there(function, text: str, inside_torch: bool) -> None:
             user = innermost
             while user is not None and user.f_code is not function.__code__:
                 user = user.f_back
-            if user is not None and user.f_lineno == line and \
+            if innermost is not None and user is not None and user.f_lineno == line and \
                     ("/torch/" in innermost.f_code.co_filename) == inside_torch:
                 print("hanging now", flush=True)
                 return

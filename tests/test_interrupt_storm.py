@@ -60,6 +60,7 @@ def test_repeated_interrupts_finish_the_teardown(tmp_path):
     script.write_text(STORM)
     proc = subprocess.Popen([sys.executable, str(script), str(tmp_path)], stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
+    assert proc.stdout is not None
     try:
         deadline = time.monotonic() + 120
         while len(list(tmp_path.glob("*.pid"))) < 2:

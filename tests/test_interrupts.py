@@ -40,6 +40,7 @@ def start_hanging_launch(tmp_path):
     script.write_text(HANGING_LAUNCH)
     proc = subprocess.Popen([sys.executable, str(script), str(tmp_path)], stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    assert proc.stdout is not None
     deadline = time.monotonic() + 120
     while len(list(tmp_path.glob("rank*.pid"))) < 3:
         assert proc.poll() is None, proc.stdout.read()

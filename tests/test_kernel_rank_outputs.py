@@ -83,7 +83,7 @@ def show():
 
 
 def test_display_update_display_and_clear_output_of_a_rank_reach_the_cell():
-    messages = []
+    messages: list[tuple[int, str, dict]] = []   # (cell index, msg_type, content) of each IOPub message
     nb = run_notebook(make_notebook(SHOW, "notebook_launcher(show, num_processes=2)",
                                     "notebook_launcher(show, num_processes=2, display_ranks=[1])"),
                       messages=messages, timeout=300)
@@ -141,7 +141,7 @@ def test_the_transformers_trainer_notebook_progress_reaches_the_cell_and_every_r
     pytest.importorskip("transformers")
     import ast
     from helpers.panel_helpers import KEEP_STATES_CELL
-    messages = []
+    messages: list[tuple[int, str, dict]] = []   # (cell index, msg_type, content) of each IOPub message
     nb = run_notebook(make_notebook(TRAINER + KEEP_STATES_CELL,
                                     "print(notebook_launcher(train, args=(tempfile.mkdtemp(),), num_processes=2))\n"
                                     "print('BARS', (bars_of(0), bars_of(1)))"),

@@ -5,6 +5,7 @@ import errno
 import os
 import subprocess
 import tempfile
+from typing import IO, cast
 
 import pytest
 
@@ -60,11 +61,11 @@ class DiskFullFile:
 
 
 def test_disk_full_file_object_stands_in(tmp_path):
-    notes = []
+    notes: list[str] = []
     logs = RunLogs("run", [0, 1], [0, 1], log_dir=str(tmp_path), on_problem=notes.append)
     for local in (0, 1):
         logs._files[local].close()
-        logs._files[local] = DiskFullFile()
+        logs._files[local] = cast(IO[str], DiskFullFile())   # duck-typed: the calls RunLogs makes
     for _ in range(3):
         logs.write_line(0, "stdout", "hello")
         logs.write_line(1, "stderr", "hello")

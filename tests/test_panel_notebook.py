@@ -143,7 +143,7 @@ def test_a_loop_of_launches_leaves_no_live_widget_behind():
     comms and of live widgets is the same after each launch as before the first, every widget
     the kernel opened was closed (IOPub's comm_open/comm_close), and the saved notebook holds
     one picture per panel and no widget view."""
-    messages = []
+    messages: list[tuple[int, str, dict]] = []   # (cell index, msg_type, content) of each IOPub message
     nb = run_notebook([
         COUNTS,
         f"after_each = set()\nfor i in range({LOOP}):\n"
@@ -159,6 +159,7 @@ def test_a_loop_of_launches_leaves_no_live_widget_behind():
     errors = [o for cell in nb.cells for o in cell.outputs if o.output_type == "error"]
     assert not errors, "\n".join(errors[0].traceback)
     before = re.search(r"BEFORE (\d+) (\d+)", outputs_text(nb.cells[0]))
+    assert before, outputs_text(nb.cells[0])[-2000:]
     expected = [(int(before[1]), int(before[2]))]
     assert f"EACH {expected}" in outputs_text(nb.cells[1]), outputs_text(nb.cells[1])[-2000:]
     assert f"EACH {expected}" in outputs_text(nb.cells[2]), outputs_text(nb.cells[2])[-2000:]

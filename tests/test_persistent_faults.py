@@ -45,6 +45,9 @@ def our_children():
 
 # --- functions the ranks run (importable: they travel by reference) ------------------------
 
+kept: int   # a rank's pid, once set_state() ran in it (declared only: no rank has it before)
+
+
 def set_state():
     global kept
     kept = os.getpid()
@@ -145,7 +148,7 @@ def interrupting_send(monkeypatch):
     """commands.send as it is, except that a SIGINT reaches this process (what the kernel's
     interrupt is) once part of the frame is written: the interrupt lands mid-frame."""
     real = commands.send
-    sent = []
+    sent: list[int] = []   # the fd of the one frame cut by the interrupt
 
     def send(fd, frame):
         if sent:

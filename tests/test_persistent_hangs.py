@@ -54,13 +54,16 @@ def both_sleep():
     time.sleep(HANG)
 
 
-def keep(value):
+kept: int   # set by keep(), in the ranks (declared only: a rank has it once keep() ran there)
+
+
+def keep(value: int) -> None:
     global kept
     kept = value
 
 
 def kept_plus_one():
-    return kept + 1   # noqa: F821  (set by keep(), in the ranks)
+    return kept + 1
 
 
 @pytest.fixture

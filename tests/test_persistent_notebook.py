@@ -80,6 +80,7 @@ def execute_with_interrupts(nb, cwd, markers, ranks=2):
     rank has written its marker, i.e. while the interrupt cell's ranks run."""
     from jupyter_client.kernelspec import KernelSpecManager
     from jupyter_client.manager import KernelManager
+    from jupyter_client.provisioning.local_provisioner import LocalProvisioner
     from nbclient import NotebookClient
 
     km = KernelManager(kernel_name=KERNEL_NAME,
@@ -102,7 +103,10 @@ def execute_with_interrupts(nb, cwd, markers, ranks=2):
         client.execute()
     finally:
         done.set()
-        kernel_pid = km.provisioner.process.pid if km.has_kernel else None
+        kernel_pid = None
+        if km.has_kernel:
+            assert isinstance(km.provisioner, LocalProvisioner) and km.provisioner.process is not None  # local
+            kernel_pid = km.provisioner.process.pid
         stop_kernel(client, km)
     return kernel_pid
 
@@ -219,7 +223,7 @@ def test_display_from_persistent_ranks_reaches_the_cell(tmp_path):
     """display() in ranks.run and in a %%ranks cell is relayed per call as for notebook_launcher:
     rank 0's by default, the ranks named by display_ranks / --display-ranks otherwise."""
     from helpers.nbutil import run_notebook
-    messages = []
+    messages: list[tuple[int, str, dict]] = []   # (cell index, msg_type, content) of each IOPub message
     nb = make_notebook(
         "%load_ext notebook_launch\n"
         "from IPython.display import HTML, display\n"

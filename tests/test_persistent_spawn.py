@@ -24,6 +24,9 @@ pytestmark = pytest.mark.timeout(300)
 SPAWN_WAY_OUT = ("start_ranks(..., start_method='spawn')", "%ranks start --spawn")
 
 
+weights: torch.Tensor   # set by build(), in the ranks (declared only)
+
+
 def build(size):
     global weights
     dist.init_process_group("gloo")

@@ -141,6 +141,7 @@ def odd_notebook():
     signal.signal(signal.SIGTERM, user_handler)
     signal.signal(signal.SIGUSR1, user_handler)
     signal.signal(signal.SIGCHLD, user_handler)
+    assert sys.__stderr__ is not None   # the test process's own stderr
     faulthandler.register(signal.SIGUSR2, file=sys.__stderr__)
     old_wakeup = signal.set_wakeup_fd(a.fileno())
     try:

@@ -7,6 +7,7 @@ import subprocess
 import sys
 import textwrap
 from dataclasses import dataclass, field
+from typing import Any
 
 import pytest
 from helpers.nbutil import KERNEL_NAME, cell_text, kernel_spec_dir, make_notebook, run_notebook
@@ -32,7 +33,6 @@ def kernel():
     client = km.client()
     client.start_channels()
     client.wait_for_ready(timeout=120)
-    client.kernel_manager = km   # for interrupt_kernel()
     try:
         yield client
     finally:
@@ -233,7 +233,8 @@ def test_a_spawned_rank_asks_too(kernel):
 
 def test_an_interrupt_while_a_rank_waits_at_a_prompt_stops_the_run_and_the_kernel_stays_usable(kernel):
     def interrupt_instead(prompt, password):
-        kernel.kernel_manager.interrupt_kernel()   # the user presses the stop button instead of typing
+        # the user presses the stop button instead of typing (a client's parent is the KernelManager that made it)
+        kernel.parent.interrupt_kernel()
         return None
 
     seen = run_cell(kernel, """
@@ -285,7 +286,7 @@ def test_other_ranks_output_keeps_flowing_while_a_prompt_waits(kernel):
         print("RESULT", notebook_launcher(tick_while_rank_1_asks, args=(tempfile.mktemp(),), num_processes=2,
                                           ui="text"))
         """)
-    state = {"asked": False, "ticks_after": 0, "answered": False, "text": []}
+    state: dict[str, Any] = {"asked": False, "ticks_after": 0, "answered": False, "text": []}
 
     def on_input(msg):
         state["asked"] = True

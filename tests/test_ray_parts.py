@@ -10,6 +10,7 @@ import subprocess
 import sys
 import threading
 import time
+from typing import Any
 
 import pytest
 
@@ -18,7 +19,7 @@ from notebook_launch.backends.ray_connect import NodeInfo, check_resources, desc
 from notebook_launch.backends.ray_gang import assign_ranks, death_reason, visible_devices_by_node
 from notebook_launch.channels.sockets import SIGNAL_FRAME, StreamListener, connect_streams
 from notebook_launch.errors import GuardError
-from notebook_launch.protocol import EventReader, EventWriter
+from notebook_launch.protocol import READY, EventKind, EventReader, EventWriter
 
 
 def test_nothing_of_ray_is_imported_without_cluster():
@@ -62,7 +63,7 @@ def test_arguments_a_cluster_launch_cannot_honour(kwargs, words):
 
 def test_cluster_must_be_a_ray_cluster():
     with pytest.raises(LaunchArgumentError, match="cluster must be a notebook_launch.RayCluster"):
-        notebook_launcher(print, num_processes=2, cluster="ray://head:10001")
+        notebook_launcher(print, num_processes=2, cluster="ray://head:10001")  # type: ignore[arg-type]  # on purpose
 
 
 def test_ranks_are_grouped_by_node_in_order_of_first_bundle():
@@ -128,7 +129,7 @@ def test_three_streams_per_rank_over_tcp_and_signals_back():
 
     def rank(number: int) -> None:
         socks = connect_streams(host, port, listener.token, number)
-        EventWriter(socks[0].fileno()).send("ready", {"pid": number, "device": "cpu"})
+        EventWriter(socks[0].fileno()).send(READY, {"pid": number, "device": "cpu"})
         socks[1].sendall(f"out {number}\n".encode())
         socks[2].sendall(f"err {number}\n".encode())
         received[number] = socks[0].recv(SIGNAL_FRAME.size)
@@ -144,7 +145,8 @@ def test_three_streams_per_rank_over_tcp_and_signals_back():
     pipes = listener.accept_all(time.monotonic() + 30, check=lambda: None)
     try:
         for number, rank_pipes in enumerate(pipes):
-            reader, events = EventReader(), []
+            reader = EventReader()
+            events: list[tuple[EventKind, Any]] = []
             while not events:
                 events = reader.feed(os.read(rank_pipes.events_r, 1 << 16))
             assert [(kind.value, payload["pid"]) for kind, payload in events] == [("ready", number)]

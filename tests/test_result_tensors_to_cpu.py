@@ -19,10 +19,12 @@ from notebook_launch.rank.runner import serialize_result, to_cpu
 
 class FakeXlaTensorStandIn(torch.Tensor):
     """A FAKE XLA tensor: CPU data, but ``device`` says xla:0."""
-    __torch_function__ = torch._C._disabled_torch_function_impl   # results are plain tensors
+    # results are plain tensors: torch's documented recipe, which its stubs (a classmethod there) do not take
+    __torch_function__ = torch._C._disabled_torch_function_impl  # type: ignore[assignment]
 
+    # torch's stubs declare Tensor.device a plain attribute; at runtime it is a read-only property too
     @property
-    def device(self):
+    def device(self):  # type: ignore[override]
         return torch.device("xla", 0)
 
 
@@ -30,7 +32,7 @@ class FakeXlaParameterStandIn(torch.nn.Parameter):
     """A FAKE XLA parameter: CPU data, but ``device`` says xla:0."""
 
     @property
-    def device(self):
+    def device(self):  # type: ignore[override]  # as FakeXlaTensorStandIn.device
         return torch.device("xla", 0)
 
 

@@ -122,7 +122,8 @@ class Net(torch.nn.Module):
     def __init__(self):
         super().__init__()
         self.layers = torch.nn.ModuleList([torch.nn.Linear(2, 2) for _ in range(3)])
-        self.layers[2].lock = threading.Lock()   # what a callback or logger leaves on a module
+        # what a callback or logger leaves on a module (torch's stubs take only tensors and modules here)
+        self.layers[2].lock = threading.Lock()  # type: ignore[assignment]
 
 
 def returns_a_model_with_a_lock():

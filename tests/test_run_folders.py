@@ -128,6 +128,7 @@ def test_a_killed_run_is_not_live(tmp_path):
          "from notebook_launch.run_folders import LiveRunFolder; "
          "held = LiveRunFolder(Path(sys.argv[1]), '20260101-000000-0000000001'); print('ready', flush=True); "
          "time.sleep(600)", str(tmp_path)], stdout=subprocess.PIPE, text=True)
+    assert holder.stdout is not None
     try:
         assert holder.stdout.readline().strip() == "ready"
         folder = tmp_path / "20260101-000000-0000000001"

@@ -117,6 +117,13 @@ class NothingLeftBehind:
 
 # --- the transport itself, in one process ----------------------------------------------
 
+def tensor_file() -> int:
+    """A memfd for tensor bytes, for the tests that need one (this suite runs on Linux, where memfds exist)."""
+    fd = shared_tensors.create_file()
+    assert fd is not None, "memfd_create is not available here"
+    return fd
+
+
 @pytest.mark.parametrize("with_file", [True, False], ids=["memfd", "inline"])
 def test_values_come_back_equal_and_shared(with_file):
     fd = shared_tensors.create_file() if with_file else None
@@ -134,7 +141,7 @@ def test_values_come_back_equal_and_shared(with_file):
 
 
 def test_loaded_tensors_are_private_copies_on_write():
-    fd = shared_tensors.create_file()
+    fd = tensor_file()
     try:
         data = shared_tensors.dumps({"t": torch.ones(BIG)}, fd)
         first, second = shared_tensors.loads(data, fd), shared_tensors.loads(data, fd)
@@ -148,7 +155,7 @@ def test_tensor_files_are_unmapped_when_the_tensors_go():
     import gc
     gc.collect()
     before = len(tensor_file_mappings())
-    fd = shared_tensors.create_file()
+    fd = tensor_file()
     try:
         got = shared_tensors.loads(shared_tensors.dumps([torch.ones(BIG), torch.zeros(BIG)], fd), fd)
     finally:
@@ -159,7 +166,7 @@ def test_tensor_files_are_unmapped_when_the_tensors_go():
 
 
 def test_plain_pickle_cannot_load_it_and_says_so():
-    fd = shared_tensors.create_file()
+    fd = tensor_file()
     try:
         data = shared_tensors.dumps(torch.ones(BIG), fd)
     finally:
@@ -191,7 +198,7 @@ def test_a_runner_pickler_with_its_own_reducer_override_keeps_working():
                 return str, ("handled by the runner's pickler",)
             return super().reducer_override(obj)
 
-    fd = shared_tensors.create_file()
+    fd = tensor_file()
     try:
         data = shared_tensors.dumps({"m": Marker(), "t": torch.ones(BIG), "f": lambda: 3}, fd, RunnerPickler)
         got = shared_tensors.loads(data, fd)
@@ -202,7 +209,7 @@ def test_a_runner_pickler_with_its_own_reducer_override_keeps_working():
 
 
 def test_the_file_cannot_shrink_under_a_mapping():
-    fd = shared_tensors.create_file()
+    fd = tensor_file()
     try:
         shared_tensors.dumps(torch.ones(BIG), fd)
         with pytest.raises(PermissionError):

@@ -192,6 +192,7 @@ def test_failing_rank_stops_the_others_and_their_children(tmp_path, private_temp
     err = info.value
     assert err.rank == 1 and err.kind == "exception"
     assert err.exc_type == "ValueError" and "bad batch on rank 1" in str(err)
+    assert err.remote_traceback is not None
     assert 'raise ValueError("bad batch on rank 1")' in err.remote_traceback
     assert "rank 0: stopped by notebook_launch" in str(err)
     grandchild = int(pid_file.read_text())
@@ -359,6 +360,7 @@ def test_without_pidfd_a_pipe_tells_when_a_rank_exits(tmp_path, private_tempdir,
     with pytest.raises(LaunchError) as info:
         spawn(cell["train"], tmp_path)
     assert info.value.rank == 1 and "rank 1 fails after the pipe fallback" in str(info.value)
+    assert info.value.results is not None
     assert info.value.results[0] in ("rank 0 value", None)  # rank 0 may be stopped first
     results = spawn(cell["train"], tmp_path, num_processes=1)
     assert results == ["rank 0 value"]

@@ -50,7 +50,7 @@ def test_stop_button_click_interrupts_the_run_and_later_cells_still_run(tmp_path
             click = kc.session.msg("comm_msg", {"comm_id": stop_comm, "data": {
                 "method": "custom", "content": {"event": "click"}}})
             kc.shell_channel.send(click)
-            replies = {}
+            replies: dict[str, dict] = {}   # msg_id of the request -> its execute_reply's content
             while len(replies) < 2 and time.monotonic() < deadline:
                 try:
                     reply = kc.get_shell_msg(timeout=60)

@@ -31,6 +31,7 @@ class FakeStuckInDriverRank(channels.RankProcess):
 def test_wait_gives_up_and_says_why():
     process = FakeStuckInDriverRank()
     assert process.wait() == channels.STUCK
+    assert process.end_note is not None
     assert "process 424242 is stuck in the kernel" in process.end_note
     assert "restart the runtime" in process.end_note
     assert "did not end after SIGKILL" in outcome.describe_status(channels.STUCK)
@@ -84,6 +85,7 @@ def test_a_spawned_rank_that_does_not_end_is_waited_for_a_bounded_time():
     rank.wait_limit = 0.3
     try:
         assert rank.wait() == channels.STUCK
+        assert rank.end_note is not None
         assert f"process {popen.pid} is stuck in the kernel" in rank.end_note
     finally:
         popen.kill()

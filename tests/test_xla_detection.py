@@ -89,7 +89,8 @@ def test_kaggle_v3_8_found_from_dev_accel_and_its_stale_variables_listed(fake_ka
     environ, root = fake_kaggle_tpu_machine
     info = detect_xla(environ, root, modules={}, xla_installed=True)
     assert info.has_tpu and info.platform == "kaggle" and info.chips == 4
-    assert expected_layout(info, environ).ordinals == 8
+    layout = expected_layout(info, environ)
+    assert layout is not None and layout.ordinals == 8
     assert stale_tpu_variables(environ) == ["TPU_PROCESS_ADDRESSES", "CLOUD_TPU_TASK_ID"]
 
 
@@ -166,6 +167,7 @@ def test_pjrt_cuda_is_left_to_the_fork_backend(fake_cpu_machine):
 def test_xla_forced_without_tpu_or_pjrt_device_says_what_to_set(fake_cpu_machine):
     environ, root = fake_cpu_machine
     info = xla_launch_info("xla", environ, root, xla_installed=True)
+    assert info is not None   # start_method="xla" always goes through torch_xla
     with pytest.raises(LaunchArgumentError, match="found no TPU.*PJRT_DEVICE=CPU"):
         resolve_num_ranks(None, info, environ)
 
@@ -309,7 +311,7 @@ def fake_torch_xla_with_started_runtime(monkeypatch):
     """torch_xla cannot be imported next to torch 2.13: a stand-in module whose
     runtime reports itself started, as torch_xla._XLAC does after xm.xla_device()."""
     fake = types.ModuleType("torch_xla")
-    fake._XLAC = types.SimpleNamespace(_xla_runtime_is_initialized=lambda: True)
+    fake.__dict__.update(_XLAC=types.SimpleNamespace(_xla_runtime_is_initialized=lambda: True))
     monkeypatch.setitem(sys.modules, "torch_xla", fake)
     return fake
 
@@ -339,7 +341,8 @@ def test_get_backend_xla():
 
 def test_launch_info_follows_start_method(fake_colab_tpu_machine, fake_cpu_machine):
     environ, root = fake_colab_tpu_machine
-    assert xla_launch_info(None, environ, root, xla_installed=True).has_tpu
+    tpu = xla_launch_info(None, environ, root, xla_installed=True)
+    assert tpu is not None and tpu.has_tpu
     assert xla_launch_info("fork", environ, root, xla_installed=True) is None
     cpu_environ, cpu_root = fake_cpu_machine
     assert xla_launch_info(None, cpu_environ, cpu_root, xla_installed=True) is None
@@ -354,7 +357,7 @@ def test_start_method_xla_without_torch_xla_says_how_to_install():
 
 def test_start_method_choices_name_xla():
     with pytest.raises(LaunchArgumentError, match="'xla'"):
-        notebook_launcher(lambda: None, start_method="tpu", ui="none")
+        notebook_launcher(lambda: None, start_method="tpu", ui="none")  # type: ignore[arg-type]  # on purpose
 
 
 @pytest.mark.skipif(xla_env.torch_xla_installed(), reason="torch_xla is installed in this environment")

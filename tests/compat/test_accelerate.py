@@ -226,4 +226,5 @@ def test_a_failing_rank_raises_launch_error_with_its_traceback():
         _launch(_fails_on_rank_1, timeout=120)
     assert info.value.rank == 1
     assert "ValueError: bad batch on rank 1" in str(info.value)
+    assert info.value.remote_traceback is not None
     assert "_fails_on_rank_1" in info.value.remote_traceback

@@ -52,7 +52,7 @@ def _ddp_train(steps=30):
     torch.manual_seed(0)
     x = torch.randn(256, 3)
     y = x @ torch.tensor([[2.0], [-3.0], [0.5]]) + 1.0
-    sampler = DistributedSampler(TensorDataset(x, y), shuffle=True, seed=0)
+    sampler: DistributedSampler = DistributedSampler(TensorDataset(x, y), shuffle=True, seed=0)
     loader = DataLoader(TensorDataset(x, y), batch_size=16, sampler=sampler)
     model = DDP(torch.nn.Linear(3, 1))
     opt = torch.optim.SGD(model.parameters(), lr=0.05)

@@ -22,6 +22,7 @@ N = 2
 def _fabric_train(devices=N, steps=5):
     import torch.distributed as dist
     from lightning.fabric import Fabric
+    from lightning.fabric.strategies import ParallelStrategy
 
     fabric = Fabric(accelerator="cpu", devices=devices)
     fabric.launch()
@@ -38,6 +39,8 @@ def _fabric_train(devices=N, steps=5):
         optimizer.step()
     total = fabric.all_reduce(torch.tensor(float(fabric.global_rank + 1)), reduce_op="sum")
     fabric.barrier()
+    assert isinstance(total, torch.Tensor)   # one tensor reduced, one tensor back
+    assert isinstance(fabric.strategy, ParallelStrategy)   # DDP here: it has a cluster environment
     return {
         "global_rank": fabric.global_rank, "local_rank": fabric.local_rank,
         "world_size": fabric.world_size, "pid": os.getpid(),

@@ -109,7 +109,7 @@ if __name__ == "__main__":
         import torch.nn.parallel  # noqa
     fn = {"ours": run_ours, "ours-nowarm": run_ours, "tmp": run_tmp, "tmp-dynamo": run_tmp,
           "accel": run_accel, "accel-dynamo": run_accel}[a.variant]
-    counts = {}
+    counts: dict[object, int] = {}   # each outcome of a run -> how many runs ended so
     t0 = time.time()
     for i in range(a.n):
         r = fn(2, a.steps, a.timeout)

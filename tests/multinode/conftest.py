@@ -21,6 +21,13 @@ NODE_SCRIPT = Path(__file__).with_name("node_script.py")
 PORT = 29400
 
 
+class NodeProcess(subprocess.Popen):
+    """One node's notebook_launcher call: its process, the JSON file its outcome goes to, and the log
+    of what it printed."""
+    output_path: Path
+    log_path: str
+
+
 class TwoNodes:
     """Namespaces A (node 0, 10.x.y.1) and B (node 1, 10.x.y.2)."""
 
@@ -28,7 +35,7 @@ class TwoNodes:
         self.namespaces, self.links, self.addresses = pair_names("nl")
         self.tmp = tmp_path
         self.port = PORT   # each namespace has its own ports: no clash with anything outside
-        self.procs = []
+        self.procs: list[NodeProcess] = []
 
     def create(self):
         create_pair(self.namespaces, self.links, self.addresses)
@@ -40,7 +47,7 @@ class TwoNodes:
                 proc.wait(timeout=30)
         delete_pair(self.namespaces)
 
-    def start(self, node_rank: int, scenario: str, **options):
+    def start(self, node_rank: int, scenario: str, **options) -> NodeProcess:
         """Start node ``node_rank``'s notebook_launcher call in its namespace."""
         out = self.tmp / f"node{node_rank}-{scenario}.json"
         cfg = {"node_rank": node_rank, "scenario": scenario, "master_addr": self.addresses[0],
@@ -49,14 +56,14 @@ class TwoNodes:
         cfg_path = self.tmp / f"node{node_rank}-{scenario}-config.json"
         cfg_path.write_text(json.dumps(cfg))
         stdout = open(self.tmp / f"node{node_rank}-{scenario}.out", "w")
-        proc = subprocess.Popen(
+        proc = NodeProcess(
             ["ip", "netns", "exec", self.namespaces[node_rank], sys.executable, str(NODE_SCRIPT),
              str(cfg_path)], cwd=REPO, stdout=stdout, stderr=subprocess.STDOUT, start_new_session=True)
         proc.output_path, proc.log_path = out, stdout.name
         self.procs.append(proc)
         return proc
 
-    def finish(self, proc, timeout=90):
+    def finish(self, proc: NodeProcess, timeout: float = 90) -> dict:
         """Wait for a node's call to return; its JSON outcome plus what it printed."""
         try:
             proc.wait(timeout=timeout)

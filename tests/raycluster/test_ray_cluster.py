@@ -116,7 +116,9 @@ print(json.dumps(results))
     # every output line reached the cell tagged with node and rank, and each rank's log has its lines
     for rank in range(4):
         assert f"[node {0 if rank < 2 else 1} rank {rank}] rank {rank} line" in out["stdout"]
-    log_dir = Path(re.search(r"logs: (\S+)", out["stdout"]).group(1))
+    logs_line = re.search(r"logs: (\S+)", out["stdout"])
+    assert logs_line, out["stdout"][-2000:]
+    log_dir = Path(logs_line.group(1))
     for rank in range(4):
         assert f"rank {rank} line" in (log_dir / f"rank{rank}.log").read_text()
     assert "steps" in out["stdout"] or "4 ranks finished" in out["stdout"]

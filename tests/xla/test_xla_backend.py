@@ -255,7 +255,7 @@ def test_runtime_started_in_the_notebook_is_refused(tmp_path):
     assert out.returncode == 0, out.stderr
     assert "GUARD: The XLA runtime is already initialized in this notebook" in out.stdout
     assert "restart the kernel" in out.stdout and "LAUNCHED" not in out.stdout
-    assert GuardError  # the class the script catches
+    assert issubclass(GuardError, Exception)  # the class the script catches
 
 
 def kill_own_process():
@@ -291,8 +291,10 @@ def report_progress():
     import torch_xla.runtime as xr
     from notebook_launch import protocol as channel
     ordinal = xr.global_ordinal()
-    channel.current().send(channel.PROGRESS, {"metrics": {"ordinal": ordinal},
-                                              "bars": {"train": {"n": 5 + ordinal, "total": 10}}})
+    writer = channel.current()
+    assert writer is not None   # a launched replica has its channel to the notebook
+    writer.send(channel.PROGRESS, {"metrics": {"ordinal": ordinal},
+                                   "bars": {"train": {"n": 5 + ordinal, "total": 10}}})
     return ordinal
 
 
@@ -301,6 +303,7 @@ def test_one_panel_row_per_ordinal_with_its_own_progress(tmp_path, monkeypatch):
     display = RecordingDisplay()
     monkeypatch.setattr(run_module, "choose_display", lambda ui, **settings: display)
     assert launch(report_progress, tmp_path=tmp_path) == [0, 1]
+    assert display.final is not None, "the supervisor closes its display"
     rows = display.final.ranks
     assert [r.rank for r in rows] == [0, 1]
     assert [r.device for r in rows] == ["CPU:0", "CPU:1"]
