@@ -4,10 +4,10 @@ machine outlasts. The deadlines only keep a broken test from hanging: the condit
 the tests wait for, and they hold within milliseconds on an idle machine."""
 from __future__ import annotations
 
+import os
+import select
 import time
 from typing import Callable
-
-import psutil
 
 from notebook_launch.rank.whereabouts import RECORD_NAME
 from notebook_launch.supervise.stacks import rank_files, read_record
@@ -45,8 +45,14 @@ def wait_until_inside(pid: int, op: str, timeout: float = GENEROUS) -> None:
 
 
 def ended(pid: int) -> bool:
-    """Whether the process ``pid`` has ended: gone, or a zombie its parent has not reaped yet."""
+    """Whether the process ``pid`` has ended: gone, or a zombie its parent has not reaped yet, as
+    its pidfd says (what the pool watches). Not /proc's "Z": a process's main thread shows it
+    while the process's other threads (gloo's) are still exiting."""
     try:
-        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:
         return True
+    try:
+        return bool(select.select([fd], [], [], 0)[0])
+    finally:
+        os.close(fd)
