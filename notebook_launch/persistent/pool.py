@@ -32,7 +32,7 @@ from ..backends import get_backend
 from .. import protocol
 from ..channels import RankPipes, RankProcess, WaitStatus
 from ..display import choose_display
-from ..errors import GuardError, LaunchArgumentError, LaunchError
+from ..errors import LaunchArgumentError, LaunchError, NotebookLaunchError
 from ..target import LaunchTarget
 from ..launcher import plan_launch
 from ..net import release_claims
@@ -69,7 +69,7 @@ def _trimmed(method: Callable[..., T]) -> Callable[..., T]:
         __tracebackhide__ = True
         try:
             return method(*args, **kwargs)
-        except (LaunchError, GuardError, LaunchArgumentError, KeyboardInterrupt) as err:
+        except (NotebookLaunchError, KeyboardInterrupt) as err:
             raise err.with_traceback(None) from None
     return wrapper
 

@@ -16,12 +16,13 @@ from ..rank.serve import serve_calls
 
 if TYPE_CHECKING:
     from ..cluster import RayCluster
+    from ..plan import StartMethod
 
 
 @_trimmed
 def start_ranks(num_processes: int | None = None, mixed_precision: str = "no",
                 use_port: int | str = DEFAULT_USE_PORT, master_addr: str = "127.0.0.1", *,
-                start_method: str | None = None, timeout: float | None = None,
+                start_method: StartMethod | None = None, timeout: float | None = None,
                 log_dir: str | os.PathLike[str] | None = None, ui: str = "auto",
                 log_line_prefix_template: str | None = None,
                 interrupt_grace: float = DEFAULT_GRACE,

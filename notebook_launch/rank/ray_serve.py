@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .. import protocol, shared_tensors
-from ..plan import RankSpec
+from ..plan import DeviceKind, RankSpec
 from ..channels.sockets import SIGNAL_FRAME
 from . import runner
 from .ray_where import Answerer, request_number
@@ -162,7 +162,7 @@ def decode(data: bytes, tensors: bytes) -> tuple[str, Any]:
             os.close(fd)
 
 
-def serve_ray_calls(device_kind: str) -> None:
+def serve_ray_calls(device_kind: DeviceKind) -> None:
     """The function a persistent Ray rank runs (``runner.run_rank`` calls it on the actor): one
     call after the other until STOP, each through ``rank.serve.run_one``."""
     from . import namespace

@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from ..channels import RankPipes, RankProcess
     from ..display.base import Display
     from ..display.display_relay import RankDisplays
-    from ..logs import RunLogs
+    from ..logs import LogWriter
 
 STACK_SAMPLE_WAIT = 0.5  # seconds a stall's stack sample waits for the ranks' dumps
 DRAIN_AFTER_EXIT = 1.0  # how long to wait for a dead rank's pipes to reach EOF (grandchildren may hold them)
@@ -47,7 +47,7 @@ class Supervisor:
     watcher_class = Watcher
 
     def __init__(self, processes: Sequence["RankProcess"], pipes_by_rank: Sequence["RankPipes"],
-                 state: RunState, display: "Display", logs: "RunLogs", *,
+                 state: RunState, display: "Display", logs: "LogWriter", *,
                  timeout: float | None = None, poll_interval: float = 0.1,
                  rank_displays: "RankDisplays | None" = None, stall_after: float | None = None) -> None:
         self.state = state
