@@ -189,3 +189,25 @@ def test_a_raising_call_is_not_called_a_death():
     error_type = type("RayTaskError(ConnectionRefusedError)", (Exception,), {})
     reason = death_reason(error_type("ray::RankActor.run()\n  File x\nConnectionRefusedError: [Errno 111] refused"))
     assert reason == "its Ray actor raised ConnectionRefusedError: [Errno 111] refused"
+
+
+def test_a_ray_ranks_environment_comes_from_the_one_builder(monkeypatch):
+    """A Ray rank's environment is plan.rank_environment's for its place (restart count, max
+    restarts, the interface toward the other nodes), with a socket variable the user set kept."""
+    from notebook_launch.plan import rank_environment
+    from notebook_launch.rank.ray_actor import _rank_spec
+    monkeypatch.setenv("NCCL_SOCKET_IFNAME", "users-own")
+    monkeypatch.delenv("GLOO_SOCKET_IFNAME", raising=False)
+    assignment = {"global_rank": 3, "local_rank": 1, "local_world_size": 2, "node_rank": 1, "num_nodes": 2,
+                  "world_size": 4, "master_addr": "10.0.0.1", "master_port": 29555, "device_kind": "cpu",
+                  "mixed_precision": "no", "run_id": "r1", "cpu_count": 2, "interface": "eth9",
+                  "cuda_visible_devices": None, "attempt": 1, "max_restarts": 2}
+    spec = _rank_spec(assignment)
+    expected = rank_environment(global_rank=3, local_rank=1, num_processes=2, num_nodes=2, node_rank=1,
+                                world_size=4, master_addr="10.0.0.1", master_port=29555, device_kind="cpu",
+                                mixed_precision="no", run_id="r1", user_env={"NCCL_SOCKET_IFNAME": "users-own"},
+                                cpu_count=2, restart_count=1, max_restarts=2, interface="eth9")
+    assert spec.env == expected
+    assert spec.env["TORCHELASTIC_RESTART_COUNT"] == "1" and spec.env["TORCHELASTIC_MAX_RESTARTS"] == "2"
+    assert spec.env["GLOO_SOCKET_IFNAME"] == "eth9" and "NCCL_SOCKET_IFNAME" not in spec.env
+    assert (spec.global_rank, spec.local_rank, spec.device) == (3, 1, "cpu")
