@@ -10,7 +10,7 @@ import psutil
 import pytest
 
 from notebook_launch import LaunchArgumentError, LaunchError, notebook_launcher
-from notebook_launch import session as session_module
+from notebook_launch import run as run_module
 from notebook_launch.display import Display
 from notebook_launch.net import free_port
 
@@ -59,7 +59,7 @@ class RecordingDisplay(Display):
 @pytest.fixture
 def recording_display(monkeypatch):
     display = RecordingDisplay()
-    monkeypatch.setattr(session_module, "choose_display", lambda ui, **settings: display)
+    monkeypatch.setattr(run_module, "choose_display", lambda ui, **settings: display)
     return display
 
 
@@ -131,6 +131,7 @@ def test_interrupt_stops_the_run(tmp_path, when):
                             text=True)
     wait_for = "rank started" if when == "ranks running" else "rendezvous: static"
     seen = []
+    assert proc.stdout is not None
     try:
         for line in proc.stdout:
             seen.append(line)
@@ -152,7 +153,7 @@ def test_interrupt_stops_the_run(tmp_path, when):
 
 def test_bad_rendezvous_arguments_name_the_argument():
     with pytest.raises(LaunchArgumentError, match="rdzv_conf must be a dict"):
-        notebook_launcher(sleep_long, num_processes=1, max_restarts=1, rdzv_conf="join_timeout=5")
+        notebook_launcher(sleep_long, num_processes=1, max_restarts=1, rdzv_conf="join_timeout=5")  # type: ignore[arg-type]  # on purpose: a str, not a dict
     with pytest.raises(LaunchArgumentError, match="rdzv_timeout must be a number of seconds > 0"):
         notebook_launcher(sleep_long, num_processes=1, max_restarts=1, rdzv_timeout=0)
 

@@ -174,7 +174,7 @@ def test_real_process_is_a_script_and_detection_leaves_cuda_alone():
 def test_environment_is_frozen():
     found = detect(*CASES["script"])
     with pytest.raises(dataclasses.FrozenInstanceError):
-        found.platform = "colab-gpu"
+        found.platform = "colab-gpu"  # type: ignore[misc]  # on purpose: a frozen field refuses it
     assert isinstance(found, Environment)
 
 
@@ -220,10 +220,11 @@ def _dict_keys_in_source(function, variable: str) -> set[str]:
             if isinstance(value, ast.Call):
                 keys |= {kw.arg.upper() for kw in value.keywords if kw.arg}
             elif isinstance(value, ast.Dict):
-                keys |= {k.value for k in value.keys if isinstance(k, ast.Constant)}
+                keys |= {k.value for k in value.keys if isinstance(k, ast.Constant) and isinstance(k.value, str)}
         if (isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Subscript)
                 and getattr(node.targets[0].value, "id", None) == variable
-                and isinstance(node.targets[0].slice, ast.Constant)):
+                and isinstance(node.targets[0].slice, ast.Constant)
+                and isinstance(node.targets[0].slice.value, str)):
             keys.add(node.targets[0].slice.value.upper())
     return keys
 

@@ -138,7 +138,7 @@ def test_invalid_arguments_name_the_argument_and_valid_values(kwargs, names):
 
 def test_non_callable_function():
     with pytest.raises(LaunchArgumentError, match="function must be callable"):
-        notebook_launcher(42)
+        notebook_launcher(42)  # type: ignore[arg-type]  # on purpose: not callable
 
 
 @pytest.fixture

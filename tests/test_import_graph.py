@@ -50,8 +50,8 @@ def imports_of(path: Path, modules: set[str]) -> set[str]:
                 else:
                     target = child.module or ""
                 for alias in child.names:   # ``from pkg import module`` needs the module, not pkg's body
-                    sub = f"{target}.{alias.name}"
-                    found.add(sub if sub in modules else target)
+                    submodule = f"{target}.{alias.name}"
+                    found.add(submodule if submodule in modules else target)
             visit(child)
 
     visit(ast.parse(path.read_text()))

@@ -1,5 +1,6 @@
 """Persistent ranks (start_ranks): state across calls, the failure and interrupt semantics,
 the restart after a dead or stuck rank, and no process left behind. Real forked ranks, gloo."""
+import functools
 import os
 import signal
 import subprocess
@@ -22,6 +23,14 @@ pytestmark = pytest.mark.timeout(120)
 
 
 # --- functions the ranks run (this module is importable: they travel by reference) ----------
+
+# What the ranks keep as globals between calls, declared for the type checker only: no value, so
+# a rank that has not set one still reads it as missing (read_global).
+model: torch.nn.Linear
+calls: int
+rank0_was_interrupted: bool
+interrupted: bool
+kept: str
 
 def build(size):
     global model, calls
@@ -127,7 +136,7 @@ def interrupt_when_running(marker_dir, count, ranks=2):
         for sent in range(1, count + 1):
             os.kill(os.getpid(), signal.SIGINT)
             if sent < count:
-                wait_for(lambda times=sent: every_rank_interrupted(times))
+                wait_for(functools.partial(every_rank_interrupted, sent))
     thread = threading.Thread(target=send, daemon=True)
     thread.start()
     return thread
@@ -294,6 +303,7 @@ def test_close_and_the_death_of_the_notebook_leave_no_process(tmp_path):
         time.sleep(600)
     """))
     proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
     line = proc.stdout.readline()
     while line and not line.startswith("PIDS"):
         line = proc.stdout.readline()

@@ -1,5 +1,5 @@
 """The plan is pure: ranks, environment and ports without starting anything."""
-from typing import get_args
+from typing import Any, get_args
 
 from notebook_launch.net import free_port, port_is_free
 from notebook_launch.options import DEFAULT_USE_PORT
@@ -7,9 +7,9 @@ from notebook_launch.plan import build_plan, nccl_workarounds, omp_threads
 
 
 def plan(**kw):
-    args = dict(num_processes=2, num_nodes=1, node_rank=0, master_addr="127.0.0.1",
-                master_port=29500, device_kind="cpu", mixed_precision="no", start_method="fork",
-                run_id="r1", user_env={}, cpu_count=8)
+    args: dict[str, Any] = dict(num_processes=2, num_nodes=1, node_rank=0, master_addr="127.0.0.1",
+                                master_port=29500, device_kind="cpu", mixed_precision="no", start_method="fork",
+                                run_id="r1", user_env={}, cpu_count=8)
     args.update(kw)
     return build_plan(**args)
 
@@ -84,9 +84,10 @@ def test_port_probe():
 
 def _env(**overrides):
     from notebook_launch.plan import rank_environment
-    arguments = dict(global_rank=3, local_rank=1, num_processes=2, num_nodes=2, node_rank=1, world_size=4,
-                     master_addr="10.0.0.5", master_port=29511, device_kind="cuda", mixed_precision="no",
-                     run_id="r", user_env={}, cpu_count=8)
+    arguments: dict[str, Any] = dict(
+        global_rank=3, local_rank=1, num_processes=2, num_nodes=2, node_rank=1, world_size=4,
+        master_addr="10.0.0.5", master_port=29511, device_kind="cuda", mixed_precision="no",
+        run_id="r", user_env={}, cpu_count=8)
     arguments.update(overrides)
     return rank_environment(**arguments)
 

@@ -76,7 +76,7 @@ def a_plan(num_processes: int = 2):
                       run_id="r", user_env={}, cpu_count=4)
 
 
-def a_session(tmp_path, display: Display | None = None) -> tuple[Session, RecordingDisplay, RecordingLogs]:
+def a_session(tmp_path, display: RecordingDisplay | None = None) -> tuple[Session, RecordingDisplay, RecordingLogs]:
     display = display or RecordingDisplay()
     logs = RecordingLogs(tmp_path)
     state = plan_state(a_plan(), "run", "fork", tmp_path)

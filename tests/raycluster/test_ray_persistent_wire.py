@@ -37,7 +37,9 @@ def test_a_call_with_big_tensors_and_an_interrupt_cross_whole():
     slot = RaySlot(lambda message: write_whole(notebook_end.fileno(), [message]))
     slot.request(7)
 
-    kind, call = ray_serve.decode(*inbox.calls.get(timeout=30))
+    received = inbox.calls.get(timeout=30)
+    assert received is not None
+    kind, call = ray_serve.decode(*received)
     assert kind == "call" and call.number == 7
     assert torch.equal(call.job.function(*call.job.args), big * 2)
     deadline = threading.Event()
