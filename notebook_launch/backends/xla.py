@@ -71,12 +71,14 @@ def replica_records(launcher: int) -> dict[int, tuple[int, str]]:
     while queue:
         pid = queue.pop(0)
         queue.extend(children(pid))
-        for name, path in memfds(pid).items():
+        for name, paths in memfds(pid).items():
             ordinal = name.removeprefix(REPLICA_RECORD_NAME)
             if ordinal != name and ordinal.isdigit():
-                record = read_record(path)
-                if record is not None and record[0] == pid:
-                    found[int(ordinal)] = (pid, path)
+                for path in paths:   # its own, not one inherited from whatever forked it
+                    record = read_record(path)
+                    if record is not None and record[0] == pid:
+                        found[int(ordinal)] = (pid, path)
+                        break
     return found
 
 

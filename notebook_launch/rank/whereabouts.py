@@ -46,7 +46,8 @@ from typing import Any, Callable
 log = logging.getLogger("notebook_launch")
 MAGIC = b"NLWHERE1"
 RECORD_SIZE = 4096
-# magic (8s), pid (q), main thread ident (Q), dump signal (i), pad (i) -> 32 bytes of header;
+# magic (8s), pid (q), main thread ident (Q), dump signal (i), the stacks memfd's fd number (i; 0:
+# unknown) -> 32 bytes of header;
 # then generation (Q), inside (I), text length (I), sequence number (q) at GEN_OFFSET; the text
 # (what changes only with the call site, the group or the tensors) at TEXT_OFFSET.
 HEADER = struct.Struct("<8sqQii")
@@ -94,9 +95,12 @@ class Record:
         self.length_word = fields[12:16].cast("I")
         self.seq_word = fields[16:24].cast("q")
 
-    def announce(self) -> None:
-        """Say the dump handler is installed (written last: the notebook signals only after it)."""
-        HEADER.pack_into(self.map, 0, b"\0" * 8, os.getpid(), threading.main_thread().ident or 0, DUMP_SIGNAL, 0)
+    def announce(self, stacks_fd: int = 0) -> None:
+        """Say the dump handler is installed (written last: the notebook signals only after it),
+        and which of the rank's fds its dumps go to: a rank may hold other memfds of the same
+        name, inherited from whatever forked it, so the notebook never goes by the name alone."""
+        HEADER.pack_into(self.map, 0, b"\0" * 8, os.getpid(), threading.main_thread().ident or 0, DUMP_SIGNAL,
+                         stacks_fd)
         self.map[0:8] = MAGIC
 
     def enter(self, key: Any, seq: int, describe: Callable[[], str]) -> None:
@@ -145,7 +149,7 @@ def install(spec: Any) -> None:
         wrap_collectives(sys.modules["torch.distributed"])
     elif not any(isinstance(finder, _WrapOnImport) for finder in sys.meta_path):   # one, even after a fork
         sys.meta_path.insert(0, _WrapOnImport())
-    _record.announce()
+    _record.announce(_stacks_fd)
 
 
 def _forget_inherited() -> None:

@@ -30,7 +30,7 @@ from typing import Mapping, Sequence
 from ..rank.whereabouts import DUMP_SIGNAL, STACKS_NAME
 from . import hang_verdict
 from .faulthandler_dump import parse_dump
-from .memfds import memfds
+from .memfds import memfd_name, stacks_fd
 
 NATIVE_WAIT = 8.0         # seconds for every rank's py-spy together
 FRAME_WIDTH = 120         # a C++ frame's name is cut to this many characters (templates run to pages)
@@ -200,8 +200,10 @@ def catches_dump_signal(pid: int) -> bool:
     return False
 
 
-def _stacks_file(pid: int) -> str | None:
-    return memfds(pid).get(STACKS_NAME)
+def _stacks_file(child: int, fd: int) -> str | None:
+    """The child's copy of the rank's stacks file (the fd number it inherited), if it still holds it."""
+    path = f"/proc/{child}/fd/{fd}"
+    return path if memfd_name(path) == STACKS_NAME else None
 
 
 def _size(path: str) -> int:
@@ -216,8 +218,11 @@ def child_stacks(pid: int, wait: float = CHILD_WAIT) -> list[tuple[int, list[han
     the rank does (faulthandler on ``DUMP_SIGNAL`` into the stacks memfd it inherited), one at a
     time: they share that file. A child that cannot is left out."""
     found: list[tuple[int, list[hang_verdict.ThreadStack]]] = []
+    fd = stacks_fd(pid)
+    if fd is None:
+        return found
     for child in children(pid)[:CHILDREN_SHOWN]:
-        path = _stacks_file(child)
+        path = _stacks_file(child, fd)
         if path is None or not catches_dump_signal(child):
             continue
         offset = _size(path)

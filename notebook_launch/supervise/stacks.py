@@ -16,18 +16,13 @@ from ..rank.whereabouts import (FIELD_SEP, GEN_OFFSET, HEADER, MAGIC, RECORD_NAM
                                 STATE, TEXT_OFFSET)
 from . import hang_verdict
 from .faulthandler_dump import parse_dump
-from .memfds import memfds
+from .memfds import rank_files
 from .hang_verdict import Collective, Frame, RankWhereabouts
 
 DUMP_WAIT = 2.0       # seconds to wait for the ranks' dumps (a dump takes microseconds once delivered)
 SETTLE = 0.05         # a dump is complete once its file stopped growing for this long
 log = logging.getLogger("notebook_launch")
 
-
-
-def rank_files(pid: int) -> dict[str, str]:
-    """The /proc paths of the rank's whereabouts memfds, by name (none: not installed, or gone)."""
-    return {name: path for name, path in memfds(pid).items() if name in (RECORD_NAME, STACKS_NAME)}
 
 
 def read_record(path: str) -> tuple[int, int, int, Collective | None, bool] | None:
