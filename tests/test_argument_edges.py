@@ -96,14 +96,14 @@ def test_options_are_resolved_once_with_notebook_launchers_defaults(monkeypatch)
 def test_lines_per_second_reaches_the_display(given, budget, monkeypatch, log_dir):
     """notebook_launcher(lines_per_second=) is the cell's line budget of the display the run
     chooses ("all": None, every line)."""
-    from notebook_launch import session
+    from notebook_launch import run
     chosen = []
-    real = session.choose_display
+    real = run.choose_display
 
     def recording(ui, **kwargs):
         chosen.append(kwargs["lines_per_second"])
         return real(ui, **kwargs)
-    monkeypatch.setattr(session, "choose_display", recording)
+    monkeypatch.setattr(run, "choose_display", recording)
     assert notebook_launcher(rank_of_each, num_processes=1, lines_per_second=given, ui="none",
                              log_dir=log_dir) == [0]
     assert chosen == [budget]
