@@ -135,6 +135,14 @@ def install(spec: Any) -> None:
     itself: a test, a persistent rank's own launch) inherits the parent's record and stacks
     memfd, whose header names the parent's pid: the notebook would never find this rank's.
     Such a child drops the inherited ones and installs its own."""
+    with _install_lock:   # XLA runs its ranks as threads of one process: each calls this hook
+        _install()
+
+
+_install_lock = threading.Lock()
+
+
+def _install() -> None:
     global _record, _stacks_fd, _installed_by
     if _record is not None and _installed_by == os.getpid():
         return
