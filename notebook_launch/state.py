@@ -53,7 +53,8 @@ class Bar:
     elapsed: float = 0.0        # seconds since the bar started, in the rank
     closed: bool = False
     moved: int = 0              # the rank's fold number when the bar last opened or advanced
-    nested: int = 0             # how many bars opened while this one was open (outer loops have many)
+    nested: int = 0             # how many bars opened while this one was open (outer loops have many);
+                                # counted in the rank, the one place that knows the order of events
 
     @property
     def fraction(self) -> float | None:
@@ -161,9 +162,6 @@ class RunState:
         for bar_id, fields in payload.get("bars", {}).items():
             bar = rs.bars.get(bar_id)
             if bar is None:
-                for outer in rs.bars.values():
-                    if not outer.closed:
-                        outer.nested += 1
                 bar = rs.bars[bar_id] = Bar(id=bar_id, moved=fold)
             elif "n" in fields and fields["n"] != bar.n:
                 bar.moved = fold

@@ -26,7 +26,7 @@ def test_progress_events_fold_into_bars_and_metrics():
 
 def test_main_bar_is_the_innermost_moving_bar_else_the_outer_loop():
     state = make_state(1)
-    state.on_progress(0, {"bars": {"b0": {"desc": "epoch", "n": 1, "total": 3},
+    state.on_progress(0, {"bars": {"b0": {"desc": "epoch", "n": 1, "total": 3, "nested": 1},
                                    "b1": {"desc": "batch", "n": 50, "total": 100}}})
     assert state.ranks[0].main_bar.desc == "batch"
     state.on_progress(0, {"bars": {"b1": {"closed": True}}})

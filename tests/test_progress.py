@@ -110,6 +110,46 @@ def test_nested_bars_final_state(monkeypatch):
         assert [b.n for b in rs.bars.values() if b.desc == "batch"] == [100] * 5
 
 
+def _one_batch_of_both_orders():
+    """Two bar stories reach the notebook in one PROGRESS event, where only each bar's latest
+    fields survive: 'epoch' (touched first) has 'inner' open and close inside it, then closes;
+    'first' closes before 'second' opens. The flusher is held off (its send lock) so the batch
+    cannot split, which would hide the order it loses."""
+    import importlib
+    module = importlib.import_module("notebook_launch.rank.progress")
+    module.flush()
+    rep = module.reporter()
+    with rep.send_lock:
+        epoch = progress(total=2, desc="epoch")
+        epoch.update(1)
+        epoch._check()                       # publish now: 'epoch' is the batch's first entry
+        inner = progress(total=1, desc="inner")
+        inner.update(1)
+        inner.close()
+        epoch.update(1)
+        epoch.close()
+        first = progress(total=1, desc="first")
+        first.close()
+        second = progress(total=1, desc="second")
+        second.close()
+    module.flush()
+    return rep.sends
+
+
+def test_nesting_is_known_when_one_batch_holds_a_bars_close_and_anothers_open(monkeypatch):
+    """In one batch 'epoch' closes after 'inner' opened inside it: the rank, which saw the
+    order, says so (the notebook once applied the close first and counted no nesting, so
+    Lightning's row ended on the sanity check in a loaded CI run); a bar opened after another
+    closed is not nested in it."""
+    with keep_state(monkeypatch) as displays:
+        notebook_launcher(_one_batch_of_both_orders, num_processes=1)
+    bars = {bar.desc: bar for bar in displays[0].state.ranks[0].bars.values()}
+    assert set(bars) == {"epoch", "inner", "first", "second"} and all(b.closed for b in bars.values())
+    assert (bars["epoch"].nested, bars["inner"].nested) == (1, 0)
+    assert (bars["first"].nested, bars["second"].nested) == (0, 0)
+    assert displays[0].state.ranks[0].main_bar.desc == "epoch"
+
+
 def test_progress_iteration_keeps_counting_past_checks():
     # The hot loop only compares with a threshold; a rank-less bar must still count when it has a
     # reporter. Simulate one with a recording writer (no parent process involved).

@@ -28,7 +28,7 @@ def lightning_like_run(state, local=0):
     bar(b0={"n": 2, "elapsed": 0.2, "closed": True})
     bar(b1={"desc": "Epoch 0", "n": 0, "total": 10})
     bar(b1={"n": 10, "elapsed": 1.0})
-    bar(b2={"desc": "Validation", "n": 0, "total": 4})
+    bar(b1={"nested": 1}, b2={"desc": "Validation", "n": 0, "total": 4})   # the rank counts nesting
     yield "validating"
     bar(b2={"n": 4, "elapsed": 0.3, "closed": True})
     yield "validated"
@@ -58,11 +58,11 @@ def test_the_row_follows_the_moving_bar_and_ends_on_the_training_bar():
 def test_nested_loops_show_the_inner_bar_while_running_and_the_outer_one_at_the_end():
     state = make_state(1)
     rs = state.ranks[0]
-    state.on_progress(0, {"bars": {"b0": {"desc": "epoch", "n": 0, "total": 3},
+    state.on_progress(0, {"bars": {"b0": {"desc": "epoch", "n": 0, "total": 3, "nested": 1},
                                    "b1": {"desc": "step", "n": 5, "total": 20}}})
     assert rs.main_bar.desc == "step" and "also epoch 0%" in fmt.other_bars(rs)
     assert "also epoch 0%" in fragments.info_html(rs)
-    state.on_progress(0, {"bars": {"b1": {"n": 20, "closed": True}, "b0": {"n": 1},
+    state.on_progress(0, {"bars": {"b1": {"n": 20, "closed": True}, "b0": {"n": 1, "nested": 2},
                                    "b2": {"desc": "step", "n": 0, "total": 20}}})
     assert rs.main_bar.id == "b2"                  # the new inner loop, though the epoch moved too
     state.on_progress(0, {"bars": {"b2": {"n": 20, "closed": True, "elapsed": 9.0},

@@ -1,6 +1,7 @@
 """A rank says where it is even when the process that forked it had a whereabouts record of its
-own (issue 20), and when it holds other memfds of the same names: a process that ran rank code itself (a test that calls a rank hook in-process, a
-persistent rank that launches, anything that called ``whereabouts.install``) hands its record and
+own (issue 20), and when it holds other memfds of the same names: a process that ran rank code
+itself (a test that calls a rank hook in-process, a persistent rank that launches, anything
+that called ``whereabouts.install``) hands its record and
 stacks memfd to every child it forks, and that record names the parent's pid. The child must
 install its own, or the notebook finds no record for it and a hang's error can only say
 "ranks still running".

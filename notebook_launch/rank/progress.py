@@ -85,6 +85,12 @@ class _Reporter:
     def register(self, bar: Progress) -> str:
         with self.lock:
             bar_id = f"b{next(self.ids)}"
+            # Nesting is counted here, where the order of events is known: a batch holds a
+            # bar's latest fields only, so the notebook cannot tell whether a bar that closed
+            # in the batch closed before or after another one opened.
+            for outer_id, outer in self.live.items():
+                outer._nested += 1
+                self.dirty[outer_id] = outer
             self.live[bar_id] = bar
             self.dirty[bar_id] = bar
         self._ensure_thread()
@@ -232,6 +238,7 @@ class Progress:
         self.unit = unit
         self.n = initial
         self.closed = False
+        self._nested = 0   # bars this rank opened while this one was open (outer loops have many)
         self._started = _monotonic()
         self._checked_at = self._started
         self._check_every = 1
@@ -299,7 +306,7 @@ class Progress:
         end = self._checked_at if not self.closed else self._closed_at
         return {"desc": self.desc, "n": self.n, "total": self.total, "unit": self.unit,
                 "rate": None if self._rate is None else round(self._rate, 3),
-                "elapsed": round(end - self._started, 3), "closed": self.closed}
+                "elapsed": round(end - self._started, 3), "closed": self.closed, "nested": self._nested}
 
     def set_description(self, desc: str) -> None:
         self.desc = desc
