@@ -20,7 +20,8 @@ bash scripts/lint.sh || status=1
 # in the main suite also checks the built site's links and opens it in headless Chromium.
 NO_MKDOCS_2_WARNING=1 .venv/bin/mkdocs build --strict || status=1
 # The main suite (Python 3.11, the newest IPython, ipykernel and ipywidgets the test extra resolves, torch 2.13).
-.venv/bin/python -m pytest -p no:cacheprovider --junitxml=test-artifacts/junit-main.xml || status=1
+# --durations: the slowest tests in the CI log, for keeping the whole run under 45 minutes.
+.venv/bin/python -m pytest -p no:cacheprovider --durations=25 --junitxml=test-artifacts/junit-main.xml || status=1
 # The hosted-notebook lanes: every kernel-facing test file, and the wheel installed on the host's pins changing
 # none of them (tests/hosts), on each host's own versions (hosts/colab.txt, hosts/kaggle.txt).
 # Colab: Python 3.13 in a Debian trixie chroot, IPython 7.34.0, ipykernel 6.17.1, ipywidgets 7.7.1, torch 2.11.0.
