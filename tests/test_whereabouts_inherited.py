@@ -28,9 +28,15 @@ SCRIPT = textwrap.dedent("""
             time.sleep(600)
         return 0
 
-    if sys.argv[1] == "installed":
+    if sys.argv[1] in ("installed", "installing"):
         whereabouts.install(None)   # this process now has a record, as a rank would
         assert whereabouts._record is not None
+    if sys.argv[1] == "installing":   # another thread of the forker is inside install at each fork
+        import threading
+        held = threading.Event()
+        threading.Thread(target=lambda: (whereabouts._install_lock.acquire(), held.set(), time.sleep(600)),
+                         daemon=True).start()
+        held.wait()
     if sys.argv[1] == "foreign":   # memfds of the same names that are not whereabouts' own (its module
         held = [whereabouts.Record(), os.memfd_create(whereabouts.STACKS_NAME)]   # knows nothing of them)
         held[0].announce()
@@ -56,6 +62,16 @@ def run_case(mode: str, log_dir: str) -> str:
 
 def test_a_rank_forked_from_a_process_with_a_record_keeps_its_own(log_dir):
     text = run_case("installed", log_dir)
+    first = text.splitlines()[0]
+    assert first.startswith("notebook_launch: timed out after 8 s: "), text
+    assert "rank 1 is in sleeps_on_rank_1() at launch_case.py:" in first and "(time.sleep(600))" in first, text
+
+
+def test_a_rank_forked_while_another_thread_installs_does_not_wait_for_it(log_dir):
+    """XLA runs its replicas as threads of one process, each calling install: a child forked while
+    one of them held the install lock (a DataLoader worker) inherits the lock held by a thread it
+    does not have, and its own install waited forever; each child gets a new lock."""
+    text = run_case("installing", log_dir)
     first = text.splitlines()[0]
     assert first.startswith("notebook_launch: timed out after 8 s: "), text
     assert "rank 1 is in sleeps_on_rank_1() at launch_case.py:" in first and "(time.sleep(600))" in first, text
