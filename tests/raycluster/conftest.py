@@ -1,6 +1,10 @@
-"""Fixtures for the Ray backend's tests: one real two-node Ray cluster per test module
-(two network namespaces joined by a veth pair; see ray_two_nodes.py), torn down fully
-after the module whatever happened. Skips, saying why, without root or iproute2."""
+"""Fixtures for the Ray backend's tests: one real two-node Ray cluster (two network namespaces
+joined by a veth pair; see ray_two_nodes.py) shared by this folder's modules, and torn down
+fully after its last test, whatever happened. Starting a cluster costs about 30 s on the CI
+machine, once instead of once per module; a module that ends by losing node B (the last test of
+it) gets node B back for the next one (``RayTwoNodes.ensure_up``). The cluster is not kept for the
+rest of the suite: idle Ray daemons would take CPU from every later test. Skips, saying why,
+without root or iproute2."""
 from __future__ import annotations
 
 from typing import Any, Iterator
@@ -8,17 +12,41 @@ from typing import Any, Iterator
 import pytest
 from ray_two_nodes import RayTwoNodes, kernel_manager, unavailable_reason
 
+_shared: dict[str, RayTwoNodes] = {}
+
 
 @pytest.fixture(scope="module")
-def ray_nodes(tmp_path_factory) -> Iterator[RayTwoNodes]:
+def ray_nodes(tmp_path_factory) -> RayTwoNodes:
     reason = unavailable_reason()
     if reason:
         pytest.skip(reason)
-    nodes = RayTwoNodes(tmp_path_factory.mktemp("ray"))
-    try:
+    nodes = _shared.get("nodes")
+    if nodes is None:
+        nodes = RayTwoNodes(tmp_path_factory.mktemp("ray"))
+        _shared["nodes"] = nodes   # held before up(): a half-started cluster is taken down too
         nodes.up()
-        yield nodes
-    finally:
+    else:
+        nodes.ensure_up()
+    return nodes
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _ray_nodes_down_at_the_end() -> Iterator[None]:
+    """The backstop: down at the session's end if no test of this folder came last."""
+    yield
+    _take_down()
+
+
+@pytest.hookimpl(trylast=True)   # after the test's own fixtures are torn down (a kernel on node A)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:
+    """Down right after this folder's last test (the next test is elsewhere, or none)."""
+    if nextitem is None or nextitem.path.parent != item.path.parent:
+        _take_down()
+
+
+def _take_down() -> None:
+    nodes = _shared.pop("nodes", None)
+    if nodes is not None:
         nodes.down()
 
 

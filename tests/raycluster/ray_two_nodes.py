@@ -107,6 +107,9 @@ class Notebook:
                                  + "\n".join(out["error"]["traceback"]) + "\n" + out["stdout"] + out["stderr"])
         return json.loads(out["stdout"].strip().splitlines()[-1])
 
+    def alive(self) -> bool:
+        return bool(self.km.has_kernel and self.km.is_alive())
+
     def shutdown(self) -> None:
         try:
             self.kc.stop_channels()
@@ -137,15 +140,43 @@ class RayTwoNodes:
 
     def up(self) -> None:
         netns_pair.create_pair(self.namespaces, self.links, self.addresses)
-        common = [f"--num-cpus={self.cpus_per_node}", f"--object-store-memory={OBJECT_STORE_BYTES}",
-                  "--disable-usage-stats"]
         self.start_node(0, "--head", f"--node-ip-address={self.addresses[0]}", f"--port={HEAD_PORT}",
-                        "--include-dashboard=false", f"--temp-dir={self.temp_dir}", *common)
-        self.start_node(1, f"--address={self.head}", f"--node-ip-address={self.addresses[1]}", *common)
+                        "--include-dashboard=false", f"--temp-dir={self.temp_dir}", *self._common())
+        self._start_node_b()
+        self._start_notebook()
+
+    def _common(self) -> list[str]:
+        return [f"--num-cpus={self.cpus_per_node}", f"--object-store-memory={OBJECT_STORE_BYTES}",
+                "--disable-usage-stats"]
+
+    def _start_node_b(self) -> None:
+        self.start_node(1, f"--address={self.head}", f"--node-ip-address={self.addresses[1]}", *self._common())
+
+    def _start_notebook(self) -> None:
         self.notebook = Notebook(self.namespaces[0], self.env, self.tmp)
         self.notebook.value("import json, ray\n"
                             f"ray.init(address={self.head!r}, log_to_driver=False)\n"
                             "print(json.dumps(len([n for n in ray.nodes() if n['Alive']])))")
+
+    def ensure_up(self) -> None:
+        """Both nodes and the notebook as ``up`` left them, for the next test module of a shared
+        cluster: a test that ends by losing node B (the last of its module) leaves it down, and
+        node B comes back as a new node (the dead one stays in Ray's list, as on a real cluster).
+        Node A or the notebook gone: everything starts again."""
+        if not self.pids(0) or self.notebook is None or not self.notebook.alive():
+            self.down()
+            self.up()
+            return
+        if not self.pids(1):
+            self._start_node_b()
+        alive = self.notebook.value(
+            "import time\n"
+            "deadline = time.monotonic() + 120\n"
+            "while len([n for n in ray.nodes() if n['Alive']]) < 2 and time.monotonic() < deadline:\n"
+            "    time.sleep(0.2)\n"
+            "print(json.dumps(len([n for n in ray.nodes() if n['Alive']])))")
+        if alive != 2:
+            raise RuntimeError(f"node B did not rejoin the cluster: {alive} node(s) alive")
 
     def start_node(self, node: int, *args: str, attempts: int = 5) -> None:
         """`ray start` on a node. Ray gives a raylet 30 s to register, which a loaded 2-core
@@ -205,6 +236,7 @@ class RayTwoNodes:
                 self.notebook.shutdown()
             except Exception as exc:   # the kernel may be gone already; its processes are killed below
                 print(f"stopping the notebook kernel: {exc!r}", file=sys.stderr)
+            self.notebook = None
         self.kill_node(None)
         netns_pair.delete_pair(self.namespaces)
         shutil.rmtree(self.temp_dir, ignore_errors=True)
