@@ -66,9 +66,12 @@ def test_interactive_ranks():
     assert "same weights on every rank: True" in text
     learned = re.search(r"learned weights: \[([-0-9., ]+)\]", text)
     assert learned and abs(float(learned.group(1).split(",")[0]) - 2.0) < 0.2, text
-    assert "failed rank: 1" in text
-    assert "last line: The ranks are still running, with their state; the next call runs on them." in text
-    failing_call = next(cell_text(c) for c in nb.cells if c.cell_type == "code" and "bad_step" in c.source)
-    assert "training goes on: [" in failing_call, failing_call
+    failing = next(c for c in nb.cells if c.cell_type == "code" and "bad_step" in c.source)
+    failing_call = cell_text(failing)
+    shown = f"{failing_call}\n--- its outputs, as the kernel sent them ---\n{failing.get('outputs')}"
+    assert "failed rank: 1" in failing_call, shown
+    still_running = "last line: The ranks are still running, with their state; the next call runs on them."
+    assert still_running in failing_call, shown
+    assert "training goes on: [" in failing_call, shown
     assert "rank 1 sees total 3.0" in text
     assert "[3.0, 3.0]" in text
