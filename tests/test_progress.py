@@ -175,3 +175,36 @@ def test_progress_iteration_keeps_counting_past_checks():
         assert last["n"] == 100_000 and last["closed"] is True
     finally:
         channel.install(None)
+
+
+FORK_WHILE_LOCKED = """
+import os, signal, threading, time
+import notebook_launch.protocol as channel
+progress_module = __import__("notebook_launch.rank.progress", fromlist=["reporter"])
+
+class Writer:
+    def send(self, kind, payload):
+        pass
+
+channel.install(Writer())
+held = threading.Event()
+threading.Thread(target=lambda: (progress_module._reporter_lock.acquire(), held.set(), time.sleep(60)),
+                 daemon=True).start()
+held.wait()
+pid = os.fork()
+if pid == 0:
+    signal.alarm(10)   # the old way: waits for a lock no thread of this process will release
+    progress_module.reporter()
+    os._exit(0)
+_, status = os.waitpid(pid, 0)
+print("CHILD", os.waitstatus_to_exitcode(status))
+"""
+
+
+def test_a_process_forked_while_the_reporter_is_made_makes_its_own():
+    """A rank's DataLoader worker forked while another thread of the rank held the lock that
+    guards making the reporter: the worker makes its own (under a new lock), not wait forever."""
+    import subprocess
+    import sys
+    done = subprocess.run([sys.executable, "-c", FORK_WHILE_LOCKED], capture_output=True, text=True, timeout=60)
+    assert "CHILD 0" in done.stdout, done.stdout + done.stderr

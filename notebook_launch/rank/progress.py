@@ -210,8 +210,11 @@ def log(**metrics: Any) -> None:
 
 
 def _forget_in_child() -> None:
-    global _reporter
+    """A forked child (a DataLoader worker) makes its own reporter, under a lock of its own: the
+    parent's may have been held by a thread the child does not have (as whereabouts' install lock)."""
+    global _reporter, _reporter_lock
     _reporter = None
+    _reporter_lock = threading.Lock()
 
 
 if hasattr(os, "register_at_fork"):
