@@ -2,8 +2,8 @@
 # Static checks of the whole repository: ruff (every .py file and the notebooks) and mypy (the package, tests,
 # benchmarks, scripts, examples). Zero findings. The versions are pinned in pyproject's test extra; the
 # configuration is pyproject's [tool.ruff] and [tool.mypy]. Run it as `bash scripts/lint.sh` (CI runs it
-# from scripts/test.sh). mypy takes about 80 s of one core with a cold cache (most of it torch's own types),
-# seconds with a warm one. Its cache lives outside the clone, under the cache the host lanes use
+# from scripts/test.sh). mypy takes about 3 minutes of one core with cold caches (four runs, each reading
+# torch's own types), seconds with warm ones. Its cache lives outside the clone, under the cache the host lanes use
 # (/var/cache/notebook_launch, kept on a machine across fresh clones, as CI makes), one folder per clone
 # path (mypy's cache records source paths); .mypy_cache where that folder cannot be written.
 set -uo pipefail
