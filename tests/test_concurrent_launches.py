@@ -28,7 +28,9 @@ def _barrier_rank(meet_dir: str | None = None, launches: int = 0):
     if meet_dir and dist.get_rank() == 0:
         open(os.path.join(meet_dir, str(os.getpid())), "w").close()
         deadline = time.monotonic() + 90
-        while len(os.listdir(meet_dir)) < launches and time.monotonic() < deadline:
+        while len(os.listdir(meet_dir)) < launches:
+            if time.monotonic() > deadline:   # the launches did not overlap: the test would prove nothing
+                raise TimeoutError(f"only {len(os.listdir(meet_dir))} of {launches} launches met")
             time.sleep(0.05)
     dist.barrier()
     port = os.environ["MASTER_PORT"]
@@ -36,14 +38,23 @@ def _barrier_rank(meet_dir: str | None = None, launches: int = 0):
     return port
 
 
+def _meeting_place(tmp_path) -> str:
+    """A folder of its own: tmp_path also holds the runs' log folder (conftest), which counted as
+    a launch, so two of the three launches met and the third could start after one ended."""
+    meet = tmp_path / "meet"
+    meet.mkdir()
+    return str(meet)
+
+
 def test_threads_of_one_notebook_launch_at_once(tmp_path):
+    meet = _meeting_place(tmp_path)
     results: dict[int, object] = {}
     start = threading.Barrier(3)
 
     def launch(i: int) -> None:
         start.wait()
         try:
-            results[i] = notebook_launcher(_barrier_rank, args=(str(tmp_path), 3), num_processes=2, timeout=120,
+            results[i] = notebook_launcher(_barrier_rank, args=(meet, 3), num_processes=2, timeout=120,
                                            ui="none")
         except Exception as exc:  # the assertion below shows it
             results[i] = exc
@@ -70,7 +81,8 @@ print("PORTS", notebook_launcher(_barrier_rank, args=(sys.argv[2], 3), num_proce
 
 def test_several_notebooks_launch_at_once(tmp_path):
     tests_dir = os.path.dirname(os.path.abspath(__file__))
-    procs = [subprocess.Popen([sys.executable, "-c", NOTEBOOK, tests_dir, str(tmp_path)], stdin=subprocess.PIPE,
+    meet = _meeting_place(tmp_path)
+    procs = [subprocess.Popen([sys.executable, "-c", NOTEBOOK, tests_dir, meet], stdin=subprocess.PIPE,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(3)]
     for p in procs:   # all imported and waiting: release them together
         assert p.stdin is not None
