@@ -18,8 +18,9 @@ import struct
 import logging
 import os
 import tempfile
-import threading
 import time
+
+from .fork_locks import ForkRenewedLock
 
 SIOCGIFADDR = 0x8915
 log = logging.getLogger("notebook_launch")
@@ -212,7 +213,7 @@ class PortReservation:
 
 
 _held: dict[str, list[PortReservation]] = {}
-_held_lock = threading.Lock()
+_held_lock = ForkRenewedLock()
 
 
 def hold_claim(owner: str, claim: PortReservation) -> None:

@@ -27,6 +27,8 @@ import traceback as traceback_module
 from dataclasses import asdict, dataclass
 from typing import Any, TypedDict
 
+from .fork_locks import ForkRenewedLock
+
 _HEADER = struct.Struct("!I")
 
 
@@ -215,7 +217,7 @@ class EventWriter:
         self._tensors_file = None if tensors_fd is None else _identity(tensors_fd)
         self._pipe = _identity(fd)
         self._reopen = reopen
-        self._lock = threading.Lock()
+        self._lock = ForkRenewedLock()   # a DataLoader worker sends progress through the rank's writer
 
     def send(self, kind: EventKind, payload: Any) -> None:
         data = pickle.dumps((EventKind(kind).value, payload), protocol=pickle.HIGHEST_PROTOCOL)

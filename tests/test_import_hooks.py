@@ -11,7 +11,27 @@ from helpers.nbutil import cell_text, make_notebook, run_notebook
 
 # What the process looks like: compared before and after `import notebook_launch`.
 SNAPSHOT = '''
-import logging, sys, threading, torch
+import logging, os, pkgutil, sys, threading, torch
+
+# os.register_at_fork cannot be read back: every registration from here on is seen as it is made
+_at_fork_of_ours = []
+_register_at_fork = os.register_at_fork
+
+def _seen_register_at_fork(**hooks):
+    _at_fork_of_ours.extend(f"{h.__module__}.{h.__qualname__}" for h in hooks.values()
+                            if (getattr(h, "__module__", None) or "").startswith("notebook_launch"))
+    return _register_at_fork(**hooks)
+
+os.register_at_fork = _seen_register_at_fork
+
+def import_every_module():
+    """Every module of the package, not only what its __init__ imports (optional extras left out)."""
+    import notebook_launch
+    for info in pkgutil.walk_packages(notebook_launch.__path__, "notebook_launch."):
+        try:
+            __import__(info.name)
+        except ImportError:   # torch_xla, ray parts where they are not installed
+            pass
 
 def process_snapshot(shell=None):
     nl_logger = logging.root.manager.loggerDict.get("notebook_launch")
@@ -24,8 +44,8 @@ def process_snapshot(shell=None):
         "loggers with handlers": sorted(name for name, lg in logging.root.manager.loggerDict.items()
                                         if getattr(lg, "handlers", None)),
         "threads": sorted(t.name for t in threading.enumerate()),
-        # os.register_at_fork cannot be read back: warm_imports registers its handler only when it hooks
-        "at-fork handler registered": bool(getattr(warm, "_hooked", False)),
+        "at-fork handlers of notebook_launch": list(_at_fork_of_ours),
+        "warm imports hooked": bool(getattr(warm, "_hooked", False)),
     }
     if shell is not None:
         state["IPython events"] = {name: list(cbs) for name, cbs in shell.events.callbacks.items()}
@@ -44,6 +64,8 @@ def test_import_in_a_fresh_interpreter_changes_nothing():
 before = process_snapshot()
 import notebook_launch
 print("changed by import:", changed(before, process_snapshot()))
+import_every_module()
+print("changed by importing every module:", changed(before, process_snapshot()))
 notebook_launch.install_hooks()
 print("changed by install_hooks:", changed(before, process_snapshot()))
 '''
@@ -51,6 +73,7 @@ print("changed by install_hooks:", changed(before, process_snapshot()))
                           env={"NOTEBOOK_LAUNCH_DEBUG": "1", "PATH": "/usr/bin:/bin"})
     assert proc.returncode == 0, proc.stderr
     assert "changed by import: []" in proc.stdout
+    assert "changed by importing every module: []" in proc.stdout, proc.stdout
     # the hooks themselves are seen by the same snapshot (a CPU build has no _cuda_getDeviceCount)
     assert "'notebook_launch logger'" in proc.stdout.split("changed by install_hooks:")[1]
     assert "'torch.cuda._lazy_init'" in proc.stdout.split("changed by install_hooks:")[1]
@@ -69,7 +92,7 @@ def test_import_in_a_kernel_changes_nothing_until_load_ext():
     assert cell_text(out.cells[1]).strip() == "changed by import: []"
     assert cell_text(out.cells[3]).strip() == "changed by a cell: []"
     after_load_ext = cell_text(out.cells[5])
-    for hook in ("IPython events", "at-fork handler registered", "torch.cuda._lazy_init"):
+    for hook in ("IPython events", "at-fork handlers of notebook_launch", "torch.cuda._lazy_init"):
         assert repr(hook) in after_load_ext, after_load_ext
 
 

@@ -178,33 +178,46 @@ def test_progress_iteration_keeps_counting_past_checks():
 
 
 FORK_WHILE_LOCKED = """
-import os, signal, threading, time
+import os, signal, sys, threading, time
 import notebook_launch.protocol as channel
 progress_module = __import__("notebook_launch.rank.progress", fromlist=["reporter"])
 
-class Writer:
-    def send(self, kind, payload):
-        pass
-
-channel.install(Writer())
+read_end, write_end = os.pipe()
+writer = channel.EventWriter(write_end)   # the rank's channel, as a rank has it
+channel.install(writer)
+lock = {"reporter": progress_module._reporter_lock, "writer": writer._lock}[sys.argv[1]]
 held = threading.Event()
-threading.Thread(target=lambda: (progress_module._reporter_lock.acquire(), held.set(), time.sleep(60)),
-                 daemon=True).start()
+
+def hold():
+    with lock:
+        held.set()
+        time.sleep(60)
+
+threading.Thread(target=hold, daemon=True).start()
 held.wait()
 pid = os.fork()
 if pid == 0:
     signal.alarm(10)   # the old way: waits for a lock no thread of this process will release
-    progress_module.reporter()
+    progress_module.log(loss=0.5)
+    progress_module.flush()
     os._exit(0)
 _, status = os.waitpid(pid, 0)
 print("CHILD", os.waitstatus_to_exitcode(status))
+os.set_blocking(read_end, False)
+events = channel.EventReader().feed(os.read(read_end, 65536))
+print("SENT", [(kind.value, payload.get("metrics")) for kind, payload in events])
 """
 
 
-def test_a_process_forked_while_the_reporter_is_made_makes_its_own():
+@pytest.mark.parametrize("lock", ["reporter", "writer"])
+def test_a_process_forked_while_a_thread_holds_a_progress_lock_reports_all_the_same(lock):
     """A rank's DataLoader worker forked while another thread of the rank held the lock that
-    guards making the reporter: the worker makes its own (under a new lock), not wait forever."""
+    guards making the reporter, or the rank's channel's send lock (a tqdm monitor thread sending):
+    the worker's progress.log() is sent, where it waited forever for a lock no thread of its own
+    would release."""
     import subprocess
     import sys
-    done = subprocess.run([sys.executable, "-c", FORK_WHILE_LOCKED], capture_output=True, text=True, timeout=60)
+    done = subprocess.run([sys.executable, "-c", FORK_WHILE_LOCKED, lock], capture_output=True, text=True,
+                          timeout=60)
     assert "CHILD 0" in done.stdout, done.stdout + done.stderr
+    assert "SENT [('progress', {'loss': 0.5})]" in done.stdout, done.stdout + done.stderr

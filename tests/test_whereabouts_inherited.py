@@ -34,8 +34,13 @@ SCRIPT = textwrap.dedent("""
     if sys.argv[1] == "installing":   # another thread of the forker is inside install at each fork
         import threading
         held = threading.Event()
-        threading.Thread(target=lambda: (whereabouts._install_lock.acquire(), held.set(), time.sleep(600)),
-                         daemon=True).start()
+
+        def hold():
+            with whereabouts._install_lock:
+                held.set()
+                time.sleep(600)
+
+        threading.Thread(target=hold, daemon=True).start()
         held.wait()
     if sys.argv[1] == "foreign":   # memfds of the same names that are not whereabouts' own (its module
         held = [whereabouts.Record(), os.memfd_create(whereabouts.STACKS_NAME)]   # knows nothing of them)

@@ -21,6 +21,7 @@ import signal
 import threading
 from collections.abc import Callable
 from typing import NoReturn
+from ..fork_locks import ForkRenewedLock
 
 log = logging.getLogger("notebook_launch")
 
@@ -68,7 +69,7 @@ class _ForkThread:
 
 
 _fork_thread: _ForkThread | None = None
-_start_lock = threading.Lock()
+_start_lock = ForkRenewedLock()   # a rank that launches ranks of its own takes it too
 
 
 def fork_from_clean_thread(child: ChildBody) -> int:

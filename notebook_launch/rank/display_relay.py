@@ -29,8 +29,19 @@ from .. import protocol
 
 log = logging.getLogger("notebook_launch")
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
-_noted_widget_kinds: set[str] = set()   # per process, so per rank
+_noted_widget_kinds: set[str] = set()   # per process, so per rank (a forked child starts afresh)
 _widget_display_ids: set[str] = set()
+_noted_by = os.getpid()
+
+
+def _this_process_notes() -> None:
+    """A process a rank forked (a rank of a launch it makes) notes its own widgets: checked by pid
+    at use, not by an at-fork hook, so that importing the module registers nothing."""
+    global _noted_by
+    if _noted_by != os.getpid():
+        _noted_widget_kinds.clear()
+        _widget_display_ids.clear()
+        _noted_by = os.getpid()
 
 
 def install_display_relay() -> bool:
@@ -48,6 +59,7 @@ def install_display_relay() -> bool:
     def publish(data: dict[str, Any], metadata: dict[str, Any] | None = None, source: Any = None, *,
                 transient: dict[str, Any] | None = None, update: bool = False, **kwargs: Any) -> None:
         display_id = (transient or {}).get("display_id")
+        _this_process_notes()
         if WIDGET_VIEW in data or display_id in _widget_display_ids:
             note_widget(data, display_id)
             return
@@ -64,6 +76,7 @@ def install_display_relay() -> bool:
 
 def note_widget(data: dict[str, Any], display_id: str | None = None) -> None:
     """Say once per kind that a widget made in this rank cannot show (see the module doc)."""
+    _this_process_notes()
     if display_id:
         _widget_display_ids.add(display_id)
     text = str(data.get("text/plain", "") or "")
@@ -77,15 +90,6 @@ def note_widget(data: dict[str, Any], display_id: str | None = None) -> None:
                      "Report from the rank with print(), notebook_launch.progress(...) or progress.log(...), "
                      "or make the widget in the notebook.\n")
     _flush_text_streams()
-
-
-def _forget_in_child() -> None:
-    _noted_widget_kinds.clear()
-    _widget_display_ids.clear()
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_forget_in_child)
 
 
 def _send(payload: protocol.DisplayPayload) -> None:

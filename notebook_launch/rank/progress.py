@@ -21,6 +21,7 @@ import time
 from typing import Any, Iterable, Iterator
 
 from .. import protocol
+from ..fork_locks import ForkRenewedLock
 
 log_ = logging.getLogger("notebook_launch")
 
@@ -175,7 +176,7 @@ class _Reporter:
 
 
 _reporter: _Reporter | None = None
-_reporter_lock = threading.Lock()
+_reporter_lock = ForkRenewedLock()   # a forked child (a DataLoader worker) makes its own reporter
 
 
 def reporter() -> _Reporter | None:
@@ -207,18 +208,6 @@ def log(**metrics: Any) -> None:
     rep = reporter()
     if rep is not None and metrics:
         rep.log({k: scalar(v) for k, v in metrics.items()})
-
-
-def _forget_in_child() -> None:
-    """A forked child (a DataLoader worker) makes its own reporter, under a lock of its own: the
-    parent's may have been held by a thread the child does not have (as whereabouts' install lock)."""
-    global _reporter, _reporter_lock
-    _reporter = None
-    _reporter_lock = threading.Lock()
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_forget_in_child)
 
 
 class Progress:

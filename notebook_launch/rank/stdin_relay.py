@@ -16,12 +16,12 @@ import io
 import logging
 import os
 import sys
-import threading
 
 from .. import protocol
+from ..fork_locks import ForkRenewedLock
 
 log = logging.getLogger("notebook_launch")
-_one_prompt_at_a_time = threading.Lock()
+_one_prompt_at_a_time = ForkRenewedLock()
 
 
 class StdinUnavailableError(RuntimeError):

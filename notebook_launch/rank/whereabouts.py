@@ -42,6 +42,7 @@ import struct
 import sys
 import threading
 from typing import Any, Callable
+from ..fork_locks import ForkRenewedLock
 
 log = logging.getLogger("notebook_launch")
 MAGIC = b"NLWHERE1"
@@ -135,29 +136,12 @@ def install(spec: Any) -> None:
     itself: a test, a persistent rank's own launch) inherits the parent's record and stacks
     memfd, whose header names the parent's pid: the notebook would never find this rank's.
     Such a child drops the inherited ones and installs its own."""
-    _renew_lock_in_children()
     with _install_lock:   # XLA runs its ranks as threads of one process: each calls this hook
         _install()
 
 
-_install_lock = threading.Lock()
-_renewing = False
-
-
-def _renew_lock_in_children() -> None:
-    """A child forked while another thread held the install lock (an XLA replica thread, a
-    DataLoader started beside it) gets the lock held by a thread it does not have: its own
-    install would wait forever. Each child gets a new lock (registered on the first install,
-    not at import: importing notebook_launch hooks nothing)."""
-    global _renewing
-    if not _renewing:
-        _renewing = True
-        os.register_at_fork(after_in_child=_new_install_lock)
-
-
-def _new_install_lock() -> None:
-    global _install_lock
-    _install_lock = threading.Lock()
+# A child forked while an XLA replica thread installs (a DataLoader started beside it) gets it anew.
+_install_lock = ForkRenewedLock()
 
 
 def _install() -> None:

@@ -27,6 +27,7 @@ from ..channels import RankPipes
 from ..plan import LaunchPlan
 from .runner import Job, report_error, reset_inherited_state, run_rank
 from . import whereabouts
+from ..fork_locks import ForkRenewedLock
 
 log = logging.getLogger("notebook_launch")
 
@@ -37,7 +38,7 @@ PER_RANK_VARIABLES = ("RANK", "LOCAL_RANK", "ROLE_RANK", "NOTEBOOK_LAUNCH_RANK")
 # Set in the launcher child before xmp.spawn; replica processes inherit it by
 # fork, so the user's function and arguments are never pickled.
 _context = None
-_process_lock = threading.Lock()
+_process_lock = ForkRenewedLock()
 _process_setup_pid = None
 
 
@@ -154,7 +155,7 @@ XM_COLLECTIVES = ("all_reduce", "all_gather", "all_gather_bucketized", "reduce_s
                   "all_to_all", "collective_permute", "collective_broadcast", "send", "recv")
 XM_BLOCKING = ("rendezvous", "xla_rendezvous")
 _replica_records: dict[int, "ReplicaRecord"] = {}   # thread ident -> the record of the replica it runs
-_wrap_lock = threading.Lock()
+_wrap_lock = ForkRenewedLock()
 
 
 class ReplicaRecord(whereabouts.Record):

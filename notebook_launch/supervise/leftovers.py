@@ -25,7 +25,7 @@ import signal
 import socket
 import subprocess
 import sys
-import threading
+from ..fork_locks import ForkRenewedLock
 
 log = logging.getLogger("notebook_launch")
 RUN_MARK = "NOTEBOOK_LAUNCH_RUN_ID"
@@ -86,7 +86,7 @@ def _carries(pid: int, mark: bytes) -> bool:
 # --- the keeper: the same cleanup when the notebook itself dies ----------------------------
 
 _KEEPER_PROGRAM = os.path.join(os.path.dirname(os.path.abspath(__file__)), "orphan_keeper.py")
-_keeper_lock = threading.Lock()
+_keeper_lock = ForkRenewedLock()
 _keeper: tuple[int, str] | None = None   # (the pid it watches, its socket's abstract name)
 
 
