@@ -23,6 +23,10 @@ What ``install()`` hooks, and why:
   between cells instead of once per rank after the fork (``backends.warm_imports``; opt out
   with ``NOTEBOOK_LAUNCH_PREIMPORT=0``).
 
+One hook is not installed here: ``fork_locks`` registers an ``after_in_child`` at-fork handler
+at the first acquire of any of its locks (a launch, a rank's first send), because only a lock
+that was taken can be held at a fork; it renews, in a forked child, the locks another thread held.
+
 ``install()`` is idempotent; each call also wraps what torch offers by then (torch may be
 imported after the first call).
 """
