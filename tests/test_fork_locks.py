@@ -5,6 +5,7 @@ modules), so the next lock a module adds meets the same rule: the class is teste
 from __future__ import annotations
 
 import importlib
+import os
 import pkgutil
 import subprocess
 import sys
@@ -13,19 +14,12 @@ import threading
 import notebook_launch
 
 CHILD_TAKES_A_LOCK_ANOTHER_THREAD_HELD = """
-import os, signal, threading, time
+import os, signal
+from helpers.forking import hold_in_another_thread
 from notebook_launch.fork_locks import ForkRenewedLock
 
 lock = ForkRenewedLock()
-held = threading.Event()
-
-def hold():
-    with lock:
-        held.set()
-        time.sleep(60)
-
-threading.Thread(target=hold, daemon=True).start()
-held.wait()
+hold_in_another_thread(lock)
 pid = os.fork()
 if pid == 0:
     signal.alarm(10)   # a plain threading.Lock: waits for a thread this process does not have
@@ -60,7 +54,8 @@ print("CHILD", os.waitstatus_to_exitcode(status))
 
 
 def run(script: str) -> str:
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60,
+                          cwd=os.path.dirname(os.path.abspath(__file__)))   # for helpers.forking
     assert done.returncode == 0, done.stderr
     return done.stdout
 

@@ -1,6 +1,7 @@
 """progress() and tqdm inside real launched ranks (fork, real processes)."""
 import importlib
 import itertools
+import os
 from typing import cast
 
 import pytest
@@ -178,23 +179,15 @@ def test_progress_iteration_keeps_counting_past_checks():
 
 
 FORK_WHILE_LOCKED = """
-import os, signal, sys, threading, time
+import os, signal, sys
+from helpers.forking import hold_in_another_thread
 import notebook_launch.protocol as channel
 progress_module = __import__("notebook_launch.rank.progress", fromlist=["reporter"])
 
 read_end, write_end = os.pipe()
 writer = channel.EventWriter(write_end)   # the rank's channel, as a rank has it
 channel.install(writer)
-lock = {"reporter": progress_module._reporter_lock, "writer": writer._lock}[sys.argv[1]]
-held = threading.Event()
-
-def hold():
-    with lock:
-        held.set()
-        time.sleep(60)
-
-threading.Thread(target=hold, daemon=True).start()
-held.wait()
+hold_in_another_thread({"reporter": progress_module._reporter_lock, "writer": writer._lock}[sys.argv[1]])
 pid = os.fork()
 if pid == 0:
     signal.alarm(10)   # the old way: waits for a lock no thread of this process will release
@@ -218,6 +211,6 @@ def test_a_process_forked_while_a_thread_holds_a_progress_lock_reports_all_the_s
     import subprocess
     import sys
     done = subprocess.run([sys.executable, "-c", FORK_WHILE_LOCKED, lock], capture_output=True, text=True,
-                          timeout=60)
+                          timeout=60, cwd=os.path.dirname(os.path.abspath(__file__)))   # for helpers.forking
     assert "CHILD 0" in done.stdout, done.stdout + done.stderr
     assert "SENT [('progress', {'loss': 0.5})]" in done.stdout, done.stdout + done.stderr

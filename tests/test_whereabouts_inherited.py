@@ -32,16 +32,8 @@ SCRIPT = textwrap.dedent("""
         whereabouts.install(None)   # this process now has a record, as a rank would
         assert whereabouts._record is not None
     if sys.argv[1] == "installing":   # another thread of the forker is inside install at each fork
-        import threading
-        held = threading.Event()
-
-        def hold():
-            with whereabouts._install_lock:
-                held.set()
-                time.sleep(600)
-
-        threading.Thread(target=hold, daemon=True).start()
-        held.wait()
+        from helpers.forking import hold_in_another_thread
+        hold_in_another_thread(whereabouts._install_lock, 600)
     if sys.argv[1] == "foreign":   # memfds of the same names that are not whereabouts' own (its module
         held = [whereabouts.Record(), os.memfd_create(whereabouts.STACKS_NAME)]   # knows nothing of them)
         held[0].announce()
@@ -59,6 +51,7 @@ def run_case(mode: str, log_dir: str) -> str:
     with open(script, "w") as f:
         f.write(SCRIPT)
     done = subprocess.run([sys.executable, script, mode, log_dir], cwd=REPO, capture_output=True,
+                          env={**os.environ, "PYTHONPATH": HERE},   # for helpers.forking
                           text=True, timeout=240)
     first = [line for line in done.stdout.splitlines() if line.startswith("FIRST-LINE:")]
     assert first, done.stdout + done.stderr
