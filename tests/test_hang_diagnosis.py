@@ -266,12 +266,16 @@ def test_the_dump_signal_is_not_one_users_or_schedulers_use():
 
 def test_collectives_are_recorded_when_torch_is_imported_only_after_the_rank_started():
     """A spawned rank whose function imports torch itself: the collectives are wrapped on import.
-    A fresh Python loads the module from its file alone (the package's own imports bring torch)."""
+    A fresh Python loads the module from its file, under empty parent packages (the package's own
+    __init__ imports bring torch), so only whereabouts and what it imports (fork_locks) run."""
     import subprocess
     import sys
+    package = os.path.dirname(os.path.dirname(whereabouts.__file__))
     code = (
         "import sys, types, importlib.util\n"
-        f"spec = importlib.util.spec_from_file_location('wb', {whereabouts.__file__!r})\n"
+        f"for name, path in (('notebook_launch', {package!r}), ('notebook_launch.rank', {package + '/rank'!r})):\n"
+        "    sys.modules[name] = parent = types.ModuleType(name); parent.__path__ = [path]\n"
+        f"spec = importlib.util.spec_from_file_location('notebook_launch.rank.whereabouts', {whereabouts.__file__!r})\n"
         "wb = importlib.util.module_from_spec(spec); spec.loader.exec_module(wb)\n"
         "assert 'torch' not in sys.modules\n"
         "wb.install(types.SimpleNamespace(global_rank=0, env={}))\n"
