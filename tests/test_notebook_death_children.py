@@ -21,24 +21,34 @@ import textwrap
 import psutil
 import pytest
 
-from helpers.nbutil import KERNEL_NAME, kernel_spec_dir
+from helpers.nbutil import running_kernel
 
 GONE_WITHIN = 60
 
 START_CHILDREN = textwrap.dedent('''
+    _kept = []   # one entry per rank: XLA replicas are threads of one process
+
     def start_children(fifo):
+        # One rank at a time: a DataLoader worker forked by one thread while another thread's Popen
+        # waits for its child's exec inherits that Popen's error pipe and keeps it open, so the Popen
+        # waits as long as the worker lives (CPython's, not ours: XLA replicas are threads). Made
+        # here, not as a global: persistent ranks get this function pickled, and a lock does not pickle.
+        import threading
+        with globals().setdefault("_one_rank_at_a_time", threading.Lock()):
+            return _start_children(fifo)
+
+    def _start_children(fifo):
         """Start a Popen child, a DataLoader worker and a setsid grandchild; report their pids
         through ``fifo``; keep them (and the DataLoader's iterator) alive."""
         import os, subprocess, sys, torch
         from torch.utils.data import DataLoader
-        global _keep
         popen = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
         escaped = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"],
                                    start_new_session=True)
         loader = iter(DataLoader(list(range(100)), num_workers=1, batch_size=1, persistent_workers=True))
         next(loader)
         workers = [w.pid for w in loader._workers]
-        _keep = (popen, escaped, loader)
+        _kept.append((popen, escaped, loader))
         with open(fifo, "w") as f:
             f.write(" ".join(map(str, [os.getpid(), popen.pid, escaped.pid] + workers)) + "\\n")
         return os.getpid()
@@ -65,21 +75,8 @@ def read_pids(fifo: str, expected_lines: int) -> list[int]:
 
 @pytest.fixture
 def kernel(tmp_path):
-    from jupyter_client.kernelspec import KernelSpecManager
-    from jupyter_client.manager import KernelManager
-    km = KernelManager(kernel_name=KERNEL_NAME, kernel_spec_manager=KernelSpecManager(kernel_dirs=[kernel_spec_dir()]))
-    km.start_kernel(cwd=str(tmp_path))
-    client = km.client()
-    client.start_channels()
-    client.wait_for_ready(timeout=120)
-    try:
-        yield km, client
-    finally:
-        client.stop_channels()
-        if km.has_kernel:
-            km.shutdown_kernel(now=True)
-        else:
-            km.cleanup_resources()
+    with running_kernel(str(tmp_path)) as started:
+        yield started
 
 
 def kill_kernel_and_check(km, pids: list[int]) -> None:

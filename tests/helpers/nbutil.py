@@ -9,7 +9,10 @@ from __future__ import annotations
 import json
 import sys
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import nbformat
 from nbclient.exceptions import CellExecutionError  # noqa: F401  (re-exported for tests)
@@ -133,3 +136,24 @@ def cell_text(cell) -> str:
         elif out.output_type == "error":
             parts.append(f"{out.ename}: {out.evalue}\n" + "\n".join(out.traceback))
     return "".join(p if p.endswith("\n") else p + "\n" for p in parts if p)
+
+
+@contextmanager
+def running_kernel(cwd: str) -> Iterator[tuple[Any, Any]]:
+    """A real kernel of this interpreter and its client, ready; shut down (or cleaned up, when a
+    test killed it) on the way out. Yields (kernel manager, client)."""
+    from jupyter_client.kernelspec import KernelSpecManager
+    from jupyter_client.manager import KernelManager
+    km = KernelManager(kernel_name=KERNEL_NAME, kernel_spec_manager=KernelSpecManager(kernel_dirs=[kernel_spec_dir()]))
+    km.start_kernel(cwd=cwd)
+    client = km.client()
+    client.start_channels()
+    client.wait_for_ready(timeout=120)
+    try:
+        yield km, client
+    finally:
+        client.stop_channels()
+        if km.has_kernel:
+            km.shutdown_kernel(now=True)
+        else:
+            km.cleanup_resources()
