@@ -93,8 +93,9 @@ def kill_kernel_and_check(km, pids: list[int]) -> None:
     assert alive == [], f"left running after the notebook died: {[(p.pid, p.cmdline()) for p in alive]}"
 
 
-def test_a_killed_kernel_leaves_nothing_a_launch_started(kernel, tmp_path):
-    km, client = kernel
+def launch_ranks_that_start_children(client, tmp_path, launch_options: str, ranks: int) -> list[int]:
+    """In the kernel, a launch (``notebook_launcher(train, <launch_options>)``) whose ``ranks`` ranks
+    start children and sleep; the pids they report (4 per rank)."""
     fifo = str(tmp_path / "pids")
     os.mkfifo(fifo)
     client.execute(START_CHILDREN + textwrap.dedent(f'''
@@ -103,10 +104,16 @@ def test_a_killed_kernel_leaves_nothing_a_launch_started(kernel, tmp_path):
         def train():
             start_children({fifo!r})
             time.sleep(600)
-        notebook_launcher(train, num_processes=2, ui="none")
+        notebook_launcher(train, {launch_options})
     '''))
-    pids = read_pids(fifo, 2)
-    assert len(pids) == 8
+    pids = read_pids(fifo, ranks)
+    assert len(pids) == 4 * ranks
+    return pids
+
+
+def test_a_killed_kernel_leaves_nothing_a_launch_started(kernel, tmp_path):
+    km, client = kernel
+    pids = launch_ranks_that_start_children(client, tmp_path, 'num_processes=2, ui="none"', ranks=2)
     kill_kernel_and_check(km, pids)
 
 

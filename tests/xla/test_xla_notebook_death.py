@@ -9,16 +9,13 @@ SIGKILLed (a hard restart: no cleanup code of ours runs) and every process below
 """
 from __future__ import annotations
 
-import os
-import textwrap
-
 import psutil
 import pytest
 
 pytest.importorskip("torch_xla", reason="torch_xla is not installed: run bash scripts/test-xla.sh")
 
 from helpers.nbutil import running_kernel  # noqa: E402
-from test_notebook_death_children import START_CHILDREN, kill_kernel_and_check, read_pids  # noqa: E402
+from test_notebook_death_children import kill_kernel_and_check, launch_ranks_that_start_children  # noqa: E402
 
 
 def test_a_killed_kernel_leaves_nothing_xla_replicas_started(tmp_path, monkeypatch):
@@ -29,18 +26,7 @@ def test_a_killed_kernel_leaves_nothing_xla_replicas_started(tmp_path, monkeypat
 
 
 def check_replicas_and_what_they_started_end_with_the_kernel(km, client, tmp_path) -> None:
-    fifo = str(tmp_path / "pids")
-    os.mkfifo(fifo)
-    client.execute(START_CHILDREN + textwrap.dedent(f'''
-        import time
-        from notebook_launch import notebook_launcher
-        def train():
-            start_children({fifo!r})
-            time.sleep(600)
-        notebook_launcher(train, ui="none")
-    '''))
-    reported = read_pids(fifo, 2)   # one line per replica
-    assert len(reported) == 8
+    reported = launch_ranks_that_start_children(client, tmp_path, 'ui="none"', ranks=2)   # a line per replica
     assert len(set(reported)) == 7, reported   # the replicas share one process
     # and the launcher child above the replica process, which ends with them
     below = {p.pid for p in psutil.Process(km.provisioner.process.pid).children(recursive=True)}
