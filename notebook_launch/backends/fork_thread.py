@@ -21,6 +21,7 @@ import signal
 import threading
 from collections.abc import Callable
 from typing import NoReturn
+
 from ..fork_locks import ForkRenewedLock
 
 log = logging.getLogger("notebook_launch")

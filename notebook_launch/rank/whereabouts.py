@@ -42,6 +42,7 @@ import struct
 import sys
 import threading
 from typing import Any, Callable
+
 from ..fork_locks import ForkRenewedLock
 
 log = logging.getLogger("notebook_launch")

@@ -25,6 +25,7 @@ import signal
 import socket
 import subprocess
 import sys
+
 from ..fork_locks import ForkRenewedLock
 
 log = logging.getLogger("notebook_launch")
