@@ -28,6 +28,13 @@ fi
 V=.venv-xla/bin/python
 if ! "$V" -c 'import torch, torch_xla, sys; sys.exit(not (torch.__version__.startswith("2.9.0") and torch_xla.__version__.startswith("2.9.0")))' 2>/dev/null; then
   "$V" -m pip install -q --upgrade pip
-  bash scripts/pip-install.sh "$V" "torch==2.9.0" "torch_xla==2.9.0"   # about 3 GB from PyPI
+  echo "setup-xla: installing torch 2.9.0 and torch_xla 2.9.0 into $(readlink -f .venv-xla) (7.2 GB installed, about 3 GB to download: 4-8 minutes, once per machine)" >&2
+  bash scripts/pip-install.sh "$V" "torch==2.9.0" "torch_xla==2.9.0" &   # about 3 GB from PyPI
+  xla_install=$!
+  bash scripts/build-ticker.sh "setup-xla: .venv-xla" "$(readlink -f .venv-xla)" 7.2 "$xla_install" &
+  if ! wait "$xla_install"; then
+    echo "setup-xla: the torch_xla lane's venv could not be built: 'pip install torch==2.9.0 torch_xla==2.9.0' failed (above)" >&2
+    exit 1
+  fi
 fi
 bash scripts/pip-install.sh "$V" -e ".[test]"

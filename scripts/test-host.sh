@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # One hosted-notebook lane: the kernel-facing tests on a hosted notebook's own Python and package versions.
-# Usage: scripts/test-host.sh colab|kaggle [pytest arguments or test paths]
+# Usage: scripts/test-host.sh colab|kaggle [--build-only | pytest arguments or test paths]
+#   --build-only   build (or check) the lane's cached venvs and stop: scripts/test.sh starts every lane's build
+#                  this way at its start, so the downloads overlap the main suite, and runs the tests later.
 # (scripts/test-colab.sh and scripts/test-kaggle.sh call it; scripts/test.sh runs both, so .ci/run does.)
 #
 #   colab   Python 3.13 (Colab's) in a Debian trixie chroot (scripts/hosts-chroot.sh), hosts/colab.txt.
@@ -25,8 +27,13 @@
 # One junit file per lane: test-artifacts/junit-<host>.xml, totalled by scripts/junit_total.py.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-host=${1:?usage: scripts/test-host.sh colab|kaggle [pytest args]}
+host=${1:?usage: scripts/test-host.sh colab|kaggle [--build-only | pytest args]}
 shift
+build_only=
+if [ "${1:-}" = --build-only ]; then
+  build_only=1
+  shift
+fi
 pins=hosts/$host.txt
 tools=hosts/lane-tools.txt
 [ -f "$pins" ] || { echo "test-host: no pin file $pins" >&2; exit 2; }
@@ -85,7 +92,14 @@ if [ ! -f "$outside/.ready" ]; then
   rm -rf "$outside"
   run "$python" -m venv "$inside/pins"
   run "$inside/pins/bin/python" -m pip install -q --upgrade "pip>=25.1"   # pip-install.sh resumes downloads
-  run bash scripts/pip-install.sh "$inside/pins/bin/python" --progress-bar off -r "$pins"
+  # pip is quiet: a line every 30 s says how far the 5 GB have come (scripts/build-ticker.sh)
+  run bash scripts/pip-install.sh "$inside/pins/bin/python" --progress-bar off -r "$pins" &
+  pins_install=$!
+  bash scripts/build-ticker.sh "test-host: the $host venv" "$outside" 5 "$pins_install" &
+  if ! wait "$pins_install"; then
+    echo "test-host: the $host lane's venv could not be built: 'pip install -r $pins' failed (above)" >&2
+    exit 1
+  fi
   # The venv holds the list exactly, nothing more or less: otherwise the freeze test compares the wrong thing.
   run "$inside/pins/bin/python" -m pip freeze --all --exclude pip >"$outside/pins.freeze"
   if ! diff <(grep -E '^[^#]' "$pins" | grep -v -E '^pip==' | sort -f) <(sort -f "$outside/pins.freeze") >&2; then
@@ -102,6 +116,10 @@ if [ ! -f "$outside/.ready" ]; then
   done
 fi
 
+if [ -n "$build_only" ]; then
+  echo "test-host: the $host venvs are ready (${SECONDS} s)" >&2
+  exit 0
+fi
 # notebook_launch itself, fresh from this checkout, every run; never its dependencies (the pins decide those).
 run bash scripts/pip-install.sh "$inside/lane/bin/python" --no-deps -e .
 mkdir -p test-artifacts
