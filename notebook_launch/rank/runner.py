@@ -228,53 +228,10 @@ def report_error(payload: protocol.ErrorPayload, writer: protocol.EventWriter | 
 
 def serialize_result(value: Any, tensors_fd: int | None = None, *, main_classes_by_reference: bool = False) -> bytes:
     """The RESULT payload: ``value`` pickled with cloudpickle (``__main__`` classes by reference
-    when the rank is a fork of the notebook, see result_pickle); the bytes of its tensors
-    (also inside modules, dataclasses, containers) go to ``tensors_fd`` (see shared_tensors)."""
-    return shared_tensors.dumps(to_cpu(value), tensors_fd,
-                                base=result_pickle.pickler_base(main_classes_by_reference))
+    when the rank is a fork of the notebook, see result_pickle); the bytes of its tensors and
+    numpy arrays, and a big stream, go to ``tensors_fd`` (see shared_tensors).
 
-
-def to_cpu(value: Any, memo: dict[int, Any] | None = None) -> Any:
-    """Move tensors inside lists, tuples and dicts to the CPU and detach them from the rank's
-    graph (a parameter stays a parameter, with its ``requires_grad``), so the parent, which must
-    not initialize CUDA or XLA, can unpickle them. One tensor found twice stays one (``memo``).
-    Tensors anywhere else (in a module, a dataclass, any object) reach the CPU while pickled
-    (``shared_tensors``: CUDA storages are copied to the CPU, XLA tensors pickled as CPU
-    copies), so every tensor that leaves a rank is a CPU tensor."""
-    torch = sys.modules.get("torch")
-    if torch is None:
-        return value
-    memo = {} if memo is None else memo
-    if isinstance(value, torch.Tensor):
-        if id(value) not in memo:
-            memo[id(value)] = (value, _tensor_to_cpu(torch, value))   # the original kept alive: ids stay unique
-        return memo[id(value)][1]
-    if type(value) is dict:
-        return {k: to_cpu(v, memo) for k, v in value.items()}
-    if isinstance(value, dict):  # OrderedDict (a state_dict), defaultdict, ...
-        return _rebuild_mapping(value, memo)
-    if isinstance(value, list):
-        return [to_cpu(v, memo) for v in value]
-    if isinstance(value, tuple):
-        items = [to_cpu(v, memo) for v in value]
-        return type(value)(*items) if hasattr(value, "_fields") else tuple(items)
-    return value
-
-
-def _tensor_to_cpu(torch: Any, tensor: Any) -> Any:
-    """A CPU leaf with the tensor's class and ``requires_grad`` (as a tensor inside a module)."""
-    if isinstance(tensor, torch.nn.Parameter) and tensor.device.type == "cpu":
-        return tensor
-    return shared_tensors.cpu_copy(torch, tensor)
-
-
-def _rebuild_mapping(value: Any, memo: dict[int, Any]) -> Any:
-    try:
-        copy = type(value)()
-        for k, v in value.items():
-            copy[k] = to_cpu(v, memo)
-        return copy
-    except Exception:
-        log.debug("a %s result is returned as it is (tensors not moved to the CPU)",
-                  type(value).__name__, exc_info=True)
-        return value
+    The value is pickled as it is, not rebuilt first: pickle's memo keeps what the rank shared
+    shared (``[a, a]``, a list that holds itself) and every tensor, wherever it sits, reaches the
+    CPU while pickled (CUDA storages are copied to the CPU, XLA tensors pickled as CPU copies)."""
+    return shared_tensors.dumps(value, tensors_fd, base=result_pickle.pickler_base(main_classes_by_reference))
