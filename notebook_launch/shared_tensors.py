@@ -76,6 +76,9 @@ _PAGE = mmap.ALLOCATIONGRANULARITY
 # pickler writes a big bytes or str payload on its own) and every STREAM_CHUNK of the rest.
 BIG_WRITE = 1 << 20
 STREAM_CHUNK = 1 << 20
+# A big write goes to the file in pieces of at most this: a result's reader frees each piece
+# once read, so the notebook holds the value and one piece, not the value and the whole stream.
+STREAM_PIECE = 64 << 20
 # What ``dumps`` returns when the stream is in the file: this, then the pickled list of its pieces.
 # A pickle of protocol 2 or later starts with b"\x80", so neither can be taken for the other.
 STREAM_IN_FILE = b"notebook_launch stream in file\n"
@@ -224,10 +227,13 @@ class _Stream:
         view = memoryview(data).cast("B")
         if view.nbytes >= BIG_WRITE and self._file.fd is not None:
             self._flush()
-            place = self._file.append(view)
-            if place is not None:
+            for start in range(0, view.nbytes, STREAM_PIECE):
+                place = self._file.append(view[start:start + STREAM_PIECE])
+                if place is None:   # the file reached its size limit: the rest stays here
+                    self._buffer += view[start:]
+                    break
                 self.pieces.append(place)
-                return view.nbytes
+            return view.nbytes
         self._buffer += view
         if len(self._buffer) >= STREAM_CHUNK:
             self._flush()
@@ -257,10 +263,12 @@ class _PiecedStream(io.RawIOBase):
     for the whole file is needed). The unpickler reads a big payload with ``readinto``
     straight into the object it builds: one copy, as ``pickle.loads`` makes."""
 
-    def __init__(self, fd: int | None, pieces: list[Any]) -> None:
+    def __init__(self, fd: int | None, pieces: list[Any], discard: bool = False) -> None:
         super().__init__()
         self._fd = fd
         self._pieces = list(pieces)
+        self._discard = discard   # free each file piece's pages once read (see ``loads``)
+        self._piece: tuple[int, int] | None = None
         self._next = 0
         self._view = memoryview(b"")
         self._mapping: mmap.mmap | None = None
@@ -292,6 +300,7 @@ class _PiecedStream(io.RawIOBase):
         if self._fd is None:
             raise pickle.UnpicklingError("this pickle's stream is in a shared memory file that was not passed")
         offset, nbytes = piece
+        self._piece = piece
         if nbytes:
             self._mapping = mmap.mmap(self._fd, nbytes, mmap.MAP_SHARED, mmap.PROT_READ, offset=offset)
             self._view = memoryview(self._mapping)
@@ -303,13 +312,13 @@ class _PiecedStream(io.RawIOBase):
         if self._mapping is not None:
             self._mapping.close()
             self._mapping = None
+        if self._piece is not None and self._discard and self._fd is not None:
+            _punch_hole(self._fd, *self._piece)
+        self._piece = None
 
     def close(self) -> None:
         self._release()
         super().close()
-
-    def file_pieces(self) -> list[tuple[int, int]]:
-        return [piece for piece in self._pieces if not isinstance(piece, bytes)]
 
 
 def rebuilds_off_cpu(torch: Any, tensor: Any) -> bool:
@@ -493,10 +502,11 @@ def _map_private(fd: int, offset: int, nbytes: int) -> Any:
 def loads(data: bytes, fd: int | None, *, discard_stream: bool = False) -> Any:
     """Unpickle what ``dumps`` wrote; tensors and arrays map ``fd``'s pages (the fd may be closed
     afterwards). ``discard_stream``: the file is this load's alone (a result), so the pages of a
-    stream kept there are freed once read, though tensors mapped from the file live on."""
+    stream kept there are freed piece by piece as they are read, though tensors mapped from the
+    file live on."""
     stream: Any
     if bytes(data[:len(STREAM_IN_FILE)]) == STREAM_IN_FILE:
-        stream = _PiecedStream(fd, pickle.loads(memoryview(data)[len(STREAM_IN_FILE):]))
+        stream = _PiecedStream(fd, pickle.loads(memoryview(data)[len(STREAM_IN_FILE):]), discard_stream)
     else:
         stream = io.BytesIO(data)
     unpickler = _Unpickler(stream, fd)
@@ -509,9 +519,6 @@ def loads(data: bytes, fd: int | None, *, discard_stream: bool = False) -> Any:
         unpickler._storages.clear()
         unpickler._rest = None
         stream.close()
-        if discard_stream and fd is not None and isinstance(stream, _PiecedStream):
-            for offset, nbytes in stream.file_pieces():
-                _punch_hole(fd, offset, nbytes)
 
 
 def _punch_hole(fd: int, offset: int, nbytes: int) -> None:
