@@ -390,7 +390,8 @@ class _Unpickler(pickle.Unpickler):
     def _array(self, place: Any, dtype: Any, shape: Any, order: str, writeable: bool = True) -> Any:
         import numpy
         offset, nbytes = place
-        array = numpy.frombuffer(self._region(offset, nbytes), dtype=dtype).reshape(shape, order=order)
+        flat: Any = numpy.frombuffer(self._region(offset, nbytes), dtype=dtype)
+        array = flat.reshape(shape, order=order)
         array.flags.writeable = writeable
         return array
 

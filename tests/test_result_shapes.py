@@ -129,9 +129,9 @@ def numpy_kinds() -> dict:
         kinds[f"dtype {dtype}"] = raw.view(dtype)
         kinds[f"small {dtype}"] = raw[:4 * np.dtype(dtype).itemsize].view(dtype)   # inline in the stream
     kinds["nan floats"] = np.full(N, np.nan)
-    for name, dtype in (("structured", STRUCTURED), ("aligned structured", ALIGNED)):
-        records = np.zeros(N, dtype=dtype)
-        for field in dtype.names:
+    for name, record in (("structured", STRUCTURED), ("aligned structured", ALIGNED)):
+        records = np.zeros(N, dtype=record)
+        for field in record.names or ():
             records[field] = 7
         kinds[name] = records
     with_objects = np.zeros(N // 16, dtype=[("n", "i4"), ("o", "O")])
@@ -287,9 +287,15 @@ def test_frames_cross_a_real_pipe_whole():
     read_fd, write_fd = os.pipe()
     payloads = [b"", b"a", os.urandom(70_000), os.urandom(9 << 20), "é" * 100_000]
     writer = protocol.EventWriter(write_fd)
-    sender = threading.Thread(target=lambda: [writer.send(protocol.RESULT, p) for p in payloads])
+
+    def send_all() -> None:
+        for payload in payloads:
+            writer.send(protocol.RESULT, payload)
+
+    sender = threading.Thread(target=send_all)
     sender.start()
-    reader, events = protocol.EventReader(), []
+    reader = protocol.EventReader()
+    events: list = []
     while len(events) < len(payloads):
         events += reader.feed(os.read(read_fd, 1 << 16))
     sender.join()
@@ -301,7 +307,7 @@ def test_frames_cross_a_real_pipe_whole():
 def returns_memoryviews() -> dict:
     grid = np.arange(N, dtype=np.int32).reshape(256, -1)
     return {"small": memoryview(b"abc"), "big": memoryview(bytes(range(256)) * (BIG_BYTES // 256)),
-            "of an array": memoryview(grid), "strided": memoryview(grid)[::2], "ok": 1}
+            "of an array": memoryview(grid.data), "strided": memoryview(grid.data)[::2], "ok": 1}
 
 
 def test_memoryviews_come_back_as_their_bytes(log_dir):
