@@ -332,6 +332,21 @@ def test_what_cannot_be_pickled_is_refused_naming_its_path(log_dir):
     assert "result['nested'][1]['lock'] (_thread.lock)" in str(caught.value) and caught.value.kind == "result"
 
 
+def test_spawned_ranks_get_arguments_of_every_shape_and_send_them_back(log_dir):
+    """Arguments go the same way to spawned ranks (one file read by every rank: neither may free
+    what the other still reads), and come back from each."""
+    value = {**shared_and_cyclic(), **big_values(), "arrays": numpy_kinds()}
+    want = numpy_kinds()
+    results = notebook_launcher(echo_with_identity, args=(value,), num_processes=2, start_method="spawn",
+                                use_port=str(free_port()), log_dir=log_dir, ui="none", timeout=240)
+    for got in results:
+        assert got["shared"] and got["cyclic"]
+        assert_shared_and_cyclic(got["value"])
+        assert_big_values({name: got["value"][name] for name in big_values()})
+        for name in want:
+            assert_pickle_equal(name, got["value"]["arrays"][name], want[name])
+
+
 # --- persistent ranks: results and arguments both ways ------------------------------------------
 
 def echo_with_identity(value: dict) -> dict:
