@@ -7,7 +7,8 @@ item 5), from a launch (fork and spawn) and from persistent ranks, and arguments
   is one array. (A rank used to rebuild the containers before pickling: a cycle was refused
   as RecursionError and ``[a, a]`` came back as two lists.)
 - numpy arrays of every dtype (every int and uint width, floats, complex, long double, datetime,
-  timedelta, bytes, str, void, byte-swapped, structured, nested and aligned structured, object),
+  timedelta, bytes, str, void, byte-swapped, structured, nested and aligned structured, object,
+  numpy 2's variable-width strings), a pandas DataFrame,
   shape (0-d, empty, F-ordered) and layout (strided, transposed, reversed, broadcast, read-only)
   come back as pickle brings them; the big ones through the result file's pages, mapped, not
   copied through a pipe.
@@ -150,7 +151,17 @@ def numpy_kinds() -> dict:
         "scalar float64": np.float64(2.5), "scalar datetime": np.datetime64("2026-11-26T17:00"),
     })
     kinds["read-only"].flags.writeable = False
+    if hasattr(np.dtypes, "StringDType"):   # numpy 2: its buffer holds pointers, so through pickle
+        kinds["variable-width strings"] = np.array(["abc", "a string longer than a pointer or two"] * (N // 8),
+                                                   dtype=np.dtypes.StringDType())
     return kinds
+
+
+def a_data_frame():
+    """What a rank often returns: a DataFrame (its columns are numpy arrays, and pandas' own)."""
+    import pandas as pd
+    return pd.DataFrame({"x": np.arange(float(N)), "n": np.arange(N), "s": ["a", "b"] * (N // 2),
+                         "c": pd.Categorical(["u", "v"] * (N // 2))})
 
 
 def assert_pickle_equal(name: str, got, want) -> None:
@@ -185,12 +196,13 @@ def mapped_from_result_file(array: np.ndarray) -> bool:
 
 
 def returns_numpy_kinds() -> dict:
-    return numpy_kinds()
+    return {**numpy_kinds(), "data frame": a_data_frame()}
 
 
 def test_numpy_arrays_of_every_dtype_shape_and_layout_come_back_as_pickle_brings_them(log_dir):
     [got] = notebook_launcher(returns_numpy_kinds, num_processes=1, use_port=str(free_port()),
                               log_dir=log_dir, ui="none", timeout=240)
+    assert got.pop("data frame").equals(a_data_frame())
     want = numpy_kinds()
     assert set(got) == set(want)
     for name in want:
@@ -363,6 +375,7 @@ def test_persistent_ranks_send_and_return_every_shape(log_dir):
             assert_big_values(got)
         want = numpy_kinds()
         for got in ranks.run(returns_numpy_kinds):
+            assert got.pop("data frame").equals(a_data_frame())
             for name in want:
                 assert_pickle_equal(name, got[name], want[name])
         value = {**shared_and_cyclic(), **big_values(), "arrays": numpy_kinds()}
