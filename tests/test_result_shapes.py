@@ -316,6 +316,28 @@ def test_frames_cross_a_real_pipe_whole():
     assert [payload for _, payload in events] == payloads
 
 
+def returns_more_than_memory_allows() -> bytes:
+    """No result file (``ulimit -f``) and too little address space left to pickle the value."""
+    value = b"x" * (64 << 20)
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 16, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))
+    with open("/proc/self/status") as f:
+        used = next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmSize:"))
+    resource.setrlimit(resource.RLIMIT_AS, (used + (32 << 20), resource.getrlimit(resource.RLIMIT_AS)[1]))
+    return value
+
+
+def test_a_result_that_does_not_fit_in_memory_is_a_result_failure_that_says_so(log_dir):
+    """Out of memory while pickling the result: the rank reports it as such (not as a value that
+    "cannot be pickled", nor as a crash with notebook_launch's traceback)."""
+    with pytest.raises(LaunchError) as caught:
+        notebook_launcher(returns_more_than_memory_allows, num_processes=1, use_port=str(free_port()),
+                          log_dir=log_dir, ui="none", timeout=240)
+    message = str(caught.value)
+    assert caught.value.kind == "result" and "could not send its result: it ran out of memory" in message, message
+    assert "MemoryError" in message and "return less" in message and "cannot be pickled" not in message, message
+
+
 def returns_memoryviews() -> dict:
     grid = np.arange(N, dtype=np.int32).reshape(256, -1)
     return {"small": memoryview(b"abc"), "big": memoryview(bytes(range(256)) * (BIG_BYTES // 256)),

@@ -179,12 +179,8 @@ def call_and_report(spec: RankSpec, job: Job, writer: protocol.EventWriter, own_
         return EXIT_FAILED
     try:
         payload = serialize_result(value, writer.result_file(), main_classes_by_reference=forked_from_notebook)
-    except OSError as exc:   # the result file: out of memory, or a memfd limit
-        report_error(protocol.error_payload(
-            exc, kind=protocol.FailureKind.RESULT, traceback="",
-            message=(f"rank {spec.global_rank} could not write its result's tensors to shared memory "
-                     f"({type(exc).__name__}: {exc}). Free memory on the machine, or return less "
-                     f"(for example only rank 0's state_dict).")), writer)
+    except (OSError, MemoryError) as exc:   # the result file (out of memory, a memfd limit) or the stream
+        report_error(result_memory_failure(spec, exc), writer)
         return EXIT_FAILED
     except Exception as exc:
         report_error(protocol.error_payload(
@@ -192,8 +188,23 @@ def call_and_report(spec: RankSpec, job: Job, writer: protocol.EventWriter, own_
             message=unpicklable_result_message(spec, value, exc)), writer)
         return EXIT_FAILED
     flush_everything()   # the call's output reaches its pipes before its RESULT
-    writer.send(protocol.RESULT, payload)
+    try:
+        writer.send(protocol.RESULT, payload)
+    except MemoryError as exc:   # a result that travels whole in its frame (no result file) is copied once more
+        del payload
+        report_error(result_memory_failure(spec, exc), writer)
+        return EXIT_FAILED
     return 0
+
+
+def result_memory_failure(spec: RankSpec, exc: BaseException) -> protocol.ErrorPayload:
+    """The ERROR of a rank that ran out of memory (or of a memfd limit) sending its result: a
+    result failure that says so, never a crash with our own traceback."""
+    return protocol.error_payload(
+        exc, kind=protocol.FailureKind.RESULT, traceback="",
+        message=(f"rank {spec.global_rank} could not send its result: it ran out of memory writing it "
+                 f"({type(exc).__name__}: {protocol.safe_str(exc) or 'no memory left'}). Free memory on the "
+                 f"machine, or return less (for example only rank 0's state_dict)."))
 
 
 def unpicklable_result_message(spec: RankSpec, value: Any, exc: Exception) -> str:
