@@ -34,6 +34,15 @@ samples), the same bytes both ways:
   rank -> the notebook; minus a pull of an int). The notebook's peak extra memory is
   VmHWM as above plus, for push, the memfd the tensors go through (it becomes the
   ranks' copy: they map its pages, so the system holds the payload once more, not per rank).
+
+numpy and bytes results (issue 32 item 5), beside the tensor rows: each rank returns the same
+number of bytes as 8 float32 numpy arrays in a dict, or as one ``bytes``; side by side with
+- a plain pickle round trip in the notebook: ``pickle.loads(pickle.dumps(v, protocol=5))`` of
+  every rank's value, built in the notebook first (not timed; its peak memory is measured from
+  there, so it shows what the round trip itself adds);
+- the memcpy floor: ``numpy.copy`` of an array of ranks x size (numpy copies on one thread).
+Time and the notebook's memory as for the state_dict rows; the transfer is the launch minus
+the same launch whose ranks build the value and return None.
 """
 from __future__ import annotations
 
@@ -47,6 +56,9 @@ from .worker import Worker, WorkerError
 
 TENSORS_PER_STATE_DICT = 8
 WAYS = ["ours", "baseline", "queue", "memcpy", "persistent", "persistent_baseline", "push_pull"]
+# numpy and bytes results: the launch, the same launch returning None, a pickle round trip
+KINDS = ("numpy", "bytes")
+VALUE_WAYS = [f"{kind}_{what}" for kind in KINDS for what in ("ours", "baseline", "pickle")] + ["numpy_memcpy"]
 _POOLS: dict = {}   # ranks -> the worker's persistent ranks (start_ranks)
 SAMPLE_SECONDS = 0.002
 
@@ -136,6 +148,44 @@ class ReturnsStateDict:
         return state_dict
 
 
+def build_value(kind: str, mib: int, rank: int):
+    """``mib`` MiB as a rank's numpy result (8 float32 arrays in a dict) or one ``bytes``."""
+    if kind == "bytes":
+        return bytes([rank % 256]) * (mib * 2**20)
+    import numpy
+    numel = mib * 2**20 // 4 // TENSORS_PER_STATE_DICT
+    return {f"layer{i}.weight": numpy.full(numel, float(rank + i), dtype=numpy.float32)
+            for i in range(TENSORS_PER_STATE_DICT)}
+
+
+class ReturnsValue:
+    """The launched function of the numpy and bytes rows (as ReturnsStateDict)."""
+
+    def __init__(self, kind: str, mib: int, report_dir: str, returns: bool = True) -> None:
+        self.kind, self.mib, self.report_dir, self.returns = kind, mib, report_dir, returns
+
+    def __call__(self):
+        rank = int(os.environ.get("RANK", "0"))
+        value = build_value(self.kind, self.mib, rank)
+        if not self.returns:
+            return None
+        _rank_memory_probe(os.path.join(self.report_dir, f"rank{rank}"))
+        return value
+
+
+def _value_bytes(value) -> int:
+    return len(value) if isinstance(value, bytes) else sum(a.nbytes for a in value.values())
+
+
+def _read_value(value) -> None:
+    """Read every byte once."""
+    if isinstance(value, bytes):
+        value.find(b"\xff\xfe")
+    else:
+        for array in value.values():
+            float(array.sum())
+
+
 def _queue_child(fn, rank, queue, done) -> None:
     queue.put(fn(rank))
     done.wait()   # torch shares storages by fd: stay alive until the parent has them
@@ -191,6 +241,8 @@ def measure_in_worker(command: dict, launch) -> dict:
         return {"seconds": seconds, "notebook_extra": extra, "rank_extra": []}
     if way in ("persistent", "persistent_baseline", "push_pull"):
         return _persistent(way, mib, ranks)
+    if way in VALUE_WAYS:
+        return _value_way(way, mib, ranks, launch)
     with tempfile.TemporaryDirectory(prefix="nl-transfer-") as report_dir:
         if way == "baseline":
             started = time.perf_counter()
@@ -206,6 +258,54 @@ def measure_in_worker(command: dict, launch) -> dict:
             raise RuntimeError(f"{way}: got {got} bytes back, expected {mib * ranks * 2**20}")
         read_started = time.perf_counter()
         _read_all(results)
+        read_seconds = time.perf_counter() - read_started
+        extra = _status_kib("VmHWM") * 1024 - before
+        del results
+        gc.collect()
+        return {"seconds": seconds, "read_seconds": read_seconds, "notebook_extra": extra,
+                "rank_extra": _rank_peaks(report_dir, ranks)}
+
+
+def _value_way(way: str, mib: int, ranks: int, launch) -> dict:
+    """One sample of a numpy or bytes row's way."""
+    import pickle
+    import tempfile
+    kind, what = way.split("_", 1)
+    if what == "memcpy":
+        import numpy
+        source = numpy.ones(mib * ranks * 2**20, dtype=numpy.uint8)
+        before = _reset_peak()
+        started = time.perf_counter()
+        copy = numpy.copy(source)
+        seconds = time.perf_counter() - started
+        extra = _status_kib("VmHWM") * 1024 - before
+        del copy, source
+        return {"seconds": seconds, "notebook_extra": extra}
+    if what == "pickle":
+        values = [build_value(kind, mib, rank) for rank in range(ranks)]
+        before = _reset_peak()
+        started = time.perf_counter()
+        results = [pickle.loads(pickle.dumps(value, protocol=5)) for value in values]
+        seconds = time.perf_counter() - started
+        extra = _status_kib("VmHWM") * 1024 - before
+        del results, values
+        gc.collect()
+        return {"seconds": seconds, "notebook_extra": extra}
+    with tempfile.TemporaryDirectory(prefix="nl-transfer-") as report_dir:
+        if what == "baseline":
+            started = time.perf_counter()
+            launch(ReturnsValue(kind, mib, report_dir, returns=False), ranks)
+            return {"seconds": time.perf_counter() - started}
+        before = _reset_peak()
+        started = time.perf_counter()
+        results = launch(ReturnsValue(kind, mib, report_dir), ranks)
+        seconds = time.perf_counter() - started
+        got = sum(_value_bytes(value) for value in results)
+        if got != mib * ranks * 2**20:
+            raise RuntimeError(f"{way}: got {got} bytes back, expected {mib * ranks * 2**20}")
+        read_started = time.perf_counter()
+        for value in results:
+            _read_value(value)
         read_seconds = time.perf_counter() - read_started
         extra = _status_kib("VmHWM") * 1024 - before
         del results
@@ -326,6 +426,10 @@ def run(config: dict, log_dir: str, say=print):
     workers = {"ours": ours, "baseline": ours, "queue": Worker("start_processes", log_dir=log_dir),
                "memcpy": Worker("start_processes", log_dir=log_dir),
                "persistent": ours, "persistent_baseline": ours, "push_pull": ours}
+    workers.update({way: ours for way in VALUE_WAYS if way.endswith(("_ours", "_baseline"))})
+    plain = workers["memcpy"]   # pickle and memcpy in a process that launches nothing
+    workers.update({way: plain for way in VALUE_WAYS if way.endswith(("_pickle", "_memcpy"))})
+    ways = WAYS + VALUE_WAYS
     try:
         smallest, broken = min(sizes(config)), {}
         for way, worker in workers.items():   # untimed: first-launch imports are items 1 and 2's business
@@ -335,10 +439,10 @@ def run(config: dict, log_dir: str, say=print):
                 broken[way] = f"error: {exc}"
         for mib, ranks in sizes(config):
             say(f"item 8: result transfer, {ranks} x {_label(mib)}")
-            samples: dict = {way: [] for way in WAYS}
+            samples: dict = {way: [] for way in ways}
             errors = dict(broken)
             for repeat in range(config["repeats"]):
-                for way in WAYS[repeat % len(WAYS):] + WAYS[:repeat % len(WAYS)]:
+                for way in ways[repeat % len(ways):] + ways[:repeat % len(ways)]:
                     if way in errors:
                         continue
                     try:
@@ -347,6 +451,7 @@ def run(config: dict, log_dir: str, say=print):
                         errors[way] = f"error: {exc}"
             rows += _rows(mib, ranks, samples, errors)
             rows += _persistent_rows(mib, ranks, samples, errors)
+            rows += [row for kind in KINDS for row in _value_rows(kind, mib, ranks, samples, errors)]
     finally:
         for worker in set(workers.values()):
             worker.close()
@@ -407,6 +512,54 @@ def _rows(mib, ranks, samples, errors):
             memory_row.met = ("yes" if notebook <= 1.1 * payload and rank <= 1.1 * payload / ranks
                               else "**NO (missed)**")
     return [time_row, memory_row]
+
+
+def _value_rows(kind, mib, ranks, samples, errors):
+    """A numpy or bytes result: time against a plain pickle round trip and a memcpy, and the
+    notebook's peak memory against the pickle round trip's (issue 32 item 5)."""
+    payload = mib * 2**20 * ranks
+    what = f"{ranks} x {_label(mib)}" if ranks > 1 else _label(mib)
+    shape = "8 float32 numpy arrays in a dict" if kind == "numpy" else "one bytes object"
+    ours_way, base_way, pickle_way = f"{kind}_ours", f"{kind}_baseline", f"{kind}_pickle"
+    time_row = Row(item="8", measurement=f"rank returns {what} as {shape}, call to return",
+                   ranks=str(ranks), unit="s", group=5)
+    time_row.cells["ours"] = _cell(samples[ours_way], "seconds", text=errors.get(ours_way, ""))
+    pickled = _cell(samples[pickle_way], "seconds", text=errors.get(pickle_way, ""))
+    memcpy = _cell(samples["numpy_memcpy"], "seconds", text=errors.get("numpy_memcpy", ""))
+    base = _cell(samples[base_way], "seconds", text=errors.get(base_way, ""))
+    read = _cell(samples[ours_way], "read_seconds", text=errors.get(ours_way, ""))
+    pickled.label = "pickle.loads(pickle.dumps(v)) in the notebook"
+    memcpy.label = "numpy.copy of the same bytes in the notebook"
+    base.label = "ours, same launch returning None"
+    read.label = "ours, then reading every byte once"
+    time_row.cells["other"] = [pickled, memcpy, base, read]
+    for name in ("accelerate", "start_processes", "elastic"):
+        time_row.cells[name] = Cell(text="—")
+    ours = time_row.median("ours")
+    transfer = ours - base.median() if ours is not None and base.median() is not None else None
+    time_row.ratios = (f"transfer (ours minus returning None)/pickle round trip "
+                       f"{fmt_ratio(ratio(transfer, pickled.median()))}; "
+                       f"transfer/memcpy {fmt_ratio(ratio(transfer, memcpy.median()))}")
+    memory_row = Row(item="8", measurement=f"peak extra memory, a rank returning {what} as {shape}: "
+                                           "notebook; per rank", ranks=str(ranks), unit="MB", group=5)
+    memory_row.cells["ours"] = _memory_cell(samples[ours_way], errors.get(ours_way, ""))
+    pickle_memory = (Cell(text=errors.get(pickle_way) or "—") if errors.get(pickle_way) or not samples[pickle_way]
+                     else Cell(text=f"notebook {_median_of(samples[pickle_way], 'notebook_extra') / 1e6:.0f} MB"))
+    pickle_memory.label = "pickle round trip in the notebook"
+    memory_row.cells["other"] = [pickle_memory]
+    for name in ("accelerate", "start_processes", "elastic"):
+        memory_row.cells[name] = Cell(text="—")
+    notebook, rank = _medians(samples[ours_way])
+    if notebook is not None:
+        pickle_extra = _median_of(samples[pickle_way], "notebook_extra") if samples[pickle_way] else None
+        memory_row.ratios = (f"/payload: notebook {notebook / payload:.2f}, rank {rank / (payload / ranks):.2f}"
+                             + (f"; pickle round trip {pickle_extra / payload:.2f}" if pickle_extra else ""))
+    return [time_row, memory_row]
+
+
+def _median_of(replies, key):
+    import statistics
+    return statistics.median(r[key] for r in replies)
 
 
 def _persistent_rows(mib, ranks, samples, errors):

@@ -136,6 +136,9 @@ def _probe_pickler() -> type:
             torch = sys.modules.get("torch")
             if torch is not None and isinstance(obj, (torch.storage.TypedStorage, torch.UntypedStorage)):
                 return bytes, ()   # a storage's bytes never decide whether a value pickles
+            numpy = sys.modules.get("numpy")
+            if numpy is not None and type(obj) is numpy.ndarray and not obj.dtype.hasobject:
+                return bytes, ()   # nor do an array's (unless they are objects)
             return super().reducer_override(obj)
 
     return ProbePickler
@@ -143,7 +146,7 @@ def _probe_pickler() -> type:
 
 def pickle_error(value: Any) -> Exception | None:
     """Why ``value`` does not pickle (as ``shared_tensors.dumps`` would), or None if it does.
-    Cheap for big tensors: their bytes are not copied."""
+    Cheap for big tensors and numpy arrays: their bytes are not copied."""
     try:
         _probe_pickler()(_Sink(), protocol=pickle.HIGHEST_PROTOCOL).dump(value)
     except Exception as exc:   # RecursionError too

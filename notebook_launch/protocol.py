@@ -29,7 +29,9 @@ from typing import Any, TypedDict
 
 from .fork_locks import ForkRenewedLock
 
-_HEADER = struct.Struct("!I")
+# A frame's length: 64 bits, so no payload is too big for its header (a result's big parts
+# travel in its result file, but where there is none, a frame holds all of it).
+_HEADER = struct.Struct("!Q")
 
 
 class EventKind(str, enum.Enum):
@@ -279,7 +281,8 @@ class EventReader:
             end = _HEADER.size + size
             if len(self._buffer) < end:
                 break
-            kind, payload = pickle.loads(bytes(self._buffer[_HEADER.size:end]))
+            with memoryview(self._buffer) as view:   # no copy of a big frame before unpickling it
+                kind, payload = pickle.loads(view[_HEADER.size:end])
             events.append((EventKind(kind), payload))
             del self._buffer[:end]
         return events

@@ -35,6 +35,16 @@ and ``requires_grad``, on the CPU; autograd history is not (a tensor comes back 
 One load maps its first ``MAPPINGS_PER_LOAD`` storages one by one and the rest of the file at
 once (each mapping counts against ``vm.max_map_count``); where no mapping is left, the bytes
 are read into memory, or the error names the limit.
+
+numpy arrays (``numpy.ndarray`` itself, of any dtype but object, structured ones included) go
+the same way: their bytes are written to the memfd and the notebook's array is built over its
+mapped pages, writable and copy-on-write. What pickle would copy anyway comes back as pickle
+brings it: a non-contiguous array comes back contiguous, an object array through pickle.
+
+The pickle stream itself goes to the memfd too once it is big (``_Stream``: a big ``bytes``
+or ``str``, a list of a million numbers), so what crosses the event pipe or the command socket
+stays small whatever the result's size, and the notebook reads the stream from the file's pages
+(one copy, as ``pickle.loads`` makes) instead of through a pipe into buffers it copies again.
 """
 from __future__ import annotations
 
@@ -62,6 +72,16 @@ INLINE_LIMIT = 64 * 1024   # smaller storages travel inside the pickle stream
 # thousand tensors must not take one each.
 MAPPINGS_PER_LOAD = 256
 _PAGE = mmap.ALLOCATIONGRANULARITY
+# The pickle stream goes to the file in pieces: every write of at least BIG_WRITE bytes (the
+# pickler writes a big bytes or str payload on its own) and every STREAM_CHUNK of the rest.
+BIG_WRITE = 1 << 20
+STREAM_CHUNK = 1 << 20
+# A big write goes to the file in pieces of at most this: a result's reader frees each piece
+# once read, so the notebook holds the value and one piece, not the value and the whole stream.
+STREAM_PIECE = 64 << 20
+# What ``dumps`` returns when the stream is in the file: this, then the pickled list of its pieces.
+# A pickle of protocol 2 or later starts with b"\x80", so neither can be taken for the other.
+STREAM_IN_FILE = b"notebook_launch stream in file\n"
 
 
 def _align(offset: int) -> int:
@@ -84,13 +104,17 @@ def pickler_class(base: type) -> type:
     by-value functions and classes, or a runner's ``__main__`` handling)."""
 
     class SharedTensorPickler(base):
-        def __init__(self, file: Any, fd: int | None, **kwargs: Any) -> None:
+        def __init__(self, file: Any, fd: "int | None | Appender", **kwargs: Any) -> None:
             super().__init__(file, **kwargs)
-            self._fd = fd
-            self._size = _align(os.fstat(fd).st_size) if fd is not None else 0
+            self._file = fd if isinstance(fd, Appender) else Appender(fd)
             self._indexes: dict = {}
 
         def reducer_override(self, obj: Any) -> Any:
+            numpy = sys.modules.get("numpy")
+            if numpy is not None and type(obj) is numpy.ndarray:
+                reduced = self._reduce_array(numpy, obj)
+                if reduced is not None:
+                    return reduced
             torch = sys.modules.get("torch")
             if torch is not None and isinstance(obj, (torch.storage.TypedStorage, torch.UntypedStorage)):
                 reduced = self._reduce_storage(torch, obj)
@@ -123,23 +147,178 @@ def pickler_class(base: type) -> type:
             if untyped.device.type != "cpu":
                 untyped = untyped.cpu()
             place: Any = None
-            if nbytes >= INLINE_LIMIT and self._fd is not None:
-                try:
-                    _write_at(self._fd, _bytes_view(untyped, nbytes), self._size)
-                    place = (self._size, nbytes)
-                    self._size = _align(self._size + nbytes)
-                except OSError as exc:
-                    if exc.errno != errno.EFBIG:
-                        raise   # out of memory: the caller says so
-                    # RLIMIT_FSIZE (ulimit -f) caps the memfd too: the rest travel in the stream
-                    logger.debug("the tensor file reached the file size limit; tensors go inline")
-                    self._fd = None
+            if nbytes >= INLINE_LIMIT:
+                place = self._file.append(_bytes_view(untyped, nbytes))
             if place is None:
                 place = bytes(_bytes_view(untyped, nbytes)) if nbytes else b""
             return _rebuild_storage, (index, dtype, place)
 
+        def _reduce_array(self, numpy: Any, array: Any) -> Any:
+            """A big numpy array's bytes to the file, its dtype and shape in the stream; None:
+            numpy's own pickling (small, object dtype, or no file). Each array is written once
+            (pickle's memo sends the same array object twice as one)."""
+            if array.nbytes < INLINE_LIMIT or array.dtype.hasobject or self._file.fd is None:
+                return None
+            # As numpy pickles an array: a contiguous one keeps its order and read-only flag,
+            # any other comes back as a writable C-contiguous copy
+            writeable = bool(array.flags.writeable)
+            if array.flags.c_contiguous:
+                order, flat = "C", array.reshape(-1)
+            elif array.flags.f_contiguous:
+                order, flat = "F", array.T.reshape(-1)
+            else:
+                order, flat, writeable = "C", numpy.ascontiguousarray(array).reshape(-1), True
+            place = self._file.append(memoryview(flat.view(numpy.uint8)))
+            if place is None:
+                return None
+            return _rebuild_array, (place, array.dtype, array.shape, order, writeable)
+
     SharedTensorPickler.__qualname__ = f"SharedTensorPickler[{base.__qualname__}]"
     return SharedTensorPickler
+
+
+def _rebuild_array(place: Any, dtype: Any, shape: Any, order: str, writeable: bool = True) -> Any:
+    """Stands in the pickle stream for a numpy array; only ``loads`` can rebuild it."""
+    raise pickle.UnpicklingError("this pickle holds arrays in shared memory: load it with "
+                                 "notebook_launch's shared_tensors.loads and the file it came with")
+
+
+class Appender:
+    """The memfd a pickle's big parts (storages, arrays, pieces of the stream) are appended to,
+    each at a page boundary so the reader can map it. None once there is no file: where memfds
+    do not exist, or once the file reached RLIMIT_FSIZE (``ulimit -f`` caps a memfd too); the
+    parts then travel in the stream."""
+
+    def __init__(self, fd: int | None) -> None:
+        self.fd = fd
+        self.size = _align(os.fstat(fd).st_size) if fd is not None else 0
+
+    def append(self, view: memoryview) -> tuple[int, int] | None:
+        """(offset, length) of ``view``'s bytes written to the file, or None: keep them inline."""
+        if self.fd is None:
+            return None
+        nbytes = view.nbytes
+        try:
+            _write_at(self.fd, view, self.size)
+        except OSError as exc:
+            if exc.errno != errno.EFBIG:
+                raise   # out of memory: the caller says so
+            logger.debug("the result file reached the file size limit; the rest goes inline")
+            self.fd = None
+            return None
+        place = (self.size, nbytes)
+        self.size = _align(self.size + nbytes)
+        return place
+
+
+class _Stream:
+    """The file a pickler writes its stream to: in memory while small; every big write (a
+    ``bytes`` or ``str`` payload the pickler writes on its own, without a copy) and every
+    ``STREAM_CHUNK`` of the rest go to the result file, so the rank holds no second copy of a
+    big value and the stream never crosses a pipe. ``pieces``: the stream in order, each a
+    (offset, length) in the file or bytes."""
+
+    def __init__(self, file: Appender) -> None:
+        self._file = file
+        self._buffer = bytearray()
+        self.pieces: list[Any] = []
+
+    def write(self, data: Any) -> int:
+        view = memoryview(data).cast("B")
+        if view.nbytes >= BIG_WRITE and self._file.fd is not None:
+            self._flush()
+            for start in range(0, view.nbytes, STREAM_PIECE):
+                place = self._file.append(view[start:start + STREAM_PIECE])
+                if place is None:   # the file reached its size limit: the rest stays here
+                    self._buffer += view[start:]
+                    break
+                self.pieces.append(place)
+            return view.nbytes
+        self._buffer += view
+        if len(self._buffer) >= STREAM_CHUNK:
+            self._flush()
+        return view.nbytes
+
+    def _flush(self) -> None:
+        if self._buffer:
+            place = self._file.append(memoryview(self._buffer))
+            if place is not None:
+                self.pieces.append(place)
+                self._buffer = bytearray()
+
+    def payload(self) -> bytes:
+        """The stream itself while it all stayed in memory, else ``STREAM_IN_FILE`` and its pieces."""
+        if not self.pieces:
+            return bytes(self._buffer)
+        self._flush()   # the tail too: what crosses the pipe stays a few bytes
+        if self._buffer:   # the file reached its size limit
+            self.pieces.append(bytes(self._buffer))
+            self._buffer = bytearray()
+        return STREAM_IN_FILE + pickle.dumps(self.pieces, protocol=pickle.HIGHEST_PROTOCOL)
+
+
+class _PiecedStream(io.RawIOBase):
+    """The stream ``_Stream`` wrote, read back for the unpickler: bytes pieces as they are,
+    file pieces through a read-only mapping of each in turn (one at a time: no address space
+    for the whole file is needed). The unpickler reads a big payload with ``readinto``
+    straight into the object it builds: one copy, as ``pickle.loads`` makes."""
+
+    def __init__(self, fd: int | None, pieces: list[Any], discard: bool = False) -> None:
+        super().__init__()
+        self._fd = fd
+        self._pieces = list(pieces)
+        self._discard = discard   # free each file piece's pages once read (see ``loads``)
+        self._piece: tuple[int, int] | None = None
+        self._next = 0
+        self._view = memoryview(b"")
+        self._mapping: mmap.mmap | None = None
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        target = memoryview(buffer).cast("B")
+        done = 0
+        while done < target.nbytes:
+            if not self._view.nbytes and not self._advance():
+                break
+            count = min(target.nbytes - done, self._view.nbytes)
+            target[done:done + count] = self._view[:count]
+            self._view = self._view[count:]
+            done += count
+        return done
+
+    def _advance(self) -> bool:
+        self._release()
+        if self._next >= len(self._pieces):
+            return False
+        piece = self._pieces[self._next]
+        self._next += 1
+        if isinstance(piece, bytes):
+            self._view = memoryview(piece)
+            return True
+        if self._fd is None:
+            raise pickle.UnpicklingError("this pickle's stream is in a shared memory file that was not passed")
+        offset, nbytes = piece
+        self._piece = piece
+        if nbytes:
+            self._mapping = mmap.mmap(self._fd, nbytes, mmap.MAP_SHARED, mmap.PROT_READ, offset=offset)
+            self._view = memoryview(self._mapping)
+        return True
+
+    def _release(self) -> None:
+        self._view.release()
+        self._view = memoryview(b"")
+        if self._mapping is not None:
+            self._mapping.close()
+            self._mapping = None
+        if self._piece is not None and self._discard and self._fd is not None:
+            _punch_hole(self._fd, *self._piece)
+        self._piece = None
+
+    def close(self) -> None:
+        self._release()
+        super().close()
 
 
 def rebuilds_off_cpu(torch: Any, tensor: Any) -> bool:
@@ -182,13 +361,15 @@ def _write_at(fd: int, view: memoryview, offset: int) -> None:
 
 
 def dumps(value: Any, fd: int | None, base: type | None = None) -> bytes:
-    """Pickle ``value``; big storages' bytes go to ``fd`` (appended), the rest in the returned bytes."""
+    """Pickle ``value``; big storages' and arrays' bytes go to ``fd`` (appended), and so does a
+    big stream (then the returned bytes only say where its pieces are)."""
     if base is None:
         import cloudpickle
         base = cloudpickle.Pickler
-    stream = io.BytesIO()
-    pickler_class(base)(stream, fd, protocol=pickle.HIGHEST_PROTOCOL).dump(value)
-    return stream.getvalue()
+    file = Appender(fd)
+    stream = _Stream(file)
+    pickler_class(base)(stream, file, protocol=pickle.HIGHEST_PROTOCOL).dump(value)
+    return stream.payload()
 
 
 class _Unpickler(pickle.Unpickler):
@@ -202,7 +383,17 @@ class _Unpickler(pickle.Unpickler):
     def find_class(self, module: str, name: str) -> Any:
         if module == __name__ and name == "_rebuild_storage":
             return self._storage
+        if module == __name__ and name == "_rebuild_array":
+            return self._array
         return super().find_class(module, name)
+
+    def _array(self, place: Any, dtype: Any, shape: Any, order: str, writeable: bool = True) -> Any:
+        import numpy
+        offset, nbytes = place
+        flat: Any = numpy.frombuffer(self._region(offset, nbytes), dtype=dtype)
+        array = flat.reshape(shape, order=order)
+        array.flags.writeable = writeable
+        return array
 
     def _storage(self, index: int, dtype: Any, place: Any = None) -> Any:
         import torch
@@ -217,21 +408,27 @@ class _Unpickler(pickle.Unpickler):
     def _load(self, torch: Any, place: Any) -> Any:
         if isinstance(place, bytes):
             return torch.UntypedStorage.from_buffer(place, dtype=torch.uint8) if place else torch.UntypedStorage(0)
-        if self._fd is None:
-            raise pickle.UnpicklingError("this pickle holds tensors in a shared memory file that was not passed")
         offset, nbytes = place
+        return torch.frombuffer(self._region(offset, nbytes), dtype=torch.uint8).untyped_storage()
+
+    def _region(self, offset: int, nbytes: int) -> Any:
+        """``nbytes`` of the file from ``offset``: mapped on its own (the first MAPPINGS_PER_LOAD),
+        as a slice of one mapping of the rest of the file, or read into a bytearray."""
+        if self._fd is None:
+            raise pickle.UnpicklingError("this pickle holds tensors or arrays in a shared memory file "
+                                         "that was not passed")
         if self._rest is None and self._mapped < MAPPINGS_PER_LOAD:
             try:
                 mapping = _map_private(self._fd, offset, nbytes)
                 self._mapped += 1
-                return torch.frombuffer(mapping, dtype=torch.uint8).untyped_storage()
+                return mapping
             except OSError as exc:   # out of mappings (vm.max_map_count) or address space
-                logger.debug("mapping a tensor failed (%s); mapping the rest of the file at once", exc)
-        return self._from_rest(torch, offset, nbytes)
+                logger.debug("mapping a region failed (%s); mapping the rest of the file at once", exc)
+        return self._from_rest(offset, nbytes)
 
-    def _from_rest(self, torch: Any, offset: int, nbytes: int) -> Any:
-        """The storage as a slice of one mapping of the rest of the file (storages come in file
-        order): past MAPPINGS_PER_LOAD tensors, or when no single mapping is left, one region
+    def _from_rest(self, offset: int, nbytes: int) -> Any:
+        """The region as a slice of one mapping of the rest of the file (regions come in file
+        order): past MAPPINGS_PER_LOAD of them, or when no single mapping is left, one mapping
         serves them all; it is unmapped when the last of them is freed. Failing that, a copy."""
         assert self._fd is not None
         if self._rest is None or offset < self._rest[0]:
@@ -239,33 +436,32 @@ class _Unpickler(pickle.Unpickler):
             try:
                 self._rest = (offset, _map_private(self._fd, offset, end - offset))
             except OSError as exc:
-                return _read_storage(torch, self._fd, offset, nbytes, exc)
+                return _read_region(self._fd, offset, nbytes, exc)
         start, mapping = self._rest
-        view = memoryview(mapping).cast("B")[offset - start:offset - start + nbytes]
-        return torch.frombuffer(view, dtype=torch.uint8).untyped_storage()
+        return memoryview(mapping).cast("B")[offset - start:offset - start + nbytes]
 
 
-def _read_storage(torch: Any, fd: int, offset: int, nbytes: int, cause: OSError) -> Any:
-    """The storage's bytes copied from ``fd`` into ordinary memory: the fallback when a process
-    cannot map one more region (each mapped tensor is one of the ``vm.max_map_count`` mappings a
-    process may hold, 65530 by default). Raises an OSError naming both limits if memory is short too."""
+def _read_region(fd: int, offset: int, nbytes: int, cause: OSError) -> bytearray:
+    """The region's bytes copied from ``fd`` into ordinary memory: the fallback when a process
+    cannot map one more region (each mapped tensor or array is one of the ``vm.max_map_count``
+    mappings a process may hold, 65530 by default). Raises an OSError naming both limits if memory is short too."""
     try:
-        storage = torch.UntypedStorage(nbytes)
-        view = _bytes_view(storage, nbytes)
+        region = bytearray(nbytes)
+        view = memoryview(region)
         done = 0
         while done < nbytes:
             read = os.preadv(fd, [view[done:]], offset + done)
             if read <= 0:
-                raise OSError(f"the tensor file ended {nbytes - done} bytes early")
+                raise OSError(f"the result file ended {nbytes - done} bytes early")
             done += read
-        return storage
-    except (OSError, RuntimeError) as exc:
+        return region
+    except (OSError, MemoryError) as exc:
         raise OSError(cause.errno, (
-            f"a returned tensor of {nbytes} bytes could neither be mapped ({cause.strerror or cause}) nor "
+            f"a returned tensor or array of {nbytes} bytes could neither be mapped ({cause.strerror or cause}) nor "
             f"copied into memory ({exc}). Mapping fails when the process holds vm.max_map_count mappings "
             f"(see /proc/sys/vm/max_map_count; raise it with `sysctl -w vm.max_map_count=262144`) or is "
             f"out of address space (ulimit -v); copying fails when memory is short. Return fewer, larger "
-            f"tensors (torch.cat them, or a flattened state_dict), or free memory.")) from exc
+            f"tensors or arrays (concatenate them, or a flattened state_dict), or free memory.")) from exc
 
 
 def _libc() -> Any:
@@ -275,11 +471,14 @@ def _libc() -> Any:
                           ctypes.c_int64]
     libc.munmap.restype = ctypes.c_int
     libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    libc.fallocate.restype = ctypes.c_int
+    libc.fallocate.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64]
     return libc
 
 
 _LIBC = _libc() if hasattr(os, "memfd_create") else None
 _MAP_FAILED = ctypes.c_void_p(-1).value
+_FALLOC_FL_KEEP_SIZE, _FALLOC_FL_PUNCH_HOLE = 0x01, 0x02   # linux/falloc.h
 
 
 def _map_private(fd: int, offset: int, nbytes: int) -> Any:
@@ -301,9 +500,17 @@ def _map_private(fd: int, offset: int, nbytes: int) -> Any:
     return Mapping.from_address(address)
 
 
-def loads(data: bytes, fd: int | None) -> Any:
-    """Unpickle what ``dumps`` wrote; tensors map ``fd``'s pages (the fd may be closed afterwards)."""
-    unpickler = _Unpickler(io.BytesIO(data), fd)
+def loads(data: bytes, fd: int | None, *, discard_stream: bool = False) -> Any:
+    """Unpickle what ``dumps`` wrote; tensors and arrays map ``fd``'s pages (the fd may be closed
+    afterwards). ``discard_stream``: the file is this load's alone (a result), so the pages of a
+    stream kept there are freed piece by piece as they are read, though tensors mapped from the
+    file live on."""
+    stream: Any
+    if bytes(data[:len(STREAM_IN_FILE)]) == STREAM_IN_FILE:
+        stream = _PiecedStream(fd, pickle.loads(memoryview(data)[len(STREAM_IN_FILE):]), discard_stream)
+    else:
+        stream = io.BytesIO(data)
+    unpickler = _Unpickler(stream, fd)
     try:
         value = unpickler.load()
         _validate_sparse_tensors()
@@ -312,6 +519,17 @@ def loads(data: bytes, fd: int | None) -> Any:
         unpickler.memo.clear()   # kept would wait for the garbage collector to be unmapped
         unpickler._storages.clear()
         unpickler._rest = None
+        stream.close()
+
+
+def _punch_hole(fd: int, offset: int, nbytes: int) -> None:
+    """Free the file's pages in [offset, offset + nbytes) (its size stays: nothing mapped can
+    turn into SIGBUS). A courtesy: where it fails, the pages go when the file does."""
+    libc: Any = _LIBC
+    if libc is None or not nbytes:
+        return
+    if libc.fallocate(fd, _FALLOC_FL_KEEP_SIZE | _FALLOC_FL_PUNCH_HOLE, offset, _align(nbytes)) != 0:
+        logger.debug("freeing the result stream's pages failed: %s", os.strerror(ctypes.get_errno()))
 
 
 def _validate_sparse_tensors() -> None:

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import torch
 
 from notebook_launch import shared_tensors
-from notebook_launch.rank.runner import serialize_result, to_cpu
+from notebook_launch.rank.runner import serialize_result
 
 
 class FakeXlaTensorStandIn(torch.Tensor):
@@ -102,12 +102,14 @@ def test_requires_grad_is_kept_for_a_leaf_and_dropped_with_the_graph():
     assert_plain_cpu(back.weights) and back.weights.requires_grad
 
 
-def test_the_container_walk_keeps_parameters_parameters():
+def test_parameters_in_containers_stay_parameters_and_one_stays_one():
+    """The rank pickles its value as it is (no container walk rebuilds it first): a parameter
+    stays a parameter with its requires_grad, found twice it is one, on the CPU or off it."""
     p = torch.nn.Parameter(torch.ones(2))
-    [q] = to_cpu([p])
-    assert q is p   # already on the CPU: the same parameter
-    [r] = to_cpu([FakeXlaParameterStandIn(torch.ones(2))])
-    assert_plain_cpu(r, torch.nn.Parameter) and r.requires_grad
+    x = FakeXlaParameterStandIn(torch.ones(2))
+    [q, q2, r, r2] = round_trip([p, p, x, x])
+    assert_plain_cpu(q, torch.nn.Parameter) and q.requires_grad and q is q2
+    assert_plain_cpu(r, torch.nn.Parameter) and r.requires_grad and r is r2
 
 
 def test_cpu_tensors_are_not_copied_by_the_walk():

@@ -26,7 +26,7 @@ from typing import Any
 
 from .. import shared_tensors
 
-_HEADER = struct.Struct("!I")
+_HEADER = struct.Struct("!Q")   # a frame's length: 64 bits, as protocol's
 _RESULT_FILE = struct.Struct("!q")   # the call number a result file belongs to
 _FD_SPACE = socket.CMSG_SPACE(array.array("i", [0]).itemsize)
 log = logging.getLogger("notebook_launch")

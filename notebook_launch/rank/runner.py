@@ -179,12 +179,8 @@ def call_and_report(spec: RankSpec, job: Job, writer: protocol.EventWriter, own_
         return EXIT_FAILED
     try:
         payload = serialize_result(value, writer.result_file(), main_classes_by_reference=forked_from_notebook)
-    except OSError as exc:   # the result file: out of memory, or a memfd limit
-        report_error(protocol.error_payload(
-            exc, kind=protocol.FailureKind.RESULT, traceback="",
-            message=(f"rank {spec.global_rank} could not write its result's tensors to shared memory "
-                     f"({type(exc).__name__}: {exc}). Free memory on the machine, or return less "
-                     f"(for example only rank 0's state_dict).")), writer)
+    except (OSError, MemoryError) as exc:   # the result file (out of memory, a memfd limit) or the stream
+        report_error(result_memory_failure(spec, exc), writer)
         return EXIT_FAILED
     except Exception as exc:
         report_error(protocol.error_payload(
@@ -192,8 +188,23 @@ def call_and_report(spec: RankSpec, job: Job, writer: protocol.EventWriter, own_
             message=unpicklable_result_message(spec, value, exc)), writer)
         return EXIT_FAILED
     flush_everything()   # the call's output reaches its pipes before its RESULT
-    writer.send(protocol.RESULT, payload)
+    try:
+        writer.send(protocol.RESULT, payload)
+    except MemoryError as exc:   # a result that travels whole in its frame (no result file) is copied once more
+        del payload
+        report_error(result_memory_failure(spec, exc), writer)
+        return EXIT_FAILED
     return 0
+
+
+def result_memory_failure(spec: RankSpec, exc: BaseException) -> protocol.ErrorPayload:
+    """The ERROR of a rank that ran out of memory (or of a memfd limit) sending its result: a
+    result failure that says so, never a crash with our own traceback."""
+    return protocol.error_payload(
+        exc, kind=protocol.FailureKind.RESULT, traceback="",
+        message=(f"rank {spec.global_rank} could not send its result: it ran out of memory writing it "
+                 f"({type(exc).__name__}: {protocol.safe_str(exc) or 'no memory left'}). Free memory on the "
+                 f"machine, or return less (for example only rank 0's state_dict)."))
 
 
 def unpicklable_result_message(spec: RankSpec, value: Any, exc: Exception) -> str:
@@ -228,53 +239,10 @@ def report_error(payload: protocol.ErrorPayload, writer: protocol.EventWriter | 
 
 def serialize_result(value: Any, tensors_fd: int | None = None, *, main_classes_by_reference: bool = False) -> bytes:
     """The RESULT payload: ``value`` pickled with cloudpickle (``__main__`` classes by reference
-    when the rank is a fork of the notebook, see result_pickle); the bytes of its tensors
-    (also inside modules, dataclasses, containers) go to ``tensors_fd`` (see shared_tensors)."""
-    return shared_tensors.dumps(to_cpu(value), tensors_fd,
-                                base=result_pickle.pickler_base(main_classes_by_reference))
+    when the rank is a fork of the notebook, see result_pickle); the bytes of its tensors and
+    numpy arrays, and a big stream, go to ``tensors_fd`` (see shared_tensors).
 
-
-def to_cpu(value: Any, memo: dict[int, Any] | None = None) -> Any:
-    """Move tensors inside lists, tuples and dicts to the CPU and detach them from the rank's
-    graph (a parameter stays a parameter, with its ``requires_grad``), so the parent, which must
-    not initialize CUDA or XLA, can unpickle them. One tensor found twice stays one (``memo``).
-    Tensors anywhere else (in a module, a dataclass, any object) reach the CPU while pickled
-    (``shared_tensors``: CUDA storages are copied to the CPU, XLA tensors pickled as CPU
-    copies), so every tensor that leaves a rank is a CPU tensor."""
-    torch = sys.modules.get("torch")
-    if torch is None:
-        return value
-    memo = {} if memo is None else memo
-    if isinstance(value, torch.Tensor):
-        if id(value) not in memo:
-            memo[id(value)] = (value, _tensor_to_cpu(torch, value))   # the original kept alive: ids stay unique
-        return memo[id(value)][1]
-    if type(value) is dict:
-        return {k: to_cpu(v, memo) for k, v in value.items()}
-    if isinstance(value, dict):  # OrderedDict (a state_dict), defaultdict, ...
-        return _rebuild_mapping(value, memo)
-    if isinstance(value, list):
-        return [to_cpu(v, memo) for v in value]
-    if isinstance(value, tuple):
-        items = [to_cpu(v, memo) for v in value]
-        return type(value)(*items) if hasattr(value, "_fields") else tuple(items)
-    return value
-
-
-def _tensor_to_cpu(torch: Any, tensor: Any) -> Any:
-    """A CPU leaf with the tensor's class and ``requires_grad`` (as a tensor inside a module)."""
-    if isinstance(tensor, torch.nn.Parameter) and tensor.device.type == "cpu":
-        return tensor
-    return shared_tensors.cpu_copy(torch, tensor)
-
-
-def _rebuild_mapping(value: Any, memo: dict[int, Any]) -> Any:
-    try:
-        copy = type(value)()
-        for k, v in value.items():
-            copy[k] = to_cpu(v, memo)
-        return copy
-    except Exception:
-        log.debug("a %s result is returned as it is (tensors not moved to the CPU)",
-                  type(value).__name__, exc_info=True)
-        return value
+    The value is pickled as it is, not rebuilt first: pickle's memo keeps what the rank shared
+    shared (``[a, a]``, a list that holds itself) and every tensor, wherever it sits, reaches the
+    CPU while pickled (CUDA storages are copied to the CPU, XLA tensors pickled as CPU copies)."""
+    return shared_tensors.dumps(value, tensors_fd, base=result_pickle.pickler_base(main_classes_by_reference))

@@ -133,7 +133,7 @@ def load_result(watch: "RankWatch", global_rank: int) -> tuple[Any, Failure | No
     if not watch.has_result or not watch.result_before_stop or watch.result is None:
         return None, None
     try:   # tensors come back over the pages of the rank's result file, not copied
-        return shared_tensors.loads(watch.result, watch.pipes.tensors), None
+        return shared_tensors.loads(watch.result, watch.pipes.tensors, discard_stream=True), None
     except OSError as exc:   # a system limit (shared_tensors names it and how to raise it)
         return None, Failure(watch.local_rank, FailureKind.RESULT,
                              f"the result of rank {global_rank} could not be loaded in the notebook: {exc}")
