@@ -581,3 +581,16 @@ def test_the_bookkeeping_can_be_swapped_out_and_left_out(log_dir, monkeypatch):
                              use_port=str(free_port()))[0][0] is False
     error = launch(sleeps_on_rank_1, 2, log_dir, timeout=10)
     assert first_line(error) == "notebook_launch: timed out after 10 s; ranks still running: 1"
+
+
+def test_with_the_bookkeeping_left_out_no_rank_is_said_not_to_have_started(log_dir, monkeypatch):
+    """NOTEBOOK_LAUNCH_WHEREABOUTS=0 and rank 0 waits in all_reduce while rank 1 is in its own code:
+    the answer used to say "ranks 0, 1 had not started the launched function yet"; it says the
+    record was left out and how to have it, and nothing about their not having started."""
+    monkeypatch.setenv("NOTEBOOK_LAUNCH_WHEREABOUTS", "0")
+    error = launch(skips_an_all_reduce, 2, log_dir, timeout=12)
+    text = str(error)
+    assert "had not started" not in text, text
+    assert ("no rank could say where it is: ranks 0, 1 kept no record of where it is "
+            "(NOTEBOOK_LAUNCH_WHEREABOUTS=0 leaves that bookkeeping out of the ranks; unset it to see where "
+            "ranks wait)") in text, text
