@@ -537,6 +537,12 @@ class Ranks:
             except LaunchError as error:
                 session.fail(error)
                 raise outcome.with_note(error, self._after_failure(supervisor.lost)) from None
+            except KeyboardInterrupt as interrupt:
+                if supervisor.lost is None:
+                    raise   # every rank came back with its state
+                # the cell must say the ranks (and their state) are gone, not only "KeyboardInterrupt"
+                said = str(interrupt.args[0]) if interrupt.args else "notebook_launch: interrupted"
+                raise KeyboardInterrupt(f"{said}\n{outcome.ranks_lost_note(supervisor.lost)}") from None
             finally:
                 self._supervisor = None
                 self._handed_back = supervisor.events_by_rank()
