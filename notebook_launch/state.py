@@ -135,6 +135,7 @@ class RunState:
     stop_requested: bool = False          # set by a display's Stop button
     where_requested: bool = False         # set by the panel's "Where are they?" button; the supervisor answers
     where_report: str | None = None       # its answer: a one-line verdict, then every rank's stacks
+    where_report_is_stall: bool = False   # ``where_report`` says where a stall found the ranks
 
     @property
     def elapsed(self) -> float:
@@ -179,6 +180,14 @@ class RunState:
     def on_stalled(self, local_rank: int, since: float | None) -> None:
         """The rank shows no sign of progress since ``since`` (None: it is not stalled)."""
         self.ranks[local_rank].stalled_since = since
+        self._forget_cleared_stall()
+
+    def _forget_cleared_stall(self) -> None:
+        """A stall's report ("stalled: ... never reached it") is true while the ranks are stalled;
+        once none is (they went on, or finished), the panel and the run's final picture must not
+        keep saying it. What was found stays in the ranks' logs; an answer to the Where button stays."""
+        if self.where_report_is_stall and all(rs.stalled_since is None for rs in self.ranks):
+            self.where_report, self.where_report_is_stall = None, False
 
     def stalled_for(self, local_rank: int) -> float | None:
         """Seconds the rank has been stalled, or None."""
@@ -189,7 +198,14 @@ class RunState:
         """The supervisor's answer to "Where are they?" (or to a stall): the panels draw it.
         Clears the request, so the button can ask again."""
         self.where_report = text
+        self.where_report_is_stall = False
         self.where_requested = False
+
+    def on_stall_report(self, text: str) -> None:
+        """Where a stall found the ranks: drawn as an answer to "Where are they?" is, until the
+        stall clears (``_forget_cleared_stall``)."""
+        self.on_where_report(text)
+        self.where_report_is_stall = True
 
     def on_line(self, local_rank: int, stream: str, text: str) -> None:
         self.ranks[local_rank].lines.append((stream, text))
@@ -203,6 +219,8 @@ class RunState:
         if status == DONE:
             for bar in rs.bars.values():
                 bar.closed = True
+            rs.stalled_since = None   # it finished: whatever it waited for came
+            self._forget_cleared_stall()
 
     def finish(self, status: Status, summary: str) -> None:
         """The run's outcome (written by the run scaffold, ``run.py``, only)."""
