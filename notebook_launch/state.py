@@ -53,8 +53,16 @@ class Bar:
     elapsed: float = 0.0        # seconds since the bar started, in the rank
     closed: bool = False
     moved: int = 0              # the rank's fold number when the bar last opened or advanced
-    nested: int = 0             # how many bars opened while this one was open (outer loops have many);
-                                # counted in the rank, the one place that knows the order of events
+    nested: int = 0             # how many bars opened and closed while this one was open (outer loops
+                                # have many); counted in the rank, the one place that knows the order of events
+    inner: bool = False         # it closed while a bar open before it still was: an inner loop
+    opened: float = 0.0         # when it opened and closed, on the rank's clock: bars that ran side by
+    ended: float | None = None  # side overlap (two tasks of one rich Progress)
+
+    def overlaps(self, other: "Bar") -> bool:
+        """Whether the two bars were open at the same time (both of one rank)."""
+        return self.opened < (other.ended if other.ended is not None else float("inf")) and \
+            other.opened < (self.ended if self.ended is not None else float("inf"))
 
     @property
     def fraction(self) -> float | None:
@@ -96,24 +104,31 @@ class RankState:
         """The bar a rank's row shows: the open bar that moved last (ties: the newest, the
         innermost loop), so the row follows whatever the rank is doing now: Lightning's
         validation bar while it validates, its training bar again after. When every bar is
-        closed, the outermost loop: the bar most others opened inside (the epochs around the
-        steps, the training around each validation), then the longest, so a run never ends
-        on a short loop that merely came first (Lightning's "Sanity Checking 2/2")."""
+        closed, the outermost loop: the bar most others ran inside (the epochs around the
+        steps, the training around each validation), then the longest (to when its work was
+        done: of two tasks side by side, the one that finished last), so a run never ends on a
+        short loop that merely came first (Lightning's "Sanity Checking 2/2")."""
         best: Bar | None = None
         for bar in self.bars.values():
             if not bar.closed and (best is None or bar.moved >= best.moved):
                 best = bar
         if best is not None:
             return best
-        for bar in self.bars.values():
+        outer = [bar for bar in self.bars.values() if not bar.inner] or list(self.bars.values())
+        for bar in outer:
             if best is None or (bar.nested, bar.elapsed) > (best.nested, best.elapsed):
                 best = bar
         return best
 
     def other_bars(self, limit: int = 2) -> list[Bar]:
-        """The open bars besides ``main_bar``, outermost first, for a compact mention on the
-        same row (one row per rank keeps 8 ranks readable; see ``display.format.other_bars``)."""
+        """The bars besides ``main_bar`` for a compact mention on the same row (one row per rank
+        keeps 8 ranks readable; see ``display.format.other_bars``): while one is open, the other
+        open ones, outermost first; once all closed (the final picture), those that ran side by
+        side with it (two rich tasks), never the inner loops, so no bar of the run is dropped."""
         main = self.main_bar
+        if main is not None and main.closed:
+            return [bar for bar in self.bars.values()
+                    if bar is not main and not bar.inner and bar.overlaps(main)][:limit]
         return [bar for bar in self.bars.values() if not bar.closed and bar is not main][:limit]
 
 
