@@ -102,3 +102,11 @@ def _check_runtime_env(runtime_env: object) -> None:
         raise LaunchArgumentError(
             f"RayCluster(runtime_env=...) maps Ray's runtime_env fields (strings such as 'pip') to values; "
             f"not a field name: {', '.join(map(repr, not_names))}")
+    env_vars = (runtime_env or {}).get("env_vars")
+    if env_vars is not None and (not isinstance(env_vars, Mapping) or not all(
+            isinstance(name, str) and name and "=" not in name and "\0" not in name
+            and isinstance(value, str) and "\0" not in value for name, value in env_vars.items())):
+        raise LaunchArgumentError(
+            f"RayCluster(runtime_env={{'env_vars': ...}}) must map variable names to string values (as the "
+            f"environment holds them: no '=' in a name, no NUL), e.g. {{'OMP_NUM_THREADS': '4'}}; "
+            f"got {env_vars!r:.120}")

@@ -183,6 +183,10 @@ def test_start_ranks_on_a_cluster_checks_the_same_arguments_before_connecting(kw
     ({"address": "head:6379\0"}, "without spaces or control characters"),
     ({"address": "  "}, "RayCluster(address=...) must be"),
     ({"runtime_env": {1: "x"}}, "not a field name: 1"),
+    ({"runtime_env": {"env_vars": {"OMP_NUM_THREADS": 4}}}, "must map variable names to string values"),
+    ({"runtime_env": {"env_vars": {1: "4"}}}, "must map variable names to string values"),
+    ({"runtime_env": {"env_vars": {"A=B": "4"}}}, "must map variable names to string values"),
+    ({"runtime_env": {"env_vars": {"A": "x\0y"}}}, "must map variable names to string values"),
 ])
 def test_ray_cluster_fields_are_checked_when_made(fields, message):
     with pytest.raises(LaunchArgumentError) as info:
