@@ -592,7 +592,7 @@ def test_with_the_bookkeeping_left_out_no_rank_is_said_not_to_have_started(log_d
     error = launch(skips_an_all_reduce, 2, log_dir, timeout=12)
     text = str(error)
     assert "had not started" not in text, text
-    assert ("no rank could say where it is: ranks 0, 1 kept no record of where it is "
+    assert ("no rank could say where it is: ranks 0, 1 kept no whereabouts record "
             "(NOTEBOOK_LAUNCH_WHEREABOUTS=0 leaves that bookkeeping out of the ranks; unset it to see where "
             "ranks wait)") in text, text
 

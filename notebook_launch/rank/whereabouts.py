@@ -72,7 +72,7 @@ COLLECTIVES = ("all_reduce", "broadcast", "all_gather", "all_gather_into_tensor"
 SWITCH = "NOTEBOOK_LAUNCH_WHEREABOUTS"   # "0": no dump handler, no record, no wrapped collectives
 # What a rank without a record is said to have done when the switch is off: it may be anywhere (in
 # all_reduce, in its own code), so it is never said to have "not started the launched function yet".
-SWITCHED_OFF_NOTE = (f"kept no record of where it is ({SWITCH}=0 leaves that bookkeeping out of the ranks; "
+SWITCHED_OFF_NOTE = (f"kept no whereabouts record ({SWITCH}=0 leaves that bookkeeping out of the ranks; "
                      f"unset it to see where ranks wait)")
 
 
