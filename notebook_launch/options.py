@@ -88,7 +88,7 @@ def launch_options(*, function: Any, args: Any = (), num_processes: Any = None, 
                    start_method: Any = None, timeout: Any = None, log_dir: Any = None, ui: Any = "auto",
                    rdzv_timeout: Any = None, display_ranks: Any = None,
                    stall_after: Any = DEFAULT_STALL_AFTER,
-                   lines_per_second: Any = DEFAULT_LINES_PER_SECOND, called_as_given: bool = True) -> LaunchOptions:
+                   lines_per_second: Any = DEFAULT_LINES_PER_SECOND, called_as_given: Any = True) -> LaunchOptions:
     """Check every argument of ``notebook_launcher`` (each defaults to notebook_launcher's
     default; ``use_port=None`` means its default port) and resolve what depends on several
     of them; raise LaunchArgumentError naming the first bad one. Runs once per launch:
