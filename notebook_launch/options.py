@@ -187,7 +187,9 @@ def validate_args(args: object, kwargs: object) -> None:
             f"{type(args).__name__}. For a single argument write args=(value,).")
     if kwargs is not None and not isinstance(kwargs, dict):
         raise LaunchArgumentError(f"kwargs must be a dict or None; got {type(kwargs).__name__}")
-    not_names = [key for key in kwargs or {} if not isinstance(key, str) or not key.isidentifier()]
+    # Python's own rule for f(**kwargs): str keys (a function taking **kwargs accepts any str;
+    # validate_call checks the rest against the signature)
+    not_names = [key for key in kwargs or {} if not isinstance(key, str)]
     if not_names:
         raise LaunchArgumentError(
             f"kwargs must map parameter names (strings such as 'lr') to values; not a parameter name: "

@@ -63,7 +63,8 @@ NAN, INF = float("nan"), float("inf")
     ({"display_ranks": [-1]}, "is not a rank"),
     # mappings whose keys are not names
     ({"kwargs": {1: 2}}, "not a parameter name: 1"),
-    ({"kwargs": {"lr": 1, "two words": 2}}, "not a parameter name: 'two words'"),
+    ({"kwargs": {"lr": 1, b"lr": 2}}, "not a parameter name: b'lr'"),
+    ({"kwargs": {"lr": 1, "two words": 2}}, "got an unexpected keyword argument 'two words'"),
     ({"rdzv_conf": {5: 1}}, "not an option name: 5"),
     # strings with control characters, NUL, spaces, or not strings at all
     ({"master_addr": "127.0.0.1\0evil"}, "master_addr='127.0.0.1\\x00evil' holds control characters"),
@@ -133,6 +134,7 @@ def scaled(factor, lr):
     (Trainer(), (), {"lr": 4}, 8),
     (scaled, (3,), None, 30),          # wraps: checked as the wrapper's (*args, **kwargs)
     (max, ([4, 7],), None, 7),         # a C function with no readable signature: not checked
+    (lambda **options: sorted(options), (), {"two words": 1, "lr": 2}, ["lr", "two words"]),   # any str key
 ])
 def test_calls_that_work_are_never_refused(function, args, kwargs, expected, log_dir):
     assert notebook_launcher(function, args=args, kwargs=kwargs, num_processes=1, ui="none",
