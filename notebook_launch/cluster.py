@@ -7,6 +7,8 @@ The launch itself is ``run_ray`` (with ``backends.ray_launch.RayLauncher``).
 """
 from __future__ import annotations
 
+import math
+import numbers
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Mapping
 
@@ -60,10 +62,11 @@ class RayCluster:
 
 
 def _check_address(address: object) -> None:
-    if address is not None and (not isinstance(address, str) or not address):
+    if address is not None and (not isinstance(address, str) or not address.strip()
+                                or any(not ch.isprintable() or ch.isspace() for ch in address)):
         raise LaunchArgumentError(
             f"RayCluster(address=...) must be 'auto', 'host:port', 'ray://host:port' or None "
-            f"(the Ray this notebook already initialized); got {address!r}")
+            f"(the Ray this notebook already initialized), without spaces or control characters; got {address!r}")
 
 
 def _check_placement(placement: object) -> None:
@@ -79,10 +82,11 @@ def _check_resources_per_rank(resources_per_rank: object) -> None:
             f"RayCluster(resources_per_rank=...) must be a non-empty dict such as {{'GPU': 1, 'CPU': 4}}; "
             f"got {resources_per_rank!r}")
     for name, amount in resources_per_rank.items():
-        if not isinstance(name, str) or isinstance(amount, bool) or not isinstance(amount, (int, float)) \
-                or amount < 0:
+        if not isinstance(name, str) or not name or not name.isprintable() or isinstance(amount, bool) \
+                or not isinstance(amount, numbers.Real) or not 0 <= float(amount) < math.inf:
             raise LaunchArgumentError(
-                f"RayCluster(resources_per_rank=...) maps resource names to amounts >= 0; got {name!r}: {amount!r}")
+                f"RayCluster(resources_per_rank=...) maps resource names to finite amounts >= 0; "
+                f"got {name!r}: {amount!r}")
     if sum(float(v) for v in resources_per_rank.values()) <= 0:
         raise LaunchArgumentError(
             "RayCluster(resources_per_rank=...) reserves nothing; give each rank at least one resource, "
@@ -93,3 +97,16 @@ def _check_runtime_env(runtime_env: object) -> None:
     if runtime_env is not None and not isinstance(runtime_env, Mapping):
         raise LaunchArgumentError(
             f"RayCluster(runtime_env=...) must be a dict or None; got {type(runtime_env).__name__}")
+    not_names = [key for key in runtime_env or {} if not isinstance(key, str)]
+    if not_names:
+        raise LaunchArgumentError(
+            f"RayCluster(runtime_env=...) maps Ray's runtime_env fields (strings such as 'pip') to values; "
+            f"not a field name: {', '.join(map(repr, not_names))}")
+    env_vars = (runtime_env or {}).get("env_vars")
+    if env_vars is not None and (not isinstance(env_vars, Mapping) or not all(
+            isinstance(name, str) and name and "=" not in name and "\0" not in name
+            and isinstance(value, str) and "\0" not in value for name, value in env_vars.items())):
+        raise LaunchArgumentError(
+            f"RayCluster(runtime_env={{'env_vars': ...}}) must map variable names to string values (as the "
+            f"environment holds them: no '=' in a name, no NUL), e.g. {{'OMP_NUM_THREADS': '4'}}; "
+            f"got {env_vars!r:.120}")

@@ -52,10 +52,22 @@ def ensure_fd_budget(num_local_ranks: int) -> str | None:
             return (f"raised this process's open-file limit (ulimit -n) from {soft} to {target} "
                     f"for {num_local_ranks} ranks")
     limit = soft if hard == resource.RLIM_INFINITY else max(soft, hard)
-    fits = max(0, (limit - fixed) // FDS_PER_RANK)
-    raise LaunchArgumentError(
-        f"num_processes={num_local_ranks} needs about {needed} open files in this process "
-        f"({FDS_PER_RANK} per rank: pipes, result file, process handle, log file; plus {fixed} for what is already "
-        f"open and spare), but the open-file limit is {soft} (hard limit {hard}). Use at most {fits} "
-        f"ranks here, or raise the hard limit before starting Jupyter (`ulimit -Hn`, or LimitNOFILE= "
-        f"in its systemd unit).")
+    raise LaunchArgumentError(too_few_files_text(num_local_ranks, needed=needed, in_use=fixed - FDS_SPARE,
+                                                 soft=soft, hard=hard, fits=(limit - fixed) // FDS_PER_RANK))
+
+
+def too_few_files_text(num_local_ranks: int, *, needed: int, in_use: int, soft: int, hard: int, fits: int) -> str:
+    """What the limit is, what the launch and one rank need, and how to raise the hard limit (which
+    this process cannot): a limit too tight for even one rank says so instead of "at most 0 ranks"."""
+    shown_hard = "unlimited" if hard < 0 else str(hard)
+    fit = (f"At most {fits} rank{'s' if fits != 1 else ''} fit under it: use num_processes={fits}, or raise"
+           if fits >= 1 else "Not even one rank fits under it. Raise")
+    return (
+        f"num_processes={num_local_ranks} needs about {needed} open files in this process, but its open-file "
+        f"limit is {soft} (ulimit -n), hard limit {shown_hard}, which a process cannot raise for itself: "
+        f"{in_use} files are open already, {FDS_SPARE} are kept spare for the run (selector, display, kernel "
+        f"sockets, your own files), and each rank needs {FDS_PER_RANK} (pipes, result file, process handle, "
+        f"log file), so one rank needs {in_use + FDS_SPARE + FDS_PER_RANK}. {fit} the limit to {needed} or more "
+        f"before starting Jupyter: `ulimit -Hn {needed} && ulimit -n {needed}` in the shell that starts it (the "
+        f"hard limit as root, or in /etc/security/limits.conf), LimitNOFILE={needed} in its systemd unit, or "
+        f"`docker run --ulimit nofile={needed}:{needed}` for a container.")

@@ -109,11 +109,17 @@ def _whole_number(option: str) -> Callable[[str], int]:
     return parse
 
 
-def _seconds(text: str) -> float:
-    try:
-        return float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"--timeout must be a number of seconds, got {text!r}") from None
+def seconds_option(option: str) -> Callable[[str], float]:
+    """An argparse type for ``option``'s seconds; the function it feeds checks their range."""
+    def parse(text: str) -> float:
+        try:
+            return float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{option} must be a number of seconds, got {text!r}") from None
+    return parse
+
+
+_seconds = seconds_option("--timeout")
 
 
 def parse_launch_line(line: str) -> dict[str, Any]:

@@ -7,6 +7,8 @@ are here too and are called once detection has run (``target``).
 """
 from __future__ import annotations
 
+import enum
+import inspect
 import math
 import numbers
 import operator
@@ -86,17 +88,24 @@ def launch_options(*, function: Any, args: Any = (), num_processes: Any = None, 
                    start_method: Any = None, timeout: Any = None, log_dir: Any = None, ui: Any = "auto",
                    rdzv_timeout: Any = None, display_ranks: Any = None,
                    stall_after: Any = DEFAULT_STALL_AFTER,
-                   lines_per_second: Any = DEFAULT_LINES_PER_SECOND) -> LaunchOptions:
+                   lines_per_second: Any = DEFAULT_LINES_PER_SECOND, called_as_given: Any = True) -> LaunchOptions:
     """Check every argument of ``notebook_launcher`` (each defaults to notebook_launcher's
     default; ``use_port=None`` means its default port) and resolve what depends on several
     of them; raise LaunchArgumentError naming the first bad one. Runs once per launch:
-    nothing downstream checks these again."""
+    nothing downstream checks these again. ``called_as_given``: the ranks call
+    ``function(*args, **kwargs)``, so the arguments must fit its signature; False where the
+    function is our own serve loop (persistent ranks), given its arguments when the ranks start."""
     if use_port is None:
         use_port = DEFAULT_USE_PORT
     validate_function(function)
     validate_args(args, kwargs)
+    if called_as_given:
+        validate_call(function, args, kwargs)
     if num_processes is not None:
         num_processes = validate_whole_number("num_processes", num_processes)
+        if num_processes < 1:
+            raise LaunchArgumentError(f"num_processes must be >= 1, or None (one rank per accelerator); "
+                                      f"got {num_processes}")
     mixed_precision = normalize_mixed_precision(mixed_precision)
     start_method = validate_start_method(start_method)
     validate_choice("ui", ui, UI_CHOICES)
@@ -111,6 +120,8 @@ def launch_options(*, function: Any, args: Any = (), num_processes: Any = None, 
     parse_line_prefix(log_line_prefix_template)   # a bad template fails here, not at a rank's first line
     validate_master_addr(master_addr)
     validate_log_dir(log_dir)
+    validate_text("rdzv_endpoint", rdzv_endpoint, "a 'host:port' string or ''")
+    validate_text("rdzv_id", rdzv_id, "a string naming the run")
     elastic = num_nodes > 1 or max_restarts > 0
     if elastic:
         validate_elastic_start_method(start_method)
@@ -176,10 +187,43 @@ def validate_args(args: object, kwargs: object) -> None:
             f"{type(args).__name__}. For a single argument write args=(value,).")
     if kwargs is not None and not isinstance(kwargs, dict):
         raise LaunchArgumentError(f"kwargs must be a dict or None; got {type(kwargs).__name__}")
+    # Python's own rule for f(**kwargs): str keys (a function taking **kwargs accepts any str;
+    # validate_call checks the rest against the signature)
+    not_names = [key for key in kwargs or {} if not isinstance(key, str)]
+    if not_names:
+        raise LaunchArgumentError(
+            f"kwargs must map parameter names (strings such as 'lr') to values; not a parameter name: "
+            f"{', '.join(map(repr, not_names))}")
+
+
+def validate_call(function: Callable[..., Any], args: Sequence[Any], kwargs: Mapping[str, Any] | None) -> None:
+    """``function(*args, **kwargs)`` fits the function's signature, checked here rather than as a
+    TypeError in every rank after they all started. A signature that cannot be read (some
+    functions written in C) is not checked; a wrapper (``functools.wraps``) is checked as the
+    wrapper's own signature, never as the wrapped function's (a decorator may add or remove
+    arguments, so the wrapped signature could refuse a call that works)."""
+    try:
+        signature = inspect.signature(function, follow_wrapped=False)
+    except (TypeError, ValueError):
+        return
+    try:
+        signature.bind(*args, **(kwargs or {}))
+    except TypeError as err:
+        name = getattr(function, "__qualname__", None) or type(function).__name__
+        raise LaunchArgumentError(
+            f"{name}{signature} cannot be called with args={tuple(args)!r:.200} and "
+            f"kwargs={dict(kwargs or {})!r:.200}: "
+            f"{err}. Pass the function's parameters in args=(...) (in order) or kwargs={{'name': value}}; "
+            f"nothing was started") from None
 
 
 def normalize_mixed_precision(value: object) -> str:
-    text = "no" if value is None else str(value).lower()
+    if isinstance(value, enum.Enum):   # Accelerate's PrecisionType.BF16 and the like
+        value = value.value
+    if value is not None and not isinstance(value, str):
+        raise LaunchArgumentError(f"mixed_precision must be a string, one of {', '.join(MIXED_PRECISION_CHOICES)}; "
+                                  f"got {type(value).__name__}: {value!r:.80}")
+    text = "no" if value is None else value.strip().lower()
     if text not in MIXED_PRECISION_CHOICES:
         raise LaunchArgumentError(
             f"mixed_precision={value!r} is not valid; choose one of {', '.join(MIXED_PRECISION_CHOICES)}")
@@ -227,10 +271,12 @@ def validate_int(name: str, value: object, minimum: int, maximum: int | None = N
 
 
 def validate_port(use_port: object) -> int:
-    try:
-        port = int(str(use_port))
-    except (TypeError, ValueError):
-        port = 0
+    """A whole number (not a bool) or a string of ASCII digits, 1 to 65535."""
+    port = 0
+    if isinstance(use_port, numbers.Integral) and not isinstance(use_port, bool):
+        port = int(use_port)
+    elif isinstance(use_port, str) and use_port.strip().isascii() and use_port.strip().isdigit():
+        port = int(use_port)
     if not 1 <= port <= 65535:
         raise LaunchArgumentError(f"use_port must be a TCP port number between 1 and 65535; got {use_port!r}")
     return port
@@ -262,20 +308,55 @@ def validate_monitor_interval(value: object) -> float:
     return seconds
 
 
+def validate_seconds(name: str, value: object, meaning: str) -> float:
+    """A finite number of seconds > 0 (not NaN, inf, a bool or a string); ``meaning`` says what they are for."""
+    seconds = seconds_or_none(value)
+    if seconds is None or math.isinf(seconds):
+        raise LaunchArgumentError(f"{name} must be a finite number of seconds > 0 ({meaning}); got {value!r}")
+    return seconds
+
+
+def validate_interrupt_grace(value: object) -> float:
+    """``interrupt_grace`` of persistent ranks: a call that timed out or was interrupted waits this
+    long for its ranks, so it must end (NaN or inf would wait forever, and every other caller behind it)."""
+    return validate_seconds("interrupt_grace", value,
+                            "how long interrupted ranks have to come back before every rank is stopped")
+
+
+def control_characters(text: str) -> list[str]:
+    """The characters of ``text`` no name or path can hold: NUL, line breaks, other controls."""
+    return sorted({repr(ch) for ch in text if not ch.isprintable() and ch != " "})
+
+
+def validate_text(name: str, value: object, what: str) -> None:
+    """A str without control characters (NUL ends the string in C: the ranks would use a different one)."""
+    if not isinstance(value, str):
+        raise LaunchArgumentError(f"{name} must be {what}; got {type(value).__name__}: {value!r:.80}")
+    bad = control_characters(value)
+    if bad:
+        raise LaunchArgumentError(f"{name}={value!r:.80} holds control characters ({', '.join(bad)}); "
+                                  f"it must be {what}")
+
+
 def validate_master_addr(master_addr: object) -> None:
+    what = "a host name or IP address of node 0, such as '127.0.0.1' (the default) or '10.0.0.1'"
     if not isinstance(master_addr, str) or not master_addr.strip():
-        raise LaunchArgumentError(
-            f"master_addr must be a host name or IP address of node 0, such as '127.0.0.1' (the default) "
-            f"or '10.0.0.1'; got {master_addr!r}")
+        raise LaunchArgumentError(f"master_addr must be {what}; got {master_addr!r}")
+    validate_text("master_addr", master_addr, what)
+    if master_addr != master_addr.strip() or " " in master_addr:
+        raise LaunchArgumentError(f"master_addr={master_addr!r} holds spaces; it must be {what}")
 
 
 def validate_log_dir(log_dir: object) -> None:
     """A path (str or os.PathLike) or None; "" would mean the working directory, never wanted."""
     if log_dir is None:
         return
-    if not isinstance(log_dir, (str, os.PathLike)) or not os.fspath(log_dir).strip():
+    path = os.fspath(log_dir) if isinstance(log_dir, (str, os.PathLike)) else None
+    if not isinstance(path, str) or not path.strip():
         raise LaunchArgumentError(
             f"log_dir must be a folder path or None (a new folder per run in the user cache); got {log_dir!r}")
+    if "\0" in path:
+        raise LaunchArgumentError(f"log_dir={path!r} holds a NUL character, which no path can; pass a folder path")
 
 
 def validate_display_ranks(value: object) -> frozenset[int] | None:
@@ -326,6 +407,10 @@ def validate_rendezvous(*, rdzv_backend: str, rdzv_endpoint: object, rdzv_conf: 
         raise LaunchArgumentError(
             f"rdzv_conf must be a dict of rendezvous options such as {{'join_timeout': 600}} or None; "
             f"got {type(rdzv_conf).__name__}")
+    not_names = [key for key in rdzv_conf or {} if not isinstance(key, str) or not key or control_characters(key)]
+    if not_names:
+        raise LaunchArgumentError(f"rdzv_conf must map option names (strings such as 'join_timeout') to values; "
+                                  f"not an option name: {', '.join(map(repr, not_names))}")
     if full and not isinstance(rdzv_endpoint, str):
         raise LaunchArgumentError(f"rdzv_endpoint must be a 'host:port' string or ''; got {rdzv_endpoint!r}")
     if full and (not isinstance(rdzv_id, str) or not rdzv_id):
@@ -340,13 +425,15 @@ def validate_rendezvous(*, rdzv_backend: str, rdzv_endpoint: object, rdzv_conf: 
     config = rdzv_conf or {}
     for key in ("join_timeout", "timeout"):
         if key in config:
-            try:
-                value = float(config[key])
+            given = config[key]
+            try:   # a number, or its text as torchrun's --rdzv-conf gives it
+                value = float(given) if not isinstance(given, bool) else math.nan
             except (TypeError, ValueError):
-                raise LaunchArgumentError(f"rdzv_conf[{key!r}] must be a number of seconds; "
-                                          f"got {config[key]!r}") from None
-            if value > 0:
-                return value
+                value = math.nan
+            if not 0 < value < math.inf:
+                raise LaunchArgumentError(f"rdzv_conf[{key!r}] must be a number of seconds, finite and > 0; "
+                                          f"got {given!r}") from None
+            return value
     return DEFAULT_RDZV_TIMEOUT
 
 

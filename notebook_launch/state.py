@@ -53,8 +53,16 @@ class Bar:
     elapsed: float = 0.0        # seconds since the bar started, in the rank
     closed: bool = False
     moved: int = 0              # the rank's fold number when the bar last opened or advanced
-    nested: int = 0             # how many bars opened while this one was open (outer loops have many);
-                                # counted in the rank, the one place that knows the order of events
+    nested: int = 0             # how many bars opened and closed while this one was open (outer loops
+                                # have many); counted in the rank, the one place that knows the order of events
+    inner: bool = False         # it closed while a bar open before it still was: an inner loop
+    opened: float = 0.0         # when it opened and closed, on the rank's clock: bars that ran side by
+    ended: float | None = None  # side overlap (two tasks of one rich Progress)
+
+    def overlaps(self, other: "Bar") -> bool:
+        """Whether the two bars were open at the same time (both of one rank)."""
+        return self.opened < (other.ended if other.ended is not None else float("inf")) and \
+            other.opened < (self.ended if self.ended is not None else float("inf"))
 
     @property
     def fraction(self) -> float | None:
@@ -96,24 +104,31 @@ class RankState:
         """The bar a rank's row shows: the open bar that moved last (ties: the newest, the
         innermost loop), so the row follows whatever the rank is doing now: Lightning's
         validation bar while it validates, its training bar again after. When every bar is
-        closed, the outermost loop: the bar most others opened inside (the epochs around the
-        steps, the training around each validation), then the longest, so a run never ends
-        on a short loop that merely came first (Lightning's "Sanity Checking 2/2")."""
+        closed, the outermost loop: the bar most others ran inside (the epochs around the
+        steps, the training around each validation), then the longest (to when its work was
+        done: of two tasks side by side, the one that finished last), so a run never ends on a
+        short loop that merely came first (Lightning's "Sanity Checking 2/2")."""
         best: Bar | None = None
         for bar in self.bars.values():
             if not bar.closed and (best is None or bar.moved >= best.moved):
                 best = bar
         if best is not None:
             return best
-        for bar in self.bars.values():
+        outer = [bar for bar in self.bars.values() if not bar.inner] or list(self.bars.values())
+        for bar in outer:
             if best is None or (bar.nested, bar.elapsed) > (best.nested, best.elapsed):
                 best = bar
         return best
 
     def other_bars(self, limit: int = 2) -> list[Bar]:
-        """The open bars besides ``main_bar``, outermost first, for a compact mention on the
-        same row (one row per rank keeps 8 ranks readable; see ``display.format.other_bars``)."""
+        """The bars besides ``main_bar`` for a compact mention on the same row (one row per rank
+        keeps 8 ranks readable; see ``display.format.other_bars``): while one is open, the other
+        open ones, outermost first; once all closed (the final picture), those that ran side by
+        side with it (two rich tasks), never the inner loops, so no bar of the run is dropped."""
         main = self.main_bar
+        if main is not None and main.closed:
+            return [bar for bar in self.bars.values()
+                    if bar is not main and not bar.inner and bar.overlaps(main)][:limit]
         return [bar for bar in self.bars.values() if not bar.closed and bar is not main][:limit]
 
 
@@ -135,6 +150,7 @@ class RunState:
     stop_requested: bool = False          # set by a display's Stop button
     where_requested: bool = False         # set by the panel's "Where are they?" button; the supervisor answers
     where_report: str | None = None       # its answer: a one-line verdict, then every rank's stacks
+    where_report_is_stall: bool = False   # ``where_report`` says where a stall found the ranks
 
     @property
     def elapsed(self) -> float:
@@ -179,6 +195,14 @@ class RunState:
     def on_stalled(self, local_rank: int, since: float | None) -> None:
         """The rank shows no sign of progress since ``since`` (None: it is not stalled)."""
         self.ranks[local_rank].stalled_since = since
+        self._forget_cleared_stall()
+
+    def _forget_cleared_stall(self) -> None:
+        """A stall's report ("stalled: ... never reached it") is true while the ranks are stalled;
+        once none is (they went on, or finished), the panel and the run's final picture must not
+        keep saying it. What was found stays in the ranks' logs; an answer to the Where button stays."""
+        if self.where_report_is_stall and all(rs.stalled_since is None for rs in self.ranks):
+            self.where_report, self.where_report_is_stall = None, False
 
     def stalled_for(self, local_rank: int) -> float | None:
         """Seconds the rank has been stalled, or None."""
@@ -189,7 +213,14 @@ class RunState:
         """The supervisor's answer to "Where are they?" (or to a stall): the panels draw it.
         Clears the request, so the button can ask again."""
         self.where_report = text
+        self.where_report_is_stall = False
         self.where_requested = False
+
+    def on_stall_report(self, text: str) -> None:
+        """Where a stall found the ranks: drawn as an answer to "Where are they?" is, until the
+        stall clears (``_forget_cleared_stall``)."""
+        self.on_where_report(text)
+        self.where_report_is_stall = True
 
     def on_line(self, local_rank: int, stream: str, text: str) -> None:
         self.ranks[local_rank].lines.append((stream, text))
@@ -203,6 +234,8 @@ class RunState:
         if status == DONE:
             for bar in rs.bars.values():
                 bar.closed = True
+            rs.stalled_since = None   # it finished: whatever it waited for came
+            self._forget_cleared_stall()
 
     def finish(self, status: Status, summary: str) -> None:
         """The run's outcome (written by the run scaffold, ``run.py``, only)."""

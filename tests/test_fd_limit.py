@@ -65,3 +65,48 @@ def test_a_start_that_runs_out_of_fds_midway_leaks_nothing(tmp_path):
     assert "error" in outcome, outcome
     assert "Too many open files" in outcome["message"] or "open-file limit" in outcome["message"]
     assert outcome["leaked"] == [], f"fds left open after a failed start: {outcome['leaked']}"
+
+
+TOO_TIGHT_FOR_ONE = textwrap.dedent("""
+    import json, os, resource, sys
+    import torch  # noqa: F401
+    from notebook_launch import LaunchArgumentError, notebook_launcher
+    from notebook_launch import fd_budget
+    open_now = fd_budget.fds_in_use()
+    limit = open_now + fd_budget.FDS_SPARE + fd_budget.FDS_PER_RANK // 2   # short of one rank's files
+    resource.setrlimit(resource.RLIMIT_NOFILE, (limit, limit))
+    try:
+        notebook_launcher(os.getpid, num_processes={n}, ui="none", log_dir=sys.argv[1] + "/run")
+        outcome = {{"error": None}}
+    except LaunchArgumentError as exc:
+        outcome = {{"error": type(exc).__name__, "message": str(exc)}}
+    outcome["limit"] = limit
+    outcome["one_rank"] = open_now + fd_budget.FDS_SPARE + fd_budget.FDS_PER_RANK
+    outcome["run_folder"] = os.path.exists(sys.argv[1] + "/run")
+    print("OUTCOME " + json.dumps(outcome))
+""")
+
+
+def test_a_limit_too_tight_for_one_rank_says_what_it_is_and_how_to_raise_it(tmp_path):
+    """Before: "Use at most 0 ranks here" (a fixed 64 spare, then max(0, ...)). Now the limit, what
+    one rank needs and how to raise the hard limit; for 1 rank and for 3."""
+    for n in (1, 3):
+        proc = subprocess.run([sys.executable, "-c", TOO_TIGHT_FOR_ONE.format(n=n), str(tmp_path / str(n))],
+                              capture_output=True, text=True, timeout=240)
+        line = [x for x in proc.stdout.splitlines() if x.startswith("OUTCOME ")]
+        assert line, proc.stdout + proc.stderr
+        outcome = json.loads(line[-1][len("OUTCOME "):])
+        message = outcome["message"]
+        assert outcome["error"] == "LaunchArgumentError", outcome
+        assert "at most 0" not in message.lower() and "Not even one rank fits" in message, message
+        assert f"open-file limit is {outcome['limit']} (ulimit -n), hard limit {outcome['limit']}" in message
+        assert f"so one rank needs {outcome['one_rank']}" in message
+        assert "each rank needs 11" in message
+        assert "ulimit -Hn" in message and "LimitNOFILE=" in message and "--ulimit nofile=" in message
+        assert not outcome["run_folder"], "nothing may start"
+
+
+def test_a_limit_that_fits_some_ranks_names_how_many(tmp_path):
+    outcome, _ = run_case(tmp_path, soft=128, hard=128, n=40)
+    assert "num_processes=40 needs about" in outcome["message"]
+    assert "fit under it: use num_processes=" in outcome["message"], outcome["message"]

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import inspect
 import os
+import threading
 import time
 
 import pytest
@@ -581,3 +582,57 @@ def test_the_bookkeeping_can_be_swapped_out_and_left_out(log_dir, monkeypatch):
                              use_port=str(free_port()))[0][0] is False
     error = launch(sleeps_on_rank_1, 2, log_dir, timeout=10)
     assert first_line(error) == "notebook_launch: timed out after 10 s; ranks still running: 1"
+
+
+def test_with_the_bookkeeping_left_out_no_rank_is_said_not_to_have_started(log_dir, monkeypatch):
+    """NOTEBOOK_LAUNCH_WHEREABOUTS=0 and rank 0 waits in all_reduce while rank 1 is in its own code:
+    the answer used to say "ranks 0, 1 had not started the launched function yet"; it says the
+    record was left out and how to have it, and nothing about their not having started."""
+    monkeypatch.setenv("NOTEBOOK_LAUNCH_WHEREABOUTS", "0")
+    error = launch(skips_an_all_reduce, 2, log_dir, timeout=12)
+    text = str(error)
+    assert "had not started" not in text, text
+    assert ("no rank could say where it is: ranks 0, 1 kept no whereabouts record "
+            "(NOTEBOOK_LAUNCH_WHEREABOUTS=0 leaves that bookkeeping out of the ranks; unset it to see where "
+            "ranks wait)") in text, text
+
+
+def waits_silently_on_its_fifo(folder):
+    """Blocks in open() of its FIFO (no CPU, no I/O, the same stack) until the notebook opens it
+    for writing: a stall that clears, without a timed sleep."""
+    with open(os.path.join(folder, f"fifo{rank()}")) as f:
+        f.read()
+    return rank()
+
+
+def test_a_stall_that_cleared_leaves_no_verdict_in_the_panel_or_the_final_picture(log_dir, tmp_path, monkeypatch,
+                                                                                     capsys):
+    """Before, "stalled: ... never reached it" stayed in the state (the panel) and in the final
+    picture of a run that went on and ended done."""
+    from notebook_launch import run as run_module
+    for r in (0, 1):
+        os.mkfifo(tmp_path / f"fifo{r}")
+    reports, states = [], []
+
+    def release():
+        for r in (0, 1):
+            with open(tmp_path / f"fifo{r}", "w"):   # the rank is in its open(): this returns at once
+                pass
+
+    class ReleasedWhenStalled(run_module.RunState):
+        def on_where_report(self, text):
+            super().on_where_report(text)
+            reports.append(text)
+            states.append(self)
+            if text.startswith("stalled"):
+                threading.Thread(target=release, daemon=True).start()
+
+    monkeypatch.setattr(run_module, "RunState", ReleasedWhenStalled)
+    assert notebook_launcher(waits_silently_on_its_fifo, args=(str(tmp_path),), num_processes=2, stall_after=2,
+                             log_dir=log_dir, ui="text", timeout=120) == [0, 1]
+    assert reports and reports[0].startswith("stalled: no rank showed progress for 2 s; "), reports
+    state = states[0]
+    assert state.status == "done" and state.where_report is None, state.where_report
+    final = capsys.readouterr().out.rsplit("notebook_launch run ", 1)[1]   # the final picture
+    assert ", done, " in final.splitlines()[0], final
+    assert "stalled" not in final and "where are they" not in final, final

@@ -440,3 +440,44 @@ def test_tensors_cross_through_memfds_both_ways(ranks, monkeypatch):
     assert torch.equal(whole, big) and view.untyped_storage().data_ptr() == whole.untyped_storage().data_ptr()
     del back, whole, view
     assert sorted(fd_links()) == start
+
+
+# --- 9. an interrupt that had to stop the ranks says so in the cell ---------------------------
+
+def rank_0_in_a_barrier_rank_1_in_python(marker_dir):
+    """Rank 0 waits in a gloo barrier rank 1 never joins (an interrupt does not bring it back);
+    rank 1 waits in Python (it comes back from the interrupt)."""
+    import torch.distributed as dist
+    if not dist.is_initialized():
+        dist.init_process_group("gloo")
+    if dist.get_rank() == 0:
+        dist.barrier()
+    touch(os.path.join(marker_dir, "running1"))
+    while True:
+        time.sleep(0.01)
+
+
+@pytest.mark.parametrize("how", ["Ctrl-C", "Stop"])
+def test_an_interrupt_that_stopped_the_ranks_says_their_state_is_gone(ranks, tmp_path, how):
+    """Before, a kernel interrupt (or Stop) that had to kill the ranks, one being in gloo past the
+    grace, ended the cell with a bare KeyboardInterrupt: nothing said the state was gone."""
+    from helpers.waiting import inside_collective
+    pids = ranks.pids
+
+    def interrupt():
+        wait_for(lambda: inside_collective(pids[0], "barrier") and os.path.exists(tmp_path / "running1"),
+                 "rank 0 in the barrier and rank 1 in its loop")
+        if how == "Ctrl-C":
+            os.kill(os.getpid(), signal.SIGINT)   # what the kernel's interrupt is
+        else:
+            ranks._supervisor.state.stop_requested = True   # what the panel's Stop button does
+    thread = threading.Thread(target=interrupt, daemon=True)
+    thread.start()
+    with pytest.raises(KeyboardInterrupt) as caught:
+        ranks.run(rank_0_in_a_barrier_rank_1_in_python, args=(str(tmp_path),))
+    thread.join()
+    message = str(caught.value)
+    assert "Every rank was stopped because rank 0 did not come back within 2 s of the interrupt" in message
+    assert "The next call starts fresh ranks; their state (models, variables, process group) is lost." in message
+    assert not ranks.alive and not any(alive(pid) for pid in pids)
+    assert ranks.run(os.getpid) != pids   # fresh ranks

@@ -49,6 +49,20 @@ def nested_tqdm():
             pass
     return True
 
+def two_rich_tasks():
+    """Two tasks side by side in one rich Progress: the short one is done first, both close when it stops."""
+    import time
+    from rich.progress import Progress
+    with Progress() as bars:
+        short = bars.add_task("download", total=10)
+        long = bars.add_task("process", total=40)
+        for step in range(40):
+            if step < 10:
+                bars.advance(short)
+            bars.advance(long)
+            time.sleep(0.01)
+    return True
+
 def make_widgets():
     import ipywidgets
     from IPython.display import display
@@ -89,6 +103,9 @@ def notebook():
         "print('RESULT', notebook_launcher(rich_loops, num_processes=2))\nprint('BARS', bars_of(0))",
         "print('RESULT', notebook_launcher(nested_tqdm, num_processes=2))\nprint('BARS', bars_of(1))",
         "print('RESULT', notebook_launcher(make_widgets, num_processes=2))",
+        "from notebook_launch.display import format as fmt\n"
+        "print('RESULT', notebook_launcher(two_rich_tasks, num_processes=2))\nprint('BARS', bars_of(0))\n"
+        "print('ROWS', [fmt.rank_line(rs) for rs in kept[-1].ranks])",
     ]
     return run_notebook(make_notebook(*cells), timeout=300, allow_errors=True)
 
@@ -126,3 +143,21 @@ def test_a_widget_made_in_a_rank_is_a_note_once_per_rank_and_kind(notebook):
         assert f"[rank {rank}] after the widgets" in text
     # no view of a model the notebook never had (the panel itself ended as a picture)
     assert [o for o in cell.outputs if o.output_type == "display_data" and WIDGET_VIEW in o.data] == []
+
+
+def test_two_rich_tasks_side_by_side_both_stay_in_the_final_picture(notebook):
+    """Before, the final picture showed the task that finished first and dropped the other (the
+    first task counted the second as a loop nested in it). Now the row ends on the task that
+    finished last and mentions the other; the cell's final panel shows both."""
+    cell = notebook.cells[5]
+    text = _outputs_text(cell)
+    assert "RESULT [True, True]" in text, text
+    bars, main = _printed(cell, "BARS")
+    assert ("download", 10, 10, True) in bars and ("process", 40, 40, True) in bars, bars
+    assert main == "process", bars
+    for row in _printed(cell, "ROWS"):
+        assert "process: 100%" in row and "also download 100%" in row, row
+    pictures = [o.data.get("text/html", "") + o.data.get("text/plain", "") for o in cell.outputs
+                if o.output_type in ("display_data", "update_display_data")]
+    final = pictures[-1] if pictures else ""
+    assert "process" in final and "download" in final, final

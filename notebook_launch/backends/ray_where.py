@@ -22,6 +22,7 @@ from typing import Any, Callable, Protocol, Sequence
 
 from ..channels.sockets import SocketPipes
 from ..rank.ray_where import REPLY, REPLY_MAGIC, decode_body, request_frame
+from ..rank.whereabouts import SWITCHED_OFF_NOTE
 from ..supervise.hang_verdict import Frame, RankWhereabouts, ThreadStack
 from ..supervise.stacks import parse_collective
 
@@ -165,7 +166,7 @@ def decode_answer(body: bytes, rank: int) -> RankWhereabouts:
         where.threads = [t for t in where.threads if t.ident != where.main_thread]
         where.note = "waits for the next call"
     elif record is None:
-        where.note = "had not started the launched function yet"
+        where.note = SWITCHED_OFF_NOTE if data.get("switched_off") else "had not started the launched function yet"
     return where
 
 

@@ -25,7 +25,7 @@ from typing import Any
 
 from ..errors import LaunchArgumentError
 from ..magic import (NOT_WATCHED, _ArgumentParser, _cell_filename, _lines_per_second, _seconds, _stall_after,
-                     options_parser, referenced_globals, watch_options)
+                     options_parser, referenced_globals, seconds_option, watch_options)
 from ..rank.namespace import NotRun
 from .pool import DEFAULT_GRACE, Ranks
 from .start import start_ranks
@@ -42,7 +42,7 @@ _active: Ranks | None = None
 
 def _start_parser() -> argparse.ArgumentParser:
     p = options_parser("%ranks start", USAGE)
-    p.add_argument("--grace", type=_seconds, default=DEFAULT_GRACE)
+    p.add_argument("--grace", type=seconds_option("--grace"), default=DEFAULT_GRACE)
     p.add_argument("--spawn", action="store_true")
     p.add_argument("--cluster", default=None)
     return p

@@ -42,8 +42,10 @@ from ..options import (
     LaunchOptions,
     check_display_ranks_exist,
     validate_args,
+    validate_call,
     validate_function,
     validate_lines_per_second,
+    validate_text,
     validate_timeout,
 )
 from ..plan import LaunchPlan
@@ -151,6 +153,7 @@ class Ranks:
         ``stall_after``, ``lines_per_second``: for this call (None: start_ranks' values)."""
         validate_function(function)
         validate_args(args, kwargs)
+        validate_call(function, args, kwargs)
         name = getattr(function, "__qualname__", None) or type(function).__name__
         return self._call(Call(Job(function, tuple(args), dict(kwargs or {}))), f"run({name})",
                           self._timeout(timeout), watch=self._watch(stall_after, lines_per_second))
@@ -159,6 +162,10 @@ class Ranks:
     @_serialized
     def push(self, **values: Any) -> None:
         """Set names in every rank's namespace (they are the ranks' from then on)."""
+        bad = [name for name in values if not name.isidentifier()]
+        if bad:
+            raise LaunchArgumentError(f"push takes variable names, e.g. push(model=model); not names: "
+                                      f"{', '.join(map(repr, bad))}")
         if values:
             self._call(Call(Job(namespace.push, (values,))), f"push {', '.join(values)}", self._timeout(None),
                        quiet=True)
@@ -188,6 +195,14 @@ class Ranks:
         the ranks then use their own value of that name (e.g. their copy from the start), and
         where they have none the cell raises a NameError that says why, before any of its code runs.
         ``timeout``, ``stall_after``, ``lines_per_second``: as for ``run``."""
+        if not isinstance(source, str):
+            raise LaunchArgumentError(f"run_cell(source=...) must be the cell's code as a str; got "
+                                      f"{type(source).__name__}")
+        validate_text("run_cell(filename=...)", filename, "the name tracebacks show for the cell, a str")
+        if values is not None and (not isinstance(values, dict)
+                                   or not all(isinstance(n, str) and n.isidentifier() for n in values)):
+            raise LaunchArgumentError(f"run_cell(values=...) must be a dict of variable names to values, or "
+                                      f"None; got {values!r:.120}")
         values = dict(values or {})
         timeout = self._timeout(timeout)
         watch = self._watch(stall_after, lines_per_second)
@@ -522,6 +537,12 @@ class Ranks:
             except LaunchError as error:
                 session.fail(error)
                 raise outcome.with_note(error, self._after_failure(supervisor.lost)) from None
+            except KeyboardInterrupt as interrupt:
+                if supervisor.lost is None:
+                    raise   # every rank came back with its state
+                # the cell must say the ranks (and their state) are gone, not only "KeyboardInterrupt"
+                said = str(interrupt.args[0]) if interrupt.args else "notebook_launch: interrupted"
+                raise KeyboardInterrupt(f"{said}\n{outcome.ranks_lost_note(supervisor.lost)}") from None
             finally:
                 self._supervisor = None
                 self._handed_back = supervisor.events_by_rank()

@@ -41,11 +41,12 @@ from ..backends import ray_connect
 from ..backends.ray_gang import Placement
 from ..backends.ray_launch import RayLauncher, notebook_address, notebook_plan
 from ..display import choose_display
-from ..errors import LaunchArgumentError, LaunchError
+from ..errors import LaunchError
 from ..line_prefix import parse_line_prefix
 from ..logs import make_run_id
 from ..options import (DEFAULT_LINES_PER_SECOND, DEFAULT_USE_PORT, LaunchOptions,
-                       check_display_ranks_exist, launch_options, validate_cluster_launch, validate_cluster_type)
+                       check_display_ranks_exist, launch_options, validate_cluster_launch, validate_cluster_type,
+                       validate_interrupt_grace)
 from ..protocol import FailureKind
 from ..rank.ray_serve import Kind, encode_message, serve_ray_calls
 from ..rank.runner import Job
@@ -60,6 +61,7 @@ from .pool import STOP_GRACE, Ranks, _exited
 if TYPE_CHECKING:
     from ..channels import RankProcess
     from ..cluster import RayCluster
+    from ..plan import StartMethod
 
 log = logging.getLogger("notebook_launch")
 LINE_PREFIX = "[node {node_rank} rank {rank}]"
@@ -72,24 +74,24 @@ def start_ray_ranks(num_processes: int | None, cluster: "RayCluster", *, mixed_p
                     log_line_prefix_template: str | None = None, interrupt_grace: float = 3.0,
                     display_ranks: int | Iterable[int] | str | None = None,
                     stall_after: float | None = DEFAULT_STALL_AFTER,
-                    lines_per_second: int | str = DEFAULT_LINES_PER_SECOND) -> "RayRanks":
+                    lines_per_second: int | str = DEFAULT_LINES_PER_SECOND, master_addr: str = "127.0.0.1",
+                    start_method: "StartMethod | None" = None) -> "RayRanks":
     """``start_ranks(num_processes, cluster=...)``: place and start the ranks now (see the module).
-    The arguments mean what they mean for ``start_ranks``; ``use_port`` is not used (rank 0's
-    node picks the port)."""
+    The arguments mean what they mean for ``start_ranks`` and are checked as its are;
+    ``use_port`` and ``master_addr`` are not used (rank 0's node picks the port and address), and
+    a ``start_method`` is refused (Ray starts the actors)."""
     from ..cluster import RayCluster
     validate_cluster_type(cluster, RayCluster)
-    if isinstance(interrupt_grace, bool) or not isinstance(interrupt_grace, (int, float)) \
-            or interrupt_grace <= 0:
-        raise LaunchArgumentError(f"interrupt_grace must be a number of seconds > 0; got {interrupt_grace!r}")
+    grace = validate_interrupt_grace(interrupt_grace)
     options = launch_options(
         function=serve_ray_calls, args=(), num_processes=num_processes, mixed_precision=mixed_precision,
-        use_port=use_port, master_addr="127.0.0.1", node_rank=0, num_nodes=1, rdzv_backend="static",
+        use_port=use_port, master_addr=master_addr, node_rank=0, num_nodes=1, rdzv_backend="static",
         rdzv_endpoint="", rdzv_conf=None, rdzv_id="none", max_restarts=0, monitor_interval=0.1,
-        log_line_prefix_template=log_line_prefix_template or LINE_PREFIX, kwargs=None, start_method=None,
+        log_line_prefix_template=log_line_prefix_template or LINE_PREFIX, kwargs=None, start_method=start_method,
         timeout=timeout, log_dir=log_dir, ui=ui, rdzv_timeout=None, display_ranks=display_ranks,
-        stall_after=stall_after, lines_per_second=lines_per_second)
+        stall_after=stall_after, lines_per_second=lines_per_second, called_as_given=False)
     validate_cluster_launch(options)
-    ranks = RayRanks(options, float(interrupt_grace), cluster)
+    ranks = RayRanks(options, grace, cluster)
     ranks._start()
     return ranks
 

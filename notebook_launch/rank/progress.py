@@ -86,12 +86,7 @@ class _Reporter:
     def register(self, bar: Progress) -> str:
         with self.lock:
             bar_id = f"b{next(self.ids)}"
-            # Nesting is counted here, where the order of events is known: a batch holds a
-            # bar's latest fields only, so the notebook cannot tell whether a bar that closed
-            # in the batch closed before or after another one opened.
-            for outer_id, outer in self.live.items():
-                outer._nested += 1
-                self.dirty[outer_id] = outer
+            bar._outers = tuple(self.live)   # the bars open around it (see ``closed``)
             self.live[bar_id] = bar
             self.dirty[bar_id] = bar
         self._ensure_thread()
@@ -103,6 +98,16 @@ class _Reporter:
     def closed(self, bar: Progress) -> None:
         with self.lock:
             self.live.pop(bar._id, None)
+            # Nesting is counted here, where the order of events is known (a batch holds a bar's
+            # latest fields only): a bar that opened and closed while another was open ran inside
+            # it (a step loop in an epoch loop, a validation in training). Two bars that ran side
+            # by side (two tasks of one rich Progress, closed together when it stops) are not nested.
+            for outer_id in bar._outers:
+                outer = self.live.get(outer_id)
+                if outer is not None:
+                    outer._nested += 1
+                    self.dirty[outer_id] = outer
+                    bar._inner = True
             self.dirty[bar._id] = bar
         self.wake.set()
 
@@ -230,7 +235,10 @@ class Progress:
         self.unit = unit
         self.n = initial
         self.closed = False
-        self._nested = 0   # bars this rank opened while this one was open (outer loops have many)
+        self._nested = 0   # bars that opened and closed while this one was open (outer loops have many)
+        self._outers: tuple[str, ...] = ()   # ids of the bars open when this one opened
+        self._inner = False                  # it closed inside one of them: an inner loop
+        self._finished_at: float | None = None   # when n first reached total (its work was done)
         self._started = _monotonic()
         self._checked_at = self._started
         self._check_every = 1
@@ -265,6 +273,8 @@ class Progress:
         if self._reporter is None:
             return
         self.n += n
+        if self.total and self.n >= self.total and self._finished_at is None:
+            self._finished_at = _monotonic()   # a task done before its Progress stops (rich) ended here
         if metrics:
             log(**metrics)
         if self.n >= self._next_check:
@@ -296,9 +306,13 @@ class Progress:
 
     def _fields(self) -> dict[str, Any]:
         end = self._checked_at if not self.closed else self._closed_at
+        if self._finished_at is not None:
+            end = min(end, self._finished_at)
         return {"desc": self.desc, "n": self.n, "total": self.total, "unit": self.unit,
                 "rate": None if self._rate is None else round(self._rate, 3),
-                "elapsed": round(end - self._started, 3), "closed": self.closed, "nested": self._nested}
+                "elapsed": round(end - self._started, 3), "closed": self.closed, "nested": self._nested,
+                "inner": self._inner, "opened": round(self._started, 3),
+                "ended": round(self._closed_at, 3) if self.closed else None}
 
     def set_description(self, desc: str) -> None:
         self.desc = desc
@@ -317,6 +331,7 @@ class Progress:
         self.n = 0
         self._last_n = 0
         self._rate = None
+        self._finished_at = None
         self._started = self._last_t = self._checked_at = _monotonic()
         self._next_check = 1
         self._check_every = 1
@@ -331,8 +346,9 @@ class Progress:
             return
         self._closed_at = self._checked_at = _monotonic()
         self._publish(self._closed_at)
-        if self._rate is None and self._closed_at > self._started and self.n:
-            self._rate = self.n / (self._closed_at - self._started)
+        done_at = self._finished_at or self._closed_at
+        if self._rate is None and done_at > self._started and self.n:
+            self._rate = self.n / (done_at - self._started)
         self.closed = True
         if self._reporter is not None:
             self._reporter.closed(self)

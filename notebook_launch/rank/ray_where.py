@@ -102,7 +102,7 @@ def snapshot(between_calls: bool = False) -> dict[str, Any]:
             source(fields[3], int(fields[4]))
     main = record["main_thread"] if record is not None else threading.main_thread().ident
     return {"record": record, "main_thread": main or 0, "threads": threads, "sources": sources,
-            "between_calls": between_calls}
+            "between_calls": between_calls, "switched_off": whereabouts.switched_off()}
 
 
 def encode_reply(number: int, payload: dict[str, Any]) -> bytes:

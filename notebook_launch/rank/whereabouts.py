@@ -70,6 +70,16 @@ COLLECTIVES = ("all_reduce", "broadcast", "all_gather", "all_gather_into_tensor"
 
 
 SWITCH = "NOTEBOOK_LAUNCH_WHEREABOUTS"   # "0": no dump handler, no record, no wrapped collectives
+# What a rank without a record is said to have done when the switch is off: it may be anywhere (in
+# all_reduce, in its own code), so it is never said to have "not started the launched function yet".
+SWITCHED_OFF_NOTE = (f"kept no whereabouts record ({SWITCH}=0 leaves that bookkeeping out of the ranks; "
+                     f"unset it to see where ranks wait)")
+
+
+def switched_off() -> bool:
+    """Whether ``NOTEBOOK_LAUNCH_WHEREABOUTS=0`` leaves the record out (ranks inherit the notebook's
+    environment, so the notebook asks the same question of its own)."""
+    return os.environ.get(SWITCH, "1").strip() == "0"
 RECORD_NAME = "notebook_launch-whereabouts"   # the memfds' names: the notebook finds them in /proc/<pid>/fd
 STACKS_NAME = "notebook_launch-stacks"
 
@@ -149,7 +159,7 @@ def _install() -> None:
     global _record, _stacks_fd, _installed_by
     if _record is not None and _installed_by == os.getpid():
         return
-    if not hasattr(os, "memfd_create") or os.environ.get(SWITCH, "1").strip() == "0":
+    if not hasattr(os, "memfd_create") or switched_off():
         return
     _forget_inherited()
     _stacks_fd = os.memfd_create(STACKS_NAME)

@@ -174,7 +174,7 @@ class ReplicaRecord(whereabouts.Record):
 def record_replica(ordinal: int) -> None:
     """Give this replica (this thread) its record and wrap xm's collectives (once per process);
     nothing when the ranks' bookkeeping is left out (``whereabouts.SWITCH``)."""
-    if not hasattr(os, "memfd_create") or os.environ.get(whereabouts.SWITCH, "1").strip() == "0":
+    if not hasattr(os, "memfd_create") or whereabouts.switched_off():
         return
     import torch_xla.core.xla_model as xm
 

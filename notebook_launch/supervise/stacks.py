@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 from ..rank.whereabouts import (FIELD_SEP, GEN_OFFSET, HEADER, MAGIC, RECORD_NAME, RECORD_SIZE, STACKS_NAME,
-                                STATE, TEXT_OFFSET)
+                                STATE, SWITCHED_OFF_NOTE, TEXT_OFFSET, switched_off)
 from . import hang_verdict
 from .faulthandler_dump import parse_dump
 from .memfds import rank_files
@@ -79,6 +79,9 @@ def collect(ranks: Sequence[tuple[int, int | None]], wait: float = DUMP_WAIT) ->
             record = read_record(files[RECORD_NAME]) if RECORD_NAME in files else None
         except Exception as exc:   # a record we cannot make sense of: this rank says nothing, the others do
             where.note = f"could not be read ({type(exc).__name__}: {exc})"
+            continue
+        if record is None and switched_off():
+            where.note = SWITCHED_OFF_NOTE   # it may be in all_reduce: no record says it has not started
             continue
         if record is None or record[0] != pid or STACKS_NAME not in files:
             where.note = ("had not started the launched function yet" if record is None or record[0] == pid

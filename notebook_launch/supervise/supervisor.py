@@ -190,8 +190,9 @@ class Supervisor:
         else:
             text = f"{verdict}\n\n{detail}" if detail else verdict
         if stall:
-            text = f"{why}; {text}"
-        self.state.on_where_report(text)
+            self.state.on_stall_report(f"{why}; {text}")
+        else:
+            self.state.on_where_report(text)
 
     def finished(self) -> bool:
         """Whether the run has ended: every rank exited and its pipes are drained."""
