@@ -119,8 +119,11 @@ def _captions(svg_text):
     group = root.find(".//svg:g[@id='caption']", ns)
     assert group is not None, "no <g id='caption'> in the SVG"
     texts = group.findall("svg:text", ns)
-    styles = [dict(part.split(": ", 1) for part in t.get("style").split("; ")) for t in texts]
-    return [t.text for t in texts], styles, float(root.get("viewBox").split()[2])
+    styles: list[dict[str, str]] = []
+    for t in texts:
+        pairs = [part.split(": ", 1) for part in (t.get("style") or "").split("; ")]
+        styles.append({pair[0]: pair[1] for pair in pairs})
+    return [t.text for t in texts], styles, float((root.get("viewBox") or "").split()[2])
 
 
 def _readable(lines, styles, width):

@@ -20,7 +20,9 @@ REPO = Path(__file__).resolve().parent.parent
 def _example(page: str, heading: str) -> str:
     text = (REPO / page).read_text(encoding="utf-8")
     section = text[text.index(heading):]
-    return re.search(r"```python\n(.*?)```", section, re.S).group(1)
+    block = re.search(r"```python\n(.*?)```", section, re.S)
+    assert block, f"no python block after {heading!r} in {page}"
+    return block.group(1)
 
 
 def _run(code: str, tmp_path: Path) -> subprocess.CompletedProcess[str]:

@@ -181,7 +181,7 @@ def test_every_page_names_the_same_wheel_path(where):
     """The notebooks install the wheel from where the README and the docs tell you to put it (Kaggle's once
     said /kaggle/input/notebook-launch/ while the docs said notebook-launch-wheel)."""
     pages = [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md")), *sorted(NOTEBOOKS.glob("*.ipynb"))]
-    paths = {}
+    paths: dict[str, list[str]] = {}
     for page in pages:
         for found in re.findall(re.escape(where) + r"[\w./-]*\.whl", page.read_text(encoding="utf-8")):
             paths.setdefault(found, []).append(page.name)
