@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Create .venv with notebook_launch and its test tools. Idempotent.
 # torch is pinned to the CPU build that pip finds on this project's machines;
-# on your own machine any torch >= 2.4 works (pip install notebook_launch).
+# on your own machine any torch >= 2.8 works (pyproject.toml's floor; then `pip install .` in a clone).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}

@@ -88,7 +88,8 @@ def test_write_plots_writes_an_svg_per_curve_with_its_labels(tmp_path):
     for path in written:
         text = open(path).read()
         ElementTree.fromstring(text)   # well-formed SVG
-        assert "2 cores, test numbers" in text and "median, bars min to max" in text
+        caption = " ".join(_captions(text)[0])   # its lines wrap where they must
+        assert "2 cores, test numbers" in caption and "median, bars min to max" in caption
     launch = open(tmp_path / "images" / "launch_cost.svg").read()
     for label in ("This project", "Accelerate notebook_launcher", "torch start_processes (fork)",
                   plots.CURVES["launch_cost"].title):
@@ -109,3 +110,44 @@ def test_curves_with_nothing_to_draw_write_no_file(tmp_path):
     assert [os.path.basename(p) for p in written] == ["result_transfer.svg"]
     assert sorted(os.listdir(tmp_path)) == ["result_transfer.svg"]
     assert plots.write_plots(launch_rows(broken=tuple(TRIVIAL)), str(tmp_path / "none")) == []
+
+
+def _captions(svg_text):
+    """The caption lines of one SVG and their font size and colour (the text elements of <g id="caption">)."""
+    ns = {"svg": "http://www.w3.org/2000/svg"}
+    root = ElementTree.fromstring(svg_text)
+    group = root.find(".//svg:g[@id='caption']", ns)
+    assert group is not None, "no <g id='caption'> in the SVG"
+    texts = group.findall("svg:text", ns)
+    styles: list[dict[str, str]] = []
+    for t in texts:
+        pairs = [part.split(": ", 1) for part in (t.get("style") or "").split("; ")]
+        styles.append({pair[0]: pair[1] for pair in pairs})
+    return [t.text for t in texts], styles, float((root.get("viewBox") or "").split()[2])
+
+
+def _readable(lines, styles, width):
+    from matplotlib.font_manager import FontProperties
+    from matplotlib.textpath import TextToPath
+    assert lines and all(style["font-size"] == f"{plots.CAPTION_POINTS}px" for style in styles), styles
+    assert plots.CAPTION_POINTS >= 9 and all(style["fill"] == plots.CAPTION_COLOR for style in styles), styles
+    measure = TextToPath()
+    font = FontProperties(family="DejaVu Sans", size=plots.CAPTION_POINTS)
+    widths = [measure.get_text_width_height_descent(line, font, ismath=False)[0] for line in lines]
+    assert max(widths) <= width * 0.98, f"a caption line is wider than the figure: {list(zip(lines, widths))}"
+
+
+def test_the_caption_under_a_plot_is_readable_and_fits(tmp_path):
+    """Issue 35: the captions were 7-point grey lines of 120 characters under the plots."""
+    footer = "2 usable of 2 cores, AMD EPYC 7B13 64-Core Processor, torch 2.13.0+cpu, 2026-11-24 10:25 UTC, n=5"
+    for path in plots.write_plots(launch_rows() + transfer_rows(), str(tmp_path), footer=footer):
+        lines, styles, width = _captions(open(path, encoding="utf-8").read())
+        _readable(lines, styles, width)
+        assert " ".join(lines).endswith("n=5"), lines    # all of it, nothing cut off
+
+
+def test_the_docs_plots_have_readable_captions():
+    folder = os.path.join(ROOT, "docs", "images", "benchmarks")
+    for name in sorted(os.listdir(folder)):
+        if name.endswith(".svg"):
+            _readable(*_captions(open(os.path.join(folder, name), encoding="utf-8").read()))

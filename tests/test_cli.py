@@ -97,3 +97,32 @@ def test_env_preview_is_the_launchers_own_decision(monkeypatch):
     assert len(calls) == 1
     assert (preview["num_processes"], preview["start_method"], preview["backend"]) == (
         calls[0].num_processes, calls[0].start_method, calls[0].dist_backend)
+
+
+def test_no_message_suggests_installing_notebook_launch_from_pypi():
+    """notebook_launch is not on PyPI: a message saying `pip install 'notebook_launch[ray]'` sends the user to
+    an install that fails. Every install hint the package prints (env's report, errors) names what PyPI has,
+    or a clone (`pip install '.[ray]'`). The whole class: every string in the package, not only Ray's."""
+    import re
+    package = Path(__file__).resolve().parent.parent / "notebook_launch"
+    wrong = re.compile(r"pip install\W+notebook[_-]launch")
+    found = [f"{path.relative_to(package.parent)}:{number}: {line.strip()}"
+             for path in sorted(package.rglob("*.py"))
+             for number, line in enumerate(path.read_text().splitlines(), 1) if wrong.search(line)]
+    assert not found, "\n".join(found)
+
+
+def test_env_without_ray_says_how_to_install_it(monkeypatch):
+    """Ray is installed in this venv, so its absence is faked (only the version lookup says it is missing)."""
+    from notebook_launch.backends import ray_connect
+
+    real = metadata.version
+
+    def version_without_ray(name):
+        if name == "ray":
+            raise metadata.PackageNotFoundError(name)
+        return real(name)
+
+    monkeypatch.setattr(metadata, "version", version_without_ray)
+    report = ray_connect.environment_report()
+    assert report.startswith("not installed") and "pip install 'ray[default]'" in report, report

@@ -192,3 +192,17 @@ def test_the_site_renders_in_headless_chromium(served):
             page.locator("article h1", has_text="Moving from Accelerate").wait_for(timeout=60_000)
         finally:
             browser.close()
+
+
+def test_the_api_pages_signature_is_laid_out_one_parameter_a_line(site):
+    """mkdocstrings-python formats signatures only where ruff or black is installed: the docs extra brings
+    one (issue 35: from `pip install -e ".[docs]"` notebook_launcher's signature was one 1,500-character line)."""
+    import re
+    import tomllib
+    extra = tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))["project"]["optional-dependencies"]
+    assert any(re.match(r"(ruff|black)\b", req) for req in extra["docs"]), extra["docs"]
+    api = (site / "reference" / "api.html").read_text(encoding="utf-8")
+    start = api.index('id="notebook_launch.notebook_launcher"')
+    signature = api[start:].split('doc-signature', 1)[1].split("</code>", 1)[0]
+    text = re.sub(r"<[^>]+>", "", signature)
+    assert "\n    num_processes: int | None = None,\n" in text, text[:2000]

@@ -1,14 +1,37 @@
-"""The notebooks in notebooks/ run top to bottom in a real kernel and show what they promise."""
+"""The notebooks in notebooks/ run top to bottom in a real kernel and show what they promise; each one's first
+cell (tagged "setup") checks its hardware before it changes anything, installs only what is missing, and stops
+the notebook where its hardware is missing or an install fails (issue 35). The tests forbid installs
+(NOTEBOOK_LAUNCH_NO_INSTALL=1): what the notebooks need is already here, and the setup cell must see that."""
 from __future__ import annotations
 
+import importlib.metadata
+import importlib.util
 import re
 from pathlib import Path
 
+import nbformat
 import pytest
+from nbclient.exceptions import CellExecutionError
 
 from helpers.nbutil import cell_text, run_notebook
 
-NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
+REPO = Path(__file__).resolve().parent.parent
+NOTEBOOKS = REPO / "notebooks"
+ALL = sorted(path.name for path in NOTEBOOKS.glob("*.ipynb"))
+
+
+@pytest.fixture(autouse=True)
+def _no_installs(monkeypatch):
+    monkeypatch.setenv("NOTEBOOK_LAUNCH_NO_INSTALL", "1")
+
+
+def _setup_cell(nb):
+    return next(c for c in nb.cells if c.cell_type == "code")
+
+
+def _installed_nothing(nb) -> None:
+    text = cell_text(_setup_cell(nb))
+    assert "hardware:" in text and "installed now: nothing (all present)" in text, text
 
 
 def _outputs(nb) -> str:
@@ -23,6 +46,7 @@ def _errors(nb):
 def test_quickstart_cpu():
     nb = run_notebook(NOTEBOOKS / "quickstart_cpu.ipynb", timeout=300)
     assert not _errors(nb)
+    _installed_nothing(nb)
     text = _outputs(nb)
     for rank in (0, 1):
         match = re.search(rf"rank {rank} of 2: final loss ([0-9.]+)", text)
@@ -37,6 +61,7 @@ def test_accelerate_training():
     pytest.importorskip("accelerate")
     nb = run_notebook(NOTEBOOKS / "accelerate_training.ipynb", timeout=300)
     assert not _errors(nb)
+    _installed_nothing(nb)
     text = _outputs(nb)
     for rank in (0, 1):
         match = re.search(rf"rank {rank}: accuracy ([0-9.]+) on 256 samples, mixed precision bf16", text)
@@ -58,6 +83,7 @@ def test_notebooks_are_stored_without_outputs():
 def test_interactive_ranks():
     nb = run_notebook(NOTEBOOKS / "interactive_ranks.ipynb", timeout=300)
     assert not _errors(nb)
+    _installed_nothing(nb)
     text = _outputs(nb)
     assert "2 ranks on notebook (CPU, gloo, fork, persistent)" in text
     first = re.search(r"losses after epoch 1: \[([0-9.]+), ([0-9.]+)\]", text)
@@ -75,3 +101,90 @@ def test_interactive_ranks():
     assert "training goes on: [" in failing_call, shown
     assert "rank 1 sees total 3.0" in text
     assert "[3.0, 3.0]" in text
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_the_first_cell_checks_the_hardware_then_installs_what_is_missing(name):
+    """Every shipped notebook states what it needs, and looks at its hardware before anything it changes."""
+    nb = nbformat.read(str(NOTEBOOKS / name), as_version=4)
+    setup = _setup_cell(nb)
+    assert "setup" in setup.metadata.get("tags", []), name
+    source = setup.source
+    assert source.startswith("# What this notebook needs: "), name
+    assert "NEEDS = {" in source and "NOTEBOOK_LAUNCH_NO_INSTALL" in source, name
+    # the hardware is looked at (and reported) before the line that decides what to install
+    assert source.index("hardware") < source.index("missing = ["), name
+    # nothing else installs: no `%pip` / `!pip` / pip call in a later cell (their failure would not stop the run)
+    later = [c.source for c in nb.cells if c.cell_type == "code" and c is not setup]
+    assert not [s for s in later if "pip" in s and "install" in s], name
+
+
+def _setup_then_a_probe(name: str, override: str = ""):
+    """The notebook's setup cell (with `override` run just before it decides what to install) and a cell that
+    says whether the notebook went on after it, run in a real kernel as Run All does: it stops at an error."""
+    nb = nbformat.read(str(NOTEBOOKS / name), as_version=4)
+    setup = _setup_cell(nb)
+    if override:
+        head, tail = setup.source.split("missing = [", 1)
+        setup.source = f"{head}{override}\nmissing = [{tail}"
+    nb.cells = [setup, nbformat.v4.new_code_cell("print('the notebook went on')")]
+    with pytest.raises(CellExecutionError):
+        run_notebook(nb, cwd=str(NOTEBOOKS))
+    error = [o for o in nb.cells[0].outputs if o.output_type == "error"]
+    assert len(error) == 1 and error[0].ename == "NotebookStop", nb.cells[0].outputs
+    assert nb.cells[1].get("execution_count") is None and not nb.cells[1].outputs, "the notebook went on"
+    shown = "\n".join(error[0].traceback)
+    # what to do, without a traceback (IPython 8 names a cell's frame "Cell In[n]", 7.34 "<ipython-input-n-...>")
+    assert shown.startswith("STOPPED: ") and "Traceback" not in shown, shown
+    assert "Cell In[" not in shown and "<ipython-input-" not in shown, shown
+    return nb.cells[0], shown
+
+
+def test_colab_tpu_stops_without_a_tpu_before_it_changes_anything(monkeypatch):
+    """No TPU here: the notebook stops at its first cell saying what to do, before it installs anything (it
+    once replaced torch with torch 2.9 + torch_xla + CUDA libraries, 6 GB, and then failed). Installs are
+    also forbidden here, so a stop for a missing package instead would fail this test."""
+    for name in ("PJRT_DEVICE", "TPU_ACCELERATOR_TYPE", "TPU_NAME", "COLAB_TPU_ADDR", "XRT_TPU_CONFIG"):
+        monkeypatch.delenv(name, raising=False)
+    setup, shown = _setup_then_a_probe("colab_tpu.ipynb")
+    assert "no TPU on this runtime; nothing was installed or changed" in shown, shown
+    assert "Runtime > Change runtime type > TPU" in shown, shown
+    assert "installing" not in cell_text(setup)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("torch_xla") is not None, reason="torch_xla is installed here")
+def test_colab_tpu_with_a_tpu_installs_the_torch_xla_of_the_torch_that_is_here(monkeypatch):
+    """A TPU variable stands in for a TPU runtime (fake: there is no TPU here). The setup cell then wants
+    torch_xla matching the installed torch (never another torch); installs are forbidden here, so it stops
+    naming what it would install."""
+    monkeypatch.delenv("PJRT_DEVICE", raising=False)
+    monkeypatch.setenv("TPU_ACCELERATOR_TYPE", "v5litepod-1")
+    torch_minor = ".".join(importlib.metadata.version("torch").split(".")[:2])
+    setup, shown = _setup_then_a_probe("colab_tpu.ipynb")
+    assert "hardware: TPU_ACCELERATOR_TYPE" in cell_text(setup)
+    assert f"missing ['torch_xla[tpu]~={torch_minor}.0']" in shown, shown
+    assert "NOTEBOOK_LAUNCH_NO_INSTALL is set: nothing was installed" in shown, shown
+
+
+@pytest.mark.parametrize("name", [n for n in ALL if n != "colab_tpu.ipynb"])
+def test_a_failed_install_stops_the_notebook(name, monkeypatch):
+    """Installs allowed, one package missing whose wheel does not exist: pip fails (at once, without the
+    network), and the notebook stops there with pip's error (Kaggle's carried on after a failed %pip)."""
+    monkeypatch.delenv("NOTEBOOK_LAUNCH_NO_INSTALL")
+    override = 'NEEDS = {"no_such_module_35": "/nonexistent/no_such_package-0.0-py3-none-any.whl"}'
+    setup, shown = _setup_then_a_probe(name, override)
+    assert "installing: /nonexistent/no_such_package-0.0-py3-none-any.whl" in cell_text(setup)
+    assert "pip could not install ['/nonexistent/no_such_package-0.0-py3-none-any.whl']" in shown, shown
+    assert "then run this cell again" in shown, shown
+
+
+@pytest.mark.parametrize("where", ["/kaggle/input/", "/content/"])
+def test_every_page_names_the_same_wheel_path(where):
+    """The notebooks install the wheel from where the README and the docs tell you to put it (Kaggle's once
+    said /kaggle/input/notebook-launch/ while the docs said notebook-launch-wheel)."""
+    pages = [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md")), *sorted(NOTEBOOKS.glob("*.ipynb"))]
+    paths: dict[str, list[str]] = {}
+    for page in pages:
+        for found in re.findall(re.escape(where) + r"[\w./-]*\.whl", page.read_text(encoding="utf-8")):
+            paths.setdefault(found, []).append(page.name)
+    assert len(paths) == 1, paths

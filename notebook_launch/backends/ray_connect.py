@@ -38,7 +38,8 @@ def import_ray() -> Any:
     except ImportError:
         raise LaunchArgumentError(
             "cluster=RayCluster(...) needs Ray in the notebook's environment: "
-            "pip install 'notebook_launch[ray]' (or pip install 'ray[default]'), then restart the kernel."
+            "pip install 'ray[default]' (or, in a clone of notebook_launch, pip install '.[ray]'), "
+            "then restart the kernel."
         ) from None
     return ray
 
@@ -183,7 +184,8 @@ def environment_report() -> str:
     try:
         version = importlib.metadata.version("ray")
     except importlib.metadata.PackageNotFoundError:
-        return "not installed (pip install 'notebook_launch[ray]' for cluster=RayCluster(...))"
+        # notebook_launch is not on PyPI: 'notebook_launch[ray]' would find nothing there
+        return "not installed (pip install 'ray[default]' for cluster=RayCluster(...))"
     address = os.environ.get("RAY_ADDRESS") or _current_cluster_address()
     if not address:
         return f"ray {version}; no cluster configured here (set RAY_ADDRESS or run `ray start`)"

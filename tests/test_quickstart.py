@@ -1,0 +1,86 @@
+"""scripts/quickstart.sh says which torch it installs, and from where, before it installs it (issue 35: it asked
+pip for `torch==2.13.0`, which on a machine without a local CPU wheel is PyPI's CUDA build, several GB, while
+the README promised the CPU build). `--plan` runs only that decision and changes nothing, so these tests run
+it in each situation: PyTorch's CPU index reachable (a local HTTP server standing in for it), unreachable (the
+fallback, said clearly), and a machine with an NVIDIA GPU (a fake nvidia-smi: no GPU here)."""
+from __future__ import annotations
+
+import http.server
+import os
+import subprocess
+import threading
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+SCRIPT = REPO / "scripts" / "quickstart.sh"
+
+
+def plan(tmp_path: Path, **env: str) -> subprocess.CompletedProcess[str]:
+    bare = tmp_path / "bin"           # a PATH entry that shadows any nvidia-smi of the machine
+    bare.mkdir(exist_ok=True)
+    if not (bare / "nvidia-smi").exists():
+        fake_nvidia_smi(bare, gpus=0)
+    full = dict(os.environ, PATH=f"{bare}{os.pathsep}{os.environ['PATH']}",
+                NOTEBOOK_LAUNCH_VENV=str(tmp_path / "venv"), TORCH_INDEX_TIMEOUT="5", **env)
+    proc = subprocess.run(["bash", str(SCRIPT), "--plan"], capture_output=True, text=True, timeout=60, env=full)
+    assert proc.returncode == 0, proc.stderr
+    assert not (tmp_path / "venv").exists(), "--plan must change nothing"
+    return proc
+
+
+def fake_nvidia_smi(folder: Path, gpus: int) -> None:
+    """Stands in for the NVIDIA driver's nvidia-smi (there is no GPU on this machine)."""
+    lines = "".join(f"echo 'GPU {i}: Tesla T4 (UUID: GPU-fake-{i})'\n" for i in range(gpus))
+    script = folder / "nvidia-smi"
+    script.write_text("#!/bin/sh\n" + (lines or "echo 'No devices were found'; exit 6\n"))
+    script.chmod(0o755)
+
+
+@pytest.fixture
+def cpu_index(tmp_path):
+    """A PEP 503 index that answers for torch, standing in for https://download.pytorch.org/whl/cpu."""
+    root = tmp_path / "index"
+    (root / "torch").mkdir(parents=True)
+    (root / "torch" / "index.html").write_text("<html></html>")
+    handler = lambda *a: http.server.SimpleHTTPRequestHandler(*a, directory=str(root))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}/"
+    server.shutdown()
+    server.server_close()
+    thread.join()
+
+
+def test_without_a_gpu_torch_comes_from_pytorchs_cpu_index(tmp_path, cpu_index):
+    proc = plan(tmp_path, TORCH_CPU_INDEX=cpu_index)
+    assert proc.stdout.strip() == f"pip install torch==2.13.0 --index-url {cpu_index}", proc.stdout
+    assert "CPU build" in proc.stderr and cpu_index in proc.stderr, proc.stderr
+
+
+def test_an_unreachable_cpu_index_falls_back_and_says_so(tmp_path):
+    unreachable = "http://127.0.0.1:1/whl/cpu"     # nothing listens on port 1: refused at once
+    proc = plan(tmp_path, TORCH_CPU_INDEX=unreachable)
+    assert proc.stdout.strip() == "pip install torch==2.13.0", proc.stdout
+    err = proc.stderr
+    assert f"PyTorch's CPU index {unreachable} cannot be reached" in err, err
+    assert "Falling back to pip's own index" in err and "CUDA build" in err and "7 GB" in err, err
+    assert "TORCH_CPU_INDEX" in err, err                 # and what to do instead
+
+
+def test_with_an_nvidia_gpu_it_says_the_cuda_builds_size(tmp_path, cpu_index):
+    bare = tmp_path / "bin"
+    bare.mkdir()
+    fake_nvidia_smi(bare, gpus=2)
+    proc = plan(tmp_path, TORCH_CPU_INDEX=cpu_index)
+    assert proc.stdout.strip() == "pip install torch==2.13.0", proc.stdout
+    assert "NVIDIA GPU is here (GPU 0: Tesla T4" in proc.stderr and "CUDA build" in proc.stderr, proc.stderr
+    assert "GB to download" in proc.stderr and "GB installed" in proc.stderr, proc.stderr
+
+
+def test_numpy_is_installed_beside_torch():
+    """Without numpy every first `import torch` warns "Failed to initialize NumPy"."""
+    text = SCRIPT.read_text()
+    assert 'pip-install.sh "$VENV/bin/python" -e . numpy' in text
