@@ -28,6 +28,8 @@ import os
 import pickle
 import resource
 import signal
+import subprocess
+import sys
 import threading
 
 import numpy as np
@@ -336,6 +338,36 @@ def test_a_result_that_does_not_fit_in_memory_is_a_result_failure_that_says_so(l
     message = str(caught.value)
     assert caught.value.kind == "result" and "could not send its result: it ran out of memory" in message, message
     assert "MemoryError" in message and "return less" in message and "cannot be pickled" not in message, message
+
+
+NOTEBOOK_SHORT_OF_MEMORY = """
+import os, resource, sys
+from notebook_launch import LaunchError, notebook_launcher
+from notebook_launch.net import free_port
+
+def cap_the_notebook_then_return_more():
+    with open(f"/proc/{os.getppid()}/status") as f:
+        used = next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmSize:"))
+    resource.prlimit(os.getppid(), resource.RLIMIT_AS, (used + (16 << 20), resource.RLIM_INFINITY))
+    return b"x" * (256 << 20)
+
+try:
+    notebook_launcher(cap_the_notebook_then_return_more, num_processes=1, use_port=str(free_port()),
+                      log_dir=sys.argv[1], ui="none", timeout=240)
+except LaunchError as exc:
+    print("KIND", exc.kind)
+    print(exc)
+"""
+
+
+def test_a_result_that_does_not_fit_in_the_notebook_says_so(log_dir):
+    """The notebook short of memory to load a result (the rank caps the notebook's address space
+    before it returns): a result failure that says so, not a value that "could not be unpickled"."""
+    done = subprocess.run([sys.executable, "-c", NOTEBOOK_SHORT_OF_MEMORY, log_dir], capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "KIND result" in done.stdout, done.stdout
+    assert "does not fit in the notebook's memory" in done.stdout and "return less" in done.stdout, done.stdout
 
 
 def returns_memoryviews() -> dict:
