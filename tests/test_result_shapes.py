@@ -439,3 +439,45 @@ def test_persistent_ranks_send_and_return_every_shape(log_dir):
             assert_big_values({name: got["value"][name] for name in big_values()})
             for name in want:
                 assert_pickle_equal(name, got["value"]["arrays"][name], want[name])
+
+
+# --- persistent Ray ranks' wire: the call's frame and its file cross a socket whole ---------------
+
+def test_a_ray_call_of_every_shape_crosses_the_wire():
+    """A CALL whose stream went to its file (a big bytes, str and list) and whose arrays did too
+    crosses to a Ray rank as ``persistent.ray_ranks`` sends it and ``rank.ray_serve`` reads it (a
+    real socket pair; no cluster needed): the rank's file gets the same offsets."""
+    import socket
+
+    from notebook_launch.persistent.ray_ranks import call_message, write_whole
+    from notebook_launch.rank import ray_serve
+    from notebook_launch.rank.runner import Job
+    from notebook_launch.rank.serve import Call
+
+    notebook_end, rank_end = socket.socketpair()
+    os.set_blocking(notebook_end.fileno(), False)
+    finished = threading.Event()
+    inbox = ray_serve.listen(rank_end, finished)
+    value = {**shared_and_cyclic(), **big_values(), "arrays": numpy_kinds()}
+    frame = commands.encode(commands.Command.CALL, Call(Job(echo_with_identity, (value,)), number=3))
+    try:
+        assert frame.tensors is not None and len(frame.data) < 4096   # the stream is in the file
+        with call_message(frame) as parts:
+            write_whole(notebook_end.fileno(), parts)
+    finally:
+        frame.close()
+    received = inbox.calls.get(timeout=60)
+    assert received is not None
+    kind, call = ray_serve.decode(*received)
+    assert kind == "call" and call.number == 3
+    got = call.job.function(*call.job.args)
+    assert got["shared"] and got["cyclic"]
+    assert_shared_and_cyclic(got["value"])
+    assert_big_values({name: got["value"][name] for name in big_values()})
+    want = numpy_kinds()
+    for name in want:
+        assert_pickle_equal(name, got["value"]["arrays"][name], want[name])
+    finished.set()
+    notebook_end.close()
+    assert inbox.calls.get(timeout=30) is None
+    rank_end.close()
