@@ -28,6 +28,8 @@ import os
 import pickle
 import resource
 import signal
+import subprocess
+import sys
 import threading
 
 import numpy as np
@@ -338,6 +340,36 @@ def test_a_result_that_does_not_fit_in_memory_is_a_result_failure_that_says_so(l
     assert "MemoryError" in message and "return less" in message and "cannot be pickled" not in message, message
 
 
+NOTEBOOK_SHORT_OF_MEMORY = """
+import os, resource, sys
+from notebook_launch import LaunchError, notebook_launcher
+from notebook_launch.net import free_port
+
+def cap_the_notebook_then_return_more():
+    with open(f"/proc/{os.getppid()}/status") as f:
+        used = next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmSize:"))
+    resource.prlimit(os.getppid(), resource.RLIMIT_AS, (used + (16 << 20), resource.RLIM_INFINITY))
+    return b"x" * (256 << 20)
+
+try:
+    notebook_launcher(cap_the_notebook_then_return_more, num_processes=1, use_port=str(free_port()),
+                      log_dir=sys.argv[1], ui="none", timeout=240)
+except LaunchError as exc:
+    print("KIND", exc.kind)
+    print(exc)
+"""
+
+
+def test_a_result_that_does_not_fit_in_the_notebook_says_so(log_dir):
+    """The notebook short of memory to load a result (the rank caps the notebook's address space
+    before it returns): a result failure that says so, not a value that "could not be unpickled"."""
+    done = subprocess.run([sys.executable, "-c", NOTEBOOK_SHORT_OF_MEMORY, log_dir], capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "KIND result" in done.stdout, done.stdout
+    assert "does not fit in the notebook's memory" in done.stdout and "return less" in done.stdout, done.stdout
+
+
 def returns_memoryviews() -> dict:
     grid = np.arange(N, dtype=np.int32).reshape(256, -1)
     return {"small": memoryview(b"abc"), "big": memoryview(bytes(range(256)) * (BIG_BYTES // 256)),
@@ -407,3 +439,45 @@ def test_persistent_ranks_send_and_return_every_shape(log_dir):
             assert_big_values({name: got["value"][name] for name in big_values()})
             for name in want:
                 assert_pickle_equal(name, got["value"]["arrays"][name], want[name])
+
+
+# --- persistent Ray ranks' wire: the call's frame and its file cross a socket whole ---------------
+
+def test_a_ray_call_of_every_shape_crosses_the_wire():
+    """A CALL whose stream went to its file (a big bytes, str and list) and whose arrays did too
+    crosses to a Ray rank as ``persistent.ray_ranks`` sends it and ``rank.ray_serve`` reads it (a
+    real socket pair; no cluster needed): the rank's file gets the same offsets."""
+    import socket
+
+    from notebook_launch.persistent.ray_ranks import call_message, write_whole
+    from notebook_launch.rank import ray_serve
+    from notebook_launch.rank.runner import Job
+    from notebook_launch.rank.serve import Call
+
+    notebook_end, rank_end = socket.socketpair()
+    os.set_blocking(notebook_end.fileno(), False)
+    finished = threading.Event()
+    inbox = ray_serve.listen(rank_end, finished)
+    value = {**shared_and_cyclic(), **big_values(), "arrays": numpy_kinds()}
+    frame = commands.encode(commands.Command.CALL, Call(Job(echo_with_identity, (value,)), number=3))
+    try:
+        assert frame.tensors is not None and len(frame.data) < 4096   # the stream is in the file
+        with call_message(frame) as parts:
+            write_whole(notebook_end.fileno(), parts)
+    finally:
+        frame.close()
+    received = inbox.calls.get(timeout=60)
+    assert received is not None
+    kind, call = ray_serve.decode(*received)
+    assert kind == "call" and call.number == 3
+    got = call.job.function(*call.job.args)
+    assert got["shared"] and got["cyclic"]
+    assert_shared_and_cyclic(got["value"])
+    assert_big_values({name: got["value"][name] for name in big_values()})
+    want = numpy_kinds()
+    for name in want:
+        assert_pickle_equal(name, got["value"]["arrays"][name], want[name])
+    finished.set()
+    notebook_end.close()
+    assert inbox.calls.get(timeout=30) is None
+    rank_end.close()

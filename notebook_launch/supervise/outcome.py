@@ -137,6 +137,11 @@ def load_result(watch: "RankWatch", global_rank: int) -> tuple[Any, Failure | No
     except OSError as exc:   # a system limit (shared_tensors names it and how to raise it)
         return None, Failure(watch.local_rank, FailureKind.RESULT,
                              f"the result of rank {global_rank} could not be loaded in the notebook: {exc}")
+    except MemoryError:
+        return None, Failure(watch.local_rank, FailureKind.RESULT,
+                             f"the result of rank {global_rank} does not fit in the notebook's memory "
+                             f"(MemoryError while loading it): free memory here (del what you no longer "
+                             f"need, or restart the kernel) or return less, for example only rank 0's result")
     except Exception as exc:
         return None, Failure(watch.local_rank, FailureKind.RESULT,
                              f"the result of rank {global_rank} could not be unpickled in the notebook "
