@@ -74,6 +74,14 @@ class _SigAction(ctypes.Structure):
 SA_NOCLDWAIT = 2
 
 
+def sigchld_action() -> tuple[int | None, int]:
+    """SIGCHLD's handler address and flags as the kernel has them (Python sees neither flags nor
+    a handler set from C): what the notebook must get back after every launch."""
+    action = _SigAction()
+    assert ctypes.CDLL(None).sigaction(signal.SIGCHLD, None, ctypes.byref(action)) == 0
+    return action.sa_handler, action.sa_flags
+
+
 @contextmanager
 def sigchld_ignored() -> Iterator[set[int]]:
     previous = signal.signal(signal.SIGCHLD, signal.SIG_IGN)
@@ -186,6 +194,7 @@ def test_a_launch_reports_each_ranks_true_ending(state, start_method, tmp_path, 
                                  log_dir=str(tmp_path / "logs"), ui="none", timeout=240)
 
     with NOTEBOOK_STATES[state]() as reaped_by_notebook:
+        notebooks_own = sigchld_action()
         pids = launch("return")
         assert len(pids) == 2 and all(isinstance(pid, int) for pid in pids)
         endings = {}
@@ -193,6 +202,7 @@ def test_a_launch_reports_each_ranks_true_ending(state, start_method, tmp_path, 
             with pytest.raises(LaunchError) as caught:
                 launch(how)
             endings[how] = caught.value
+        assert sigchld_action() == notebooks_own   # the launches left the notebook's SIGCHLD as it was
     exit_3, killed = endings["exit 3"], endings["SIGKILL"]
     assert exit_3.rank == 1 and exit_3.kind == "exit", str(exit_3)
     assert str(exit_3).startswith("rank 1 failed: exit code 3 without raising a Python exception"), str(exit_3)
@@ -223,6 +233,7 @@ def rank_pid() -> int:
 def test_persistent_ranks_report_each_ranks_true_ending(state, tmp_path, capsys, fresh_fork_helper):
     with NOTEBOOK_STATES[state]() as reaped_by_notebook, \
             start_ranks(2, use_port=free_port(), log_dir=str(tmp_path / "logs"), ui="none", timeout=240) as ranks:
+        notebooks_own = sigchld_action()
         assert ranks.run(rank_pid) == ranks.pids
         with pytest.raises(LaunchError) as caught:   # ends in a call
             ranks.run(exit_3_on_rank_1)
@@ -236,6 +247,7 @@ def test_persistent_ranks_report_each_ranks_true_ending(state, tmp_path, capsys,
         capsys.readouterr()
         assert ranks.run(rank_pid) == ranks.pids
         assert "local rank 0 ended between calls (killed by SIGKILL" in capsys.readouterr().out
+        assert sigchld_action() == notebooks_own
     if state in STATUS_TAKEN - {"SIGCHLD ignored", "SA_NOCLDWAIT from C"}:
         assert reaped_by_notebook
 
