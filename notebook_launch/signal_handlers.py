@@ -20,6 +20,10 @@ def save_signal_handlers() -> dict[str, Any]:
 
 
 def restore_signal_handlers(saved: dict[str, Any]) -> None:
+    """Put back each handler that changed. One that did not is left alone: setting it again
+    would drop what C code set beside it, invisible to Python (SA_NOCLDWAIT on SIGCHLD's
+    default: the kernel reaps the notebook's children itself)."""
     for name, handler in saved.items():
-        if handler is not None:
-            signal.signal(getattr(signal, name), handler)
+        signum = getattr(signal, name)
+        if handler is not None and signal.getsignal(signum) is not handler:
+            signal.signal(signum, handler)

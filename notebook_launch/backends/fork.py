@@ -7,7 +7,7 @@ import logging
 import os
 from typing import TYPE_CHECKING, NoReturn, Sequence
 
-from ..channels import RankPipes, RankProcess, WaitStatus
+from ..channels import RankPipes, RankProcess, WaitStatus, ended_status
 from .base import Launcher, start_each
 from .fork_thread import fork_from_clean_thread
 from .warm_imports import warm_for
@@ -28,27 +28,17 @@ class ForkedRank(RankProcess):
 
     def poll(self) -> WaitStatus | None:
         if self._status is None:
-            try:
-                pid, status = os.waitpid(self.pid, os.WNOHANG)
-            except ChildProcessError:   # reaped elsewhere (a SIGCHLD handler): its status is lost
-                log.debug("rank process %d was reaped by someone else; exit status unknown", self.pid)
-                self._status = ("exit", -1)
-                return self._status
-            if pid == 0:
-                return None
-            self._status = decode_wait_status(status)
+            self._status = ended_status(self.pid, self.sentinel)
         return self._status
+
+    @property
+    def reaped(self) -> bool:
+        return self._status is not None
 
     def release(self) -> None:
         if self.sentinel is not None:
             os.close(self.sentinel)
             self.sentinel = None
-
-
-def decode_wait_status(status: int) -> WaitStatus:
-    if os.WIFSIGNALED(status):
-        return ("signal", os.WTERMSIG(status))
-    return ("exit", os.waitstatus_to_exitcode(status))
 
 
 class ForkBackend(Launcher):

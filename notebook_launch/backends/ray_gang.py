@@ -89,6 +89,10 @@ class RayRank(RankProcess):
     def poll(self) -> WaitStatus | None:
         return self._status
 
+    @property
+    def reaped(self) -> bool:
+        return self._status is not None
+
     def ended(self, status: WaitStatus, note: str | None = None) -> None:
         """Called by the waiter thread once the actor's run returned or the actor died."""
         self.end_note = note

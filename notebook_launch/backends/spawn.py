@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 from .. import shared_tensors
 from ..rank import spawn_context
-from ..channels import STUCK, RankPipes, RankProcess, WaitStatus, stuck_note
+from ..channels import RankPipes, RankProcess, WaitStatus, ended_status
 from .base import Launcher, start_each
 
 if TYPE_CHECKING:
@@ -41,27 +41,28 @@ class SpawnedRank(RankProcess):
         self.popen = popen
         self.pid = popen.pid
         self._payload_dir = payload_dir
+        self._status: WaitStatus | None = None
+        self._sentinel_is_pidfd = exit_fd is None
         if exit_fd is not None:       # no pidfd (macOS): a pipe only the child holds
             self.sentinel = exit_fd
         else:
             self.sentinel = os.pidfd_open(popen.pid)
 
     def poll(self) -> WaitStatus | None:
-        code = self.popen.poll()
-        if code is None:
-            return None
-        return ("signal", -code) if code < 0 else ("exit", code)
+        """Not Popen.poll/wait: they take a status someone else reaped for an exit code 0."""
+        if self.popen.returncode is None:
+            status = ended_status(self.pid, self.sentinel if self._sentinel_is_pidfd else None)
+            if status is None:
+                return None
+            self._status = status
+            # Popen must not wait for it again (nor warn that it still runs): its returncode
+            # says the same as the status, a signal as its negative number.
+            self.popen.returncode = -status[1] if status[0] == "signal" else status[1]
+        return self._status
 
-    def wait(self) -> WaitStatus:
-        """As RankProcess.wait: at most ``wait_limit`` seconds for a process that should be ending."""
-        try:
-            self.popen.wait(timeout=self.wait_limit)
-        except subprocess.TimeoutExpired:
-            self.end_note = stuck_note(self.pid, self.wait_limit)
-            return STUCK
-        status = self.poll()
-        assert status is not None
-        return status
+    @property
+    def reaped(self) -> bool:
+        return self.popen.returncode is not None
 
     def release(self) -> None:
         if self.sentinel is not None:

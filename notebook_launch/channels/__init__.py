@@ -12,6 +12,7 @@ other machines (Ray).
 from __future__ import annotations
 
 from .pipes import RankPipes, create_memfd
-from .process import STUCK, WAIT_LIMIT, RankProcess, WaitStatus, stuck_note
+from .process import LOST, STUCK, WAIT_LIMIT, RankProcess, WaitStatus, ended_status, stuck_note
 
-__all__ = ["RankPipes", "RankProcess", "STUCK", "WAIT_LIMIT", "WaitStatus", "create_memfd", "stuck_note"]
+__all__ = ["LOST", "RankPipes", "RankProcess", "STUCK", "WAIT_LIMIT", "WaitStatus", "create_memfd",
+           "ended_status", "stuck_note"]

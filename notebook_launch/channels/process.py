@@ -2,9 +2,11 @@
 from __future__ import annotations
 
 import abc
+import fcntl
 import logging
 import os
 import signal
+import struct
 import time
 
 log = logging.getLogger("notebook_launch")
@@ -15,6 +17,9 @@ WaitStatus = tuple[str, int]
 # leaves it, so waiting on would hang the cell: wait() gives up and says so instead.
 WAIT_LIMIT = 30.0
 STUCK: WaitStatus = ("stuck", -1)   # -1: torch's exit code for "unknown"
+# It ended, but someone else took its exit status and this kernel cannot tell it afterwards
+# (see ended_status): the notebook ignores SIGCHLD or reaps every child, on Linux before 6.15.
+LOST: WaitStatus = ("lost", -1)
 
 
 class RankProcess(abc.ABC):
@@ -36,6 +41,11 @@ class RankProcess(abc.ABC):
     @abc.abstractmethod
     def poll(self) -> WaitStatus | None:
         """None while running; else a wait status description: ("exit", code) or ("signal", signum)."""
+
+    @property
+    def reaped(self) -> bool:
+        """Whether poll() has already seen the end (the pid may belong to someone else now)."""
+        return False
 
     def wait(self) -> WaitStatus:
         """Block until the process ended (its sentinel may fire before waitpid sees it), at
@@ -80,3 +90,78 @@ def stuck_note(pid: int, limit: float) -> str:
     return (f"did not end within {limit:g} s of being killed: process {pid} is stuck in the kernel "
             f"(uninterruptible sleep, usually a GPU/TPU driver) and was left behind; if the device stays "
             f"busy, restart the runtime")
+
+
+def ended_status(pid: int, pidfd: int | None) -> WaitStatus | None:
+    """How our child ``pid`` ended, reaping it; None while it runs.
+
+    The notebook may have taken the status before us, whatever it did to SIGCHLD: ignored
+    (SIG_IGN or SA_NOCLDWAIT: the kernel reaps every child itself, so waitpid only ever
+    says ECHILD), a handler that reaps every child (``waitpid(-1)``: a library's child
+    watcher, a "no zombies" recipe). Then the status comes from the pidfd we opened right
+    after the fork, which keeps it after the reap (``PIDFD_GET_INFO``, Linux 6.15), and is
+    LOST on older kernels. A blocked SIGCHLD or a handler that does not reap takes nothing.
+
+    Why not give SIGCHLD back its default for a launch instead: only the main thread may set
+    a Python handler (a launch can run in any thread), persistent ranks live across cells
+    in which the notebook's own disposition must hold, a C library's handler is invisible
+    to Python, and the notebook's other children would change behaviour under it."""
+    try:
+        reaped, status = os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        taken = _exit_status_kept(pidfd) if pidfd is not None else None
+        log.debug("rank process %d was reaped by someone else (SIGCHLD ignored or a reaping handler): %s",
+                  pid, taken or "its exit status is lost on this kernel")
+        return taken or LOST
+    if reaped == 0:
+        return None
+    return decode_wait_status(status)
+
+
+def decode_wait_status(status: int) -> WaitStatus:
+    if os.WIFSIGNALED(status):
+        return ("signal", os.WTERMSIG(status))
+    return ("exit", os.waitstatus_to_exitcode(status))
+
+
+# struct pidfd_info (include/uapi/linux/pidfd.h), its first version: the mask, then the exit
+# status (a wait status, as waitpid gives it) at byte 60. PIDFD_GET_INFO is _IOWR(0xFF, 11, it).
+_PIDFD_INFO_SIZE = 64
+_PIDFD_INFO_EXIT = 1 << 3
+_PIDFD_GET_INFO = (3 << 30) | (_PIDFD_INFO_SIZE << 16) | (0xFF << 8) | 11
+
+
+def _exit_status_kept(pidfd: int) -> WaitStatus | None:
+    """exit_status_from_pidfd, waiting out the moment between a child leaving its parent's
+    children (waitpid: ECHILD) and the kernel keeping its status on the pidfd (microseconds)."""
+    pause = 0.0005
+    for _ in range(8):
+        try:
+            status = _pidfd_exit_info(pidfd)
+        except OSError:   # ENOTTY/EINVAL: a kernel without PIDFD_GET_INFO; ESRCH: gone, nothing kept
+            return None
+        if status is not None:
+            return status
+        time.sleep(pause)
+        pause *= 2
+    return None
+
+
+def exit_status_from_pidfd(pidfd: int) -> WaitStatus | None:
+    """The wait status the kernel kept on ``pidfd`` for a process that ended and was reaped by
+    anyone (Linux 6.15 and later); None where the kernel keeps none or it has not ended."""
+    try:
+        return _pidfd_exit_info(pidfd)
+    except OSError:
+        return None
+
+
+def _pidfd_exit_info(pidfd: int) -> WaitStatus | None:
+    info = bytearray(_PIDFD_INFO_SIZE)
+    struct.pack_into("=Q", info, 0, _PIDFD_INFO_EXIT)
+    fcntl.ioctl(pidfd, _PIDFD_GET_INFO, info, True)
+    mask, = struct.unpack_from("=Q", info, 0)
+    if not mask & _PIDFD_INFO_EXIT:
+        return None
+    status, = struct.unpack_from("=i", info, 60)
+    return decode_wait_status(status)

@@ -436,7 +436,7 @@ class Ranks:
 
         def end_group(process: RankProcess) -> None:
             with reaping:
-                if not _reaped(process):
+                if not process.reaped:
                     leftovers.end_rank_group(process.pid)
 
         self._idle = IdleReader(
@@ -631,23 +631,16 @@ def _kill_all(processes: list[RankProcess], reaping: threading.Lock) -> None:
 
 def _exited(process: RankProcess) -> bool:
     """Whether the rank ended, without reaping it (its pid stays its group's id until then)."""
-    if _reaped(process) or process.sentinel is None:
+    if process.reaped or process.sentinel is None:
         return process.poll() is not None
     return bool(select.select([process.sentinel], [], [], 0)[0])
-
-
-def _reaped(process: RankProcess) -> bool:
-    if getattr(process, "_status", None) is not None:   # ForkedRank keeps the status it reaped
-        return True
-    popen = getattr(process, "popen", None)             # SpawnedRank: its Popen reaped it
-    return popen is not None and popen.returncode is not None
 
 
 def _end_and_reap(process: RankProcess, reaping: threading.Lock) -> WaitStatus:
     """SIGKILL the rank and its process group (what it started: a subprocess, DataLoader
     workers), then reap it: alive or a zombie, its pid is still its group's id."""
     with reaping:
-        if not _reaped(process):
+        if not process.reaped:
             process.kill()   # killpg, then the pid itself
         return process.wait()
 

@@ -52,9 +52,10 @@ def classify_exit(watch: "RankWatch", status: "WaitStatus", shares_process: bool
     """Decide how a rank ended from its wait status and what it sent before."""
     local = watch.local_rank
     if watch.has_result and watch.result_before_stop and watch.error is None \
-            and (status == ("exit", 0) or shares_process):
+            and (status == ("exit", 0) or shares_process or status[0] == "lost"):
         # a rank that shares its process is done once its result arrived,
-        # even if the process was then stopped because a sibling failed
+        # even if the process was then stopped because a sibling failed;
+        # and a result that arrived is the rank's result when its exit status was lost
         return RankEnd(DONE, "finished")
     if watch.stopped_by_us is not None and (watch.error is None or watch.error_after_stop):
         # we stopped it: whatever it did then (returned from a SIGTERM handler, raised) is our stop
@@ -72,6 +73,9 @@ def classify_exit(watch: "RankWatch", status: "WaitStatus", shares_process: bool
                           "function (os._exit(0) or a library that ended the process)")
     elif status[0] == "signal":
         failure = Failure(local, FailureKind.SIGNAL, description)
+    elif status[0] == "lost":
+        failure = Failure(local, FailureKind.EXIT, f"{description}, without raising a Python exception "
+                          "or returning a result")
     else:
         failure = Failure(local, FailureKind.EXIT, f"{description} without raising a Python "
                           "exception (os._exit, or a crash in C code)")
@@ -83,6 +87,9 @@ def describe_status(status: "WaitStatus") -> str:
     if kind == "stuck":   # channels.STUCK: it outlived SIGKILL, left behind unreaped
         return ("did not end after SIGKILL (stuck in the kernel, usually a GPU/TPU driver; "
                 "left behind: restart the runtime if the device stays busy)")
+    if kind == "lost":   # channels.LOST: the notebook's SIGCHLD handling took the status first
+        return ("ended, its exit status taken before notebook_launch could read it (the notebook ignores "
+                "SIGCHLD or a handler there reaps every child, and Linux before 6.15 keeps no copy)")
     if kind == "signal":
         name = signal.Signals(value).name if value in signal.Signals._value2member_map_ else str(value)
         hint = SIGNAL_HINTS.get(value)

@@ -1,0 +1,277 @@
+"""Whatever the notebook did to its own signals, every rank's true ending is reported (issue 32 item 1).
+
+The notebook's SIGCHLD in each state a real notebook gets into: ignored (``SIG_IGN``: the
+kernel reaps every child itself, a common "no zombies" recipe), ``SA_NOCLDWAIT`` set from C
+(the same, invisible to Python), a Python handler that reaps every child (``waitpid(-1)``), a
+thread that waits for every child (a library's child watcher), and SIGCHLD blocked. In each,
+a fork and a spawn launch and persistent ranks report ``os._exit(3)`` as exit code 3 and a
+SIGKILL as SIGKILL, and the result of a rank that returned is its result. Before the fix every
+fork launch with SIGCHLD ignored failed ("exit code -1"), and spawn called a killed rank's end
+exit code 0.
+
+And a notebook that ignores or blocks SIGTERM and SIGINT still stops its ranks: the ranks
+start with a fresh Python's signals (tests/test_rank_inherited_state.py), so the teardown's
+SIGTERM reaches them.
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+import pytest
+from helpers.waiting import ended, wait_for
+
+from notebook_launch import LaunchError, notebook_launcher, start_ranks
+from notebook_launch.backends import fork_thread
+from notebook_launch.net import free_port
+
+
+def _wait_until_ended(pid: int) -> None:
+    """Until ``pid`` (a sibling rank) has ended: gone, or a zombie nobody reaped yet."""
+    while True:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                if f.read().rpartition(")")[2].split()[0] in ("Z", "X"):
+                    return
+        except (FileNotFoundError, ProcessLookupError):
+            return
+        time.sleep(0.01)
+
+
+def end_after_rank_0(how: str, pid_file: str) -> int:
+    """Rank 0 returns its pid; rank 1 waits until rank 0 has ended, then ends as ``how`` says, so
+    rank 0's result is in before rank 1 fails."""
+    rank = int(os.environ["RANK"])
+    if rank == 0:
+        with open(pid_file + ".tmp", "w") as f:
+            f.write(str(os.getpid()))
+        os.rename(pid_file + ".tmp", pid_file)
+        return os.getpid()
+    while not os.path.exists(pid_file):
+        time.sleep(0.01)
+    with open(pid_file) as f:
+        _wait_until_ended(int(f.read()))
+    if how == "exit 3":
+        os._exit(3)
+    if how == "SIGKILL":
+        os.kill(os.getpid(), signal.SIGKILL)
+    return os.getpid()
+
+
+# --- the notebook's SIGCHLD, each state a context manager that puts everything back ----------
+
+class _SigAction(ctypes.Structure):
+    """glibc's struct sigaction (the same on x86_64 and aarch64)."""
+    _fields_ = [("sa_handler", ctypes.c_void_p), ("sa_mask", ctypes.c_ulong * 16),
+                ("sa_flags", ctypes.c_int), ("sa_restorer", ctypes.c_void_p)]
+
+
+SA_NOCLDWAIT = 2
+
+
+def sigchld_action() -> tuple[int | None, int]:
+    """SIGCHLD's handler address and flags as the kernel has them (Python sees neither flags nor
+    a handler set from C): what the notebook must get back after every launch."""
+    action = _SigAction()
+    assert ctypes.CDLL(None).sigaction(signal.SIGCHLD, None, ctypes.byref(action)) == 0
+    return action.sa_handler, action.sa_flags
+
+
+@contextmanager
+def sigchld_ignored() -> Iterator[set[int]]:
+    previous = signal.signal(signal.SIGCHLD, signal.SIG_IGN)
+    try:
+        yield set()
+    finally:
+        signal.signal(signal.SIGCHLD, previous)
+
+
+@contextmanager
+def no_child_wait_from_c() -> Iterator[set[int]]:
+    """SIGCHLD's handler the default, SA_NOCLDWAIT set by C code: Python's getsignal still says
+    SIG_DFL, the kernel reaps every child itself."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    old, new = _SigAction(), _SigAction()
+    assert libc.sigaction(signal.SIGCHLD, None, ctypes.byref(old)) == 0
+    ctypes.memmove(ctypes.byref(new), ctypes.byref(old), ctypes.sizeof(_SigAction))
+    new.sa_flags |= SA_NOCLDWAIT
+    assert libc.sigaction(signal.SIGCHLD, ctypes.byref(new), None) == 0
+    try:
+        yield set()
+    finally:
+        assert libc.sigaction(signal.SIGCHLD, ctypes.byref(old), None) == 0
+
+
+@contextmanager
+def reaping_handler() -> Iterator[set[int]]:
+    """A Python SIGCHLD handler that reaps every child that ended; yields the pids it reaped."""
+    reaped: set[int] = set()
+
+    def reap(signum: int, frame: object) -> None:
+        while True:
+            try:
+                pid, _ = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            reaped.add(pid)
+
+    previous = signal.signal(signal.SIGCHLD, reap)
+    try:
+        yield reaped
+    finally:
+        signal.signal(signal.SIGCHLD, previous)
+
+
+@contextmanager
+def reaping_thread() -> Iterator[set[int]]:
+    """A thread blocked in waitpid(-1) for every child, as a library's child watcher; yields the
+    pids it reaped. At the end a child of its own that exits at once wakes it to stop, so it
+    takes no later test's children."""
+    reaped: set[int] = set()
+    done = threading.Event()
+
+    def watch() -> None:
+        while not done.is_set():
+            try:
+                pid, _ = os.waitpid(-1, 0)
+            except ChildProcessError:   # no child right now
+                time.sleep(0.001)
+                continue
+            reaped.add(pid)
+
+    thread = threading.Thread(target=watch, daemon=True)
+    thread.start()
+    try:
+        yield reaped
+    finally:
+        done.set()
+        if os.fork() == 0:
+            os._exit(0)
+        thread.join()
+
+
+@contextmanager
+def sigchld_blocked() -> Iterator[set[int]]:
+    """SIGCHLD blocked in this thread (the one that launches and supervises) and so in the fork
+    helper made from it."""
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGCHLD])
+    try:
+        yield set()
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+
+NOTEBOOK_STATES: dict[str, Callable[[], "contextmanager[set[int]]"]] = {
+    "SIGCHLD ignored": sigchld_ignored,
+    "SA_NOCLDWAIT from C": no_child_wait_from_c,
+    "a handler reaps every child": reaping_handler,
+    "a thread reaps every child": reaping_thread,
+    "SIGCHLD blocked": sigchld_blocked,
+}
+# States in which the notebook takes the statuses: without the pidfd's copy they would be lost.
+STATUS_TAKEN = {"SIGCHLD ignored", "SA_NOCLDWAIT from C", "a handler reaps every child", "a thread reaps every child"}
+
+
+@pytest.fixture
+def fresh_fork_helper(monkeypatch):
+    """The fork helper thread is made by this test's first launch (so it inherits a blocked mask)."""
+    monkeypatch.setattr(fork_thread, "_fork_thread", None)
+
+
+@pytest.mark.parametrize("state", list(NOTEBOOK_STATES))
+@pytest.mark.parametrize("start_method", ["fork", "spawn"])
+def test_a_launch_reports_each_ranks_true_ending(state, start_method, tmp_path, fresh_fork_helper):
+    def launch(how: str) -> list:
+        return notebook_launcher(end_after_rank_0, args=(how, str(tmp_path / how.replace(" ", "_"))),
+                                 num_processes=2, start_method=start_method, use_port=str(free_port()),
+                                 log_dir=str(tmp_path / "logs"), ui="none", timeout=240)
+
+    with NOTEBOOK_STATES[state]() as reaped_by_notebook:
+        notebooks_own = sigchld_action()
+        pids = launch("return")
+        assert len(pids) == 2 and all(isinstance(pid, int) for pid in pids)
+        endings = {}
+        for how in ("exit 3", "SIGKILL"):
+            with pytest.raises(LaunchError) as caught:
+                launch(how)
+            endings[how] = caught.value
+        assert sigchld_action() == notebooks_own   # the launches left the notebook's SIGCHLD as it was
+    exit_3, killed = endings["exit 3"], endings["SIGKILL"]
+    assert exit_3.rank == 1 and exit_3.kind == "exit", str(exit_3)
+    assert str(exit_3).startswith("rank 1 failed: exit code 3 without raising a Python exception"), str(exit_3)
+    assert exit_3.failures[1].exitcode == 3
+    assert killed.rank == 1 and killed.kind == "signal", str(killed)
+    assert str(killed).startswith("rank 1 failed: killed by SIGKILL"), str(killed)
+    assert killed.failures[1].exitcode == -signal.SIGKILL
+    for error in (exit_3, killed):   # rank 0 returned before rank 1 ended: its result is its result
+        assert error.results is not None and isinstance(error.results[0], int), str(error)
+        assert "rank 0: finished" in str(error) or "rank 0: done" in str(error), str(error)
+    if state in STATUS_TAKEN - {"SIGCHLD ignored", "SA_NOCLDWAIT from C"}:
+        # who reaps first is a race (the kernel alone reaps in the other two states): the
+        # notebook took some of them here, and their true endings came from the pidfd
+        assert reaped_by_notebook
+
+
+def exit_3_on_rank_1() -> None:
+    if int(os.environ["RANK"]) == 1:
+        os._exit(3)
+    time.sleep(600)
+
+
+def rank_pid() -> int:
+    return os.getpid()
+
+
+@pytest.mark.parametrize("state", list(NOTEBOOK_STATES))
+def test_persistent_ranks_report_each_ranks_true_ending(state, tmp_path, capsys, fresh_fork_helper):
+    with NOTEBOOK_STATES[state]() as reaped_by_notebook, \
+            start_ranks(2, use_port=free_port(), log_dir=str(tmp_path / "logs"), ui="none", timeout=240) as ranks:
+        notebooks_own = sigchld_action()
+        assert ranks.run(rank_pid) == ranks.pids
+        with pytest.raises(LaunchError) as caught:   # ends in a call
+            ranks.run(exit_3_on_rank_1)
+        assert "rank 1 died (exit code 3)" in str(caught.value), str(caught.value)
+        assert caught.value.failures[1].exitcode == 3
+        first_pids = ranks.pids
+        assert ranks.run(rank_pid) == ranks.pids != first_pids   # restarted
+        killed = ranks.pids[0]
+        os.kill(killed, signal.SIGKILL)   # ends between calls
+        assert wait_for(lambda: ended(killed))
+        capsys.readouterr()
+        assert ranks.run(rank_pid) == ranks.pids
+        assert "local rank 0 ended between calls (killed by SIGKILL" in capsys.readouterr().out
+        assert sigchld_action() == notebooks_own
+    if state in STATUS_TAKEN - {"SIGCHLD ignored", "SA_NOCLDWAIT from C"}:
+        assert reaped_by_notebook
+
+
+def raise_on_rank_0_while_rank_1_sleeps() -> None:
+    if int(os.environ["RANK"]) == 0:
+        raise ValueError("rank 0 gives up")
+    time.sleep(600)
+
+
+@pytest.mark.parametrize("start_method", ["fork", "spawn"])
+def test_a_notebook_that_ignores_and_blocks_sigterm_and_sigint_still_stops_its_ranks(start_method, tmp_path,
+                                                                                     fresh_fork_helper):
+    ignored = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+    previous = {signum: signal.signal(signum, signal.SIG_IGN) for signum in ignored}
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, ignored)
+    try:
+        with pytest.raises(LaunchError) as caught:
+            notebook_launcher(raise_on_rank_0_while_rank_1_sleeps, num_processes=2, start_method=start_method,
+                              use_port=str(free_port()), log_dir=str(tmp_path / "logs"), ui="none", timeout=240)
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+    error = caught.value
+    assert str(error).startswith("rank 0 failed: ValueError: rank 0 gives up"), str(error)
+    assert "rank 1: stopped by notebook_launch (SIGTERM) after rank 0 failed" in str(error), str(error)
