@@ -19,11 +19,13 @@ from __future__ import annotations
 
 import enum
 import errno
+import fcntl
 import os
 import pickle
 import struct
 import threading
 import traceback as traceback_module
+import weakref
 from dataclasses import asdict, dataclass
 from typing import Any, TypedDict
 
@@ -207,12 +209,26 @@ class EventWriter:
     (``reopen``, /proc/<parent pid>/fd/<n>: Linux opens the same pipe), so a result or an
     exception still arrives and is never written into the user's file.
 
+    A process the rank forks (a DataLoader worker) inherits the writer and may send on the same
+    pipe (its metrics, its display() calls). A write of more than PIPE_BUF bytes to a pipe is not
+    atomic: once the pipe is full it goes in pieces, and another process's frame could land
+    between them. So every frame is written under ``_take_frame_lock``: an exclusive ``flock`` on a
+    description of the pipe that the writing process opened itself (a forked child shares its
+    parent's descriptions, and with them their locks, so it opens its own). Why the rank's own
+    small frames take it too: they are atomic, but one could land inside a child's large frame
+    while the child waits for room. Its cost is two system calls per frame (a few microseconds,
+    at most ~10 progress frames a second; ``benchmarks/progress_cost.py``), none per step.
+
+    The lock's description is a write end of the pipe, held while the process lives: a writer
+    whose pipe must reach end-of-file while its process goes on (the notebook's INPUT_REPLY
+    writer, the one writer of its pipe) passes ``lock_frames=False``.
+
     ``answers_fd``: where the notebook's INPUT_REPLY frames arrive (rank.stdin_relay).
     ``tensors_fd``: the rank's result file (``shared_tensors``), where the RESULT's
     tensor bytes go; None: they travel inside the RESULT frame."""
 
     def __init__(self, fd: int, reopen: str | None = None, answers_fd: int | None = None,
-                 tensors_fd: int | None = None) -> None:
+                 tensors_fd: int | None = None, lock_frames: bool = True) -> None:
         self.fd = fd
         self.answers_fd = answers_fd
         self.tensors_fd = tensors_fd
@@ -220,17 +236,51 @@ class EventWriter:
         self._pipe = _identity(fd)
         self._reopen = reopen
         self._lock = ForkRenewedLock()   # a DataLoader worker sends progress through the rank's writer
+        self.pid = os.getpid()   # the rank's own process; another one is a process the rank forked
+        self._frame_lock: tuple[int, int] | None = None   # (the process that opened it, its fd)
+        self._lock_frames = lock_frames
 
     def send(self, kind: EventKind, payload: Any) -> None:
         data = pickle.dumps((EventKind(kind).value, payload), protocol=pickle.HIGHEST_PROTOCOL)
         frame = _HEADER.pack(len(data)) + data
         with self._lock:
             self._ensure_our_pipe()
-            view = memoryview(frame)
-            while view:
-                written = os.write(self.fd, view)
-                view = view[written:]
+            locked = self._take_frame_lock()
+            try:
+                view = memoryview(frame)
+                while view:
+                    written = os.write(self.fd, view)
+                    view = view[written:]
+            finally:
+                if locked is not None:
+                    fcntl.flock(locked, fcntl.LOCK_UN)
 
+    def _take_frame_lock(self) -> int | None:
+        """Lock the pipe against the other processes writing frames on it (see the class); the
+        locked fd, or None where no description of the pipe can be had (no /proc): unlocked."""
+        if not self._lock_frames:
+            return None
+        held = self._frame_lock
+        # Our fd may have been closed by the user's code and its number reused: never lock their file.
+        if held is None or held[0] != os.getpid() or _identity(held[1]) != self._pipe:
+            held = self._frame_lock = self._open_frame_lock()
+            if held is None:
+                return None
+        try:
+            fcntl.flock(held[1], fcntl.LOCK_EX)
+        except OSError:   # no lock to be had: the frame still goes, as it did before locks
+            return None
+        return held[1]
+
+    def _open_frame_lock(self) -> tuple[int, int] | None:
+        if self._pipe is None:
+            return None
+        try:   # O_NONBLOCK: opening a pipe's write end must not wait for a reader
+            fd = os.open(f"/proc/self/fd/{self.fd}", os.O_WRONLY | os.O_CLOEXEC | os.O_NONBLOCK)
+        except OSError:
+            return None
+        _forget_frame_locks_after_fork(self)
+        return os.getpid(), fd
 
     def result_file(self) -> int | None:
         """``tensors_fd`` while it is still the rank's result file; None once the function closed
@@ -251,6 +301,30 @@ class EventWriter:
             raise OSError(errno.EBADF, f"{self._reopen} is not this rank's event pipe any more")
         os.set_blocking(fd, True)
         self.fd = fd
+
+
+_locking_writers: "weakref.WeakSet[EventWriter]" = weakref.WeakSet()
+_fork_hook_registered = False
+
+
+def _forget_frame_locks_after_fork(writer: EventWriter) -> None:
+    """A forked child closes the frame-lock descriptions it inherited, at once, before any of its
+    code runs: held open there, one the parent locked when it was killed would stay locked."""
+    global _fork_hook_registered
+    _locking_writers.add(writer)
+    if not _fork_hook_registered:
+        _fork_hook_registered = True
+        os.register_at_fork(after_in_child=_close_inherited_frame_locks)
+
+
+def _close_inherited_frame_locks() -> None:
+    for writer in list(_locking_writers):
+        held, writer._frame_lock = writer._frame_lock, None
+        if held is not None:
+            try:
+                os.close(held[1])
+            except OSError:
+                pass
 
 
 def parent_end(parent_pid: int, fd: int) -> str:

@@ -331,7 +331,7 @@ def test_in_a_kernel_the_verdict_names_cells(hung_in_a_kernel, index):
 def test_stall_watch_counts_cpu_time_as_a_sign_of_progress():
     from notebook_launch.supervise.stall import StallWatch
     cpu = {1: 0.0, 2: 0.0}
-    watch = StallWatch(10, now=0.0, cpu=lambda pid: cpu[pid], io=lambda pid: 0)
+    watch = StallWatch(10, now=0.0, cpu=lambda pid: cpu[pid])
     assert watch.check(0, 1, 1.0) is None and watch.check(1, 2, 1.0) is None
     for second in range(2, 30):
         cpu[1] += 0.9          # rank 0 computes silently; rank 1 waits
@@ -344,23 +344,23 @@ def test_stall_watch_counts_cpu_time_as_a_sign_of_progress():
 
 
 def test_a_run_is_stalled_only_when_no_rank_works_and_no_stack_moves():
-    """check_all: a rank waiting while another computes (or reads, or writes) is not stalled; when
-    none moves, two stack samples STACK_GAP apart confirm it, and a stack that changed in between
-    starts the watch over. CPU time, I/O and stacks are given here (the real ones are read in the
-    process tests above and below)."""
+    """check_all: a rank waiting while another computes (or writes a checkpoint) is not stalled;
+    when none moves, two stack samples STACK_GAP apart confirm it, and a stack that changed in
+    between starts the watch over. CPU time and stacks are given here (the real ones are read in
+    the process tests above and below, and in test_stall_signs.py)."""
     from notebook_launch.supervise.stall import STACK_GAP, StallWatch
-    cpu, io, stacks = {1: 0.0, 2: 0.0}, {1: 0, 2: 0}, {0: "a", 1: "b"}
+    cpu, stacks = {1: 0.0, 2: 0.0}, {0: "a", 1: "b"}
     sampled = []
 
     def sample(pids):
         sampled.append(sorted(pids))
         return {local: stacks[local] for local in pids}
 
-    watch = StallWatch(10, now=0.0, cpu=lambda pid: cpu[pid], io=lambda pid: io[pid], stack=sample)
+    watch = StallWatch(10, now=0.0, cpu=lambda pid: cpu[pid], stack=sample)
     live = [(0, 1), (1, 2)]
     for second in range(1, 29):
         cpu[1] += 0.9 if second < 12 else 0.0    # rank 0 computes for 12 s,
-        io[1] += 4096 if 12 <= second < 20 else 0   # then writes a checkpoint until second 19
+        cpu[1] += 0.2 if 12 <= second < 20 else 0.0   # then writes a checkpoint (system time) until second 19
         assert watch.check_all(live, float(second)) == {0: None, 1: None}
     assert not sampled
     assert watch.check_all(live, 29.0) == {0: None, 1: None}   # every rank quiet for 10 s: a first sample

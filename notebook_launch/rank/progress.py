@@ -10,6 +10,14 @@ changed and sends at most ``MAX_SENDS_PER_SECOND`` PROGRESS events to the
 parent, whatever the step rate. A final flush happens when a bar closes
 (queued) and when the rank ends (``flush()``, called by the worker before
 RESULT/ERROR, so the parent's last state is exact).
+
+Bars are the rank's own. A process the rank forks (a DataLoader worker, a
+multiprocessing pool's worker) inherits the channel, but its bars are not
+drawn: they iterate as outside a launch. Its bars would otherwise share the
+rank's row, and the row follows the bar that moved last: a worker's per-item
+bars would stand where the rank's loader bar belongs (and its reporter, a new
+one, would number its bars from "b0" again, over the rank's). Its metrics
+(``log``) still reach the rank's row.
 """
 from __future__ import annotations
 
@@ -71,6 +79,8 @@ class _Reporter:
     def __init__(self, writer: protocol.EventWriter) -> None:
         self.writer = writer
         self.pid = os.getpid()
+        # A process the rank forked has the rank's writer: its bars are not drawn (see the module)
+        self.draws_bars = getattr(writer, "pid", self.pid) == self.pid
         self.lock = threading.Lock()
         self.send_lock = threading.Lock()   # take-and-send is one step: events leave in logging order
         self.live: dict[str, Progress] = {}    # bar id -> bar (open bars)
@@ -243,7 +253,8 @@ class Progress:
         self._checked_at = self._started
         self._check_every = 1
         self._next_check = initial + 1
-        self._reporter = reporter()
+        rep = reporter()
+        self._reporter = rep if rep is not None and rep.draws_bars else None
         self._id: str = self._reporter.register(self) if self._reporter is not None else ""
         self._rate: float | None = None
         self._last_n = initial

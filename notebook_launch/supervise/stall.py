@@ -2,12 +2,19 @@
 ``stall_after`` seconds is stalled, and each of those ranks is marked in the run state (since
 when it was quiet). Nothing is stopped: the user decides.
 
-A sign of progress is anything the notebook sees (a ``progress()`` step, an output line, an
-event) or work the rank does without telling: CPU time spent by its process or by the
-processes it started (DataLoader workers), or bytes it read or wrote through system calls (a
-download, a checkpoint). A long silent computation (a first epoch that prints nothing) is
-therefore never called stalled; a rank waiting in a collective, a lock or ``time.sleep`` does
+A sign of progress is something that means the run moves: anything the notebook sees from the
+rank (a ``progress()`` step or metric, an output line, a result or any other event), CPU time
+spent by the rank or by any process below it (``descendants``: every thread's children and
+theirs, DataLoader workers, a subprocess a worker thread started, and what they reaped), and its
+stack changing between two looks. A long silent computation (a first epoch that prints nothing)
+is therefore never called stalled; a rank waiting in a collective, a lock or ``time.sleep`` does
 none of these.
+
+What is not a sign: bytes read or written. A hung rank does I/O without moving: rank 0 waiting
+in ``init_process_group`` for a rank that never calls it polls its TCPStore about 200 times a
+second (4-5 KB/s of socket traffic), a background logger writes a line every few seconds, and
+asking the rank for its stack writes to its memfd. A download or a checkpoint that is real work
+burns CPU (copying, hashing, decompressing) or draws a bar (the hub's tqdm), so it still counts.
 
 Why the whole run: a rank that waits in a collective while another rank works (rank 0 saves a
 checkpoint, downloads weights, compiles) is waiting, not stuck; the run is stuck only when no
@@ -18,9 +25,9 @@ Before a run is called stalled its quiet ranks' stacks are sampled twice, ``STAC
 seconds apart (``StallWatch(stack=)``): a rank whose stack (or collective number) changed in
 between moved, and the watch starts over.
 
-What it costs: one read of ``/proc/<pid>/stat`` and ``/proc/<pid>/io`` per rank (and of its
-children's stat) at most once per ``SAMPLE_EVERY`` second, in the notebook; the ranks do
-nothing for it. Two stack samples per stall, and none while the run moves.
+What it costs: one read of ``/proc/<pid>/stat`` per process of the rank's tree (and of each
+thread's ``children`` list) at most once per ``SAMPLE_EVERY`` second, in the notebook; the ranks
+do nothing for it. Two stack samples per stall, and none while the run moves.
 """
 from __future__ import annotations
 
@@ -32,7 +39,7 @@ DEFAULT_STALL_AFTER = 300.0
 
 - a training loop does not trip it: the run must show nothing at all for five minutes, on any
   rank: no output line, no ``progress()`` step, no CPU time (its own or its DataLoader
-  workers'), no byte read or written, and no change of stack. A step, a long silent epoch, an
+  workers'), and no change of stack. A step, a long silent epoch, an
   evaluation, a checkpoint written or weights downloaded by one rank while the others wait in a
   barrier are all signs; what is left is waiting on something outside the run (a prompt is
   not counted either);
@@ -42,82 +49,91 @@ DEFAULT_STALL_AFTER = 300.0
   should be true when it shows. For an answer sooner, the panel's "Where are they?" button
   (and ``ranks.stacks()``) asks at once, and ``stall_after=`` takes any number of seconds.
 """
-SAMPLE_EVERY = 1.0     # seconds between two reads of a rank's CPU time and I/O
-BUSY_SHARE = 0.05      # CPU seconds per wall second above which the rank counts as working
+SAMPLE_EVERY = 1.0     # seconds between two reads of a rank's CPU time
+BUSY_SHARE = 0.05
+"""CPU seconds per wall second (over one SAMPLE_EVERY) above which a rank's tree counts as
+working. Why 5% of one core: what a hung rank burns is well below it and what a working one
+burns well above. Measured on the 2-core CI machine: rank 0 polling its TCPStore in
+``init_process_group`` for a rank that never came, 1.5-2.5%; a rank waiting in a gloo
+all_reduce, 0-0.5%; our own flusher and relay threads, a logger thread, a DataLoader worker
+waiting on its queue, less. A rank that computes uses a whole core, or its share of a loaded
+machine (16 busy processes on 2 cores: 12%). The counters tick every 10 ms, so 5% of a second
+is 5 ticks: one tick of rounding cannot cross it."""
 STACK_GAP = 2.0        # seconds between the two stack samples that confirm a stall
-MAX_CHILDREN = 64      # processes under a rank whose CPU time is counted (DataLoader workers)
+MAX_DESCENDANTS = 256  # processes below a rank whose CPU time is counted (DataLoader workers, their children)
 _TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 Fingerprint = Hashable   # what a rank's stack sample is compared by (None: it could not be taken)
 
 
 def _stat_cpu(pid: int) -> float | None:
+    """CPU seconds of ``pid`` (all its threads, ended ones included) and of the children it
+    reaped (a subprocess that ran between two looks and is gone), or None when unreadable."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
             text = f.read()
     except OSError:
         return None
     fields = text[text.rfind(b")") + 2:].split()   # after "pid (comm) ": the comm may hold spaces
-    try:
-        return (int(fields[11]) + int(fields[12])) / _TICKS   # utime, stime (fields 14 and 15)
+    try:   # utime, stime, cutime, cstime (fields 14 to 17)
+        return sum(int(value) for value in fields[11:15]) / _TICKS
     except (IndexError, ValueError):
         return None
 
 
 def _children(pid: int) -> list[int]:
-    """The processes ``pid``'s main thread started and that still run (DataLoader workers are)."""
+    """The processes any thread of ``pid`` started and that still run (a DataLoader worker, a
+    subprocess a worker thread started): each thread's ``children`` list names its own only."""
     try:
-        with open(f"/proc/{pid}/task/{pid}/children", "rb") as f:
-            return [int(word) for word in f.read().split()]
-    except (OSError, ValueError):
+        threads = os.listdir(f"/proc/{pid}/task")
+    except OSError:
         return []
+    found: list[int] = []
+    for tid in threads:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/children", "rb") as f:
+                found.extend(int(word) for word in f.read().split())
+        except (OSError, ValueError):
+            continue
+    return found
+
+
+def descendants(pid: int, limit: int = MAX_DESCENDANTS) -> list[int]:
+    """Every process below ``pid`` (children, grandchildren, ...), at most ``limit`` of them."""
+    found: list[int] = []
+    pending = _children(pid)
+    seen = {pid}
+    while pending and len(found) < limit:
+        child = pending.pop(0)
+        if child in seen:   # a pid reused while we walked: never loop
+            continue
+        seen.add(child)
+        found.append(child)
+        pending.extend(_children(child))
+    return found
 
 
 def cpu_seconds(pid: int) -> float | None:
-    """User + system CPU time of process ``pid`` (all its threads) and of the processes under it
-    (up to MAX_CHILDREN), or None when the rank's own is unreadable."""
+    """CPU time of process ``pid`` and of every process below it (``descendants``), with what
+    each reaped, or None when the rank's own is unreadable."""
     own = _stat_cpu(pid)
     if own is None:
         return None
-    total, pending, seen = own, _children(pid), 0
-    while pending and seen < MAX_CHILDREN:
-        child = pending.pop()
-        seen += 1
-        total += _stat_cpu(child) or 0.0
-        pending.extend(_children(child))
-    return total
-
-
-def io_bytes(pid: int) -> int | None:
-    """Bytes ``pid`` read and wrote through system calls (rchar + wchar), or None when unreadable."""
-    try:
-        with open(f"/proc/{pid}/io", "rb") as f:
-            text = f.read()
-    except OSError:
-        return None
-    total = 0
-    for line in text.splitlines():
-        name, _, value = line.partition(b":")
-        if name in (b"rchar", b"wchar"):
-            total += int(value)
-    return total
+    return own + sum(_stat_cpu(child) or 0.0 for child in descendants(pid))
 
 
 class StallWatch:
     """Per rank: when it last showed a sign of progress; ``check_all`` says which ranks are stalled
     since when. ``stack(pids)`` (local rank -> pid) samples stacks to confirm a stall (None:
-    confirm by CPU time and I/O alone)."""
+    confirm by CPU time alone)."""
 
     def __init__(self, stall_after: float, now: float, cpu: Callable[[int], float | None] = cpu_seconds,
-                 io: Callable[[int], int | None] = io_bytes,
                  stack: Callable[[dict[int, int]], dict[int, Fingerprint]] | None = None) -> None:
         self.stall_after = stall_after
         self.cpu = cpu
-        self.io = io
         self.stack = stack
         self.last_sign: dict[int, float] = {}
         self.last_cpu: dict[int, tuple[float, float]] = {}   # local rank -> (when sampled, CPU seconds)
-        self.last_io: dict[int, int] = {}
         self.started = now
         self.samples: tuple[float, dict[int, Fingerprint]] | None = None   # the first stack sample of a candidate stall
         self.stalled = False      # the run is stalled (confirmed), until a rank moves
@@ -127,29 +143,18 @@ class StallWatch:
         self.last_sign[local_rank] = now
 
     def quiet_since(self, local_rank: int, pid: int | None, now: float) -> float:
-        """Since when the rank shows no sign, reading its CPU time and I/O (once a SAMPLE_EVERY)."""
+        """Since when the rank shows no sign, reading its tree's CPU time (once a SAMPLE_EVERY)."""
         sign = self.last_sign.get(local_rank, self.started)
         if pid is None:
             return sign
         sampled = self.last_cpu.get(local_rank)
         if sampled is None or now - sampled[0] >= SAMPLE_EVERY:
-            spent, moved = self.cpu(pid), self.io(pid)
-            worked = moved is not None and local_rank in self.last_io and moved != self.last_io[local_rank]
+            spent = self.cpu(pid)
             if spent is not None:
-                worked = worked or (sampled is not None and spent - sampled[1] > BUSY_SHARE * (now - sampled[0]))
+                if sampled is not None and spent - sampled[1] > BUSY_SHARE * (now - sampled[0]):
+                    sign = self.last_sign[local_rank] = max(sign, now)
                 self.last_cpu[local_rank] = (now, spent)
-            if moved is not None:
-                self.last_io[local_rank] = moved
-            if worked:
-                sign = self.last_sign[local_rank] = max(sign, now)
         return sign
-
-    def rebase_io(self, pids: dict[int, int]) -> None:
-        """Forget the I/O counters: our own stack dump writes to the rank's memfd (not its work)."""
-        for local_rank, pid in pids.items():
-            moved = self.io(pid)
-            if moved is not None:
-                self.last_io[local_rank] = moved
 
     def check(self, local_rank: int, pid: int | None, now: float) -> float | None:
         """One rank alone: the time since which it is stalled, or None (no stack sampling)."""
@@ -169,12 +174,10 @@ class StallWatch:
             if self.stack is not None and pids:
                 if self.samples is None:
                     self.samples = (now, self.stack(pids))
-                    self.rebase_io(pids)
                     return {local: None for local in quiet}
                 if now - self.samples[0] < STACK_GAP:
                     return {local: None for local in quiet}
                 first, second = self.samples[1], self.stack(pids)
-                self.rebase_io(pids)
                 self.samples = None
                 moved = [local for local in pids
                          if first.get(local) is not None and first.get(local) != second.get(local)]

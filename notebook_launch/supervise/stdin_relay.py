@@ -177,7 +177,7 @@ def reply_on(fd: int, still_open: Callable[[], bool]) -> Reply:
         if not still_open():
             return
         try:
-            protocol.EventWriter(fd).send(protocol.EventKind.INPUT_REPLY, answer)
+            protocol.EventWriter(fd, lock_frames=False).send(protocol.EventKind.INPUT_REPLY, answer)
         except OSError:   # the rank died while it waited
             log.debug("could not answer a rank's prompt on fd %d", fd, exc_info=True)
     return reply

@@ -228,9 +228,6 @@ class Supervisor:
             log.debug("could not collect the ranks' whereabouts", exc_info=True)
             self.where_problem = f"asking them failed ({type(exc).__name__}: {exc})"
             return None, ""
-        finally:
-            if self.stalls is not None:   # our dumps wrote to the ranks' memfds: not their work
-                self.stalls.rebase_io({w.local_rank: w.process.pid for w in self.watches if w.exit is None})
         label = outcome.cell_labeller()
         verdict, detail = stacks.where_they_are(found, label)
         if verdict is None:
