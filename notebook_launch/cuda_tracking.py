@@ -31,12 +31,15 @@ process: NVML, else a throwaway child.
 from __future__ import annotations
 
 import ctypes
+import importlib.util
 import logging
 import os
 import re
 import sys
 import traceback
 from typing import Any, Callable
+
+from .ipython_shell import running_shell
 
 log = logging.getLogger("notebook_launch")
 _first_init_stack: list | None = None
@@ -52,7 +55,10 @@ _initialized_before_tracking = False   # CUDA was initialized before install(): 
 
 def install() -> None:
     """Idempotent (called by ``hooks.install``). Each call wraps what torch offers by then
-    (torch may be imported after the first call); the IPython hook is registered once."""
+    (torch may be imported after the first call: never imported here, so a process that does
+    not use torch never pays for it; in IPython the cell that imports it is the witness, and
+    the wrappers are in place from the next cell on); the IPython hook is registered once,
+    only where a shell runs."""
     global _installed, _initialized_before_tracking
     if _first_init_stack is None and _first_cell is None and is_cuda_initialized():
         _initialized_before_tracking = True
@@ -107,11 +113,9 @@ def _wrap_runtime_device_count() -> None:
 
 
 def _register_ipython_hook() -> None:
-    try:
-        from IPython import get_ipython
-    except ImportError:
-        return
-    shell = get_ipython()
+    """Only into a shell that runs: a plain Python process has no cells (and is not made to
+    import IPython to learn that)."""
+    shell = running_shell()
     if shell is None:
         return
 
@@ -127,6 +131,8 @@ def _register_ipython_hook() -> None:
             _first_cell = here
         if _first_count_cell is None and _count_calls:
             _first_count_cell = here
+        _wrap_lazy_init()   # torch imported by this cell: later cells' calls are seen by line
+        _wrap_runtime_device_count()
 
     shell.events.register("post_run_cell", _after_cell)
 
@@ -250,6 +256,8 @@ def count_gpus_without_poisoning() -> int:
     (what ``torch.cuda.device_count()`` tries first, honouring CUDA_VISIBLE_DEVICES); where
     NVML cannot answer (no libnvidia-ml, MIG UUIDs), torch's own count asked in a throwaway
     child, since asking the CUDA runtime here would poison every later fork."""
+    if "torch" not in sys.modules and not installed_torch_names_cuda():
+        return 0   # no CUDA build of torch installed: nothing to count with, no torch to import
     try:
         import torch
     except ImportError:
@@ -269,6 +277,31 @@ def count_gpus_without_poisoning() -> int:
         return count
     counted = in_throwaway_child(lambda: int(torch.cuda.device_count()))
     return max(0, counted or 0)
+
+
+_CUDA_VERSION_LINE = re.compile(r"^cuda\s*(?::[^=]*)?=\s*(.+?)\s*$", re.MULTILINE)
+
+
+def installed_torch_names_cuda(spec_of: Callable[[str], Any] = importlib.util.find_spec) -> bool:
+    """Whether the installed torch may be a CUDA build, read from its ``version.py`` without
+    importing torch (a second and a thousand modules a launch of a CPU build never needs): its
+    ``cuda = None`` line says a CPU (or ROCm) build, for which ``cuda_build`` is False anyway.
+    False when torch is not installed; True when the file says a version or cannot be read
+    (then torch is imported and asked, as before). ``spec_of`` lets tests describe an install."""
+    try:
+        spec = spec_of("torch")
+    except (ImportError, ValueError):
+        return False
+    if spec is None:
+        return False
+    try:
+        folder = list(spec.submodule_search_locations or [])[0]
+        with open(os.path.join(folder, "version.py"), encoding="utf-8") as f:
+            found = _CUDA_VERSION_LINE.search(f.read())
+    except (OSError, IndexError, UnicodeDecodeError):
+        log.debug("cannot read torch's version.py; asking torch itself", exc_info=True)
+        return True
+    return found is None or found.group(1) != "None"
 
 
 def prefer_nvml_availability_check() -> None:

@@ -28,7 +28,10 @@ at the first acquire of any of its locks (a launch, a rank's first send), becaus
 that was taken can be held at a fork; it renews, in a forked child, the locks another thread held.
 
 ``install()`` is idempotent; each call also wraps what torch offers by then (torch may be
-imported after the first call).
+imported after the first call). It hooks only into what is there: it never imports torch (the
+IPython callback wraps torch after the cell that imports it; a fork launch imports torch
+before forking only for code that names it, ``backends.warm_imports``) nor IPython (a shell
+runs only where IPython was imported: ``ipython_shell``).
 """
 from __future__ import annotations
 
@@ -36,6 +39,7 @@ import logging
 from typing import Any
 
 from . import cuda_tracking
+from .ipython_shell import running_shell
 from .debug_logging import DEBUG_VARIABLE, debug_logging_from_environment  # noqa: F401  (re-exported)
 
 log = logging.getLogger("notebook_launch")
@@ -50,7 +54,6 @@ def install(by: str = "notebook_launch.install_hooks()", shell: Any = None) -> N
     if first:
         _installed_by = by
         debug_logging_from_environment()
-    _import_torch_if_installed()
     cuda_tracking.install()
     if first:
         _warm_between_cells_in_a_kernel(shell)
@@ -61,15 +64,6 @@ def installed_by() -> str | None:
     return _installed_by
 
 
-def _import_torch_if_installed() -> None:
-    """The CUDA witness wraps torch's functions, which exist once torch is imported; a notebook
-    that launches imports torch anyway."""
-    try:
-        import torch  # noqa: F401
-    except ImportError:
-        log.debug("torch is not installed: no CUDA to track")
-
-
 def _warm_between_cells_in_a_kernel(shell: Any) -> None:
     from .detect.platform import in_ipython_kernel, inside_launched_rank
     if inside_launched_rank():
@@ -77,8 +71,7 @@ def _warm_between_cells_in_a_kernel(shell: Any) -> None:
     if shell is None:
         if not in_ipython_kernel():
             return
-        from IPython import get_ipython
-        shell = get_ipython()
+        shell = running_shell()
     elif getattr(shell, "kernel", None) is None:
         return   # a terminal IPython: no kernel waiting between cells
     from .backends.warm_imports import warm_between_cells

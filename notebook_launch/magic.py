@@ -17,6 +17,7 @@ import types
 from typing import Any, Callable, Iterable, NoReturn
 
 from .errors import LaunchArgumentError
+from .ipython_shell import running_shell
 from .errors.render import remember_cell
 
 USAGE = ("%%launch [-n N] [--mixed-precision no|fp16|bf16|fp8] [--timeout SECONDS] "
@@ -161,8 +162,7 @@ class CellJob:
     def __call__(self) -> dict[str, Any] | None:
         ns = self.namespace
         if ns is None:
-            from IPython import get_ipython
-            shell = get_ipython()
+            shell = running_shell()
             ns = shell.user_ns if shell is not None else {"__name__": "__main__"}
         _remember_source(self.filename, self.source)
         exec(compile(self.source, self.filename, "exec"), ns)

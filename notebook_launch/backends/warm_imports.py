@@ -34,6 +34,8 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
+from .. import cuda_tracking
+
 log = logging.getLogger("notebook_launch")
 
 # Names whose presence in the launched code means it will likely construct DDP,
@@ -43,6 +45,7 @@ TRAINING_NAMES = frozenset({
     "Accelerator", "prepare", "Trainer", "Fabric", "fit", "FullyShardedDataParallel", "FSDP",
     "fully_shard", "_dynamo",
 })
+TORCH_NAMES = frozenset({"torch"})   # code that names it imports torch in every rank
 MAX_DEPTH = 3        # how far to follow helper functions called by global name
 MAX_CODE_OBJECTS = 500
 
@@ -74,6 +77,12 @@ def _code_objects(code: types.CodeType) -> list[types.CodeType]:
 def looks_like_training(function: Callable[..., Any]) -> bool:
     """True when ``function`` (or a helper or class of its own module that it names) names a
     training API. Library code is not followed: it names everything."""
+    return names_any(function, TRAINING_NAMES)
+
+
+def names_any(function: Callable[..., Any], names: frozenset[str]) -> bool:
+    """True when ``function`` (or a helper or class of its own module that it names) names one
+    of ``names`` (a global, an attribute or an import)."""
     seen: set[int] = set()
     frontier = [(f, 0) for f in _functions_of(function)]
     home = {f.__module__ for f, _ in frontier}
@@ -83,7 +92,7 @@ def looks_like_training(function: Callable[..., Any]) -> bool:
             continue
         for code in _code_objects(func.__code__):
             seen.add(id(code))
-            if TRAINING_NAMES.intersection(code.co_names):
+            if names.intersection(code.co_names):
                 return True
             if depth < MAX_DEPTH:
                 for name in code.co_names:
@@ -98,7 +107,9 @@ def warm_for(function: Callable[..., Any]) -> None:
     wait_for_background_import()
     from ..rank import (process_groups, progress, progress_bridge, rich_bridge,  # noqa: F401  (ours: ms per rank)
                         tqdm_bridge, transformers_bridge)
-    if "torch" not in sys.modules or "torch._dynamo" in sys.modules:
+    if "torch" not in sys.modules and not _import_torch_for(function):
+        return
+    if "torch._dynamo" in sys.modules:
         return
     try:
         if not looks_like_training(function):
@@ -106,6 +117,26 @@ def warm_for(function: Callable[..., Any]) -> None:
     except Exception:   # an odd callable: import, as before
         log.debug("could not read the launched function's code", exc_info=True)
     import_training_modules()
+
+
+def _import_torch_for(function: Callable[..., Any]) -> bool:
+    """Import torch here when the launched code names it, so the forked ranks share one import
+    (about a second and a thousand modules each otherwise); True when it did. Code that never
+    names torch does not pay for it: ``import notebook_launch`` and a launch import nothing
+    heavy of their own. The CUDA witnesses (``cuda_tracking``) then wrap the torch just imported."""
+    try:
+        if not names_any(function, TORCH_NAMES):
+            return False
+    except Exception:   # an odd callable: its ranks import what they need
+        log.debug("could not read the launched function's code", exc_info=True)
+        return False
+    try:
+        import torch  # noqa: F401
+    except Exception:
+        log.debug("torch is named by the launched code but does not import here", exc_info=True)
+        return False
+    cuda_tracking.install()
+    return True
 
 
 def import_training_modules() -> None:

@@ -11,6 +11,7 @@ from functools import lru_cache
 from typing import Any, Mapping
 
 from .. import cuda_tracking
+from ..ipython_shell import running_shell
 from ..plan import DeviceKind
 from .hosted import hosted_service
 from .xla import XlaInfo, detect_xla, torch_xla_installed
@@ -193,14 +194,7 @@ def system_probe() -> Probe:
 
 
 def _ipython_shell() -> Any:
-    ipython = sys.modules.get("IPython")
-    if ipython is None:
-        return None
-    try:
-        return ipython.get_ipython()
-    except Exception:
-        log.debug("IPython.get_ipython() failed", exc_info=True)
-        return None
+    return running_shell()
 
 
 def _kernel_parent_cmdline() -> str:

@@ -22,17 +22,13 @@ import queue
 import threading
 from typing import Any, Callable
 
+from ..ipython_shell import running_kernel
+
 log = logging.getLogger("notebook_launch")
 
 
 def _kernel() -> Any:
-    try:
-        from IPython import get_ipython
-        shell = get_ipython()
-        return getattr(shell, "kernel", None)
-    except Exception:
-        log.debug("no IPython kernel here: the Stop button cannot be polled", exc_info=True)
-        return None
+    return running_kernel()   # None: no kernel here, the Stop button cannot be polled
 
 
 class CommPoller:

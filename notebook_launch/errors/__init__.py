@@ -7,21 +7,33 @@ How they show in IPython (cells, not our frames) is ``errors.render``.
 """
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 from . import render
 
+_adopted = False   # adopt_torch_child_failed_error ran with torch there (whatever it found)
 
-def _child_failed_error() -> type:
-    """torch elastic's ChildFailedError: Accelerate's launcher raises it, so code written for it
-    catches it around the launch. The package imports torch anyway (CUDA tracking); this adds
-    torch elastic's small errors module. A stand-in serves a torch built without torch.distributed."""
+def adopt_torch_child_failed_error() -> None:
+    """Make ``LaunchError`` torch elastic's ``ChildFailedError`` too (what Accelerate's launcher
+    raises, so code written for it catches it around the launch), once torch is in this process.
+
+    Only then: ``import notebook_launch`` must not import torch (a second of imports, torch's
+    at-fork handler, exit hooks and warning filters). Code that names ``ChildFailedError`` has
+    imported torch, so the base is added before it can matter: at ``import notebook_launch``
+    when torch came first (the usual notebook), else when a ``LaunchError`` is made. With torch
+    imported, the errors module is ~6 ms, once. A torch built without torch.distributed keeps
+    the plain bases; so does a process that never imports torch."""
+    global _adopted
+    if _adopted or "torch" not in sys.modules:
+        return
+    _adopted = True
     try:
         from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     except Exception:
-        class ChildFailedError(Exception):  # type: ignore[no-redef]
-            """Stand-in for torch elastic's ChildFailedError (same fields: name, failures)."""
-    return ChildFailedError
+        return
+    if not issubclass(LaunchError, ChildFailedError):
+        LaunchError.__bases__ = LaunchError.__bases__ + (ChildFailedError,)
 
 
 class NotebookLaunchError(Exception):
@@ -36,7 +48,7 @@ class NotebookLaunchError(Exception):
         return render.render_traceback(self)
 
 
-class LaunchError(NotebookLaunchError, RuntimeError, _child_failed_error()):  # type: ignore[misc]
+class LaunchError(NotebookLaunchError, RuntimeError):
     """A launch failed: a rank raised, died, timed out or could not report its result.
 
     The first line of the message names the failing rank (and node, for
@@ -50,11 +62,12 @@ class LaunchError(NotebookLaunchError, RuntimeError, _child_failed_error()):  # 
     ones are None), ``node_rank`` (the node of the failing rank in a multi-node
     run, else None).
 
-    It is also torch elastic's ``ChildFailedError`` (what Accelerate's launcher raises), so
-    ``except ChildFailedError`` catches it: ``name`` is the launched function's name and
-    ``failures`` maps each failed global rank to torch's ``ProcessFailure`` (``local_rank``,
-    ``pid``, ``exitcode`` (-signal when killed), ``error_file``, ``message``, ``timestamp``,
-    and ``rank``); empty only when no rank ran (a rendezvous that never completed).
+    Once torch is imported it is also torch elastic's ``ChildFailedError`` (what Accelerate's
+    launcher raises; ``adopt_torch_child_failed_error``), so ``except ChildFailedError`` catches
+    it: ``name`` is the launched function's name and ``failures`` maps each failed global rank
+    to torch's ``ProcessFailure`` (``local_rank``, ``pid``, ``exitcode`` (-signal when killed),
+    ``error_file``, ``message``, ``timestamp``, and ``rank``); empty only when no rank ran (a
+    rendezvous that never completed).
     """
 
     def __init__(self, message: str, *, rank: int | None = None, kind: str = "exception",
@@ -62,6 +75,7 @@ class LaunchError(NotebookLaunchError, RuntimeError, _child_failed_error()):  # 
                  remote_traceback: str | None = None, log_dir: str | None = None,
                  results: list[Any] | None = None, node_rank: int | None = None,
                  name: str = "notebook_launcher", failures: dict[int, Any] | None = None) -> None:
+        adopt_torch_child_failed_error()
         RuntimeError.__init__(self, message)   # our text, not ChildFailedError's torch-format one
         self.name = name
         self.failures = dict(failures or {})
@@ -82,3 +96,5 @@ class GuardError(NotebookLaunchError, RuntimeError):
 class LaunchArgumentError(NotebookLaunchError, ValueError):
     """An argument of notebook_launcher is invalid; the message names it and the valid values."""
 
+
+adopt_torch_child_failed_error()   # torch imported first: the base is there from the start

@@ -20,6 +20,8 @@ import os
 import re
 from typing import Any
 
+from ..ipython_shell import running_shell
+
 log = logging.getLogger("notebook_launch")
 
 BOLD_RED, GREEN, CYAN, DIM, RESET = "\x1b[1;31m", "\x1b[32m", "\x1b[36m", "\x1b[2m", "\x1b[0m"
@@ -145,11 +147,7 @@ def cell_label(filename: str) -> str | None:
     a cell body our magics compiled was remembered (``remember_cell``); any other cell is the
     newest history entry whose text is the file's text (IPython keeps both, the file's in
     ``linecache``; matching text rather than hashes is exact for any compiler)."""
-    try:
-        from IPython import get_ipython
-    except ImportError:
-        return None
-    shell = get_ipython()
+    shell = running_shell()
     compiler = getattr(shell, "compile", None)
     if compiler is None:
         return None

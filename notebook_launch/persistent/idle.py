@@ -24,6 +24,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from .. import protocol
+from ..ipython_shell import running_shell
 from ..line_splitter import LineSplitter
 
 if TYPE_CHECKING:
@@ -42,11 +43,7 @@ class CellWatch:
     def __init__(self) -> None:
         self.running = True
         self._shell: Any = None
-        try:
-            from IPython import get_ipython
-            shell = get_ipython()
-        except ImportError:
-            shell = None
+        shell = running_shell()
         if shell is not None and hasattr(shell, "events"):
             self._shell = shell
             self.running = False   # this runs inside a cell, but the hooks say so from the next one

@@ -20,7 +20,7 @@ from typing import Any
 
 from .inherited_streams import writes_to_rank_output
 from .progress import log as log_metrics
-from .progress_bridge import Mirror
+from .progress_bridge import Mirror, after_import
 
 _PATCHED_ATTR = "_notebook_launch_patched"
 log = logging.getLogger("notebook_launch")
@@ -40,21 +40,25 @@ class _Discard:
 
 
 def install(spec: Any = None) -> bool:
-    """Patch tqdm in this rank; returns False when tqdm is not installed."""
+    """Patch tqdm in this rank now if it is imported, else when the rank imports it (a rank
+    that never uses tqdm does not pay for importing it); False when tqdm is not installed."""
     if "tqdm" not in sys.modules and importlib.util.find_spec("tqdm") is None:
         return False
-    from tqdm import std
+    after_import("tqdm.std", _patch_std)
+    return True
+
+
+def _patch_std(std: Any) -> None:
     base = std.tqdm
     if getattr(base, _PATCHED_ATTR, False):
         _patch_tree(base)
-        return True
+        return
     originals = {name: base.__dict__[name] for name in
                  ("__init__", "display", "close", "__iter__", "update", "clear", "reset",
                   "status_printer", "set_postfix", "set_description")}
     _install_methods(base, originals)
     base.monitor_interval = 0   # no tqdm monitor thread per rank; our flusher handles slow loops
     _patch_tree(base)
-    return True
 
 
 def _bound(original: Any, self: Any) -> Any:

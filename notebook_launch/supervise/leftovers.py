@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import logging
 import os
-import secrets
 import signal
 import socket
 import subprocess
@@ -88,13 +87,28 @@ def _carries(pid: int, mark: bytes) -> bool:
 
 _KEEPER_PROGRAM = os.path.join(os.path.dirname(os.path.abspath(__file__)), "orphan_keeper.py")
 _keeper_lock = ForkRenewedLock()
-_keeper: tuple[int, str] | None = None   # (the pid it watches, its socket's abstract name)
+
+
+class _Keeper:
+    """This process's keeper, as the notebook sees it: the end of the socket pair it writes
+    orders to, and the keeper's first process (it exits once the keeper forked; reaped later)."""
+
+    def __init__(self, owner: int, orders: socket.socket, first: subprocess.Popen | None) -> None:
+        self.owner, self.orders, self.first = owner, orders, first
+
+    def reap_first(self) -> None:
+        if self.first is not None and self.first.poll() is not None:
+            self.first = None
+
+
+_keeper: _Keeper | None = None
 
 
 def guard(run_id: str, group: int) -> None:
     """Have the notebook's keeper kill rank group ``group`` and whatever carries ``run_id`` if
-    this process (the notebook) dies before the run is swept. Starts the keeper on first use
-    (a fresh interpreter, tens of milliseconds once per notebook); never raises."""
+    this process (the notebook) dies before the run is swept. Starts the keeper on first use,
+    without waiting for it (a fresh interpreter: tens of milliseconds, once per notebook, that
+    the launch does not wait for; the order waits for it in the socket); never raises."""
     if run_id:
         _tell_keeper(f"+ {run_id} {group}", start=True)
 
@@ -102,58 +116,57 @@ def guard(run_id: str, group: int) -> None:
 def _tell_keeper(message: str, *, start: bool) -> None:
     if not hasattr(os, "pidfd_open") or not os.path.isdir("/proc"):
         return
-    for attempt in range(2):
-        with _keeper_lock:
-            address = _keeper[1] if _keeper is not None and _keeper[0] == os.getpid() else None
-            if address is None:
+    global _keeper
+    data = (message + "\n").encode()
+    with _keeper_lock:
+        for attempt in range(2):
+            keeper = _keeper if _keeper is not None and _keeper.owner == os.getpid() else None
+            if keeper is None:
                 if not start:
                     return
-                address = _start_keeper()
-                if address is None:
+                keeper = _keeper = _start_keeper()
+                if keeper is None:
                     return
-        try:
-            with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
-                sock.sendto(message.encode(), "\0" + address)
-            return
-        except OSError:   # the keeper is gone (killed): start another, once
-            log.debug("the orphan keeper did not take %r (attempt %d)", message, attempt + 1, exc_info=True)
-            with _keeper_lock:
-                _forget_keeper(address)
+            keeper.reap_first()
+            try:   # never blocks, never raises SIGPIPE (whatever the notebook did to it)
+                sent = keeper.orders.send(data, socket.MSG_DONTWAIT | socket.MSG_NOSIGNAL)
+                if sent == len(data):
+                    return
+                log.debug("the orphan keeper's socket is full: %r only partly sent", message)
+                return
+            except BlockingIOError:   # a keeper that stopped reading: it cannot take more
+                log.debug("the orphan keeper's socket is full: %r not sent", message)
+                return
+            except OSError:   # the keeper is gone (killed): start another, once
+                log.debug("the orphan keeper did not take %r (attempt %d)", message, attempt + 1, exc_info=True)
+                keeper.orders.close()
+                _keeper = None
 
 
-def _forget_keeper(address: str) -> None:
-    global _keeper
-    if _keeper is not None and _keeper[1] == address:
-        _keeper = None
-
-
-def _start_keeper() -> str | None:
-    """Start the keeper (``orphan_keeper``) for this process; its socket's name, or None."""
-    global _keeper
-    address = f"notebook_launch-keeper-{os.getpid()}-{secrets.token_hex(8)}"
+def _start_keeper() -> _Keeper | None:
+    """Start the keeper (``orphan_keeper``) for this process, without waiting for it: the orders
+    written meanwhile wait in the socket pair's buffer for it."""
     try:
         pidfd = os.pidfd_open(os.getpid())
     except OSError:
         log.debug("no pidfd for this process: no orphan keeper", exc_info=True)
         return None
     try:
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    except OSError:
+        os.close(pidfd)
+        log.debug("no socket pair for the orphan keeper", exc_info=True)
+        return None
+    try:
         first = subprocess.Popen(
-            [sys.executable, "-I", "-S", _KEEPER_PROGRAM, address, str(os.getpid()), str(pidfd)],
+            [sys.executable, "-I", "-S", _KEEPER_PROGRAM, str(theirs.fileno()), str(pidfd)],
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-            pass_fds=(pidfd,), close_fds=True, start_new_session=True, env={})
-        try:
-            code = first.wait()   # it exits once the keeper, its child, listens
-        except BaseException:   # an interrupt meanwhile: leave no unreaped child behind
-            first.kill()
-            first.wait()
-            raise
+            pass_fds=(theirs.fileno(), pidfd), close_fds=True, start_new_session=True, env={})
     except OSError:
         log.debug("could not start the orphan keeper", exc_info=True)
+        ours.close()
         return None
     finally:
+        theirs.close()
         os.close(pidfd)
-    if code != 0:
-        log.debug("the orphan keeper failed to start (exit code %s)", code)
-        return None
-    _keeper = (os.getpid(), address)
-    return address
+    return _Keeper(os.getpid(), ours, first)

@@ -1,8 +1,8 @@
 """The keeper: a tiny process that ends what the ranks started when the notebook itself dies.
 
-Run as a program (``python -I -S orphan_keeper.py ADDRESS NOTEBOOK_PID PIDFD``), never
-imported by the notebook: stdlib only. ``supervise.leftovers.guard`` starts one per
-notebook process, lazily, at its first launch.
+Run as a program (``python -I -S orphan_keeper.py ORDERS_FD PIDFD``), never imported by the
+notebook: stdlib only. ``supervise.leftovers.guard`` starts one per notebook process, lazily,
+at its first launch, and does not wait for it to start.
 
 Why a process of its own: a rank dies with the notebook (PR_SET_PDEATHSIG), but what the
 rank started (a ``subprocess.Popen``, DataLoader workers, a daemon) does not, and the
@@ -16,17 +16,18 @@ It is a fresh interpreter, not a fork: a fork would keep the notebook's memory p
 for as long as it lives. It leaves the notebook's process group and session (Jupyter kills
 the kernel's group on a restart) and is not the notebook's child (it forks once and the
 first process exits), so it never shows among the notebook's children. It learns the runs
-from datagrams on an abstract unix socket, accepted only from the notebook's pid
-(SCM_CREDENTIALS): ``+ RUN_ID PGID`` registers a rank's group, ``- RUN_ID`` forgets a run
-that ended (the supervisor swept it already).
+from lines on a socket pair whose other end only the notebook holds (``ORDERS_FD``):
+``+ RUN_ID PGID`` registers a rank's group, ``- RUN_ID`` forgets a run that ended (the
+supervisor swept it already). The notebook writes them from its first launch on, while the
+keeper may still be starting: they wait in the socket's buffer, which outlives the notebook.
+So a notebook that dies before the keeper reads anything still has its runs ended: the
+keeper reads everything that was written before it acts on the notebook's death.
 """
 from __future__ import annotations
 
 import os
 import select
 import signal
-import socket
-import struct
 import sys
 
 RUN_MARK = b"NOTEBOOK_LAUNCH_RUN_ID"
@@ -34,39 +35,50 @@ MAX_ROUNDS = 50
 
 
 def main(argv: list[str]) -> None:
-    address, notebook_pid, pidfd = argv[0], int(argv[1]), int(argv[2])
+    orders, pidfd = int(argv[0]), int(argv[1])
     for signum in (signal.SIGINT, signal.SIGHUP, signal.SIGTERM, signal.SIGPIPE):
         signal.signal(signum, signal.SIG_IGN)   # a terminal's hangup or Ctrl-C must not end it first
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
-    sock.bind("\0" + address)
     if os.fork() != 0:   # the notebook reaps this first process; the keeper is nobody's child there
         os._exit(0)
+    os.set_blocking(orders, False)
     runs: dict[bytes, set[int]] = {}
+    pending = b""
+    listening = True
     while True:
-        ready, _, _ = select.select([sock.fileno(), pidfd], [], [])
-        if pidfd in ready:
+        ready, _, _ = select.select([pidfd] + ([orders] if listening else []), [], [])
+        pending, listening = read_orders(orders, pending, runs)
+        if pidfd in ready:   # the notebook is gone; what it wrote before dying was read just now
             break
-        try:
-            data, ancillary, _, _ = sock.recvmsg(4096, socket.CMSG_SPACE(12))
-        except OSError:
-            continue
-        if _sender(ancillary) != notebook_pid:
-            continue
-        parts = data.split()
-        if len(parts) == 3 and parts[0] == b"+":
-            runs.setdefault(parts[1], set()).add(int(parts[2]))
-        elif len(parts) == 2 and parts[0] == b"-":
-            runs.pop(parts[1], None)
     end_everything(runs)
 
 
-def _sender(ancillary: list) -> int | None:
-    for level, kind, data in ancillary:
-        if level == socket.SOL_SOCKET and kind == socket.SCM_CREDENTIALS and len(data) >= 12:
-            pid, _, _ = struct.unpack("3i", data[:12])
-            return int(pid)
-    return None
+def read_orders(orders: int, pending: bytes, runs: dict[bytes, set[int]]) -> tuple[bytes, bool]:
+    """Apply every whole line waiting on ``orders``; the part of a line still to come, and
+    whether more can come (False once every notebook-side end is closed)."""
+    while True:
+        try:
+            chunk = os.read(orders, 65536)
+        except BlockingIOError:
+            return pending, True
+        except OSError:
+            return pending, False
+        if not chunk:
+            return pending, False
+        pending += chunk
+        *lines, pending = pending.split(b"\n")
+        for line in lines:
+            apply_order(line, runs)
+
+
+def apply_order(line: bytes, runs: dict[bytes, set[int]]) -> None:
+    parts = line.split()
+    try:
+        if len(parts) == 3 and parts[0] == b"+" and int(parts[2]) > 1:   # never group 0 (our own) or 1
+            runs.setdefault(parts[1], set()).add(int(parts[2]))
+        elif len(parts) == 2 and parts[0] == b"-":
+            runs.pop(parts[1], None)
+    except ValueError:
+        pass   # not an order of ours
 
 
 def end_everything(runs: dict[bytes, set[int]]) -> None:

@@ -21,6 +21,7 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from .. import protocol
+from ..ipython_shell import running_kernel
 
 log = logging.getLogger("notebook_launch")
 Reply = Callable[[protocol.InputReplyPayload], None]
@@ -158,15 +159,7 @@ def detect_frontend() -> tuple[Frontend | None, str]:
 
 
 def _running_kernel() -> Any:
-    ipython = sys.modules.get("IPython")
-    if ipython is None:
-        return None
-    try:
-        shell = ipython.get_ipython()
-    except Exception:
-        log.debug("IPython is imported but get_ipython() failed", exc_info=True)
-        return None
-    return getattr(shell, "kernel", None)
+    return running_kernel()
 
 
 def reply_on(fd: int, still_open: Callable[[], bool]) -> Reply:
