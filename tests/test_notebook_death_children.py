@@ -146,8 +146,9 @@ NOTEBOOK_DIES_FIRST = textwrap.dedent('''
     group = subprocess.Popen(sleep, start_new_session=True)            # a rank's group
     escaped = subprocess.Popen(sleep, start_new_session=True,          # left the group, carries the run
                                env=dict(os.environ, NOTEBOOK_LAUNCH_RUN_ID=run_id))
-    leftovers.guard(run_id, group.pid)   # returns without waiting for the keeper
     print(group.pid, escaped.pid, flush=True)
+    leftovers.guard(run_id, group.pid)   # returns without waiting for the keeper
+    print("registered", flush=True)
     os.kill(os.getpid(), signal.SIGKILL)
 ''')
 
@@ -177,10 +178,11 @@ def test_a_notebook_that_dies_before_its_keeper_is_ready_leaves_nothing(tmp_path
     pids: list[int] = []
     try:
         assert notebook.stdout is not None
-        ready, _, _ = select.select([notebook.stdout], [], [], 240)
-        assert ready, "the notebook never got past leftovers.guard: it waits for its keeper"
         pids = [int(p) for p in notebook.stdout.readline().split()]
         assert len(pids) == 2, pids
+        ready, _, _ = select.select([notebook.stdout], [], [], 240)
+        assert ready, "the notebook never got past leftovers.guard: it waits for its keeper"
+        assert notebook.stdout.readline() == b"registered\n"
         assert notebook.wait(timeout=240) == -signal.SIGKILL
         processes = [psutil.Process(pid) for pid in pids]   # alive, orphaned, the notebook gone
         with open(gate, "w") as opened:   # now the keeper may start
