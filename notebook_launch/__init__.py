@@ -19,7 +19,9 @@ from .rank.progress import progress
 def install_hooks() -> None:
     """Install notebook_launch's hooks now (``notebook_launch.hooks`` lists them and says why):
     call it in the first cell, before anything touches CUDA, so the launch guards can name the
-    line that did. ``%load_ext notebook_launch`` does the same; a launch does it otherwise."""
+    line that did. ``%load_ext notebook_launch`` does the same; a launch does it otherwise.
+    It imports nothing: torch is wrapped if it is imported, else (in IPython) after the cell
+    that imports it."""
     from .hooks import install
     install(by="notebook_launch.install_hooks()")
 

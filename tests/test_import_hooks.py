@@ -4,14 +4,20 @@ notebook_launch.install_hooks()). Checked in a fresh interpreter and in a real J
 the same snapshot taken after %load_ext shows every hook, so the comparison can fail."""
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
 from helpers.nbutil import cell_text, make_notebook, run_notebook
 
-# What the process looks like: compared before and after `import notebook_launch`.
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# This tree first on the path (not whatever notebook_launch the interpreter has installed)
+FRESH_ENV = {"PYTHONPATH": ROOT, "PATH": "/usr/bin:/bin"}
+
+# What the process looks like: compared before and after `import notebook_launch`. It imports
+# nothing itself: a bare interpreter stays bare (tests/test_light_imports.py checks every module).
 SNAPSHOT = '''
-import logging, os, pkgutil, sys, threading, torch
+import logging, os, pkgutil, sys, threading
 
 # os.register_at_fork cannot be read back: every registration from here on is seen as it is made
 _at_fork_of_ours = []
@@ -36,9 +42,12 @@ def import_every_module():
 def process_snapshot(shell=None):
     nl_logger = logging.root.manager.loggerDict.get("notebook_launch")
     warm = sys.modules.get("notebook_launch.backends.warm_imports")
+    torch = sys.modules.get("torch")
     state = {
-        "torch.cuda._lazy_init": torch.cuda._lazy_init,
-        "torch._C._cuda_getDeviceCount": getattr(torch._C, "_cuda_getDeviceCount", None),
+        "torch imported": torch is not None,
+        "IPython imported": "IPython" in sys.modules,
+        "torch.cuda._lazy_init": getattr(getattr(torch, "cuda", None), "_lazy_init", None),
+        "torch._C._cuda_getDeviceCount": getattr(getattr(torch, "_C", None), "_cuda_getDeviceCount", None),
         "root logger": (logging.root.level, list(logging.root.handlers)),
         "notebook_launch logger": (getattr(nl_logger, "level", 0), list(getattr(nl_logger, "handlers", []))),
         "loggers with handlers": sorted(name for name, lg in logging.root.manager.loggerDict.items()
@@ -64,13 +73,15 @@ def test_import_in_a_fresh_interpreter_changes_nothing():
 before = process_snapshot()
 import notebook_launch
 print("changed by import:", changed(before, process_snapshot()))
+import torch   # what the snapshot sees from here on includes torch's functions
+before = process_snapshot()
 import_every_module()
 print("changed by importing every module:", changed(before, process_snapshot()))
 notebook_launch.install_hooks()
 print("changed by install_hooks:", changed(before, process_snapshot()))
 '''
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
-                          env={"NOTEBOOK_LAUNCH_DEBUG": "1", "PATH": "/usr/bin:/bin"})
+                          env={"NOTEBOOK_LAUNCH_DEBUG": "1", **FRESH_ENV})
     assert proc.returncode == 0, proc.stderr
     assert "changed by import: []" in proc.stdout
     assert "changed by importing every module: []" in proc.stdout, proc.stdout
@@ -81,7 +92,7 @@ print("changed by install_hooks:", changed(before, process_snapshot()))
 
 def test_import_in_a_kernel_changes_nothing_until_load_ext():
     nb = make_notebook(
-        SNAPSHOT + "shell = get_ipython()\nbefore = process_snapshot(shell)",
+        SNAPSHOT + "import torch\nshell = get_ipython()\nbefore = process_snapshot(shell)",
         "import notebook_launch\nprint('changed by import:', changed(before, process_snapshot(shell)))",
         "def train():\n    return torch.nn.Linear(2, 2)   # training code: what warm_imports looks for",
         "print('changed by a cell:', changed(before, process_snapshot(shell)))",
@@ -100,6 +111,7 @@ def test_the_first_launch_installs_the_hooks():
     """No %load_ext, no install_hooks(): the first launch installs them, and says so in the guard's
     words ("at the first launch") when CUDA was touched before."""
     script = SNAPSHOT + '''
+import torch
 before = process_snapshot()
 import notebook_launch
 from notebook_launch import hooks, notebook_launcher
@@ -111,7 +123,10 @@ if __name__ == "__main__":
     print("installed by:", hooks.installed_by())
     print("changed by the launch:", changed(before, process_snapshot()))
 '''
-    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
+                          env=dict(os.environ, PYTHONPATH=ROOT))
     assert proc.returncode == 0, proc.stderr
     assert "installed by: the first launch" in proc.stdout
-    assert "'torch.cuda._lazy_init'" in proc.stdout.split("changed by the launch:")[1]
+    changed_by_launch = proc.stdout.split("changed by the launch:")[1]
+    assert "'torch.cuda._lazy_init'" in changed_by_launch
+    assert "'IPython imported'" not in changed_by_launch   # no shell runs here: nothing to hook, nothing to import

@@ -16,6 +16,8 @@ from __future__ import annotations
 import os
 import select
 import signal
+import subprocess
+import sys
 import textwrap
 
 import psutil
@@ -129,3 +131,75 @@ def test_a_killed_kernel_leaves_nothing_persistent_ranks_started(kernel, tmp_pat
     pids = read_pids(fifo, 2)
     assert len(pids) == 8
     kill_kernel_and_check(km, pids)
+
+
+# The notebook's side of a launch, in a process of its own: it starts a rank-like group and an
+# escaped process (as a rank's children would be), registers them with the keeper the way a
+# launch does (leftovers.guard), and dies at once by SIGKILL. The keeper is held at its gate
+# (a FIFO the test opens) until the notebook is dead, so it reads its orders only afterwards.
+NOTEBOOK_DIES_FIRST = textwrap.dedent('''
+    import os, signal, subprocess, sys
+    from notebook_launch.supervise import leftovers
+    leftovers._KEEPER_PROGRAM = {gate_program!r}
+    run_id = "keeper-race-" + str(os.getpid())
+    sleep = [sys.executable, "-c", "import time; time.sleep(600)"]
+    group = subprocess.Popen(sleep, start_new_session=True)            # a rank's group
+    escaped = subprocess.Popen(sleep, start_new_session=True,          # left the group, carries the run
+                               env=dict(os.environ, NOTEBOOK_LAUNCH_RUN_ID=run_id))
+    print(group.pid, escaped.pid, flush=True)
+    leftovers.guard(run_id, group.pid)   # returns without waiting for the keeper
+    print("registered", flush=True)
+    os.kill(os.getpid(), signal.SIGKILL)
+''')
+
+# Runs the real keeper once the test opens the gate: the same pid, fds and arguments (exec).
+GATE_PROGRAM = textwrap.dedent('''
+    import os, sys
+    with open({gate!r}) as gate:
+        gate.read()
+    os.execv(sys.executable, [sys.executable, "-I", "-S", {keeper!r}] + sys.argv[1:])
+''')
+
+
+def test_a_notebook_that_dies_before_its_keeper_is_ready_leaves_nothing(tmp_path):
+    """The launch does not wait for the keeper to start (a fresh interpreter: tens of ms of every
+    first launch); the orders it wrote meanwhile wait in the keeper's socket, which outlives the
+    notebook, and the keeper reads them before it acts on the notebook's death. Without that
+    (a launch that waits for its keeper) the notebook here never gets past ``guard``."""
+    from notebook_launch.supervise import leftovers
+    gate = str(tmp_path / "gate")
+    os.mkfifo(gate)
+    gate_program = tmp_path / "gated_keeper.py"
+    gate_program.write_text(GATE_PROGRAM.format(gate=gate, keeper=leftovers._KEEPER_PROGRAM))
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    notebook = subprocess.Popen([sys.executable, "-c", NOTEBOOK_DIES_FIRST.format(gate_program=str(gate_program))],
+                                stdout=subprocess.PIPE, env=env)
+    pids: list[int] = []
+    try:
+        assert notebook.stdout is not None
+        pids = [int(p) for p in notebook.stdout.readline().split()]
+        assert len(pids) == 2, pids
+        ready, _, _ = select.select([notebook.stdout], [], [], 240)
+        assert ready, "the notebook never got past leftovers.guard: it waits for its keeper"
+        assert notebook.stdout.readline() == b"registered\n"
+        assert notebook.wait(timeout=240) == -signal.SIGKILL
+        processes = [psutil.Process(pid) for pid in pids]   # alive, orphaned, the notebook gone
+        with open(gate, "w") as opened:   # now the keeper may start
+            opened.write("go")
+        _, alive = psutil.wait_procs(processes, timeout=GONE_WITHIN)
+        alive = [p for p in alive if p.status() != psutil.STATUS_ZOMBIE]
+        assert alive == [], f"left running after the notebook died: {[p.pid for p in alive]}"
+    finally:
+        try:   # a gated keeper still waiting goes on (and ends what it was told of)
+            os.close(os.open(gate, os.O_WRONLY | os.O_NONBLOCK))
+        except OSError:
+            pass   # nobody is waiting at the gate
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        if notebook.poll() is None:
+            notebook.kill()
+            notebook.wait()

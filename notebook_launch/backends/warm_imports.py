@@ -21,6 +21,10 @@ fork while another thread holds an import lock leaves the child deadlocked on th
 module), and so does any fork in the meantime (``os.register_at_fork``). A launch in
 a later cell then finds it imported. Not at ``import notebook_launch`` in a script:
 there the launch usually follows at once and would wait for it all the same.
+
+torch itself is treated alike: a notebook that has not imported it gets it imported before
+the fork only when the launched code names ``torch`` (``_import_torch_for``), so the ranks
+share one import; a launch of code that never names it imports nothing heavy.
 """
 from __future__ import annotations
 

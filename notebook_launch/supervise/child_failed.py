@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import sys
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -69,7 +70,11 @@ def process_failures(facts: list[RankFailureFacts], log_dir: str | None) -> dict
 
 
 def _torch_record(fact: RankFailureFacts, error_file: str) -> Any:
-    """torch's ProcessFailure (it reads the error file itself), or None without torch elastic."""
+    """torch's ProcessFailure (it reads the error file itself), or None without torch elastic.
+    Only where torch is imported already: a notebook that never imported torch cannot be
+    catching torch's ChildFailedError, and a failure must not cost it a second of imports."""
+    if "torch" not in sys.modules:
+        return None
     try:
         from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
         return ProcessFailure(local_rank=fact.local_rank, pid=fact.pid, exitcode=fact.exitcode,

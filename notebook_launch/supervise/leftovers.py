@@ -166,6 +166,9 @@ def _start_keeper() -> _Keeper | None:
         log.debug("could not start the orphan keeper", exc_info=True)
         ours.close()
         return None
+    except BaseException:   # an interrupt meanwhile: no keeper, and no socket left open
+        ours.close()
+        raise
     finally:
         theirs.close()
         os.close(pidfd)
