@@ -147,3 +147,25 @@ def test_frames_over_pipe_buf_from_a_child_and_the_rank_never_interleave():
     done = subprocess.run([sys.executable, "-c", STRESS], capture_output=True, text=True, timeout=300,
                           env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
     assert done.stdout.strip() == "CHILD True RANK True", done.stdout + done.stderr
+
+
+def test_a_channel_that_cannot_be_opened_again_sends_unlocked():
+    """A rank whose events go over a socket (a Ray actor's) has no description of its own to lock:
+    its frames go as before, and it does not try again on every send."""
+    import socket
+
+    import notebook_launch.protocol as channel
+    ours, theirs = socket.socketpair()
+    with ours, theirs:
+        writer = channel.EventWriter(ours.fileno())
+        for n in range(3):
+            writer.send(channel.PROGRESS, {"n": n})
+        assert writer._frame_lock == (os.getpid(), -1)
+        theirs.settimeout(60)
+        received = b""
+        events: list = []
+        decoder = channel.EventReader()
+        while len(events) < 3:
+            received = theirs.recv(65536)
+            events.extend(decoder.feed(received))
+        assert [payload["n"] for _, payload in events] == [0, 1, 2]
