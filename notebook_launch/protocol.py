@@ -261,10 +261,13 @@ class EventWriter:
         if not self._lock_frames:
             return None
         held = self._frame_lock
+        pid = os.getpid()
+        if held is not None and held[0] == pid and held[1] < 0:   # none to be had here (a socket)
+            return None
         # Our fd may have been closed by the user's code and its number reused: never lock their file.
-        if held is None or held[0] != os.getpid() or _identity(held[1]) != self._pipe:
+        if held is None or held[0] != pid or _identity(held[1]) != self._pipe:
             held = self._frame_lock = self._open_frame_lock()
-            if held is None:
+            if held[1] < 0:
                 return None
         try:
             fcntl.flock(held[1], fcntl.LOCK_EX)
@@ -272,14 +275,17 @@ class EventWriter:
             return None
         return held[1]
 
-    def _open_frame_lock(self) -> tuple[int, int] | None:
-        if self._pipe is None:
-            return None
-        try:   # O_NONBLOCK: opening a pipe's write end must not wait for a reader
-            fd = os.open(f"/proc/self/fd/{self.fd}", os.O_WRONLY | os.O_CLOEXEC | os.O_NONBLOCK)
-        except OSError:
-            return None
-        _forget_frame_locks_after_fork(self)
+    def _open_frame_lock(self) -> tuple[int, int]:
+        """(this process, a description of the pipe it opened), or fd -1 where there is none to be
+        had (no /proc; a socket, which cannot be opened again): its frames then go unlocked."""
+        fd = -1
+        if self._pipe is not None:
+            try:   # O_NONBLOCK: opening a pipe's write end must not wait for a reader
+                fd = os.open(f"/proc/self/fd/{self.fd}", os.O_WRONLY | os.O_CLOEXEC | os.O_NONBLOCK)
+            except OSError:
+                fd = -1
+        if fd >= 0:
+            _forget_frame_locks_after_fork(self)
         return os.getpid(), fd
 
     def result_file(self) -> int | None:
@@ -320,7 +326,8 @@ def _forget_frame_locks_after_fork(writer: EventWriter) -> None:
 def _close_inherited_frame_locks() -> None:
     for writer in list(_locking_writers):
         held, writer._frame_lock = writer._frame_lock, None
-        if held is not None:
+        # still our description (the user's code may have closed it and reused the number)
+        if held is not None and held[1] >= 0 and _identity(held[1]) == writer._pipe:
             try:
                 os.close(held[1])
             except OSError:

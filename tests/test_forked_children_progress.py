@@ -21,8 +21,9 @@ torch = pytest.importorskip("torch")
 data = pytest.importorskip("torch.utils.data")
 
 
-class ItemsWithBars(data.Dataset):
-    """Each item is made under bars of the worker's own: tqdm and progress(), 10 steps each."""
+class ItemsWithBars:
+    """A map-style dataset: each item is made under bars of the worker's own (tqdm and
+    progress(), 10 steps each)."""
 
     def __len__(self) -> int:
         return 6
@@ -39,19 +40,25 @@ class ItemsWithBars(data.Dataset):
         return torch.tensor([index, total])
 
 
-def loads_with_workers_that_draw_bars():
+def loads_with_workers_that_draw_bars(library: str):
+    """The rank's own loader bar (progress() or tqdm) over a loader whose workers draw bars."""
+    from tqdm import tqdm
+
     from notebook_launch import progress
     loader = data.DataLoader(ItemsWithBars(), batch_size=2, num_workers=2)
+    bar = progress if library == "progress" else tqdm
     seen = []
-    for batch in progress(loader, desc="loader"):
+    for batch in bar(loader, desc="loader"):
         seen.extend(batch[:, 0].tolist())
     return sorted(seen)
 
 
-def test_a_dataloader_workers_bars_never_mix_into_the_ranks_row(monkeypatch):
+@pytest.mark.parametrize("library", ["progress", "tqdm"])
+def test_a_dataloader_workers_bars_never_mix_into_the_ranks_row(library, monkeypatch):
     pytest.importorskip("tqdm")
     with keep_state(monkeypatch) as displays:
-        assert notebook_launcher(loads_with_workers_that_draw_bars, num_processes=2) == [list(range(6))] * 2
+        assert notebook_launcher(loads_with_workers_that_draw_bars, (library,),
+                                 num_processes=2) == [list(range(6))] * 2
     for rs in displays[0].state.ranks:
         bars = [(bar.desc, bar.n, bar.total, bar.closed) for bar in rs.bars.values()]
         assert bars == [("loader", 3, 3, True)], bars
@@ -147,3 +154,25 @@ def test_frames_over_pipe_buf_from_a_child_and_the_rank_never_interleave():
     done = subprocess.run([sys.executable, "-c", STRESS], capture_output=True, text=True, timeout=300,
                           env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
     assert done.stdout.strip() == "CHILD True RANK True", done.stdout + done.stderr
+
+
+def test_a_channel_that_cannot_be_opened_again_sends_unlocked():
+    """A rank whose events go over a socket (a Ray actor's) has no description of its own to lock:
+    its frames go as before, and it does not try again on every send."""
+    import socket
+
+    import notebook_launch.protocol as channel
+    ours, theirs = socket.socketpair()
+    with ours, theirs:
+        writer = channel.EventWriter(ours.fileno())
+        for n in range(3):
+            writer.send(channel.PROGRESS, {"n": n})
+        assert writer._frame_lock == (os.getpid(), -1)
+        theirs.settimeout(60)
+        received = b""
+        events: list = []
+        decoder = channel.EventReader()
+        while len(events) < 3:
+            received = theirs.recv(65536)
+            events.extend(decoder.feed(received))
+        assert [payload["n"] for _, payload in events] == [0, 1, 2]
