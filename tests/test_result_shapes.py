@@ -19,6 +19,9 @@ item 5), from a launch (fork and spawn) and from persistent ranks, and arguments
   cannot overflow it.
 - A memoryview comes back as its bytes (cloudpickle's way); what cannot be pickled at all is
   refused naming its path, after big parts went to the result file.
+- Out of memory writing a result in the rank or loading it in the notebook: a result failure
+  that says so and what to do, not "cannot be pickled" nor a crash.
+- Spawned ranks' arguments, and persistent ranks' (local and Ray's wire), go the same way.
 """
 from __future__ import annotations
 
