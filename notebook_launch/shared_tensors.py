@@ -224,7 +224,9 @@ class _Stream:
         self.pieces: list[Any] = []
 
     def write(self, data: Any) -> int:
-        view = memoryview(data).cast("B")
+        # The pickler writes bytes, or a PickleBuffer of any contiguous memory (an F-ordered one
+        # cannot be cast): its raw bytes, in memory order, as pickle writes them
+        view = data.raw() if isinstance(data, pickle.PickleBuffer) else memoryview(data).cast("B")
         if view.nbytes >= BIG_WRITE and self._file.fd is not None:
             self._flush()
             for start in range(0, view.nbytes, STREAM_PIECE):

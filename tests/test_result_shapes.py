@@ -231,11 +231,23 @@ def test_numpy_arrays_of_every_dtype_shape_and_layout_come_back_as_pickle_brings
 BIG_BYTES = 24 << 20
 
 
+class FortranOrderedBuffer:
+    """Pickled as a PickleBuffer over F-ordered memory (contiguous, but not in C order), which
+    pickle writes in band as its raw bytes: it comes back as a bytearray of them."""
+
+    def __init__(self, array: np.ndarray) -> None:
+        self.array = array
+
+    def __reduce_ex__(self, protocol):
+        return bytearray, (pickle.PickleBuffer(self.array),)
+
+
 def big_values() -> dict:
     blob = bytes(range(256)) * (BIG_BYTES // 256)
     return {"bytes": blob, "bytearray": bytearray(blob[: 3 << 20]), "str": "žluťoučký kůň " * (1 << 19),
             "long list": list(range(2_000_000)), "array": np.arange(N, dtype=np.int64),
-            "tensor": torch.arange(N), "small": b"abc", "tail": "the stream goes on after the big parts"}
+            "tensor": torch.arange(N), "small": b"abc", "tail": "the stream goes on after the big parts",
+            "F-ordered buffer": FortranOrderedBuffer(np.asfortranarray(np.arange(N * 2.0).reshape(512, -1)))}
 
 
 def assert_big_values(got: dict) -> None:
@@ -244,6 +256,8 @@ def assert_big_values(got: dict) -> None:
     for name in ("bytes", "bytearray", "str", "long list", "small", "tail"):
         assert type(got[name]) is type(want[name]) and got[name] == want[name], name
     assert np.array_equal(got["array"], want["array"]) and torch.equal(got["tensor"], want["tensor"])
+    expected = pickle.loads(pickle.dumps(want["F-ordered buffer"], protocol=pickle.HIGHEST_PROTOCOL))
+    assert type(got["F-ordered buffer"]) is bytearray and got["F-ordered buffer"] == expected
 
 
 def returns_big_values() -> dict:
@@ -263,6 +277,20 @@ def test_big_bytes_str_and_lists_come_back(function, log_dir):
     [got] = notebook_launcher(function, num_processes=1, use_port=str(free_port()), log_dir=log_dir,
                               ui="none", timeout=240)
     assert_big_values(got)
+
+
+def test_values_pickled_through_a_pickle_buffer_are_not_called_unpicklable():
+    """The probe that finds what cannot be sent (spawn arguments, a result's failing part, the
+    names a ``%%ranks`` cell sends) pickles into a sink: a big PickleBuffer written whole is
+    fine there, as in pickle (it was refused with "PickleBuffer has no len()")."""
+    from notebook_launch import pickling
+    from notebook_launch.rank import namespace
+    values = {"C-ordered": FortranOrderedBuffer(np.zeros(N)), "F-ordered": big_values()["F-ordered buffer"],
+              "buffer": pickle.PickleBuffer(bytearray(N)), "array": np.zeros(N)}
+    for name, value in values.items():
+        assert pickling.pickle_error(value) is None, name
+        assert pickling.locate(value, name) is None, name
+    assert namespace.unpicklable(values) == {}
 
 
 def test_a_big_stream_goes_to_the_file_and_the_frame_stays_small():
