@@ -2,7 +2,8 @@
 item 5), from a launch (fork and spawn) and from persistent ranks, and arguments go the same way.
 
 - Identity and sharing: what the rank shared is shared here (``[a, a]`` is one list twice), and
-  cycles come back as cycles, through lists, dicts, OrderedDicts, sets, tuples and objects; a
+  cycles come back as cycles, through lists, dicts, OrderedDicts, defaultdicts, deques, sets,
+  frozensets, tuples and objects; a
   tensor found twice is one tensor, views of one storage share one, a numpy array found twice
   is one array. (A rank used to rebuild the containers before pickling: a cycle was refused
   as RecursionError and ``[a, a]`` came back as two lists.)
@@ -80,10 +81,18 @@ def shared_and_cyclic() -> dict:
     tuple_list: list = []
     tup = (tuple_list, 1)
     tuple_list.append(tup)
+    frozen_holder = Node("frozen")
+    frozen = frozenset([frozen_holder])
+    frozen_holder.links.append(frozen)
+    queue: collections.deque = collections.deque([1])
+    queue.append(queue)
+    by_default: collections.defaultdict = collections.defaultdict(list)
+    by_default["me"].append(by_default)
     t = torch.arange(float(N))
     array = np.arange(N, dtype=np.float32)
     return {"a twice": [a, a], "a again": a, "d twice": (d, d), "cyclic list": cyclic_list,
             "cyclic dict": cyclic_dict, "ordered": ordered, "node": node, "set": members, "tuple": tup,
+            "frozenset": frozen, "deque": queue, "defaultdict": by_default,
             "tensor twice": [t, t], "tensor again": t, "view": t[10:], "small tensor twice": [t[:3].clone()] * 2,
             "array twice": [array, array], "array again": array, "small array twice": [np.zeros(3)] * 2,
             "holder twice": [next(iter(members))] * 2}
@@ -100,6 +109,10 @@ def assert_shared_and_cyclic(got: dict) -> None:
     [holder] = got["set"]
     assert holder.members is got["set"] and got["holder twice"][0] is got["holder twice"][1] is holder
     assert got["tuple"][0][0] is got["tuple"] and got["tuple"][1] == 1
+    [frozen_holder] = got["frozenset"]
+    assert type(got["frozenset"]) is frozenset and frozen_holder.links[0] is got["frozenset"]
+    assert type(got["deque"]) is collections.deque and got["deque"][1] is got["deque"]
+    assert type(got["defaultdict"]) is collections.defaultdict and got["defaultdict"]["me"][0] is got["defaultdict"]
     t = got["tensor again"]
     assert got["tensor twice"][0] is got["tensor twice"][1] is t and torch.equal(t, torch.arange(float(N)))
     assert got["view"].untyped_storage().data_ptr() == t.untyped_storage().data_ptr()
