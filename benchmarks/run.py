@@ -186,7 +186,10 @@ def notes(config: dict, elapsed: float) -> list:
         "process after one untimed call; the parents that fork stay on one torch thread (libgomp: a child "
         "forked after its parent ran an OpenMP region hangs). Ours and the Queue include the ranks building "
         "their state_dicts; ours returns tensors over the pages the ranks wrote (mapped copy-on-write), so "
-        "the read of every byte afterwards is shown apart.",
+        "the read of every byte afterwards is shown apart. The numpy and bytes rows return the same bytes as "
+        "numpy arrays or one bytes object, beside a plain pickle round trip of the same values in the "
+        "notebook and a numpy.copy; numpy arrays come back over the ranks' pages as tensors do, a bytes "
+        "object is read once from them into the notebook's own memory.",
         collective_bookkeeping.NOTE,
         f"Whole run: {elapsed:.0f} s.",
     ]

@@ -224,7 +224,9 @@ class _Stream:
         self.pieces: list[Any] = []
 
     def write(self, data: Any) -> int:
-        view = memoryview(data).cast("B")
+        # The pickler writes bytes, or a PickleBuffer of any contiguous memory (an F-ordered one
+        # cannot be cast): its raw bytes, in memory order, as pickle writes them
+        view = data.raw() if isinstance(data, pickle.PickleBuffer) else memoryview(data).cast("B")
         if view.nbytes >= BIG_WRITE and self._file.fd is not None:
             self._flush()
             for start in range(0, view.nbytes, STREAM_PIECE):
@@ -258,20 +260,20 @@ class _Stream:
 
 
 class _PiecedStream(io.RawIOBase):
-    """The stream ``_Stream`` wrote, read back for the unpickler: bytes pieces as they are,
-    file pieces through a read-only mapping of each in turn (one at a time: no address space
-    for the whole file is needed). The unpickler reads a big payload with ``readinto``
-    straight into the object it builds: one copy, as ``pickle.loads`` makes."""
+    """The stream ``_Stream`` wrote, read back for the unpickler: bytes pieces as they are, file
+    pieces read from the file (``preadv``: the kernel copies the pages straight into the
+    object the unpickler builds, which reads a big payload with ``readinto``; one copy, as
+    ``pickle.loads`` makes, and no mapping of the file in the notebook)."""
 
     def __init__(self, fd: int | None, pieces: list[Any], discard: bool = False) -> None:
         super().__init__()
         self._fd = fd
         self._pieces = list(pieces)
-        self._discard = discard   # free each file piece's pages once read (see ``loads``)
-        self._piece: tuple[int, int] | None = None
         self._next = 0
-        self._view = memoryview(b"")
-        self._mapping: mmap.mmap | None = None
+        self._discard = discard   # free each file piece's pages once read (see ``loads``)
+        self._memory = memoryview(b"")             # what is left of a bytes piece
+        self._piece: tuple[int, int] | None = None   # the file piece being read
+        self._read = 0                               # how much of it was read
 
     def readable(self) -> bool:
         return True
@@ -280,13 +282,23 @@ class _PiecedStream(io.RawIOBase):
         target = memoryview(buffer).cast("B")
         done = 0
         while done < target.nbytes:
-            if not self._view.nbytes and not self._advance():
+            if self._left() == 0 and not self._advance():
                 break
-            count = min(target.nbytes - done, self._view.nbytes)
-            target[done:done + count] = self._view[:count]
-            self._view = self._view[count:]
+            count = min(target.nbytes - done, self._left())
+            if self._piece is None:
+                target[done:done + count] = self._memory[:count]
+                self._memory = self._memory[count:]
+            else:
+                assert self._fd is not None
+                count = os.preadv(self._fd, [target[done:done + count]], self._piece[0] + self._read)
+                if count <= 0:
+                    raise pickle.UnpicklingError("the result file ended before the pickle stream did")
+                self._read += count
             done += count
         return done
+
+    def _left(self) -> int:
+        return self._memory.nbytes if self._piece is None else self._piece[1] - self._read
 
     def _advance(self) -> bool:
         self._release()
@@ -295,23 +307,16 @@ class _PiecedStream(io.RawIOBase):
         piece = self._pieces[self._next]
         self._next += 1
         if isinstance(piece, bytes):
-            self._view = memoryview(piece)
+            self._memory = memoryview(piece)
             return True
         if self._fd is None:
             raise pickle.UnpicklingError("this pickle's stream is in a shared memory file that was not passed")
-        offset, nbytes = piece
-        self._piece = piece
-        if nbytes:
-            self._mapping = mmap.mmap(self._fd, nbytes, mmap.MAP_SHARED, mmap.PROT_READ, offset=offset)
-            self._view = memoryview(self._mapping)
+        self._piece, self._read = piece, 0
         return True
 
     def _release(self) -> None:
-        self._view.release()
-        self._view = memoryview(b"")
-        if self._mapping is not None:
-            self._mapping.close()
-            self._mapping = None
+        self._memory.release()
+        self._memory = memoryview(b"")
         if self._piece is not None and self._discard and self._fd is not None:
             _punch_hole(self._fd, *self._piece)
         self._piece = None

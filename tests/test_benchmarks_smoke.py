@@ -102,7 +102,7 @@ def test_table_has_every_item_and_every_launcher_measured(quick_results):
 
 @pytest.mark.timeout(1200)
 def test_result_transfer_rows_compare_ours_with_the_queue_and_the_memcpy_floor(quick_results):
-    rows = [cells for cells in table_rows(quick_results) if cells[0] == "8"]
+    rows = [cells for cells in table_rows(quick_results) if cells[0] == "8" and "state_dict" in cells[1]]
     timed = [cells for cells in rows if "call to return" in cells[1]]
     memory = [cells for cells in rows if "peak extra memory" in cells[1]]
     assert len(timed) == len(memory) == 2 and {cells[2] for cells in timed} == {"1", "2"}, quick_results
@@ -137,6 +137,28 @@ def test_result_transfer_has_persistent_rows_both_ways(quick_results):
     assert len(memory) == 2 and all("run " in c[3] and "push " in c[3] and "pull " in c[3] for c in memory)
     two_ranks = next(cells for cells in memory if cells[2] == "2")
     assert two_ranks[9] == "≤ 1.1 x payload, each side" and two_ranks[10] in ("yes", "**NO (missed)**")
+
+
+@pytest.mark.timeout(1200)
+def test_result_transfer_has_numpy_and_bytes_rows_beside_pickle_and_memcpy(quick_results):
+    """Item 8, numpy and bytes results (issue 32 item 5): each against a plain pickle round trip
+    and a memcpy of the same bytes, and the notebook's memory against the round trip's."""
+    rows = [cells for cells in table_rows(quick_results) if cells[0] == "8"]
+    for shape in ("8 float32 numpy arrays in a dict", "one bytes object"):
+        timed = [cells for cells in rows if shape in cells[1] and "call to return" in cells[1]]
+        memory = [cells for cells in rows if shape in cells[1] and "peak extra memory" in cells[1]]
+        assert {cells[2] for cells in timed} == {cells[2] for cells in memory} == {"1", "2"}, quick_results
+        for cells in timed:
+            assert "n=1" in cells[3], cells
+            for label in ("pickle.loads(pickle.dumps(v)) in the notebook:",
+                          "numpy.copy of the same bytes in the notebook:", "ours, same launch returning None:",
+                          "ours, then reading every byte once:"):
+                assert label in cells[7] and "n=1" in cells[7].split(label)[1].split(";")[0], cells
+            assert "/pickle round trip" in cells[8] and "transfer/memcpy" in cells[8], cells
+        for cells in memory:
+            assert cells[3].startswith("notebook ") and "rank " in cells[3], cells
+            assert "pickle round trip in the notebook: notebook " in cells[7], cells
+            assert "/payload: notebook" in cells[8] and "pickle round trip" in cells[8], cells
 
 
 def test_bad_arguments_name_the_argument_and_the_valid_values():

@@ -2,7 +2,8 @@
 item 5), from a launch (fork and spawn) and from persistent ranks, and arguments go the same way.
 
 - Identity and sharing: what the rank shared is shared here (``[a, a]`` is one list twice), and
-  cycles come back as cycles, through lists, dicts, OrderedDicts, sets, tuples and objects; a
+  cycles come back as cycles, through lists, dicts, OrderedDicts, defaultdicts, deques, sets,
+  frozensets, tuples and objects; a
   tensor found twice is one tensor, views of one storage share one, a numpy array found twice
   is one array. (A rank used to rebuild the containers before pickling: a cycle was refused
   as RecursionError and ``[a, a]`` came back as two lists.)
@@ -19,6 +20,9 @@ item 5), from a launch (fork and spawn) and from persistent ranks, and arguments
   cannot overflow it.
 - A memoryview comes back as its bytes (cloudpickle's way); what cannot be pickled at all is
   refused naming its path, after big parts went to the result file.
+- Out of memory writing a result in the rank or loading it in the notebook: a result failure
+  that says so and what to do, not "cannot be pickled" nor a crash.
+- Spawned ranks' arguments, and persistent ranks' (local and Ray's wire), go the same way.
 """
 from __future__ import annotations
 
@@ -77,10 +81,18 @@ def shared_and_cyclic() -> dict:
     tuple_list: list = []
     tup = (tuple_list, 1)
     tuple_list.append(tup)
+    frozen_holder = Node("frozen")
+    frozen = frozenset([frozen_holder])
+    frozen_holder.links.append(frozen)
+    queue: collections.deque = collections.deque([1])
+    queue.append(queue)
+    by_default: collections.defaultdict = collections.defaultdict(list)
+    by_default["me"].append(by_default)
     t = torch.arange(float(N))
     array = np.arange(N, dtype=np.float32)
     return {"a twice": [a, a], "a again": a, "d twice": (d, d), "cyclic list": cyclic_list,
             "cyclic dict": cyclic_dict, "ordered": ordered, "node": node, "set": members, "tuple": tup,
+            "frozenset": frozen, "deque": queue, "defaultdict": by_default,
             "tensor twice": [t, t], "tensor again": t, "view": t[10:], "small tensor twice": [t[:3].clone()] * 2,
             "array twice": [array, array], "array again": array, "small array twice": [np.zeros(3)] * 2,
             "holder twice": [next(iter(members))] * 2}
@@ -97,6 +109,10 @@ def assert_shared_and_cyclic(got: dict) -> None:
     [holder] = got["set"]
     assert holder.members is got["set"] and got["holder twice"][0] is got["holder twice"][1] is holder
     assert got["tuple"][0][0] is got["tuple"] and got["tuple"][1] == 1
+    [frozen_holder] = got["frozenset"]
+    assert type(got["frozenset"]) is frozenset and frozen_holder.links[0] is got["frozenset"]
+    assert type(got["deque"]) is collections.deque and got["deque"][1] is got["deque"]
+    assert type(got["defaultdict"]) is collections.defaultdict and got["defaultdict"]["me"][0] is got["defaultdict"]
     t = got["tensor again"]
     assert got["tensor twice"][0] is got["tensor twice"][1] is t and torch.equal(t, torch.arange(float(N)))
     assert got["view"].untyped_storage().data_ptr() == t.untyped_storage().data_ptr()
@@ -228,11 +244,23 @@ def test_numpy_arrays_of_every_dtype_shape_and_layout_come_back_as_pickle_brings
 BIG_BYTES = 24 << 20
 
 
+class FortranOrderedBuffer:
+    """Pickled as a PickleBuffer over F-ordered memory (contiguous, but not in C order), which
+    pickle writes in band as its raw bytes: it comes back as a bytearray of them."""
+
+    def __init__(self, array: np.ndarray) -> None:
+        self.array = array
+
+    def __reduce_ex__(self, protocol):
+        return bytearray, (pickle.PickleBuffer(self.array),)
+
+
 def big_values() -> dict:
     blob = bytes(range(256)) * (BIG_BYTES // 256)
     return {"bytes": blob, "bytearray": bytearray(blob[: 3 << 20]), "str": "žluťoučký kůň " * (1 << 19),
             "long list": list(range(2_000_000)), "array": np.arange(N, dtype=np.int64),
-            "tensor": torch.arange(N), "small": b"abc", "tail": "the stream goes on after the big parts"}
+            "tensor": torch.arange(N), "small": b"abc", "tail": "the stream goes on after the big parts",
+            "F-ordered buffer": FortranOrderedBuffer(np.asfortranarray(np.arange(N * 2.0).reshape(512, -1)))}
 
 
 def assert_big_values(got: dict) -> None:
@@ -241,6 +269,8 @@ def assert_big_values(got: dict) -> None:
     for name in ("bytes", "bytearray", "str", "long list", "small", "tail"):
         assert type(got[name]) is type(want[name]) and got[name] == want[name], name
     assert np.array_equal(got["array"], want["array"]) and torch.equal(got["tensor"], want["tensor"])
+    expected = pickle.loads(pickle.dumps(want["F-ordered buffer"], protocol=pickle.HIGHEST_PROTOCOL))
+    assert type(got["F-ordered buffer"]) is bytearray and got["F-ordered buffer"] == expected
 
 
 def returns_big_values() -> dict:
@@ -260,6 +290,20 @@ def test_big_bytes_str_and_lists_come_back(function, log_dir):
     [got] = notebook_launcher(function, num_processes=1, use_port=str(free_port()), log_dir=log_dir,
                               ui="none", timeout=240)
     assert_big_values(got)
+
+
+def test_values_pickled_through_a_pickle_buffer_are_not_called_unpicklable():
+    """The probe that finds what cannot be sent (spawn arguments, a result's failing part, the
+    names a ``%%ranks`` cell sends) pickles into a sink: a big PickleBuffer written whole is
+    fine there, as in pickle (it was refused with "PickleBuffer has no len()")."""
+    from notebook_launch import pickling
+    from notebook_launch.rank import namespace
+    values = {"C-ordered": FortranOrderedBuffer(np.zeros(N)), "F-ordered": big_values()["F-ordered buffer"],
+              "buffer": pickle.PickleBuffer(bytearray(N)), "array": np.zeros(N)}
+    for name, value in values.items():
+        assert pickling.pickle_error(value) is None, name
+        assert pickling.locate(value, name) is None, name
+    assert namespace.unpicklable(values) == {}
 
 
 def test_a_big_stream_goes_to_the_file_and_the_frame_stays_small():
