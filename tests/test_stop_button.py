@@ -6,6 +6,7 @@ import queue
 import time
 
 import pytest
+from helpers.only_users_code import traces_of_ours
 
 jupyter_client = pytest.importorskip("jupyter_client")
 pytest.importorskip("ipywidgets")
@@ -73,6 +74,8 @@ def test_stop_button_click_interrupts_the_run_and_later_cells_still_run(tmp_path
             assert "Stop button" in replies[launch_id]["evalue"]
             assert later_id in replies and replies[later_id]["status"] == "ok"
             assert "LATER CELL RAN" in "".join(texts)
+            # what the cell shows holds no frame or thread of ours (issue 35)
+            assert not traces_of_ours("".join(texts)), "".join(texts)
             assert km.is_alive(), "the kernel died after Stop"
         stderr.flush()
         aborts = [line for line in (tmp_path / "kernel-stderr.log").read_text().splitlines()
