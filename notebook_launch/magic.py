@@ -250,8 +250,9 @@ class _CellSyntaxCheck:
         if not first.startswith("%%") or first[2:] not in self.magics:
             return lines
         body = "".join(lines[1:])
-        source = self.shell.transform_cell(body)
+        source = body
         try:
+            source = self.shell.transform_cell(body)
             compile(source, "<cell>", "exec")
         except SyntaxError as error:
             # not run yet: the number IPython is about to give the cell (it caches cells under it)

@@ -262,8 +262,6 @@ def detail(ranks: Sequence[RankWhereabouts], label: Labeller, frames_per_thread:
             lines.append(f"  {name} (most recent call last):")
             shown = list(thread.frames) if whole else without_launcher_frames(thread.frames)
             frames = shown[:frames_per_thread]
-            if len(thread.frames) > len(shown):
-                lines.append(f"    {hidden_text(len(thread.frames) - len(shown))}")
             if len(shown) > len(frames):
                 lines.append(f"    ... {len(shown) - len(frames)} outer frames left out")
             for frame in reversed(frames):
@@ -271,6 +269,8 @@ def detail(ranks: Sequence[RankWhereabouts], label: Labeller, frames_per_thread:
                 source = linecache.getline(frame.filename, frame.lineno).strip()
                 if source:
                     lines.append(f"      {source}")
+            if len(thread.frames) > len(shown):   # after the stack, as a traceback's note reads
+                lines.append(f"    {hidden_text(len(thread.frames) - len(shown))}")
         if len(threads) < len(r.threads):
             lines.append(f"  {hidden_text(len(r.threads) - len(threads), 'thread')}")
         lines.extend(f"  {line}" for line in r.beyond)
