@@ -76,10 +76,23 @@ RANKS_SYNTAX = "%%ranks\nz = [1,"
 CALL_INTERRUPTED = "ranks.run(interrupt_the_kernel, args=('call',))"
 CALL_TIMEOUT = "ranks.run(hang, timeout=8)"
 CLOSE = "ranks.close()"
+# the widget panel: a run that stalls says where its ranks are in the panel; the test's state
+# presses Stop once it did (as a person would), so the final picture holds the stacks
+STOP_A_STALLED_RUN = '''\
+import notebook_launch.run as run_module
+class StopOnceStalled(run_module.RunState):
+    def on_where_report(self, text):
+        super().on_where_report(text)
+        self.stop_requested = True
+run_module.RunState, plain = StopOnceStalled, run_module.RunState
+try:
+    notebook_launcher(hang, num_processes=2, ui='widget', stall_after=2)
+finally:
+    run_module.RunState = plain'''
 
 CELLS = [SETUP, LAUNCH_INTERRUPTED, CAUGHT, MAGIC_INTERRUPTED, MAGIC_SYNTAX, TIMEOUT, START, CALL,
          STACKS_DURING_A_CALL, RANKS_CELL, PRINT_STACKS, STACKS_BETWEEN_CALLS, RANKS_SYNTAX, CALL_INTERRUPTED,
-         CALL_TIMEOUT, CLOSE]
+         CALL_TIMEOUT, CLOSE, STOP_A_STALLED_RUN]
 
 
 @pytest.fixture(scope="module")
@@ -104,7 +117,7 @@ def error_of(executed, source: str):
 @pytest.mark.parametrize("source", CELLS, ids=[
     "setup", "launch-interrupted", "caught", "magic-interrupted", "magic-syntax", "timeout", "start", "call",
     "ask", "ranks-cell", "stacks-during-a-call", "stacks-between-calls", "ranks-syntax", "call-interrupted",
-    "call-timeout", "close"])
+    "call-timeout", "close", "stop-a-stalled-run"])
 def test_no_cell_shows_a_frame_or_thread_of_ours(executed, source):
     assert_only_users_code(cell(executed, source), executed)
 
@@ -138,6 +151,19 @@ def test_a_timeouts_stacks_hide_our_threads_and_frames(executed, source):
     text = assert_only_users_code(cell(executed, source))
     assert "hang() at Cell In[1]" in text, text
     assert "of notebook_launch hidden" in text, text
+
+
+def test_a_stalled_run_stopped_shows_the_stacks_in_the_panel_and_is_headed_stopped(executed):
+    error = error_of(executed, STOP_A_STALLED_RUN)
+    assert error.ename == "LaunchError" and "stopped with the Stop button after the run stalled" in error.evalue
+    pictures = [out.data["text/html"] for out in cell(executed, STOP_A_STALLED_RUN).outputs
+                if out.output_type == "display_data" and "nl-panel" in out.data.get("text/html", "")]
+    assert len(pictures) == 1
+    picture = pictures[0]
+    assert "nl-where-stacks" in picture and "hang() at Cell In[1]" in picture, picture
+    assert "of notebook_launch hidden" in picture, picture
+    assert "font-weight:bold'>stopped</span>" in picture, picture   # headed stopped, as an interrupt is
+    assert_only_users_code(cell(executed, STOP_A_STALLED_RUN), executed)
 
 
 def test_stacks_during_a_call_show_the_cell_not_our_serve_loop(executed):
