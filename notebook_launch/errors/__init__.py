@@ -84,7 +84,6 @@ class LaunchArgumentError(NotebookLaunchError, ValueError):
     """An argument of notebook_launcher is invalid; the message names it and the valid values."""
 
 
-
 class KeyboardInterrupt(builtins.KeyboardInterrupt):   # the name Jupyter shows the error by
     """The interrupt that ended a launch or a call (Ctrl-C, the kernel's interrupt, the Stop
     button), as it leaves notebook_launch: a ``KeyboardInterrupt`` (``except KeyboardInterrupt``

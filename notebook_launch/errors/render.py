@@ -47,10 +47,11 @@ def render_traceback(error: BaseException) -> list[str]:
 
 
 def render_interrupt(interrupt: BaseException) -> list[str]:
-    """A KeyboardInterrupt out of a launch or a call: the frames of the user's code it passed
-    (the cell that launched, the user's functions around the call), each as IPython shows a
-    frame, then how many of ours were left out, then the interrupt's message. IPython's own
-    frames (the cell's runner, a magic's dispatch) are left out uncounted, as IPython does."""
+    """A KeyboardInterrupt out of a launch or a call: its message (as a LaunchError shows its
+    headline first), then the frames of the user's code it passed (the cell that launched, the
+    user's functions around the call), each as IPython shows a frame, then how many of ours were
+    left out. IPython's own frames (the cell's runner, a magic's dispatch) are left out uncounted,
+    as IPython itself leaves out its runner."""
     shown: list[str] = []
     hidden = 0
     for filename, lineno, name in _frames(interrupt.__traceback__):
