@@ -51,7 +51,8 @@ except KeyboardInterrupt as interrupt:
     print("CAUGHT", isinstance(interrupt, KeyboardInterrupt))'''
 MAGIC_INTERRUPTED = "%%launch -n 2 --ui text\ninterrupt_the_kernel('magic')"
 MAGIC_SYNTAX = "%%launch -n 2 --ui text\nx = (1,\ny = 2"
-TIMEOUT = "notebook_launcher(hang, num_processes=2, ui='text', timeout=8)"
+# generous timeouts: the stacks are taken when they fire, and the ranks must be in hang() by then
+TIMEOUT = "notebook_launcher(hang, num_processes=2, ui='text', timeout=20)"
 START = "ranks = start_ranks(num_processes=2, ui='text')"
 CALL = "ranks.run(lambda: sum(progress(range(5))))"
 STACKS_DURING_A_CALL = '''\
@@ -60,8 +61,10 @@ def ask_during_the_call():
     global STACKS
     while len([f for f in os.listdir(FOLDER) if f.startswith("during-")]) < 2:
         time.sleep(0.01)
-    STACKS = str(ranks.stacks())
-    open(os.path.join(FOLDER, "asked"), "w").close()
+    try:
+        STACKS = str(ranks.stacks())
+    finally:   # the call ends whatever happened here (the test then says what)
+        open(os.path.join(FOLDER, "asked"), "w").close()
 threading.Thread(target=ask_during_the_call).start()'''
 RANKS_CELL = '''\
 %%ranks
@@ -74,7 +77,7 @@ PRINT_STACKS = "print(STACKS)"
 STACKS_BETWEEN_CALLS = "%ranks stacks"
 RANKS_SYNTAX = "%%ranks\nz = [1,"
 CALL_INTERRUPTED = "ranks.run(interrupt_the_kernel, args=('call',))"
-CALL_TIMEOUT = "ranks.run(hang, timeout=8)"
+CALL_TIMEOUT = "ranks.run(hang, timeout=20)"
 CLOSE = "ranks.close()"
 # the widget panel: a run that stalls says where its ranks are in the panel; the test's state
 # presses Stop once it did (as a person would), so the final picture holds the stacks
