@@ -34,7 +34,8 @@ def test_stop_button_click_interrupts_the_run_and_later_cells_still_run(tmp_path
             # stop_on_error=False: otherwise Jupyter (rightly) aborts cells queued behind an error
             launch_id = kc.execute(CELL, stop_on_error=False)
             later_id = kc.execute("print('LATER CELL RAN')")      # queued behind the running cell
-            stop_comm, progressed, texts, shown = None, False, [], []
+            stop_comm, progressed, texts = None, False, []
+            shown: list[str] = []   # what the panel's displays carried
             deadline = time.monotonic() + 180
             while time.monotonic() < deadline and not (stop_comm and progressed):
                 msg = kc.get_iopub_msg(timeout=60)
