@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping
 
 from . import fd_budget, net, preflight
 from .target import LaunchTarget, launch_target
-from .errors import LaunchArgumentError, LaunchError, NotebookLaunchError
+from .errors import LaunchArgumentError, LaunchError, NotebookLaunchError, user_interrupt
 from .logs import make_run_id
 from .options import (DEFAULT_LINES_PER_SECOND, DEFAULT_USE_PORT, LaunchOptions, check_display_ranks_exist,
                       launch_options, validate_cluster_launch, validate_cluster_type, validate_elastic_start_method)
@@ -120,6 +120,8 @@ def notebook_launcher(function: Callable[..., Any], args: tuple | list = (), num
         if isinstance(err, LaunchError):   # torch elastic's ChildFailedError.name: the entrypoint's name
             err.name = getattr(function, "__name__", type(function).__name__)
         # The user needs the rank's traceback (in the message), not our supervisor's frames.
+        if isinstance(err, KeyboardInterrupt):
+            raise user_interrupt(err) from None   # shows the user's frames only (errors.render)
         raise err.with_traceback(None) from None
 
 

@@ -213,12 +213,13 @@ def launch_cell(shell: Any, line: str, cell: str) -> None:
     return None
 
 
-def _cell_filename(shell: Any, source: str, raw: str) -> str:
+def _cell_filename(shell: Any, source: str, raw: str, number: int | None = None) -> str:
     """IPython's own cell file name (the one its tracebacks show), registered in linecache, and
-    its In[n] remembered for IPython 7, which keeps no map from names to numbers (errors/render.py)."""
+    its In[n] remembered for IPython 7, which keeps no map from names to numbers (errors/render.py).
+    ``number``: the cell's In[n] where the caller knows it (before the cell runs)."""
     compiler = getattr(shell, "compile", None)
     if compiler is not None and hasattr(compiler, "cache"):
-        number = _running_cell_number(shell, compiler)
+        number = _running_cell_number(shell, compiler) if number is None else number
         try:
             filename = str(compiler.cache(source, number, raw_code=raw))
         except TypeError:   # an IPython whose cache() takes no raw_code
@@ -238,6 +239,52 @@ def _running_cell_number(shell: Any, compiler: Any) -> int:
     return int(getattr(shell, "execution_count", 0))
 
 
+class _CellSyntaxCheck:
+    """An IPython input transformer (``input_transformers_cleanup``, which sees the cell as typed)
+    that compiles the body of a ``%%launch`` / ``%%ranks`` cell before IPython runs the cell: a
+    syntax error then shows as IPython shows one in any cell (the cell's line and a caret, no
+    frames), not from inside the magic, where IPython would list its own frames and ours. The
+    magics compile the body again (``launch_cell``): this is what a person sees, that the guard."""
+    has_side_effects = True   # IPython's is-the-cell-complete check leaves it out (it only reads)
+
+    def __init__(self, shell: Any) -> None:
+        self.shell = shell
+        self.magics: set[str] = set()
+
+    def __call__(self, lines: list[str]) -> list[str]:
+        first = lines[0].split(None, 1)[0] if lines and lines[0].strip() else ""
+        if not first.startswith("%%") or first[2:] not in self.magics:
+            return lines
+        body = "".join(lines[1:])
+        source = body
+        try:
+            source = self.shell.transform_cell(body)
+            compile(source, "<cell>", "exec")
+        except SyntaxError as error:
+            # not run yet: the number IPython is about to give the cell (it caches cells under it)
+            filename = _cell_filename(self.shell, source, body, number=int(self.shell.execution_count))
+            raise _in_file(error, filename) from None
+        return lines
+
+
+def _in_file(error: SyntaxError, filename: str) -> SyntaxError:
+    """``error`` as compiling the cell's file gives it (IPython names the file ``Cell In[n]``)."""
+    return type(error)(error.msg, (filename, error.lineno, error.offset, error.text,
+                                   getattr(error, "end_lineno", None), getattr(error, "end_offset", None)))
+
+
+def check_cell_syntax(shell: Any, magic_name: str) -> None:
+    """Have ``%%<magic_name>`` cells' syntax errors shown as a cell's own (``_CellSyntaxCheck``)."""
+    cleanup = getattr(shell, "input_transformers_cleanup", None)
+    if cleanup is None:   # an IPython without it: the magic's own compile still stops the cell
+        return
+    check = next((t for t in cleanup if isinstance(t, _CellSyntaxCheck)), None)
+    if check is None:
+        check = _CellSyntaxCheck(shell)
+        cleanup.append(check)
+    check.magics.add(magic_name)
+
+
 def load_ipython_extension(ipython: Any) -> None:
     """``%load_ext notebook_launch`` (or ``notebook_launch.magic``): the hooks (``hooks``: where CUDA
     gets initialized, among others), then ``%%launch``."""
@@ -249,3 +296,4 @@ def load_ipython_extension(ipython: Any) -> None:
 
     launch.__doc__ = f"Run the cell on N ranks with notebook_launcher.\n\nUsage: {USAGE}"
     ipython.register_magic_function(launch, magic_kind="cell", magic_name="launch")
+    check_cell_syntax(ipython, "launch")

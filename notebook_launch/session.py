@@ -87,7 +87,7 @@ class Session(Generic[W]):
         """One call on persistent ranks: its section of the pool's logs (under ``title``) and a
         display of its own (``quiet``: none, only an error if one comes)."""
         display = choose_display("none" if quiet else options.ui, line_prefix=options.line_prefix,
-                                 lines_per_second=lines_per_second)
+                                 lines_per_second=lines_per_second, call=True)
         return Session(state, logs.section(title), display, options.display_ranks)
 
     # --- the finish -------------------------------------------------------------------------
@@ -97,9 +97,11 @@ class Session(Generic[W]):
             self.state.finish(DONE, summary)
 
     def fail(self, error: LaunchError) -> None:
-        """FAILED, with the error's first line (once: the first failure is the one shown)."""
+        """FAILED, with the error's first line (once: the first failure is the one shown); a run
+        the user stopped (Stop or an interrupt on a stalled run: ``kind`` "stopped") is STOPPED,
+        as any interrupted run is, its first line saying where the ranks were."""
         if self.state.ended_at is None:
-            self.state.finish(FAILED, error_summary(error))
+            self.state.finish(STOPPED if error.kind == "stopped" else FAILED, error_summary(error))
 
     # --- the with block ---------------------------------------------------------------------
     def __enter__(self) -> Session[W]:
@@ -174,7 +176,8 @@ def launch_line(plan: LaunchPlan, backend: str, logs: RunLogs, *, display: str |
 
 def launch_summary(plan: LaunchPlan, backend_name: str, log_path: str | Path, platform: str | None = None,
                    display: str | None = None) -> str:
-    """One line that says what the launcher chose and why it matters: where, on what, how."""
+    """One line that says what the launcher chose and why it matters: where, on what, how; after
+    the plan's notes, which explain a choice it shows (a busy default port replaced)."""
     what = {"cpu": "CPU", "cuda": "CUDA GPU", "xla": "XLA"}[plan.device_kind]
     nodes = f" on node {plan.node_rank} of {plan.num_nodes}" if plan.num_nodes > 1 else ""
     where = f" on {platform}" if platform else ""
@@ -183,6 +186,5 @@ def launch_summary(plan: LaunchPlan, backend_name: str, log_path: str | Path, pl
     line = (f"notebook_launch: {plan.num_processes} rank{'s' if plan.num_processes != 1 else ''}{where} "
             f"({what}, {plan.dist_backend}, {backend_name}){nodes}{port}{shown}; "
             f"logs: {log_path}")
-    for note in plan.notes:
-        line += f"\nnotebook_launch: {note}"
-    return line
+    # the plan's notes first: they say why the line reads as it does ("port 29500 is busy; using 29501")
+    return "".join(f"notebook_launch: {note}\n" for note in plan.notes) + line

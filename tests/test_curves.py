@@ -161,6 +161,7 @@ def test_widget_panel_ends_with_the_curves_after_a_run_in_a_kernel():
     for rank in range(2):
         assert f"class='nl-curve nl-curve-rank{rank}' d='M" in html
     assert "5000 pts" in html
+    assert "class='nl-axis-step-last'" in html and ">4999</text>" in html   # the picture has the scale too
 
 
 def _logs_without_a_bar(seconds):
@@ -181,3 +182,21 @@ def test_values_logged_without_any_bar_are_sent_while_the_rank_runs(monkeypatch,
     assert rs.updates >= 2          # not only the final flush: the rank holds no backlog
     assert rs.curves["loss"].total == count
     assert len(load_metrics(tmp_path, pandas=False)["value"]) == count
+
+
+def test_each_chart_has_a_scale_its_values_and_steps_labelled():
+    """A chart says what it draws (issue 35): the value axis labelled with the lowest and highest
+    value drawn, the step axis with its first and last step, ticks at each; in the HTML panel and
+    so in the widget's final picture (the same render)."""
+    import re
+    state = _state_with_curves()
+    page = html_display.render(state)
+    charts = re.findall(r"<div class='nl-chart' data-metric='(\w+)'.*?</svg></div>", page)
+    assert charts == ["loss", "lr"]
+    loss = page[page.index("data-metric='loss'"):page.index("data-metric='lr'")]
+    labels = dict(re.findall(r"<text class='nl-axis-([\w-]+)'[^>]*>([^<]*)</text>", loss))
+    # rank 0's values fall from 1 to 1/300, rank 1's from 2 to 1 + 1/300 (points averaged in buckets)
+    assert 1.5 < float(labels["max"]) <= 2 and 0 < float(labels["min"]) < 0.02, labels
+    assert f"{labels['min']}…{labels['max']}" in loss   # the title's range: the same scale
+    assert (labels["step-first"], labels["step-name"], labels["step-last"]) == ("0", "step", "299")
+    assert loss.count("<line ") == 4   # a tick at each label

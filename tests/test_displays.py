@@ -70,3 +70,47 @@ def test_html_render_marks_the_failed_row_red():
     page = html_display.render(finished_state())
     assert "nl-status-failed" in page and "#fee2e2" in page and "ValueError: boom" in page
     assert "width:100.0%" in page and "width:40.0%" in page
+
+
+def test_a_call_that_went_well_ends_on_one_line_and_a_failed_one_on_the_summary(capsys):
+    """A call on persistent ranks (``choose_display(call=True)``): one line when it went well,
+    even for a call that took no time (issue 35); the whole summary when it did not."""
+    display = choose_display("text", call=True)
+    assert isinstance(display, TextDisplay)
+    display.summary_every = 15.0   # as in a notebook cell (not a terminal)
+    done = RunState(run_id="r9-call1", world_size=2, backend="fork, persistent", log_dir="/tmp/r9",
+                    ranks=[RankState(rank=i, local_rank=i) for i in range(2)])
+    for rank in range(2):
+        done.on_exit(rank, DONE, "returned")
+    done.finish(DONE, "2 ranks returned in 0.00 s")
+    display.close(done)
+    assert capsys.readouterr().out == "2 ranks returned in 0.00 s\n"
+    display.close(finished_state())
+    out = capsys.readouterr().out
+    assert "notebook_launch run r9: 2 ranks, fork, failed" in out and "rank 1 [cpu] failed" in out
+
+
+def test_the_panel_keeps_its_columns_and_lines_when_the_run_ends():
+    """The live widget rows and the final picture (the HTML table) give the label and the bar the
+    same widths and keep a rank's info on one line: the bar column does not jump right, nor does
+    the text wrap, when the run ends (issue 35)."""
+    pytest.importorskip("ipywidgets")
+    import re
+    from notebook_launch.display.widget import WidgetDisplay, close_widgets
+    state = finished_state()
+    state.ranks[1].error = "ValueError: " + "a long message " * 20
+    display = WidgetDisplay(print_lines=False, poll_kernel=False)
+    display.start(state)
+    try:
+        _row, label, bar, info = display.rows[0]
+        page = html_display.render(state)
+        columns = re.search(r"<colgroup>(.*?)</colgroup>", page)
+        assert columns, page
+        widths = re.findall(r"<col class='nl-col-(\w+)'(?: style='width:([^']+)')?>", columns.group(1))
+        assert widths == [("label", label.layout.width), ("bar", bar.layout.width), ("info", "")], widths
+        assert "table-layout:fixed" in page
+        one_line = "white-space:nowrap;overflow:hidden;text-overflow:ellipsis"
+        assert page.count(f"<div class='nl-info' style='{one_line}'>") == 2
+        assert one_line in info.value
+    finally:
+        close_widgets(display.widgets_made())

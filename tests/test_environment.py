@@ -187,6 +187,17 @@ def test_launch_summary_names_platform_backend_and_display(tmp_path):
                     f"display widget; logs: {tmp_path}")
 
 
+def test_the_plans_notes_come_before_the_line_they_explain(tmp_path):
+    """'port 29500 is busy; using port 29501 instead' is said before the line that uses 29501
+    (issue 35), not after it."""
+    plan = build_plan(num_processes=2, num_nodes=1, node_rank=0, master_addr="127.0.0.1",
+                      master_port=29501, device_kind="cpu", mixed_precision="no", start_method="fork",
+                      run_id="r", user_env={}, cpu_count=4, notes=["port 29500 is busy; using port 29501 instead"])
+    lines = launch_summary(plan, "fork", tmp_path, display="text").splitlines()
+    assert lines[0] == "notebook_launch: port 29500 is busy; using port 29501 instead"
+    assert lines[1].startswith("notebook_launch: 2 ranks (CPU, gloo, fork), port 29501, display text")
+
+
 def test_display_name():
     from notebook_launch.display import Display, TextDisplay
     assert TextDisplay().name == "text"

@@ -187,3 +187,5 @@ def test_busy_default_port_picks_a_free_one_and_says_so(capsys):
     assert f"port {port} is busy; using port" in out
     assert results[0] == results[1] != port
     assert f"using port {results[0]} instead" in out
+    # said before the line that uses the new port, not after it (issue 35)
+    assert out.index(f"port {port} is busy") < out.index(f", port {results[0]}, "), out

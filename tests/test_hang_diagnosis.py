@@ -636,3 +636,38 @@ def test_a_stall_that_cleared_leaves_no_verdict_in_the_panel_or_the_final_pictur
     final = capsys.readouterr().out.rsplit("notebook_launch run ", 1)[1]   # the final picture
     assert ", done, " in final.splitlines()[0], final
     assert "stalled" not in final and "where are they" not in final, final
+
+
+def test_detail_leaves_out_our_threads_and_frames_and_says_how_many():
+    """What the user sees (issue 35): the progress sender thread and our frames around and inside
+    the user's function (a persistent call's serve loop and namespace, whereabouts' wrapper) are
+    left out, counted; the logs' detail (``whole``) keeps them."""
+    import notebook_launch
+    ours = os.path.dirname(notebook_launch.__file__)
+    stdlib = "/opt/py/lib/python3.99"   # Python's own files, by their place (not read: no source lines)
+    main = ThreadStack(1, True, [
+        at(os.path.join(ours, "rank", "whereabouts.py"), 80, "wrapped"),
+        at("cell5", 12, "train"),
+        at(os.path.join(ours, "rank", "namespace.py"), 75, "run_cell"),
+        at(os.path.join(ours, "rank", "serve.py"), 98, "interruptible"),
+        at(os.path.join(ours, "rank", "runner.py"), 200, "call_and_report"),
+        at(os.path.join(ours, "rank", "serve.py"), 60, "serve_calls")])
+    sender = ThreadStack(2, False, [at(os.path.join(stdlib, "threading.py"), 320, "wait"),
+                                    at(os.path.join(ours, "rank", "progress.py"), 140, "_run"),
+                                    at(os.path.join(stdlib, "threading.py"), 1010, "run")])
+    users = ThreadStack(3, False, [at(os.path.join(stdlib, "queue.py"), 171, "get"), at("cell2", 6, "prefetch")])
+    rank = RankWhereabouts(0, main_thread=1, threads=[main, sender, users])
+    shown = detail([rank], cells)
+    assert shown.splitlines() == [
+        "rank 0:",
+        "  main thread (most recent call last):",
+        "    train() at Cell In[5], line 12",
+        "    (5 frames of notebook_launch hidden)",
+        "  thread 0x3 (most recent call last):",
+        "    prefetch() at Cell In[2], line 6",
+        "    get() at queue.py:171",
+        "  (1 thread of notebook_launch hidden)",
+    ], shown
+    whole = detail([rank], cells, whole=True)
+    assert "_run() at progress.py:140" in whole and "interruptible() at serve.py:98" in whole
+    assert verdict([rank], cells) == "rank 0 is in train() at Cell In[5], line 12"

@@ -60,3 +60,40 @@ def test_exit_and_failure_show_in_the_summary():
 def test_number_formats():
     assert fmt.duration(3725) == "1:02:05" and fmt.duration(65) == "01:05"
     assert fmt.count(50_000) == "50000" and fmt.count(250_000) == "250k" and fmt.count(3_000_000) == "3M"
+
+
+def test_a_stalled_row_shows_neither_its_old_rate_nor_an_eta():
+    """A rank with no sign of progress: its last rate is not its speed now and there is no ETA
+    (issue 35); the counts stay. Every display reads it the same."""
+    import io
+    import time
+    from rich.console import Console
+    from notebook_launch.display import fragments
+    from notebook_launch.display.rich_panel import RichDisplay
+    state = make_state(1)
+    state.on_ready(0, {"pid": 11})
+    state.on_progress(0, {"bars": {"b0": {"desc": "train", "n": 100, "total": 1000, "rate": 9.0}}})
+    assert "9.0 it/s eta 01:40" in fmt.summary(state)
+    state.on_stalled(0, time.monotonic() - 130)
+    texts = {"summary": fmt.summary(state), "html": fragments.info_html(state.ranks[0])}
+    out = io.StringIO()
+    rich = RichDisplay(console=Console(file=out, width=200, force_terminal=False, color_system=None))
+    rich.start(state)
+    rich.close(state)
+    texts["rich"] = out.getvalue()
+    for name, text in texts.items():
+        assert "it/s" not in text and "eta" not in text, (name, text)
+        assert "100/1000" in text, (name, text)
+    assert "stalled 02:1" in texts["summary"]
+
+
+def test_a_stopped_rank_says_stopped_once():
+    """'rank 1 [cpu] stopped by notebook_launch ...', not 'stopped stopped by ...' (issue 35)."""
+    from notebook_launch.state import STOPPED
+    state = make_state()
+    state.on_exit(0, STOPPED, "stopped by notebook_launch (SIGTERM) after the timeout")
+    state.on_exit(1, STOPPED, "interrupted after an interrupt (alive, state kept)")
+    text = fmt.summary(state)
+    assert "rank 0 [cpu] stopped by notebook_launch (SIGTERM) after the timeout" in text, text
+    assert "stopped stopped" not in text
+    assert "rank 1 [cpu] stopped interrupted after an interrupt" in text, text

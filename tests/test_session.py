@@ -123,6 +123,19 @@ def test_a_launch_error_finishes_the_state_failed_with_its_first_line(tmp_path):
     assert logs.closed == 1
 
 
+def test_a_run_the_user_stopped_is_stopped_not_failed(tmp_path):
+    """Stop (or an interrupt) on a stalled run ends it with a LaunchError that says where the
+    ranks were: it is headed "stopped", as an interrupt on any other run is (issue 35)."""
+    from notebook_launch.display import format as fmt
+    session, display, _ = a_session(tmp_path)
+    with pytest.raises(LaunchError):
+        with session:
+            raise LaunchError("stopped with the Stop button after the run stalled: rank 1 is in f()", kind="stopped")
+    assert session.state.status == STOPPED
+    assert display.calls == [("start", "running"), ("close", "stopped")]
+    assert ", stopped, " in fmt.header(session.state)
+
+
 def test_the_first_failure_is_the_one_shown(tmp_path):
     session, display, _ = a_session(tmp_path)
     with pytest.raises(LaunchError):

@@ -6,6 +6,7 @@ import queue
 import time
 
 import pytest
+from helpers.only_users_code import traces_of_ours
 
 jupyter_client = pytest.importorskip("jupyter_client")
 pytest.importorskip("ipywidgets")
@@ -34,6 +35,7 @@ def test_stop_button_click_interrupts_the_run_and_later_cells_still_run(tmp_path
             launch_id = kc.execute(CELL, stop_on_error=False)
             later_id = kc.execute("print('LATER CELL RAN')")      # queued behind the running cell
             stop_comm, progressed, texts = None, False, []
+            shown: list[str] = []   # what the panel's displays carried
             deadline = time.monotonic() + 180
             while time.monotonic() < deadline and not (stop_comm and progressed):
                 msg = kc.get_iopub_msg(timeout=60)
@@ -67,12 +69,17 @@ def test_stop_button_click_interrupts_the_run_and_later_cells_still_run(tmp_path
                     texts.append(msg["content"]["text"])
                 if msg["msg_type"] == "error":
                     texts.append("\n".join(msg["content"]["traceback"]))
+                if msg["msg_type"] in ("display_data", "update_display_data"):   # the panel's final picture
+                    shown.extend(str(value) for value in msg["content"]["data"].values())
             assert launch_id in replies, f"the launch did not end after the click: {replies}"
             assert replies[launch_id]["status"] == "error"
             assert replies[launch_id]["ename"] == "KeyboardInterrupt", replies[launch_id]
             assert "Stop button" in replies[launch_id]["evalue"]
             assert later_id in replies and replies[later_id]["status"] == "ok"
             assert "LATER CELL RAN" in "".join(texts)
+            # what the cell shows holds no frame or thread of ours (issue 35)
+            assert any("nl-panel" in picture for picture in shown), shown
+            assert not traces_of_ours("".join(texts + shown)), "".join(texts + shown)
             assert km.is_alive(), "the kernel died after Stop"
         stderr.flush()
         aborts = [line for line in (tmp_path / "kernel-stderr.log").read_text().splitlines()

@@ -13,12 +13,13 @@ UI_CHOICES = ("auto", "widget", "html", "rich", "text", "none")
 
 
 def choose_display(ui: str = "auto", *, line_prefix: str | None = None,
-                   lines_per_second: int | None = NOTEBOOK_LINES_PER_SECOND) -> Display:
+                   lines_per_second: int | None = NOTEBOOK_LINES_PER_SECOND, call: bool = False) -> Display:
     """auto: the widget panel in a Jupyter kernel with ipywidgets, a rich panel in a
     terminal, plain text (with periodic summaries) otherwise, e.g. in CI logs.
     ``lines_per_second``: how many lines a second of each rank the cell shows (the rest are
     counted in a note; every line is in the logs); None shows every line. Only a notebook cell has
-    a budget: a terminal or a CI log takes every line."""
+    a budget: a terminal or a CI log takes every line. ``call``: one call on persistent ranks, whose
+    text ends on one line when it went well (a call may take no time: four lines would be noise)."""
     if lines_per_second is not None and (isinstance(lines_per_second, bool) or not isinstance(lines_per_second, int)
                                          or lines_per_second < 1):
         raise ValueError(f"lines_per_second={lines_per_second!r}: give a whole number of lines a second (>= 1), "
@@ -39,7 +40,7 @@ def choose_display(ui: str = "auto", *, line_prefix: str | None = None,
     notebook = _in_notebook()
     return TextDisplay(line_prefix=line_prefix, stream_is_notebook=notebook,
                        summary_every=None if _is_terminal() else SUMMARY_EVERY,
-                       lines_per_second=lines_per_second)
+                       lines_per_second=lines_per_second, brief_when_done=call)
 
 
 def _auto_choice() -> str:

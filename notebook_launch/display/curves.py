@@ -5,7 +5,9 @@ One chart per metric (the first ``MAX_CHARTS`` metrics logged, counters such as
 ``step`` or ``epoch`` left out), one line per rank in that rank's colour (a line
 per rank shows a straggler or a diverging rank at a glance; ranks that agree
 overlap). Each point is a bucket's mean; the first rank's (usually rank 0's)
-min-max band, what that averaging hides, is shaded behind the lines.
+min-max band, what that averaging hides, is shaded behind the lines. Each chart has
+its scale: the value axis labelled with the lowest and highest value drawn, the step
+axis (the values logged, counted from 0) with its first and last step.
 """
 from __future__ import annotations
 
@@ -22,6 +24,8 @@ Point = tuple[float, float, float, float]    # (step, mean, min, max) of a bucke
 
 MAX_CHARTS = 4
 WIDTH, HEIGHT = 260, 64          # px of one chart's plot area
+AXIS_LEFT, AXIS_BOTTOM = 44, 13   # px beside and under it for the axes' labels
+AXIS_FONT = "font-size='9' fill='#6b7280' font-family='sans-serif'"
 MAX_POINTS = WIDTH // 2          # per line: a point every 2 px is as fine as the eye sees here
 RANK_COLORS = ("#2563eb", "#dc2626", "#16a34a", "#d97706", "#7c3aed", "#0891b2", "#db2777", "#4b5563")
 SPARK = "▁▂▃▄▅▆▇█"
@@ -65,10 +69,10 @@ def chart_svg(name: str, series_by_rank: list[tuple[int, Series]]) -> str:
     low, high = min(means), max(means)
     if _flat(low, high):
         low, high = low - 0.5, high + 0.5
-    last_step = max(pts[-1][0] for _, pts in lines) or 1.0
+    last_step = max(max(series.total for _, series in series_by_rank) - 1, max(pts[-1][0] for _, pts in lines), 1)
 
     def xy(step: float, value: float) -> str:
-        x = step / last_step * (WIDTH - 2) + 1
+        x = AXIS_LEFT + step / last_step * (WIDTH - 2) + 1
         y = HEIGHT - 1 - (min(max(value, low), high) - low) / (high - low) * (HEIGHT - 2)
         return f"{x:.1f},{y:.1f}"
 
@@ -90,10 +94,35 @@ def chart_svg(name: str, series_by_rank: list[tuple[int, Series]]) -> str:
     title = (f"<div class='nl-curve-title' style='font-size:11px;color:#374151'><b>{html.escape(name)}</b>"
              f"{html.escape(latest)} <span style='color:#9ca3af'>rank {first_rank} · "
              f"{first.total} pts · {low:.4g}…{high:.4g}</span></div>")
+    width, height = AXIS_LEFT + WIDTH, HEIGHT + AXIS_BOTTOM
     return (f"<div class='nl-chart' data-metric='{html.escape(name)}' style='display:inline-block;"
             f"margin:0 12px 4px 0;vertical-align:top'>{title}"
-            f"<svg class='nl-curves-svg' width='{WIDTH}' height='{HEIGHT}' viewBox='0 0 {WIDTH} {HEIGHT}' "
-            f"style='background:#f9fafb;border:1px solid #e5e7eb;border-radius:3px'>{''.join(parts)}</svg></div>")
+            f"<svg class='nl-curves-svg' width='{width}' height='{height}' viewBox='0 0 {width} {height}'>"
+            f"<rect x='{AXIS_LEFT}' y='0' width='{WIDTH}' height='{HEIGHT}' fill='#f9fafb' stroke='#e5e7eb'/>"
+            f"{''.join(parts)}{_axes(low, high, last_step)}</svg></div>")
+
+
+def _axes(low: float, high: float, last_step: float) -> str:
+    """The scale: ticks and labels of the highest and lowest value drawn (left) and of the first
+    and last step (below), 'step' between them."""
+    left, right, bottom = AXIS_LEFT, AXIS_LEFT + WIDTH, HEIGHT
+    ticks = "".join(f"<line x1='{left - 3}' y1='{y}' x2='{left}' y2='{y}' stroke='#9ca3af'/>" for y in (1, bottom - 1))
+    ticks += "".join(f"<line x1='{x}' y1='{bottom}' x2='{x}' y2='{bottom + 3}' stroke='#9ca3af'/>"
+                     for x in (left + 1, right - 1))
+    return (f"<g class='nl-axes'>{ticks}"
+            f"<text class='nl-axis-max' x='{left - 4}' y='9' text-anchor='end' {AXIS_FONT}>{_tick(high)}</text>"
+            f"<text class='nl-axis-min' x='{left - 4}' y='{bottom - 1}' text-anchor='end' {AXIS_FONT}>"
+            f"{_tick(low)}</text>"
+            f"<text class='nl-axis-step-first' x='{left + 1}' y='{bottom + 12}' {AXIS_FONT}>0</text>"
+            f"<text class='nl-axis-step-name' x='{left + WIDTH // 2}' y='{bottom + 12}' text-anchor='middle' "
+            f"{AXIS_FONT}>step</text>"
+            f"<text class='nl-axis-step-last' x='{right - 1}' y='{bottom + 12}' text-anchor='end' {AXIS_FONT}>"
+            f"{_tick(last_step)}</text></g>")
+
+
+def _tick(value: float) -> str:
+    """A scale label: whole numbers as they are, others to 4 significant digits."""
+    return html.escape(f"{value:.0f}" if float(value).is_integer() else f"{value:.4g}")
 
 
 def _flat(low: float, high: float) -> bool:

@@ -57,9 +57,12 @@ def bar_percent(bar: Bar) -> str:
     return "" if fraction is None else f"{fraction * 100:3.0f}%"
 
 
-def bar_details(bar: Bar, running: bool = True) -> str:
-    """'1,000/5,000 120.0 it/s eta 00:33' -- counts, rate, then ETA while the rank runs."""
+def bar_details(bar: Bar, running: bool = True, stalled: bool = False) -> str:
+    """'1,000/5,000 120.0 it/s eta 00:33' -- counts, rate, then ETA while the rank runs. A
+    ``stalled`` rank's row has neither: its last rate is not its speed now, nor is there an ETA."""
     parts = [bar_counts(bar)]
+    if stalled:
+        return parts[0]
     speed = rate(bar)
     if speed:
         parts.append(speed)
@@ -112,16 +115,21 @@ def stalled_for(rank_state: RankState) -> float | None:
     return max(0.0, time.monotonic() - rank_state.stalled_since)
 
 
+def row_bar_details(rank_state: RankState, bar: Bar) -> str:
+    """``bar_details`` of the bar a rank's row shows, as the rank is now (running, stalled)."""
+    return bar_details(bar, running=rank_state.status == RUNNING, stalled=stalled_for(rank_state) is not None)
+
+
 def rank_status(rank_state: RankState) -> str:
     """'running', 'done', ..., or 'stalled 02:13' for a rank waiting with no sign of progress."""
     stalled = stalled_for(rank_state)
     return f"stalled {duration(stalled)}" if stalled is not None else str(rank_state.status)
 
 
-def bar_summary(bar: Bar, running: bool = True) -> str:
+def bar_summary(bar: Bar, running: bool = True, stalled: bool = False) -> str:
     """'train: 40% 400/1,000 120.0 it/s eta 00:05'."""
     label = f"{bar.desc}: " if bar.desc else ""
-    return f"{label}{bar_percent(bar).strip()} {bar_details(bar, running=running)}".strip()
+    return f"{label}{bar_percent(bar).strip()} {bar_details(bar, running=running, stalled=stalled)}".strip()
 
 
 def other_bars(rank_state: RankState) -> str:
@@ -141,16 +149,20 @@ def other_bars(rank_state: RankState) -> str:
 
 def rank_line(rank_state: RankState, width: int = 60) -> str:
     """One plain-text line per rank, for summaries and the text repr."""
-    parts = [f"rank {rank_state.rank}", f"[{placement(rank_state)}]", rank_status(rank_state)]
+    outcome = rank_outcome(rank_state)
+    status = rank_status(rank_state)
+    parts = [f"rank {rank_state.rank}", f"[{placement(rank_state)}]"]
+    if not outcome.startswith(status):   # 'stopped by notebook_launch ...' says it already
+        parts.append(status)
     bar = rank_state.main_bar
     if bar is not None:
-        parts.append(bar_summary(bar, running=rank_state.status == RUNNING))
+        parts.append(bar_summary(bar, running=rank_state.status == RUNNING,
+                                 stalled=stalled_for(rank_state) is not None))
         others = other_bars(rank_state)
         if others:
             parts.append(f"({others})")
     if rank_state.metrics:
         parts.append(metrics(rank_state, sparklines=True))
-    outcome = rank_outcome(rank_state)
     if outcome:
         parts.append(outcome)
     elif rank_state.last_line:

@@ -7,6 +7,12 @@ import html
 from ..state import FAILED, RUNNING, STOPPED, RankState, RunState
 from . import format as fmt
 
+# A rank's row: its label, its bar, its info. The live widget panel and its final picture (the
+# HTML table) give the columns the same widths and keep the info on one line, so the panel does
+# not change its shape when the run ends.
+LABEL_WIDTH, BAR_WIDTH = "190px", "32%"
+ONE_LINE = "white-space:nowrap;overflow:hidden;text-overflow:ellipsis"
+
 
 def header_html(state: RunState) -> str:
     status = fmt.run_status(state)
@@ -37,7 +43,7 @@ def info_html(rs: RankState) -> str:
     if bar is not None:
         label = f"{html.escape(bar.desc)} " if bar.desc else ""
         parts.append(f"<span class='nl-bar-text'>{label}{html.escape(fmt.bar_percent(bar).strip())} "
-                     f"{html.escape(fmt.bar_details(bar, running=rs.status == RUNNING))}</span>")
+                     f"{html.escape(fmt.row_bar_details(rs, bar))}</span>")
         others = fmt.other_bars(rs)
         if others:
             parts.append(f"<span class='nl-other-bars' style='color:#6b7280'>{html.escape(others)}</span>")

@@ -16,7 +16,7 @@ from .base import Display
 from .text import TextDisplay
 from ..state import DONE, FAILED, RunState
 from .curves import curves_html
-from .fragments import header_html, info_html, label_html, where_html
+from .fragments import BAR_WIDTH, LABEL_WIDTH, ONE_LINE, header_html, info_html, label_html, where_html
 from .text import NOTEBOOK_LINES_PER_SECOND
 
 REDRAWS_PER_SECOND = 2
@@ -71,12 +71,15 @@ def render(state: RunState) -> str:
         stalled = " nl-stalled" if fmt.stalled_for(rs) is not None else ""
         rows.append(
             f"<tr class='nl-rank nl-status-{rs.status}{stalled}' style='background:{background}'>"
-            f"<td style='text-align:left;white-space:nowrap'>{label_html(rs)}</td>"
-            f"<td style='width:30%'><div style='background:#e5e7eb;height:12px;border-radius:3px'>"
+            f"<td style='text-align:left;white-space:nowrap;overflow:hidden'>{label_html(rs)}</td>"
+            f"<td><div style='background:#e5e7eb;height:12px;border-radius:3px'>"
             f"<div class='nl-bar' style='width:{fraction * 100:.1f}%;background:{color};height:12px;"
             f"border-radius:3px'></div></div></td>"
-            f"<td style='text-align:left'>{info_html(rs)}"
+            f"<td style='text-align:left'><div class='nl-info' style='{ONE_LINE}'>{info_html(rs)}</div>"
             + (f"<details><summary>recent lines</summary><pre>{html.escape(recent)}</pre></details>"
                if recent else "") + "</td></tr>")
     return (f"<div class='nl-panel'>{header_html(state)}{curves_html(state)}"
-            f"<table style='width:100%;border-collapse:collapse'>{''.join(rows)}</table>{where_html(state)}</div>")
+            f"<table style='width:100%;border-collapse:collapse;table-layout:fixed'>"
+            f"<colgroup><col class='nl-col-label' style='width:{LABEL_WIDTH}'>"
+            f"<col class='nl-col-bar' style='width:{BAR_WIDTH}'><col class='nl-col-info'></colgroup>"
+            f"{''.join(rows)}</table>{where_html(state)}</div>")

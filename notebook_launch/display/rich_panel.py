@@ -81,19 +81,19 @@ def render(state: RunState) -> Any:
                          min_width=12 if column == "bar" else None)
     for rs in state.ranks:
         style = fmt.RICH_STYLES.get(rs.status, "")
+        stalled = fmt.stalled_for(rs) is not None
         bar = rs.main_bar
         if bar is not None and bar.total:
             drawn = ProgressBar(total=float(bar.total), completed=float(min(bar.n, bar.total)),
                                 complete_style=style or "blue", finished_style="green")
-            progress = f"{bar.desc + ' ' if bar.desc else ''}{bar_text(bar, rs.status == 'running')}"
+            progress = f"{bar.desc + ' ' if bar.desc else ''}{bar_text(bar, rs.status == 'running', stalled)}"
         else:
             drawn = ProgressBar(total=None if rs.status != DONE else 1.0,
                                 completed=1.0 if rs.status == DONE else 0.0)
-            progress = bar_text(bar) if bar is not None else ""
+            progress = bar_text(bar, stalled=stalled) if bar is not None else ""
         others = fmt.other_bars(rs)
         if others:
             progress += f" ({others})"
-        stalled = fmt.stalled_for(rs) is not None
         outcome = fmt.rank_outcome(rs)
         last = Text(fmt.shorten(outcome, 120), style="bold red") if outcome else \
             Text(fmt.shorten(rs.last_line, 80), style="dim")
@@ -111,7 +111,7 @@ def render(state: RunState) -> Any:
     return Panel(body, title=title, subtitle=subtitle, border_style=border)
 
 
-def bar_text(bar: Bar, running: bool = True) -> str:
+def bar_text(bar: Bar, running: bool = True, stalled: bool = False) -> str:
     if bar is None:
         return ""
-    return f"{fmt.bar_percent(bar).strip()} {fmt.bar_details(bar, running)}".strip()
+    return f"{fmt.bar_percent(bar).strip()} {fmt.bar_details(bar, running, stalled)}".strip()

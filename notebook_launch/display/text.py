@@ -7,6 +7,7 @@ import time
 from typing import TYPE_CHECKING
 
 from .base import Display
+from ..state import DONE
 
 if TYPE_CHECKING:
     from ..state import RunState
@@ -33,9 +34,11 @@ class TextDisplay(Display):
 
     def __init__(self, line_prefix: str | None = None, stream_is_notebook: bool = False,
                  summary_every: float | None = None,
-                 lines_per_second: int | None = NOTEBOOK_LINES_PER_SECOND) -> None:
+                 lines_per_second: int | None = NOTEBOOK_LINES_PER_SECOND, brief_when_done: bool = False) -> None:
         super().__init__(line_prefix)
         self.summary_every = summary_every
+        # a call on persistent ranks that went well ends on its one-line outcome, not the whole summary
+        self.brief_when_done = brief_when_done
         self._last_summary = time.monotonic()
         # Only a notebook needs a budget: a terminal or a CI log takes every line.
         self.budget = lines_per_second if stream_is_notebook else None
@@ -92,7 +95,10 @@ class TextDisplay(Display):
 
     def close(self, state: RunState) -> None:
         if self.summary_every is not None:
-            self._print_summary(state)
+            if self.brief_when_done and state.status == DONE and state.summary:
+                sys.stdout.write(state.summary + "\n")
+            else:
+                self._print_summary(state)
         self._report_suppressed()
         sys.stdout.flush()
         sys.stderr.flush()

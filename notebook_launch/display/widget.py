@@ -78,8 +78,8 @@ class WidgetDisplay(Display):
         self._last_curves = 0.0
         self.rows = []
         for _rs in state.ranks:
-            label = w.HTML(layout=w.Layout(width="190px"))
-            bar = w.FloatProgress(min=0.0, max=1.0, value=0.0, layout=w.Layout(width="32%"))
+            label = w.HTML(layout=w.Layout(width=fragments.LABEL_WIDTH))
+            bar = w.FloatProgress(min=0.0, max=1.0, value=0.0, layout=w.Layout(width=fragments.BAR_WIDTH))
             info = w.HTML(layout=w.Layout(width="auto"))
             row = w.HBox([label, bar, info])
             row.add_class("nl-rank")
@@ -183,7 +183,7 @@ class WidgetDisplay(Display):
         for rs, (row, label, bar, info) in zip(state.ranks, self.rows):
             wanted.append((label, {"value": fragments.label_html(rs)}))
             wanted.append((bar, _bar_traits(rs)))
-            wanted.append((info, {"value": fragments.info_html(rs)}))
+            wanted.append((info, {"value": f"<div style='{fragments.ONE_LINE}'>{fragments.info_html(rs)}</div>"}))
             classes = [c for c in row._dom_classes if not c.startswith("nl-status-") and c != "nl-stalled"]
             classes.append(f"nl-status-{rs.status}")
             if fmt.stalled_for(rs) is not None:

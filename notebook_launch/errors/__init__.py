@@ -7,6 +7,7 @@ How they show in IPython (cells, not our frames) is ``errors.render``.
 """
 from __future__ import annotations
 
+import builtins
 import sys
 from typing import Any
 
@@ -95,6 +96,24 @@ class GuardError(NotebookLaunchError, RuntimeError):
 
 class LaunchArgumentError(NotebookLaunchError, ValueError):
     """An argument of notebook_launcher is invalid; the message names it and the valid values."""
+
+
+class KeyboardInterrupt(builtins.KeyboardInterrupt):   # the name Jupyter shows the error by
+    """The interrupt that ended a launch or a call (Ctrl-C, the kernel's interrupt, the Stop
+    button), as it leaves notebook_launch: a ``KeyboardInterrupt`` (``except KeyboardInterrupt``
+    catches it), named so, because Jupyter shows an error by its class name. In IPython it shows
+    the user's frames only (``render.render_interrupt``): the frames it passed in notebook_launch
+    and IPython's own are left out, with a line that counts ours."""
+
+    def _render_traceback_(self) -> list[str]:
+        return render.render_interrupt(self)
+
+
+def user_interrupt(interrupt: builtins.KeyboardInterrupt) -> KeyboardInterrupt:
+    """``interrupt`` as the interrupt a user sees (same message), without our frames."""
+    if isinstance(interrupt, KeyboardInterrupt):
+        return interrupt.with_traceback(None)
+    return KeyboardInterrupt(*interrupt.args)
 
 
 adopt_torch_child_failed_error()   # torch imported first: the base is there from the start

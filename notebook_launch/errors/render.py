@@ -5,6 +5,9 @@ formatting its Python traceback; ``NotebookLaunchError``'s method answers with
 ``render_traceback``. Only IPython calls it: a script still prints the usual
 traceback and message.
 
+An interrupt that ended a launch or a call (``errors.KeyboardInterrupt``) shows the frames of
+the user's cells and files it passed, as IPython would, without ours and IPython's own.
+
 A LaunchError shows its headline, the rank's traceback with every notebook-cell
 frame named as IPython names it (``Cell In[2], line 6``) with the cell's lines
 around it, frames of notebook_launch left out, then the other ranks' fates and the
@@ -18,6 +21,7 @@ import linecache
 import logging
 import os
 import re
+from types import TracebackType
 from typing import Any
 
 from ..ipython_shell import running_shell
@@ -42,6 +46,59 @@ def render_traceback(error: BaseException) -> list[str]:
     except Exception:   # IPython falls back to its own traceback when this raises; say why
         log.debug("rendering %s failed", type(error).__name__, exc_info=True)
         raise
+
+
+def render_interrupt(interrupt: BaseException) -> list[str]:
+    """A KeyboardInterrupt out of a launch or a call: its message (as a LaunchError shows its
+    headline first), then the frames of the user's code it passed (the cell that launched, the
+    user's functions around the call), each as IPython shows a frame, then how many of ours were
+    left out. IPython's own frames (the cell's runner, a magic's dispatch) are left out uncounted,
+    as IPython itself leaves out its runner."""
+    shown: list[str] = []
+    hidden = 0
+    for filename, lineno, name in _frames(interrupt.__traceback__):
+        if is_ours(filename):
+            hidden += 1
+        elif not _is_ipython(filename):
+            shown += render_frame(filename, lineno, None if name == "<module>" else name,
+                                  _source_line(filename, lineno))
+    message = str(interrupt)
+    out = [f"{BOLD_RED}KeyboardInterrupt{RESET}" + (f": {message}" if message else "")]
+    if shown:
+        out += ["", f"{CYAN}Traceback{RESET} (most recent call last):"] + shown
+    if hidden:
+        out.append(hidden_note(hidden))
+    return out
+
+
+def _frames(traceback: TracebackType | None) -> list[tuple[str, int, str]]:
+    frames = []
+    while traceback is not None:
+        code = traceback.tb_frame.f_code
+        frames.append((code.co_filename, traceback.tb_lineno, code.co_name))
+        traceback = traceback.tb_next
+    return frames
+
+
+def _source_line(filename: str, lineno: int) -> list[str]:
+    line = linecache.getline(filename, lineno).strip()
+    return [f"    {line}"] if line else []
+
+
+def is_ours(filename: str) -> bool:
+    """A file of notebook_launch (the package this module is part of)."""
+    return os.path.abspath(filename).startswith(_PACKAGE_DIR)
+
+
+def _is_ipython(filename: str) -> bool:
+    """A file of IPython or ipykernel: the machinery that ran the cell, not the user's code."""
+    parts = os.path.abspath(filename).split(os.sep)
+    return "IPython" in parts or "ipykernel" in parts
+
+
+def hidden_note(count: int, what: str = "frame") -> str:
+    """'(3 frames of notebook_launch hidden)': said wherever ours were left out (the logs keep them)."""
+    return f"{DIM}({count} {what}{'s' if count != 1 else ''} of notebook_launch hidden){RESET}"
 
 
 def render_message(error: BaseException) -> list[str]:
@@ -103,12 +160,12 @@ def render_remote_traceback(text: str) -> list[str]:
             body.append(lines[index])
             index += 1
         filename, lineno, name = match["file"], int(match["line"]), match["name"]
-        if os.path.abspath(filename).startswith(_PACKAGE_DIR):
+        if is_ours(filename):
             hidden += 1
             continue
         out += render_frame(filename, lineno, name, body)
     if hidden:
-        out.append(f"{DIM}({hidden} frame{'s' if hidden != 1 else ''} of notebook_launch hidden){RESET}")
+        out.append(hidden_note(hidden))
     return out
 
 

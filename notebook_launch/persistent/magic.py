@@ -25,9 +25,9 @@ from typing import Any
 
 from ..errors import LaunchArgumentError
 from ..magic import (NOT_WATCHED, _ArgumentParser, _cell_filename, _lines_per_second, _seconds, _stall_after,
-                     options_parser, referenced_globals, seconds_option, watch_options)
+                     check_cell_syntax, options_parser, referenced_globals, seconds_option, watch_options)
 from ..rank.namespace import NotRun
-from .pool import DEFAULT_GRACE, Ranks
+from .pool import DEFAULT_GRACE, Ranks, newest_open_pool
 from .start import start_ranks
 
 log = logging.getLogger("notebook_launch")
@@ -69,10 +69,14 @@ def _rank_list(text: str) -> list[int]:
 
 
 def active() -> Ranks:
-    """The ranks ``%ranks start`` made (an error that says what to do if there are none)."""
-    if _active is None or _active.closed:
-        raise LaunchArgumentError("no ranks are running: start them with %ranks start -n N")
-    return _active
+    """The ranks ``%ranks start`` made, else the newest ones ``start_ranks()`` made that still run
+    (an error that says what to do if there are none)."""
+    if _active is not None and not _active.closed:
+        return _active
+    pool = newest_open_pool()
+    if pool is None:
+        raise LaunchArgumentError("no ranks are running: start them with %ranks start -n N (or start_ranks())")
+    return pool
 
 
 def ranks_magic(shell: Any, line: str, cell: str | None = None) -> Any:
@@ -111,15 +115,17 @@ def ranks_magic(shell: Any, line: str, cell: str | None = None) -> Any:
         _active = start_ranks(**kwargs)
         return None
     if command == "stop":
-        if _active is not None:
-            _active.close()
-            _active = None
+        running = _active if _active is not None and not _active.closed else newest_open_pool()
+        if running is not None:
+            running.close()
+        _active = None
         return None
     if command == "stacks":
         print(active().stacks(), flush=True)
         return None
     if command == "status":
-        print(repr(_active) if _active is not None else "no ranks are running (%ranks start -n N)")
+        running = _active if _active is not None and not _active.closed else newest_open_pool()
+        print(repr(running) if running is not None else "no ranks are running (%ranks start -n N)")
         return None
     if command in ("push", "pull"):
         names = [n.strip() for word in rest for n in word.split(",") if n.strip()]
@@ -185,3 +191,4 @@ def register(ipython: Any) -> None:
 
     ranks.__doc__ = f"Persistent ranks.\n\nUsage: {USAGE}"
     ipython.register_magic_function(ranks, magic_kind="line_cell", magic_name="ranks")
+    check_cell_syntax(ipython, "ranks")

@@ -32,7 +32,7 @@ from ..backends import get_backend
 from .. import protocol
 from ..channels import RankPipes, RankProcess, WaitStatus
 from ..display import choose_display
-from ..errors import LaunchArgumentError, LaunchError, NotebookLaunchError
+from ..errors import LaunchArgumentError, LaunchError, NotebookLaunchError, user_interrupt
 from ..target import LaunchTarget
 from ..launcher import plan_launch
 from ..net import release_claims
@@ -72,6 +72,8 @@ def _trimmed(method: Callable[..., T]) -> Callable[..., T]:
         try:
             return method(*args, **kwargs)
         except (NotebookLaunchError, KeyboardInterrupt) as err:
+            if isinstance(err, KeyboardInterrupt):
+                raise user_interrupt(err) from None   # shows the user's frames only (errors.render)
             raise err.with_traceback(None) from None
     return wrapper
 
@@ -140,6 +142,7 @@ class Ranks:
         self._supervisor: CallSupervisor | None = None   # the call running now (stacks() reads its state)
         self._call_watch = CallWatchOptions(options.stall_after, options.lines_per_second)   # the call's
         self._finalizer = weakref.finalize(self, _kill_all, self._processes, self._reaping)
+        _pools[:] = [ref for ref in _pools if ref() is not None] + [weakref.ref(self)]
 
     # --- the public calls ---------------------------------------------------------------
     @_trimmed
@@ -311,7 +314,8 @@ class Ranks:
         if self.logs is not None:
             for local_rank, where in enumerate(found):
                 self.logs.write_block(local_rank, "notebook_launch: where this rank is (ranks.stacks()): "
-                                      + verdict + "\n" + hang_verdict.detail([where], label, frames_per_thread=1000))
+                                      + verdict + "\n"
+                                      + hang_verdict.detail([where], label, frames_per_thread=1000, whole=True))
         return report
 
     @_serialized
@@ -570,6 +574,19 @@ class Ranks:
         if self._slot is not None:
             self._slot.close()
             self._slot = None
+
+
+_pools: list[weakref.ReferenceType[Ranks]] = []   # every pool of this process, oldest first
+
+
+def newest_open_pool() -> Ranks | None:
+    """The pool made last that is not closed, however it was started (``start_ranks()`` or
+    ``%ranks start``): what ``%ranks`` works on when ``%ranks start`` made none."""
+    for ref in reversed(_pools):
+        pool = ref()
+        if pool is not None and not pool.closed:
+            return pool
+    return None
 
 
 def _waits_for_a_call(where: hang_verdict.RankWhereabouts) -> bool:

@@ -80,11 +80,13 @@ def _is_library(filename: str) -> bool:
 
 
 def user_frame(frames: Sequence[Frame]) -> Frame | None:
-    """The innermost frame of the user's code (a cell or their own file), else the innermost one."""
-    for frame in frames:
+    """The innermost frame of the user's code (a cell or their own file), else the innermost one
+    that is not notebook_launch's (None when only ours are left: the verdict names no file of ours)."""
+    theirs = [frame for frame in frames if not is_ours(frame.filename)]
+    for frame in theirs:
         if not _is_library(frame.filename):
             return frame
-    return frames[0] if frames else None
+    return theirs[0] if theirs else None
 
 
 def place(frame: Frame | None, label: Labeller, with_source: bool = False) -> str:
@@ -111,9 +113,10 @@ def location_text(rank: RankWhereabouts, label: Labeller) -> str:
     when there is no stack (a verb phrase: 'ended: finished', 'not running')."""
     if rank.note and not any(thread.ident == rank.main_thread for thread in rank.threads):
         return rank.note   # no stack, or none of its main thread (a persistent rank between calls)
-    frame = user_frame(rank.main_frames())
+    frames = rank.main_frames()
+    frame = user_frame(frames)
     if frame is None:
-        return "somewhere its stack did not show"
+        return "in notebook_launch's own code, outside yours" if frames else "somewhere its stack did not show"
     return f"in {frame.function}() at {place(frame, label, with_source=True)}"
 
 
@@ -192,25 +195,55 @@ def notes_text(ranks: Sequence[RankWhereabouts]) -> str:
 
 
 LAUNCHER_ENTRY = (f"{os.sep}notebook_launch{os.sep}rank{os.sep}runner.py", "call_and_report")
-BOOKKEEPING = f"{os.sep}notebook_launch{os.sep}rank{os.sep}whereabouts.py"
-PERSISTENT = f"{os.sep}notebook_launch{os.sep}persistent{os.sep}"   # a persistent call's wrappers (serve, namespace)
+_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))   # notebook_launch/
+_PACKAGE = f"{os.sep}notebook_launch{os.sep}"
+OUR_THREAD_NAME = "notebook_launch"   # the name (or its start) of every thread we start in a rank
+
+
+def is_ours(filename: str) -> bool:
+    """A file of notebook_launch, wherever the rank's copy is installed (a Ray node's too): a
+    path through a folder named notebook_launch to one of this package's files."""
+    at = filename.rfind(_PACKAGE)
+    return at >= 0 and os.path.exists(os.path.join(_PACKAGE_DIR, filename[at + len(_PACKAGE):]))
+
+
+def _is_python_itself(filename: str) -> bool:
+    return filename.startswith("<frozen") or ("/lib/python" in filename and "site-packages" not in filename
+                                              and "dist-packages" not in filename)
+
+
+def is_our_thread(thread: ThreadStack) -> bool:
+    """A thread notebook_launch started in the rank (the progress sender, the stack responder...):
+    named so, or running only our code on Python's own (threading, queue, selectors)."""
+    if getattr(thread, "name", "").startswith(OUR_THREAD_NAME):
+        return True
+    return any(is_ours(f.filename) for f in thread.frames) and all(
+        is_ours(f.filename) or _is_python_itself(f.filename) for f in thread.frames)
 
 
 def without_launcher_frames(frames: Sequence[Frame]) -> list[Frame]:
     """A rank's stack as the user wrote it: without the launcher's frames around their function
-    (everything outside ``runner.call_and_report``) and our bookkeeping around a collective."""
+    (everything outside ``runner.call_and_report``) and our frames inside it (a persistent call's
+    wrappers, the bookkeeping around a collective, ``progress()``)."""
     kept = list(frames)
     for index, frame in enumerate(kept):
         if frame.filename.endswith(LAUNCHER_ENTRY[0]) and frame.function == LAUNCHER_ENTRY[1]:
             kept = kept[:index]
             break
-    return [frame for frame in kept if not frame.filename.endswith(BOOKKEEPING) and PERSISTENT not in frame.filename] \
-        or list(frames)
+    return [frame for frame in kept if not is_ours(frame.filename)]
 
 
-def detail(ranks: Sequence[RankWhereabouts], label: Labeller, frames_per_thread: int = 12) -> str:
+def hidden_text(count: int, what: str = "frame") -> str:
+    """'(3 frames of notebook_launch hidden)': said wherever ours were left out (the logs keep them)."""
+    return f"({count} {what}{'s' if count != 1 else ''} of notebook_launch hidden)"
+
+
+def detail(ranks: Sequence[RankWhereabouts], label: Labeller, frames_per_thread: int = 12,
+           whole: bool = False) -> str:
     """Rank by rank: the collective it is in (or last called), then each thread's stack, innermost
-    last (as a Python traceback reads), cells named; at most ``frames_per_thread`` frames each."""
+    last (as a Python traceback reads), cells named; at most ``frames_per_thread`` frames each.
+    What the user sees leaves out the threads notebook_launch started and its frames, saying how
+    many; ``whole`` (the logs) keeps every thread and frame."""
     lines: list[str] = []
     for r in sorted(ranks, key=lambda r: r.rank):
         lines.append(f"rank {r.rank}:")
@@ -223,10 +256,11 @@ def detail(ranks: Sequence[RankWhereabouts], label: Labeller, frames_per_thread:
                          + (f", tensors {r.inside.tensors}" if r.inside.tensors else ""))
         elif r.last is not None:
             lines.append(f"  in no collective; the last one it called: {collective_text(r.last, label)}")
-        for thread in sorted(r.threads, key=lambda t: t.ident != r.main_thread):   # the main thread first
+        threads = [t for t in r.threads if whole or t.ident == r.main_thread or not is_our_thread(t)]
+        for thread in sorted(threads, key=lambda t: t.ident != r.main_thread):   # the main thread first
             name = "main thread" if thread.ident == r.main_thread else f"thread 0x{thread.ident:x}"
             lines.append(f"  {name} (most recent call last):")
-            shown = without_launcher_frames(thread.frames)
+            shown = list(thread.frames) if whole else without_launcher_frames(thread.frames)
             frames = shown[:frames_per_thread]
             if len(shown) > len(frames):
                 lines.append(f"    ... {len(shown) - len(frames)} outer frames left out")
@@ -235,5 +269,9 @@ def detail(ranks: Sequence[RankWhereabouts], label: Labeller, frames_per_thread:
                 source = linecache.getline(frame.filename, frame.lineno).strip()
                 if source:
                     lines.append(f"      {source}")
+            if len(thread.frames) > len(shown):   # after the stack, as a traceback's note reads
+                lines.append(f"    {hidden_text(len(thread.frames) - len(shown))}")
+        if len(threads) < len(r.threads):
+            lines.append(f"  {hidden_text(len(r.threads) - len(threads), 'thread')}")
         lines.extend(f"  {line}" for line in r.beyond)
     return "\n".join(lines)

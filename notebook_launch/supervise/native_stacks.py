@@ -269,7 +269,7 @@ def child_lines(child: int, threads: Sequence[hang_verdict.ThreadStack], label: 
     (it runs none), then its innermost frames (most recent call last)."""
     what = "its DataLoader worker" if is_dataloader_worker(threads) else "its child"
     main = next((t for t in threads if t.current), threads[0])
-    frames = own_frames(main.frames)
+    frames = [frame for frame in own_frames(main.frames) if not hang_verdict.is_ours(frame.filename)]
     users = [frame for frame in frames if not hang_verdict._is_library(frame.filename)]
     if users:
         place = f"is in {users[0].function}() at {hang_verdict.place(users[0], label, with_source=True)}"

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import signal
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Sequence
@@ -15,6 +16,7 @@ from .. import shared_tensors
 from ..errors import LaunchError
 from ..protocol import Failure, FailureKind, headline_of
 from ..state import DONE, FAILED, STOPPED, RunState, Status
+from . import hang_verdict
 from .child_failed import RankFailureFacts, exitcode_of, process_failures
 
 if TYPE_CHECKING:
@@ -166,11 +168,33 @@ def unpickling_advice(exc: Exception) -> str:
 
 def crash_report_lines(lines: Sequence[str]) -> list[str]:
     """What to quote from a rank that died without a Python traceback: faulthandler's
-    report when there is one (it starts with "Fatal Python error"), else the last lines."""
+    report when there is one (it starts with "Fatal Python error"), else the last lines;
+    the report's frames of notebook_launch left out, counted (the rank's log keeps them)."""
     for start in range(len(lines) - 1, -1, -1):
         if lines[start].startswith("Fatal Python error"):
-            return list(lines[start:start + 2 * LAST_LINES_IN_ERROR])
-    return list(lines[-LAST_LINES_IN_ERROR:])
+            return without_our_dump_frames(lines[start:start + 2 * LAST_LINES_IN_ERROR])
+    return without_our_dump_frames(lines[-LAST_LINES_IN_ERROR:])
+
+
+_DUMP_FRAME = re.compile(r'^\s+File "(?P<file>[^"]+)", line \d+ in ')   # a frame of faulthandler's report
+
+
+def without_our_dump_frames(lines: Sequence[str]) -> list[str]:
+    """``lines`` with each run of faulthandler frames of ours replaced by a line that counts them."""
+    kept: list[str] = []
+    hidden = 0
+    for line in lines:
+        frame = _DUMP_FRAME.match(line)
+        if frame is not None and hang_verdict.is_ours(frame["file"]):
+            hidden += 1
+            continue
+        if hidden:
+            kept.append(f"    {hang_verdict.hidden_text(hidden)}")
+            hidden = 0
+        kept.append(line)
+    if hidden:
+        kept.append(f"    {hang_verdict.hidden_text(hidden)}")
+    return kept
 
 
 # --- the error the user sees --------------------------------------------------------------

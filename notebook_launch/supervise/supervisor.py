@@ -233,11 +233,11 @@ class Supervisor:
         if verdict is None:
             self.where_problem = hang_verdict.notes_text(found)
             return None, ""
-        whole = hang_verdict.detail(found, label, frames_per_thread=1000)
+        whole = hang_verdict.detail(found, label, frames_per_thread=1000, whole=True)
         heading = f"notebook_launch: where the ranks were{f' ({why})' if why else ''}: {verdict}\n"
         for watch, where in zip(self.watches, found):   # the verdict, then this rank's whole detail
             self.logs.write_block(watch.local_rank,
-                                  heading + hang_verdict.detail([where], label, frames_per_thread=1000))
+                                  heading + hang_verdict.detail([where], label, frames_per_thread=1000, whole=True))
         log.debug("where the ranks were:\n%s", whole)
         return verdict, detail
 
