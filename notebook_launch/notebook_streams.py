@@ -14,9 +14,11 @@ with a None ``sys.stdout``.
 """
 from __future__ import annotations
 
+import contextlib
 import io
 import logging
 import sys
+from collections.abc import Iterator
 from typing import Any
 
 log = logging.getLogger("notebook_launch")
@@ -75,3 +77,46 @@ def notebook_stream(name: str) -> NotebookStream:
     """``OUT`` for "stdout", ``ERR`` for "stderr" (a rank's stream names)."""
     return ERR if name == "stderr" else OUT
 
+
+
+class _Dropped(io.TextIOBase):
+    """Takes writes and keeps nothing."""
+
+    def write(self, text: str) -> int:
+        return len(text)
+
+    def writable(self) -> bool:
+        return True
+
+
+_DROPPED = _Dropped()
+
+
+@contextlib.contextmanager
+def flushable_streams() -> Iterator[None]:
+    """Around IPython's display(), update_display() and publish_display_data(): ipykernel
+    flushes ``sys.stdout`` and ``sys.stderr`` first and raises when one is None or closed, so
+    the panel would never show. For that moment such a stream is one that drops; the
+    notebook's own comes back after (unless something replaced it meanwhile)."""
+    swapped = {}
+    for name in ("stdout", "stderr"):
+        stream = getattr(sys, name, None)
+        if not _flushable(stream):
+            swapped[name] = stream
+            setattr(sys, name, _DROPPED)
+    try:
+        yield
+    finally:
+        for name, stream in swapped.items():
+            if getattr(sys, name, None) is _DROPPED:
+                setattr(sys, name, stream)
+
+
+def _flushable(stream: Any) -> bool:
+    if stream is None:
+        return False
+    try:
+        stream.flush()
+    except _UNUSABLE:
+        return False
+    return True

@@ -275,3 +275,48 @@ def test_a_notebook_that_ignores_and_blocks_sigterm_and_sigint_still_stops_its_r
     error = caught.value
     assert str(error).startswith("rank 0 failed: ValueError: rank 0 gives up"), str(error)
     assert "rank 1: stopped by notebook_launch (SIGTERM) after rank 0 failed" in str(error), str(error)
+
+
+def test_in_a_real_kernel_that_ignores_sigchld_every_launch_reports_true_endings(tmp_path):
+    """In a Jupyter kernel as it is, after a cell set SIGCHLD to SIG_IGN: fork and spawn launches
+    and persistent ranks return their results, and report os._exit(3) as exit code 3."""
+    import json
+    import textwrap
+
+    from helpers.nbutil import make_notebook, run_notebook
+    tests_dir = os.path.dirname(os.path.abspath(__file__))
+    out = tmp_path / "endings.json"
+    nb = make_notebook(textwrap.dedent(f'''
+        import json, os, signal, sys
+        sys.path.insert(0, {tests_dir!r})
+        from test_notebook_signal_dispositions import end_after_rank_0, exit_3_on_rank_1, rank_pid
+        from notebook_launch import LaunchError, notebook_launcher, start_ranks
+        from notebook_launch.net import free_port
+        signal.signal(signal.SIGCHLD, signal.SIG_IGN)
+        endings = {{}}
+        for method in ("fork", "spawn"):
+            pids = notebook_launcher(end_after_rank_0, args=("return", os.path.join({str(tmp_path)!r}, method + "-ok")),
+                                     num_processes=2, start_method=method, ui="none",
+                                     use_port=str(free_port()), timeout=240)
+            try:
+                notebook_launcher(end_after_rank_0, args=("exit 3", os.path.join({str(tmp_path)!r}, method)),
+                                  num_processes=2, start_method=method, ui="none",
+                                  use_port=str(free_port()), timeout=240)
+            except LaunchError as error:
+                endings[method] = [len(pids), str(error).splitlines()[0], error.failures[1].exitcode,
+                                   isinstance(error.results[0], int)]
+        with start_ranks(2, use_port=free_port(), ui="none", timeout=240) as ranks:
+            pids = ranks.run(rank_pid)
+            try:
+                ranks.run(exit_3_on_rank_1)
+            except LaunchError as error:
+                endings["persistent"] = [len(pids), str(error).splitlines()[0], error.failures[1].exitcode, True]
+        endings["SIGCHLD"] = str(signal.getsignal(signal.SIGCHLD))
+        json.dump(endings, open({str(out)!r}, "w"))
+    '''))
+    run_notebook(nb, cwd=str(tmp_path), timeout=600)
+    endings = json.loads(out.read_text())
+    assert endings.pop("SIGCHLD") == str(signal.SIG_IGN)   # the notebook's own, untouched
+    exit_3 = "rank 1 failed: exit code 3 without raising a Python exception (os._exit, or a crash in C code)"
+    assert endings == {"fork": [2, exit_3, 3, True], "spawn": [2, exit_3, 3, True],
+                       "persistent": [2, exit_3, 3, True]}

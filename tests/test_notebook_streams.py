@@ -170,3 +170,40 @@ def test_ranks_of_a_notebook_whose_fds_0_1_2_are_closed(tmp_path):
     assert json.loads(report.read_text()) == {"fork": [0, 1], "spawn": [0, 1], "persistent": [0, 1]}
     for method in ("fork", "spawn", "persistent"):
         assert_output_in_logs(logs / method)
+
+
+def test_in_a_real_kernel_with_every_stream_odd_ranks_launch_and_log(tmp_path):
+    """In a Jupyter kernel whose cell set sys.stdout to None, closed sys.stderr and replaced
+    sys.stdin with an object without fileno: fork and spawn launches and persistent ranks run, and
+    every rank's output is in its log; the kernel's streams come back for the last cell."""
+    from helpers.nbutil import cell_text, make_notebook, run_notebook
+    tests_dir = os.path.dirname(os.path.abspath(__file__))
+    out, logs = tmp_path / "results.json", tmp_path / "logs"
+    nb = make_notebook(textwrap.dedent(f'''
+        import io, json, os, sys
+        sys.path.insert(0, {tests_dir!r})
+        from test_notebook_streams import talk
+        from notebook_launch import notebook_launcher, start_ranks
+        from notebook_launch.net import free_port
+        kernel_streams = sys.stdout, sys.stderr, sys.stdin
+        closed = open(os.devnull, "w")
+        closed.close()
+        sys.stdout, sys.stderr, sys.stdin = None, closed, io.StringIO()
+        results = {{}}
+        try:
+            for method in ("fork", "spawn"):
+                results[method] = notebook_launcher(talk, num_processes=2, start_method=method,
+                                                    use_port=str(free_port()), timeout=240,
+                                                    log_dir=os.path.join({str(logs)!r}, method))
+            with start_ranks(2, use_port=free_port(), timeout=240,
+                             log_dir=os.path.join({str(logs)!r}, "persistent")) as ranks:
+                results["persistent"] = ranks.run(talk)
+        finally:
+            sys.stdout, sys.stderr, sys.stdin = kernel_streams
+        json.dump(results, open({str(out)!r}, "w"))
+    '''), 'print("the kernel prints again")')
+    executed = run_notebook(nb, cwd=str(tmp_path), timeout=600)
+    assert json.loads(out.read_text()) == {"fork": [0, 1], "spawn": [0, 1], "persistent": [0, 1]}
+    for method in ("fork", "spawn", "persistent"):
+        assert_output_in_logs(logs / method)
+    assert "the kernel prints again" in cell_text(executed.cells[1])

@@ -31,7 +31,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..notebook_streams import OUT
+from ..notebook_streams import OUT, flushable_streams
 
 log = logging.getLogger("notebook_launch")
 
@@ -149,5 +149,6 @@ class RankDisplays:
 def publish_in_kernel(data: dict[str, Any], metadata: dict[str, Any], display_id: str, update: bool) -> None:
     """The kernel's own display path, from the thread running the cell."""
     from IPython.display import publish_display_data
-    publish_display_data(data, metadata, transient={"display_id": display_id}, update=update)
+    with flushable_streams():
+        publish_display_data(data, metadata, transient={"display_id": display_id}, update=update)
 
