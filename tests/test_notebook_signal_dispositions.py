@@ -18,10 +18,11 @@ from __future__ import annotations
 import ctypes
 import os
 import signal
+import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 
 import pytest
 from helpers.waiting import ended, wait_for
@@ -43,15 +44,26 @@ def _wait_until_ended(pid: int) -> None:
         time.sleep(0.01)
 
 
-def end_after_rank_0(how: str, pid_file: str) -> int:
-    """Rank 0 returns its pid; rank 1 waits until rank 0 has ended, then ends as ``how`` says, so
-    rank 0's result is in before rank 1 fails."""
+def what_a_rank_sees() -> dict:
+    """Its pid, and what the notebook's SIGCHLD must not change in a rank: its own SIGCHLD is the
+    default, so a subprocess it starts reports its true exit code (with SIGCHLD ignored a
+    Popen says 0)."""
+    return {"pid": os.getpid(), "SIGCHLD": str(signal.getsignal(signal.SIGCHLD)),
+            "a subprocess's exit code": subprocess.run(["sh", "-c", "exit 5"]).returncode}
+
+
+def end_after_rank_0(how: str, pid_file: str) -> dict:
+    """Rank 0 returns what_a_rank_sees(); rank 1 waits until rank 0 has ended, then ends as
+    ``how`` says, so rank 0's result is in before rank 1 fails."""
     rank = int(os.environ["RANK"])
     if rank == 0:
+        seen = what_a_rank_sees()
         with open(pid_file + ".tmp", "w") as f:
             f.write(str(os.getpid()))
         os.rename(pid_file + ".tmp", pid_file)
-        return os.getpid()
+        return seen
+    if how == "return":
+        return what_a_rank_sees()
     while not os.path.exists(pid_file):
         time.sleep(0.01)
     with open(pid_file) as f:
@@ -60,7 +72,7 @@ def end_after_rank_0(how: str, pid_file: str) -> int:
         os._exit(3)
     if how == "SIGKILL":
         os.kill(os.getpid(), signal.SIGKILL)
-    return os.getpid()
+    raise AssertionError(f"not a way to end: {how}")
 
 
 # --- the notebook's SIGCHLD, each state a context manager that puts everything back ----------
@@ -168,7 +180,7 @@ def sigchld_blocked() -> Iterator[set[int]]:
         signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
 
-NOTEBOOK_STATES: dict[str, Callable[[], "contextmanager[set[int]]"]] = {
+NOTEBOOK_STATES: dict[str, Callable[[], AbstractContextManager[set[int]]]] = {
     "SIGCHLD ignored": sigchld_ignored,
     "SA_NOCLDWAIT from C": no_child_wait_from_c,
     "a handler reaps every child": reaping_handler,
@@ -195,8 +207,10 @@ def test_a_launch_reports_each_ranks_true_ending(state, start_method, tmp_path, 
 
     with NOTEBOOK_STATES[state]() as reaped_by_notebook:
         notebooks_own = sigchld_action()
-        pids = launch("return")
-        assert len(pids) == 2 and all(isinstance(pid, int) for pid in pids)
+        seen = launch("return")
+        assert [sorted(r) for r in seen] == [["SIGCHLD", "a subprocess's exit code", "pid"]] * 2, seen
+        for rank_saw in seen:
+            assert rank_saw["SIGCHLD"] == str(signal.SIG_DFL) and rank_saw["a subprocess's exit code"] == 5
         endings = {}
         for how in ("exit 3", "SIGKILL"):
             with pytest.raises(LaunchError) as caught:
@@ -211,7 +225,8 @@ def test_a_launch_reports_each_ranks_true_ending(state, start_method, tmp_path, 
     assert str(killed).startswith("rank 1 failed: killed by SIGKILL"), str(killed)
     assert killed.failures[1].exitcode == -signal.SIGKILL
     for error in (exit_3, killed):   # rank 0 returned before rank 1 ended: its result is its result
-        assert error.results is not None and isinstance(error.results[0], int), str(error)
+        assert error.results is not None and isinstance(error.results[0], dict), str(error)
+        assert error.results[0]["a subprocess's exit code"] == 5
         assert "rank 0: finished" in str(error) or "rank 0: done" in str(error), str(error)
     if state in STATUS_TAKEN - {"SIGCHLD ignored", "SA_NOCLDWAIT from C"}:
         # who reaps first is a race (the kernel alone reaps in the other two states): the
@@ -304,13 +319,13 @@ def test_in_a_real_kernel_that_ignores_sigchld_every_launch_reports_true_endings
                                   use_port=str(free_port()), timeout=240)
             except LaunchError as error:
                 endings[method] = [len(pids), str(error).splitlines()[0], error.failures[1].exitcode,
-                                   isinstance(error.results[0], int)]
+                                   error.results[0]["a subprocess's exit code"]]
         with start_ranks(2, use_port=free_port(), ui="none", timeout=240) as ranks:
             pids = ranks.run(rank_pid)
             try:
                 ranks.run(exit_3_on_rank_1)
             except LaunchError as error:
-                endings["persistent"] = [len(pids), str(error).splitlines()[0], error.failures[1].exitcode, True]
+                endings["persistent"] = [len(pids), str(error).splitlines()[0], error.failures[1].exitcode, 5]
         endings["SIGCHLD"] = str(signal.getsignal(signal.SIGCHLD))
         json.dump(endings, open({str(out)!r}, "w"))
     '''))
@@ -318,5 +333,4 @@ def test_in_a_real_kernel_that_ignores_sigchld_every_launch_reports_true_endings
     endings = json.loads(out.read_text())
     assert endings.pop("SIGCHLD") == str(signal.SIG_IGN)   # the notebook's own, untouched
     exit_3 = "rank 1 failed: exit code 3 without raising a Python exception (os._exit, or a crash in C code)"
-    assert endings == {"fork": [2, exit_3, 3, True], "spawn": [2, exit_3, 3, True],
-                       "persistent": [2, exit_3, 3, True]}
+    assert endings == {"fork": [2, exit_3, 3, 5], "spawn": [2, exit_3, 3, 5], "persistent": [2, exit_3, 3, 5]}
