@@ -244,10 +244,12 @@ def rank_pid() -> int:
     return os.getpid()
 
 
-@pytest.mark.parametrize("state", list(NOTEBOOK_STATES))
-def test_persistent_ranks_report_each_ranks_true_ending(state, tmp_path, capsys, fresh_fork_helper):
+@pytest.mark.parametrize(("state", "start_method"), [(state, "fork") for state in NOTEBOOK_STATES] + [
+    ("SIGCHLD ignored", "spawn"), ("a thread reaps every child", "spawn")])   # spawn: the same ended_status
+def test_persistent_ranks_report_each_ranks_true_ending(state, start_method, tmp_path, capsys, fresh_fork_helper):
     with NOTEBOOK_STATES[state]() as reaped_by_notebook, \
-            start_ranks(2, use_port=free_port(), log_dir=str(tmp_path / "logs"), ui="none", timeout=240) as ranks:
+            start_ranks(2, use_port=free_port(), log_dir=str(tmp_path / "logs"), ui="none", timeout=240,
+                        start_method=start_method) as ranks:
         notebooks_own = sigchld_action()
         assert ranks.run(rank_pid) == ranks.pids
         with pytest.raises(LaunchError) as caught:   # ends in a call
