@@ -336,3 +336,37 @@ def test_in_a_real_kernel_that_ignores_sigchld_every_launch_reports_true_endings
     assert endings.pop("SIGCHLD") == str(signal.SIG_IGN)   # the notebook's own, untouched
     exit_3 = "rank 1 failed: exit code 3 without raising a Python exception (os._exit, or a crash in C code)"
     assert endings == {"fork": [2, exit_3, 3, 5], "spawn": [2, exit_3, 3, 5], "persistent": [2, exit_3, 3, 5]}
+
+
+def returns_its_rank() -> int:
+    return int(os.environ["RANK"])
+
+
+@pytest.mark.parametrize("start_method", ["fork", "spawn"])
+def test_where_the_kernel_keeps_no_status_a_result_that_arrived_is_the_ranks_result(start_method, tmp_path,
+                                                                                    monkeypatch):
+    """Linux before 6.15 keeps no exit status on a pidfd (here: PIDFD_GET_INFO made to fail as
+    such a kernel's does): with SIGCHLD ignored a rank's status is lost. A rank that returned has
+    its result; one that ended without a result or an exception says its status was taken."""
+    import errno
+
+    from notebook_launch.channels import process
+
+    def no_pidfd_info(pidfd: int) -> None:
+        raise OSError(errno.ENOTTY, "Inappropriate ioctl for device")
+
+    monkeypatch.setattr(process, "_pidfd_exit_info", no_pidfd_info)
+    with sigchld_ignored():
+        results = notebook_launcher(returns_its_rank, num_processes=2, start_method=start_method,
+                                    use_port=str(free_port()), log_dir=str(tmp_path / "logs"), ui="none",
+                                    timeout=240)
+        with pytest.raises(LaunchError) as caught:
+            notebook_launcher(end_after_rank_0, args=("exit 3", str(tmp_path / "pid")), num_processes=2,
+                              start_method=start_method, use_port=str(free_port()),
+                              log_dir=str(tmp_path / "logs"), ui="none", timeout=240)
+    assert results == [0, 1]
+    error = caught.value
+    assert error.rank == 1 and error.failures[1].exitcode == -1, str(error)   # torch's "unknown"
+    assert str(error).startswith("rank 1 failed: ended, its exit status taken before notebook_launch could "
+                                 "read it (the notebook ignores SIGCHLD"), str(error)
+    assert isinstance(error.results[0], dict)   # rank 0's result arrived: it is rank 0's result
