@@ -21,6 +21,7 @@ import signal
 import subprocess
 import threading
 import time
+import warnings
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 
@@ -164,8 +165,10 @@ def reaping_thread() -> Iterator[set[int]]:
         yield reaped
     finally:
         done.set()
-        if os.fork() == 0:
-            os._exit(0)
+        with warnings.catch_warnings():   # Python 3.12+: a fork of a process with threads; this child only exits
+            warnings.simplefilter("ignore", DeprecationWarning)
+            if os.fork() == 0:
+                os._exit(0)
         thread.join()
 
 
