@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import IO, Callable, Iterable, Protocol
 
 from .metrics import MetricsFile
+from .notebook_streams import OUT
 from .errors import LaunchArgumentError
 from .run_folders import (LiveRunFolder, Retention, default_log_root, fallback_log_root, prune,
                           retention_from_environment)
@@ -232,4 +233,4 @@ def _reason(exc: OSError) -> str:
 
 
 def _tell_the_cell(text: str) -> None:
-    print(text, flush=True)
+    print(text, file=OUT, flush=True)

@@ -14,6 +14,7 @@ from .detect.xla import runtime_initialized
 from .errors import GuardError, LaunchArgumentError
 from .hooks import installed_by
 from .net import PortReservation, claim_any_free_port, claim_free_port
+from .notebook_streams import ERR
 from .plan import StartMethod
 
 log = logging.getLogger("notebook_launch")
@@ -53,7 +54,7 @@ def check_no_accelerate_state() -> None:
     if origin.resettable and _nothing_but_the_state_was_started():
         reset_for_training_arguments(origin.resettable)
         print("notebook_launch: reset the Accelerate state that TrainingArguments made in the notebook"
-              f"{origin.describe()}; no device was touched, so each rank sets up its own.", file=sys.stderr)
+              f"{origin.describe()}; no device was touched, so each rank sets up its own.", file=ERR)
         return
     what = "an Accelerator or AcceleratorState" if accelerator_state else "a PartialState"
     makers = origin.makers

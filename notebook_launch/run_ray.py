@@ -16,6 +16,7 @@ from .backends import ray_connect
 from .backends.ray_launch import RayLauncher, failure_of, notebook_address, notebook_plan
 from .errors import GuardError, LaunchError
 from .logs import make_run_id
+from .notebook_streams import OUT
 from .rank.runner import Job
 from .run import RunContext, run_with_scaffold, supervise_ranks
 from .supervise import outcome
@@ -54,7 +55,7 @@ def run_on_ray(options: "LaunchOptions", cluster: "RayCluster", world_size: int)
             return supervise_ranks(ctx, job)
 
         def before_restart(error: LaunchError, number: int) -> None:
-            print(outcome.restart_notice(failure_of(error), number, options.max_restarts, False), flush=True)
+            print(outcome.restart_notice(failure_of(error), number, options.max_restarts, False), file=OUT, flush=True)
 
         return restarts.run_attempts(
             attempt, options.max_restarts, before_restart,

@@ -30,6 +30,7 @@ from .display import choose_display
 from .display.display_relay import RankDisplays
 from .errors import LaunchError
 from .logs import LogSection, LogWriter, RunLogs
+from .notebook_streams import OUT
 from .signal_handlers import restore_signal_handlers, save_signal_handlers
 from .state import DONE, FAILED, RUNNING, STARTING, STOPPED, RankState, RunState
 from .supervise import interrupts
@@ -75,7 +76,7 @@ class Session(Generic[W]):
                                state_type=state_type)
             display = choose(options.ui, line_prefix=options.line_prefix, lines_per_second=options.lines_per_second)
             print(launch_line(plan, backend, logs, display=display.name, platform=platform,
-                              extra_lines=extra_lines), flush=True)
+                              extra_lines=extra_lines), file=OUT, flush=True)
             return Session(state, logs, display, options.display_ranks)
         except BaseException:
             logs.close()   # no session owns them yet

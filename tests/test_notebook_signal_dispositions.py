@@ -18,10 +18,12 @@ from __future__ import annotations
 import ctypes
 import os
 import signal
+import subprocess
 import threading
 import time
+import warnings
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 
 import pytest
 from helpers.waiting import ended, wait_for
@@ -43,15 +45,26 @@ def _wait_until_ended(pid: int) -> None:
         time.sleep(0.01)
 
 
-def end_after_rank_0(how: str, pid_file: str) -> int:
-    """Rank 0 returns its pid; rank 1 waits until rank 0 has ended, then ends as ``how`` says, so
-    rank 0's result is in before rank 1 fails."""
+def what_a_rank_sees() -> dict:
+    """Its pid, and what the notebook's SIGCHLD must not change in a rank: its own SIGCHLD is the
+    default, so a subprocess it starts reports its true exit code (with SIGCHLD ignored a
+    Popen says 0)."""
+    return {"pid": os.getpid(), "SIGCHLD": str(signal.getsignal(signal.SIGCHLD)),
+            "a subprocess's exit code": subprocess.run(["sh", "-c", "exit 5"]).returncode}
+
+
+def end_after_rank_0(how: str, pid_file: str) -> dict:
+    """Rank 0 returns what_a_rank_sees(); rank 1 waits until rank 0 has ended, then ends as
+    ``how`` says, so rank 0's result is in before rank 1 fails."""
     rank = int(os.environ["RANK"])
     if rank == 0:
+        seen = what_a_rank_sees()
         with open(pid_file + ".tmp", "w") as f:
             f.write(str(os.getpid()))
         os.rename(pid_file + ".tmp", pid_file)
-        return os.getpid()
+        return seen
+    if how == "return":
+        return what_a_rank_sees()
     while not os.path.exists(pid_file):
         time.sleep(0.01)
     with open(pid_file) as f:
@@ -60,7 +73,7 @@ def end_after_rank_0(how: str, pid_file: str) -> int:
         os._exit(3)
     if how == "SIGKILL":
         os.kill(os.getpid(), signal.SIGKILL)
-    return os.getpid()
+    raise AssertionError(f"not a way to end: {how}")
 
 
 # --- the notebook's SIGCHLD, each state a context manager that puts everything back ----------
@@ -152,8 +165,10 @@ def reaping_thread() -> Iterator[set[int]]:
         yield reaped
     finally:
         done.set()
-        if os.fork() == 0:
-            os._exit(0)
+        with warnings.catch_warnings():   # Python 3.12+: a fork of a process with threads; this child only exits
+            warnings.simplefilter("ignore", DeprecationWarning)
+            if os.fork() == 0:
+                os._exit(0)
         thread.join()
 
 
@@ -168,7 +183,7 @@ def sigchld_blocked() -> Iterator[set[int]]:
         signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
 
-NOTEBOOK_STATES: dict[str, Callable[[], "contextmanager[set[int]]"]] = {
+NOTEBOOK_STATES: dict[str, Callable[[], AbstractContextManager[set[int]]]] = {
     "SIGCHLD ignored": sigchld_ignored,
     "SA_NOCLDWAIT from C": no_child_wait_from_c,
     "a handler reaps every child": reaping_handler,
@@ -195,8 +210,10 @@ def test_a_launch_reports_each_ranks_true_ending(state, start_method, tmp_path, 
 
     with NOTEBOOK_STATES[state]() as reaped_by_notebook:
         notebooks_own = sigchld_action()
-        pids = launch("return")
-        assert len(pids) == 2 and all(isinstance(pid, int) for pid in pids)
+        seen = launch("return")
+        assert [sorted(r) for r in seen] == [["SIGCHLD", "a subprocess's exit code", "pid"]] * 2, seen
+        for rank_saw in seen:
+            assert rank_saw["SIGCHLD"] == str(signal.SIG_DFL) and rank_saw["a subprocess's exit code"] == 5
         endings = {}
         for how in ("exit 3", "SIGKILL"):
             with pytest.raises(LaunchError) as caught:
@@ -211,7 +228,8 @@ def test_a_launch_reports_each_ranks_true_ending(state, start_method, tmp_path, 
     assert str(killed).startswith("rank 1 failed: killed by SIGKILL"), str(killed)
     assert killed.failures[1].exitcode == -signal.SIGKILL
     for error in (exit_3, killed):   # rank 0 returned before rank 1 ended: its result is its result
-        assert error.results is not None and isinstance(error.results[0], int), str(error)
+        assert error.results is not None and isinstance(error.results[0], dict), str(error)
+        assert error.results[0]["a subprocess's exit code"] == 5
         assert "rank 0: finished" in str(error) or "rank 0: done" in str(error), str(error)
     if state in STATUS_TAKEN - {"SIGCHLD ignored", "SA_NOCLDWAIT from C"}:
         # who reaps first is a race (the kernel alone reaps in the other two states): the
@@ -229,10 +247,12 @@ def rank_pid() -> int:
     return os.getpid()
 
 
-@pytest.mark.parametrize("state", list(NOTEBOOK_STATES))
-def test_persistent_ranks_report_each_ranks_true_ending(state, tmp_path, capsys, fresh_fork_helper):
+@pytest.mark.parametrize(("state", "start_method"), [(state, "fork") for state in NOTEBOOK_STATES] + [
+    ("SIGCHLD ignored", "spawn"), ("a thread reaps every child", "spawn")])   # spawn: the same ended_status
+def test_persistent_ranks_report_each_ranks_true_ending(state, start_method, tmp_path, capsys, fresh_fork_helper):
     with NOTEBOOK_STATES[state]() as reaped_by_notebook, \
-            start_ranks(2, use_port=free_port(), log_dir=str(tmp_path / "logs"), ui="none", timeout=240) as ranks:
+            start_ranks(2, use_port=free_port(), log_dir=str(tmp_path / "logs"), ui="none", timeout=240,
+                        start_method=start_method) as ranks:
         notebooks_own = sigchld_action()
         assert ranks.run(rank_pid) == ranks.pids
         with pytest.raises(LaunchError) as caught:   # ends in a call
@@ -275,3 +295,81 @@ def test_a_notebook_that_ignores_and_blocks_sigterm_and_sigint_still_stops_its_r
     error = caught.value
     assert str(error).startswith("rank 0 failed: ValueError: rank 0 gives up"), str(error)
     assert "rank 1: stopped by notebook_launch (SIGTERM) after rank 0 failed" in str(error), str(error)
+
+
+def test_in_a_real_kernel_that_ignores_sigchld_every_launch_reports_true_endings(tmp_path):
+    """In a Jupyter kernel as it is, after a cell set SIGCHLD to SIG_IGN: fork and spawn launches
+    and persistent ranks return their results, and report os._exit(3) as exit code 3."""
+    import json
+    import textwrap
+
+    from helpers.nbutil import make_notebook, run_notebook
+    tests_dir = os.path.dirname(os.path.abspath(__file__))
+    out = tmp_path / "endings.json"
+    nb = make_notebook(textwrap.dedent(f'''
+        import json, os, signal, sys
+        sys.path.insert(0, {tests_dir!r})
+        from test_notebook_signal_dispositions import end_after_rank_0, exit_3_on_rank_1, rank_pid
+        from notebook_launch import LaunchError, notebook_launcher, start_ranks
+        from notebook_launch.net import free_port
+        signal.signal(signal.SIGCHLD, signal.SIG_IGN)
+        endings = {{}}
+        for method in ("fork", "spawn"):
+            pids = notebook_launcher(end_after_rank_0, args=("return", os.path.join({str(tmp_path)!r}, method + "-ok")),
+                                     num_processes=2, start_method=method, ui="none",
+                                     use_port=str(free_port()), timeout=240)
+            try:
+                notebook_launcher(end_after_rank_0, args=("exit 3", os.path.join({str(tmp_path)!r}, method)),
+                                  num_processes=2, start_method=method, ui="none",
+                                  use_port=str(free_port()), timeout=240)
+            except LaunchError as error:
+                endings[method] = [len(pids), str(error).splitlines()[0], error.failures[1].exitcode,
+                                   error.results[0]["a subprocess's exit code"]]
+        with start_ranks(2, use_port=free_port(), ui="none", timeout=240) as ranks:
+            pids = ranks.run(rank_pid)
+            try:
+                ranks.run(exit_3_on_rank_1)
+            except LaunchError as error:
+                endings["persistent"] = [len(pids), str(error).splitlines()[0], error.failures[1].exitcode, 5]
+        endings["SIGCHLD"] = str(signal.getsignal(signal.SIGCHLD))
+        json.dump(endings, open({str(out)!r}, "w"))
+    '''))
+    run_notebook(nb, cwd=str(tmp_path), timeout=600)
+    endings = json.loads(out.read_text())
+    assert endings.pop("SIGCHLD") == str(signal.SIG_IGN)   # the notebook's own, untouched
+    exit_3 = "rank 1 failed: exit code 3 without raising a Python exception (os._exit, or a crash in C code)"
+    assert endings == {"fork": [2, exit_3, 3, 5], "spawn": [2, exit_3, 3, 5], "persistent": [2, exit_3, 3, 5]}
+
+
+def returns_its_rank() -> int:
+    return int(os.environ["RANK"])
+
+
+@pytest.mark.parametrize("start_method", ["fork", "spawn"])
+def test_where_the_kernel_keeps_no_status_a_result_that_arrived_is_the_ranks_result(start_method, tmp_path,
+                                                                                    monkeypatch):
+    """Linux before 6.15 keeps no exit status on a pidfd (here: PIDFD_GET_INFO made to fail as
+    such a kernel's does): with SIGCHLD ignored a rank's status is lost. A rank that returned has
+    its result; one that ended without a result or an exception says its status was taken."""
+    import errno
+
+    from notebook_launch.channels import process
+
+    def no_pidfd_info(pidfd: int) -> None:
+        raise OSError(errno.ENOTTY, "Inappropriate ioctl for device")
+
+    monkeypatch.setattr(process, "_pidfd_exit_info", no_pidfd_info)
+    with sigchld_ignored():
+        results = notebook_launcher(returns_its_rank, num_processes=2, start_method=start_method,
+                                    use_port=str(free_port()), log_dir=str(tmp_path / "logs"), ui="none",
+                                    timeout=240)
+        with pytest.raises(LaunchError) as caught:
+            notebook_launcher(end_after_rank_0, args=("exit 3", str(tmp_path / "pid")), num_processes=2,
+                              start_method=start_method, use_port=str(free_port()),
+                              log_dir=str(tmp_path / "logs"), ui="none", timeout=240)
+    assert results == [0, 1]
+    error = caught.value
+    assert error.rank == 1 and error.failures[1].exitcode == -1, str(error)   # torch's "unknown"
+    assert str(error).startswith("rank 1 failed: ended, its exit status taken before notebook_launch could "
+                                 "read it (the notebook ignores SIGCHLD"), str(error)
+    assert error.results is not None and isinstance(error.results[0], dict)   # rank 0's result: its own

@@ -74,7 +74,7 @@ def test_a_rank_that_outlives_sigkill_does_not_hang_the_launch(rank_1_fakes_stuc
 
 
 def test_a_spawned_rank_that_does_not_end_is_waited_for_a_bounded_time():
-    """The spawn backend's wait() (Popen.wait) is bounded as the base's is: a process that does not end
+    """The spawn backend's wait() (the base's, on its own waitpid) is bounded: a process that does not end
     within wait_limit is STUCK with its note (here a real process that simply keeps running)."""
     import subprocess
     import sys

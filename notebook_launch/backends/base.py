@@ -19,10 +19,10 @@ way of starting ranks is one small module. Its caller always does the same:
 from __future__ import annotations
 
 import abc
-import sys
 from typing import TYPE_CHECKING, Callable, Sequence
 
 from ..channels import RankPipes, RankProcess
+from ..notebook_streams import ERR, OUT
 from ..supervise import leftovers
 
 if TYPE_CHECKING:
@@ -75,8 +75,8 @@ def start_each(plan: "LaunchPlan", pipes_by_rank: Sequence[RankPipes],
     """Start one process per rank with ``start_one``, closing each rank's child ends in the
     parent once it runs. If any start fails, the ranks started so far are killed, reaped
     and released before the error propagates: no half-started run survives."""
-    sys.stdout.flush()
-    sys.stderr.flush()
+    OUT.flush()   # what the notebook printed shows before the ranks' lines
+    ERR.flush()
     processes: list[RankProcess] = []
     try:
         for spec in plan.ranks:

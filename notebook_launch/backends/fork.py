@@ -3,7 +3,6 @@ function defined in a notebook cell without pickling it. Safe while the
 parent holds no CUDA context (guards check that first)."""
 from __future__ import annotations
 
-import logging
 import os
 from typing import TYPE_CHECKING, NoReturn, Sequence
 
@@ -15,8 +14,6 @@ from .warm_imports import warm_for
 if TYPE_CHECKING:
     from ..plan import LaunchPlan, RankSpec
     from ..rank.runner import Job
-
-log = logging.getLogger("notebook_launch")
 
 
 class ForkedRank(RankProcess):

@@ -50,7 +50,11 @@ class SpawnedRank(RankProcess):
 
     def poll(self) -> WaitStatus | None:
         """Not Popen.poll/wait: they take a status someone else reaped for an exit code 0."""
-        if self.popen.returncode is None:
+        if self._status is None:
+            code = self.popen.returncode
+            if code is not None:   # its Popen was asked and reaped it itself
+                self._status = ("signal", -code) if code < 0 else ("exit", code)
+                return self._status
             status = ended_status(self.pid, self.sentinel if self._sentinel_is_pidfd else None)
             if status is None:
                 return None
@@ -62,7 +66,7 @@ class SpawnedRank(RankProcess):
 
     @property
     def reaped(self) -> bool:
-        return self.popen.returncode is not None
+        return self._status is not None or self.popen.returncode is not None
 
     def release(self) -> None:
         if self.sentinel is not None:

@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Callable, NoReturn, Sequence
 from ..supervise import leftovers
 from ..supervise.hang_verdict import RankWhereabouts
 from ..channels import RankPipes, RankProcess
+from ..notebook_streams import ERR, OUT
 from .base import Launcher
 from .fork import ForkedRank
 from .fork_thread import fork_from_clean_thread
@@ -163,8 +164,8 @@ class XlaBackend(Launcher):
     def start(self, plan: "LaunchPlan", job: "Job", channels: Sequence[RankPipes]) -> list[RankProcess]:
         from ..rank.xla_replicas import run_launcher
 
-        sys.stdout.flush()
-        sys.stderr.flush()
+        OUT.flush()
+        ERR.flush()
         parent_pid = os.getpid()
         nprocs = 1 if len(plan.ranks) == 1 else None  # the only values PJRT accepts
 

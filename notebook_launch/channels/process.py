@@ -105,7 +105,11 @@ def ended_status(pid: int, pidfd: int | None) -> WaitStatus | None:
     Why not give SIGCHLD back its default for a launch instead: only the main thread may set
     a Python handler (a launch can run in any thread), persistent ranks live across cells
     in which the notebook's own disposition must hold, a C library's handler is invisible
-    to Python, and the notebook's other children would change behaviour under it."""
+    to Python, and the notebook's other children would change behaviour under it. Why not
+    have the rank report its own exit code: a signal's death cannot be reported by the dead,
+    nor an exit from C; and a waiter process between the notebook and each rank would double
+    every fork. Where the status is LOST, a result or an exception that arrived still says
+    how the rank ended (supervise.outcome)."""
     try:
         reaped, status = os.waitpid(pid, os.WNOHANG)
     except ChildProcessError:

@@ -31,6 +31,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..notebook_streams import OUT, flushable_streams
+
 log = logging.getLogger("notebook_launch")
 
 MAX_PUBLISHES_PER_SECOND = 5
@@ -123,7 +125,7 @@ class RankDisplays:
         for rank, outputs in sorted(self._outputs.items()):
             if outputs.dropped:
                 print(f"notebook_launch: {outputs.dropped} display() outputs of rank {rank} were not shown "
-                      f"(more than {NEW_OUTPUTS_PER_SECOND} new outputs a second)", flush=True)
+                      f"(more than {NEW_OUTPUTS_PER_SECOND} new outputs a second)", file=OUT, flush=True)
 
     def _clear(self, outputs: _RankOutputs) -> None:
         """Empty every output of the rank; the next displays refill them from the top."""
@@ -147,5 +149,6 @@ class RankDisplays:
 def publish_in_kernel(data: dict[str, Any], metadata: dict[str, Any], display_id: str, update: bool) -> None:
     """The kernel's own display path, from the thread running the cell."""
     from IPython.display import publish_display_data
-    publish_display_data(data, metadata, transient={"display_id": display_id}, update=update)
+    with flushable_streams():
+        publish_display_data(data, metadata, transient={"display_id": display_id}, update=update)
 

@@ -14,6 +14,7 @@ from typing import Any
 from . import format as fmt
 from .base import Display
 from .text import TextDisplay
+from ..notebook_streams import flushable_streams
 from ..state import DONE, FAILED, RunState
 from .curves import curves_html
 from .fragments import BAR_WIDTH, LABEL_WIDTH, ONE_LINE, header_html, info_html, label_html, where_html
@@ -36,8 +37,9 @@ class HtmlDisplay(Display):
     def start(self, state: RunState) -> None:
         from IPython.display import display
         self._last_html = render(state)
-        self.handle = display({"text/html": self._last_html, "text/plain": fmt.summary(state)},
-                              raw=True, display_id=True)
+        with flushable_streams():
+            self.handle = display({"text/html": self._last_html, "text/plain": fmt.summary(state)},
+                                  raw=True, display_id=True)
 
     def line(self, state: RunState, local_rank: int, stream: str, text: str) -> None:
         if self.lines is not None:
@@ -49,7 +51,8 @@ class HtmlDisplay(Display):
             return
         page = render(state)
         if page != self._last_html or final:
-            self.handle.update({"text/html": page, "text/plain": fmt.summary(state)}, raw=True)
+            with flushable_streams():
+                self.handle.update({"text/html": page, "text/plain": fmt.summary(state)}, raw=True)
             self._last_html = page
         self._last = now
 

@@ -1,11 +1,11 @@
 """Plain text: rank-tagged lines to the cell or terminal, one write per line."""
 from __future__ import annotations
 
-import sys
 import time
 
 from typing import TYPE_CHECKING
 
+from ..notebook_streams import ERR, OUT, notebook_stream
 from .base import Display
 from ..state import DONE
 
@@ -51,8 +51,7 @@ class TextDisplay(Display):
         if self.budget is not None and not self._within_budget(local_rank):
             self._suppressed += 1
             return
-        out = sys.stderr if stream == "stderr" else sys.stdout
-        out.write(f"{self.tag(state, local_rank)}{text}\n")
+        notebook_stream(stream).write(f"{self.tag(state, local_rank)}{text}\n")
 
     def _within_budget(self, local_rank: int) -> bool:
         now = time.monotonic()
@@ -66,7 +65,7 @@ class TextDisplay(Display):
 
     def _report_suppressed(self) -> None:
         if self._suppressed:
-            sys.stdout.write(f"[notebook_launch] {self._suppressed} lines not shown here "
+            OUT.write(f"[notebook_launch] {self._suppressed} lines not shown here "
                              f"(more than {self.budget} a second from a rank, too fast for the notebook); "
                              f"every line is in the log folder, a rank's recent lines in the panel's \"recent lines\", "
                              f"and notebook_launcher(..., lines_per_second=\"all\") shows them all here\n")
@@ -87,11 +86,11 @@ class TextDisplay(Display):
         report = state.where_report
         if report and report != self._where_shown:
             self._where_shown = report
-            sys.stdout.write(f"[notebook_launch] where are they: {report.rstrip()}\n")
+            OUT.write(f"[notebook_launch] where are they: {report.rstrip()}\n")
 
     def _print_summary(self, state: RunState) -> None:
         from . import format as fmt
-        sys.stdout.write(fmt.summary(state) + "\n")
+        OUT.write(fmt.summary(state) + "\n")
 
     def close(self, state: RunState) -> None:
         if self.summary_every is not None:
@@ -100,5 +99,5 @@ class TextDisplay(Display):
             else:
                 self._print_summary(state)
         self._report_suppressed()
-        sys.stdout.flush()
-        sys.stderr.flush()
+        OUT.flush()
+        ERR.flush()

@@ -39,6 +39,7 @@ from .html import render
 from .base import Display
 from .kernel_poll import CommPoller
 from .text import NOTEBOOK_LINES_PER_SECOND, TextDisplay
+from ..notebook_streams import flushable_streams
 from ..state import DONE, RECENT_LINES, RankState, RunState
 
 MAX_REDRAWS_PER_SECOND = 5
@@ -143,8 +144,9 @@ class WidgetDisplay(Display):
             self.closed = True
             try:
                 if self.handle is not None:   # first the picture, so no view of a closed widget shows
-                    self.handle.update({"text/html": render(state), "text/plain": fmt.summary(state)},
-                                       raw=True)
+                    with flushable_streams():
+                        self.handle.update({"text/html": render(state), "text/plain": fmt.summary(state)},
+                                           raw=True)
             finally:
                 close_widgets(self.widgets_made())
         if self.lines is not None:
@@ -266,7 +268,8 @@ def _bundle(panel: Any, text: str) -> dict[str, Any]:
 
 def _show(panel: Any, text: str) -> Any:
     from IPython.display import display
-    return display(_bundle(panel, text), raw=True, display_id=True)
+    with flushable_streams():
+        return display(_bundle(panel, text), raw=True, display_id=True)
 
 
 def _bar_traits(rs: RankState) -> dict[str, Any]:

@@ -40,6 +40,7 @@ from torch.distributed.elastic.agent.server.api import (  # noqa: E402  (torch i
 from ..channels import RankPipes
 from ..errors import LaunchError
 from ..net import free_port, interface_toward, is_loopback
+from ..notebook_streams import OUT
 from ..plan import SOCKET_IFNAME_VARIABLES, LaunchPlan, available_cpus, rank_environment
 from ..protocol import Failure, FailureKind
 from ..supervise import outcome
@@ -168,7 +169,7 @@ class NotebookElasticAgent(SimpleElasticAgent):
             raise RunEnded(ctx.error_for(record))
         if torch_compat.remaining_restarts(self) > 0:
             print(outcome.restart_notice(record, self.attempt + 1, ctx.max_restarts,
-                                         multi_node=ctx.settings.num_nodes > 1), flush=True)
+                                         multi_node=ctx.settings.num_nodes > 1), file=OUT, flush=True)
         return RunResult(state=WorkerState.FAILED)
 
     # --- helpers -------------------------------------------------------------------

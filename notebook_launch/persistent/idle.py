@@ -18,7 +18,6 @@ from __future__ import annotations
 import logging
 import os
 import selectors
-import sys
 import threading
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
@@ -26,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 from .. import protocol
 from ..ipython_shell import running_shell
 from ..line_splitter import LineSplitter
+from ..notebook_streams import notebook_stream
 
 if TYPE_CHECKING:
     from ..channels import RankPipes, RankProcess
@@ -204,7 +204,7 @@ class IdleReader:
     def _line(self, local: int, what: str, text: str) -> None:
         self.logs.write_line(local, what, text)
         if self.show():
-            out = sys.stderr if what == "stderr" else sys.stdout
+            out = notebook_stream(what)
             try:
                 out.write(f"{self.tag(local)}{text}\n")
                 out.flush()

@@ -36,6 +36,7 @@ from ..errors import LaunchArgumentError, LaunchError, NotebookLaunchError, user
 from ..target import LaunchTarget
 from ..launcher import plan_launch
 from ..net import release_claims
+from ..notebook_streams import OUT
 from ..line_prefix import parse_line_prefix
 from ..logs import RunLogs
 from ..options import (
@@ -217,7 +218,7 @@ class Ranks:
                   f"{', '.join(map(str, sorted(subset)))} only; rank{'s' * (len(idle) > 1)} "
                   f"{', '.join(map(str, idle))} {wait}, "
                   f"with {'their' if len(idle) > 1 else 'its'} state (the cell must not call a collective "
-                  f"that needs {'them' if len(idle) > 1 else 'it'})", flush=True)
+                  f"that needs {'them' if len(idle) > 1 else 'it'})", file=OUT, flush=True)
         try:
             return self._call(Call(Job(namespace.run_cell, (source, filename, values, None, subset)),
                                    hidden_frames=1), "%%ranks cell", timeout, idle=frozenset(idle), watch=watch)
@@ -228,7 +229,7 @@ class Ranks:
               + "; ".join(f"{name} ({why})" for name, why in unsent.items())
               + ". The ranks use their own value of these names; where they have none, the cell stops "
               "with a NameError before it runs. Create such values in the ranks (in a %%ranks cell).",
-              flush=True)
+              file=OUT, flush=True)
         sendable = {name: value for name, value in values.items() if name not in unsent}
         return self._call(Call(Job(namespace.run_cell, (source, filename, sendable, unsent, subset)),
                                hidden_frames=1), "%%ranks cell", timeout, idle=frozenset(idle), watch=watch)
@@ -426,7 +427,7 @@ class Ranks:
         if self.restarts == 0:
             display = choose_display(self.options.ui, line_prefix=self.options.line_prefix).name
             print(launch_line(plan, self.backend_name, self.logs, display=display, platform=target.where.platform),
-                  flush=True)
+                  file=OUT, flush=True)
 
     def _start_idle(self, events: dict[int, protocol.EventReader]) -> None:
         """Hand the ranks' pipes to the between-calls reader (started with the ranks)."""
@@ -478,7 +479,7 @@ class Ranks:
             assert self.logs is not None
             self.logs.write_to_all(f"----- ranks restarted: {lost} -----")
             print(f"notebook_launch: the ranks were restarted because {lost}; their state (models, "
-                  f"variables, process group) is lost: this call runs on fresh ranks.", flush=True)
+                  f"variables, process group) is lost: this call runs on fresh ranks.", file=OUT, flush=True)
             self._start()
             events = self._pause_idle()
         return events

@@ -44,6 +44,7 @@ from ..display import choose_display
 from ..errors import LaunchError
 from ..line_prefix import parse_line_prefix
 from ..logs import make_run_id
+from ..notebook_streams import OUT
 from ..options import (DEFAULT_LINES_PER_SECOND, DEFAULT_USE_PORT, LaunchOptions,
                        check_display_ranks_exist, launch_options, validate_cluster_launch, validate_cluster_type,
                        validate_interrupt_grace)
@@ -198,7 +199,7 @@ class RayRanks(Ranks):
             display = choose_display(options.ui, line_prefix=options.line_prefix).name
             where = ", ".join(f"rank {r} on {n}" for r, n in enumerate(self.nodes))
             print(launch_line(plan, self.backend_name, self.logs, display=display,
-                              extra_lines=(self.summary, f"notebook_launch: {where}")), flush=True)
+                              extra_lines=(self.summary, f"notebook_launch: {where}")), file=OUT, flush=True)
 
     def _start_idle(self, events: dict[int, protocol.EventReader]) -> None:
         """The between-calls reader, as local ranks have it, except that a rank that ends has no

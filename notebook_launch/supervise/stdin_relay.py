@@ -22,6 +22,7 @@ from typing import Any, Protocol
 
 from .. import protocol
 from ..ipython_shell import running_kernel
+from ..notebook_streams import ERR, OUT
 
 log = logging.getLogger("notebook_launch")
 Reply = Callable[[protocol.InputReplyPayload], None]
@@ -53,7 +54,7 @@ class KernelFrontend:
 
     def start(self, prompt: str, password: bool) -> None:
         import zmq
-        for stream in (sys.stdout, sys.stderr):  # the rank's lines shown so far come before the box
+        for stream in (OUT, ERR):  # the rank's lines shown so far come before the box
             stream.flush()
         socket = self.kernel.stdin_socket
         while True:  # like ipykernel: drop stale replies (an answer to a prompt given up on)
@@ -93,8 +94,8 @@ class TerminalFrontend:
         self.buffer = b""
         if password:
             self._echo_off()   # before the prompt shows: a fast typist's first keys stay hidden
-        sys.stdout.write(prompt)
-        sys.stdout.flush()
+        OUT.write(prompt)
+        OUT.flush()
 
     def poll(self) -> protocol.InputReplyPayload | None:
         while select.select([self.fd], [], [], 0)[0]:
@@ -112,8 +113,8 @@ class TerminalFrontend:
     def cancel(self) -> None:
         """The rank ended or the run stops: end the prompt's line, give the terminal its echo back."""
         if not self._restore():
-            sys.stdout.write("\n")
-        sys.stdout.flush()
+            OUT.write("\n")
+        OUT.flush()
 
     def _echo_off(self) -> None:
         import termios
@@ -134,7 +135,7 @@ class TerminalFrontend:
         except termios.error:
             log.debug("could not restore the terminal mode", exc_info=True)
         self.saved_mode = None
-        sys.stdout.write("\n")  # the Enter was not echoed
+        OUT.write("\n")  # the Enter was not echoed
         return True
 
 
