@@ -95,7 +95,7 @@ class TextDisplay(Display):
     def close(self, state: RunState) -> None:
         if self.summary_every is not None:
             if self.brief_when_done and state.status == DONE and state.summary:
-                sys.stdout.write(state.summary + "\n")
+                OUT.write(state.summary + "\n")
             else:
                 self._print_summary(state)
         self._report_suppressed()

@@ -15,7 +15,6 @@ from __future__ import annotations
 import logging
 import os
 import select
-import sys
 from collections import deque
 from collections.abc import Callable
 from typing import Any, Protocol
