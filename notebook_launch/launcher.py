@@ -1,17 +1,17 @@
-"""notebook_launcher: options -> preflight -> target -> plan -> run scaffold -> launcher.start ->
+"""notebook_launcher: options -> preflight -> target -> plan (``prepare``) -> run scaffold -> launcher.start ->
 supervisor -> results."""
 from __future__ import annotations
 
 import os
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping
 
-from . import fd_budget, net, preflight
-from .target import LaunchTarget, launch_target
-from .errors import LaunchArgumentError, LaunchError, NotebookLaunchError, user_interrupt
-from .logs import make_run_id
-from .options import (DEFAULT_LINES_PER_SECOND, DEFAULT_USE_PORT, LaunchOptions, check_display_ranks_exist,
-                      launch_options, validate_cluster_launch, validate_cluster_type, validate_elastic_start_method)
-from .plan import LaunchPlan, StartMethod, build_plan
+from . import net, preflight
+from .target import LaunchTarget
+from .errors import LaunchError, NotebookLaunchError, user_interrupt
+from .options import (DEFAULT_LINES_PER_SECOND, DEFAULT_USE_PORT, LaunchOptions, validate_cluster_launch,
+                      validate_cluster_type)
+from .plan import LaunchPlan, StartMethod
+from .prepare import entry_options, plan_launch
 from .rank.runner import Job
 from .run import run_plan
 from .supervise.stall import DEFAULT_STALL_AFTER
@@ -102,17 +102,11 @@ def notebook_launcher(function: Callable[..., Any], args: tuple | list = (), num
         GuardError: Launching now would misbehave (an Accelerator or CUDA already in the notebook...).
         LaunchArgumentError: An argument is invalid; nothing was started.
     """
+    parameters = dict(locals())   # notebook_launcher's arguments, before any other name is set
     __tracebackhide__ = True  # noqa: F841  (IPython and pytest hide this frame)
     try:
         preflight.check_not_inside_rank()
-        options = launch_options(
-            function=function, args=args, num_processes=num_processes, mixed_precision=mixed_precision,
-            use_port=use_port, master_addr=master_addr, node_rank=node_rank, num_nodes=num_nodes,
-            rdzv_backend=rdzv_backend, rdzv_endpoint=rdzv_endpoint, rdzv_conf=rdzv_conf, rdzv_id=rdzv_id,
-            max_restarts=max_restarts, monitor_interval=monitor_interval,
-            log_line_prefix_template=log_line_prefix_template, kwargs=kwargs, start_method=start_method,
-            timeout=timeout, log_dir=log_dir, ui=ui, rdzv_timeout=rdzv_timeout, display_ranks=display_ranks,
-            stall_after=stall_after, lines_per_second=lines_per_second)
+        options = entry_options(parameters)
         if cluster is not None:
             return launch_on_cluster(options, cluster)
         return launch(options)
@@ -152,55 +146,3 @@ def _run(options: LaunchOptions, target: LaunchTarget, plan: LaunchPlan, run_id:
         return run_elastic(plan, job, options, rendezvous=rendezvous, run_id=run_id,
                            platform=target.where.platform)
     return run_plan(plan, job, options, run_id=run_id, platform=target.where.platform)
-
-
-def check_master_addr(master_addr: str, *, node_rank: int, num_nodes: int) -> None:
-    """A master_addr the ranks cannot reach would leave them waiting in C++ until torch's own timeout."""
-    problem = net.store_address_problem(master_addr, hosts_store=node_rank == 0)
-    if problem is None:
-        return
-    advice = ("pass node 0's address that every node reaches (the same on every node)" if num_nodes > 1
-              else "leave master_addr at its default '127.0.0.1' on one machine")
-    raise LaunchArgumentError(f"{problem}. What to do: {advice}.")
-
-
-def plan_launch(options: LaunchOptions) -> tuple[LaunchTarget, LaunchPlan, str]:
-    """Detect, check the notebook's state, settle the port and describe this node's ranks:
-    what every way of starting ranks (a launch, persistent ranks) does before starting them.
-    The port stays claimed among this machine's launches until ``net.release_claims(run_id)``."""
-    target = launch_target(options.start_method, options.num_processes)
-    if options.elastic:
-        validate_elastic_start_method(target.start_method)
-    preflight.check_no_accelerate_state()
-    preflight.check_cuda_not_initialized(target.start_method, target.device_count)
-    if target.start_method == "xla":
-        preflight.check_runtime_not_initialized()
-
-    notes = list(target.notes)
-    raised_limit = fd_budget.ensure_fd_budget(target.num_processes)   # before any pipe or log file opens
-    if raised_limit:
-        notes.append(raised_limit)
-    port = options.port
-    run_id = make_run_id()
-    if not (options.elastic and options.rdzv_endpoint):  # an explicit rdzv_endpoint names the store's host and port
-        check_master_addr(options.master_addr, node_rank=options.node_rank, num_nodes=options.num_nodes)
-        claim = preflight.resolve_port(port, explicit=not options.port_is_default, node_rank=options.node_rank,
-                                       notes=notes, multi_node=options.num_nodes > 1)
-        net.hold_claim(run_id, claim)
-        port = claim.port
-    try:
-        return target, _plan(options, target, port, run_id, notes), run_id
-    except BaseException:
-        net.release_claims(run_id)
-        raise
-
-
-def _plan(options: LaunchOptions, target: LaunchTarget, port: int, run_id: str, notes: list[str]) -> LaunchPlan:
-    gpus = target.gpus()
-    plan = build_plan(
-        num_processes=target.num_processes, num_nodes=options.num_nodes, node_rank=options.node_rank,
-        master_addr=options.master_addr, master_port=port, device_kind=target.device_kind,
-        mixed_precision=options.mixed_precision, start_method=target.start_method, run_id=run_id,
-        gpu_names=[g[0] for g in gpus], driver_version=gpus[0][1] if gpus else None, notes=notes)
-    check_display_ranks_exist(options.display_ranks, plan.world_size)
-    return plan

@@ -109,6 +109,25 @@ def test_elastic_does_not_import_the_launcher():
             assert "notebook_launch.launcher" not in targets, name
 
 
+def test_the_api_module_is_imported_for_its_api_only():
+    """launcher.py is the API: modules of ours that call it (the package, %%launch, the CLI) take
+    ``notebook_launcher`` and nothing else from it; what every entry point does before starting
+    ranks is ``prepare``'s, so persistent ranks import that, never the launch's API module."""
+    graph = import_graph()
+    for path in sorted(PACKAGE.rglob("*.py")):
+        name = module_name(path)
+        if "notebook_launch.launcher" not in graph[name]:
+            continue
+        taken = {alias.name for node in ast.walk(ast.parse(path.read_text()))
+                 if isinstance(node, ast.ImportFrom) and (node.module or "").endswith("launcher")
+                 for alias in node.names}
+        assert taken == {"notebook_launcher"}, (name, taken)
+    for name, targets in graph.items():
+        if name.startswith("notebook_launch.persistent"):
+            assert "notebook_launch.launcher" not in targets, name
+    assert graph["notebook_launch.persistent.pool"] >= {"notebook_launch.prepare"}
+
+
 def test_the_cycle_finder_finds_a_cycle():
     assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
     assert find_cycle({"a": {"b"}, "b": set()}) is None

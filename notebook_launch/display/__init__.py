@@ -20,10 +20,8 @@ def choose_display(ui: str = "auto", *, line_prefix: str | None = None,
     counted in a note; every line is in the logs); None shows every line. Only a notebook cell has
     a budget: a terminal or a CI log takes every line. ``call``: one call on persistent ranks, whose
     text ends on one line when it went well (a call may take no time: four lines would be noise)."""
-    if lines_per_second is not None and (isinstance(lines_per_second, bool) or not isinstance(lines_per_second, int)
-                                         or lines_per_second < 1):
-        raise ValueError(f"lines_per_second={lines_per_second!r}: give a whole number of lines a second (>= 1), "
-                         "or None for every line")
+    # options.validate_lines_per_second checked the user's value: this is our own contract
+    assert lines_per_second is None or lines_per_second >= 1, lines_per_second
     if ui == "none":
         return Display(line_prefix=line_prefix)
     if ui == "auto":

@@ -34,7 +34,7 @@ from ..channels import RankPipes, RankProcess, WaitStatus
 from ..display import choose_display
 from ..errors import LaunchArgumentError, LaunchError, NotebookLaunchError, user_interrupt
 from ..target import LaunchTarget
-from ..launcher import plan_launch
+from ..prepare import plan_launch
 from ..net import release_claims
 from ..notebook_streams import OUT
 from ..line_prefix import parse_line_prefix

@@ -32,7 +32,7 @@ import os
 import select
 import time
 import weakref
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
@@ -45,16 +45,14 @@ from ..errors import LaunchError
 from ..line_prefix import parse_line_prefix
 from ..logs import make_run_id
 from ..notebook_streams import OUT
-from ..options import (DEFAULT_LINES_PER_SECOND, DEFAULT_USE_PORT, LaunchOptions,
-                       check_display_ranks_exist, launch_options, validate_cluster_launch, validate_cluster_type,
-                       validate_interrupt_grace)
+from ..options import LaunchOptions, check_display_ranks_exist, validate_cluster_launch, validate_cluster_type
+from ..prepare import entry_options
 from ..protocol import FailureKind
 from ..rank.ray_serve import Kind, encode_message, serve_ray_calls
 from ..rank.runner import Job
 from ..session import launch_line, open_logs, plan_state
 from ..state import RunState
 from ..supervise import outcome
-from ..supervise.stall import DEFAULT_STALL_AFTER
 from ..rank import commands
 from .idle import IdleReader
 from .pool import STOP_GRACE, Ranks, _exited
@@ -62,35 +60,21 @@ from .pool import STOP_GRACE, Ranks, _exited
 if TYPE_CHECKING:
     from ..channels import RankProcess
     from ..cluster import RayCluster
-    from ..plan import StartMethod
 
 log = logging.getLogger("notebook_launch")
 LINE_PREFIX = "[node {node_rank} rank {rank}]"
 SEND_TICK = 1.0   # seconds between checks while a rank's connection does not take more bytes
 
 
-def start_ray_ranks(num_processes: int | None, cluster: "RayCluster", *, mixed_precision: str = "no",
-                    use_port: int | str = DEFAULT_USE_PORT, timeout: float | None = None,
-                    log_dir: str | os.PathLike[str] | None = None, ui: str = "auto",
-                    log_line_prefix_template: str | None = None, interrupt_grace: float = 3.0,
-                    display_ranks: int | Iterable[int] | str | None = None,
-                    stall_after: float | None = DEFAULT_STALL_AFTER,
-                    lines_per_second: int | str = DEFAULT_LINES_PER_SECOND, master_addr: str = "127.0.0.1",
-                    start_method: "StartMethod | None" = None) -> "RayRanks":
+def start_ray_ranks(cluster: "RayCluster", parameters: Mapping[str, Any], grace: float) -> "RayRanks":
     """``start_ranks(num_processes, cluster=...)``: place and start the ranks now (see the module).
-    The arguments mean what they mean for ``start_ranks`` and are checked as its are;
-    ``use_port`` and ``master_addr`` are not used (rank 0's node picks the port and address), and
-    a ``start_method`` is refused (Ray starts the actors)."""
+    ``parameters``: ``start_ranks``' own, checked as its are (``grace``: its ``interrupt_grace``,
+    checked there); ``use_port`` and ``master_addr`` are not used (rank 0's node picks the port
+    and address), and a ``start_method`` is refused (Ray starts the actors)."""
     from ..cluster import RayCluster
     validate_cluster_type(cluster, RayCluster)
-    grace = validate_interrupt_grace(interrupt_grace)
-    options = launch_options(
-        function=serve_ray_calls, args=(), num_processes=num_processes, mixed_precision=mixed_precision,
-        use_port=use_port, master_addr=master_addr, node_rank=0, num_nodes=1, rdzv_backend="static",
-        rdzv_endpoint="", rdzv_conf=None, rdzv_id="none", max_restarts=0, monitor_interval=0.1,
-        log_line_prefix_template=log_line_prefix_template or LINE_PREFIX, kwargs=None, start_method=start_method,
-        timeout=timeout, log_dir=log_dir, ui=ui, rdzv_timeout=None, display_ranks=display_ranks,
-        stall_after=stall_after, lines_per_second=lines_per_second, called_as_given=False)
+    options = entry_options(parameters, function=serve_ray_calls, called_as_given=False,
+                            log_line_prefix_template=parameters.get("log_line_prefix_template") or LINE_PREFIX)
     validate_cluster_launch(options)
     ranks = RayRanks(options, grace, cluster)
     ranks._start()

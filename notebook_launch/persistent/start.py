@@ -8,8 +8,9 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 from ..errors import LaunchArgumentError
-from ..options import DEFAULT_LINES_PER_SECOND, DEFAULT_USE_PORT, launch_options, validate_interrupt_grace
+from ..options import DEFAULT_LINES_PER_SECOND, DEFAULT_USE_PORT, validate_interrupt_grace
 from ..preflight import check_not_inside_rank
+from ..prepare import entry_options
 from ..supervise.stall import DEFAULT_STALL_AFTER
 from .pool import DEFAULT_GRACE, Ranks, _trimmed
 from ..rank.serve import serve_calls
@@ -45,27 +46,16 @@ def start_ranks(num_processes: int | None = None, mixed_precision: str = "no",
     rank is, during a call (from another thread) or between calls.
     Use ``with start_ranks(2) as ranks:`` or call ``close()``.
     """
+    parameters = dict(locals())   # start_ranks' arguments, before any other name is set
     check_not_inside_rank()
-    if cluster is not None:   # persistent ranks as Ray actors (issue 24): their own home
-        from .ray_ranks import start_ray_ranks
-        return start_ray_ranks(num_processes, cluster, mixed_precision=mixed_precision, use_port=use_port,
-                               timeout=timeout, log_dir=log_dir, ui=ui,
-                               log_line_prefix_template=log_line_prefix_template,
-                               interrupt_grace=interrupt_grace, display_ranks=display_ranks,
-                               stall_after=stall_after, lines_per_second=lines_per_second,
-                               master_addr=master_addr, start_method=start_method)
-    if start_method not in (None, "fork", "spawn"):
+    if cluster is None and start_method not in (None, "fork", "spawn"):
         raise LaunchArgumentError(
             f"start_ranks(start_method={start_method!r}): persistent ranks are forked or spawned, so "
             f"start_method must be 'fork', 'spawn' or None; use notebook_launcher for xla")
-    grace = validate_interrupt_grace(interrupt_grace)
-    options = launch_options(
-        function=serve_calls, args=(), num_processes=num_processes, mixed_precision=mixed_precision,
-        use_port=use_port, master_addr=master_addr, node_rank=0, num_nodes=1, rdzv_backend="static",
-        rdzv_endpoint="", rdzv_conf=None, rdzv_id="none", max_restarts=0, monitor_interval=0.1,
-        log_line_prefix_template=log_line_prefix_template, kwargs=None, start_method=start_method,
-        timeout=timeout, log_dir=log_dir, ui=ui, rdzv_timeout=None, display_ranks=display_ranks,
-        stall_after=stall_after, lines_per_second=lines_per_second, called_as_given=False)
-    ranks = Ranks(options, grace)
+    grace = validate_interrupt_grace(interrupt_grace)   # the one check, for both kinds of pool
+    if cluster is not None:   # persistent ranks as Ray actors (issue 24): their own home
+        from .ray_ranks import start_ray_ranks
+        return start_ray_ranks(cluster, parameters, grace)
+    ranks = Ranks(entry_options(parameters, function=serve_calls, called_as_given=False), grace)
     ranks._start()
     return ranks

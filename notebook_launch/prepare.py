@@ -1,0 +1,90 @@
+"""Preparation, what every way of starting ranks does before starting them: options ->
+preflight -> target -> plan. ``entry_options`` turns an entry point's parameters into the
+checked ``LaunchOptions``; ``plan_launch`` detects, checks the notebook's state, settles the
+port and describes this node's ranks. The API (``launcher.notebook_launcher``, and
+``persistent.start_ranks`` with its Ray form) calls these and nothing below them, so the
+launch path and persistent ranks prepare the same way and the API module is imported by
+nothing of ours for its internals."""
+from __future__ import annotations
+
+import inspect
+from typing import Any, Mapping
+
+from . import fd_budget, net, preflight
+from .errors import LaunchArgumentError
+from .logs import make_run_id
+from .options import LaunchOptions, check_display_ranks_exist, launch_options, validate_elastic_start_method
+from .plan import LaunchPlan, build_plan
+from .target import LaunchTarget, launch_target
+
+# Parameters an entry point has that are not launch options: each entry point uses them itself
+# (``cluster=`` picks where the ranks run; ``interrupt_grace`` belongs to persistent ranks).
+ENTRY_POINT_ONLY = frozenset({"cluster", "interrupt_grace"})
+OPTION_NAMES = frozenset(inspect.signature(launch_options).parameters) - {"called_as_given"}
+
+
+def entry_options(parameters: Mapping[str, Any], *, called_as_given: bool = True, **ours: Any) -> LaunchOptions:
+    """The one way an entry point makes its ``LaunchOptions``: its ``parameters`` as it was called
+    (its ``locals()``, taken first thing), with ``ours`` (what the entry point sets itself, such as
+    the serve loop persistent ranks run) over them; an option the entry point does not have
+    keeps ``notebook_launcher``'s default. ``launch_options`` checks every value, once.
+    A parameter that is neither a launch option nor in ``ENTRY_POINT_ONLY`` is our mistake
+    (TypeError), so a parameter added to an entry point is never dropped on the way."""
+    unknown = sorted(set(parameters) - OPTION_NAMES - ENTRY_POINT_ONLY) + sorted(set(ours) - OPTION_NAMES)
+    if unknown:
+        raise TypeError(f"entry_options: not launch options: {', '.join(unknown)} (add them to launch_options, "
+                        f"or to ENTRY_POINT_ONLY if the entry point uses them itself)")
+    given = {name: value for name, value in parameters.items() if name in OPTION_NAMES}
+    return launch_options(**{**given, **ours}, called_as_given=called_as_given)
+
+
+def check_master_addr(master_addr: str, *, node_rank: int, num_nodes: int) -> None:
+    """A master_addr the ranks cannot reach would leave them waiting in C++ until torch's own timeout."""
+    problem = net.store_address_problem(master_addr, hosts_store=node_rank == 0)
+    if problem is None:
+        return
+    advice = ("pass node 0's address that every node reaches (the same on every node)" if num_nodes > 1
+              else "leave master_addr at its default '127.0.0.1' on one machine")
+    raise LaunchArgumentError(f"{problem}. What to do: {advice}.")
+
+
+def plan_launch(options: LaunchOptions) -> tuple[LaunchTarget, LaunchPlan, str]:
+    """Detect, check the notebook's state, settle the port and describe this node's ranks:
+    what every way of starting ranks (a launch, persistent ranks) does before starting them.
+    The port stays claimed among this machine's launches until ``net.release_claims(run_id)``."""
+    target = launch_target(options.start_method, options.num_processes)
+    if options.elastic:
+        validate_elastic_start_method(target.start_method)
+    preflight.check_no_accelerate_state()
+    preflight.check_cuda_not_initialized(target.start_method, target.device_count)
+    if target.start_method == "xla":
+        preflight.check_runtime_not_initialized()
+
+    notes = list(target.notes)
+    raised_limit = fd_budget.ensure_fd_budget(target.num_processes)   # before any pipe or log file opens
+    if raised_limit:
+        notes.append(raised_limit)
+    port = options.port
+    run_id = make_run_id()
+    if not (options.elastic and options.rdzv_endpoint):  # an explicit rdzv_endpoint names the store's host and port
+        check_master_addr(options.master_addr, node_rank=options.node_rank, num_nodes=options.num_nodes)
+        claim = preflight.resolve_port(port, explicit=not options.port_is_default, node_rank=options.node_rank,
+                                       notes=notes, multi_node=options.num_nodes > 1)
+        net.hold_claim(run_id, claim)
+        port = claim.port
+    try:
+        return target, _plan(options, target, port, run_id, notes), run_id
+    except BaseException:
+        net.release_claims(run_id)
+        raise
+
+
+def _plan(options: LaunchOptions, target: LaunchTarget, port: int, run_id: str, notes: list[str]) -> LaunchPlan:
+    gpus = target.gpus()
+    plan = build_plan(
+        num_processes=target.num_processes, num_nodes=options.num_nodes, node_rank=options.node_rank,
+        master_addr=options.master_addr, master_port=port, device_kind=target.device_kind,
+        mixed_precision=options.mixed_precision, start_method=target.start_method, run_id=run_id,
+        gpu_names=[g[0] for g in gpus], driver_version=gpus[0][1] if gpus else None, notes=notes)
+    check_display_ranks_exist(options.display_ranks, plan.world_size)
+    return plan
