@@ -154,7 +154,7 @@ def _wait_for_answers(pending: list[Asked], deadline: float) -> None:
 
 def _task_times(pid: int) -> dict[int, tuple[int, int]]:
     """Thread id -> (ns it ran, times it was put on a CPU), from /proc's schedstat."""
-    found = {}
+    found: dict[int, tuple[int, int]] = {}
     try:
         tasks = os.listdir(f"/proc/{pid}/task")
     except OSError:
