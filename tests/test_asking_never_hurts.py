@@ -134,6 +134,12 @@ def spins_holding_the_lock() -> None:
     time.sleep(600)
 
 
+def blocks_holding_the_lock() -> None:
+    if os.environ["RANK"] == "0":
+        ctypes.PyDLL(None).sleep(600)   # C code that waits and keeps the lock (a PyDLL call does not release it)
+    time.sleep(600)
+
+
 # --- the tests ----------------------------------------------------------------------------------
 @pytest.fixture
 def ranks(tmp_path):
@@ -181,16 +187,16 @@ def test_a_rank_asleep_in_c_sleeps_its_full_time_while_asked(ranks):
     assert counted == []
 
 
-def test_a_rank_holding_the_interpreter_lock_in_c_is_read_by_the_signal_and_the_verdict_says_so(log_dir):
-    """No thread of a rank spinning in C under the lock can answer: it is read by the signal
-    (to its where-thread), and the verdict says so; the other rank answered itself."""
+@pytest.mark.parametrize("holder, line", [(spins_holding_the_lock, "sum(range("),
+                                          (blocks_holding_the_lock, "PyDLL(None).sleep(")])
+def test_a_rank_holding_the_interpreter_lock_in_c_is_read_by_the_signal_and_the_verdict_says_so(holder, line, log_dir):
+    """No thread of a rank whose lock C code holds (computing, or waiting) can answer: it is read
+    by the signal (to its where-thread), and the verdict says so; the other rank answered itself."""
     with pytest.raises(LaunchError) as info:
-        notebook_launcher(spins_holding_the_lock, num_processes=2, timeout=15,
-                          log_dir=log_dir, ui="text", use_port=str(free_port()))
+        notebook_launcher(holder, num_processes=2, timeout=15, log_dir=log_dir, ui="text", use_port=str(free_port()))
     text = str(info.value)
     first = text.splitlines()[0]
-    spin = line_of(spins_holding_the_lock, "sum(range(")
-    assert f"rank 0 is in spins_holding_the_lock() at {HERE}:{spin}" in first, text
+    assert f"rank 0 is in {holder.__name__}() at {HERE}:{line_of(holder, line)}" in first, text
     assert first.endswith("(rank 0 read by a signal: no thread of it could answer (the interpreter lock was held "
                           "by C code))"), text
     rank0, rank1 = text.split("\nrank 0:\n")[1].split("\nrank 1:\n")
@@ -237,6 +243,20 @@ def test_no_way_of_asking_signals_a_rank_whose_lock_is_free(log_dir, tmp_path):
     assert "where the ranks were (at the timeout)" in log, log
     lines = pathlib.Path(marks).read_text().splitlines()
     assert sorted(line.split(" ", 1)[1] for line in lines) == ["child asleep", "rank asleep"], lines
+
+
+def test_the_lock_is_held_only_when_the_where_thread_waits_for_it_and_no_two_threads_run():
+    """``ask_where.lock_held`` on /proc samples (thread id -> (ns run, times put on a CPU)); the
+    where-thread is 9. It decides whether a silent rank is signalled."""
+    from notebook_launch.supervise.ask_where import lock_held
+    before = {1: (0, 10), 9: (0, 5), 20: (0, 3)}
+    ms = 1_000_000
+    assert lock_held(before, {1: (150 * ms, 11), 9: (ms // 10, 45), 20: (0, 3)}, 9)       # 1 spins in C
+    assert lock_held(before, {1: (0, 10), 9: (ms // 10, 45), 20: (0, 3)}, 9)              # 1 waits in C
+    assert not lock_held(before, {1: (60 * ms, 30), 9: (ms // 10, 45), 20: (50 * ms, 25)}, 9)   # handed around
+    assert not lock_held(before, {1: (0, 10), 9: (0, 5), 20: (0, 3)}, 9)                  # stopped: no wake
+    assert not lock_held(before, {1: (0, 10), 9: (30 * ms, 9), 20: (0, 3)}, 9)            # answering
+    assert not lock_held(before, {1: (150 * ms, 11)}, 9)                                   # no where-thread
 
 
 def _calls(path: pathlib.Path, names: set[str]) -> list[str]:
