@@ -259,6 +259,25 @@ def test_the_lock_is_held_only_when_the_where_thread_waits_for_it_and_no_two_thr
     assert not lock_held(before, {1: (150 * ms, 11)}, 9)                                   # no where-thread
 
 
+def test_a_ray_ranks_answer_leaves_the_where_thread_out():
+    """A Ray rank answers from a thread over its connections (``rank.ray_where``); the where-thread
+    every rank now has is ours, not the user's, and is not in that answer either. In a fresh
+    process: installing registers a fork hook this test process must not keep."""
+    import subprocess
+    import sys
+    code = ("import threading, types\n"
+            "from notebook_launch.rank import ray_where, where_thread, whereabouts\n"
+            "whereabouts.install(types.SimpleNamespace(global_rank=0, env={}))\n"
+            "ours = [t.ident for t in threading.enumerate() if t.name == where_thread.THREAD_NAME]\n"
+            "answers = []\n"
+            "asker = threading.Thread(target=lambda: answers.append(ray_where.snapshot()))\n"
+            "asker.start(); asker.join()\n"   # the answering thread leaves itself out: not the main one
+            "shown = [ident for ident, frames in answers[0]['threads']]\n"
+            "print(len(ours), threading.main_thread().ident in shown, set(ours) & set(shown))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["1", "True", "set()"], out.stdout + out.stderr
+
+
 def _calls(path: pathlib.Path, names: set[str]) -> list[str]:
     """The names in ``names`` that ``path`` calls (as ``f(...)`` or ``x.f(...)``)."""
     found = []
