@@ -278,6 +278,19 @@ def test_a_ray_ranks_answer_leaves_the_where_thread_out():
     assert out.stdout.split() == ["1", "True", "set()"], out.stdout + out.stderr
 
 
+def test_another_nodes_rank_read_by_the_signal_is_named_in_the_verdict_here():
+    """Multi-node: a node posts its ranks' whereabouts for the node that diagnoses the hang; how
+    each rank was read crosses with them, so the verdict there names a rank read by the signal."""
+    from notebook_launch.elastic.node_board import decode_whereabouts, encode_whereabouts
+    from notebook_launch.supervise.hang_verdict import Frame, RankWhereabouts, ThreadStack, verdict
+    sent = [RankWhereabouts(3, threads=[ThreadStack(7, False, [Frame("train.py", 3, "spin")])], main_thread=7,
+                            read_by="signal")]
+    [got] = decode_whereabouts(encode_whereabouts(sent, lambda f: None), node=1)
+    assert got.read_by == "signal"
+    assert verdict([got], lambda f: None).endswith("(rank 3 read by a signal: no thread of it could answer (the "
+                                                   "interpreter lock was held by C code))")
+
+
 def _calls(path: pathlib.Path, names: set[str]) -> list[str]:
     """The names in ``names`` that ``path`` calls (as ``f(...)`` or ``x.f(...)``)."""
     found = []
