@@ -14,6 +14,7 @@ through ``fork_from_clean_thread``.
 """
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import queue
@@ -60,6 +61,11 @@ class _ForkThread:
                 continue
             if pid == 0:
                 try:
+                    # What the child inherited is never collected in it: the notebook's garbage may
+                    # hold C++ objects (torch elastic's TCPStore) whose destructors join threads that
+                    # did not survive the fork (std::system_error, the rank aborted at its next full
+                    # collection). Freezing also keeps the inherited pages shared.
+                    gc.freeze()
                     # This thread is the child's main thread now; give it the usual name.
                     threading.current_thread().name = "MainThread"
                     request.child()

@@ -182,7 +182,7 @@ def encode_whereabouts(ranks: Sequence[RankWhereabouts], label: Labeller) -> byt
     for r in ranks:
         out.append({"rank": r.rank, "inside": collective(r.inside), "last": collective(r.last),
                     "main_thread": r.main_thread, "note": r.note, "stalled_for": r.stalled_for,
-                    "beyond": list(getattr(r, "beyond", [])),
+                    "beyond": list(getattr(r, "beyond", [])), "read_by": r.read_by,
                     "threads": [[t.ident, t.current, [_frame_out(f, label, sources) for f in t.frames]]
                                 for t in r.threads]})
     return json.dumps({"ranks": out, "sources": sources}).encode()
@@ -215,7 +215,8 @@ def decode_whereabouts(data: bytes | str, node: int) -> list[RankWhereabouts]:
     ranks = []
     for r in payload["ranks"]:
         where = RankWhereabouts(int(r["rank"]), inside=collective(r["inside"]), last=collective(r["last"]),
-                                main_thread=int(r["main_thread"]), stalled_for=r.get("stalled_for"))
+                                main_thread=int(r["main_thread"]), stalled_for=r.get("stalled_for"),
+                                read_by=str(r.get("read_by", "")))   # "signal": its interpreter lock was held
         where.threads = [ThreadStack(int(ident), bool(current), [f for f in map(frame, frames) if f is not None])
                          for ident, current, frames in r["threads"]]
         where.note = f"on node {node}" + (f": {r['note']}" if r.get("note") else "")

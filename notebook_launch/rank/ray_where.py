@@ -31,7 +31,7 @@ import zlib
 from typing import Any, Callable
 
 from ..channels.sockets import SIGNAL_FRAME
-from . import whereabouts
+from . import where_thread, whereabouts
 
 log = logging.getLogger("notebook_launch")
 REQUEST_BASE = 1 << 23      # request frames: REQUEST_BASE + number (mod REQUEST_BASE); first byte 0
@@ -76,6 +76,7 @@ def snapshot(between_calls: bool = False) -> dict[str, Any]:
     frame first, as faulthandler writes them), and the source lines of those frames this node
     can read (file -> line number -> text), for a notebook that cannot read them."""
     me = threading.get_ident()
+    ours = {thread.ident for thread in threading.enumerate() if thread.name == where_thread.THREAD_NAME}
     sources: dict[str, dict[str, str]] = {}
 
     def source(filename: str, lineno: int) -> None:
@@ -85,7 +86,7 @@ def snapshot(between_calls: bool = False) -> dict[str, Any]:
 
     threads = []
     for ident, top in sys._current_frames().items():
-        if ident == me:
+        if ident == me or ident in ours:   # this thread, and the rank's where-thread (not the user's)
             continue
         frames: list[list[Any]] = []
         frame: Any = top

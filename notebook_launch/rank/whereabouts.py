@@ -1,15 +1,21 @@
 """Where this rank is, readable by the notebook while the rank is blocked in C (issue 20).
 
-Two things, both installed once per rank by ``install`` (a rank hook):
+Three things, all installed once per rank by ``install`` (a rank hook), and again in each
+process the rank forks (a DataLoader worker), which gets its own:
 
-- **A stack dump on demand.** ``faulthandler.register(DUMP_SIGNAL, all_threads=True)`` writes
-  every thread's Python stack to the rank's stacks memfd from inside the signal handler, in C:
-  it works while the main thread waits in a gloo/NCCL collective, a lock or ``time.sleep``.
-  ``DUMP_SIGNAL`` is a realtime signal (SIGRTMAX - 2) that no library we know uses, rather than
-  SIGUSR1/2 which users and schedulers (SLURM) do use. It is the one deliberate difference from
-  a fresh Python's signal state besides faulthandler's crash signals (see
-  tests/test_rank_inherited_state.py). Its default action would kill the process, so the
-  notebook sends it only once the record below says the handler is installed.
+- **A thread that answers where the rank is** (``where_thread``, issue 31): woken over a pipe
+  the notebook writes to, it reads every thread's Python stack under the interpreter lock and
+  writes them to its answers memfd. It answers while the main thread waits in a gloo/NCCL
+  collective, a lock or ``time.sleep``, with no signal: asking never changes what the rank does.
+- **A stack dump on a signal, the fallback** for a rank whose interpreter lock is held by C code
+  (no thread can run Python, so the where-thread cannot answer):
+  ``faulthandler.register(DUMP_SIGNAL, all_threads=True)`` writes every thread's stack to the
+  rank's stacks memfd from inside the signal handler. The notebook sends it only to such a rank,
+  and to its where-thread alone (see ``where_thread``). ``DUMP_SIGNAL`` is a realtime signal
+  (SIGRTMAX - 2) that no library we know uses, rather than SIGUSR1/2 which users and schedulers
+  (SLURM) do use. It is the one deliberate difference from a fresh Python's signal state besides
+  faulthandler's crash signals (see tests/test_rank_inherited_state.py). Its default action would
+  kill the process, so the notebook sends it only once the record below says it is installed.
 - **Collective bookkeeping.** ``torch.distributed``'s collectives (and ``init_process_group``)
   are wrapped: each call writes, into a small memory-mapped record, the operation, its process
   group, its sequence number on that group, the tensors' shapes and dtypes and the calling
@@ -17,15 +23,16 @@ Two things, both installed once per rank by ``install`` (a rank hook):
   it with no help from the rank (a seqlock: the generation counter is odd while a write is under
   way). A few hundred bytes per call; no system call.
 
-Both are memfds (memory, no path: nothing is left behind); the notebook opens them through
-``/proc/<pid>/fd``, the rank being its child.
+The record, the stacks file and the answers are memfds (memory, no path: nothing is left
+behind); the notebook opens them through ``/proc/<pid>/fd``, the rank being its child.
 
 What it costs: nothing while no collective runs; per collective, one Python call around torch's
 (a dict look-up, a frame walk to the caller, two small writes into the mapped record): about a
 microsecond, against tens of microseconds for the smallest gloo all_reduce (measured side by
 side by ``benchmarks/collective_bookkeeping.py``; a DDP step's gradient all-reduces run in
-torch's C++ reducer and are not wrapped at all). ``NOTEBOOK_LAUNCH_WHEREABOUTS=0`` in the
-notebook's environment (before the launch) leaves both out: the ranks then cannot say where
+torch's C++ reducer and are not wrapped at all); one thread blocked in ``read`` per process.
+``NOTEBOOK_LAUNCH_WHEREABOUTS=0`` in the
+notebook's environment (before the launch) leaves all three out: the ranks then cannot say where
 they are, and a hang's error says only which ranks were running. ``set_recording`` swaps the
 wrappers out and in, for the benchmark.
 """
@@ -44,17 +51,18 @@ import threading
 from typing import Any, Callable
 
 from ..fork_locks import ForkRenewedLock
+from .where_thread import WhereThread
 
 log = logging.getLogger("notebook_launch")
-MAGIC = b"NLWHERE1"
+MAGIC = b"NLWHERE2"
 RECORD_SIZE = 4096
 # magic (8s), pid (q), main thread ident (Q), dump signal (i), the stacks memfd's fd number (i; 0:
-# unknown) -> 32 bytes of header;
+# unknown), the where-thread's answers memfd's fd number (i; 0: none) -> 36 bytes of header;
 # then generation (Q), inside (I), text length (I), sequence number (q) at GEN_OFFSET; the text
 # (what changes only with the call site, the group or the tensors) at TEXT_OFFSET.
-HEADER = struct.Struct("<8sqQii")
+HEADER = struct.Struct("<8sqQiii")
 STATE = struct.Struct("=QIIq")   # native order: the rank writes its fields through typed views (Record)
-GEN_OFFSET = 32
+GEN_OFFSET = 40
 TEXT_OFFSET = 64
 TEXT_LIMIT = RECORD_SIZE - TEXT_OFFSET
 FIELD_SEP = "\x1f"   # between the fields of the text: op, group, tensors, file, line, function
@@ -107,12 +115,13 @@ class Record:
         self.length_word = fields[12:16].cast("I")
         self.seq_word = fields[16:24].cast("q")
 
-    def announce(self, stacks_fd: int = 0) -> None:
-        """Say the dump handler is installed (written last: the notebook signals only after it),
-        and which of the rank's fds its dumps go to: a rank may hold other memfds of the same
-        name, inherited from whatever forked it, so the notebook never goes by the name alone."""
+    def announce(self, stacks_fd: int = 0, answers_fd: int = 0) -> None:
+        """Say the dump handler and the where-thread are installed (written last: the notebook
+        asks only after it), and which of the rank's fds their answers go to: a rank may hold
+        other memfds of the same name, inherited from whatever forked it, so the notebook never
+        goes by the name alone."""
         HEADER.pack_into(self.map, 0, b"\0" * 8, os.getpid(), threading.main_thread().ident or 0, DUMP_SIGNAL,
-                         stacks_fd)
+                         stacks_fd, answers_fd)
         self.map[0:8] = MAGIC
 
     def enter(self, key: Any, seq: int, describe: Callable[[], str]) -> None:
@@ -136,6 +145,8 @@ class Record:
 
 _record: Record | None = None
 _stacks_fd: int | None = None
+_where: WhereThread | None = None
+_renews_on_fork = False   # the fork hook that gives each forked child its own (registered once)
 _installed_by: int | None = None   # the pid that installed them: a forked child has its parent's
 
 
@@ -156,26 +167,50 @@ _install_lock = ForkRenewedLock()
 
 
 def _install() -> None:
-    global _record, _stacks_fd, _installed_by
+    global _renews_on_fork
     if _record is not None and _installed_by == os.getpid():
         return
     if not hasattr(os, "memfd_create") or switched_off():
         return
-    _forget_inherited()
-    _stacks_fd = os.memfd_create(STACKS_NAME)
-    _installed_by = os.getpid()
-    faulthandler.register(DUMP_SIGNAL, file=_stacks_fd, all_threads=True, chain=False)
-    _record = Record()
+    _own_record()
     if "torch.distributed" in sys.modules:
         wrap_collectives(sys.modules["torch.distributed"])
     elif not any(isinstance(finder, _WrapOnImport) for finder in sys.meta_path):   # one, even after a fork
         sys.meta_path.insert(0, _WrapOnImport())
-    _record.announce(_stacks_fd)
+    if not _renews_on_fork:
+        _renews_on_fork = True
+        os.register_at_fork(after_in_child=_renew_in_child)
+
+
+def _own_record() -> None:
+    """This process's stacks file, where-thread and record, in place of any it inherited."""
+    global _record, _stacks_fd, _installed_by, _where
+    _forget_inherited()
+    _stacks_fd = os.memfd_create(STACKS_NAME)
+    _installed_by = os.getpid()
+    faulthandler.register(DUMP_SIGNAL, file=_stacks_fd, all_threads=True, chain=False)
+    _where = WhereThread()
+    _record = Record()
+    _record.announce(_stacks_fd, _where.answers_fd)
+
+
+def _renew_in_child() -> None:
+    """A process the rank forked (a DataLoader worker) answers for itself: its parent's
+    where-thread did not survive the fork, and its answers would be the parent's."""
+    if _installed_by is None or _installed_by == os.getpid():
+        return
+    try:
+        _own_record()
+    except Exception:   # the child runs without: the notebook then says it could not read it
+        log.debug("a forked child of a rank could not install its where-thread", exc_info=True)
 
 
 def _forget_inherited() -> None:
     """Close what a fork inherited from a parent that had installed its own (see ``install``)."""
-    global _record, _stacks_fd
+    global _record, _stacks_fd, _where
+    if _where is not None:
+        _where.close()
+        _where = None
     if _record is not None:
         try:
             _record.map.close()

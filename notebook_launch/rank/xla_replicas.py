@@ -164,10 +164,10 @@ class ReplicaRecord(whereabouts.Record):
     def __init__(self, ordinal: int) -> None:
         super().__init__(f"{REPLICA_RECORD_NAME}{ordinal}")   # a name of its own: the notebook finds it by ordinal
 
-    def announce(self, stacks_fd: int = 0) -> None:
-        """Its own thread in the header; its stacks are the process's (one dump for all replicas)."""
+    def announce(self, stacks_fd: int = 0, answers_fd: int = 0) -> None:
+        """Its own thread in the header; its stacks are the process's (one answer for all replicas)."""
         whereabouts.HEADER.pack_into(self.map, 0, b"\0" * 8, os.getpid(), threading.get_ident(),
-                                     whereabouts.DUMP_SIGNAL, stacks_fd)
+                                     whereabouts.DUMP_SIGNAL, stacks_fd, 0)
         self.map[0:8] = whereabouts.MAGIC
 
 

@@ -44,6 +44,7 @@ class ThreadStack:
     ident: int
     current: bool          # the thread that ran the signal handler
     frames: list[Frame]    # innermost first, as faulthandler writes them
+    name: str = ""         # its threading name, where the rank's where-thread gave it
 
 
 @dataclass
@@ -60,6 +61,7 @@ class RankWhereabouts:
     raw_stacks: str = ""
     stalled_for: float | None = None   # seconds without a sign of progress (supervise.stall), if watched
     beyond: list[str] = field(default_factory=list)   # what its Python stack cannot show (native_stacks)
+    read_by: str = ""   # how its stacks were read: "thread" (its where-thread), "signal" (lock held), "" (not)
 
     def main_frames(self) -> list[Frame]:
         for thread in self.threads:
@@ -120,8 +122,21 @@ def location_text(rank: RankWhereabouts, label: Labeller) -> str:
     return f"in {frame.function}() at {place(frame, label, with_source=True)}"
 
 
+SIGNAL_READ = "read by a signal: no thread of {them} could answer (the interpreter lock was held by C code)"
+
+
 def verdict(ranks: Sequence[RankWhereabouts], label: Labeller) -> str:
-    """One line that names the odd ranks out and where they are."""
+    """One line that names the odd ranks out and where they are, and, where some ranks could only
+    be read by the signal (their interpreter lock held), which (the others answered themselves)."""
+    text = _verdict(ranks, label)
+    signalled = [r.rank for r in ranks if r.read_by == "signal"]
+    if signalled:
+        them = "it" if len(signalled) == 1 else "them"
+        text += f" ({ranks_text(signalled)} {SIGNAL_READ.format(them=them)})"
+    return text
+
+
+def _verdict(ranks: Sequence[RankWhereabouts], label: Labeller) -> str:
     waiting = [r for r in ranks if r.inside is not None]
     others = [r for r in ranks if r.inside is None]
     if not waiting:
@@ -251,6 +266,8 @@ def detail(ranks: Sequence[RankWhereabouts], label: Labeller, frames_per_thread:
             lines.append(f"  {r.note}")
         if r.stalled_for is not None:
             lines.append(f"  stalled for {r.stalled_for:.0f} s: no output, progress or CPU time")
+        if r.read_by == "signal":
+            lines.append(f"  {SIGNAL_READ.format(them='it')}")
         if r.inside is not None:
             lines.append(f"  waits in {collective_text(r.inside, label)}"
                          + (f", tensors {r.inside.tensors}" if r.inside.tensors else ""))

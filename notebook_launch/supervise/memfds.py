@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 
+from ..rank.where_thread import ANSWERS_NAME
 from ..rank.whereabouts import HEADER, MAGIC, RECORD_NAME, STACKS_NAME
 
 
@@ -43,9 +44,9 @@ def memfd_name(path: str) -> str | None:
     return memfd[len("memfd:"):].removesuffix(" (deleted)")
 
 
-def record_header(path: str) -> tuple[int, int] | None:
-    """(pid, stacks fd number) from the header of the whereabouts record at ``path``; None when
-    it is not one (yet: the magic is written last)."""
+def record_header(path: str) -> tuple[int, int, int] | None:
+    """(pid, stacks fd number, answers fd number) from the header of the whereabouts record at
+    ``path``; None when it is not one (yet: the magic is written last)."""
     try:
         with open(path, "rb") as f:
             head = f.read(HEADER.size)
@@ -53,13 +54,13 @@ def record_header(path: str) -> tuple[int, int] | None:
         return None
     if len(head) < HEADER.size:
         return None
-    magic, owner, _thread, _signum, stacks_fd = HEADER.unpack_from(head, 0)
-    return (owner, stacks_fd) if magic == MAGIC else None
+    magic, owner, _thread, _signum, stacks_fd, answers_fd = HEADER.unpack_from(head, 0)
+    return (owner, stacks_fd, answers_fd) if magic == MAGIC else None
 
 
 def rank_files(pid: int) -> dict[str, str]:
-    """The /proc paths of rank ``pid``'s own whereabouts record and stacks file, by name: the
-    record whose header names ``pid`` and the fd that header names for the stacks. Where the
+    """The /proc paths of rank ``pid``'s own whereabouts record, stacks file and where-thread's
+    answers, by name: the record whose header names ``pid`` and the fds it names. Where the
     rank has no record of its own, the first it holds (its header then names another process,
     which the caller reports) and no stacks file."""
     found = memfds(pid)
@@ -71,14 +72,9 @@ def rank_files(pid: int) -> dict[str, str]:
             stacks = f"/proc/{pid}/fd/{header[1]}"
             if header[1] > 0 and memfd_name(stacks) == STACKS_NAME:
                 files[STACKS_NAME] = stacks
+            answers = f"/proc/{pid}/fd/{header[2]}"
+            if header[2] > 0 and memfd_name(answers) == ANSWERS_NAME:
+                files[ANSWERS_NAME] = answers
             return files
     return {RECORD_NAME: records[0]} if records else {}
-
-
-def stacks_fd(pid: int) -> int | None:
-    """The fd number of rank ``pid``'s own stacks file (its forked children hold it at the same
-    number and dump into it); None when the rank has none."""
-    path = rank_files(pid).get(STACKS_NAME)
-    return int(path.rsplit("/", 1)[1]) if path is not None else None
-
 

@@ -27,10 +27,10 @@ import time
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
+from ..rank.where_thread import ANSWERS_NAME
 from ..rank.whereabouts import DUMP_SIGNAL, STACKS_NAME
-from . import hang_verdict
-from .faulthandler_dump import parse_dump
-from .memfds import memfd_name, stacks_fd
+from . import ask_where, hang_verdict
+from .memfds import rank_files
 
 NATIVE_WAIT = 8.0         # seconds for every rank's py-spy together
 FRAME_WIDTH = 120         # a C++ frame's name is cut to this many characters (templates run to pages)
@@ -164,8 +164,7 @@ def native_frames(pids: Mapping[int, int], wait: float = NATIVE_WAIT) -> dict[in
 
 
 # --- the rank's own children (a DataLoader worker) -------------------------------------------
-CHILD_WAIT = 1.0          # seconds for the children's dumps
-SETTLE = 0.05
+CHILD_WAIT = 1.0          # seconds for the children's answers
 CHILDREN_SHOWN = 4        # a rank with many workers: the first few are enough to see the pattern
 DATALOADER_WORKER = ("torch/utils/data/_utils/worker.py", "_worker_loop")
 
@@ -186,62 +185,22 @@ def children(pid: int) -> list[int]:
     return sorted(set(found))
 
 
-def catches_dump_signal(pid: int) -> bool:
-    """Whether ``pid`` still has the rank's dump handler: a child forked without exec inherits
-    faulthandler's handler and the stacks memfd (an exec'd one has neither: the memfd is
-    close-on-exec, and the signal's default action would kill it, so it is never sent there)."""
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            for line in f:
-                if line.startswith("SigCgt:"):
-                    return bool(int(line.split()[1], 16) >> (DUMP_SIGNAL - 1) & 1)
-    except (OSError, ValueError):
-        pass
-    return False
-
-
-def _stacks_file(child: int, fd: int) -> str | None:
-    """The child's copy of the rank's stacks file (the fd number it inherited), if it still holds it."""
-    path = f"/proc/{child}/fd/{fd}"
-    return path if memfd_name(path) == STACKS_NAME else None
-
-
-def _size(path: str) -> int:
-    try:
-        return os.stat(path).st_size
-    except OSError:
-        return -1
-
-
 def child_stacks(pid: int, wait: float = CHILD_WAIT) -> list[tuple[int, list[hang_verdict.ThreadStack]]]:
-    """(child pid, its threads) for each forked child of ``pid`` that can dump its stack the way
-    the rank does (faulthandler on ``DUMP_SIGNAL`` into the stacks memfd it inherited), one at a
-    time: they share that file. A child that cannot is left out."""
-    found: list[tuple[int, list[hang_verdict.ThreadStack]]] = []
-    fd = stacks_fd(pid)
-    if fd is None:
-        return found
+    """(child pid, its threads) for each forked child of ``pid`` that answers where it is the way
+    the rank does: a process a rank forks without exec (a DataLoader worker) gets its own
+    where-thread and record (``rank.whereabouts``), asked through ``ask_where`` like a rank, all
+    at once. A child that cannot answer (an exec'd one has no record) is left out."""
+    asking = []
     for child in children(pid)[:CHILDREN_SHOWN]:
-        path = _stacks_file(child, fd)
-        if path is None or not catches_dump_signal(child):
-            continue
-        offset = _size(path)
-        try:
-            os.kill(child, DUMP_SIGNAL)
-        except OSError:
-            continue
-        deadline, last = time.monotonic() + wait, -1
-        while time.monotonic() < deadline:
-            time.sleep(SETTLE)
-            size = _size(path)
-            if size > offset and size == last:
-                with open(path, "rb") as f:
-                    f.seek(offset)
-                    threads = parse_dump(f.read(size - offset).decode("utf-8", "replace"))
-                if threads:
-                    found.append((child, threads))
-                break
-            last = size
+        files = rank_files(child)   # its stacks and answers only where the record is its own
+        if STACKS_NAME in files:
+            asking.append(ask_where.Asked(child, files.get(ANSWERS_NAME), files[STACKS_NAME], DUMP_SIGNAL))
+    ask_where.ask_all(asking, wait)
+    found: list[tuple[int, list[hang_verdict.ThreadStack]]] = []
+    for asked in asking:
+        threads = ask_where.threads(asked)
+        if threads:
+            found.append((asked.pid, threads))
     return found
 
 

@@ -1,26 +1,23 @@
 """Ask every live rank where it is, while it may be blocked in C (issue 20): read its
-collective record (``rank.whereabouts``: no help from the rank needed) and have it dump every
-thread's Python stack (its faulthandler handler on ``DUMP_SIGNAL``, which runs even while the
-main thread waits in gloo, a lock or ``time.sleep``). ``hang_verdict`` makes sense of the result.
+collective record (``rank.whereabouts``: no help from the rank needed) and ask its where-thread
+for every thread's Python stack (``ask_where``: no signal; it answers even while the main thread
+waits in gloo, a lock or ``time.sleep``). ``hang_verdict`` makes sense of the result.
 """
 from __future__ import annotations
 
 import logging
 import mmap
-import os
-import time
 from dataclasses import dataclass
 from typing import Any, Sequence
 
 from ..rank.whereabouts import (FIELD_SEP, GEN_OFFSET, HEADER, MAGIC, RECORD_NAME, RECORD_SIZE, STACKS_NAME,
                                 STATE, SWITCHED_OFF_NOTE, TEXT_OFFSET, switched_off)
-from . import hang_verdict
-from .faulthandler_dump import parse_dump
+from ..rank.where_thread import ANSWERS_NAME
+from . import ask_where, hang_verdict
 from .memfds import rank_files
 from .hang_verdict import Collective, Frame, RankWhereabouts
 
-DUMP_WAIT = 2.0       # seconds to wait for the ranks' dumps (a dump takes microseconds once delivered)
-SETTLE = 0.05         # a dump is complete once its file stopped growing for this long
+DUMP_WAIT = 2.0       # seconds to wait for the ranks' answers (milliseconds, unless a rank's lock is held)
 log = logging.getLogger("notebook_launch")
 
 
@@ -34,7 +31,7 @@ def read_record(path: str) -> tuple[int, int, int, Collective | None, bool] | No
     except (OSError, ValueError):
         return None
     with mapped:
-        magic, pid, main_thread, signum, _ = HEADER.unpack_from(mapped, 0)
+        magic, pid, main_thread, signum, _, _ = HEADER.unpack_from(mapped, 0)
         if magic != MAGIC:
             return None
         for _ in range(1000):
@@ -56,18 +53,12 @@ def parse_collective(text: str, seq: int) -> Collective | None:
     return Collective(op, group, seq, tensors, caller)
 
 
-def _size(path: str) -> int:
-    try:
-        return os.stat(path).st_size
-    except OSError:
-        return 0
-
-
 def collect(ranks: Sequence[tuple[int, int | None]], wait: float = DUMP_WAIT) -> list[RankWhereabouts]:
     """Where each of ``ranks`` ((global rank, pid or None when it is not running)) is now. A
-    rank's ``note`` (a past-tense phrase, it follows "rank 1") says what could not be learnt."""
+    rank's ``note`` (a past-tense phrase, it follows "rank 1") says what could not be learnt;
+    its ``read_by`` how its stacks were read (``ask_where``: its where-thread, or the signal)."""
     found: list[RankWhereabouts] = []
-    pending: dict[int, tuple[RankWhereabouts, str, int]] = {}   # index in found -> (it, stacks file, offset)
+    asking: list[tuple[RankWhereabouts, ask_where.Asked]] = []
     for rank, pid in ranks:
         where = RankWhereabouts(rank)
         found.append(where)
@@ -92,33 +83,18 @@ def collect(ranks: Sequence[tuple[int, int | None]], wait: float = DUMP_WAIT) ->
             where.inside = collective
         else:
             where.last = collective
-        path = files[STACKS_NAME]
-        offset = _size(path)
-        try:
-            os.kill(pid, signum)
-        except OSError as exc:
-            where.note = f"could not be asked for its stack ({exc})"
+        asking.append((where, ask_where.Asked(pid, files.get(ANSWERS_NAME), files[STACKS_NAME], signum)))
+    ask_where.ask_all([asked for _, asked in asking], wait)
+    for where, asked in asking:
+        where.read_by = asked.how
+        if asked.note:
+            where.note = asked.note
             continue
-        pending[len(found) - 1] = (where, path, offset)
-    deadline = time.monotonic() + wait
-    sizes = {index: -1 for index in pending}
-    while pending and time.monotonic() < deadline:
-        time.sleep(SETTLE)
-        for index in list(pending):
-            where, path, offset = pending[index]
-            size = _size(path)
-            if size > offset and size == sizes[index]:   # grew, then stopped growing: the dump is whole
-                del pending[index]
-                try:
-                    with open(path, "rb") as f:
-                        f.seek(offset)
-                        where.raw_stacks = f.read(size - offset).decode("utf-8", "replace")
-                    where.threads = parse_dump(where.raw_stacks)
-                except Exception as exc:
-                    where.note = f"dumped a stack that could not be read ({type(exc).__name__}: {exc})"
-            sizes[index] = size
-    for where, _path, _offset in pending.values():
-        where.note = f"did not dump its stack within {wait:g} s (a signal it blocks, or a process stopped)"
+        where.raw_stacks = asked.text
+        try:
+            where.threads = ask_where.threads(asked)
+        except Exception as exc:
+            where.note = f"gave a stack that could not be read ({type(exc).__name__}: {exc})"
     return found
 
 
