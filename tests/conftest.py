@@ -18,11 +18,3 @@ def _isolated_log_root(tmp_path, monkeypatch):
     """Default log folders go under the test's tmp dir, not the user's cache."""
     monkeypatch.setenv("NOTEBOOK_LAUNCH_LOG_DIR", str(tmp_path / "runs"))
 
-
-def pytest_collection_modifyitems(config, items):
-    """Under pytest-xdist (scripts/test.sh runs the main suite with several workers), the tests that
-    share one resource run in one worker: tests/raycluster shares one two-node Ray cluster per
-    session (its conftest), which each worker would otherwise start for itself."""
-    for item in items:
-        if "raycluster" in item.path.parts:
-            item.add_marker(pytest.mark.xdist_group("raycluster"))

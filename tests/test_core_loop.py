@@ -232,7 +232,9 @@ def frames(*events):
     out = bytearray()
     read, write = os.pipe()
     try:
-        writer = EventWriter(write)
+        # lock_frames=False: the pipe must reach end-of-file in this same process, and a locking writer
+        # keeps a description of the pipe of its own open while it lives (protocol.EventWriter)
+        writer = EventWriter(write, lock_frames=False)
         for kind, payload in events:
             writer.send(kind, payload)
         os.close(write)
