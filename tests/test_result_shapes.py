@@ -252,7 +252,7 @@ class FortranOrderedBuffer:
         self.array = array
 
     def __reduce_ex__(self, protocol):
-        return bytearray, (pickle.PickleBuffer(self.array),)
+        return bytearray, (pickle.PickleBuffer(self.array),)   # type: ignore[arg-type]  # numpy stubs lack __buffer__
 
 
 def big_values() -> dict:
