@@ -167,9 +167,23 @@ notebook_launcher(train, num_processes=4, cluster=cluster(), timeout=5, ui="none
     first = error["message"].splitlines()[0]
     # the verdict where the ranks answered where they are (backends.ray_where), else the running ranks
     assert first.startswith("notebook_launch: timed out after 5 s"), first
-    assert ("ranks 0, 1, 2, 3 are in train() at Cell In[1], line 3 (time.sleep(600))" in first
-            or "ranks still running: 0, 1, 2, 3" in first), first
+    if "ranks still running: 0, 1, 2, 3" not in first:
+        # Every rank is placed. On a busy machine a rank may still be starting (importing) at 5 s: it
+        # is then placed where it is; a rank in train() is placed at its line.
+        placed = where_each_rank_is(first)
+        assert sorted(placed) == [0, 1, 2, 3], first
+        for where in placed.values():
+            assert not where.startswith("train()") or where == "train() at Cell In[1], line 3 (time.sleep(600))", first
     assert_nothing_left(ray_nodes, notebook)
+
+
+def where_each_rank_is(verdict: str) -> dict[int, str]:
+    """{rank: where} from a one-line verdict's "rank 1 is in X; ranks 0, 2 are in Y" parts."""
+    placed = {}
+    for found in re.finditer(r"\branks? ([\d, ]+) (?:is|are) in (.*?)(?=; ranks? \d|$)", verdict):
+        for rank in found.group(1).split(","):
+            placed[int(rank)] = found.group(2)
+    return placed
 
 
 def test_interrupt_ends_every_actor(ray_nodes, notebook, tmp_path):
