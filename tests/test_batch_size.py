@@ -123,6 +123,33 @@ def test_four_ranks_with_different_memory_agree_on_what_fits_the_smallest(log_di
     assert "out of memory" not in dict(results[2]["tried"]).values()   # rank 2 had room, and backed off with all
 
 
+def with_an_accelerator(items_per_rank: list[int]) -> int:
+    """Accelerate's usual shape: the Accelerator made first, the model prepared inside, and here
+    kept outside the attempt too (as a trainer's attribute would): the failed attempt's DDP model
+    outlives it, and its group must still go (the decorator disarms the model) for peers to fail."""
+    from accelerate import Accelerator
+    accelerator = Accelerator()
+    cap_address_space(items_per_rank[accelerator.process_index])
+    kept = []
+
+    @find_executable_batch_size(starting_batch_size=START)
+    def inner(batch_size: int) -> int:
+        model = accelerator.prepare(torch.nn.Linear(16, 1))
+        kept.append(model)
+        batch = torch.empty(batch_size, ITEM // 64, 16)
+        accelerator.backward(model(batch[:, :1]).sum())
+        return batch_size
+
+    found = inner()
+    accelerator.wait_for_everyone()
+    return found
+
+
+def test_inside_an_accelerator_whose_prepared_models_outlive_the_attempt(log_dir):
+    found = launch(with_an_accelerator, 2, log_dir, args=([START * 2, START // 2],), timeout=300)
+    assert found[0] == found[1] < START, found
+
+
 def fails_on_rank_1():
     dist.init_process_group("gloo")
 
