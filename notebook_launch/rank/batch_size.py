@@ -28,9 +28,10 @@ attempts, all ranks together:
    try again. Nothing of ours may hold the group across an attempt (the decorator keeps no
    reference to it): one reference left is enough to keep its connections open.
 
-Known gap: in spawned ranks a group that a DDP model used stays referenced from C++ after
-``destroy_process_group()`` (no Python referrer; forked ranks free it), so there the waiting peer
-is released only by the group's timeout; a warning in the rank's log says so.
+Known gap, not yet understood: with spawned ranks the tests' out-of-memory case leaves the failed
+attempt's group referenced from C++ after ``destroy_process_group()`` (no Python referrer; a bare
+DDP model built and dropped in a spawned rank is freed), so there the waiting peer is released only
+by the group's timeout; a warning in the rank's log says so.
 
 Outside a process group (or with one rank) it is Accelerate's loop, in one process. torch is
 imported only inside the functions: importing notebook_launch imports nothing heavy.
