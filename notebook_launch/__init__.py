@@ -11,6 +11,7 @@ from .launcher import notebook_launcher
 from .persistent import Ranks, start_ranks
 from ._version import __version__
 from .rank.progress import progress
+from .rank.batch_size import find_executable_batch_size
 
 # Importing changes nothing in the process: torch, IPython, logging, at-fork handlers and threads
 # are hooked only by hooks.install(), on %load_ext, on the first launch or by install_hooks().
@@ -37,5 +38,5 @@ def load_ipython_extension(ipython: Any) -> None:
 
 
 __all__ = ["notebook_launcher", "RayCluster", "start_ranks", "Ranks", "progress", "load_metrics",
-           "NotebookLaunchError", "LaunchError", "GuardError", "LaunchArgumentError",
+           "find_executable_batch_size", "NotebookLaunchError", "LaunchError", "GuardError", "LaunchArgumentError",
            "load_ipython_extension", "install_hooks", "__version__"]
