@@ -202,3 +202,57 @@ def test_older_torch_cuda_message_is_read():
 def test_other_exceptions_are_not_called_out_of_memory():
     assert oom.allocation_text("ValueError", "you asked for too much", 0, "it held 1 GiB") is None
     assert oom.allocation_text("RuntimeError", "Expected all tensors to be on the same device", 0, "") is None
+
+
+# A notebook (a Python process running a launch) inside a memory cgroup of CGROUP_LIMIT bytes: its
+# forked ranks are in it too. Rank 0 fills the cgroup to ~93% and waits for the test's go-ahead.
+NOTEBOOK_AT_RISK = """
+import os, sys, time
+cgroup, go = sys.argv[1], sys.argv[2]
+from notebook_launch import notebook_launcher
+
+def fill_then_wait(cgroup, go):
+    hog = []
+    if os.environ["RANK"] == "0":
+        while True:
+            with open(cgroup + "/memory.usage_in_bytes") as file:
+                if int(file.read()) > 0.93 * {limit}:
+                    break
+            hog.append(b"\\x01" * (4 << 20))
+    deadline = time.monotonic() + 120
+    while not os.path.exists(go) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return len(hog)
+
+with open(cgroup + "/cgroup.procs", "w") as file:
+    file.write(str(os.getpid()))
+results = notebook_launcher(fill_then_wait, args=(cgroup, go), num_processes=2, log_dir=sys.argv[3])
+print("results", results, flush=True)
+""".replace("{limit}", str(CGROUP_LIMIT))
+
+
+def test_memory_running_out_is_said_before_anything_dies(memory_cgroup, tmp_path):
+    import subprocess
+    import sys
+    go = tmp_path / "go"
+    notebook = subprocess.Popen([sys.executable, "-c", NOTEBOOK_AT_RISK, memory_cgroup, str(go),
+                                 str(tmp_path / "logs")], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    warning = None
+    try:
+        assert notebook.stderr is not None
+        for line in notebook.stderr:   # until the warning (or the notebook's end: then it never came)
+            if line.startswith("notebook_launch: memory is running out"):
+                warning = line
+                break
+    finally:
+        go.touch()   # the ranks finish either way
+        out, _ = notebook.communicate(timeout=300)
+    assert warning is not None
+    assert re.match(r"notebook_launch: memory is running out: [\d.]+ [KM]iB of 300.0 MiB left on the notebook's "
+                    r"memory cgroup; the ranks hold rank 0 [\d.]+ MiB, rank 1 [\d.]+ MiB and the notebook "
+                    r"[\d.]+ MiB", warning)
+    assert "the kernel's out-of-memory killer would likely pick rank 0 (it holds the most)" in warning
+    assert_advice(warning)
+    assert notebook.returncode == 0 and "results [" in out   # nothing died: it was said before
+    with open(tmp_path / "logs" / "rank1.log") as log_file:
+        assert "memory is running out" in log_file.read()

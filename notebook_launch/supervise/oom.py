@@ -37,6 +37,7 @@ if TYPE_CHECKING:
     from .outcome import RankEnd
 
 SAMPLE_EVERY = 1.0        # seconds between two samples of the ranks' memory
+LOW_HEADROOM = 0.10       # below this share of the memory left, the notebook is warned (once a run)
 KERNEL_LOG_RECORDS = 100_000   # at most this many kernel log records read at one death
 KERNEL_LOG_SLACK = 60.0   # seconds the kernel log's clock may differ from time.monotonic()
 PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
@@ -130,6 +131,26 @@ def address_space_limit(pid: int) -> int | None:
     return None
 
 
+def cgroup_headroom(folder: str) -> tuple[int, int] | None:
+    """(what is left, the limit) of a memory cgroup with a limit; what it uses counts no inactive
+    file pages (the kernel reclaims those before it kills anyone)."""
+    limit = cgroup_limit(folder)
+    if limit is None:
+        return None
+    used = None
+    for name in ("memory.usage_in_bytes", "memory.current"):
+        text = (read_text(f"{folder}/{name}") or "").strip()
+        if text.isdigit():
+            used = int(text)
+            break
+    if used is None:
+        return None
+    stat = read_text(f"{folder}/memory.stat")
+    inactive = counter(stat, "total_inactive_file")
+    inactive = counter(stat, "inactive_file") if inactive is None else inactive
+    return max(0, limit - max(0, used - (inactive or 0))), limit
+
+
 @dataclass(frozen=True)
 class KernelKill:
     """The kernel log's record of one OOM kill."""
@@ -218,7 +239,9 @@ class MemoryWatch:
         self.samples: dict[int, Sample] = {}            # local rank -> its last sample
         self.names = dict(rank_names)                    # local rank -> global rank
         self.next_sample = 0.0
-        self.see_cgroup(memory_cgroup_of(os.getpid()))
+        self.notebook_cgroup = memory_cgroup_of(os.getpid())
+        self.warned = False
+        self.see_cgroup(self.notebook_cgroup)
 
     def see_cgroup(self, folder: str | None) -> None:
         """Keep a cgroup's OOM count the first time it is seen; one made during the run counted
@@ -231,14 +254,51 @@ class MemoryWatch:
             return
         self.cgroup_kills[folder] = 0 if made_during_run else cgroup_oom_kills(folder)
 
-    def sample(self, pids: dict[int, int], now: float | None = None) -> None:
-        """Sample each live rank's memory (local rank -> pid), at most once every SAMPLE_EVERY s."""
+    def sample(self, pids: dict[int, int], now: float | None = None) -> str | None:
+        """Sample each live rank's memory (local rank -> pid), at most once every SAMPLE_EVERY s.
+        Returns the warning to show, once a run, when memory runs low (``notebook_at_risk``)."""
         now = time.monotonic() if now is None else now
         if now < self.next_sample:
-            return
+            return None
         self.next_sample = now + SAMPLE_EVERY
         for local, pid in pids.items():
             self.sample_one(local, pid, now)
+        try:
+            return self.notebook_at_risk(pids)
+        except Exception:   # a warning is an extra: the run goes on without it
+            log.debug("could not weigh the memory left", exc_info=True)
+            return None
+
+    def notebook_at_risk(self, pids: dict[int, int]) -> str | None:
+        """Once a run, when what is left of the machine's memory (or of the notebook's memory
+        cgroup's limit) falls below LOW_HEADROOM: what the ranks and the notebook hold, whom the
+        OOM killer would likely pick (the biggest), and what to do. Said before anything dies,
+        because when the pick is the notebook's own process its whole state goes with it."""
+        if self.warned:
+            return None
+        info = meminfo()
+        left, total, where = info.get("MemAvailable"), info.get("MemTotal"), "the machine"
+        limited = None if self.notebook_cgroup is None else cgroup_headroom(self.notebook_cgroup)
+        if limited is not None and (left is None or limited[0] < left):
+            (left, total), where = limited, "the notebook's memory cgroup"
+        if left is None or total is None or left >= LOW_HEADROOM * total:
+            return None
+        self.warned = True
+        notebook = resident(os.getpid()) or 0
+        held = {local: self.samples[local].held or 0 for local in pids if local in self.samples}
+        ranks = ", ".join(f"rank {self.names.get(local, local)} {size_text(size)}"
+                          for local, size in sorted(held.items()))
+        biggest = max(held, key=lambda local: held[local], default=None)
+        if biggest is None or notebook >= held[biggest]:
+            who = ("the notebook's own process holds the most, so the kernel's out-of-memory killer would "
+                   "likely pick it: the kernel dies with everything it holds, and the ranks with it")
+        else:
+            who = (f"the kernel's out-of-memory killer would likely pick rank {self.names.get(biggest, biggest)} "
+                   f"(it holds the most), and the notebook's process next")
+        return (f"notebook_launch: memory is running out: {size_text(left)} of {size_text(total)} left on {where}; "
+                f"the ranks hold {ranks or 'nothing sampled yet'} and the notebook {size_text(notebook)} (resident; "
+                f"forked ranks count the pages they share with the notebook). If it runs out, {who}. "
+                + ADVICE + " Save what you cannot lose now.")
 
     def sample_one(self, local: int, pid: int, now: float) -> None:
         held, folder = resident(pid), memory_cgroup_of(pid)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import enum
 import logging
+import sys
 import time
 from typing import TYPE_CHECKING, Any, Sequence
 
@@ -61,7 +62,7 @@ class Supervisor:
         self.watches = self.watcher.watches
         # the OOM counters at the start, each rank's memory as last sampled (an OOM death named)
         self.memory = oom.MemoryWatch((rs.local_rank, rs.rank) for rs in state.ranks)
-        self.memory.sample(self.sampled_pids())
+        self.warn_of_memory(self.memory.sample(self.sampled_pids()))
         self.first_failure: Failure | None = None
         self.stalls = None if stall_after is None else StallWatch(stall_after, time.monotonic(),
                                                                   stack=self.stack_fingerprints)
@@ -114,7 +115,7 @@ class Supervisor:
         """Watch the ranks for up to ``wait`` seconds and react. Returns FAILED once the
         other ranks are stopped; raises KeyboardInterrupt after a Stop click."""
         self.watcher.pump(wait)
-        self.memory.sample(self.sampled_pids())
+        self.warn_of_memory(self.memory.sample(self.sampled_pids()))
         self.prompts.poll()
         self.watcher.close_stale(DRAIN_AFTER_EXIT)
         self.check_stalls()
@@ -145,6 +146,15 @@ class Supervisor:
             if w.exit is None and w.process.on_this_machine and w.process.pid not in pids.values():
                 pids[w.local_rank] = w.process.pid
         return pids
+
+    def warn_of_memory(self, warning: str | None) -> None:
+        """Say, before anything dies, that memory is running out (``oom.MemoryWatch.notebook_at_risk``):
+        in the cell (stderr) and in every rank's log."""
+        if warning is None:
+            return
+        print(warning, file=sys.stderr, flush=True)
+        for local_rank in range(len(self.state.ranks)):
+            self.logs.write_block(local_rank, warning)
 
     def check_stalls(self) -> None:
         """Mark the live ranks stalled when the whole run shows no sign of progress (see ``stall``);
