@@ -157,7 +157,7 @@ class Failure:
     on the elastic path, where nodes post the record to each other."""
     local_rank: int | None
     kind: str               # FailureKind value
-    headline: str           # "ValueError: boom", "killed by SIGKILL (possibly out of memory)"
+    headline: str           # "ValueError: boom", "killed by the kernel's out-of-memory killer (SIGKILL)"
     traceback: str = ""
     exc_type: str | None = None
     exc_message: str | None = None

@@ -39,6 +39,7 @@ if TYPE_CHECKING:
 SAMPLE_EVERY = 1.0        # seconds between two samples of the ranks' memory
 LOW_HEADROOM = 0.10       # below this share of the memory left, the notebook is warned (once a run)
 KERNEL_LOG_RECORDS = 100_000   # at most this many kernel log records read at one death
+KERNEL_LOG_RETRIES = 5     # reads of the kernel log, 0.1 s apart, while it lacks a kill the machine counted
 KERNEL_LOG_SLACK = 60.0   # seconds the kernel log's clock may differ from time.monotonic()
 PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 CGROUP_ROOT = "/sys/fs/cgroup"
@@ -348,6 +349,13 @@ class MemoryWatch:
     def oom_evidence(self, local: int, pid: int) -> tuple[str | None, str, KernelKill | None]:
         """("yes" | "probably" | "no" | None (nothing to go by), why, the kernel log's record)."""
         kills = kernel_log_kills(self.started)
+        # The OOM killer sends SIGKILL before it writes its record: where the machine counted a kill,
+        # give the record a moment (a death seen first is rare, and only when another task killed it)
+        for _ in range(KERNEL_LOG_RETRIES):
+            if kills is None or pid in kills or not self.machine_counted_kills():
+                break
+            time.sleep(0.1)
+            kills = kernel_log_kills(self.started)
         if kills is not None:
             if pid in kills:
                 return "yes", f"the kernel log records the kill of its process (pid {pid})", kills[pid]
@@ -369,6 +377,11 @@ class MemoryWatch:
                     f"{machine - self.machine_kills} during the run; another process may have been the one killed",
                     None)
         return "no", "the kernel counted no OOM kill on the machine during the run", None
+
+    def machine_counted_kills(self) -> bool:
+        """Whether the machine's count of OOM kills rose since the run began."""
+        machine = machine_oom_kills()
+        return machine is not None and self.machine_kills is not None and machine > self.machine_kills
 
     def held_text(self, dead: int, now: float, kill: KernelKill | None) -> str:
         """What held the memory: each rank (the dead one as last seen), the notebook, the machine."""
