@@ -157,7 +157,7 @@ class Failure:
     on the elastic path, where nodes post the record to each other."""
     local_rank: int | None
     kind: str               # FailureKind value
-    headline: str           # "ValueError: boom", "killed by SIGKILL (possibly out of memory)"
+    headline: str           # "ValueError: boom", "killed by the kernel's out-of-memory killer (SIGKILL)"
     traceback: str = ""
     exc_type: str | None = None
     exc_message: str | None = None
@@ -167,6 +167,7 @@ class Failure:
     restartable: bool = True
     secondary: bool = False
     detail: str = ""                # where every rank was (a timeout: supervise.hang_verdict.detail)
+    memory: str = ""                # what ran out of memory, what held it, what to do (supervise.oom)
 
     @classmethod
     def from_payload(cls, local_rank: int | None, payload: ErrorPayload) -> "Failure":
@@ -187,7 +188,7 @@ class Failure:
                    exc_type=record.get("exc_type"), exc_message=record.get("exc_message"),
                    node=record.get("node"), rank=record.get("rank"), attempt=record.get("attempt") or 0,
                    restartable=record.get("restartable", True), secondary=bool(record.get("secondary")),
-                   detail=record.get("detail") or "")
+                   detail=record.get("detail") or "", memory=record.get("memory") or "")
 
     def same_as(self, other: "Failure") -> bool:
         return (self.node, self.rank, self.headline, self.attempt) == \

@@ -250,6 +250,8 @@ def launch_error(failure: Failure, results: list[Any], state: RunState,
         where = os.path.join(state.log_dir, f"rank{rank}.log")
         first = f"{node}rank {rank} failed: {clip_middle(failure.headline, MESSAGE_LIMIT, where)}"
     lines = [first]
+    if failure.memory:   # an out-of-memory end: what held the memory, what to do (supervise.oom)
+        lines += ["", failure.memory]
     if failure.detail:   # where each rank was (a timeout): whole in the ranks' logs
         lines += ["", "Where each rank was:", clip_middle(failure.detail, TRACEBACK_LIMIT, "the ranks' logs")]
     if failure.traceback:
@@ -294,6 +296,8 @@ def remote_error(record: Failure, state: RunState) -> LaunchError:
     if rank is None:
         first = f"node {node}: {headline}"
     lines = [first]
+    if record.memory:
+        lines += ["", record.memory]
     if record.traceback:
         lines += ["", f"Traceback from rank {rank} (node {node}):",
                   clip_middle(record.traceback.rstrip(), TRACEBACK_LIMIT, where)]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import enum
 import logging
+import sys
 import time
 from typing import TYPE_CHECKING, Any, Sequence
 
@@ -16,7 +17,7 @@ from .. import protocol
 from ..errors import LaunchError
 from ..protocol import Failure
 from ..state import RUNNING, STARTING, RunState
-from . import hang_verdict, interrupts, leftovers, outcome, stacks, teardown
+from . import hang_verdict, interrupts, leftovers, oom, outcome, stacks, teardown
 from .stall import StallWatch
 from .stdin_relay import StdinRelay, reply_on
 from .watch import RankWatch, Watcher
@@ -59,6 +60,9 @@ class Supervisor:
         self.processes = list(processes)
         self.watcher = self.watcher_class(self.processes, pipes_by_rank, self)
         self.watches = self.watcher.watches
+        # the OOM counters at the start, each rank's memory as last sampled (an OOM death named)
+        self.memory = oom.MemoryWatch((rs.local_rank, rs.rank) for rs in state.ranks)
+        self.warn_of_memory(self.memory.sample(self.sampled_pids()))
         self.first_failure: Failure | None = None
         self.stalls = None if stall_after is None else StallWatch(stall_after, time.monotonic(),
                                                                   stack=self.stack_fingerprints)
@@ -111,6 +115,7 @@ class Supervisor:
         """Watch the ranks for up to ``wait`` seconds and react. Returns FAILED once the
         other ranks are stopped; raises KeyboardInterrupt after a Stop click."""
         self.watcher.pump(wait)
+        self.warn_of_memory(self.memory.sample(self.sampled_pids()))
         self.prompts.poll()
         self.watcher.close_stale(DRAIN_AFTER_EXIT)
         self.check_stalls()
@@ -132,6 +137,24 @@ class Supervisor:
             raise KeyboardInterrupt("notebook_launch: run stopped with the Stop button"
                                     + (f"; where the ranks were: {verdict}" if verdict else ""))
         return Step.FINISHED if self.finished() else Step.RUNNING
+
+    def sampled_pids(self) -> dict[int, int]:
+        """Local rank -> pid of each live rank whose memory can be read here (its own process, on
+        this machine); ranks sharing one process (XLA) are sampled once, as its first rank."""
+        pids: dict[int, int] = {}
+        for w in self.watches:
+            if w.exit is None and w.process.on_this_machine and w.process.pid not in pids.values():
+                pids[w.local_rank] = w.process.pid
+        return pids
+
+    def warn_of_memory(self, warning: str | None) -> None:
+        """Say, before anything dies, that memory is running out (``oom.MemoryWatch.notebook_at_risk``):
+        in the cell (stderr) and in every rank's log."""
+        if warning is None:
+            return
+        print(warning, file=sys.stderr, flush=True)
+        for local_rank in range(len(self.state.ranks)):
+            self.logs.write_block(local_rank, warning)
 
     def check_stalls(self) -> None:
         """Mark the live ranks stalled when the whole run shows no sign of progress (see ``stall``);
@@ -329,7 +352,8 @@ class Supervisor:
             if watch.stopped_by_us is not None:   # what our SIGTERM made it raise: it was stopped
                 watch.error_after_stop = True
                 return
-            self.fail(Failure.from_payload(local, payload))
+            pid = watch.process.pid if watch.process.on_this_machine else None
+            self.fail(self.memory.name_allocation_failure(Failure.from_payload(local, payload), local, pid))
         elif kind is protocol.EventKind.DISPLAY and self.rank_displays is not None:
             self.rank_displays.on_event(self.global_rank(local), payload)
         elif kind is protocol.EventKind.INPUT_REQUEST:
@@ -364,6 +388,9 @@ class Supervisor:
             watch.exit = status
             watch.exited_at = time.monotonic()
             end = outcome.classify_exit(watch, status, shared)
+            if process.on_this_machine:   # a SIGKILL: the OOM killer's, or not? (supervise.oom)
+                end = self.memory.name_kill(end, watch.local_rank, process.pid,
+                                            {k: v for k, v in self.sampled_pids().items() if v != process.pid})
             self.state.on_exit(watch.local_rank, end.status, end.description, error=end.error)
             if end.failure is not None:
                 self.fail(end.failure)
