@@ -66,3 +66,14 @@ def _register_hook_once() -> None:
 def _renew_every_lock() -> None:
     for lock in list(_every_lock):
         lock._renew_in_child()
+
+
+# Held around every fork of a rank (backends.fork_thread) and every process we start with
+# subprocess (the orphan keeper, spawned ranks, py-spy): a process forked without exec while
+# another thread's Popen waits on its error pipe inherits that pipe's write end (close-on-exec
+# only closes it at an exec), and the Popen waits until that process ends. A rank lives for the
+# whole run, so a launch in one thread and the keeper's start in another waited on each other
+# forever (test_concurrent_launches' threads, which then held the keeper's lock for every later
+# launch of the process). Popen returns once its child has exec'd: milliseconds.
+no_fork_during_exec = ForkRenewedLock()
+

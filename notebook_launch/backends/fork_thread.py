@@ -23,7 +23,7 @@ import threading
 from collections.abc import Callable
 from typing import NoReturn
 
-from ..fork_locks import ForkRenewedLock
+from ..fork_locks import ForkRenewedLock, no_fork_during_exec
 
 log = logging.getLogger("notebook_launch")
 
@@ -54,7 +54,8 @@ class _ForkThread:
         while True:
             request = self.requests.get()
             try:
-                pid = os.fork()
+                with no_fork_during_exec:   # never while our Popen waits on its error pipe (fork_locks)
+                    pid = os.fork()
             except OSError as exc:   # handed to the requesting thread, which raises it
                 request.error = exc
                 request.done.set()

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 from .. import shared_tensors
 from ..rank import spawn_context
 from ..channels import RankPipes, RankProcess, WaitStatus, ended_status
+from ..fork_locks import no_fork_during_exec
 from .base import Launcher, start_each
 
 if TYPE_CHECKING:
@@ -144,11 +145,12 @@ class SpawnBackend(Launcher):
                 argv += [option, str(fd)]
         extra: dict[str, Any] = {"process_group": 0} if sys.version_info >= (3, 11) else {}
         try:
-            popen = subprocess.Popen(
-                argv, stdin=subprocess.DEVNULL, stdout=pipes.stdout_w, stderr=pipes.stderr_w,
-                pass_fds=tuple(fd for fd in (pipes.events_w, pipes.answers_r, exit_w, pipes.tensors, job_tensors)
-                               if fd is not None) + extra_fds,
-                env=env, close_fds=True, **extra)
+            with no_fork_during_exec:   # a rank forked meanwhile would hold Popen's error pipe (fork_locks)
+                popen = subprocess.Popen(
+                    argv, stdin=subprocess.DEVNULL, stdout=pipes.stdout_w, stderr=pipes.stderr_w,
+                    pass_fds=tuple(fd for fd in (pipes.events_w, pipes.answers_r, exit_w, pipes.tensors, job_tensors)
+                                   if fd is not None) + extra_fds,
+                    env=env, close_fds=True, **extra)
         except BaseException:
             if exit_r is not None:
                 os.close(exit_r)

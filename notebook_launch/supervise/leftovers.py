@@ -25,7 +25,7 @@ import socket
 import subprocess
 import sys
 
-from ..fork_locks import ForkRenewedLock
+from ..fork_locks import ForkRenewedLock, no_fork_during_exec
 
 log = logging.getLogger("notebook_launch")
 RUN_MARK = "NOTEBOOK_LAUNCH_RUN_ID"
@@ -158,10 +158,11 @@ def _start_keeper() -> _Keeper | None:
         log.debug("no socket pair for the orphan keeper", exc_info=True)
         return None
     try:
-        first = subprocess.Popen(
-            [sys.executable, "-I", "-S", _KEEPER_PROGRAM, str(theirs.fileno()), str(pidfd)],
-            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-            pass_fds=(theirs.fileno(), pidfd), close_fds=True, start_new_session=True, env={})
+        with no_fork_during_exec:   # a rank forked meanwhile would hold Popen's error pipe (fork_locks)
+            first = subprocess.Popen(
+                [sys.executable, "-I", "-S", _KEEPER_PROGRAM, str(theirs.fileno()), str(pidfd)],
+                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                pass_fds=(theirs.fileno(), pidfd), close_fds=True, start_new_session=True, env={})
     except OSError:
         log.debug("could not start the orphan keeper", exc_info=True)
         ours.close()

@@ -27,6 +27,7 @@ import time
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
+from ..fork_locks import no_fork_during_exec
 from ..rank.where_thread import ANSWERS_NAME
 from ..rank.whereabouts import DUMP_SIGNAL, STACKS_NAME
 from . import ask_where, hang_verdict
@@ -119,9 +120,10 @@ def dump_all(pids: Mapping[int, int], wait: float = NATIVE_WAIT) -> dict[int, st
     running: dict[int, subprocess.Popen[str]] = {}
     for rank, pid in pids.items():
         try:
-            running[rank] = subprocess.Popen([executable, "dump", "--native", "--pid", str(pid)],
-                                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-                                             start_new_session=True)   # a notebook's Ctrl-C is not py-spy's
+            with no_fork_during_exec:   # a rank forked meanwhile would hold Popen's error pipe (fork_locks)
+                running[rank] = subprocess.Popen([executable, "dump", "--native", "--pid", str(pid)],
+                                                 stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+                                                 start_new_session=True)   # a notebook's Ctrl-C is not py-spy's
         except OSError:
             log.debug("py-spy could not be started", exc_info=True)
             return {}
