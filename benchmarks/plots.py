@@ -84,6 +84,27 @@ CAPTION_COLOR = "#222222"
 CAPTION_CHARS = 92          # DejaVu Sans at 9 points: about 4.6 points a character; 92 fit the 461-point width
 
 
+def caption_lines(caption: str, width: int) -> list[str]:
+    """The caption's "; "-separated parts packed into lines of at most ``width`` characters, a part
+    broken only where it is longer than a line: "QUICK MODE, do not quote" or a machine's load stays
+    on one line, to be read (and found by the smoke test) whole."""
+    lines: list[str] = []
+    current = ""
+    for part in caption.split("; "):
+        candidate = f"{current}; {part}" if current else part
+        if len(candidate) <= width:
+            current = candidate
+            continue
+        if current:
+            lines.append(current + ";")
+        pieces = textwrap.wrap(part, width) or [""]
+        lines.extend(pieces[:-1])
+        current = pieces[-1]
+    if current:
+        lines.append(current)
+    return lines
+
+
 def draw(series: list[Series], ticks: dict, curve: Curve, path: str, footer: str = "") -> None:
     """One SVG: log-log axes, medians joined by lines, min-max bars, the caption below."""
     import matplotlib
@@ -91,7 +112,7 @@ def draw(series: list[Series], ticks: dict, curve: Curve, path: str, footer: str
     from matplotlib import pyplot
     from matplotlib.ticker import FuncFormatter
     caption = "; ".join(part for part in ("median, bars min to max", curve.note, footer) if part)
-    lines = textwrap.wrap(caption, CAPTION_CHARS)
+    lines = caption_lines(caption, CAPTION_CHARS)
     # the caption gets room of its own below the plot: the figure grows by its lines
     caption_inches = (len(lines) * CAPTION_POINTS * 1.3 + 8) / 72
     height = PLOT_HEIGHT + caption_inches

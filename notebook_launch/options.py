@@ -99,8 +99,6 @@ def launch_options(*, function: Any, args: Any = (), num_processes: Any = None, 
         use_port = DEFAULT_USE_PORT
     validate_function(function)
     validate_args(args, kwargs)
-    if called_as_given:
-        validate_call(function, args, kwargs)
     if num_processes is not None:
         num_processes = validate_whole_number("num_processes", num_processes)
         if num_processes < 1:
@@ -129,6 +127,10 @@ def launch_options(*, function: Any, args: Any = (), num_processes: Any = None, 
     rendezvous_timeout = validate_rendezvous(
         rdzv_backend=rdzv_backend, rdzv_endpoint=rdzv_endpoint, rdzv_conf=rdzv_conf, rdzv_id=rdzv_id,
         rdzv_timeout=rdzv_timeout, full=elastic)
+    lines_per_second = validate_lines_per_second(lines_per_second)
+    display_ranks = validate_display_ranks(display_ranks)
+    if called_as_given:   # last: a bad value of a parameter of ours is named before the function's arguments
+        validate_call(function, args, kwargs)
     return LaunchOptions(
         function=function, args=tuple(args), kwargs=dict(kwargs or {}), num_processes=num_processes,
         mixed_precision=mixed_precision, port=port, port_is_default=isinstance(use_port, _DefaultPort),
@@ -136,8 +138,8 @@ def launch_options(*, function: Any, args: Any = (), num_processes: Any = None, 
         rdzv_endpoint=rdzv_endpoint, rdzv_conf=rdzv_conf, rdzv_id=rdzv_id, max_restarts=max_restarts,
         poll_interval=min(float(monitor_interval), 0.1), line_prefix=log_line_prefix_template,
         start_method=start_method, timeout=timeout, log_dir=log_dir, ui=ui, rdzv_timeout=rdzv_timeout,
-        display_ranks=validate_display_ranks(display_ranks), stall_after=stall_after,
-        rendezvous_timeout=rendezvous_timeout, lines_per_second=validate_lines_per_second(lines_per_second))
+        display_ranks=display_ranks, stall_after=stall_after,
+        rendezvous_timeout=rendezvous_timeout, lines_per_second=lines_per_second)
 
 
 def validate_lines_per_second(value: object) -> int | None:

@@ -26,7 +26,7 @@ def _never_called(path):
         f.write("a rank ran")
 
 
-@pytest.mark.parametrize("master_addr", ["not a host!!", "nosuchhost.invalid"])
+@pytest.mark.parametrize("master_addr", ["not-a-host!!", "nosuchhost.invalid"])
 @pytest.mark.parametrize("node_rank, num_nodes", [(0, 1), (1, 2)])
 def test_master_addr_that_does_not_resolve_is_refused_before_any_rank(tmp_path, master_addr, node_rank,
                                                                       num_nodes):

@@ -140,7 +140,8 @@ def test_tb_magic_shows_the_same(executed):
 def test_argument_error_is_one_line_of_what_to_do(executed):
     errors = error_outputs(executed.cells[5])
     assert len(errors) == 1 and errors[0].ename == "LaunchArgumentError"
-    assert shown(errors[0]) == "LaunchArgumentError: num_processes must be >= 1; got 0"
+    assert shown(errors[0]) == ("LaunchArgumentError: num_processes must be >= 1, or None (one rank per accelerator); "
+                                "got 0")
 
 
 def test_debug_still_has_the_traceback(executed):

@@ -18,6 +18,7 @@ STORM = textwrap.dedent("""
     import json, os, signal, sys, time
     from pathlib import Path
     from notebook_launch import notebook_launcher
+    from notebook_launch.supervise.leftovers import keeper_fds
 
     def hold_memory_and_ignore_sigterm(folder):
         data = bytearray(256 << 20)
@@ -51,7 +52,8 @@ STORM = textwrap.dedent("""
     print("OUTCOME " + json.dumps({
         "raised": raised, "ranks": pids, "ranks_left": [pid for pid in pids if os.path.exists(f"/proc/{pid}")],
         "zombies": zombie_children(), "fds_before": fds_before,
-        "fds_after": sorted(os.listdir("/proc/self/fd"))}), flush=True)
+        # less the keeper's socket, which the first launch opens for the process's life (leftovers)
+        "fds_after": sorted(set(os.listdir("/proc/self/fd")) - {str(fd) for fd in keeper_fds()})}), flush=True)
 """)
 
 
@@ -109,9 +111,11 @@ KERNEL_CELL = textwrap.dedent("""
 OPEN_FDS = textwrap.dedent("""
     def open_fds():
         # Pipes and sockets: what a run opens. (The kernel opens files of its own meanwhile,
-        # e.g. IPython's history journal, and the listing's own directory fd is gone below.)
+        # e.g. IPython's history journal, and the listing's own directory fd is gone below.) Not the
+        # keeper's socket, which the first launch opens for the process's life (leftovers).
+        from notebook_launch.supervise.leftovers import keeper_fds
         found = []
-        for fd in os.listdir("/proc/self/fd"):
+        for fd in set(os.listdir("/proc/self/fd")) - {str(fd) for fd in keeper_fds()}:
             try:
                 target = os.readlink(f"/proc/self/fd/{fd}")
             except OSError:

@@ -7,6 +7,8 @@ import time
 
 import pytest
 
+from notebook_launch.errors import LaunchArgumentError
+from notebook_launch.options import launch_options
 from notebook_launch.display import TextDisplay, choose_display
 from notebook_launch.display import format as fmt
 from notebook_launch.display import fragments
@@ -220,6 +222,9 @@ def test_the_cell_line_budget_is_per_rank_chosen_or_all(monkeypatch):
     assert cell_line_budget(choose_display("widget", lines_per_second=None)) is None
     assert cell_line_budget(choose_display("html", lines_per_second=7)) == 7
     assert cell_line_budget(choose_display("widget")) == 200
-    for bad in (0, -1, 2.5, "all", True):
-        with pytest.raises(ValueError, match="lines_per_second"):
-            choose_display("text", lines_per_second=bad)  # type: ignore[arg-type]  # wrong on purpose
+    # A bad budget is refused once, where every argument is checked (options, issue 31), before the
+    # display is chosen; "all" there means None here.
+    for bad in (0, -1, 2.5, True):
+        with pytest.raises(LaunchArgumentError, match="lines_per_second"):
+            launch_options(function=print, lines_per_second=bad)
+    assert launch_options(function=print, lines_per_second="all").lines_per_second is None

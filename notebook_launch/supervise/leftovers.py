@@ -113,6 +113,19 @@ def guard(run_id: str, group: int) -> None:
         _tell_keeper(f"+ {run_id} {group}", start=True)
 
 
+def keeper_fds() -> set[int]:
+    """The descriptors this process holds for its keeper (the orders socket): opened at the first
+    launch and kept for the process's life, like the keeper itself. What a check for descriptors a
+    launch left open leaves out."""
+    keeper = _keeper
+    if keeper is None or keeper.owner != os.getpid():
+        return set()
+    try:
+        return {keeper.orders.fileno()} - {-1}
+    except OSError:
+        return set()
+
+
 def _tell_keeper(message: str, *, start: bool) -> None:
     if not hasattr(os, "pidfd_open") or not os.path.isdir("/proc"):
         return
