@@ -91,7 +91,7 @@ for lane in "${lanes[@]}"; do
     xla) cmd=(bash scripts/test-xla.sh --junitxml=test-artifacts/junit-xla.xml) ;;
     *) cmd=(bash "scripts/test-$lane.sh") ;;
   esac
-  ( start=$SECONDS; "${cmd[@]}" >"test-artifacts/lane-$lane.log" 2>&1; rc=$?
+  ( start=$SECONDS; rc=0; "${cmd[@]}" >"test-artifacts/lane-$lane.log" 2>&1 || rc=$?   # (set -e: not a bare call)
     echo "$((SECONDS - start))" >"test-artifacts/lane-$lane.seconds"; exit $rc ) &
   lane_pid[$lane]=$!
 done
