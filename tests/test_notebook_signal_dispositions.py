@@ -272,9 +272,16 @@ def test_persistent_ranks_report_each_ranks_true_ending(state, start_method, tmp
         assert reaped_by_notebook
 
 
-def raise_on_rank_0_while_rank_1_sleeps() -> None:
+def raise_on_rank_0_while_rank_1_sleeps(folder: str) -> None:
+    """Rank 0 gives up once rank 1 is in its function: the stop then meets rank 1 as the user's code
+    sees it, its dispositions already its own (on a busy machine rank 1 could otherwise still be
+    starting when the stop came, inside the notebook's ignored and blocked SIGTERM)."""
+    ready = os.path.join(folder, "rank1-ready")
     if int(os.environ["RANK"]) == 0:
+        while not os.path.exists(ready):
+            time.sleep(0.01)
         raise ValueError("rank 0 gives up")
+    open(ready, "w").close()
     time.sleep(600)
 
 
@@ -286,7 +293,8 @@ def test_a_notebook_that_ignores_and_blocks_sigterm_and_sigint_still_stops_its_r
     mask = signal.pthread_sigmask(signal.SIG_BLOCK, ignored)
     try:
         with pytest.raises(LaunchError) as caught:
-            notebook_launcher(raise_on_rank_0_while_rank_1_sleeps, num_processes=2, start_method=start_method,
+            notebook_launcher(raise_on_rank_0_while_rank_1_sleeps, args=(str(tmp_path),), num_processes=2,
+                              start_method=start_method,
                               use_port=str(free_port()), log_dir=str(tmp_path / "logs"), ui="none", timeout=240)
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, mask)
