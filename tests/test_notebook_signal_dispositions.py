@@ -197,9 +197,10 @@ STATUS_TAKEN = {"SIGCHLD ignored", "SA_NOCLDWAIT from C", "a handler reaps every
 
 @pytest.fixture(autouse=True)
 def _no_zombie_left_for_later_tests() -> Iterator[None]:
-    """Run one after another in one process, the "a thread reaps every child" states leave one exited
-    child unreaped (a zombie; no test alone does, and whose child it is was not found yet). Later tests in the same process (xdist worker) check that a launch leaves no child, so
-    the zombies made here are reaped here, with a warning that keeps them visible."""
+    """Run one after another in one process, the "a thread reaps every child" states leave one
+    exited child unreaped (a zombie; no test alone does, and whose child it is was not found yet).
+    Later tests in the same process (xdist worker) check that a launch leaves no child, so the
+    zombies made here are reaped here, with a warning that keeps them visible."""
     before = {child.pid for child in psutil.Process().children()}
     yield
     for child in psutil.Process().children():
