@@ -8,6 +8,7 @@ handler around the run so a notebook kernel gets back exactly what it had.
 """
 from __future__ import annotations
 
+import gc
 from typing import TYPE_CHECKING, Any
 
 from ..run import RunContext, run_with_scaffold
@@ -26,6 +27,10 @@ def run_elastic(plan: "LaunchPlan", job: "Job", options: "LaunchOptions", *, ren
 
     def body(run: RunContext) -> list[Any]:
         ended = ElasticRun(run=run, job=job, settings=rendezvous).execute()
+        # The agent, its rendezvous handler and their TCPStore server (its libuv thread, sockets and
+        # port) can sit in a reference cycle once the run is over (a timeout's traceback): freed
+        # now, not at the next collection, so the port and the descriptors end with the run.
+        gc.collect()
         if ended.error is not None:
             raise ended.error
         if ended.interrupted:
