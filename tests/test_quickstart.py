@@ -34,8 +34,11 @@ def fake_nvidia_smi(folder: Path, gpus: int) -> None:
     """Stands in for the NVIDIA driver's nvidia-smi (there is no GPU on this machine)."""
     lines = "".join(f"echo 'GPU {i}: Tesla T4 (UUID: GPU-fake-{i})'\n" for i in range(gpus))
     script = folder / "nvidia-smi"
-    script.write_text("#!/bin/sh\n" + (lines or "echo 'No devices were found'; exit 6\n"))
-    script.chmod(0o755)
+    # Written by a process of its own: a process forked meanwhile by another thread of this one (a
+    # worker's leftover fork helper) would hold the file open for writing, and running it would then
+    # fail with "Text file busy" (the CPU path taken instead, seen under xdist).
+    subprocess.run(["sh", "-c", 'cat > "$1" && chmod 755 "$1"', "sh", str(script)], check=True, text=True,
+                   input="#!/bin/sh\n" + (lines or "echo 'No devices were found'; exit 6\n"))
 
 
 @pytest.fixture
