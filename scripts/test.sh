@@ -10,8 +10,9 @@
 #     start first, in the background, each printing its progress every 30 s, prefixed with its lane;
 #   - lint and the docs build run beside the main suite (their output is printed when they end);
 #   - the main suite runs in NOTEBOOK_LAUNCH_TEST_WORKERS pytest-xdist workers (default 4 on 2 cores), but
-#     tests/raycluster, whose modules share one two-node Ray cluster (its conftest), runs beside it as one
-#     pytest process of its own (one cluster, not one per worker);
+#     not tests/raycluster, whose modules share one two-node Ray cluster (its conftest): it runs after it as
+#     one pytest process of its own (one cluster, not one per worker), beside the lanes (its Ray actors
+#     start slowly beside four busy workers);
 #   - the three lanes' tests run side by side once their venvs are ready, each printed whole when it ends.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -56,15 +57,14 @@ docs_pid=$!
 # The main suite (Python 3.11, the newest IPython, ipykernel and ipywidgets the test extra resolves, torch 2.13).
 # --durations: the slowest tests in the CI log.
 main_start=$SECONDS
-( .venv/bin/python -m pytest -p no:cacheprovider --durations=10 --junitxml=test-artifacts/junit-raycluster.xml \
-    tests/raycluster >test-artifacts/raycluster.log 2>&1 ) &
-ray_pid=$!
 .venv/bin/python -m pytest -p no:cacheprovider -n "$WORKERS" --durations=25 --ignore=tests/raycluster \
   --junitxml=test-artifacts/junit-main.xml || status=1
 main_took=$((SECONDS - main_start))
-wait "$ray_pid" || status=1
-ray_took=$((SECONDS - main_start))
-echo "=== the Ray cluster tests (tests/raycluster, beside the main suite)"; cat test-artifacts/raycluster.log
+ray_start=$SECONDS
+( rc=0; .venv/bin/python -m pytest -p no:cacheprovider --durations=10 --junitxml=test-artifacts/junit-raycluster.xml \
+    tests/raycluster >test-artifacts/raycluster.log 2>&1 || rc=$?
+  echo "$((SECONDS - ray_start))" >test-artifacts/raycluster.seconds; exit $rc ) &
+ray_pid=$!
 
 wait "$lint_pid" || { status=1; echo "lint: findings (above)" >>test-artifacts/lint.log; }
 echo "=== lint (scripts/lint.sh)"; cat test-artifacts/lint.log
@@ -103,8 +103,12 @@ for lane in "${lanes[@]}"; do
   cat "test-artifacts/lane-$lane.log"
 done
 
+wait "$ray_pid" || status=1
+ray_took=$(cat test-artifacts/raycluster.seconds 2>/dev/null || echo 0)
+echo "=== the Ray cluster tests (tests/raycluster, after the main suite, beside the lanes)"
+cat test-artifacts/raycluster.log
 .venv/bin/python scripts/junit_total.py test-artifacts/junit-*.xml || status=1
-echo "main suite: $(mmss "$main_took") ($WORKERS workers); tests/raycluster beside it: $(mmss "$ray_took")"
+echo "main suite: $(mmss "$main_took") ($WORKERS workers); tests/raycluster after it: $(mmss "$ray_took")"
 for lane in "${lanes[@]}"; do
   [ -n "${lane_took[$lane]:-}" ] && echo "$lane lane: $(mmss "${lane_took[$lane]}") (beside the other lanes)"
 done

@@ -169,7 +169,7 @@ notebook_launcher(train, num_processes=4, cluster=cluster(), timeout=5, ui="none
     assert first.startswith("notebook_launch: timed out after 5 s"), first
     if "ranks still running: 0, 1, 2, 3" not in first:
         # Every rank is placed. On a busy machine a rank may still be starting (importing) at 5 s: it
-        # is then placed where it is; a rank in train() is placed at its line.
+        # is then placed where it is, or said not to have answered; a rank in train() is at its line.
         placed = where_each_rank_is(first)
         assert sorted(placed) == [0, 1, 2, 3], first
         for where in placed.values():
@@ -183,6 +183,9 @@ def where_each_rank_is(verdict: str) -> dict[int, str]:
     for found in re.finditer(r"\branks? ([\d, ]+) (?:is|are) in (.*?)(?=; ranks? \d|$)", verdict):
         for rank in found.group(1).split(","):
             placed[int(rank)] = found.group(2)
+    for found in re.finditer(r"\branks? ([\d, ]+) did not say where", verdict):   # still starting: said so
+        for rank in found.group(1).split(","):
+            placed[int(rank)] = "did not say"
     return placed
 
 
