@@ -331,7 +331,7 @@ def test_in_a_kernel_the_verdict_names_cells(hung_in_a_kernel, index):
 def test_stall_watch_counts_cpu_time_as_a_sign_of_progress():
     from notebook_launch.supervise.stall import StallWatch
     cpu = {1: 0.0, 2: 0.0}
-    watch = StallWatch(10, now=0.0, cpu=lambda pid: cpu[pid])
+    watch = StallWatch(10, now=0.0, cpu=lambda pid: cpu[pid], waited=lambda pid: 0.0)
     assert watch.check(0, 1, 1.0) is None and watch.check(1, 2, 1.0) is None
     for second in range(2, 30):
         cpu[1] += 0.9          # rank 0 computes silently; rank 1 waits
@@ -356,7 +356,7 @@ def test_a_run_is_stalled_only_when_no_rank_works_and_no_stack_moves():
         sampled.append(sorted(pids))
         return {local: stacks[local] for local in pids}
 
-    watch = StallWatch(10, now=0.0, cpu=lambda pid: cpu[pid], stack=sample)
+    watch = StallWatch(10, now=0.0, cpu=lambda pid: cpu[pid], stack=sample, waited=lambda pid: 0.0)
     live = [(0, 1), (1, 2)]
     for second in range(1, 29):
         cpu[1] += 0.9 if second < 12 else 0.0    # rank 0 computes for 12 s,

@@ -196,3 +196,46 @@ def test_descendants_are_every_threads_children_and_theirs():
         os.kill(grandchild, 9)
         child.kill()
         child.wait()
+
+
+ON_ONE_CORE = "import os, sys, time\nos.sched_setaffinity(0, {int(sys.argv[1])})\nprint(flush=True)\n"
+KINDS = {
+    "computes": "while True:\n    pass\n",
+    "polls every 5 ms": "while True:\n    time.sleep(0.005)\n",
+    "sleeps": "time.sleep(600)\n",
+}
+
+
+def test_a_computing_rank_starved_of_cpu_by_a_loaded_machine_works_and_a_waiting_one_does_not():
+    """On one core beside 25 busy processes a computing process gets under 4% of it, below
+    BUSY_SHARE: the time it waits for the core is what says it works. A poller and a sleeper on
+    the same core wait for it only briefly after each wake-up and stay quiet. The watch reads
+    the real CPU time and run delay of real processes (without the run delay the computing one
+    was called quiet; a test under CI's load saw a computing rank called stalled)."""
+    from notebook_launch.supervise.stall import SAMPLE_EVERY, StallWatch
+    core = min(os.sched_getaffinity(0))
+    started = []
+
+    def start(code: str) -> subprocess.Popen:
+        process = subprocess.Popen([sys.executable, "-c", ON_ONE_CORE + code, str(core)], stdout=subprocess.PIPE)
+        started.append(process)
+        return process
+
+    try:
+        load = [start(KINDS["computes"]) for _ in range(25)]
+        watched = {kind: start(code) for kind, code in KINDS.items()}
+        for process in load + list(watched.values()):
+            assert process.stdout is not None and process.stdout.readline() == b"\n"   # on its core
+        watch = StallWatch(60, now=time.monotonic())
+        pids = {index: process.pid for index, process in enumerate(watched.values())}
+        seen = {index: watch.quiet_since(index, pid, time.monotonic()) for index, pid in pids.items()}
+        for _ in range(3):   # three samples, each over SAMPLE_EVERY
+            time.sleep(SAMPLE_EVERY)
+            now = time.monotonic()
+            quiet = {kind: watch.quiet_since(index, pids[index], now) for index, kind in enumerate(watched)}
+        assert quiet["computes"] > seen[0], "the starved computing process was called quiet"
+        assert quiet["polls every 5 ms"] == seen[1] and quiet["sleeps"] == seen[2], quiet
+    finally:
+        for process in started:
+            process.kill()
+            process.wait()

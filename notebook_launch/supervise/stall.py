@@ -26,7 +26,7 @@ seconds apart (``StallWatch(stack=)``): a rank whose stack (or collective number
 between moved, and the watch starts over.
 
 What it costs: one read of ``/proc/<pid>/stat`` per process of the rank's tree (and of each
-thread's ``children`` list) at most once per ``SAMPLE_EVERY`` second, in the notebook; the ranks
+thread's ``children`` list and ``schedstat``) at most once per ``SAMPLE_EVERY`` second, in the notebook; the ranks
 do nothing for it. Two stack samples per stall, and none while the run moves.
 """
 from __future__ import annotations
@@ -113,6 +113,30 @@ def descendants(pid: int, limit: int = MAX_DESCENDANTS) -> list[int]:
     return found
 
 
+def _task_run_delay(pid: int) -> float:
+    """Seconds the threads of ``pid`` spent runnable but waiting for a CPU (``schedstat``'s
+    second field, per thread: the process's own file counts its first thread only); 0 when
+    unreadable (a kernel without schedstat: CPU time alone then decides)."""
+    try:
+        threads = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return 0.0
+    waited = 0
+    for tid in threads:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/schedstat", "rb") as f:
+                waited += int(f.read().split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+    return waited / 1e9
+
+
+def run_delay_seconds(pid: int) -> float:
+    """Time ``pid`` and every process below it spent waiting for a CPU while ready to run: on a
+    loaded machine what a computing rank wants but does not get (see ``StallWatch.quiet_since``)."""
+    return _task_run_delay(pid) + sum(_task_run_delay(child) for child in descendants(pid))
+
+
 def cpu_seconds(pid: int) -> float | None:
     """CPU time of process ``pid`` and of every process below it (``descendants``), with what
     each reaped, or None when the rank's own is unreadable."""
@@ -122,18 +146,27 @@ def cpu_seconds(pid: int) -> float | None:
     return own + sum(_stat_cpu(child) or 0.0 for child in descendants(pid))
 
 
+def _busy(cpu: float, waited: float, wall: float) -> bool:
+    """Whether ``cpu`` seconds over ``wall`` are work, ``waited`` of them spent waiting for a CPU
+    (BUSY_SHARE of the time it could run; all CPU time counts when it waited the whole while)."""
+    return cpu > BUSY_SHARE * max(wall - waited, 0.0)
+
+
 class StallWatch:
     """Per rank: when it last showed a sign of progress; ``check_all`` says which ranks are stalled
     since when. ``stack(pids)`` (local rank -> pid) samples stacks to confirm a stall (None:
     confirm by CPU time alone)."""
 
     def __init__(self, stall_after: float, now: float, cpu: Callable[[int], float | None] = cpu_seconds,
-                 stack: Callable[[dict[int, int]], dict[int, Fingerprint]] | None = None) -> None:
+                 stack: Callable[[dict[int, int]], dict[int, Fingerprint]] | None = None,
+                 waited: Callable[[int], float] = run_delay_seconds) -> None:
         self.stall_after = stall_after
         self.cpu = cpu
+        self.waited = waited
         self.stack = stack
         self.last_sign: dict[int, float] = {}
-        self.last_cpu: dict[int, tuple[float, float]] = {}   # local rank -> (when sampled, CPU seconds)
+        # local rank -> (when sampled, CPU seconds, seconds waited for a CPU)
+        self.last_cpu: dict[int, tuple[float, float, float]] = {}
         self.started = now
         self.samples: tuple[float, dict[int, Fingerprint]] | None = None   # the first stack sample of a candidate stall
         self.stalled = False      # the run is stalled (confirmed), until a rank moves
@@ -143,7 +176,14 @@ class StallWatch:
         self.last_sign[local_rank] = now
 
     def quiet_since(self, local_rank: int, pid: int | None, now: float) -> float:
-        """Since when the rank shows no sign, reading its tree's CPU time (once a SAMPLE_EVERY)."""
+        """Since when the rank shows no sign, reading its tree's CPU time (once a SAMPLE_EVERY).
+
+        The share is of the time the rank did not spend waiting for a CPU: on a machine with
+        many more runnable processes than cores a computing rank gets a few percent of one
+        (26 busy processes on a core: under 4%, below ``BUSY_SHARE``) but waits for the rest,
+        and was once called stalled. A rank that sleeps, blocks or polls waits for a CPU only
+        briefly after each wake-up, so its share stays what it is on a quiet machine (a 5 ms
+        poller beside those 26: 0.4%)."""
         sign = self.last_sign.get(local_rank, self.started)
         if pid is None:
             return sign
@@ -151,9 +191,10 @@ class StallWatch:
         if sampled is None or now - sampled[0] >= SAMPLE_EVERY:
             spent = self.cpu(pid)
             if spent is not None:
-                if sampled is not None and spent - sampled[1] > BUSY_SHARE * (now - sampled[0]):
+                waited = self.waited(pid)
+                if sampled is not None and _busy(spent - sampled[1], waited - sampled[2], now - sampled[0]):
                     sign = self.last_sign[local_rank] = max(sign, now)
-                self.last_cpu[local_rank] = (now, spent)
+                self.last_cpu[local_rank] = (now, spent, waited)
         return sign
 
     def check(self, local_rank: int, pid: int | None, now: float) -> float | None:
