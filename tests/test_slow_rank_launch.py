@@ -112,3 +112,37 @@ def test_a_rank_that_has_not_reached_its_collective_is_named_while_the_others_wa
     named = [text for text in seen if "has not reached" in text]
     assert named and re.fullmatch(r"rank 3 has not reached a collective yet; ranks 0, 1, 2 spend \d+% of "
                                   r"their time waiting for it in all_reduce", named[0]), seen
+
+
+SLOW_IN_A_CELL = '''
+import time
+import torch
+import torch.distributed as dist
+from notebook_launch import notebook_launcher
+
+def train(steps):
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    t = torch.ones(1)
+    for _ in range(steps):
+        time.sleep(0.05 + (0.1 if rank == 2 else 0.0))
+        dist.all_reduce(t)
+    dist.destroy_process_group()
+    return rank
+'''
+
+
+def test_the_widget_panel_in_a_kernel_ends_on_a_picture_that_names_the_slow_rank():
+    pytest.importorskip("nbclient")
+    from helpers.nbutil import make_notebook, run_notebook
+    nb = run_notebook(make_notebook(SLOW_IN_A_CELL, f"notebook_launcher(train, args=({STEPS},), num_processes=4)"),
+                      timeout=240, allow_errors=True)
+    cell = nb.cells[1]
+    pictures = [out for out in cell.outputs if out.output_type == "display_data"
+                and "nl-panel" in out.data.get("text/html", "")]
+    assert len(pictures) == 1, cell.outputs
+    page, summary = pictures[0].data["text/html"], pictures[0].data["text/plain"]
+    assert re.search(r"<div class='nl-slow-rank'[^>]*><b>Pace:</b> rank 2 is the slowest \([\d.]+x\); "
+                     r"ranks 0, 1, 3 spend \d+% of their time waiting for it in all_reduce</div>", page), page
+    assert page.count("class='nl-pace'") == 4
+    assert "pace: rank 2 is the slowest (" in summary, summary
