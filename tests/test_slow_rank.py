@@ -24,6 +24,25 @@ def steady(rank, waiting_share, seconds=10.0, steps=100, op="all_reduce", extra=
     return RankPace(rank=rank, seconds=seconds, ops=ops)
 
 
+def named(paces):
+    """The verdict, which the test expects to name someone."""
+    found = verdict(paces)
+    assert found is not None, paces
+    return found
+
+
+def whole(history):
+    span = history.whole_run(0)
+    assert span is not None
+    return span
+
+
+def sent(pace, force=False):
+    taken = pace.sample(force=force)
+    assert taken is not None
+    return taken
+
+
 # --- the verdict's shapes ---------------------------------------------------------------------
 
 def test_balanced_ranks_name_nobody():
@@ -40,8 +59,8 @@ def test_ranks_that_all_wait_alike_name_nobody():
 
 def test_one_slow_rank_is_named_with_its_ratio_and_the_others_wait():
     paces = {0: steady(0, 0.44), 1: steady(1, 0.45), 2: steady(2, 0.02), 3: steady(3, 0.43)}
-    found = verdict(paces)
-    assert found is not None and [rank for rank, _ in found.slow] == [2]
+    found = named(paces)
+    assert [rank for rank, _ in found.slow] == [2]
     assert found.waiting == (0, 1, 3) and found.op == "all_reduce"
     # its own work per step (9.8 s / 100) against the waiters' median (5.6 s / 100)
     assert found.slow[0][1] == pytest.approx(9.8 / 5.6)
@@ -51,7 +70,7 @@ def test_one_slow_rank_is_named_with_its_ratio_and_the_others_wait():
 
 def test_two_slow_ranks_are_named_slowest_first():
     paces = {0: steady(0, 0.60), 1: steady(1, 0.62), 2: steady(2, 0.05), 3: steady(3, 0.02)}
-    found = verdict(paces)
+    found = named(paces)
     assert [rank for rank, _ in found.slow] == [3, 2]
     assert found.text == ("ranks 3, 2 are the slowest (2.5x, 2.4x); ranks 0, 1 spend 61% of their time "
                           "waiting for them in all_reduce")
@@ -62,7 +81,7 @@ def test_the_collective_named_is_the_one_the_others_wait_in_most():
     barrier = {"barrier": (300, 0.2)}
     paces = {0: steady(0, 0.5, extra=barrier), 1: steady(1, 0.0, extra=barrier)}
     assert paces[0].step == "barrier"
-    found = verdict(paces)
+    found = named(paces)
     assert found.text == "rank 1 is the slowest (2.0x); rank 0 spends 52% of its time waiting for it in all_reduce"
 
 
@@ -70,7 +89,7 @@ def test_a_rank_that_never_reaches_a_collective_is_waited_for():
     """Ranks 0-2 sit in their first all_reduce (no call returned yet); rank 3 sent no pace at all."""
     waiting = {rank: RankPace(rank=rank, seconds=12.0, ops={"all_reduce": (0, 11.9)}, inside="all_reduce")
                for rank in range(3)}
-    found = verdict({**waiting, 3: None})
+    found = named({**waiting, 3: None})
     assert found.not_reached and found.slow == ((3, None),)
     assert found.text == ("rank 3 has not reached a collective yet; ranks 0, 1, 2 spend 99% of their time "
                           "waiting for it in all_reduce")
@@ -126,8 +145,8 @@ def sample(at, calls, seconds, inside=None, first=False, since=100.0, op="all_re
 def test_a_rank_first_sample_counts_from_its_first_collective():
     history = PaceHistory()
     history.add(sample(101.0, 10, 0.5, first=True))
-    whole = history.whole_run(0)
-    assert whole.seconds == pytest.approx(1.0) and whole.ops == {"all_reduce": (10, 0.5)}
+    span = whole(history)
+    assert span.seconds == pytest.approx(1.0) and span.ops == {"all_reduce": (10, 0.5)}
 
 
 def test_a_later_first_sample_counts_from_itself():
@@ -135,7 +154,7 @@ def test_a_later_first_sample_counts_from_itself():
     history = PaceHistory()
     history.add(sample(500.0, 1000, 40.0))
     history.add(sample(502.0, 1020, 41.0))
-    assert history.whole_run(0).ops == {"all_reduce": (20, 1.0)} and history.whole_run(0).seconds == 2.0
+    assert whole(history).ops == {"all_reduce": (20, 1.0)} and whole(history).seconds == 2.0
 
 
 def test_the_live_window_keeps_the_last_seconds_and_the_whole_run_all():
@@ -145,8 +164,9 @@ def test_the_live_window_keeps_the_last_seconds_and_the_whole_run_all():
         waited = 0.1 * second if second <= 30 else 3.0 + 0.8 * (second - 30)
         history.add(sample(100.0 + second, 10 * second, waited))
     window = history.window(0)
+    assert window is not None
     assert window.seconds == pytest.approx(slow_rank.WINDOW) and window.share == pytest.approx(0.8)
-    assert history.whole_run(0).seconds == pytest.approx(60.0)
+    assert whole(history).seconds == pytest.approx(60.0)
     assert len(history.recent) <= slow_rank.WINDOW + 2
 
 
@@ -188,7 +208,7 @@ def test_the_rank_counts_calls_and_time_inside_and_samples_once_a_second(monkeyp
         clock.now += 0.2
         pace.leave("all_reduce", entered)
     assert started == [50.3]                                # the sender started at the first collective
-    first = pace.sample()
+    first = sent(pace)
     assert first["first"] and first["moved"] and first["inside"] is None
     assert first["since"] == 50.3 and first["at"] == pytest.approx(52.0)
     assert first["ops"] == {"all_reduce": [4, pytest.approx(0.8)]} and first["waiting"] == pytest.approx(0.8)
@@ -196,12 +216,12 @@ def test_the_rank_counts_calls_and_time_inside_and_samples_once_a_second(monkeyp
     clock.now += 0.1
     entered = pace.enter("barrier")                         # now it waits in a barrier...
     clock.now += 2.0
-    waiting = pace.sample()                                 # ...counted up to now, though not returned
+    waiting = sent(pace)                                    # ...counted up to now, though not returned
     assert waiting["inside"] == "barrier" and not waiting["moved"] and not waiting["first"]
     assert waiting["at"] == pytest.approx(54.1) and waiting["ops"]["barrier"] == [0, pytest.approx(2.0)]
     pace.leave("barrier", entered)
     assert pace.sample() is None                            # returned, but the last sample is too recent
-    final = pace.sample(force=True)                          # the rank's last flush sends it anyway
+    final = sent(pace, force=True)                           # the rank's last flush sends it anyway
     assert final["moved"] and final["ops"]["barrier"] == [1, pytest.approx(2.0)]
     assert pace.sample(force=True) is None                  # nothing changed since
 
@@ -210,7 +230,7 @@ def test_a_rank_state_folds_pace_from_progress_and_a_restart_forgets_it():
     from notebook_launch.plan import RankSpec
     state = run_state(2)
     state.on_progress(0, {"bars": {}, "metrics": {}, "series": {}, "pace": sample(103.0, 30, 1.5, first=True)})
-    assert state.ranks[0].pace.whole_run(0).calls == 30
+    assert whole(state.ranks[0].pace).calls == 30
     specs = [RankSpec(global_rank=i, local_rank=i, device="cpu", env={}) for i in range(2)]
     state.begin_attempt(1, node_rank=0, num_nodes=1, world_size=2, ranks=specs)
     assert state.ranks[0].pace.whole_run(0) is None
