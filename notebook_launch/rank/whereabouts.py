@@ -351,10 +351,12 @@ def _recording(name: str, original: Callable[..., Any]) -> Callable[..., Any]:
             return FIELD_SEP.join((name, group_name, _describe_tensors(args, kwargs),
                                    where[0], str(where[1]), where[2]))
 
-        record.enter(key, seq, describe)
-        record.depth += 1
+        # the pace first: its first call starts the progress thread, which must be done before the
+        # record says "inside" (a test, or a rank, that acts on that expects the rank in torch's call)
         counter = _pace if counted else None
         entered = counter.enter(name) if counter is not None else 0.0
+        record.enter(key, seq, describe)
+        record.depth += 1
         try:
             return original(*args, **kwargs)
         finally:
