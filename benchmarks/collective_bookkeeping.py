@@ -15,6 +15,11 @@ processes on the same process group. Both ranks do the same sequence; rank 0 tim
   no-op, with the rank's record) against the no-op itself, ``OVERHEAD_CALLS`` calls a sample:
   what each collective pays, without gloo's noise (a loaded machine moves a 4-byte all_reduce by
   more than the whole bookkeeping costs).
+- the pace counters alone (issue 34 item 4: ``rank.pace``, the step rate and waiting share the
+  panel shows): the same wrapped no-op with the rank's counters and with them taken out
+  (``whereabouts._pace = None``), ``OVERHEAD_CALLS`` calls a sample. Shown as what they add to
+  a call against the bare 4-byte all_reduce above, the cheapest collective a step can make:
+  goal within ``GOAL_PACE_SHARE`` of it.
 - the DDP step: forward, backward (DDP's gradient all-reduce), SGD step of a small MLP on a
   batch of 256, ``STEPS_PER_BLOCK`` steps per block; a sample is a block's mean per step. Goal:
   within 2%. (DDP's reducer all-reduces in C++, not through the wrapped Python functions, so
@@ -35,6 +40,7 @@ STEPS_PER_BLOCK = 20
 OVERHEAD_CALLS = 100_000
 GOAL_US = 5.0
 GOAL_STEP_RATIO = 1.02
+GOAL_PACE_SHARE = 0.02   # what the pace counters add to a collective, against the smallest all_reduce
 
 
 # --- in the ranks ----------------------------------------------------------------------------
@@ -79,13 +85,22 @@ def measure_in_rank(repeats: int, collectives: int, steps: int, width: int, over
             call(small)
         return (time.perf_counter() - started) / overhead_calls
 
+    counters = whereabouts._pace
+
+    def pace_block(way: str) -> float:
+        whereabouts._pace = counters if way == "with" else None   # the wrapper reads it at each call
+        try:
+            return overhead_block("with")
+        finally:
+            whereabouts._pace = counters
+
     def step_block() -> float:
         started = time.perf_counter()
         for _ in range(steps):
             step()
         return (time.perf_counter() - started) / steps
 
-    samples: dict = {kind: {"with": [], "without": []} for kind in ("collective", "step", "overhead")}
+    samples: dict = {kind: {"with": [], "without": []} for kind in ("collective", "step", "overhead", "pace")}
     for way in ("with", "without"):   # warm-up, untimed
         whereabouts.set_recording(dist, way == "with")
         collective_block()
@@ -97,6 +112,7 @@ def measure_in_rank(repeats: int, collectives: int, steps: int, width: int, over
             samples["collective"][way].append(collective_block())
             samples["step"][way].append(step_block())
             samples["overhead"][way].append(overhead_block(way))
+            samples["pace"][way].append(pace_block(way))
     whereabouts.set_recording(dist, True)
     dist.barrier()
     return {"samples": samples, "recorded": recorded}
@@ -132,7 +148,11 @@ def run(config: dict, log_dir: str, say=print) -> list:
     overhead_row = Row(item="11", measurement=f"the bookkeeping alone: a collective that does nothing, wrapped "
                                               f"vs bare, per call, {overhead_calls:,} calls a sample",
                        ranks="2", unit="us", goal=f"within {GOAL_US:g} us", group=11)
-    rows = [collective_row, overhead_row, step_row]
+    pace_row = Row(item="11", measurement=f"the pace counters alone (the panel's step rate and waiting share): "
+                                          f"the wrapped no-op with vs without them, per call, {overhead_calls:,} "
+                                          f"calls a sample",
+                   ranks="2", unit="us", goal=f"within {GOAL_PACE_SHARE:.0%} of a 4-byte all_reduce", group=11)
+    rows = [collective_row, overhead_row, pace_row, step_row]
     for row in rows:
         for name in ("accelerate", "start_processes", "elastic"):
             row.cells[name] = Cell(text="—")
@@ -160,6 +180,13 @@ def run(config: dict, log_dir: str, say=print) -> list:
     cost = overhead_row.median("ours") - overhead_row.cells["other"][0].median()
     overhead_row.ratios = f"wrapped − bare {cost:+.2f} us"
     overhead_row.met = "yes" if cost <= GOAL_US else "**NO (missed)**"
+    pace = {way: [seconds * 1e6 for seconds in samples["pace"][way]] for way in ("with", "without")}
+    pace_row.cells["ours"] = Cell(samples=pace["with"], label="with")
+    pace_row.cells["other"] = [Cell(samples=pace["without"], label="without")]
+    added = pace_row.median("ours") - pace_row.cells["other"][0].median()
+    share = ratio(max(added, 0.0), collective_row.cells["other"][0].median())
+    pace_row.ratios = f"with − without {added:+.2f} us = {fmt_share(share)} of a bare all_reduce"
+    pace_row.met = "unknown" if share is None else ("yes" if share <= GOAL_PACE_SHARE else "**NO (missed)**")
     step_row.cells["ours"] = Cell(samples=samples["step"]["with"], label="with")
     step_row.cells["other"] = [Cell(samples=samples["step"]["without"], label="without")]
     step_ratio = ratio(step_row.median("ours"), step_row.cells["other"][0].median())
@@ -169,6 +196,10 @@ def run(config: dict, log_dir: str, say=print) -> list:
         for row in rows:
             row.met = "unknown (the ranks' collectives were not wrapped: NOTEBOOK_LAUNCH_WHEREABOUTS=0?)"
     return rows
+
+
+def fmt_share(share: float | None) -> str:
+    return "n/a" if share is None else f"{share:.1%}"
 
 
 NOTE = ("Item 11 (benchmarks/collective_bookkeeping.py): one launch of 2 ranks in a fresh process; in the ranks "

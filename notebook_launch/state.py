@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Sequence
 
 from .metrics import Series, fold_series
+from .slow_rank import PaceHistory
 
 if TYPE_CHECKING:
     from .plan import RankSpec
@@ -94,6 +95,7 @@ class RankState:
     error: str | None = None              # one line: "ValueError: boom"
     updates: int = 0                      # progress events folded, for displays that diff
     stalled_since: float | None = None    # monotonic time of its last sign of progress, while stalled
+    pace: PaceHistory = field(default_factory=PaceHistory)   # its collectives' calls and waits (slow_rank)
 
     @property
     def last_line(self) -> str:
@@ -186,6 +188,8 @@ class RunState:
         rs.metrics.update(payload.get("metrics", {}))
         if payload.get("series"):
             fold_series(rs.curves, payload["series"])
+        if payload.get("pace"):
+            rs.pace.add(payload["pace"])
         if len(rs.bars) > MAX_BARS:
             _prune_closed_bars(rs.bars)
         rs.updates += 1
@@ -251,6 +255,7 @@ class RunState:
         for rs, spec in zip(self.ranks, ranks):
             rs.rank, rs.status, rs.pid = spec.global_rank, STARTING, None
             rs.bars, rs.metrics, rs.curves = {}, {}, {}
+            rs.pace = PaceHistory()
             rs.exit_description = rs.error = None
 
 

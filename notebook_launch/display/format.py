@@ -7,6 +7,8 @@ from typing import Any
 
 from ..state import DONE, FAILED, RUNNING, STARTING, STOPPED, Bar, RankState, RunState
 from .curves import sparkline
+from .pace import rank_text as pace_text
+from .pace import verdict as pace_verdict
 
 STATUS_COLORS: dict[str, str] = {STARTING: "#6b7280", RUNNING: "#2563eb", DONE: "#16a34a",
                  FAILED: "#dc2626", STOPPED: "#d97706"}
@@ -163,6 +165,9 @@ def rank_line(rank_state: RankState, width: int = 60) -> str:
             parts.append(f"({others})")
     if rank_state.metrics:
         parts.append(metrics(rank_state, sparklines=True))
+    pace = pace_text(rank_state)
+    if pace:
+        parts.append(f"({pace})")
     if outcome:
         parts.append(outcome)
     elif rank_state.last_line:
@@ -184,9 +189,12 @@ def header(state: RunState) -> str:
 
 
 def summary(state: RunState) -> str:
-    """Multi-line plain text: header, one line per rank, the verdict of "Where are they?"
-    (its first line) and the outcome when known."""
+    """Multi-line plain text: header, one line per rank, the slow rank when one holds the others
+    back (``pace``), the verdict of "Where are they?" (its first line) and the outcome when known."""
     lines = [header(state)] + ["  " + rank_line(rs) for rs in state.ranks]
+    slow = pace_verdict(state)
+    if slow:
+        lines.append(f"pace: {slow}")
     verdict = where_verdict(state)
     if verdict:
         lines.append(f"where are they: {verdict}")

@@ -6,6 +6,7 @@ import html
 
 from ..state import FAILED, RUNNING, STOPPED, RankState, RunState
 from . import format as fmt
+from .pace import rank_text as pace_text
 
 # A rank's row: its label, its bar, its info. The live widget panel and its final picture (the
 # HTML table) give the columns the same widths and keep the info on one line, so the panel does
@@ -49,6 +50,9 @@ def info_html(rs: RankState) -> str:
             parts.append(f"<span class='nl-other-bars' style='color:#6b7280'>{html.escape(others)}</span>")
     if rs.metrics:
         parts.append(f"<span class='nl-metrics'><code>{html.escape(fmt.metrics(rs))}</code></span>")
+    pace = pace_text(rs)
+    if pace:
+        parts.append(f"<span class='nl-pace' style='color:#6b7280'>{html.escape(pace)}</span>")
     outcome = fmt.rank_outcome(rs)
     if outcome:
         color = fmt.STATUS_COLORS[FAILED] if rs.status == FAILED else fmt.STATUS_COLORS[STOPPED]

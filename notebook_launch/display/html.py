@@ -18,6 +18,7 @@ from ..notebook_streams import flushable_streams
 from ..state import DONE, FAILED, RunState
 from .curves import curves_html
 from .fragments import BAR_WIDTH, LABEL_WIDTH, ONE_LINE, header_html, info_html, label_html, where_html
+from .pace import verdict_html
 from .text import NOTEBOOK_LINES_PER_SECOND
 
 REDRAWS_PER_SECOND = 2
@@ -85,4 +86,4 @@ def render(state: RunState) -> str:
             f"<table style='width:100%;border-collapse:collapse;table-layout:fixed'>"
             f"<colgroup><col class='nl-col-label' style='width:{LABEL_WIDTH}'>"
             f"<col class='nl-col-bar' style='width:{BAR_WIDTH}'><col class='nl-col-info'></colgroup>"
-            f"{''.join(rows)}</table>{where_html(state)}</div>")
+            f"{''.join(rows)}</table>{verdict_html(state)}{where_html(state)}</div>")

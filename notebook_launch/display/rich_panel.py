@@ -6,6 +6,7 @@ import time
 from typing import Any
 
 from . import format as fmt
+from . import pace
 from ..state import DONE, FAILED, STOPPED, Bar, RunState
 from .base import Display
 
@@ -94,6 +95,9 @@ def render(state: RunState) -> Any:
         others = fmt.other_bars(rs)
         if others:
             progress += f" ({others})"
+        speed = pace.rank_text(rs)
+        if speed:
+            progress += f" ({speed})"
         outcome = fmt.rank_outcome(rs)
         last = Text(fmt.shorten(outcome, 120), style="bold red") if outcome else \
             Text(fmt.shorten(rs.last_line, 80), style="dim")
@@ -105,9 +109,11 @@ def render(state: RunState) -> Any:
     subtitle = f"logs: {state.log_dir}"
     border = {FAILED: "red", DONE: "green", STOPPED: "yellow"}.get(state.status, "blue")
     verdict = fmt.where_verdict(state)
-    body: Any = table
+    slow = pace.verdict(state)
+    notes = [Text(f"pace: {slow}", style="yellow")] if slow else []
     if verdict:   # the stacks themselves are long: the cell or terminal gets them in the report
-        body = Group(table, Text(f"where are they: {verdict}", style="bold yellow"))
+        notes.append(Text(f"where are they: {verdict}", style="bold yellow"))
+    body: Any = Group(table, *notes) if notes else table
     return Panel(body, title=title, subtitle=subtitle, border_style=border)
 
 

@@ -34,6 +34,7 @@ from typing import Any
 
 from . import format as fmt
 from . import fragments
+from .pace import verdict_html
 from .curves import curves_html
 from .html import render
 from .base import Display
@@ -97,9 +98,10 @@ class WidgetDisplay(Display):
                                      tooltip="Show where every rank is: a one-line verdict, then every rank's stack")
         self.where_button.on_click(lambda _button: setattr(state, "where_requested", True))
         self.where = w.HTML()       # the answer: verdict, then the stacks (fragments.where_html)
+        self.slow_rank = w.HTML()   # the rank that holds the others back, when one does (display/pace.py)
         self.buttons = w.HBox([self.stop_button, self.where_button])
         self.panel = _Panel([self.header, self.curves] + [r[0] for r in self.rows]
-                            + [self.where, self.accordion, self.buttons])
+                            + [self.slow_rank, self.where, self.accordion, self.buttons])
         self.panel.state = state
         self.panel.add_class("nl-panel")
         self.handle = _show(self.panel, fmt.summary(state))
@@ -156,6 +158,7 @@ class WidgetDisplay(Display):
         """Every widget of the panel, containers first."""
         made = [self.panel, self.accordion, self.buttons] + [row[0] for row in self.rows]
         made += [self.header, self.curves, self.where, self.stop_button, self.where_button] + self.logs
+        made.append(self.slow_rank)
         for _row, label, bar, info in self.rows:
             made += [label, bar, info]
         return made
@@ -191,6 +194,7 @@ class WidgetDisplay(Display):
             if fmt.stalled_for(rs) is not None:
                 classes.append("nl-stalled")
             wanted.append((row, {"_dom_classes": tuple(classes)}))
+        wanted.append((self.slow_rank, {"value": verdict_html(state)}))
         wanted.append((self.where, {"value": fragments.where_html(state)}))
         if not self._where_unavailable:
             wanted.append((self.where_button, _where_button_traits(state)))

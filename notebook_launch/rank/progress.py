@@ -30,6 +30,7 @@ from typing import Any, Iterable, Iterator
 
 from .. import protocol
 from ..fork_locks import ForkRenewedLock
+from . import pace
 
 log_ = logging.getLogger("notebook_launch")
 
@@ -155,7 +156,7 @@ class _Reporter:
             if now - bar._checked_at > STALE_AFTER:
                 bar._next_check = 0
 
-    def payload(self) -> dict[str, Any] | None:
+    def payload(self, final: bool = False) -> dict[str, Any] | None:
         with self.lock:
             dirty, self.dirty = self.dirty, {}
             metrics, self.metrics = self.metrics, {}
@@ -171,12 +172,17 @@ class _Reporter:
                 self.sent[bar_id] = last
             if fields["closed"]:
                 self.sent.pop(bar_id, None)
-        if not bars and not metrics:
+        # the rank's collective calls and waits, once a second (``pace``): its own process's only
+        pace_sample = pace.sample(force=final) if self.draws_bars else None
+        if not bars and not metrics and pace_sample is None:
             return None
-        return {"bars": bars, "metrics": metrics, "series": series_of(logged)}
+        data = {"bars": bars, "metrics": metrics, "series": series_of(logged)}
+        if pace_sample is not None:
+            data["pace"] = pace_sample
+        return data
 
-    def flush(self) -> None:
-        """Send what changed now (one PROGRESS event at most)."""
+    def flush(self, final: bool = False) -> None:
+        """Send what changed now (one PROGRESS event at most); ``final``: the rank's last."""
         if os.getpid() != self.pid:
             return
         # The flusher thread and the rank's final flush() may both get here: without the lock
@@ -184,7 +190,7 @@ class _Reporter:
         with self.send_lock:
             for bar in list(self.live.values()):
                 bar._publish(_monotonic())
-            data = self.payload()
+            data = self.payload(final)
             if data is not None:
                 self.writer.send(protocol.PROGRESS, data)
                 self.sends += 1
@@ -215,7 +221,15 @@ def flush() -> None:
     if rep is not None and rep.pid == os.getpid():
         for bar in list(rep.live.values()):
             bar._checked_at = _monotonic()
-        rep.flush()
+        rep.flush(final=True)
+
+
+def keep_sending() -> None:
+    """Start the flusher thread if no bar or metric has yet: the rank's first collective calls
+    this, so its pace reaches the panel though its loop has no bar."""
+    rep = reporter()
+    if rep is not None and rep.draws_bars:
+        rep._ensure_thread()
 
 
 def log(**metrics: Any) -> None:

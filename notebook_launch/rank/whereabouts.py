@@ -31,6 +31,8 @@ What it costs: nothing while no collective runs; per collective, one Python call
 microsecond, against tens of microseconds for the smallest gloo all_reduce (measured side by
 side by ``benchmarks/collective_bookkeeping.py``; a DDP step's gradient all-reduces run in
 torch's C++ reducer and are not wrapped at all); one thread blocked in ``read`` per process.
+The same wrapper times each counted collective for the rank's pace (``pace``: two clock reads
+and a few additions more, measured by the same benchmark).
 ``NOTEBOOK_LAUNCH_WHEREABOUTS=0`` in the
 notebook's environment (before the launch) leaves all three out: the ranks then cannot say where
 they are, and a hang's error says only which ranks were running. ``set_recording`` swaps the
@@ -51,6 +53,8 @@ import threading
 from typing import Any, Callable
 
 from ..fork_locks import ForkRenewedLock
+from . import pace, progress
+from .pace import Pace
 from .where_thread import WhereThread
 
 log = logging.getLogger("notebook_launch")
@@ -144,6 +148,7 @@ class Record:
 
 
 _record: Record | None = None
+_pace: Pace | None = None   # the collectives' calls and waits (``pace``), beside the record
 _stacks_fd: int | None = None
 _where: WhereThread | None = None
 _renews_on_fork = False   # the fork hook that gives each forked child its own (registered once)
@@ -184,7 +189,7 @@ def _install() -> None:
 
 def _own_record() -> None:
     """This process's stacks file, where-thread and record, in place of any it inherited."""
-    global _record, _stacks_fd, _installed_by, _where
+    global _record, _stacks_fd, _installed_by, _where, _pace
     _forget_inherited()
     _stacks_fd = os.memfd_create(STACKS_NAME)
     _installed_by = os.getpid()
@@ -192,6 +197,8 @@ def _own_record() -> None:
     _where = WhereThread()
     _record = Record()
     _record.announce(_stacks_fd, _where.answers_fd)
+    _pace = Pace(on_first=progress.keep_sending)   # this process's own: a forked child counts afresh
+    pace.install(_pace)
 
 
 def _renew_in_child() -> None:
@@ -344,6 +351,10 @@ def _recording(name: str, original: Callable[..., Any]) -> Callable[..., Any]:
             return FIELD_SEP.join((name, group_name, _describe_tensors(args, kwargs),
                                    where[0], str(where[1]), where[2]))
 
+        # the pace first: its first call starts the progress thread, which must be done before the
+        # record says "inside" (a test, or a rank, that acts on that expects the rank in torch's call)
+        counter = _pace if counted else None
+        entered = counter.enter(name) if counter is not None else 0.0
         record.enter(key, seq, describe)
         record.depth += 1
         try:
@@ -351,6 +362,8 @@ def _recording(name: str, original: Callable[..., Any]) -> Callable[..., Any]:
         finally:
             record.depth -= 1
             record.leave()
+            if counter is not None:
+                counter.leave(name, entered)
 
     return marked_wrapper(collective, original, name)
 

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 from .. import protocol
 from ..errors import LaunchError
 from ..protocol import Failure
+from ..slow_rank import only_waiting
 from ..state import RUNNING, STARTING, RunState
 from . import hang_verdict, interrupts, leftovers, oom, outcome, stacks, teardown
 from .stall import StallWatch
@@ -336,7 +337,7 @@ class Supervisor:
     # --- what the watcher reports (WatchHandler) ------------------------------
     def on_event(self, watch: RankWatch, kind: protocol.EventKind, payload: Any) -> None:
         local = watch.local_rank
-        if self.stalls is not None:
+        if self.stalls is not None and not (kind is protocol.EventKind.PROGRESS and only_waiting(payload)):
             self.stalls.saw(local, time.monotonic())
         if kind is protocol.EventKind.PROGRESS:
             self.state.on_progress(local, payload)

@@ -1,0 +1,148 @@
+"""The slow rank named in real launches (issue 34 item 4): 4 gloo ranks, each sleeping before
+every all_reduce (its "work"), one of them longer. The panel (live, while the run goes) and the
+final summary name it and how long the others wait for it; a balanced run names nobody; a rank
+that has not reached its first collective is named while the others wait in it.
+
+Nothing here waits for a time: a run ends after its steps, and the rank that has not reached
+its collective is let go by the test the moment the panel names it. The verdict's arithmetic
+is tested from plain data in test_slow_rank.py."""
+from __future__ import annotations
+
+import os
+import re
+
+import pytest
+
+from notebook_launch import notebook_launcher
+from notebook_launch.display import pace as pace_display
+from notebook_launch.net import free_port
+
+torch = pytest.importorskip("torch")
+dist = pytest.importorskip("torch.distributed")
+
+WORK = 0.05        # seconds each rank "works" (sleeps) before each all_reduce
+SLOWER_BY = 0.10   # what the slow rank adds: 3x the others' work
+STEPS = 30
+
+
+def sleeps_before_each_all_reduce(slow_rank: int, steps: int):
+    import time
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    t = torch.ones(1)
+    for _ in range(steps):
+        time.sleep(WORK + (SLOWER_BY if rank == slow_rank else 0.0))
+        dist.all_reduce(t)
+    dist.destroy_process_group()
+    return rank
+
+
+def late_to_its_first_all_reduce(flag: str):
+    """Rank 3 waits (outside any collective) for the test's flag; the others sit in all_reduce."""
+    import time
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    if rank == 3:
+        while not os.path.exists(flag):
+            time.sleep(0.05)
+    t = torch.ones(1)
+    dist.all_reduce(t)
+    dist.destroy_process_group()
+    return rank
+
+
+@pytest.fixture
+def live_verdicts(monkeypatch):
+    """The panel's verdict each time a rank's progress is folded while the run goes (what every
+    display draws from the same state), and a hook run with each one."""
+    from notebook_launch import run as run_module
+    seen: list[str] = []
+    hooks: list = []
+
+    class Recording(run_module.RunState):
+        def on_progress(self, local_rank, payload):
+            super().on_progress(local_rank, payload)
+            if self.status == "running":
+                text = pace_display.verdict(self)
+                if text is not None:
+                    seen.append(text)
+                    for hook in hooks:
+                        hook(text)
+
+    monkeypatch.setattr(run_module, "RunState", Recording)
+    return seen, hooks
+
+
+def launch(function, args, log_dir):
+    return notebook_launcher(function, args, num_processes=4, log_dir=log_dir, ui="text",
+                             use_port=str(free_port()), timeout=240)
+
+
+def test_the_slow_rank_is_named_live_and_in_the_final_summary(log_dir, live_verdicts, capsys):
+    seen, _ = live_verdicts
+    assert launch(sleeps_before_each_all_reduce, (2, STEPS), log_dir) == [0, 1, 2, 3]
+    out = capsys.readouterr().out
+    # the final summary: the whole run compared
+    [line] = [line for line in out.splitlines() if line.startswith("pace: ")]
+    found = re.fullmatch(r"pace: rank 2 is the slowest \(([\d.]+)x\); ranks 0, 1, 3 spend (\d+)% of their "
+                         r"time waiting for it in all_reduce", line)
+    assert found, out
+    # rank 2 works 0.15 s a step, the others 0.05 s: they wait most of each step
+    assert float(found.group(1)) >= 2.0 and int(found.group(2)) >= 50, line
+    for rank in range(4):
+        row = [row for row in out.splitlines() if row.startswith(f"  rank {rank} [cpu] done")]
+        assert row and re.search(r"\([\d.]+ all_reduce/s, \d+% waiting\)", row[0]), out
+    # while it ran, the panel said so too (its recent window)
+    assert any(text.startswith("rank 2 is the slowest (") and "ranks 0, 1, 3 spend" in text for text in seen), seen
+
+
+def test_a_balanced_run_names_nobody(log_dir, capsys):
+    assert launch(sleeps_before_each_all_reduce, (-1, STEPS), log_dir) == [0, 1, 2, 3]
+    out = capsys.readouterr().out
+    assert "pace: " not in out and "slowest" not in out, out
+    assert len(re.findall(r"\([\d.]+ all_reduce/s, \d+% waiting\)", out)) == 4, out
+
+
+def test_a_rank_that_has_not_reached_its_collective_is_named_while_the_others_wait(log_dir, tmp_path,
+                                                                                   live_verdicts):
+    seen, hooks = live_verdicts
+    flag = tmp_path / "go"
+    hooks.append(lambda text: flag.touch() if "has not reached" in text else None)
+    assert launch(late_to_its_first_all_reduce, (str(flag),), log_dir) == [0, 1, 2, 3]
+    named = [text for text in seen if "has not reached" in text]
+    assert named and re.fullmatch(r"rank 3 has not reached a collective yet; ranks 0, 1, 2 spend \d+% of "
+                                  r"their time waiting for it in all_reduce", named[0]), seen
+
+
+SLOW_IN_A_CELL = '''
+import time
+import torch
+import torch.distributed as dist
+from notebook_launch import notebook_launcher
+
+def train(steps):
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    t = torch.ones(1)
+    for _ in range(steps):
+        time.sleep(0.05 + (0.1 if rank == 2 else 0.0))
+        dist.all_reduce(t)
+    dist.destroy_process_group()
+    return rank
+'''
+
+
+def test_the_widget_panel_in_a_kernel_ends_on_a_picture_that_names_the_slow_rank():
+    pytest.importorskip("nbclient")
+    from helpers.nbutil import make_notebook, run_notebook
+    nb = run_notebook(make_notebook(SLOW_IN_A_CELL, f"notebook_launcher(train, args=({STEPS},), num_processes=4)"),
+                      timeout=240, allow_errors=True)
+    cell = nb.cells[1]
+    pictures = [out for out in cell.outputs if out.output_type == "display_data"
+                and "nl-panel" in out.data.get("text/html", "")]
+    assert len(pictures) == 1, cell.outputs
+    page, summary = pictures[0].data["text/html"], pictures[0].data["text/plain"]
+    assert re.search(r"<div class='nl-slow-rank'[^>]*><b>Pace:</b> rank 2 is the slowest \([\d.]+x\); "
+                     r"ranks 0, 1, 3 spend \d+% of their time waiting for it in all_reduce</div>", page), page
+    assert page.count("class='nl-pace'") == 4
+    assert "pace: rank 2 is the slowest (" in summary, summary
