@@ -1,0 +1,190 @@
+"""Each rank's resources, sampled in the notebook: CPU use, resident memory and what of it is the
+rank's own (USS/PSS), its GPU through NVML (``gpu_usage``), and the machine's memory.
+
+Why here, and this way: the notebook already holds every local rank's pid, so reading
+``/proc/<pid>`` costs the ranks nothing; the rank side sends nothing and does nothing per training
+step. The supervisor's loop calls ``sample`` when it wakes anyway (``oom.MemoryWatch``, the one
+sampler: its OOM message quotes the resident sizes read here), at most once every
+``SAMPLE_EVERY`` seconds, with no thread of its own. Reading ``smaps_rollup`` walks the process's
+page tables, so its cost grows with the memory a rank maps: the sampler measures what each round
+cost in CPU time and waits long enough after it to stay under ``CPU_BUDGET`` of one core
+(``benchmarks/resource_sampling.py`` measures the share).
+
+Ranks on other machines (Ray, other elastic nodes) are not sampled: their pids mean nothing here.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import time
+from typing import TYPE_CHECKING, Mapping
+
+from ..resources import MachineMemory, RankUsage, usage_log_text
+
+if TYPE_CHECKING:
+    from ..logs import LogWriter
+    from ..state import RunState
+    from .gpu_usage import GpuWatch
+
+SAMPLE_EVERY = 1.0     # seconds between two rounds, at the least
+CPU_BUDGET = 0.005     # the share of one core a round and the wait after it may take (the goal: under 1%)
+LOG_EVERY = 60.0       # seconds between two resource lines in a rank's log
+MAX_WAIT = 30.0        # however costly a round, the next one comes within this many seconds
+PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+log = logging.getLogger("notebook_launch")
+
+
+def read_text(path: str) -> str | None:
+    try:
+        with open(path) as file:
+            return file.read()
+    except (OSError, ValueError):
+        return None
+
+
+def resident(pid: int) -> int | None:
+    """``pid``'s resident memory in bytes (statm: pages shared with the notebook count too); None
+    once it ended (a process that exited and is not yet reaped shows 0)."""
+    parts = (read_text(f"/proc/{pid}/statm") or "").split()
+    return int(parts[1]) * PAGE if len(parts) > 1 and parts[1].isdigit() and int(parts[1]) > 0 else None
+
+
+def own_memory(pid: int) -> tuple[int, int] | None:
+    """(USS, PSS) of ``pid`` in bytes, from ``smaps_rollup`` (Linux 4.14+): its private pages, and
+    its proportional share of the pages it shares. None where it cannot be read."""
+    fields: dict[str, int] = {}
+    for line in (read_text(f"/proc/{pid}/smaps_rollup") or "").splitlines():
+        key, _, value = line.partition(":")
+        if key in ("Pss", "Private_Clean", "Private_Dirty"):
+            parts = value.split()
+            if parts and parts[0].isdigit():
+                fields[key] = int(parts[0]) * 1024
+    if "Pss" not in fields or "Private_Clean" not in fields or "Private_Dirty" not in fields:
+        return None
+    return fields["Private_Clean"] + fields["Private_Dirty"], fields["Pss"]
+
+
+def cpu_times(pid: int) -> tuple[float, float] | None:
+    """(CPU seconds ``pid`` used, user and system; seconds since it started), from /proc: its own
+    threads only, not its children's (a DataLoader worker is a process of its own)."""
+    stat, uptime = read_text(f"/proc/{pid}/stat"), read_text("/proc/uptime")
+    if not stat or not uptime:
+        return None
+    fields = stat.rpartition(")")[2].split()   # the name in parentheses may hold spaces
+    try:
+        used = (int(fields[11]) + int(fields[12])) / TICKS   # utime, stime (fields 14, 15 of stat)
+        age = float(uptime.split()[0]) - int(fields[19]) / TICKS   # starttime (field 22)
+    except (IndexError, ValueError):
+        return None
+    return used, age
+
+
+def machine_memory() -> MachineMemory | None:
+    """/proc/meminfo's MemTotal and MemAvailable."""
+    found = {}
+    for line in (read_text("/proc/meminfo") or "").splitlines():
+        key, _, value = line.partition(":")
+        parts = value.split()
+        if key in ("MemTotal", "MemAvailable") and parts and parts[0].isdigit():
+            found[key] = int(parts[0]) * 1024
+    return MachineMemory(found["MemTotal"], found.get("MemAvailable")) if "MemTotal" in found else None
+
+
+class ResourceSampler:
+    """Each rank's usage as last sampled (``usage``: local rank -> RankUsage) and the machine's
+    memory (``machine``). A rank that ended keeps its last sample."""
+
+    def __init__(self) -> None:
+        self.usage: dict[int, RankUsage] = {}
+        self.updated: set[int] = set()   # the local ranks the last round read (the others had ended)
+        self.machine: MachineMemory | None = None
+        self.next_round = 0.0
+        self.rounds = 0
+        self.cpu_spent = 0.0          # CPU seconds the rounds took, in this thread
+        self._pids: dict[int, int] = {}                        # local rank -> the pid sampled
+        self._cpu_before: dict[int, tuple[float, float]] = {}   # local rank -> (CPU seconds, when)
+        self._gpu: "GpuWatch | None" = None
+        self._gpu_tried = False
+        self._published = 0           # the round the run state last got
+        self._logged: dict[int, float] = {}   # local rank -> when its log last got a line
+
+    def due(self, now: float) -> bool:
+        return now >= self.next_round
+
+    def sample(self, pids: Mapping[int, int], devices: Mapping[int, str], now: float | None = None) -> bool:
+        """One round, if one is due: each live rank (local rank -> pid) and, for those on a GPU
+        (``devices``: local rank -> "cuda:0", ...), NVML. Returns whether it sampled."""
+        now = time.monotonic() if now is None else now
+        if not self.due(now):
+            return False
+        spent = time.thread_time()
+        self.machine = machine_memory() or self.machine
+        gpus = self.gpu_watch(devices)
+        self.updated = set()
+        for local, pid in pids.items():
+            try:
+                self.sample_one(local, pid, now, gpus, devices.get(local, ""))
+            except Exception:   # an extra: the run goes on without it
+                log.debug("could not sample rank %d's resources", local, exc_info=True)
+        spent = time.thread_time() - spent
+        self.cpu_spent += spent
+        self.rounds += 1
+        self.next_round = now + min(MAX_WAIT, max(SAMPLE_EVERY, spent / CPU_BUDGET))
+        return True
+
+    def sample_one(self, local: int, pid: int, now: float, gpus: "GpuWatch | None", device: str) -> None:
+        rss = resident(pid)
+        if rss is None:   # it ended: keep what it had
+            return
+        previous = self.usage.get(local) if self._pids.get(local) == pid else None   # a new process starts afresh
+        self._pids[local] = pid
+        own = own_memory(pid)
+        uss, pss = own if own is not None else (None, None)
+        times = cpu_times(pid)
+        percent = average = None
+        if times is not None:
+            used, age = times
+            average = 100.0 * used / age if age > 0 else None
+            before = self._cpu_before.get(local)
+            if previous is not None and before is not None and now > before[1]:
+                percent = max(0.0, 100.0 * (used - before[0]) / (now - before[1]))
+            self._cpu_before[local] = (used, now)
+        peak_rss = rss if previous is None else max(rss, previous.peak_rss)
+        peak_uss = uss if previous is None or previous.peak_uss is None else max(uss or 0, previous.peak_uss)
+        gpu = None if gpus is None or not device.startswith("cuda") else gpus.usage(device, pid)
+        self.usage[local] = RankUsage(rss=rss, uss=uss, pss=pss, cpu_percent=percent, cpu_average=average,
+                                      peak_rss=peak_rss, peak_uss=peak_uss, gpu=gpu)
+        self.updated.add(local)
+
+    def publish(self, state: "RunState", logs: "LogWriter", now: float | None = None) -> None:
+        """Give the run state the latest round (once per round), and each rank's log a line once
+        every LOG_EVERY seconds (the first round's too: what a rank held early is worth keeping)."""
+        if self.rounds == self._published:
+            return
+        self._published = self.rounds
+        now = time.monotonic() if now is None else now
+        state.on_resources({local: self.usage[local] for local in self.updated}, self.machine)
+        for local in sorted(self.updated):
+            if now - self._logged.get(local, -LOG_EVERY) >= LOG_EVERY:
+                self._logged[local] = now
+                logs.write_block(local, usage_log_text(self.usage[local]))
+
+    def forget(self, local: int) -> None:
+        """A rank restarted (elastic): its next process starts a fresh history."""
+        self.usage.pop(local, None)
+        self._pids.pop(local, None)
+        self._cpu_before.pop(local, None)
+
+    def gpu_watch(self, devices: Mapping[int, str]) -> "GpuWatch | None":
+        """NVML, opened the first time a rank has a GPU (never imported otherwise)."""
+        if self._gpu is None and not self._gpu_tried and any(d.startswith("cuda") for d in devices.values()):
+            self._gpu_tried = True
+            from .gpu_usage import GpuWatch
+            self._gpu = GpuWatch.open()
+        return self._gpu
+
+    def close(self) -> None:
+        if self._gpu is not None:
+            self._gpu.close()
+            self._gpu = None
