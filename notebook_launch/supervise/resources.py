@@ -4,16 +4,20 @@ rank's own (USS/PSS), its GPU through NVML (``gpu_usage``), and the machine's me
 Why here, and this way: the notebook already holds every local rank's pid, so reading
 ``/proc/<pid>`` costs the ranks nothing; the rank side sends nothing and does nothing per training
 step. The supervisor's loop calls ``sample`` when it wakes anyway (``oom.MemoryWatch``, the one
-sampler: its OOM message quotes the resident sizes read here), at most once every
-``SAMPLE_EVERY`` seconds, with no thread of its own. Reading ``smaps_rollup`` walks the process's
-page tables, so its cost grows with the memory a rank maps: the sampler measures what each round
-cost in CPU time and waits long enough after it to stay under ``CPU_BUDGET`` of one core
-(``benchmarks/resource_sampling.py`` measures the share).
+sampler: its OOM message quotes the resident sizes read here), a round at most once every
+``SAMPLE_EVERY`` seconds, with no thread of its own. A round reads a few small /proc files per
+rank (about 0.1 ms of CPU each). What of a rank's memory is its own (``smaps_rollup``) costs more:
+the kernel walks the process's page tables, some 5 ms for a rank that imported torch and more the
+more it maps. So those reads take turns, the stalest rank first, and after each batch the next
+one waits long enough for them to stay under ``DETAIL_BUDGET`` of one core however big the ranks
+are (a big rank's own memory is then refreshed less often; its resident memory every round).
+``benchmarks/resource_sampling.py`` measures the whole sampler's share of a core.
 
 Ranks on other machines (Ray, other elastic nodes) are not sampled: their pids mean nothing here.
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import time
@@ -27,9 +31,8 @@ if TYPE_CHECKING:
     from .gpu_usage import GpuWatch
 
 SAMPLE_EVERY = 1.0     # seconds between two rounds, at the least
-CPU_BUDGET = 0.005     # the share of one core a round and the wait after it may take (the goal: under 1%)
+DETAIL_BUDGET = 0.005  # the share of one core the smaps_rollup reads may take (the whole goal: under 1%)
 LOG_EVERY = 60.0       # seconds between two resource lines in a rank's log
-MAX_WAIT = 30.0        # however costly a round, the next one comes within this many seconds
 PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 log = logging.getLogger("notebook_launch")
@@ -100,6 +103,9 @@ class ResourceSampler:
         self.updated: set[int] = set()   # the local ranks the last round read (the others had ended)
         self.machine: MachineMemory | None = None
         self.next_round = 0.0
+        self.next_detail = 0.0        # when the smaps_rollup reads may go on
+        self._own: dict[int, tuple[int, int] | None] = {}   # local rank -> (USS, PSS) last read
+        self._own_at: dict[int, float] = {}                 # local rank -> when
         self.rounds = 0
         self.cpu_spent = 0.0          # CPU seconds the rounds took, in this thread
         self._pids: dict[int, int] = {}                        # local rank -> the pid sampled
@@ -119,19 +125,39 @@ class ResourceSampler:
         if not self.due(now):
             return False
         spent = time.thread_time()
-        self.machine = machine_memory() or self.machine
         gpus = self.gpu_watch(devices)
         self.updated = set()
-        for local, pid in pids.items():
+        for local, pid in pids.items():   # the cheap reads first: a rank about to end is still there
             try:
                 self.sample_one(local, pid, now, gpus, devices.get(local, ""))
             except Exception:   # an extra: the run goes on without it
                 log.debug("could not sample rank %d's resources", local, exc_info=True)
-        spent = time.thread_time() - spent
-        self.cpu_spent += spent
+        self.read_own_memory({local: pids[local] for local in self.updated}, now)
+        self.machine = machine_memory() or self.machine
+        self.cpu_spent += time.thread_time() - spent
         self.rounds += 1
-        self.next_round = now + min(MAX_WAIT, max(SAMPLE_EVERY, spent / CPU_BUDGET))
+        self.next_round = now + SAMPLE_EVERY
         return True
+
+    def read_own_memory(self, pids: Mapping[int, int], now: float) -> None:
+        """USS and PSS of the stalest ranks, while this batch costs under DETAIL_BUDGET of a
+        core's SAMPLE_EVERY (one rank at least); then a wait that keeps their share in budget."""
+        if now < self.next_detail or not pids:
+            return
+        spent = 0.0
+        for local in sorted(pids, key=lambda local: self._own_at.get(local, float("-inf"))):
+            started = time.thread_time()
+            own = self._own[local] = own_memory(pids[local])
+            self._own_at[local] = now
+            usage = self.usage[local]
+            if own is not None:
+                uss, pss = own
+                peak = uss if usage.peak_uss is None else max(uss, usage.peak_uss)
+                self.usage[local] = dataclasses.replace(usage, uss=uss, pss=pss, peak_uss=peak)
+            spent += time.thread_time() - started
+            if spent >= DETAIL_BUDGET * SAMPLE_EVERY:
+                break
+        self.next_detail = now + spent / DETAIL_BUDGET
 
     def sample_one(self, local: int, pid: int, now: float, gpus: "GpuWatch | None", device: str) -> None:
         rss = resident(pid)
@@ -139,7 +165,7 @@ class ResourceSampler:
             return
         previous = self.usage.get(local) if self._pids.get(local) == pid else None   # a new process starts afresh
         self._pids[local] = pid
-        own = own_memory(pid)
+        own = self._own.get(local) if previous is not None else None   # a new process: not read yet
         uss, pss = own if own is not None else (None, None)
         times = cpu_times(pid)
         percent = average = None
@@ -151,7 +177,7 @@ class ResourceSampler:
                 percent = max(0.0, 100.0 * (used - before[0]) / (now - before[1]))
             self._cpu_before[local] = (used, now)
         peak_rss = rss if previous is None else max(rss, previous.peak_rss)
-        peak_uss = uss if previous is None or previous.peak_uss is None else max(uss or 0, previous.peak_uss)
+        peak_uss = None if previous is None else previous.peak_uss
         gpu = None if gpus is None or not device.startswith("cuda") else gpus.usage(device, pid)
         self.usage[local] = RankUsage(rss=rss, uss=uss, pss=pss, cpu_percent=percent, cpu_average=average,
                                       peak_rss=peak_rss, peak_uss=peak_uss, gpu=gpu)
@@ -169,12 +195,6 @@ class ResourceSampler:
             if now - self._logged.get(local, -LOG_EVERY) >= LOG_EVERY:
                 self._logged[local] = now
                 logs.write_block(local, usage_log_text(self.usage[local]))
-
-    def forget(self, local: int) -> None:
-        """A rank restarted (elastic): its next process starts a fresh history."""
-        self.usage.pop(local, None)
-        self._pids.pop(local, None)
-        self._cpu_before.pop(local, None)
 
     def gpu_watch(self, devices: Mapping[int, str]) -> "GpuWatch | None":
         """NVML, opened the first time a rank has a GPU (never imported otherwise)."""
