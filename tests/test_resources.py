@@ -263,3 +263,49 @@ def test_own_memory_reads_take_turns_within_their_cpu_budget(monkeypatch):
         for child in children:
             child.kill()
             child.wait()
+
+
+KERNEL_SETUP = '''
+import os, time
+from notebook_launch import notebook_launcher
+import notebook_launch.supervise.resources as sampling
+
+SENTINEL = {sentinel!r}
+publish = sampling.ResourceSampler.publish
+
+def publish_and_tell(self, state, logs, now=None):
+    """Observes only: once rank 0's row holds its 200 MiB, the rank may go on."""
+    publish(self, state, logs, now)
+    usage = state.ranks[0].resources
+    if usage is not None and usage.uss is not None and usage.uss >= 200 << 20:
+        open(SENTINEL, "w").close()
+
+sampling.ResourceSampler.publish = publish_and_tell
+
+def train():
+    block = bytearray(200 << 20) if os.environ["RANK"] == "0" else None
+    if block is not None:
+        block[::4096] = b"\\1" * len(range(0, len(block), 4096))
+    deadline = time.monotonic() + 120
+    while not os.path.exists(SENTINEL) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return os.path.exists(SENTINEL)
+'''
+
+
+def test_the_panel_in_a_real_kernel_shows_each_ranks_memory(tmp_path):
+    """The widget panel in a real kernel (nbclient) ends as its picture: rank 0's row there says
+    the 200 MiB it held as its own, the header the machine's memory."""
+    from helpers.nbutil import make_notebook, run_notebook
+    nb = run_notebook(make_notebook(KERNEL_SETUP.format(sentinel=str(tmp_path / "seen")),
+                                    "notebook_launcher(train, num_processes=2)"), timeout=240, allow_errors=True)
+    cell = nb.cells[1]
+    results = [o.data["text/plain"] for o in cell.outputs if o.output_type == "execute_result"]
+    assert results == ["[True, True]"], cell.outputs
+    [picture] = [o for o in cell.outputs
+                 if o.output_type == "display_data" and "nl-panel" in o.data.get("text/html", "")]
+    page, summary = picture.data["text/html"], picture.data["text/plain"]
+    assert page.count("class='nl-resources'") == 2 and "class='nl-machine'>machine memory " in page, page
+    rank0 = page.split("class='nl-resources'")[1].split("</span>")[0]   # rows come in rank order
+    assert " MiB own of " in rank0 and float(rank0.split(" MiB own")[0].rsplit("peak ", 1)[1]) >= 200, rank0
+    assert "peak " in summary and "machine memory " in summary, summary
