@@ -96,12 +96,15 @@ def test_a_rank_that_allocates_shows_it_in_its_row_header_summary_and_log(monkey
     own = float(row.split(" own of ")[0].rsplit(" ", 2)[-2])
     assert own >= 200 and row.split(" own of ")[0].endswith("MiB"), row
     # the header: the machine's memory, total and available
-    assert f"machine memory {size_text(display.state.machine.total)}" in display.header, display.header
+    state = display.state
+    assert state is not None and state.machine is not None
+    assert f"machine memory {size_text(state.machine.total)}" in display.header, display.header
     assert "available" in display.header
     # the final picture: the rank ended, so its peak and its average CPU
-    final = fmt.summary(display.state)
+    final = fmt.summary(state)
     assert "peak " in final and "avg cpu " in final, final
-    assert display.state.ranks[0].resources.peak_uss >= ALLOCATED
+    final_usage = state.ranks[0].resources
+    assert final_usage is not None and (final_usage.peak_uss or 0) >= ALLOCATED
     # each rank's log has a resources line (the first round's at least)
     for rank in (0, 1):
         text = pathlib.Path(log_dir, f"rank{rank}.log").read_text()

@@ -166,7 +166,8 @@ class ResourceSampler:
         previous = self.usage.get(local) if self._pids.get(local) == pid else None   # a new process starts afresh
         self._pids[local] = pid
         own = self._own.get(local) if previous is not None else None   # a new process: not read yet
-        uss, pss = own if own is not None else (None, None)
+        # read in an earlier round (they take turns): never more than it holds now
+        uss, pss = (min(own[0], rss), min(own[1], rss)) if own is not None else (None, None)
         times = cpu_times(pid)
         percent = average = None
         if times is not None:
