@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import pathlib
+import re
 import subprocess
 import sys
 import time
@@ -24,6 +25,7 @@ from notebook_launch.supervise.resources import ResourceSampler
 MiB = 1 << 20
 ALLOCATED = 200 * MiB
 INHERITED = 300 * MiB
+OWN = re.compile(r"([\d.]+) MiB own of ")   # a row's own memory, in MiB
 WAIT = 120.0   # a rank waits at most this long for the notebook to see it; the test then fails
 
 
@@ -80,9 +82,9 @@ def allocate_then_wait(sentinel: str) -> bool:
 def test_a_rank_that_allocates_shows_it_in_its_row_header_summary_and_log(monkeypatch, tmp_path, log_dir):
     sentinel = str(tmp_path / "seen")
 
-    def seen(state: RunState) -> bool:
-        usage = state.ranks[0].resources
-        return usage is not None and usage.uss is not None and usage.uss >= ALLOCATED
+    def seen(state: RunState) -> bool:   # rank 0's 200 MiB as its own, and rank 1's own memory read too
+        usage = [rs.resources for rs in state.ranks]
+        return all(u is not None and u.uss is not None for u in usage) and (usage[0].uss or 0) >= ALLOCATED
 
     results, display = launch_seeing(monkeypatch, seen, sentinel, allocate_then_wait, args=(sentinel,),
                                      num_processes=2, log_dir=log_dir)
@@ -93,8 +95,8 @@ def test_a_rank_that_allocates_shows_it_in_its_row_header_summary_and_log(monkey
     # the text row (what the text and HTML displays and the summary print) says it, as MiB
     row = display.rows[0]
     assert " own of " in row and "resident" in row and "cpu " in row, row
-    own = float(row.split(" own of ")[0].rsplit(" ", 2)[-2])
-    assert own >= 200 and row.split(" own of ")[0].endswith("MiB"), row
+    own = OWN.search(row)
+    assert own is not None and float(own.group(1)) >= 200, row
     # the header: the machine's memory, total and available
     state = display.state
     assert state is not None and state.machine is not None
@@ -105,7 +107,7 @@ def test_a_rank_that_allocates_shows_it_in_its_row_header_summary_and_log(monkey
     assert "peak " in final and "avg cpu " in final, final
     final_usage = state.ranks[0].resources
     assert final_usage is not None and (final_usage.peak_uss or 0) >= ALLOCATED
-    # each rank's log has a resources line (the first round's at least)
+    # each rank's log has a resources line (from when its own memory was first read)
     for rank in (0, 1):
         text = pathlib.Path(log_dir, f"rank{rank}.log").read_text()
         assert "[notebook_launch] resources: " in text and "(USS)" in text and "(PSS)" in text, text
@@ -144,8 +146,8 @@ def test_a_forked_ranks_pages_shared_with_the_notebook_are_not_its_own(monkeypat
     assert usage.shared is not None and usage.shared >= INHERITED * 0.8
     assert usage.pss < usage.rss
     row = display.rows[0]
-    assert " own of " in row, row
-    assert row.split(" own of ")[0].endswith("MiB") and float(row.split(" own of ")[0].rsplit(" ", 2)[-2]) < 100
+    own = OWN.search(row)
+    assert own is not None and float(own.group(1)) < 100, row
 
 
 def test_a_gpu_ranks_device_comes_from_nvml_found_by_its_process(monkeypatch):
@@ -253,15 +255,17 @@ def test_own_memory_reads_take_turns_within_their_cpu_budget(monkeypatch):
     try:
         pids = {local: child.pid for local, child in enumerate(children)}
         sampler = ResourceSampler()
-        assert sampler.sample(pids, {}, now=1.0)
+        assert sampler.sample(pids, {}, now=1.0)   # the first round reads only the cheap files
+        assert sampler.usage[0].uss is None and sampler.usage[0].rss > 0
+        assert sampler.sample(pids, {}, now=2.0)
         assert sampler.usage[0].uss is not None and sampler.usage[1].uss is None   # one read, then over budget
         assert sampler.next_detail > 1e6
-        assert sampler.sample(pids, {}, now=2.0)
+        assert sampler.sample(pids, {}, now=3.0)
         assert sampler.usage[1].uss is None and sampler.usage[1].rss > 0 and sampler.usage[1].cpu_percent is not None
         sampler.next_detail = 0.0    # the wait is over: the stalest rank's turn
-        assert sampler.sample(pids, {}, now=3.0)
+        assert sampler.sample(pids, {}, now=4.0)
         assert sampler.usage[1].uss is not None
-        assert not sampler.sample(pids, {}, now=3.5)   # rounds: at most one every SAMPLE_EVERY
+        assert not sampler.sample(pids, {}, now=4.5)   # rounds: at most one every SAMPLE_EVERY
     finally:
         for child in children:
             child.kill()

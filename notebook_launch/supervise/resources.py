@@ -132,6 +132,8 @@ class ResourceSampler:
                 self.sample_one(local, pid, now, gpus, devices.get(local, ""))
             except Exception:   # an extra: the run goes on without it
                 log.debug("could not sample rank %d's resources", local, exc_info=True)
+        if self.rounds == 0:   # a supervision's first round (each call on persistent ranks has one): cheap only
+            self.next_detail = now + SAMPLE_EVERY
         self.read_own_memory({local: pids[local] for local in self.updated}, now)
         self.machine = machine_memory() or self.machine
         self.cpu_spent += time.thread_time() - spent
@@ -186,14 +188,15 @@ class ResourceSampler:
 
     def publish(self, state: "RunState", logs: "LogWriter", now: float | None = None) -> None:
         """Give the run state the latest round (once per round), and each rank's log a line once
-        every LOG_EVERY seconds (the first round's too: what a rank held early is worth keeping)."""
+        every LOG_EVERY seconds from when its own memory was first read (a call on persistent
+        ranks that ends within SAMPLE_EVERY writes none)."""
         if self.rounds == self._published:
             return
         self._published = self.rounds
         now = time.monotonic() if now is None else now
         state.on_resources({local: self.usage[local] for local in self.updated}, self.machine)
         for local in sorted(self.updated):
-            if now - self._logged.get(local, -LOG_EVERY) >= LOG_EVERY:
+            if local in self._own_at and now - self._logged.get(local, -LOG_EVERY) >= LOG_EVERY:
                 self._logged[local] = now
                 logs.write_block(local, usage_log_text(self.usage[local]))
 
