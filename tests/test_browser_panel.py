@@ -335,7 +335,7 @@ def run_scenario(page, lab):
     assert "50000/50000" in panel_text and "loss=" in panel_text, panel_text
     # each rank's resources in its row (its peak own memory, once ended), the machine's in the header
     assert cell(page, 0).locator(".nl-panel .nl-rank .nl-resources").count() == 4
-    assert " own of " in panel_text and "machine memory " in panel_text, panel_text
+    assert " resident" in panel_text and "machine memory " in panel_text, panel_text
     cell(page, 0).screenshot(path=str(ARTIFACTS / "panel-4-ranks-done.png"))
     # the logged loss drawn as a curve: one SVG path per rank in the panel
     curves = cell(page, 0).locator(".nl-panel .nl-curves svg path.nl-curve")
