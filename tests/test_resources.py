@@ -83,8 +83,8 @@ def test_a_rank_that_allocates_shows_it_in_its_row_header_summary_and_log(monkey
     sentinel = str(tmp_path / "seen")
 
     def seen(state: RunState) -> bool:   # rank 0's 200 MiB as its own, and rank 1's own memory read too
-        usage = [rs.resources for rs in state.ranks]
-        return all(u is not None and u.uss is not None for u in usage) and (usage[0].uss or 0) >= ALLOCATED
+        owns = [None if rs.resources is None else rs.resources.uss for rs in state.ranks]
+        return all(own is not None for own in owns) and (owns[0] or 0) >= ALLOCATED
 
     results, display = launch_seeing(monkeypatch, seen, sentinel, allocate_then_wait, args=(sentinel,),
                                      num_processes=2, log_dir=log_dir)
