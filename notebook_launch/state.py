@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 from .metrics import Series, fold_series
 from .slow_rank import PaceHistory
+from .resources import MachineMemory, RankUsage
 
 if TYPE_CHECKING:
     from .plan import RankSpec
@@ -96,6 +97,7 @@ class RankState:
     updates: int = 0                      # progress events folded, for displays that diff
     stalled_since: float | None = None    # monotonic time of its last sign of progress, while stalled
     pace: PaceHistory = field(default_factory=PaceHistory)   # its collectives' calls and waits (slow_rank)
+    resources: RankUsage | None = None    # its CPU, memory and GPU as last sampled (local ranks only)
 
     @property
     def last_line(self) -> str:
@@ -153,6 +155,7 @@ class RunState:
     where_requested: bool = False         # set by the panel's "Where are they?" button; the supervisor answers
     where_report: str | None = None       # its answer: a one-line verdict, then every rank's stacks
     where_report_is_stall: bool = False   # ``where_report`` says where a stall found the ranks
+    machine: MachineMemory | None = None  # this machine's memory as last sampled (the header shows it)
 
     @property
     def elapsed(self) -> float:
@@ -195,6 +198,13 @@ class RunState:
         rs.updates += 1
         if rs.status == STARTING:
             rs.status = RUNNING
+
+    def on_resources(self, usage: dict[int, RankUsage], machine: MachineMemory | None) -> None:
+        """A sampling round (``supervise.resources``): local rank -> its usage, and the machine's memory."""
+        for local_rank, found in usage.items():
+            self.ranks[local_rank].resources = found
+        if machine is not None:
+            self.machine = machine
 
     def on_stalled(self, local_rank: int, since: float | None) -> None:
         """The rank shows no sign of progress since ``since`` (None: it is not stalled)."""
@@ -257,6 +267,7 @@ class RunState:
             rs.bars, rs.metrics, rs.curves = {}, {}, {}
             rs.pace = PaceHistory()
             rs.exit_description = rs.error = None
+            rs.resources = None
 
 
 def _prune_closed_bars(bars: dict[str, Bar]) -> None:

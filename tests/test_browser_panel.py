@@ -333,6 +333,9 @@ def run_scenario(page, lab):
     assert rows.count() == 4
     panel_text = cell(page, 0).locator(".nl-panel").inner_text()
     assert "50000/50000" in panel_text and "loss=" in panel_text, panel_text
+    # each rank's resources in its row (its peak own memory, once ended), the machine's in the header
+    assert cell(page, 0).locator(".nl-panel .nl-rank .nl-resources").count() == 4
+    assert " resident" in panel_text and "machine memory " in panel_text, panel_text
     cell(page, 0).screenshot(path=str(ARTIFACTS / "panel-4-ranks-done.png"))
     # the logged loss drawn as a curve: one SVG path per rank in the panel
     curves = cell(page, 0).locator(".nl-panel .nl-curves svg path.nl-curve")
@@ -361,6 +364,7 @@ def run_scenario(page, lab):
     stop = cell(page, 2).locator(".nl-panel button", has_text="Stop")
     stop.wait_for(timeout=240_000)
     wait_for_bars(page, 2, 2, "parseFloat(b.style.width) > 0", 180)   # the live widgets
+    cell(page, 2).locator(".nl-resources", has_text=" resident").nth(1).wait_for(timeout=60_000)   # live too
     cell(page, 2).screenshot(path=str(ARTIFACTS / "panel-running-before-stop.png"))
     assert stop.is_enabled()
     stop.click()

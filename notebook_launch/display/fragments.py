@@ -25,7 +25,9 @@ def header_html(state: RunState) -> str:
             f" &middot; {html.escape(state.backend)}"
             f" &middot; <span style='color:{color};font-weight:bold'>{html.escape(status)}</span>"
             f" &middot; {fmt.duration(state.elapsed)}"
-            f" &middot; logs: <code>{html.escape(state.log_dir)}</code>{summary}</div>")
+            + (f" &middot; <span class='nl-machine'>machine {html.escape(fmt.machine(state))}</span>"
+               if state.machine is not None else "")
+            + f" &middot; logs: <code>{html.escape(state.log_dir)}</code>{summary}</div>")
 
 
 def label_html(rs: RankState) -> str:
@@ -53,6 +55,11 @@ def info_html(rs: RankState) -> str:
     pace = pace_text(rs)
     if pace:
         parts.append(f"<span class='nl-pace' style='color:#6b7280'>{html.escape(pace)}</span>")
+    used = fmt.resources(rs)
+    if used:
+        parts.append(f"<span class='nl-resources' style='color:#4b5563' title='own: pages only this rank "
+                     f"holds (USS); resident counts those it shares, for a forked rank the notebook&#39;s'>"
+                     f"{html.escape(used)}</span>")
     outcome = fmt.rank_outcome(rs)
     if outcome:
         color = fmt.STATUS_COLORS[FAILED] if rs.status == FAILED else fmt.STATUS_COLORS[STOPPED]

@@ -77,7 +77,7 @@ def render(state: RunState) -> Any:
     from rich.text import Text
 
     table = Table.grid(padding=(0, 1), expand=True)
-    for column in ("rank", "device", "status", "bar", "progress", "metrics", "last"):
+    for column in ("rank", "device", "status", "bar", "progress", "metrics", "resources", "last"):
         table.add_column(column, no_wrap=True, ratio=3 if column in ("bar", "last") else None,
                          min_width=12 if column == "bar" else None)
     for rs in state.ranks:
@@ -103,9 +103,10 @@ def render(state: RunState) -> Any:
             Text(fmt.shorten(rs.last_line, 80), style="dim")
         status = Text(fmt.rank_status(rs), style="bold yellow" if stalled else style)
         table.add_row(f"rank {rs.rank}", fmt.placement(rs), status, drawn,
-                      progress, fmt.metrics(rs, limit=3, sparklines=True), last)
+                      progress, fmt.metrics(rs, limit=3, sparklines=True), Text(fmt.resources(rs), style="dim"), last)
     title = (f"notebook_launch {state.run_id} · {state.world_size} ranks · {state.backend} · "
-             f"{fmt.run_status(state)} · {fmt.duration(state.elapsed)}")
+             f"{fmt.run_status(state)} · {fmt.duration(state.elapsed)}"
+             + (f" · machine {fmt.machine(state)}" if state.machine is not None else ""))
     subtitle = f"logs: {state.log_dir}"
     border = {FAILED: "red", DONE: "green", STOPPED: "yellow"}.get(state.status, "blue")
     verdict = fmt.where_verdict(state)

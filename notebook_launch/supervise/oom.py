@@ -13,9 +13,9 @@ the user should do, and only the kernel can say. Its evidence, strongest first:
    with nothing better, only says "probably" (another process may have been the one killed).
 
 A dead process's memory cannot be read any more, so each rank's resident memory (and its
-cgroup) is sampled when the supervisor wakes anyway, at most once every ``SAMPLE_EVERY``
-seconds: two small reads of ``/proc/<pid>`` per rank, no thread, nothing per training step;
-the last value of each rank is what the message quotes.
+cgroup) is sampled when the supervisor wakes anyway, in the rounds of ``resources.ResourceSampler``
+(the one sampler: the panel's resources come from the same reads): no thread, nothing per
+training step; the last value of each rank is what the message quotes.
 
 Nothing here changes the run state: the supervisor asks (``MemoryWatch.name_kill``,
 ``MemoryWatch.name_allocation_failure``) and records the answer.
@@ -32,16 +32,16 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Iterable
 
 from ..protocol import Failure
+from ..resources import size_text
+from .resources import ResourceSampler, machine_memory, read_text, resident
 
 if TYPE_CHECKING:
     from .outcome import RankEnd
 
-SAMPLE_EVERY = 1.0        # seconds between two samples of the ranks' memory
 LOW_HEADROOM = 0.10       # below this share of the memory left, the notebook is warned (once a run)
 KERNEL_LOG_RECORDS = 100_000   # at most this many kernel log records read at one death
 KERNEL_LOG_RETRIES = 5     # reads of the kernel log, 0.1 s apart, while it lacks a kill the machine counted
 KERNEL_LOG_SLACK = 60.0   # seconds the kernel log's clock may differ from time.monotonic()
-PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 CGROUP_ROOT = "/sys/fs/cgroup"
 ADVICE = ("What to do: start fewer ranks (num_processes); load the model in the notebook before the launch, "
           "so that forked ranks share its memory instead of each loading a copy; use a smaller batch.")
@@ -49,14 +49,6 @@ log = logging.getLogger("notebook_launch")
 
 
 # --- what the kernel says ----------------------------------------------------------------
-
-def read_text(path: str) -> str | None:
-    try:
-        with open(path) as file:
-            return file.read()
-    except (OSError, ValueError):
-        return None
-
 
 def machine_oom_kills() -> int | None:
     """How many processes the OOM killer killed on this machine since it booted."""
@@ -106,21 +98,11 @@ def cgroup_limit(folder: str) -> int | None:
 
 
 def meminfo() -> dict[str, int]:
-    """/proc/meminfo's MemTotal and MemAvailable, in bytes."""
-    found = {}
-    for line in (read_text("/proc/meminfo") or "").splitlines():
-        key, _, value = line.partition(":")
-        parts = value.split()
-        if key in ("MemTotal", "MemAvailable") and parts and parts[0].isdigit():
-            found[key] = int(parts[0]) * 1024
-    return found
-
-
-def resident(pid: int) -> int | None:
-    """``pid``'s resident memory in bytes (statm: pages shared with the notebook count too); None
-    once it ended (a process that exited and is not yet reaped shows 0)."""
-    parts = (read_text(f"/proc/{pid}/statm") or "").split()
-    return int(parts[1]) * PAGE if len(parts) > 1 and parts[1].isdigit() and int(parts[1]) > 0 else None
+    """/proc/meminfo's MemTotal and MemAvailable, in bytes (``resources.machine_memory``)."""
+    machine = machine_memory()
+    if machine is None:
+        return {}
+    return {"MemTotal": machine.total} | ({} if machine.available is None else {"MemAvailable": machine.available})
 
 
 def address_space_limit(pid: int) -> int | None:
@@ -200,18 +182,6 @@ def kernel_log_kills(since: float) -> dict[int, KernelKill] | None:
 
 # --- the words -----------------------------------------------------------------------------
 
-def size_text(size: int | None) -> str:
-    """1536 -> "1.5 KiB"."""
-    if size is None:
-        return "unknown"
-    amount = float(size)
-    for unit in ("bytes", "KiB", "MiB", "GiB", "TiB"):
-        if amount < 1024 or unit == "TiB":
-            return f"{size} bytes" if unit == "bytes" else f"{amount:.1f} {unit}"
-        amount /= 1024
-    raise AssertionError("unreachable")
-
-
 def machine_text() -> str:
     info = meminfo()
     if "MemTotal" not in info:
@@ -239,7 +209,7 @@ class MemoryWatch:
         self.cgroup_kills: dict[str, int | None] = {}   # each cgroup's count when first seen
         self.samples: dict[int, Sample] = {}            # local rank -> its last sample
         self.names = dict(rank_names)                    # local rank -> global rank
-        self.next_sample = 0.0
+        self.resources = ResourceSampler()              # the reads, and what the panel shows of them
         self.notebook_cgroup = memory_cgroup_of(os.getpid())
         self.warned = False
         self.see_cgroup(self.notebook_cgroup)
@@ -255,15 +225,18 @@ class MemoryWatch:
             return
         self.cgroup_kills[folder] = 0 if made_during_run else cgroup_oom_kills(folder)
 
-    def sample(self, pids: dict[int, int], now: float | None = None) -> str | None:
-        """Sample each live rank's memory (local rank -> pid), at most once every SAMPLE_EVERY s.
-        Returns the warning to show, once a run, when memory runs low (``notebook_at_risk``)."""
+    def sample(self, pids: dict[int, int], now: float | None = None,
+               devices: dict[int, str] | None = None) -> str | None:
+        """Sample each live rank (local rank -> pid; ``devices``: local rank -> its device, for
+        NVML) when a round of ``self.resources`` is due. Returns the warning to show, once a run,
+        when memory runs low (``notebook_at_risk``)."""
         now = time.monotonic() if now is None else now
-        if now < self.next_sample:
+        if not self.resources.sample(pids, devices or {}, now):
             return None
-        self.next_sample = now + SAMPLE_EVERY
         for local, pid in pids.items():
-            self.sample_one(local, pid, now)
+            usage = self.resources.usage.get(local)
+            fresh = local in self.resources.updated and usage is not None
+            self.sample_one(local, pid, now, held=usage.rss if fresh and usage is not None else None)
         try:
             return self.notebook_at_risk(pids)
         except Exception:   # a warning is an extra: the run goes on without it
@@ -301,10 +274,14 @@ class MemoryWatch:
                 f"forked ranks count the pages they share with the notebook). If it runs out, {who}. "
                 + ADVICE + " Save what you cannot lose now.")
 
-    def sample_one(self, local: int, pid: int, now: float) -> None:
-        held, folder = resident(pid), memory_cgroup_of(pid)
+    def sample_one(self, local: int, pid: int, now: float, held: int | None = None) -> None:
+        """Keep what the rank holds (``held``: read by this round already; None: read it now) and
+        its memory cgroup."""
+        if held is None:
+            held = resident(pid)
         if held is None:   # ended already: keep what it held before
             return
+        folder = memory_cgroup_of(pid)
         self.see_cgroup(folder)
         self.samples[local] = Sample(held, now, folder)
 

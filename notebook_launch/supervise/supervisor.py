@@ -63,7 +63,7 @@ class Supervisor:
         self.watches = self.watcher.watches
         # the OOM counters at the start, each rank's memory as last sampled (an OOM death named)
         self.memory = oom.MemoryWatch((rs.local_rank, rs.rank) for rs in state.ranks)
-        self.warn_of_memory(self.memory.sample(self.sampled_pids()))
+        self.sample_resources()
         self.first_failure: Failure | None = None
         self.stalls = None if stall_after is None else StallWatch(stall_after, time.monotonic(),
                                                                   stack=self.stack_fingerprints)
@@ -116,7 +116,7 @@ class Supervisor:
         """Watch the ranks for up to ``wait`` seconds and react. Returns FAILED once the
         other ranks are stopped; raises KeyboardInterrupt after a Stop click."""
         self.watcher.pump(wait)
-        self.warn_of_memory(self.memory.sample(self.sampled_pids()))
+        self.sample_resources()
         self.prompts.poll()
         self.watcher.close_stale(DRAIN_AFTER_EXIT)
         self.check_stalls()
@@ -147,6 +147,17 @@ class Supervisor:
             if w.exit is None and w.process.on_this_machine and w.process.pid not in pids.values():
                 pids[w.local_rank] = w.process.pid
         return pids
+
+    def sample_resources(self) -> None:
+        """Each local rank's CPU, memory and GPU into its row and now and then its log, and the
+        machine's memory into the header (``supervise.resources``, a round when one is due); the
+        same round's memory is what an OOM death's message quotes (``oom.MemoryWatch``)."""
+        devices = {rs.local_rank: rs.device for rs in self.state.ranks}
+        self.warn_of_memory(self.memory.sample(self.sampled_pids(), devices=devices))
+        try:
+            self.memory.resources.publish(self.state, self.logs)
+        except Exception:   # an extra: the run goes on without it
+            log.debug("could not show the ranks' resources", exc_info=True)
 
     def warn_of_memory(self, warning: str | None) -> None:
         """Say, before anything dies, that memory is running out (``oom.MemoryWatch.notebook_at_risk``):
@@ -318,6 +329,7 @@ class Supervisor:
         if self._closed:
             return
         self._closed = True
+        self.memory.resources.close()
         with interrupts.tearing_down():
             self.prompts.close("the run ended")
             self.watcher.close()

@@ -25,6 +25,8 @@ PACKAGES: dict[str, str] = {
     "nbclient": "nbclient",
     "ipykernel": "ipykernel",
     "jupyter_client": "jupyter_client",
+    # the GPU ranks' device memory in their rows (supervise/gpu_usage.py; tests/gpu/test_gpu_resources.py)
+    "nvidia-ml-py": "pynvml",
 }
 
 

@@ -1,0 +1,108 @@
+"""What a rank uses, as the notebook last sampled it, and the machine's memory: the data the
+panel rows, the header, the final picture and the rank logs show (``display/resources.py`` says
+it in words; ``supervise/resources.py`` samples it).
+
+Why a module of its own: the run state (``state.py``) holds these, the supervisor fills them and
+every display reads them, so they live below all three and import nothing.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class GpuUsage:
+    """The rank's GPU, as NVML sees it: the whole device's memory and utilization, and what the
+    rank's own process holds there (None where NVML does not list it)."""
+    index: int                  # NVML's index of the device
+    used: int                   # bytes in use on the device, every process's
+    total: int
+    utilization: int | None     # percent of the last sample period a kernel ran on it
+    process_used: int | None = None   # bytes the rank's process holds on it
+
+
+@dataclass(frozen=True)
+class RankUsage:
+    """One rank's process, when last sampled.
+
+    ``rss`` counts every page the process maps, also those it shares: a forked rank shares the
+    notebook's pages copy-on-write until it writes them, so ``rss`` overstates what it costs the
+    machine. ``uss`` (its private pages: what ending it would free) and ``pss`` (shared pages split
+    between the processes mapping them) say what is its own; None where /proc/<pid>/smaps_rollup
+    cannot be read."""
+    rss: int
+    uss: int | None = None
+    pss: int | None = None
+    cpu_percent: float | None = None   # of one core, since the previous sample (None: first sample)
+    cpu_average: float | None = None   # of one core, since the process started
+    peak_rss: int = 0
+    peak_uss: int | None = None
+    gpu: GpuUsage | None = None
+
+    @property
+    def shared(self) -> int | None:
+        """Resident pages it shares with other processes (the notebook, the other ranks)."""
+        return None if self.uss is None else max(0, self.rss - self.uss)
+
+
+@dataclass(frozen=True)
+class MachineMemory:
+    """The machine's memory (/proc/meminfo): MemTotal and MemAvailable, in bytes."""
+    total: int
+    available: int | None
+
+
+# --- in words: the one wording every display, the final picture and the rank logs share ---------
+
+def size_text(size: int | None) -> str:
+    """1536 -> "1.5 KiB"."""
+    if size is None:
+        return "unknown"
+    amount = float(size)
+    for unit in ("bytes", "KiB", "MiB", "GiB", "TiB"):
+        if amount < 1024 or unit == "TiB":
+            return f"{size} bytes" if unit == "bytes" else f"{amount:.1f} {unit}"
+        amount /= 1024
+    raise AssertionError("unreachable")
+
+
+def gpu_text(gpu: GpuUsage) -> str:
+    """'GPU 0 3.1 GiB of 16.0 GiB (this rank 2.9 GiB), 87% busy'."""
+    own = f" (this rank {size_text(gpu.process_used)})" if gpu.process_used is not None else ""
+    busy = f", {gpu.utilization}% busy" if gpu.utilization is not None else ""
+    return f"GPU {gpu.index} {size_text(gpu.used)} of {size_text(gpu.total)}{own}{busy}"
+
+
+def usage_text(usage: RankUsage, ended: bool = False) -> str:
+    """A rank's row: 'cpu 97% · 820.0 MiB own of 1.2 GiB resident · GPU 0 ...'. A rank that ended
+    (the final picture) shows its CPU on average over its life and its peak memory."""
+    parts = []
+    cpu = usage.cpu_average if ended or usage.cpu_percent is None else usage.cpu_percent
+    if cpu is not None:
+        parts.append(("avg " if ended else "") + f"cpu {cpu:.0f}%")
+    rss, uss = (usage.peak_rss, usage.peak_uss) if ended else (usage.rss, usage.uss)
+    peak = "peak " if ended else ""
+    parts.append(f"{peak}{size_text(uss)} own of {size_text(rss)} resident" if uss is not None
+                 else f"{peak}{size_text(rss)} resident")
+    if usage.gpu is not None:
+        parts.append(gpu_text(usage.gpu))
+    return " · ".join(parts)
+
+
+def usage_log_text(usage: RankUsage) -> str:
+    """The line a rank's log gets now and then: everything, PSS and the shared pages too."""
+    cpu = f"cpu {usage.cpu_percent:.0f}% of a core" if usage.cpu_percent is not None else "cpu not measured yet"
+    if usage.uss is None:
+        memory = f"{size_text(usage.rss)} resident (own pages unknown: no smaps_rollup)"
+    else:
+        memory = (f"{size_text(usage.uss)} own (USS), {size_text(usage.pss)} proportional (PSS), "
+                  f"{size_text(usage.rss)} resident, of which {size_text(usage.shared)} shared with other "
+                  f"processes (for a forked rank, the notebook's pages it has not written)")
+    gpu = f"; {gpu_text(usage.gpu)}" if usage.gpu is not None else ""
+    return f"[notebook_launch] resources: {cpu}; {memory}{gpu}"
+
+
+def machine_memory_text(machine: MachineMemory) -> str:
+    """'memory 24.0 GiB, 12.3 GiB available'."""
+    available = f", {size_text(machine.available)} available" if machine.available is not None else ""
+    return f"memory {size_text(machine.total)}{available}"

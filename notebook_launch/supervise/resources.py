@@ -1,0 +1,214 @@
+"""Each rank's resources, sampled in the notebook: CPU use, resident memory and what of it is the
+rank's own (USS/PSS), its GPU through NVML (``gpu_usage``), and the machine's memory.
+
+Why here, and this way: the notebook already holds every local rank's pid, so reading
+``/proc/<pid>`` costs the ranks nothing; the rank side sends nothing and does nothing per training
+step. The supervisor's loop calls ``sample`` when it wakes anyway (``oom.MemoryWatch``, the one
+sampler: its OOM message quotes the resident sizes read here), a round at most once every
+``SAMPLE_EVERY`` seconds, with no thread of its own. A round reads a few small /proc files per
+rank (about 0.1 ms of CPU each). What of a rank's memory is its own (``smaps_rollup``) costs more:
+the kernel walks the process's page tables, some 5 ms for a rank that imported torch and more the
+more it maps. So those reads take turns, the stalest rank first, and after each batch the next
+one waits long enough for them to stay under ``DETAIL_BUDGET`` of one core however big the ranks
+are (a big rank's own memory is then refreshed less often; its resident memory every round).
+``benchmarks/resource_sampling.py`` measures the whole sampler's share of a core.
+
+Ranks on other machines (Ray, other elastic nodes) are not sampled: their pids mean nothing here.
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import time
+from typing import TYPE_CHECKING, Mapping
+
+from ..resources import MachineMemory, RankUsage, usage_log_text
+
+if TYPE_CHECKING:
+    from ..logs import LogWriter
+    from ..state import RunState
+    from .gpu_usage import GpuWatch
+
+SAMPLE_EVERY = 1.0     # seconds between two rounds, at the least
+DETAIL_BUDGET = 0.005  # the share of one core the smaps_rollup reads may take (the whole goal: under 1%)
+LOG_EVERY = 60.0       # seconds between two resource lines in a rank's log
+PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+log = logging.getLogger("notebook_launch")
+
+
+def read_text(path: str) -> str | None:
+    try:
+        with open(path) as file:
+            return file.read()
+    except (OSError, ValueError):
+        return None
+
+
+def resident(pid: int) -> int | None:
+    """``pid``'s resident memory in bytes (statm: pages shared with the notebook count too); None
+    once it ended (a process that exited and is not yet reaped shows 0)."""
+    parts = (read_text(f"/proc/{pid}/statm") or "").split()
+    return int(parts[1]) * PAGE if len(parts) > 1 and parts[1].isdigit() and int(parts[1]) > 0 else None
+
+
+def own_memory(pid: int) -> tuple[int, int] | None:
+    """(USS, PSS) of ``pid`` in bytes, from ``smaps_rollup`` (Linux 4.14+): its private pages, and
+    its proportional share of the pages it shares. None where it cannot be read."""
+    fields: dict[str, int] = {}
+    for line in (read_text(f"/proc/{pid}/smaps_rollup") or "").splitlines():
+        key, _, value = line.partition(":")
+        if key in ("Pss", "Private_Clean", "Private_Dirty"):
+            parts = value.split()
+            if parts and parts[0].isdigit():
+                fields[key] = int(parts[0]) * 1024
+    if "Pss" not in fields or "Private_Clean" not in fields or "Private_Dirty" not in fields:
+        return None
+    return fields["Private_Clean"] + fields["Private_Dirty"], fields["Pss"]
+
+
+def cpu_times(pid: int) -> tuple[float, float] | None:
+    """(CPU seconds ``pid`` used, user and system; seconds since it started), from /proc: its own
+    threads only, not its children's (a DataLoader worker is a process of its own)."""
+    stat, uptime = read_text(f"/proc/{pid}/stat"), read_text("/proc/uptime")
+    if not stat or not uptime:
+        return None
+    fields = stat.rpartition(")")[2].split()   # the name in parentheses may hold spaces
+    try:
+        used = (int(fields[11]) + int(fields[12])) / TICKS   # utime, stime (fields 14, 15 of stat)
+        age = float(uptime.split()[0]) - int(fields[19]) / TICKS   # starttime (field 22)
+    except (IndexError, ValueError):
+        return None
+    return used, age
+
+
+def machine_memory() -> MachineMemory | None:
+    """/proc/meminfo's MemTotal and MemAvailable."""
+    found = {}
+    for line in (read_text("/proc/meminfo") or "").splitlines():
+        key, _, value = line.partition(":")
+        parts = value.split()
+        if key in ("MemTotal", "MemAvailable") and parts and parts[0].isdigit():
+            found[key] = int(parts[0]) * 1024
+    return MachineMemory(found["MemTotal"], found.get("MemAvailable")) if "MemTotal" in found else None
+
+
+class ResourceSampler:
+    """Each rank's usage as last sampled (``usage``: local rank -> RankUsage) and the machine's
+    memory (``machine``). A rank that ended keeps its last sample."""
+
+    def __init__(self) -> None:
+        self.usage: dict[int, RankUsage] = {}
+        self.updated: set[int] = set()   # the local ranks the last round read (the others had ended)
+        self.machine: MachineMemory | None = None
+        self.next_round = 0.0
+        self.next_detail = 0.0        # when the smaps_rollup reads may go on
+        self._own: dict[int, tuple[int, int] | None] = {}   # local rank -> (USS, PSS) last read
+        self._own_at: dict[int, float] = {}                 # local rank -> when
+        self.rounds = 0
+        self.cpu_spent = 0.0          # CPU seconds the rounds took, in this thread
+        self._pids: dict[int, int] = {}                        # local rank -> the pid sampled
+        self._cpu_before: dict[int, tuple[float, float]] = {}   # local rank -> (CPU seconds, when)
+        self._gpu: "GpuWatch | None" = None
+        self._gpu_tried = False
+        self._published = 0           # the round the run state last got
+        self._logged: dict[int, float] = {}   # local rank -> when its log last got a line
+
+    def due(self, now: float) -> bool:
+        return now >= self.next_round
+
+    def sample(self, pids: Mapping[int, int], devices: Mapping[int, str], now: float | None = None) -> bool:
+        """One round, if one is due: each live rank (local rank -> pid) and, for those on a GPU
+        (``devices``: local rank -> "cuda:0", ...), NVML. Returns whether it sampled."""
+        now = time.monotonic() if now is None else now
+        if not self.due(now):
+            return False
+        spent = time.thread_time()
+        gpus = self.gpu_watch(devices)
+        self.updated = set()
+        for local, pid in pids.items():   # the cheap reads first: a rank about to end is still there
+            try:
+                self.sample_one(local, pid, now, gpus, devices.get(local, ""))
+            except Exception:   # an extra: the run goes on without it
+                log.debug("could not sample rank %d's resources", local, exc_info=True)
+        if self.rounds == 0:   # a supervision's first round (each call on persistent ranks has one): cheap only
+            self.next_detail = now + SAMPLE_EVERY
+        self.read_own_memory({local: pids[local] for local in self.updated}, now)
+        self.machine = machine_memory() or self.machine
+        self.cpu_spent += time.thread_time() - spent
+        self.rounds += 1
+        self.next_round = now + SAMPLE_EVERY
+        return True
+
+    def read_own_memory(self, pids: Mapping[int, int], now: float) -> None:
+        """USS and PSS of the stalest ranks, while this batch costs under DETAIL_BUDGET of a
+        core's SAMPLE_EVERY (one rank at least); then a wait that keeps their share in budget."""
+        if now < self.next_detail or not pids:
+            return
+        spent = 0.0
+        for local in sorted(pids, key=lambda local: self._own_at.get(local, float("-inf"))):
+            started = time.thread_time()
+            own = self._own[local] = own_memory(pids[local])
+            self._own_at[local] = now
+            usage = self.usage[local]
+            if own is not None:
+                uss, pss = own
+                peak = uss if usage.peak_uss is None else max(uss, usage.peak_uss)
+                self.usage[local] = dataclasses.replace(usage, uss=uss, pss=pss, peak_uss=peak)
+            spent += time.thread_time() - started
+            if spent >= DETAIL_BUDGET * SAMPLE_EVERY:
+                break
+        self.next_detail = now + spent / DETAIL_BUDGET
+
+    def sample_one(self, local: int, pid: int, now: float, gpus: "GpuWatch | None", device: str) -> None:
+        rss = resident(pid)
+        if rss is None:   # it ended: keep what it had
+            return
+        previous = self.usage.get(local) if self._pids.get(local) == pid else None   # a new process starts afresh
+        self._pids[local] = pid
+        own = self._own.get(local) if previous is not None else None   # a new process: not read yet
+        # read in an earlier round (they take turns): never more than it holds now
+        uss, pss = (min(own[0], rss), min(own[1], rss)) if own is not None else (None, None)
+        times = cpu_times(pid)
+        percent = average = None
+        if times is not None:
+            used, age = times
+            average = 100.0 * used / age if age > 0 else None
+            before = self._cpu_before.get(local)
+            if previous is not None and before is not None and now > before[1]:
+                percent = max(0.0, 100.0 * (used - before[0]) / (now - before[1]))
+            self._cpu_before[local] = (used, now)
+        peak_rss = rss if previous is None else max(rss, previous.peak_rss)
+        peak_uss = None if previous is None else previous.peak_uss
+        gpu = None if gpus is None or not device.startswith("cuda") else gpus.usage(device, pid)
+        self.usage[local] = RankUsage(rss=rss, uss=uss, pss=pss, cpu_percent=percent, cpu_average=average,
+                                      peak_rss=peak_rss, peak_uss=peak_uss, gpu=gpu)
+        self.updated.add(local)
+
+    def publish(self, state: "RunState", logs: "LogWriter", now: float | None = None) -> None:
+        """Give the run state the latest round (once per round), and each rank's log a line once
+        every LOG_EVERY seconds from when its own memory was first read (a call on persistent
+        ranks that ends within SAMPLE_EVERY writes none)."""
+        if self.rounds == self._published:
+            return
+        self._published = self.rounds
+        now = time.monotonic() if now is None else now
+        state.on_resources({local: self.usage[local] for local in self.updated}, self.machine)
+        for local in sorted(self.updated):
+            if local in self._own_at and now - self._logged.get(local, -LOG_EVERY) >= LOG_EVERY:
+                self._logged[local] = now
+                logs.write_block(local, usage_log_text(self.usage[local]))
+
+    def gpu_watch(self, devices: Mapping[int, str]) -> "GpuWatch | None":
+        """NVML, opened the first time a rank has a GPU (never imported otherwise)."""
+        if self._gpu is None and not self._gpu_tried and any(d.startswith("cuda") for d in devices.values()):
+            self._gpu_tried = True
+            from .gpu_usage import GpuWatch
+            self._gpu = GpuWatch.open()
+        return self._gpu
+
+    def close(self) -> None:
+        if self._gpu is not None:
+            self._gpu.close()
+            self._gpu = None
