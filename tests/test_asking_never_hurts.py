@@ -1,5 +1,5 @@
 """Asking a rank where it is never hurts it (issue 31): every way the notebook collects stacks
-asks the rank's where-thread (``rank.where_thread``, ``supervise.ask_where``), never signals a
+asks the rank's where-thread (``rank.where_thread``, ``diagnose.ask_where``), never signals a
 rank whose interpreter lock is free, and falls back to the signal only for a rank whose lock is
 held by C code, which the verdict then says.
 
@@ -207,7 +207,7 @@ def test_a_rank_holding_the_interpreter_lock_in_c_is_read_by_the_signal_and_the_
 def test_no_way_of_asking_signals_a_rank_whose_lock_is_free(log_dir, tmp_path):
     """Every way the notebook collects stacks, then each one run against ranks asleep in C.
 
-    The ways: ``supervise.stacks.collect`` (a launch's timeout and "Where are they?", a stall's
+    The ways: ``diagnose.stacks.collect`` (a launch's timeout and "Where are they?", a stall's
     two stack samples and its report, ``Ranks.stacks()``, XLA's replicas through
     ``backends.xla.replica_whereabouts``, elastic nodes through the same supervisor) and
     ``native_stacks.child_stacks`` (a rank's forked children) both ask through
@@ -221,11 +221,11 @@ def test_no_way_of_asking_signals_a_rank_whose_lock_is_free(log_dir, tmp_path):
     assert {path: names for path, names in collectors.items() if names} == {
         "supervise/supervisor.py": ["collect"], "persistent/pool.py": ["collect"], "backends/xla.py": ["collect"],
         "elastic/node_board.py": ["collect"],   # the supervisor's whereabouts, for another node
-        "supervise/stacks.py": ["ask_all"], "supervise/native_stacks.py": ["ask_all", "child_stacks"],
+        "diagnose/stacks.py": ["ask_all"], "diagnose/native_stacks.py": ["ask_all", "child_stacks"],
     }
     senders = {path: sorted(set(calls) & {"tgkill", "pthread_kill", "raise_signal"}) for path, calls in asking.items()}
     assert {path: names for path, names in senders.items() if names} == {
-        "supervise/ask_where.py": ["tgkill"],   # the fallback, behind lock_held
+        "diagnose/ask_where.py": ["tgkill"],   # the fallback, behind lock_held
         "rank/ray_serve.py": ["pthread_kill"],   # the Stop button's SIGINT to a Ray rank's main thread
     }
 
@@ -248,7 +248,7 @@ def test_no_way_of_asking_signals_a_rank_whose_lock_is_free(log_dir, tmp_path):
 def test_the_lock_is_held_only_when_the_where_thread_waits_for_it_and_no_two_threads_run():
     """``ask_where.lock_held`` on /proc samples (thread id -> (ns run, times put on a CPU)); the
     where-thread is 9. It decides whether a silent rank is signalled."""
-    from notebook_launch.supervise.ask_where import lock_held
+    from notebook_launch.diagnose.ask_where import lock_held
     before = {1: (0, 10), 9: (0, 5), 20: (0, 3)}
     ms = 1_000_000
     assert lock_held(before, {1: (150 * ms, 11), 9: (ms // 10, 45), 20: (0, 3)}, 9)       # 1 spins in C
@@ -282,7 +282,7 @@ def test_another_nodes_rank_read_by_the_signal_is_named_in_the_verdict_here():
     """Multi-node: a node posts its ranks' whereabouts for the node that diagnoses the hang; how
     each rank was read crosses with them, so the verdict there names a rank read by the signal."""
     from notebook_launch.elastic.node_board import decode_whereabouts, encode_whereabouts
-    from notebook_launch.supervise.hang_verdict import Frame, RankWhereabouts, ThreadStack, verdict
+    from notebook_launch.diagnose.hang_verdict import Frame, RankWhereabouts, ThreadStack, verdict
     sent = [RankWhereabouts(3, threads=[ThreadStack(7, False, [Frame("train.py", 3, "spin")])], main_thread=7,
                             read_by="signal")]
     [got] = decode_whereabouts(encode_whereabouts(sent, lambda f: None), node=1)

@@ -28,7 +28,7 @@ import sys
 from typing import TYPE_CHECKING, Callable, NoReturn, Sequence
 
 from ..supervise import leftovers
-from ..supervise.hang_verdict import RankWhereabouts
+from ..diagnose.hang_verdict import RankWhereabouts
 from ..channels import RankPipes, RankProcess
 from ..notebook_streams import ERR, OUT
 from .base import Launcher
@@ -63,9 +63,9 @@ def replica_records(launcher: int) -> dict[int, tuple[int, str]]:
     launcher and its descendants. A replica's forked child (a DataLoader worker) inherits the memfd:
     only the process the record names as its own counts."""
     from ..rank.xla_replicas import REPLICA_RECORD_NAME
-    from ..supervise.native_stacks import children
-    from ..supervise.memfds import memfds
-    from ..supervise.stacks import read_record
+    from ..diagnose.native_stacks import children
+    from ..diagnose.memfds import memfds
+    from ..diagnose.stacks import read_record
 
     found: dict[int, tuple[int, str]] = {}
     queue = [launcher]
@@ -88,7 +88,7 @@ def replica_whereabouts(launcher: int, local_ranks: Sequence[int],
     """Where each replica is: its xm collective (its own record), its own thread's stack (one dump
     per process, split by thread), and, for a process that runs one replica only, the process's
     torch.distributed record too. Then who waits: see ``who_waits``."""
-    from ..supervise import stacks
+    from ..diagnose import stacks
 
     records = replica_records(launcher)
     by_process: dict[int, list[int]] = {}

@@ -17,8 +17,9 @@ from .. import protocol
 from ..errors import LaunchError
 from ..protocol import Failure
 from ..state import RUNNING, STARTING, RunState
-from . import hang_verdict, interrupts, leftovers, oom, outcome, stacks, teardown
-from .stall import StallWatch
+from ..diagnose import hang_verdict, stacks
+from . import interrupts, leftovers, oom, outcome, teardown
+from ..diagnose.stall import StallWatch
 from .stdin_relay import StdinRelay, reply_on
 from .watch import RankWatch, Watcher
 
