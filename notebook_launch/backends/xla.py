@@ -63,7 +63,7 @@ def replica_records(launcher: int) -> dict[int, tuple[int, str]]:
     launcher and its descendants. A replica's forked child (a DataLoader worker) inherits the memfd:
     only the process the record names as its own counts."""
     from ..rank.xla_replicas import REPLICA_RECORD_NAME
-    from ..diagnose.native_stacks import children
+    from ..diagnose.proc_tasks import children
     from ..diagnose.memfds import memfds
     from ..diagnose.stacks import read_record
 

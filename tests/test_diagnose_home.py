@@ -1,0 +1,24 @@
+"""Hang diagnosis has one home (issue 31 item 2): ``notebook_launch/diagnose/``. These read the
+package's source: what the diagnosis does is tested with real ranks in test_hang_diagnosis.py,
+test_asking_never_hurts.py, test_stall_signs.py and test_native_stacks.py."""
+from __future__ import annotations
+
+import ast
+import pathlib
+
+PACKAGE = pathlib.Path(__file__).resolve().parents[1] / "notebook_launch"
+
+
+def _strings(path: pathlib.Path) -> list[str]:
+    """Every string constant in ``path``, the literal parts of f-strings included."""
+    return [node.value for node in ast.walk(ast.parse(path.read_text()))
+            if isinstance(node, ast.Constant) and isinstance(node.value, str)]
+
+
+def test_one_walk_reads_the_threads_of_a_process():
+    """``diagnose.proc_tasks`` is the one module that lists a process's threads in /proc (stall
+    detection's descendants, the children asked for their stacks, the schedstat that says whether
+    a silent rank's interpreter lock is held, XLA's replicas under their launcher)."""
+    walkers = sorted(path.relative_to(PACKAGE).as_posix() for path in PACKAGE.rglob("*.py")
+                     if any("/task" in text for text in _strings(path)))
+    assert walkers == ["diagnose/proc_tasks.py"]
