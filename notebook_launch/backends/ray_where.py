@@ -1,6 +1,6 @@
 """Where Ray ranks are (issue 20), the notebook's side; the rank's is ``rank.ray_where``.
 
-The supervisor asks each process that has an ``ask_where`` for its ranks (``RayRank.ask_where``).
+The supervisor asks each rank process for its ranks (``RankProcess.where``; here ``RayRank.where``).
 The ranks of one gang share one ``WhereAsker``: the first rank asked sends a request to every
 live rank of the gang at once and waits, ``WHERE_WAIT`` seconds at most for all of them, for
 their answers; the others then take theirs from that round. So a hang is diagnosed in one
