@@ -346,7 +346,8 @@ def test_another_nodes_rank_read_by_the_signal_is_named_in_the_verdict_here():
 
 def _calls(path: pathlib.Path, names: set[str]) -> list[str]:
     """The names in ``names`` that ``path`` calls (as ``f(...)`` or ``x.f(...)``; a name given as ``x.f``,
-    too common alone, as ``x.f(...)`` only); not ``gc.collect()``, which collects garbage, not stacks (rank/batch_size frees a failed attempt's process group)."""
+    too common alone, as ``x.f(...)`` only); not ``gc.collect()``, which collects garbage, not stacks (rank/batch_size
+    frees a failed attempt's process group)."""
     found = []
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.Call):
