@@ -212,18 +212,19 @@ def test_no_way_of_asking_signals_a_rank_whose_lock_is_free(log_dir, tmp_path):
     nodes, ``Ranks.stacks()``) asks each process through ``RankProcess.where`` where it answers for
     its ranks itself (XLA's launcher: ``diagnose.xla_replicas``; a Ray actor: ``backends.ray_where``,
     answered from a thread over its connections by ``rank.ray_where``: no signal) and every other
-    rank by pid through ``stacks.collect``, as a stall's two stack samples do; ``stacks.collect`` and
-    ``native_stacks.child_stacks`` (a rank's forked children) both ask the where-thread over its
-    wake pipe through ``ask_where.ask_all``; py-spy (``native_stacks.dump_all``, native frames)
-    reads from outside by ptrace, which runs no handler. The one signal left is ``ask_where``'s
-    fallback, behind ``lock_held``. Ray's way runs in test_a_ray_ranks_answer_signals_nothing."""
+    rank by pid through ``stacks.collect``, as a stall's two stack samples do
+    (``ranks.stack_fingerprints``); ``stacks.collect`` and ``native_stacks.child_stacks`` (a rank's
+    forked children) both ask the where-thread over its wake pipe through ``ask_where.ask_all``;
+    py-spy (``native_stacks.dump_all``, native frames) reads from outside by ptrace, which runs no
+    handler. The one signal left is ``ask_where``'s fallback, behind ``lock_held``. Ray's way runs
+    in test_a_ray_ranks_answer_signals_nothing."""
     ways = {"where_ranks", "process.where", "collect", "ask_all", "child_stacks", "dump_all", "asker.ask",
             "answerer.ask"}
     asking = {path.relative_to(PACKAGE).as_posix(): calls for path in PACKAGE.rglob("*.py")
               if (calls := _calls(path, ways | {"tgkill", "pthread_kill", "raise_signal"}))}
     collectors = {path: sorted(set(calls) & ways) for path, calls in asking.items()}
     assert {path: names for path, names in collectors.items() if names} == {
-        "supervise/supervisor.py": ["collect", "where_ranks"],   # a stall's stack samples; everything else
+        "supervise/supervisor.py": ["where_ranks"],
         "persistent/pool.py": ["where_ranks"],
         "elastic/node_board.py": ["collect"],   # the supervisor's whereabouts, for another node
         "diagnose/ranks.py": ["collect", "process.where"], "diagnose/xla_replicas.py": ["collect"],

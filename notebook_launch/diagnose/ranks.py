@@ -16,10 +16,12 @@ from typing import Callable, Sequence
 from ..channels import RankProcess
 from . import stacks
 from .hang_verdict import Labeller, RankWhereabouts
+from .stall import Fingerprint
 
 log = logging.getLogger("notebook_launch")
 SHARED_NOTE = "was not asked (it shares its process with other ranks)"
 REMOTE_NOTE = "was not asked (its process runs on another machine)"
+STACK_SAMPLE_WAIT = 0.5   # seconds a stall's stack sample waits for the ranks' answers
 
 
 def where_ranks(ranks: Sequence[tuple[int, RankProcess | None]], global_rank: Callable[[int], int],
@@ -73,3 +75,12 @@ def _self_answers(processes: Sequence[RankProcess], global_rank: Callable[[int],
             answering.update(process.ranks())
             answers.update(got)
     return answers, answering
+
+
+def stack_fingerprints(pids: dict[int, int]) -> dict[int, Fingerprint]:
+    """Local rank -> its main thread's frames and collective number now (what a stall sample
+    compares: ``stall.StallWatch(stack=)``), or None where the rank could not say; ``pids``: local
+    rank -> pid of the live ranks of this machine."""
+    found = stacks.collect(list(pids.items()), wait=STACK_SAMPLE_WAIT)
+    return {local: (tuple(where.main_frames()), where.inside or where.last) if where.threads else None
+            for local, where in zip(pids, found)}

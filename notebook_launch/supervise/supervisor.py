@@ -18,7 +18,7 @@ from ..errors import LaunchError
 from ..protocol import Failure
 from ..state import RUNNING, STARTING, RunState
 from ..diagnose import hang_verdict, stacks
-from ..diagnose.ranks import where_ranks
+from ..diagnose.ranks import stack_fingerprints, where_ranks
 from . import interrupts, leftovers, oom, outcome, teardown
 from ..diagnose.stall import StallWatch
 from .stdin_relay import StdinRelay, reply_on
@@ -30,7 +30,6 @@ if TYPE_CHECKING:
     from ..display.display_relay import RankDisplays
     from ..logs import LogWriter
 
-STACK_SAMPLE_WAIT = 0.5  # seconds a stall's stack sample waits for the ranks' dumps
 DRAIN_AFTER_EXIT = 1.0  # how long to wait for a dead rank's pipes to reach EOF (grandchildren may hold them)
 log = logging.getLogger("notebook_launch")
 
@@ -67,7 +66,7 @@ class Supervisor:
         self.warn_of_memory(self.memory.sample(self.sampled_pids()))
         self.first_failure: Failure | None = None
         self.stalls = None if stall_after is None else StallWatch(stall_after, time.monotonic(),
-                                                                  stack=self.stack_fingerprints)
+                                                                  stack=stack_fingerprints)
         self.last_found: list[hang_verdict.RankWhereabouts] = []   # the last answer of whereabouts()
         self.where_problem = "they were not asked"   # why the last where_they_are had no verdict
         self._stopped = False
@@ -191,13 +190,6 @@ class Supervisor:
         asking = self.prompts.asking
         return (asking is not None and asking[0] == local_rank) or any(
             item[0] == local_rank for item in self.prompts.waiting)
-
-    def stack_fingerprints(self, pids: dict[int, int]) -> dict[int, Any]:
-        """Local rank -> its main thread's frames and collective number now (what a stall
-        sample compares), or None where the rank could not say."""
-        found = stacks.collect(list(pids.items()), wait=STACK_SAMPLE_WAIT)
-        return {local: (tuple(where.main_frames()), where.inside or where.last) if where.threads else None
-                for local, where in zip(pids, found)}
 
     def answer_where(self) -> None:
         """Answer the "Where are they?" button: the verdict and every rank's stacks in the run state
