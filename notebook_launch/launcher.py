@@ -14,7 +14,7 @@ from .plan import LaunchPlan, StartMethod
 from .prepare import entry_options, plan_launch
 from .rank.runner import Job
 from .run import run_plan
-from .supervise.stall import DEFAULT_STALL_AFTER
+from .diagnose.stall import DEFAULT_STALL_AFTER
 
 if TYPE_CHECKING:
     from .cluster import RayCluster
@@ -89,7 +89,7 @@ def notebook_launcher(function: Callable[..., Any], args: tuple | list = (), num
         stall_after: Seconds the whole run may show no sign of progress (no output line,
             ``progress()`` step, CPU time, I/O or stack change on any rank) before its ranks are
             marked stalled and the panel says where each one is; nothing is stopped. ``None``: not
-            watched. Default 300 s (``DEFAULT_STALL_AFTER``; why: ``supervise/stall.py``).
+            watched. Default 300 s (``DEFAULT_STALL_AFTER``; why: ``diagnose/stall.py``).
         lines_per_second: How many output lines a second of each rank the cell shows (a flood of
             prints would otherwise slow the kernel and bury the panel); the rest are in the rank's
             log file. ``"all"``: every line.

@@ -22,7 +22,7 @@ from .errors import LaunchArgumentError
 from .line_prefix import parse_line_prefix
 from .net import DEFAULT_PORT
 from .plan import DeviceKind, StartMethod, available_cpus
-from .supervise.stall import DEFAULT_STALL_AFTER
+from .diagnose.stall import DEFAULT_STALL_AFTER
 
 MIXED_PRECISION_CHOICES = ("no", "fp16", "bf16", "fp8")
 START_METHODS: tuple[StartMethod, ...] = get_args(StartMethod)

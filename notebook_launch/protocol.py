@@ -166,7 +166,7 @@ class Failure:
     attempt: int = 0
     restartable: bool = True
     secondary: bool = False
-    detail: str = ""                # where every rank was (a timeout: supervise.hang_verdict.detail)
+    detail: str = ""                # where every rank was (a timeout: diagnose.hang_verdict.detail)
     memory: str = ""                # what ran out of memory, what held it, what to do (supervise.oom)
 
     @classmethod

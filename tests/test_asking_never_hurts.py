@@ -1,5 +1,5 @@
 """Asking a rank where it is never hurts it (issue 31): every way the notebook collects stacks
-asks the rank's where-thread (``rank.where_thread``, ``supervise.ask_where``), never signals a
+asks the rank's where-thread (``rank.where_thread``, ``diagnose.ask_where``), never signals a
 rank whose interpreter lock is free, and falls back to the signal only for a rank whose lock is
 held by C code, which the verdict then says.
 
@@ -207,27 +207,38 @@ def test_a_rank_holding_the_interpreter_lock_in_c_is_read_by_the_signal_and_the_
 def test_no_way_of_asking_signals_a_rank_whose_lock_is_free(log_dir, tmp_path):
     """Every way the notebook collects stacks, then each one run against ranks asleep in C.
 
-    The ways: ``supervise.stacks.collect`` (a launch's timeout and "Where are they?", a stall's
-    two stack samples and its report, ``Ranks.stacks()``, XLA's replicas through
-    ``backends.xla.replica_whereabouts``, elastic nodes through the same supervisor) and
-    ``native_stacks.child_stacks`` (a rank's forked children) both ask through
-    ``ask_where.ask_all``; Ray ranks answer from a thread over their connections
-    (``rank.ray_where``); py-spy (native frames) reads from outside by ptrace, which runs no
-    handler. The one signal left is ``ask_where``'s fallback, behind ``lock_held``."""
+    The ways, all in ``diagnose`` (issue 31): ``diagnose.ranks.where_ranks`` (a launch's timeout,
+    Stop, Ctrl-C and "Where are they?", a stall's report, elastic's attempts and through them other
+    nodes, ``Ranks.stacks()``) asks each process through ``RankProcess.where`` where it answers for
+    its ranks itself (XLA's launcher: ``diagnose.xla_replicas``; a Ray actor: ``backends.ray_where``,
+    answered from a thread over its connections by ``rank.ray_where``: no signal) and every other
+    rank by pid through ``stacks.collect``, as a stall's two stack samples do
+    (``ranks.stack_fingerprints``); ``stacks.collect`` and ``native_stacks.child_stacks`` (a rank's
+    forked children) both ask the where-thread over its wake pipe through ``ask_where.ask_all``;
+    py-spy (``native_stacks.dump_all``, native frames) reads from outside by ptrace, which runs no
+    handler. The one signal left is ``ask_where``'s fallback, behind ``lock_held``. Ray's way runs
+    in test_a_ray_ranks_answer_signals_nothing."""
+    ways = {"where_ranks", "process.where", "collect", "ask_all", "child_stacks", "dump_all", "asker.ask",
+            "answerer.ask"}
     asking = {path.relative_to(PACKAGE).as_posix(): calls for path in PACKAGE.rglob("*.py")
-              if (calls := _calls(path, {"collect", "ask_all", "child_stacks", "tgkill", "pthread_kill",
-                                         "raise_signal"}))}
-    collectors = {path: sorted(set(calls) & {"collect", "ask_all", "child_stacks"}) for path, calls in asking.items()}
+              if (calls := _calls(path, ways | {"tgkill", "pthread_kill", "raise_signal"}))}
+    collectors = {path: sorted(set(calls) & ways) for path, calls in asking.items()}
     assert {path: names for path, names in collectors.items() if names} == {
-        "supervise/supervisor.py": ["collect"], "persistent/pool.py": ["collect"], "backends/xla.py": ["collect"],
+        "supervise/supervisor.py": ["where_ranks"],
+        "persistent/pool.py": ["where_ranks"],
         "elastic/node_board.py": ["collect"],   # the supervisor's whereabouts, for another node
-        "supervise/stacks.py": ["ask_all"], "supervise/native_stacks.py": ["ask_all", "child_stacks"],
+        "diagnose/ranks.py": ["collect", "process.where"], "diagnose/xla_replicas.py": ["collect"],
+        "diagnose/stacks.py": ["ask_all"], "diagnose/native_stacks.py": ["ask_all", "child_stacks", "dump_all"],
+        "backends/ray_gang.py": ["asker.ask"],   # Ray's: backends.ray_where.WhereAsker, over the connections
+        "rank/ray_serve.py": ["answerer.ask"], "rank/ray_actor.py": ["answerer.ask"],   # the rank's answering thread
     }
     senders = {path: sorted(set(calls) & {"tgkill", "pthread_kill", "raise_signal"}) for path, calls in asking.items()}
     assert {path: names for path, names in senders.items() if names} == {
-        "supervise/ask_where.py": ["tgkill"],   # the fallback, behind lock_held
+        "diagnose/ask_where.py": ["tgkill"],   # the fallback, behind lock_held
         "rank/ray_serve.py": ["pthread_kill"],   # the Stop button's SIGINT to a Ray rank's main thread
     }
+    from notebook_launch.diagnose import native_stacks
+    assert native_stacks.py_spy() is not None   # the dev venv has it (the test extra): its way runs below
 
     # A timeout, a stall (two samples and its report), py-spy and the forked child, all at once.
     marks = str(tmp_path / "marks")
@@ -248,7 +259,7 @@ def test_no_way_of_asking_signals_a_rank_whose_lock_is_free(log_dir, tmp_path):
 def test_the_lock_is_held_only_when_the_where_thread_waits_for_it_and_no_two_threads_run():
     """``ask_where.lock_held`` on /proc samples (thread id -> (ns run, times put on a CPU)); the
     where-thread is 9. It decides whether a silent rank is signalled."""
-    from notebook_launch.supervise.ask_where import lock_held
+    from notebook_launch.diagnose.ask_where import lock_held
     before = {1: (0, 10), 9: (0, 5), 20: (0, 3)}
     ms = 1_000_000
     assert lock_held(before, {1: (150 * ms, 11), 9: (ms // 10, 45), 20: (0, 3)}, 9)       # 1 spins in C
@@ -278,11 +289,54 @@ def test_a_ray_ranks_answer_leaves_the_where_thread_out():
     assert out.stdout.split() == ["1", "True", "set()"], out.stdout + out.stderr
 
 
+def test_a_ray_ranks_answer_signals_nothing():
+    """Ray's way of asking (``rank.ray_where.Answerer``: a thread of the rank answers the request
+    that came over its connection) never signals the rank: its main thread, blocked in C in a
+    ``read(2)`` that a handled signal would end early (EINTR, -1), is asked 50 times while it is
+    seen there, then let go by the asking side, and its read returns the byte, no signal counted.
+    In a fresh process: installing registers a fork hook this test process must not keep."""
+    import subprocess
+    import sys
+    code = ("import ctypes, os, signal, socket, threading, types\n"
+            "from notebook_launch.rank import ray_where, whereabouts\n"
+            "whereabouts.install(types.SimpleNamespace(global_rank=0, env={}))\n"
+            "counted = []\n"
+            f"for signum in {[int(signum) for signum in COUNTED]}:\n"
+            "    signal.signal(signum, lambda n, f: counted.append(n))\n"
+            "r, w = os.pipe()\n"
+            "notebook, rank = socket.socketpair()\n"
+            "answerer = ray_where.Answerer(rank)\n"
+            "def wait_in_c():\n"
+            "    return ctypes.CDLL(None).read(r, ctypes.create_string_buffer(1), 1)\n"
+            "def received(size):\n"
+            "    data = b''\n"
+            "    while len(data) < size:\n"
+            "        data += notebook.recv(size - len(data))\n"
+            "    return data\n"
+            "def ask():\n"
+            "    seen = number = 0\n"
+            "    while seen < 50:\n"
+            "        number += 1\n"
+            "        answerer.ask(number)\n"
+            "        _magic, answered, size = ray_where.REPLY.unpack(received(ray_where.REPLY.size))\n"
+            "        data = ray_where.decode_body(received(size))\n"
+            "        main = [frames for ident, frames in data['threads'] if ident == threading.main_thread().ident]\n"
+            "        seen += answered == number and any(f[2] == 'wait_in_c' for f in main[0])\n"
+            "    os.write(w, b'x')\n"
+            "asker = threading.Thread(target=ask)\n"
+            "asker.start()\n"
+            "got = wait_in_c()\n"
+            "asker.join()\n"
+            "print(got, counted)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["1", "[]"], out.stdout + out.stderr
+
+
 def test_another_nodes_rank_read_by_the_signal_is_named_in_the_verdict_here():
     """Multi-node: a node posts its ranks' whereabouts for the node that diagnoses the hang; how
     each rank was read crosses with them, so the verdict there names a rank read by the signal."""
     from notebook_launch.elastic.node_board import decode_whereabouts, encode_whereabouts
-    from notebook_launch.supervise.hang_verdict import Frame, RankWhereabouts, ThreadStack, verdict
+    from notebook_launch.diagnose.hang_verdict import Frame, RankWhereabouts, ThreadStack, verdict
     sent = [RankWhereabouts(3, threads=[ThreadStack(7, False, [Frame("train.py", 3, "spin")])], main_thread=7,
                             read_by="signal")]
     [got] = decode_whereabouts(encode_whereabouts(sent, lambda f: None), node=1)
@@ -292,8 +346,9 @@ def test_another_nodes_rank_read_by_the_signal_is_named_in_the_verdict_here():
 
 
 def _calls(path: pathlib.Path, names: set[str]) -> list[str]:
-    """The names in ``names`` that ``path`` calls (as ``f(...)`` or ``x.f(...)``); not ``gc.collect()``,
-    which collects garbage, not stacks (rank/batch_size frees a failed attempt's process group)."""
+    """The names in ``names`` that ``path`` calls (as ``f(...)`` or ``x.f(...)``; a name given as ``x.f``,
+    too common alone, as ``x.f(...)`` only); not ``gc.collect()``, which collects garbage, not stacks (rank/batch_size
+    frees a failed attempt's process group)."""
     found = []
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.Call):
@@ -303,4 +358,7 @@ def _calls(path: pathlib.Path, names: set[str]) -> list[str]:
             name = func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else ""
             if name in names:
                 found.append(name)
+            if isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) and \
+                    f"{func.value.id}.{name}" in names:   # a name too common alone: with what it is called on
+                found.append(f"{func.value.id}.{name}")
     return found

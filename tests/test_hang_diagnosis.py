@@ -2,7 +2,7 @@
 ways distributed runs do, ended by ``timeout=``; the LaunchError's first line is the verdict
 (who waits in which collective, who never came and where it is), the per-rank stacks follow.
 
-The verdict itself (``supervise.hang_verdict``) is tested without processes at the end.
+The verdict itself (``diagnose.hang_verdict``) is tested without processes at the end.
 
 The timeouts are generous: the verdict is about where the ranks are once they hang, so a rank
 must have reached its hanging line before the timeout fires (gloo's start on a loaded machine).
@@ -20,7 +20,7 @@ from notebook_launch import LaunchError, notebook_launcher
 from notebook_launch.net import free_port
 from notebook_launch.plan import StartMethod
 from notebook_launch.rank import whereabouts
-from notebook_launch.supervise.hang_verdict import (Collective, Frame, RankWhereabouts, ThreadStack, detail,
+from notebook_launch.diagnose.hang_verdict import (Collective, Frame, RankWhereabouts, ThreadStack, detail,
                                                     verdict)
 
 torch = pytest.importorskip("torch")
@@ -329,7 +329,7 @@ def test_in_a_kernel_the_verdict_names_cells(hung_in_a_kernel, index):
 # --- stall detection --------------------------------------------------------------------------
 
 def test_stall_watch_counts_cpu_time_as_a_sign_of_progress():
-    from notebook_launch.supervise.stall import StallWatch
+    from notebook_launch.diagnose.stall import StallWatch
     cpu = {1: 0.0, 2: 0.0}
     watch = StallWatch(10, now=0.0, cpu=lambda pid: cpu[pid], waited=lambda pid: 0.0)
     assert watch.check(0, 1, 1.0) is None and watch.check(1, 2, 1.0) is None
@@ -348,7 +348,7 @@ def test_a_run_is_stalled_only_when_no_rank_works_and_no_stack_moves():
     when none moves, two stack samples STACK_GAP apart confirm it, and a stack that changed in
     between starts the watch over. CPU time and stacks are given here (the real ones are read in
     the process tests above and below, and in test_stall_signs.py)."""
-    from notebook_launch.supervise.stall import STACK_GAP, StallWatch
+    from notebook_launch.diagnose.stall import STACK_GAP, StallWatch
     cpu, stacks = {1: 0.0, 2: 0.0}, {0: "a", 1: "b"}
     sampled = []
 
@@ -488,7 +488,7 @@ def test_stall_after_has_one_default_everywhere():
     from notebook_launch import start_ranks
     from notebook_launch.magic import parse_launch_line
     from notebook_launch.persistent.pool import Ranks
-    from notebook_launch.supervise.stall import DEFAULT_STALL_AFTER
+    from notebook_launch.diagnose.stall import DEFAULT_STALL_AFTER
     assert DEFAULT_STALL_AFTER == 300.0
     for function in (notebook_launcher, start_ranks):
         assert inspect.signature(inspect.unwrap(function)).parameters["stall_after"].default == DEFAULT_STALL_AFTER

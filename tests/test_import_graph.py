@@ -203,8 +203,22 @@ def test_channels_and_protocol_depend_on_nothing_of_ours():
 def test_the_rank_side_imports_no_launcher_supervisor_or_api():
     """What runs inside a rank never imports the notebook side's launchers, supervisor, run
     scaffold or API (the known back edges aside, while they last)."""
-    notebook_side = {"backends", "supervise", "run", "run_ray", "launcher", "elastic", "display"}
+    notebook_side = {"backends", "supervise", "diagnose", "run", "run_ray", "launcher", "elastic", "display"}
     edges = package_edges(import_graph())
     wrong = {edge: modules for edge, modules in edges.items()
              if edge[0] == "rank" and edge[1] in notebook_side and edge not in KNOWN_BACK_EDGES}
     assert not wrong, wrong
+
+
+def test_hang_diagnosis_sits_below_every_path_that_asks_it():
+    """``diagnose`` (issue 31) is asked by launches (the supervisor), persistent calls, XLA's
+    launcher, Ray's ranks and elastic nodes; it imports none of them, nor the run state or a
+    display: what it finds goes back to its caller, which draws and logs it."""
+    callers = {"supervise", "persistent", "backends", "elastic", "display", "state", "session", "run",
+               "run_ray", "launcher", "magic", "cli"}
+    edges = package_edges(import_graph())
+    wrong = {edge: modules for edge, modules in edges.items() if edge[0] == "diagnose" and edge[1] in callers}
+    assert not wrong, wrong
+    graph = import_graph()
+    assert "notebook_launch.diagnose.ranks" in graph["notebook_launch.supervise.supervisor"]
+    assert "notebook_launch.diagnose.ranks" in graph["notebook_launch.persistent.pool"]

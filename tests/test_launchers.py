@@ -44,7 +44,7 @@ START_PATHS = {
 NOT_RANKS = {
     "notebook_launch.supervise.orphan_keeper": "the per-notebook keeper that ends what ranks leave behind",
     "notebook_launch.supervise.leftovers": "starts the keeper",
-    "notebook_launch.supervise.native_stacks": "py-spy, reading a hung rank's native stack",
+    "notebook_launch.diagnose.native_stacks": "py-spy, reading a hung rank's native stack",
     "notebook_launch.detect.platform": "nvidia-smi, for the GPUs' names",
     "notebook_launch.cuda_tracking": "a throwaway fork that probes whether a fork is poisoned",
     "notebook_launch.rank.xla_replicas": "xmp.spawn, inside the xla launcher's own child (backends.xla)",

@@ -1,4 +1,4 @@
-"""py-spy's native frames in a hang's detail (issue 20, ``supervise.native_stacks``): a rank
+"""py-spy's native frames in a hang's detail (issue 20, ``diagnose.native_stacks``): a rank
 blocked in C (a gloo wait, a sleep) shows the C/C++ frames under its Python line when py-spy is
 installed; without py-spy nothing changes. Real processes and a real py-spy (the ``test`` extra)."""
 from __future__ import annotations
@@ -11,7 +11,7 @@ import pytest
 
 from notebook_launch import LaunchError, notebook_launcher
 from notebook_launch.net import free_port
-from notebook_launch.supervise import native_stacks
+from notebook_launch.diagnose import native_stacks
 
 needs_py_spy = pytest.mark.skipif(native_stacks.py_spy() is None, reason="py-spy is not installed (pip install py-spy)")
 SLEEPER = "import time; print('ready', flush=True); time.sleep(600)"

@@ -107,7 +107,7 @@ class RayRank(RankProcess):
         if signum == signal.SIGKILL or not self.pipes.send_signal(signum):
             self.kill()
 
-    def ask_where(self, global_rank: Callable[[int], int]) -> dict[int, Any]:
+    def where(self, global_rank: Callable[[int], int]) -> dict[int, Any]:
         """Where this rank is, asked over its connections (``backends.ray_where``: with every rank
         of its gang at once); {} when it was not asked (no ``Waiter`` made it one of a gang)."""
         asker = self.where_asker

@@ -1,13 +1,13 @@
 """Where Ray ranks are (issue 20), the notebook's side; the rank's is ``rank.ray_where``.
 
-The supervisor asks each process that has an ``ask_where`` for its ranks (``RayRank.ask_where``).
+The supervisor asks each rank process for its ranks (``RankProcess.where``; here ``RayRank.where``).
 The ranks of one gang share one ``WhereAsker``: the first rank asked sends a request to every
 live rank of the gang at once and waits, ``WHERE_WAIT`` seconds at most for all of them, for
 their answers; the others then take theirs from that round. So a hang is diagnosed in one
 wait, however many ranks (or a lost node's) do not answer.
 
 An answer becomes a ``RankWhereabouts`` as a local rank's record and dump would: the collective
-parsed as ``supervise.stacks`` parses a record, frames under their own file names (a cell's
+parsed as ``diagnose.stacks`` parses a record, frames under their own file names (a cell's
 function keeps its cell's file name through cloudpickle, so this kernel names it ``Cell In[N]``),
 and the source lines the rank sent put in ``linecache`` for the files this machine cannot read.
 """
@@ -23,8 +23,8 @@ from typing import Any, Callable, Protocol, Sequence
 from ..channels.sockets import SocketPipes
 from ..rank.ray_where import REPLY, REPLY_MAGIC, decode_body, request_frame
 from ..rank.whereabouts import SWITCHED_OFF_NOTE
-from ..supervise.hang_verdict import Frame, RankWhereabouts, ThreadStack
-from ..supervise.stacks import parse_collective
+from ..diagnose.hang_verdict import Frame, RankWhereabouts, ThreadStack
+from ..diagnose.stacks import parse_collective
 
 log = logging.getLogger("notebook_launch")
 WHERE_WAIT = 5.0   # seconds one round waits for every rank's answer

@@ -8,6 +8,10 @@ import os
 import signal
 import struct
 import time
+from typing import TYPE_CHECKING, Callable
+
+if TYPE_CHECKING:   # for the annotation only: channels imports nothing of ours
+    from ..diagnose.hang_verdict import RankWhereabouts
 
 log = logging.getLogger("notebook_launch")
 # How a process ended: ("exit", code) or ("signal", signum); STUCK when it would not end.
@@ -46,6 +50,15 @@ class RankProcess(abc.ABC):
     def reaped(self) -> bool:
         """Whether poll() has already seen the end (the pid may belong to someone else now)."""
         return False
+
+    def where(self, global_rank: Callable[[int], int]) -> dict[int, "RankWhereabouts"] | None:
+        """Where this process's ranks are, by local rank, when the process answers for them itself:
+        one that carries several ranks (XLA's launcher: each replica's own record and thread) or
+        one of another machine (a Ray actor, over its connections); a rank it has no answer for is
+        left out. ``global_rank`` maps a local rank to its global one. None, the default: a rank of
+        its own process on this machine, which ``diagnose.ranks`` asks by its pid, with every other
+        such rank at once."""
+        return None
 
     def wait(self) -> WaitStatus:
         """Block until the process ended (its sentinel may fire before waitpid sees it), at

@@ -18,7 +18,7 @@ from .. import restarts
 from ..errors import LaunchError
 from ..protocol import Failure
 from ..supervise import outcome
-from ..supervise.hang_verdict import RankWhereabouts
+from ..diagnose.hang_verdict import RankWhereabouts
 from ..supervise.supervisor import Step, Supervisor
 from .node_board import BoardUnreachable, NodeBoard
 

@@ -31,7 +31,7 @@ import time
 from typing import Any, Callable, Sequence
 
 from ..protocol import Failure
-from ..supervise.hang_verdict import Collective, Frame, Labeller, RankWhereabouts, ThreadStack
+from ..diagnose.hang_verdict import Collective, Frame, Labeller, RankWhereabouts, ThreadStack
 
 PREFIX = "notebook_launch"
 WHERE_WAIT = 5.0   # seconds the node that diagnoses a hang waits for the other nodes' whereabouts

@@ -53,7 +53,9 @@ from ..plan import LaunchPlan
 from ..rank.runner import Job
 from ..session import Session, launch_line, open_logs, plan_state
 from ..state import RUNNING, RunState
-from ..supervise import hang_verdict, leftovers, outcome, stacks as rank_stacks
+from ..diagnose import hang_verdict, stacks as rank_stacks
+from ..diagnose.ranks import where_ranks
+from ..supervise import leftovers, outcome
 from ..rank import commands, namespace
 from .call import CallSupervisor
 from .idle import CellWatch, IdleReader
@@ -267,33 +269,18 @@ class Ranks:
                                       f"starts them")
         calling = self._lock.locked()
         state = supervisor.state if supervisor is not None else None
-        asked: list[tuple[int, int | None]] = []
+        asked: list[tuple[int, RankProcess | None]] = []
         notes: dict[int, str] = {}
-        remote: list[tuple[int, RankProcess]] = []   # (index, process) of ranks on other machines (Ray)
-        for index, (spec, process) in enumerate(zip(plan.ranks, processes)):
+        for spec, process in zip(plan.ranks, processes):
             rs = state.ranks[spec.local_rank] if state is not None else None
             if _exited(process):
-                asked.append((spec.global_rank, None))
                 notes[spec.global_rank] = "ended (the next call restarts the ranks)"
             elif rs is not None and rs.status != RUNNING:
-                asked.append((spec.global_rank, None))
                 notes[spec.global_rank] = f"is done with this call ({rs.exit_description or rs.status})"
-            elif not process.on_this_machine:   # asked over its connections below (backends.ray_where)
-                asked.append((spec.global_rank, None))
-                remote.append((index, process))
-            else:
-                asked.append((spec.global_rank, process.pid))
-        found = rank_stacks.collect(asked)
+            asked.append((spec.local_rank, None if spec.global_rank in notes else process))
         global_rank = {spec.local_rank: spec.global_rank for spec in plan.ranks}.__getitem__
-        for index, process in remote:
-            ask_where = getattr(process, "ask_where", None)
-            answer = ask_where(global_rank).get(plan.ranks[index].local_rank) if ask_where is not None else None
-            if answer is None:
-                notes[plan.ranks[index].global_rank] = "was not asked (its process runs on another machine)"
-            else:
-                found[index] = answer
         label = outcome.cell_labeller()
-        rank_stacks.add_beyond_python(found, asked, label, native=calling)   # an idle rank: in our recvmsg
+        found = where_ranks(asked, global_rank, label, native=calling)   # an idle rank: native frames in our recvmsg
         for where, spec in zip(found, plan.ranks):
             where.note = notes.get(where.rank, where.note)
             if state is not None:

@@ -11,7 +11,7 @@ from ..errors import LaunchArgumentError
 from ..options import DEFAULT_LINES_PER_SECOND, DEFAULT_USE_PORT, validate_interrupt_grace
 from ..preflight import check_not_inside_rank
 from ..prepare import entry_options
-from ..supervise.stall import DEFAULT_STALL_AFTER
+from ..diagnose.stall import DEFAULT_STALL_AFTER
 from .pool import DEFAULT_GRACE, Ranks, _trimmed
 from ..rank.serve import serve_calls
 
@@ -40,7 +40,7 @@ def start_ranks(num_processes: int | None = None, mixed_precision: str = "no",
     with cloudpickle, as they do to forked ranks; the ranks do not start with a copy of the
     notebook's globals, only what calls, cells and ``push`` bring.
     ``stall_after``: seconds a call's ranks may all show no sign of progress before they are
-    marked stalled (nothing is stopped; see ``supervise.stall``), the default of each call;
+    marked stalled (nothing is stopped; see ``diagnose.stall``), the default of each call;
     None: not watched. ``lines_per_second``: each rank's output lines a second a call's cell
     shows ("all": every line), the default of each call. ``ranks.stacks()`` says where every
     rank is, during a call (from another thread) or between calls.

@@ -16,7 +16,7 @@ from .. import shared_tensors
 from ..errors import LaunchError
 from ..protocol import Failure, FailureKind, headline_of
 from ..state import DONE, FAILED, STOPPED, RunState, Status
-from . import hang_verdict
+from ..diagnose import hang_verdict
 from .child_failed import RankFailureFacts, exitcode_of, process_failures
 
 if TYPE_CHECKING:

@@ -18,8 +18,10 @@ from ..errors import LaunchError
 from ..protocol import Failure
 from ..slow_rank import only_waiting
 from ..state import RUNNING, STARTING, RunState
-from . import hang_verdict, interrupts, leftovers, oom, outcome, stacks, teardown
-from .stall import StallWatch
+from ..diagnose import hang_verdict, stacks
+from ..diagnose.ranks import stack_fingerprints, where_ranks
+from . import interrupts, leftovers, oom, outcome, teardown
+from ..diagnose.stall import StallWatch
 from .stdin_relay import StdinRelay, reply_on
 from .watch import RankWatch, Watcher
 
@@ -29,7 +31,6 @@ if TYPE_CHECKING:
     from ..display.display_relay import RankDisplays
     from ..logs import LogWriter
 
-STACK_SAMPLE_WAIT = 0.5  # seconds a stall's stack sample waits for the ranks' dumps
 DRAIN_AFTER_EXIT = 1.0  # how long to wait for a dead rank's pipes to reach EOF (grandchildren may hold them)
 log = logging.getLogger("notebook_launch")
 
@@ -66,7 +67,7 @@ class Supervisor:
         self.sample_resources()
         self.first_failure: Failure | None = None
         self.stalls = None if stall_after is None else StallWatch(stall_after, time.monotonic(),
-                                                                  stack=self.stack_fingerprints)
+                                                                  stack=stack_fingerprints)
         self.last_found: list[hang_verdict.RankWhereabouts] = []   # the last answer of whereabouts()
         self.where_problem = "they were not asked"   # why the last where_they_are had no verdict
         self._stopped = False
@@ -202,13 +203,6 @@ class Supervisor:
         return (asking is not None and asking[0] == local_rank) or any(
             item[0] == local_rank for item in self.prompts.waiting)
 
-    def stack_fingerprints(self, pids: dict[int, int]) -> dict[int, Any]:
-        """Local rank -> its main thread's frames and collective number now (what a stall
-        sample compares), or None where the rank could not say."""
-        found = stacks.collect(list(pids.items()), wait=STACK_SAMPLE_WAIT)
-        return {local: (tuple(where.main_frames()), where.inside or where.last) if where.threads else None
-                for local, where in zip(pids, found)}
-
     def answer_where(self) -> None:
         """Answer the "Where are they?" button: the verdict and every rank's stacks in the run state
         (the panel draws them) and the logs; the run goes on."""
@@ -277,46 +271,17 @@ class Supervisor:
         return verdict, detail
 
     def whereabouts(self, native: bool = True) -> list[hang_verdict.RankWhereabouts]:
-        """Every rank of this run, asked where it is (the ended ones say how they ended), with what
-        its Python stack cannot show (``stacks.add_beyond_python``)."""
-        # A process carrying several ranks (XLA: one thread per device) has one record for all (it answers
-        # for each through its ask_where, when it has one), and a process of another machine (a Ray actor)
-        # is read through /proc of its own node: neither is asked by pid
-        # (another process here may even carry that pid).
-        # A rank done with the run (a persistent rank that returned from the call) is not asked either.
-        asked = [(self.global_rank(w.local_rank),
-                  w.process.pid if w.exit is None and len(w.process.ranks()) == 1 and w.process.on_this_machine
-                  and self.state.ranks[w.local_rank].status in (STARTING, RUNNING) else None) for w in self.watches]
-        found = stacks.collect(asked)
-        answered: set[int] = set()
-        for process in teardown.distinct(w.process for w in self.watches if w.exit is None):
-            ask_where = getattr(process, "ask_where", None)   # a process carrying several ranks (XLA) asks
-            if ask_where is None:   # them; one of another machine (Ray) is asked over its connections
-                continue
-            try:   # each part of the answer on its own: one that fails must not take the others with it
-                answers = ask_where(self.global_rank)
-            except Exception as exc:
-                log.debug("a process could not be asked where its ranks are", exc_info=True)
-                answers = {r: hang_verdict.RankWhereabouts(self.global_rank(r), note=f"could not be asked ({exc})")
-                           for r in process.ranks()}
-            for index, watch in enumerate(self.watches):
-                if watch.local_rank in answers:
-                    found[index] = answers[watch.local_rank]
-                    answered.add(watch.local_rank)
-        try:
-            stacks.add_beyond_python(found, asked, outcome.cell_labeller(), native=native)
-        except Exception:   # native frames and stuck children are extras: the Python stacks stand alone
-            log.debug("could not add what the Python stacks cannot show", exc_info=True)
+        """Every rank of this run, asked where it is (``diagnose.ranks``); the ended ones say how they
+        ended, and a rank done with the run (a persistent rank that returned from the call) is not asked."""
+        asked = [(w.local_rank, w.process if w.exit is None and self.state.ranks[w.local_rank].status
+                  in (STARTING, RUNNING) else None) for w in self.watches]
+        found = where_ranks(asked, self.global_rank, outcome.cell_labeller(), native=native)
         for watch, where in zip(self.watches, found):
             rs = self.state.ranks[watch.local_rank]
             if watch.exit is not None:
                 where.note = f"ended ({rs.exit_description or rs.status})"
             elif rs.status not in (STARTING, RUNNING):
                 where.note = self.done_note(rs.exit_description or str(rs.status))
-            elif len(watch.process.ranks()) > 1 and not (where.threads or where.note):
-                where.note = "was not asked (it shares its process with other ranks)"
-            elif not watch.process.on_this_machine and watch.local_rank not in answered:
-                where.note = "was not asked (its process runs on another machine)"
             where.stalled_for = self.state.stalled_for(watch.local_rank)
         return found
 

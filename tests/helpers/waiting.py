@@ -10,7 +10,7 @@ import time
 from typing import Callable
 
 from notebook_launch.rank.whereabouts import RECORD_NAME
-from notebook_launch.supervise.stacks import rank_files, read_record
+from notebook_launch.diagnose.stacks import rank_files, read_record
 
 GENEROUS = 60.0   # seconds: far beyond any wait these conditions need, short of the tests' timeouts
 POLL = 0.01

@@ -126,7 +126,7 @@ def test_whereabouts_cross_nodes_with_cell_labels_and_source_lines():
     import linecache
 
     from notebook_launch.elastic.node_board import decode_whereabouts, encode_whereabouts
-    from notebook_launch.supervise.hang_verdict import (Collective, Frame, RankWhereabouts, ThreadStack, detail,
+    from notebook_launch.diagnose.hang_verdict import (Collective, Frame, RankWhereabouts, ThreadStack, detail,
                                                         verdict)
     cell = "/tmp/ipykernel_4242/1234567.py"   # a cell file of the sending node's kernel
     linecache.cache[cell] = (40, None, ["import time\n", "def evaluate():\n", "    time.sleep(600)\n"], cell)

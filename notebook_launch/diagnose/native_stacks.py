@@ -32,6 +32,7 @@ from ..rank.where_thread import ANSWERS_NAME
 from ..rank.whereabouts import DUMP_SIGNAL, STACKS_NAME
 from . import ask_where, hang_verdict
 from .memfds import rank_files
+from .proc_tasks import children
 
 NATIVE_WAIT = 8.0         # seconds for every rank's py-spy together
 FRAME_WIDTH = 120         # a C++ frame's name is cut to this many characters (templates run to pages)
@@ -169,22 +170,6 @@ def native_frames(pids: Mapping[int, int], wait: float = NATIVE_WAIT) -> dict[in
 CHILD_WAIT = 1.0          # seconds for the children's answers
 CHILDREN_SHOWN = 4        # a rank with many workers: the first few are enough to see the pattern
 DATALOADER_WORKER = ("torch/utils/data/_utils/worker.py", "_worker_loop")
-
-
-def children(pid: int) -> list[int]:
-    """The processes ``pid`` started that still run (its threads' children, from /proc)."""
-    found: list[int] = []
-    try:
-        tasks = os.listdir(f"/proc/{pid}/task")
-    except OSError:
-        return found
-    for tid in tasks:
-        try:
-            with open(f"/proc/{pid}/task/{tid}/children") as f:
-                found.extend(int(child) for child in f.read().split())
-        except (OSError, ValueError):
-            continue
-    return sorted(set(found))
 
 
 def child_stacks(pid: int, wait: float = CHILD_WAIT) -> list[tuple[int, list[hang_verdict.ThreadStack]]]:

@@ -1,5 +1,5 @@
 """Compare where the ranks of a hung run are and say, in one line, who the odd ones out are
-(issue 20); then the detail, rank by rank. Pure: it takes the records ``supervise.stacks``
+(issue 20); then the detail, rank by rank. Pure: it takes the records ``diagnose.stacks``
 collected and a function that names a file (a cell: ``Cell In[5]``), so it is tested without a
 process.
 
@@ -59,7 +59,7 @@ class RankWhereabouts:
     main_thread: int = 0
     note: str = ""
     raw_stacks: str = ""
-    stalled_for: float | None = None   # seconds without a sign of progress (supervise.stall), if watched
+    stalled_for: float | None = None   # seconds without a sign of progress (diagnose.stall), if watched
     beyond: list[str] = field(default_factory=list)   # what its Python stack cannot show (native_stacks)
     read_by: str = ""   # how its stacks were read: "thread" (its where-thread), "signal" (lock held), "" (not)
 

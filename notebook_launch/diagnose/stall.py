@@ -34,6 +34,8 @@ from __future__ import annotations
 import os
 from typing import Callable, Hashable, Sequence
 
+from .proc_tasks import children
+
 DEFAULT_STALL_AFTER = 300.0
 """notebook_launcher's, start_ranks' and the magics' default, in seconds. Why 300:
 
@@ -81,27 +83,10 @@ def _stat_cpu(pid: int) -> float | None:
         return None
 
 
-def _children(pid: int) -> list[int]:
-    """The processes any thread of ``pid`` started and that still run (a DataLoader worker, a
-    subprocess a worker thread started): each thread's ``children`` list names its own only."""
-    try:
-        threads = os.listdir(f"/proc/{pid}/task")
-    except OSError:
-        return []
-    found: list[int] = []
-    for tid in threads:
-        try:
-            with open(f"/proc/{pid}/task/{tid}/children", "rb") as f:
-                found.extend(int(word) for word in f.read().split())
-        except (OSError, ValueError):
-            continue
-    return found
-
-
 def descendants(pid: int, limit: int = MAX_DESCENDANTS) -> list[int]:
     """Every process below ``pid`` (children, grandchildren, ...), at most ``limit`` of them."""
     found: list[int] = []
-    pending = _children(pid)
+    pending = children(pid)
     seen = {pid}
     while pending and len(found) < limit:
         child = pending.pop(0)
@@ -109,7 +94,7 @@ def descendants(pid: int, limit: int = MAX_DESCENDANTS) -> list[int]:
             continue
         seen.add(child)
         found.append(child)
-        pending.extend(_children(child))
+        pending.extend(children(child))
     return found
 
 

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from ..rank.where_thread import ANSWER_HEAD, ANSWER_LINE, ANSWER_TEXT, REQUEST
 from .faulthandler_dump import parse_dump
 from .hang_verdict import ThreadStack
+from .proc_tasks import task_times
 
 log = logging.getLogger("notebook_launch")
 BY_THREAD = "thread"
@@ -152,23 +153,6 @@ def _wait_for_answers(pending: list[Asked], deadline: float) -> None:
         pause = min(pause * 2, 0.02)
 
 
-def _task_times(pid: int) -> dict[int, tuple[int, int]]:
-    """Thread id -> (ns it ran, times it was put on a CPU), from /proc's schedstat."""
-    found: dict[int, tuple[int, int]] = {}
-    try:
-        tasks = os.listdir(f"/proc/{pid}/task")
-    except OSError:
-        return found
-    for tid in tasks:
-        try:
-            with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
-                ran, _waited, slices = f.read().split()[:3]
-            found[int(tid)] = (int(ran), int(slices))
-        except (OSError, ValueError):
-            continue
-    return found
-
-
 def lock_held(before: dict[int, tuple[int, int]], after: dict[int, tuple[int, int]], thread: int) -> bool:
     """Whether a process's interpreter lock is held (by C code that keeps it): over the window
     between the two samples, its where-thread, woken by the request, kept waking (a thread
@@ -187,9 +171,9 @@ def lock_held(before: dict[int, tuple[int, int]], after: dict[int, tuple[int, in
 def _held(pending: list[Asked]) -> dict[int, bool]:
     """Pid -> whether its interpreter lock is held (``lock_held``), watched over HELD_WINDOW
     (answers that come meanwhile are taken)."""
-    before = {asked.pid: _task_times(asked.pid) for asked in pending}
+    before = {asked.pid: task_times(asked.pid) for asked in pending}
     _wait_for_answers(pending, time.monotonic() + HELD_WINDOW)
-    return {asked.pid: not asked.text and lock_held(before[asked.pid], _task_times(asked.pid), asked.thread)
+    return {asked.pid: not asked.text and lock_held(before[asked.pid], task_times(asked.pid), asked.thread)
             for asked in pending}
 
 
