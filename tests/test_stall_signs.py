@@ -212,7 +212,7 @@ def test_a_computing_rank_starved_of_cpu_by_a_loaded_machine_works_and_a_waiting
     the same core wait for it only briefly after each wake-up and stay quiet. The watch reads
     the real CPU time and run delay of real processes (without the run delay the computing one
     was called quiet; a test under CI's load saw a computing rank called stalled)."""
-    from notebook_launch.supervise.stall import SAMPLE_EVERY, StallWatch
+    from notebook_launch.diagnose.stall import SAMPLE_EVERY, StallWatch
     core = min(os.sched_getaffinity(0))
     started = []
 

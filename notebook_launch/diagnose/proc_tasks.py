@@ -1,7 +1,8 @@
 """A process's threads as /proc shows them, the one walk every part of the diagnosis reads:
 ``children`` (what any thread of it started and still runs: stall detection counts their CPU
-time, the stack asking asks them, XLA finds its replicas under its launcher) and ``task_times``
-(each thread's CPU time and wake-ups: whether a silent rank's interpreter lock is held).
+time, the stack asking asks them, XLA finds its replicas under its launcher), ``task_times``
+(each thread's CPU time and wake-ups: whether a silent rank's interpreter lock is held) and
+``run_delay`` (how long its threads waited for a CPU: a computing rank on a loaded machine).
 
 Why each thread: ``/proc/<pid>/task/<tid>/children`` lists the children of that thread only (a
 subprocess a worker thread started is not under the main thread's), and schedstat is per thread.
@@ -46,3 +47,10 @@ def _schedstat(text: bytes) -> tuple[int, int]:
 def task_times(pid: int) -> dict[int, tuple[int, int]]:
     """Thread id -> (ns it ran, times it was put on a CPU), from each thread's schedstat."""
     return each_task(pid, "schedstat", _schedstat)
+
+
+def run_delay(pid: int) -> float:
+    """Seconds the threads of ``pid`` spent ready to run but waiting for a CPU (schedstat's second
+    field; the process's own file counts its first thread only); 0 when unreadable."""
+    waited = each_task(pid, "schedstat", lambda text: int(text.split()[1]))
+    return sum(waited.values()) / 1e9

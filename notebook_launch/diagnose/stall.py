@@ -34,7 +34,7 @@ from __future__ import annotations
 import os
 from typing import Callable, Hashable, Sequence
 
-from .proc_tasks import children
+from .proc_tasks import children, run_delay
 
 DEFAULT_STALL_AFTER = 300.0
 """notebook_launcher's, start_ranks' and the magics' default, in seconds. Why 300:
@@ -98,28 +98,10 @@ def descendants(pid: int, limit: int = MAX_DESCENDANTS) -> list[int]:
     return found
 
 
-def _task_run_delay(pid: int) -> float:
-    """Seconds the threads of ``pid`` spent runnable but waiting for a CPU (``schedstat``'s
-    second field, per thread: the process's own file counts its first thread only); 0 when
-    unreadable (a kernel without schedstat: CPU time alone then decides)."""
-    try:
-        threads = os.listdir(f"/proc/{pid}/task")
-    except OSError:
-        return 0.0
-    waited = 0
-    for tid in threads:
-        try:
-            with open(f"/proc/{pid}/task/{tid}/schedstat", "rb") as f:
-                waited += int(f.read().split()[1])
-        except (OSError, ValueError, IndexError):
-            continue
-    return waited / 1e9
-
-
 def run_delay_seconds(pid: int) -> float:
     """Time ``pid`` and every process below it spent waiting for a CPU while ready to run: on a
     loaded machine what a computing rank wants but does not get (see ``StallWatch.quiet_since``)."""
-    return _task_run_delay(pid) + sum(_task_run_delay(child) for child in descendants(pid))
+    return run_delay(pid) + sum(run_delay(child) for child in descendants(pid))
 
 
 def cpu_seconds(pid: int) -> float | None:
