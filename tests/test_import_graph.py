@@ -203,7 +203,7 @@ def test_channels_and_protocol_depend_on_nothing_of_ours():
 def test_the_rank_side_imports_no_launcher_supervisor_or_api():
     """What runs inside a rank never imports the notebook side's launchers, supervisor, run
     scaffold or API (the known back edges aside, while they last)."""
-    notebook_side = {"backends", "supervise", "run", "run_ray", "launcher", "elastic", "display"}
+    notebook_side = {"backends", "supervise", "run", "ray", "launcher", "elastic", "display"}
     edges = package_edges(import_graph())
     wrong = {edge: modules for edge, modules in edges.items()
              if edge[0] == "rank" and edge[1] in notebook_side and edge not in KNOWN_BACK_EDGES}

@@ -37,9 +37,6 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 from .. import protocol
-from ..backends import ray_connect
-from ..backends.ray_gang import Placement
-from ..backends.ray_launch import RayLauncher, notebook_address, notebook_plan
 from ..display import choose_display
 from ..errors import LaunchError
 from ..line_prefix import parse_line_prefix
@@ -48,6 +45,9 @@ from ..notebook_streams import OUT
 from ..options import LaunchOptions, check_display_ranks_exist, validate_cluster_launch, validate_cluster_type
 from ..prepare import entry_options
 from ..protocol import FailureKind
+from ..ray import connect as ray_connect
+from ..ray.gang import Placement
+from ..ray.launch import RayLauncher, notebook_address, notebook_plan
 from ..rank.ray_serve import Kind, encode_message, serve_ray_calls
 from ..rank.runner import Job
 from ..session import launch_line, open_logs, plan_state
@@ -59,7 +59,7 @@ from .pool import STOP_GRACE, Ranks, _exited
 
 if TYPE_CHECKING:
     from ..channels import RankProcess
-    from ..cluster import RayCluster
+    from ..ray.cluster import RayCluster
 
 log = logging.getLogger("notebook_launch")
 LINE_PREFIX = "[node {node_rank} rank {rank}]"
@@ -71,7 +71,7 @@ def start_ray_ranks(cluster: "RayCluster", parameters: Mapping[str, Any], grace:
     ``parameters``: ``start_ranks``' own, checked as its are (``grace``: its ``interrupt_grace``,
     checked there); ``use_port`` and ``master_addr`` are not used (rank 0's node picks the port
     and address), and a ``start_method`` is refused (Ray starts the actors)."""
-    from ..cluster import RayCluster
+    from ..ray.cluster import RayCluster
     validate_cluster_type(cluster, RayCluster)
     options = entry_options(parameters, function=serve_ray_calls, called_as_given=False,
                             log_line_prefix_template=parameters.get("log_line_prefix_template") or LINE_PREFIX)

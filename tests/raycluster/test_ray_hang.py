@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from notebook_launch.backends.ray_where import WhereAsker, decode_answer
+from notebook_launch.ray.where import WhereAsker, decode_answer
 from notebook_launch.channels.sockets import SIGNAL_FRAME, SocketPipes
 from notebook_launch.rank import ray_where, whereabouts
 

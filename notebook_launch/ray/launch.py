@@ -29,13 +29,13 @@ from ..plan import LaunchPlan, RankSpec, dist_backend_for
 from ..protocol import Failure, FailureKind
 from ..rank.spawn_context import capture_context, pickle_job
 from ..supervise import outcome
-from . import ray_connect
-from .base import Launcher
-from .ray_gang import (Gang, PersistentGang, PersistentRayRank, Placement, RayRank, Waiter, death_reason,
+from ..backends.base import Launcher
+from . import connect as ray_connect
+from .gang import (Gang, PersistentGang, PersistentRayRank, Placement, RayRank, Waiter, death_reason,
                        visible_devices_by_node)
 
 if TYPE_CHECKING:
-    from ..cluster import RayCluster
+    from .cluster import RayCluster
     from ..display.base import Display
     from ..errors import LaunchError
     from ..rank.runner import Job

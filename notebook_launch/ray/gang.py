@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 from ..channels import RankProcess, WaitStatus
 
 if TYPE_CHECKING:
-    from ..cluster import RayCluster
+    from .cluster import RayCluster
     from ..channels.sockets import SocketPipes
 
 log = logging.getLogger("notebook_launch")
@@ -147,7 +147,7 @@ class Waiter(threading.Thread):
         self.ray = ray
         self.pending = {future: rank for future, rank in zip(futures, ranks)}
         self._halt = threading.Event()
-        from .ray_where import WhereAsker
+        from .where import WhereAsker
         asker = WhereAsker(ranks)   # the gang's ranks are asked where they are together
         for rank in ranks:
             rank.where_asker = asker

@@ -11,19 +11,19 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING, Any
 
-from . import cuda_tracking, restarts
-from .backends import ray_connect
-from .backends.ray_launch import RayLauncher, failure_of, notebook_address, notebook_plan
-from .errors import GuardError, LaunchError
-from .logs import make_run_id
-from .notebook_streams import OUT
-from .rank.runner import Job
-from .run import RunContext, run_with_scaffold, supervise_ranks
-from .supervise import outcome
+from .. import cuda_tracking, restarts
+from ..errors import GuardError, LaunchError
+from ..logs import make_run_id
+from ..notebook_streams import OUT
+from ..rank.runner import Job
+from ..run import RunContext, run_with_scaffold, supervise_ranks
+from ..supervise import outcome
+from . import connect as ray_connect
+from .launch import RayLauncher, failure_of, notebook_address, notebook_plan
 
 if TYPE_CHECKING:
+    from ..options import LaunchOptions
     from .cluster import RayCluster
-    from .options import LaunchOptions
 
 RAY_LINE_PREFIX = "[node {node_rank} rank {rank}]"   # ranks are on several machines: say which
 

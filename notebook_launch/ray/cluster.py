@@ -12,10 +12,10 @@ import numbers
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Mapping
 
-from .errors import LaunchArgumentError
+from ..errors import LaunchArgumentError
 
 if TYPE_CHECKING:
-    from .plan import DeviceKind
+    from ..plan import DeviceKind
 
 DEFAULT_RESOURCES = {"CPU": 1.0}
 RAY_PLACEMENTS = ("PACK", "SPREAD", "STRICT_SPREAD")   # Ray's placement group strategies we accept
