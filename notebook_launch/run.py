@@ -6,7 +6,7 @@ final status) around the body.
 Every run is given one settings object, the launch's ``LaunchOptions``. ``run_plan`` is
 a single-node launch on it (``supervise_ranks``: the launcher interface's one start,
 supervised); ``elastic.run_elastic`` puts torch elastic's agent inside the same scaffold,
-and ``run_ray`` a Ray launcher with its restarts.
+and ``ray.run`` a Ray launcher with its restarts.
 """
 from __future__ import annotations
 

@@ -6,7 +6,7 @@ timeout rules, and the between-calls reader. What differs is where the ranks liv
 
 - starting: through the launcher interface, as every start path (``backends.base``):
   ``RayLauncher(persistent=True).start`` places the ranks of a Ray launch
-  (``backends.ray_launch``): one placement group, one actor per rank
+  (``ray.launch``): one placement group, one actor per rank
   (``rank.ray_actor.RankActor``), each connecting its streams back to the notebook
   (``channels.sockets``); the actor's job is ``rank.ray_serve.serve_ray_calls``, which serves
   calls until STOP. The panel shows each rank's node;
@@ -15,7 +15,7 @@ timeout rules, and the between-calls reader. What differs is where the ranks liv
   (``rank.ray_serve`` messages): a call's frame with its tensor bytes, and an interrupt
   that names its call (``RaySlot``);
 - ending: ``close()`` sends STOP, then kills the actors and removes the placement group and
-  waits until Ray reports the actors dead (``RayLauncher.end``, ``ray_gang.Gang.end``). The actors belong to the
+  waits until Ray reports the actors dead (``RayLauncher.end``, ``ray.gang.Gang.end``). The actors belong to the
   notebook's Ray driver (not detached) and the group to its job: when the notebook's kernel
   dies, Ray ends both; a rank whose connection to the notebook ends also exits by itself;
 - a lost rank: a rank (or a node) lost during a call fails the call as on a Ray launch; a

@@ -3,7 +3,7 @@
 A plain description, checked when it is made (every check of its own fields is
 here, before anything connects); importing it imports nothing of Ray, so a
 notebook that never passes ``cluster=`` never pays for Ray (or needs it).
-The launch itself is ``run_ray`` (with ``backends.ray_launch.RayLauncher``).
+The launch itself is ``ray.run`` (with ``ray.launch.RayLauncher``).
 """
 from __future__ import annotations
 

@@ -71,7 +71,7 @@ class RayRank(RankProcess):
     /proc speaks for it (``on_this_machine``)."""
 
     on_this_machine = False
-    where_asker: Any = None   # backends.ray_where.WhereAsker of its gang's ranks (set by Waiter)
+    where_asker: Any = None   # ray.where.WhereAsker of its gang's ranks (set by Waiter)
 
     def __init__(self, ray: Any, local_rank: int, actor: Any, pid: int, pipes: "SocketPipes") -> None:
         self.ray = ray

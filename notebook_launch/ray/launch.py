@@ -6,13 +6,13 @@ rank's environment and has it connect its events, stdout, stderr and answers bac
 listener the notebook opens on the interface that reaches the cluster (``channels.sockets``):
 those sockets are the channels it hands back, so the supervisor selects on them as it does
 on a local rank's pipes. ``end`` leaves nothing on the cluster. Each ``start`` is one attempt;
-restarts are ``restarts.run_attempts`` (``run_ray``), under the rule elastic's agent follows.
+restarts are ``restarts.run_attempts`` (``ray.run``), under the rule elastic's agent follows.
 
 Persistent ranks on Ray (``persistent.ray_ranks``) start through the same ``start`` with
 ``persistent=True``: the same placement, actors, environment and connections, but each actor's
 job serves calls until told to stop (``rank.ray_serve``), its events connection carries calls
-instead of signal frames (``ray_gang.PersistentRayRank``), and its placement group is named as
-persistent ranks' (``ray_gang.PersistentGang``).
+instead of signal frames (``gang.PersistentRayRank``), and its placement group is named as
+persistent ranks' (``gang.PersistentGang``).
 """
 from __future__ import annotations
 
@@ -45,7 +45,7 @@ log = logging.getLogger("notebook_launch")
 
 
 class RayLauncher(Launcher):
-    """Starts a plan's ranks (one row per global rank: ``run_ray.notebook_plan``) as Ray actors."""
+    """Starts a plan's ranks (one row per global rank: ``notebook_plan``) as Ray actors."""
 
     name = "ray"
 

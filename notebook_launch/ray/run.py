@@ -1,9 +1,9 @@
 """``notebook_launcher(..., cluster=RayCluster(...))``: a run on a Ray cluster, inside the same
 run scaffold, launcher interface, supervisor, outcome and restart rule as a local launch.
 
-What is Ray-specific lives in ``backends``: connecting (``ray_connect``), the launcher that
-gang-places and starts the ranks (``ray_launch.RayLauncher``, with ``ray_gang``), and the
-rank side (``rank.ray_actor``). Here: connect, check the cluster can hold the ranks, then
+The rest of Ray is beside it in this package: connecting (``connect``), the launcher that
+gang-places and starts the ranks (``launch.RayLauncher``, with ``gang``); the rank side is
+``rank.ray_actor``. Here: connect, check the cluster can hold the ranks, then
 run the attempts (``restarts.run_attempts``), each one ``run.supervise_ranks``.
 """
 from __future__ import annotations
