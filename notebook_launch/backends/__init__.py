@@ -1,7 +1,8 @@
 """The launchers: every way of starting ranks behind one interface (``base.Launcher``:
 ``start(plan, job, channels) -> processes``): ``fork``, ``spawn`` (fresh interpreters), ``xla``
 (torch_xla's xmp.spawn); a cluster engine's launcher lives in its own package, beside this one
-(``ray.launch.RayLauncher``: Ray actors, made by ``ray.run`` with the connected cluster). Elastic's agent starts each attempt through the fork or spawn launcher."""
+(``ray.launch.RayLauncher``: Ray actors, made by ``ray.run`` with the connected cluster).
+Elastic's agent starts each attempt through the fork or spawn launcher."""
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
