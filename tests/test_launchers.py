@@ -42,8 +42,8 @@ START_PATHS = {
 
 # Processes the package starts that are not ranks, and why they are allowed outside a launcher.
 NOT_RANKS = {
-    "notebook_launch.supervise.orphan_keeper": "the per-notebook keeper that ends what ranks leave behind",
-    "notebook_launch.supervise.leftovers": "starts the keeper",
+    "notebook_launch.orphan_keeper": "the per-notebook keeper that ends what ranks leave behind",
+    "notebook_launch.leftovers": "starts the keeper",
     "notebook_launch.supervise.native_stacks": "py-spy, reading a hung rank's native stack",
     "notebook_launch.detect.platform": "nvidia-smi, for the GPUs' names",
     "notebook_launch.cuda_tracking": "a throwaway fork that probes whether a fork is poisoned",

@@ -139,7 +139,7 @@ def test_a_killed_kernel_leaves_nothing_persistent_ranks_started(kernel, tmp_pat
 # (a FIFO the test opens) until the notebook is dead, so it reads its orders only afterwards.
 NOTEBOOK_DIES_FIRST = textwrap.dedent('''
     import os, signal, subprocess, sys
-    from notebook_launch.supervise import leftovers
+    from notebook_launch import leftovers
     leftovers._KEEPER_PROGRAM = {gate_program!r}
     run_id = "keeper-race-" + str(os.getpid())
     sleep = [sys.executable, "-c", "import time; time.sleep(600)"]
@@ -166,7 +166,7 @@ def test_a_notebook_that_dies_before_its_keeper_is_ready_leaves_nothing(tmp_path
     first launch); the orders it wrote meanwhile wait in the keeper's socket, which outlives the
     notebook, and the keeper reads them before it acts on the notebook's death. Without that
     (a launch that waits for its keeper) the notebook here never gets past ``guard``."""
-    from notebook_launch.supervise import leftovers
+    from notebook_launch import leftovers
     gate = str(tmp_path / "gate")
     os.mkfifo(gate)
     gate_program = tmp_path / "gated_keeper.py"

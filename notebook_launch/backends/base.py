@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Callable, Sequence
 
 from ..channels import RankPipes, RankProcess
 from ..notebook_streams import ERR, OUT
-from ..supervise import leftovers
+from .. import leftovers
 
 if TYPE_CHECKING:
     from ..plan import LaunchPlan, RankSpec

@@ -27,7 +27,7 @@ import os
 import sys
 from typing import TYPE_CHECKING, Callable, NoReturn, Sequence
 
-from ..supervise import leftovers
+from .. import leftovers
 from ..supervise.hang_verdict import RankWhereabouts
 from ..channels import RankPipes, RankProcess
 from ..notebook_streams import ERR, OUT

@@ -53,7 +53,8 @@ from ..plan import LaunchPlan
 from ..rank.runner import Job
 from ..session import Session, launch_line, open_logs, plan_state
 from ..state import RUNNING, RunState
-from ..supervise import hang_verdict, leftovers, outcome, stacks as rank_stacks
+from .. import leftovers
+from ..supervise import hang_verdict, outcome, stacks as rank_stacks
 from ..rank import commands, namespace
 from .call import CallSupervisor
 from .idle import CellWatch, IdleReader

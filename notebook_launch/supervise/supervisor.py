@@ -17,7 +17,8 @@ from .. import protocol
 from ..errors import LaunchError
 from ..protocol import Failure
 from ..state import RUNNING, STARTING, RunState
-from . import hang_verdict, interrupts, leftovers, oom, outcome, stacks, teardown
+from .. import leftovers
+from . import hang_verdict, interrupts, oom, outcome, stacks, teardown
 from .stall import StallWatch
 from .stdin_relay import StdinRelay, reply_on
 from .watch import RankWatch, Watcher
