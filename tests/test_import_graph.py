@@ -29,14 +29,15 @@ def _is_type_checking(node: ast.If) -> bool:
         isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
 
 
-def imports_of(path: Path, modules: set[str]) -> set[str]:
+def imports_of(path: Path, modules: set[str], type_checking: bool = False) -> set[str]:
+    """What ``path`` imports of ``modules``; ``type_checking``: its ``TYPE_CHECKING`` imports too."""
     name = module_name(path)
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     found: set[str] = set()
 
     def visit(node: ast.AST) -> None:
         for child in ast.iter_child_nodes(node):
-            if isinstance(child, ast.If) and _is_type_checking(child):
+            if isinstance(child, ast.If) and _is_type_checking(child) and not type_checking:
                 for sub in child.orelse:
                     visit(sub)
                 continue
@@ -58,10 +59,10 @@ def imports_of(path: Path, modules: set[str]) -> set[str]:
     return {m for m in found if m in modules and m != name}
 
 
-def import_graph() -> dict[str, set[str]]:
+def import_graph(type_checking: bool = False) -> dict[str, set[str]]:
     paths = sorted(PACKAGE.rglob("*.py"))
     modules = {module_name(p) for p in paths}
-    graph = {module_name(p): imports_of(p, modules) for p in paths}
+    graph = {module_name(p): imports_of(p, modules, type_checking) for p in paths}
     return graph
 
 
@@ -208,3 +209,69 @@ def test_the_rank_side_imports_no_launcher_supervisor_or_api():
     wrong = {edge: modules for edge, modules in edges.items()
              if edge[0] == "rank" and edge[1] in notebook_side and edge not in KNOWN_BACK_EDGES}
     assert not wrong, wrong
+
+
+# Launch paths import hang diagnosis while it still lives in supervise/; it moves to its own
+# package (issue 31 item 2), and each entry then leaves this list (test_every_pending_..._still_there).
+DIAGNOSIS_STILL_IN_SUPERVISE = {"notebook_launch.supervise.hang_verdict", "notebook_launch.supervise.stacks",
+                                "notebook_launch.supervise.memfds", "notebook_launch.supervise.native_stacks"}
+WHAT_LAUNCHERS_MUST_NOT_IMPORT = ("notebook_launch.supervise", "notebook_launch.display", "notebook_launch.state")
+
+
+def defines_a_launcher(path: Path) -> bool:
+    return any(isinstance(node, ast.ClassDef) and any(
+        (isinstance(base, ast.Name) and base.id == "Launcher")
+        or (isinstance(base, ast.Attribute) and base.attr == "Launcher") for base in node.bases)
+        for node in ast.walk(ast.parse(path.read_text())))
+
+
+def launch_paths(graph: dict[str, set[str]]) -> set[str]:
+    """The modules that start ranks: backends/, every module that defines a ``Launcher`` (a
+    cluster engine's, in its own package: ``ray.launch``), and the modules of its own package
+    it imports, directly or through each other (``ray.gang``, ``ray.connect``, ``ray.where``)."""
+    found = {name for name in graph if (name + ".").startswith("notebook_launch.backends.")}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        name = module_name(path)
+        if name in found or not defines_a_launcher(path):
+            continue
+        engine = name.rpartition(".")[0] + "."
+        todo = [name]
+        while todo:
+            module = todo.pop()
+            if module not in found:
+                found.add(module)
+                todo.extend(t for t in graph[module] if t.startswith(engine))
+    return found
+
+
+def forbidden_launcher_imports(graph: dict[str, set[str]]) -> dict[str, set[str]]:
+    """Launch path -> what it imports of the supervisor, the displays and the run state."""
+    wrong = {}
+    for module in sorted(launch_paths(graph)):
+        bad = {t for t in graph[module] if t.startswith(WHAT_LAUNCHERS_MUST_NOT_IMPORT)
+               and t not in DIAGNOSIS_STILL_IN_SUPERVISE}
+        if bad:
+            wrong[module] = bad
+    return wrong
+
+
+def test_launchers_only_start_processes():
+    """A launcher starts processes and nothing else (issue 31 item 6): it draws nothing, reads no
+    run state and watches no rank. What a start that waits shows (Ray placing the ranks) goes
+    through ``backends.base.StartWatch``, which the supervisor's side implements; a start that
+    fails raises ``StartFailed``, which the caller makes the run's LaunchError. So no launch path
+    imports ``supervise``, ``display`` or ``state``, not even for its annotations."""
+    graph = import_graph(type_checking=True)
+    paths = launch_paths(graph)
+    assert {"notebook_launch.backends.fork", "notebook_launch.backends.base", "notebook_launch.ray.launch",
+            "notebook_launch.ray.gang", "notebook_launch.ray.connect"} <= paths, paths
+    assert "notebook_launch.ray.run" not in paths   # the Ray run is the scaffold's, not a launcher's
+    wrong = forbidden_launcher_imports(graph)
+    assert not wrong, f"launch paths that import the supervisor, a display or the run state: {wrong}"
+
+
+def test_every_pending_diagnosis_import_is_still_there():
+    graph = import_graph(type_checking=True)
+    imported = set().union(*(graph[m] for m in launch_paths(graph)))
+    gone = sorted(DIAGNOSIS_STILL_IN_SUPERVISE - imported)
+    assert not gone, f"no launch path imports these from supervise/ now: remove them from the list: {gone}"

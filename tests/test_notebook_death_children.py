@@ -6,7 +6,7 @@ started used to live on with ppid 1. Each rank here starts what users' code star
 ``subprocess.Popen`` child (in the rank's process group), a DataLoader worker
 (multiprocessing, same group), and a grandchild that ``setsid()``s away from the group (found
 by the run's NOTEBOOK_LAUNCH_RUN_ID in its environment). The notebook's keeper
-(``supervise.orphan_keeper``) must end all of them.
+(``orphan_keeper``) must end all of them.
 
 The one bound here is generous (60 s) against "a few seconds" by design: it only keeps a
 broken build from hanging the suite; nothing is timed.

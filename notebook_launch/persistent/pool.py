@@ -10,7 +10,7 @@ interrupt, or a second interrupt stop every rank, and the next call starts fresh
 (saying so). ``close()``, ``%ranks stop``, the interpreter's exit and the kernel's death
 (PDEATHSIG, as for every forked rank) leave no process behind, and nothing a rank started
 outlives it: a rank's process group ends with the rank, between calls too (``idle``), and
-what left the group is swept when the pool stops or restarts (``supervise.leftovers``).
+what left the group is swept when the pool stops or restarts (``leftovers``).
 
 Between calls, ``idle.IdleReader`` reads the ranks' output (to the logs, and to the notebook
 while a cell runs); during a call the call's supervisor does: one reader at a time.

@@ -37,6 +37,7 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 from .. import protocol
+from ..backends.base import StartFailed
 from ..display import choose_display
 from ..errors import LaunchError
 from ..line_prefix import parse_line_prefix
@@ -151,22 +152,23 @@ class RayRanks(Ranks):
             self.summary = (f"notebook_launch: Ray cluster {ray_connect.gcs_host(ray) or cluster.address}: "
                             f"{ray_connect.describe_cluster(nodes)}; {world_size} ranks x "
                             f"{dict(cluster.resources_per_rank)}, placement {cluster.placement}")
-        state = plan_state(plan, run_id, self.backend_name, self.logs.path)   # the start's errors name nodes
+        state = plan_state(plan, run_id, self.backend_name, self.logs.path)   # a failed start's LaunchError
         # one launcher per start: fresh ranks after a loss are a new start, not an elastic restart
         # (TORCHELASTIC_RESTART_COUNT stays 0, as for local persistent ranks)
         launcher = RayLauncher(ray, cluster, host=notebook_address(ray, cluster), run_id=run_id,
                                mixed_precision=options.mixed_precision,
                                rendezvous_timeout=options.rendezvous_timeout, persistent=True)
-        launcher.attach(state, None)   # nothing is drawn while Ray places the ranks
         self._launchers[:] = [launcher]
         channels = launcher.open_channels(plan)
-        try:
+        try:   # nothing is drawn while Ray places the ranks: the launcher's own StartWatch
             processes = launcher.start(plan, Job(serve_ray_calls, (cluster.device_kind,)), channels)
-        except BaseException:
+        except BaseException as exc:
             for pipes in channels:
                 pipes.close_parent_ends()
             launcher.end()
             self._launchers[:] = []
+            if isinstance(exc, StartFailed):
+                raise outcome.cluster_error(exc.text, state, rank=exc.rank, kind=exc.kind) from None
             raise
         self.plan, self._pipes, self._commands = plan, list(channels), []
         self._slot = RaySlot(self._send_all)   # type: ignore[assignment]

@@ -15,11 +15,12 @@ from .. import cuda_tracking, restarts
 from ..errors import GuardError, LaunchError
 from ..logs import make_run_id
 from ..notebook_streams import OUT
+from ..protocol import Failure
 from ..rank.runner import Job
 from ..run import RunContext, run_with_scaffold, supervise_ranks
 from ..supervise import outcome
 from . import connect as ray_connect
-from .launch import RayLauncher, failure_of, notebook_address, notebook_plan
+from .launch import RayLauncher, notebook_address, notebook_plan
 
 if TYPE_CHECKING:
     from ..options import LaunchOptions
@@ -46,8 +47,6 @@ def run_on_ray(options: "LaunchOptions", cluster: "RayCluster", world_size: int)
     launcher.payload_for(job)   # a function that does not pickle fails here, before the run shows
 
     def body(ctx: RunContext) -> list[Any]:
-        launcher.attach(ctx.state, ctx.display)
-
         def attempt(number: int) -> list[Any]:
             if number:
                 ctx.state.begin_attempt(number, node_rank=0, num_nodes=1, world_size=world_size,
@@ -66,3 +65,9 @@ def run_on_ray(options: "LaunchOptions", cluster: "RayCluster", world_size: int)
                f"{dict(cluster.resources_per_rank)}, placement {cluster.placement}")
     settings = dataclasses.replace(options, line_prefix=options.line_prefix or RAY_LINE_PREFIX)
     return run_with_scaffold(plan, body, settings, run_id=run_id, launcher=launcher, extra_lines=(summary,))
+
+
+def failure_of(error: LaunchError) -> Failure:
+    """The failure record a restart notice names, from the attempt's LaunchError."""
+    headline = str(error).splitlines()[0].split(" failed: ", 1)[-1]
+    return Failure(None, error.kind, headline, rank=error.rank)
