@@ -164,6 +164,7 @@ class RayLauncher(Launcher):
                 self._gang.end()
             self._gang = None
 
+
 def describe_actors(ray: Any, gang: Gang, placements: list[Placement],
                     waiting: Callable[[], None]) -> list[dict[str, Any]]:
     """Where each actor landed; an actor that cannot start (notebook_launch or a package missing on
