@@ -4,7 +4,7 @@ from __future__ import annotations
 from typing import Any
 
 from . import cuda_tracking  # noqa: F401  (preflight and tests use it)
-from .cluster import RayCluster
+from .ray.cluster import RayCluster
 from .metrics import load_metrics
 from .errors import GuardError, LaunchArgumentError, LaunchError, NotebookLaunchError
 from .launcher import notebook_launcher

@@ -88,7 +88,7 @@ def cmd_env(args: argparse.Namespace) -> int:
     if preview["evidence"]:
         rows.insert(2, ("evidence", preview["evidence"]))
     rows += [(name, package_version(name)) for name in VERSIONED]
-    from .backends.ray_connect import environment_report
+    from .ray.connect import environment_report
     rows.append(("ray", environment_report()))   # cluster=RayCluster(...): the cluster it would use
     print("\n".join(f"{key + ':':<17}{value}" for key, value in rows))
     print("\nA launch here would use:")

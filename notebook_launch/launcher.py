@@ -17,7 +17,7 @@ from .run import run_plan
 from .diagnose.stall import DEFAULT_STALL_AFTER
 
 if TYPE_CHECKING:
-    from .cluster import RayCluster
+    from .ray.cluster import RayCluster
 
 
 def notebook_launcher(function: Callable[..., Any], args: tuple | list = (), num_processes: int | None = None,
@@ -121,10 +121,10 @@ def notebook_launcher(function: Callable[..., Any], args: tuple | list = (), num
 
 def launch_on_cluster(options: LaunchOptions, cluster: "RayCluster") -> list[Any]:
     """cluster=: the ranks run on a Ray cluster (Ray is imported only here)."""
-    from .cluster import RayCluster
+    from .ray.cluster import RayCluster
     validate_cluster_type(cluster, RayCluster)
     world_size = validate_cluster_launch(options)
-    from .run_ray import run_on_ray
+    from .ray.run import run_on_ray
     return run_on_ray(options, cluster, world_size)
 
 

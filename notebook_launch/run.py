@@ -6,7 +6,7 @@ final status) around the body.
 Every run is given one settings object, the launch's ``LaunchOptions``. ``run_plan`` is
 a single-node launch on it (``supervise_ranks``: the launcher interface's one start,
 supervised); ``elastic.run_elastic`` puts torch elastic's agent inside the same scaffold,
-and ``run_ray`` a Ray launcher with its restarts.
+and ``ray.run`` a Ray launcher with its restarts.
 """
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, TypeVar
 
 from .backends import get_backend
-from .backends.base import Launcher
+from .backends.base import Launcher, StartFailed, StartWatch
 from .channels import RankPipes
 from .display import choose_display
 from .display.base import Display
@@ -25,9 +25,10 @@ from .plan import LaunchPlan
 from .rank.runner import Job
 from .session import Session, launch_summary
 from .state import RunState
+from .supervise import outcome
 from .supervise.supervisor import Supervisor
 
-__all__ = ["RunContext", "launch_summary", "run_plan", "run_with_scaffold", "supervise_ranks"]
+__all__ = ["PanelStartWatch", "RunContext", "launch_summary", "run_plan", "run_with_scaffold", "supervise_ranks"]
 
 T = TypeVar("T")
 
@@ -53,14 +54,19 @@ def run_plan(plan: LaunchPlan, job: Job, options: LaunchOptions, *, run_id: str,
 
 def supervise_ranks(ctx: RunContext, job: Job, launcher: Launcher | None = None) -> list[Any]:
     """One start of the plan's ranks through the launcher interface, supervised to its end:
-    open the channels, ``start``, the supervisor's loop; whatever happens, every channel is
-    closed and the launcher's ``end`` runs. A launch runs it once, Ray once per attempt."""
+    open the channels, ``start`` (a start that waits shows on the panel, ``PanelStartWatch``;
+    one that fails is the run's LaunchError), the supervisor's loop; whatever happens, every
+    channel is closed and the launcher's ``end`` runs. A launch runs it once, Ray once per attempt."""
     launcher = launcher or ctx.launcher
     options = ctx.options
     channels: list[RankPipes] = []
+    launcher.watch_start(PanelStartWatch(ctx.state, ctx.display))
     try:
         channels = launcher.open_channels(ctx.plan)
-        processes = launcher.start(ctx.plan, job, channels)
+        try:
+            processes = launcher.start(ctx.plan, job, channels)
+        except StartFailed as failed:
+            raise outcome.cluster_error(failed.text, ctx.state, rank=failed.rank, kind=failed.kind) from None
         return Supervisor(processes, channels, ctx.state, ctx.display, ctx.logs,
                           timeout=options.timeout, poll_interval=options.poll_interval,
                           rank_displays=ctx.rank_displays, stall_after=options.stall_after).run()
@@ -70,6 +76,26 @@ def supervise_ranks(ctx: RunContext, job: Job, launcher: Launcher | None = None)
                 pipes.close_all()
         finally:
             launcher.end()
+
+
+class PanelStartWatch(StartWatch):
+    """A start that waits, on the run's panel: what it waits for and where each rank landed in
+    the ranks' rows, the panel kept live on every tick, and Stop honoured while it waits."""
+
+    def __init__(self, state: RunState, display: Display) -> None:
+        self.state, self.display = state, display
+
+    def waiting_for(self, text: str) -> None:
+        for rank_state in self.state.ranks:
+            self.state.on_line(rank_state.local_rank, "stdout", text)
+
+    def placed(self, rank: int, node_rank: int, address: str) -> None:
+        self.state.on_placed(rank, node_rank, address)
+
+    def tick(self) -> None:
+        self.display.refresh(self.state)
+        if self.state.stop_requested:
+            raise KeyboardInterrupt("notebook_launch: run stopped with the Stop button")
 
 
 def run_with_scaffold(plan: LaunchPlan, body: Callable[[RunContext], T], options: LaunchOptions, *,

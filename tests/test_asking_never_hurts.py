@@ -210,7 +210,7 @@ def test_no_way_of_asking_signals_a_rank_whose_lock_is_free(log_dir, tmp_path):
     The ways, all in ``diagnose`` (issue 31): ``diagnose.ranks.where_ranks`` (a launch's timeout,
     Stop, Ctrl-C and "Where are they?", a stall's report, elastic's attempts and through them other
     nodes, ``Ranks.stacks()``) asks each process through ``RankProcess.where`` where it answers for
-    its ranks itself (XLA's launcher: ``diagnose.xla_replicas``; a Ray actor: ``backends.ray_where``,
+    its ranks itself (XLA's launcher: ``diagnose.xla_replicas``; a Ray actor: ``ray.where``,
     answered from a thread over its connections by ``rank.ray_where``: no signal) and every other
     rank by pid through ``stacks.collect``, as a stall's two stack samples do
     (``ranks.stack_fingerprints``); ``stacks.collect`` and ``native_stacks.child_stacks`` (a rank's
@@ -229,7 +229,7 @@ def test_no_way_of_asking_signals_a_rank_whose_lock_is_free(log_dir, tmp_path):
         "elastic/node_board.py": ["collect"],   # the supervisor's whereabouts, for another node
         "diagnose/ranks.py": ["collect", "process.where"], "diagnose/xla_replicas.py": ["collect"],
         "diagnose/stacks.py": ["ask_all"], "diagnose/native_stacks.py": ["ask_all", "child_stacks", "dump_all"],
-        "backends/ray_gang.py": ["asker.ask"],   # Ray's: backends.ray_where.WhereAsker, over the connections
+        "ray/gang.py": ["asker.ask"],   # Ray's: ray.where.WhereAsker, over the connections
         "rank/ray_serve.py": ["answerer.ask"], "rank/ray_actor.py": ["answerer.ask"],   # the rank's answering thread
     }
     senders = {path: sorted(set(calls) & {"tgkill", "pthread_kill", "raise_signal"}) for path, calls in asking.items()}

@@ -29,7 +29,7 @@ def test_the_rank_process_interface_declares_how_a_process_is_asked():
     itself; XLA's launcher and a Ray actor implement it, fork and spawn keep the default (asked by
     pid), and nothing looks the method up by name (no getattr/hasattr duck typing)."""
     from notebook_launch.backends.fork import ForkedRank
-    from notebook_launch.backends.ray_gang import RayRank
+    from notebook_launch.ray.gang import RayRank
     from notebook_launch.backends.spawn import SpawnedRank
     from notebook_launch.backends.xla import XlaLauncherProcess
     from notebook_launch.channels import RankProcess

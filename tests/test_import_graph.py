@@ -29,14 +29,15 @@ def _is_type_checking(node: ast.If) -> bool:
         isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
 
 
-def imports_of(path: Path, modules: set[str]) -> set[str]:
+def imports_of(path: Path, modules: set[str], type_checking: bool = False) -> set[str]:
+    """What ``path`` imports of ``modules``; ``type_checking``: its ``TYPE_CHECKING`` imports too."""
     name = module_name(path)
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     found: set[str] = set()
 
     def visit(node: ast.AST) -> None:
         for child in ast.iter_child_nodes(node):
-            if isinstance(child, ast.If) and _is_type_checking(child):
+            if isinstance(child, ast.If) and _is_type_checking(child) and not type_checking:
                 for sub in child.orelse:
                     visit(sub)
                 continue
@@ -58,10 +59,10 @@ def imports_of(path: Path, modules: set[str]) -> set[str]:
     return {m for m in found if m in modules and m != name}
 
 
-def import_graph() -> dict[str, set[str]]:
+def import_graph(type_checking: bool = False) -> dict[str, set[str]]:
     paths = sorted(PACKAGE.rglob("*.py"))
     modules = {module_name(p) for p in paths}
-    graph = {module_name(p): imports_of(p, modules) for p in paths}
+    graph = {module_name(p): imports_of(p, modules, type_checking) for p in paths}
     return graph
 
 
@@ -203,7 +204,7 @@ def test_channels_and_protocol_depend_on_nothing_of_ours():
 def test_the_rank_side_imports_no_launcher_supervisor_or_api():
     """What runs inside a rank never imports the notebook side's launchers, supervisor, run
     scaffold or API (the known back edges aside, while they last)."""
-    notebook_side = {"backends", "supervise", "diagnose", "run", "run_ray", "launcher", "elastic", "display"}
+    notebook_side = {"backends", "supervise", "diagnose", "run", "ray", "launcher", "elastic", "display"}
     edges = package_edges(import_graph())
     wrong = {edge: modules for edge, modules in edges.items()
              if edge[0] == "rank" and edge[1] in notebook_side and edge not in KNOWN_BACK_EDGES}
@@ -215,10 +216,65 @@ def test_hang_diagnosis_sits_below_every_path_that_asks_it():
     launcher, Ray's ranks and elastic nodes; it imports none of them, nor the run state or a
     display: what it finds goes back to its caller, which draws and logs it."""
     callers = {"supervise", "persistent", "backends", "elastic", "display", "state", "session", "run",
-               "run_ray", "launcher", "magic", "cli"}
+               "ray", "launcher", "magic", "cli"}
     edges = package_edges(import_graph())
     wrong = {edge: modules for edge, modules in edges.items() if edge[0] == "diagnose" and edge[1] in callers}
     assert not wrong, wrong
     graph = import_graph()
     assert "notebook_launch.diagnose.ranks" in graph["notebook_launch.supervise.supervisor"]
     assert "notebook_launch.diagnose.ranks" in graph["notebook_launch.persistent.pool"]
+
+
+WHAT_LAUNCHERS_MUST_NOT_IMPORT = ("notebook_launch.supervise", "notebook_launch.display", "notebook_launch.state")
+
+
+def defines_a_launcher(path: Path) -> bool:
+    return any(isinstance(node, ast.ClassDef) and any(
+        (isinstance(base, ast.Name) and base.id == "Launcher")
+        or (isinstance(base, ast.Attribute) and base.attr == "Launcher") for base in node.bases)
+        for node in ast.walk(ast.parse(path.read_text())))
+
+
+def launch_paths(graph: dict[str, set[str]]) -> set[str]:
+    """The modules that start ranks: backends/, every module that defines a ``Launcher`` (a
+    cluster engine's, in its own package: ``ray.launch``), and the modules of its own package
+    it imports, directly or through each other (``ray.gang``, ``ray.connect``, ``ray.where``)."""
+    found = {name for name in graph if (name + ".").startswith("notebook_launch.backends.")}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        name = module_name(path)
+        if name in found or not defines_a_launcher(path):
+            continue
+        engine = name.rpartition(".")[0] + "."
+        todo = [name]
+        while todo:
+            module = todo.pop()
+            if module not in found:
+                found.add(module)
+                todo.extend(t for t in graph[module] if t.startswith(engine))
+    return found
+
+
+def forbidden_launcher_imports(graph: dict[str, set[str]]) -> dict[str, set[str]]:
+    """Launch path -> what it imports of the supervisor, the displays and the run state."""
+    wrong = {}
+    for module in sorted(launch_paths(graph)):
+        bad = {t for t in graph[module] if t.startswith(WHAT_LAUNCHERS_MUST_NOT_IMPORT)}
+        if bad:
+            wrong[module] = bad
+    return wrong
+
+
+def test_launchers_only_start_processes():
+    """A launcher starts processes and nothing else (issue 31 item 6): it draws nothing, reads no
+    run state and watches no rank. What a start that waits shows (Ray placing the ranks) goes
+    through ``backends.base.StartWatch``, which the supervisor's side implements; a start that
+    fails raises ``StartFailed``, which the caller makes the run's LaunchError. So no launch path
+    imports ``supervise``, ``display`` or ``state``, not even for its annotations."""
+    graph = import_graph(type_checking=True)
+    paths = launch_paths(graph)
+    assert {"notebook_launch.backends.fork", "notebook_launch.backends.base", "notebook_launch.ray.launch",
+            "notebook_launch.ray.gang", "notebook_launch.ray.connect"} <= paths, paths
+    assert "notebook_launch.ray.run" not in paths   # the Ray run is the scaffold's, not a launcher's
+    wrong = forbidden_launcher_imports(graph)
+    assert not wrong, f"launch paths that import the supervisor, a display or the run state: {wrong}"
+

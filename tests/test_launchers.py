@@ -13,12 +13,13 @@ import os
 from pathlib import Path
 
 import pytest
+from test_import_graph import defines_a_launcher
 
-from notebook_launch import notebook_launcher, start_ranks
+from notebook_launch import LaunchError, notebook_launcher, run, start_ranks
 from notebook_launch.backends import get_backend
-from notebook_launch.backends.base import Launcher
+from notebook_launch.backends.base import Launcher, StartFailed
 from notebook_launch.backends.fork import ForkBackend
-from notebook_launch.backends.ray_launch import RayLauncher
+from notebook_launch.ray.launch import RayLauncher
 from notebook_launch.backends.spawn import SpawnBackend
 from notebook_launch.backends.xla import XlaBackend
 
@@ -42,8 +43,8 @@ START_PATHS = {
 
 # Processes the package starts that are not ranks, and why they are allowed outside a launcher.
 NOT_RANKS = {
-    "notebook_launch.supervise.orphan_keeper": "the per-notebook keeper that ends what ranks leave behind",
-    "notebook_launch.supervise.leftovers": "starts the keeper",
+    "notebook_launch.orphan_keeper": "the per-notebook keeper that ends what ranks leave behind",
+    "notebook_launch.leftovers": "starts the keeper",
     "notebook_launch.diagnose.native_stacks": "py-spy, reading a hung rank's native stack",
     "notebook_launch.detect.platform": "nvidia-smi, for the GPUs' names",
     "notebook_launch.cuda_tracking": "a throwaway fork that probes whether a fork is poisoned",
@@ -90,7 +91,8 @@ def test_no_module_outside_the_launchers_starts_a_rank():
     for path in sorted(PACKAGE.rglob("*.py")):
         module = ".".join(path.relative_to(PACKAGE.parent).with_suffix("").parts)
         calls = _process_starts(path)
-        if calls and not module.startswith("notebook_launch.backends."):
+        # a launcher: backends/, or a cluster engine's module that defines one (ray.launch)
+        if calls and not module.startswith("notebook_launch.backends.") and not defines_a_launcher(path):
             starters[module] = calls
     assert "notebook_launch.backends.fork_thread" not in starters   # the scan sees the launchers' own calls
     unexpected = {m: calls for m, calls in starters.items() if m not in NOT_RANKS and m not in NOT_YET}
@@ -102,7 +104,7 @@ def test_no_module_outside_the_launchers_starts_a_rank():
 def test_the_scan_sees_the_launchers_own_starts():
     assert _process_starts(PACKAGE / "backends" / "spawn.py") == ["subprocess.Popen"]
     assert "fork_from_clean_thread" in _process_starts(PACKAGE / "backends" / "fork.py")
-    assert _process_starts(PACKAGE / "backends" / "ray_launch.py") == ["<actor>.run.remote"]
+    assert _process_starts(PACKAGE / "ray" / "launch.py") == ["<actor>.run.remote"]
 
 
 @pytest.fixture
@@ -149,3 +151,67 @@ def test_persistent_ranks_start_through_start(recorded_starts):
     with start_ranks(2, ui="none") as ranks:
         pids = ranks.run(own_pid)
     assert recorded_starts == [("fork", pids)]
+
+
+class ForkAfterAWaitStandIn(ForkBackend):
+    """The fork launcher with a wait before it, as a cluster's start waits (Ray placing its gang, a
+    scheduler's queue): a stand-in for that wait, which needs a cluster here (tests/raycluster has
+    one: test_busy_cluster_waits_then_says_what_is_missing). It says what it waits for and ticks
+    its watch; ``press_stop`` ticks in, it presses Stop as the panel's button does; ``fail``: the
+    wait ends in a failed start instead."""
+
+    def __init__(self, press_stop: int | None = None, fail: str | None = None) -> None:
+        self.press_stop, self.fail = press_stop, fail
+        self.ticks = 0
+        self.rows: list[list[str]] = []
+        self.started = False
+
+    def start(self, plan, job, channels):
+        watch = self.start_watch
+        assert isinstance(watch, run.PanelStartWatch)   # the run's panel watches every start
+        watch.waiting_for("waiting for the stand-in queue")
+        self.rows = [[text for _stream, text in rank.lines] for rank in watch.state.ranks]
+        for _ in range(20):
+            self.ticks += 1
+            if self.ticks == self.press_stop:
+                watch.state.stop_requested = True
+            watch.tick()
+        if self.fail:
+            raise StartFailed(self.fail, rank=1)
+        self.started = True
+        return super().start(plan, job, channels)
+
+
+@pytest.fixture
+def waiting_launcher(monkeypatch):
+    def use(launcher: ForkAfterAWaitStandIn) -> ForkAfterAWaitStandIn:
+        monkeypatch.setattr(run, "get_backend", lambda _method: launcher)
+        return launcher
+    return use
+
+
+def test_a_start_that_waits_shows_on_the_panel_and_runs_on(waiting_launcher, tmp_path):
+    """The run's watch draws what a waiting start says (issue 31 item 6: launchers draw nothing)."""
+    launcher = waiting_launcher(ForkAfterAWaitStandIn())
+    pids = notebook_launcher(own_pid, num_processes=2, start_method="fork", ui="none", log_dir=tmp_path, timeout=240)
+    assert launcher.started and launcher.ticks == 20 and len(pids) == 2
+    assert launcher.rows == [["waiting for the stand-in queue"]] * 2
+
+
+def test_stop_ends_a_start_that_waits(waiting_launcher, tmp_path):
+    launcher = waiting_launcher(ForkAfterAWaitStandIn(press_stop=3))
+    with pytest.raises(KeyboardInterrupt, match="Stop button"):
+        notebook_launcher(own_pid, num_processes=2, start_method="fork", ui="none", log_dir=tmp_path, timeout=240)
+    assert launcher.ticks == 3 and not launcher.started
+
+
+def test_a_failed_start_is_the_runs_launch_error(waiting_launcher, tmp_path):
+    """A launcher raises StartFailed (it has no run); the run makes it its LaunchError, with its
+    log folder and a result slot per rank."""
+    waiting_launcher(ForkAfterAWaitStandIn(fail="the stand-in queue refused rank 1"))
+    with pytest.raises(LaunchError) as caught:
+        notebook_launcher(own_pid, num_processes=2, start_method="fork", ui="none", log_dir=tmp_path, timeout=240)
+    error = caught.value
+    assert str(error) == "notebook_launch: the stand-in queue refused rank 1"
+    assert (error.rank, error.kind, error.results) == (1, "rendezvous", [None, None])
+    assert error.log_dir and str(tmp_path) in error.log_dir

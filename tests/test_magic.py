@@ -40,7 +40,7 @@ def test_ranks_start_options_reach_start_ranks(monkeypatch):
     """%ranks start's --stall-after, --lines-per-second and --cluster become start_ranks' arguments
     (start_ranks itself is replaced by a recorder here: the Ray side has its own tests, on real
     clusters, in tests/raycluster)."""
-    from notebook_launch.cluster import RayCluster
+    from notebook_launch.ray.cluster import RayCluster
     from notebook_launch.persistent import magic as ranks_magic_module
     calls = []
 

@@ -6,7 +6,7 @@ started used to live on with ppid 1. Each rank here starts what users' code star
 ``subprocess.Popen`` child (in the rank's process group), a DataLoader worker
 (multiprocessing, same group), and a grandchild that ``setsid()``s away from the group (found
 by the run's NOTEBOOK_LAUNCH_RUN_ID in its environment). The notebook's keeper
-(``supervise.orphan_keeper``) must end all of them.
+(``orphan_keeper``) must end all of them.
 
 The one bound here is generous (60 s) against "a few seconds" by design: it only keeps a
 broken build from hanging the suite; nothing is timed.
@@ -139,7 +139,7 @@ def test_a_killed_kernel_leaves_nothing_persistent_ranks_started(kernel, tmp_pat
 # (a FIFO the test opens) until the notebook is dead, so it reads its orders only afterwards.
 NOTEBOOK_DIES_FIRST = textwrap.dedent('''
     import os, signal, subprocess, sys
-    from notebook_launch.supervise import leftovers
+    from notebook_launch import leftovers
     leftovers._KEEPER_PROGRAM = {gate_program!r}
     run_id = "keeper-race-" + str(os.getpid())
     sleep = [sys.executable, "-c", "import time; time.sleep(600)"]
@@ -166,7 +166,7 @@ def test_a_notebook_that_dies_before_its_keeper_is_ready_leaves_nothing(tmp_path
     first launch); the orders it wrote meanwhile wait in the keeper's socket, which outlives the
     notebook, and the keeper reads them before it acts on the notebook's death. Without that
     (a launch that waits for its keeper) the notebook here never gets past ``guard``."""
-    from notebook_launch.supervise import leftovers
+    from notebook_launch import leftovers
     gate = str(tmp_path / "gate")
     os.mkfifo(gate)
     gate_program = tmp_path / "gated_keeper.py"

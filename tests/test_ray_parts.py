@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 
 from notebook_launch import LaunchArgumentError, RayCluster, notebook_launcher
-from notebook_launch.backends.ray_connect import NodeInfo, check_resources, describe_cluster, host_of
-from notebook_launch.backends.ray_gang import assign_ranks, death_reason, visible_devices_by_node
+from notebook_launch.ray.connect import NodeInfo, check_resources, describe_cluster, host_of
+from notebook_launch.ray.gang import assign_ranks, death_reason, visible_devices_by_node
 from notebook_launch.channels.sockets import SIGNAL_FRAME, StreamListener, connect_streams
 from notebook_launch.errors import GuardError
 from notebook_launch.protocol import READY, EventKind, EventReader, EventWriter

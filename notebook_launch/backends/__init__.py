@@ -1,7 +1,8 @@
 """The launchers: every way of starting ranks behind one interface (``base.Launcher``:
 ``start(plan, job, channels) -> processes``): ``fork``, ``spawn`` (fresh interpreters), ``xla``
-(torch_xla's xmp.spawn), and ``ray_launch.RayLauncher`` (Ray actors; made by ``run_ray`` with
-the connected cluster). Elastic's agent starts each attempt through the fork or spawn launcher."""
+(torch_xla's xmp.spawn); a cluster engine's launcher lives in its own package, beside this one
+(``ray.launch.RayLauncher``: Ray actors, made by ``ray.run`` with the connected cluster).
+Elastic's agent starts each attempt through the fork or spawn launcher."""
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
@@ -14,7 +15,7 @@ if TYPE_CHECKING:
 
 def get_backend(start_method: PlanStartMethod) -> Launcher:
     """The launcher for a ``start_method`` (validated by ``options``). Ray's needs the
-    connected cluster: ``run_ray`` makes it (``backends.ray_launch.RayLauncher``)."""
+    connected cluster: ``ray.run`` makes it (``ray.launch.RayLauncher``)."""
     if start_method == "fork":
         from .fork import ForkBackend
         return ForkBackend()

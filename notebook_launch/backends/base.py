@@ -15,6 +15,13 @@ way of starting ranks is one small module. Its caller always does the same:
         close every channel; launcher.end()
 
 (``run.supervise_ranks``; elastic's agent does it per attempt, persistent ranks per pool.)
+
+A start that waits (Ray placing its gang, and next a scheduler's queue) draws nothing itself:
+it tells its ``StartWatch`` what it waits for and where each rank landed, and ticks it on every
+turn of the wait; the caller's watch draws the panel and ends the wait on Stop (by raising). A
+start that fails before any rank ran raises ``StartFailed``, which the caller, who holds the
+run, makes the run's ``LaunchError``. So a launcher reads no run state and imports neither the
+supervisor nor a display (tests/test_import_graph.py).
 """
 from __future__ import annotations
 
@@ -23,19 +30,50 @@ from typing import TYPE_CHECKING, Callable, Sequence
 
 from ..channels import RankPipes, RankProcess
 from ..notebook_streams import ERR, OUT
-from ..supervise import leftovers
+from .. import leftovers
+from ..protocol import FailureKind
 
 if TYPE_CHECKING:
     from ..plan import LaunchPlan, RankSpec
     from ..rank.runner import Job
 
-__all__ = ["Launcher", "start_each"]
+__all__ = ["Launcher", "StartFailed", "StartWatch", "start_each"]
+
+
+class StartWatch:
+    """Who sees a start that waits (see the module). This one shows nothing and never stops a
+    start: a start nobody watches (persistent ranks starting, before any cell's panel)."""
+
+    def waiting_for(self, text: str) -> None:
+        """What every rank waits for now (``"waiting for Ray to place 4 ranks ..."``)."""
+
+    def placed(self, rank: int, node_rank: int, address: str) -> None:
+        """Rank ``rank`` (global) was placed on node ``node_rank``, at ``address``."""
+
+    def tick(self) -> None:
+        """Called on every turn of a wait; raises to end the start (KeyboardInterrupt on Stop)."""
+
+
+class StartFailed(Exception):
+    """A start that failed before any rank ran (a cluster that could not place the ranks, an
+    actor that could not start, ranks that could not connect back): what happened, with the rank
+    it concerns. A launcher has no run to fail: its caller makes this the run's LaunchError
+    (``supervise.outcome.cluster_error``), with the run's log folder and results."""
+
+    def __init__(self, text: str, *, rank: int | None = None, kind: str = FailureKind.RENDEZVOUS) -> None:
+        super().__init__(text)
+        self.text, self.rank, self.kind = text, rank, kind
 
 
 class Launcher(abc.ABC):
     """Starts the ranks of a plan. Subclasses set ``name`` and implement ``start``."""
 
     name = "base"
+    start_watch = StartWatch()   # who sees a start that waits; the caller sets its own (watch_start)
+
+    def watch_start(self, watch: StartWatch) -> None:
+        """Who sees this launcher's next starts wait (the run's panel, and its Stop button)."""
+        self.start_watch = watch
 
     def prepare_parent(self) -> None:  # noqa: B027  (a hook: most launchers need nothing here)
         """Work to do once in the parent before the run's display starts (e.g. warm imports)."""

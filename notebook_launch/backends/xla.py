@@ -28,7 +28,7 @@ import os
 import sys
 from typing import TYPE_CHECKING, Callable, NoReturn, Sequence
 
-from ..supervise import leftovers
+from .. import leftovers
 from ..diagnose.hang_verdict import RankWhereabouts
 from ..diagnose.xla_replicas import replica_whereabouts
 from ..channels import RankPipes, RankProcess

@@ -9,7 +9,7 @@ So between calls one thread of ours, ``IdleReader``, is that reader: the same se
 over every rank's output and event pipes and every process's exit, lines to the rank's
 log (and to the notebook while a cell runs there), and a rank that exits has its process
 group ended at once (while it is an unreaped zombie its pid is still its group's id; see
-``supervise.leftovers``). Exactly one reader at a time: the pool stops this thread before
+``leftovers``). Exactly one reader at a time: the pool stops this thread before
 a call's supervisor starts and starts it again after the call; partial event frames are
 handed over both ways, so no frame is ever read by halves.
 """

@@ -109,7 +109,7 @@ def ranks_magic(shell: Any, line: str, cell: str | None = None) -> Any:
             if args.spawn:
                 raise LaunchArgumentError("%ranks start: --spawn and --cluster do not go together (Ray starts "
                                           "the ranks on the cluster). Usage: " + USAGE)
-            from ..cluster import RayCluster
+            from ..ray.cluster import RayCluster
             kwargs["cluster"] = RayCluster(address=args.cluster)
             del kwargs["start_method"]
         _active = start_ranks(**kwargs)

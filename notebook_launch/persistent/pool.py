@@ -10,7 +10,7 @@ interrupt, or a second interrupt stop every rank, and the next call starts fresh
 (saying so). ``close()``, ``%ranks stop``, the interpreter's exit and the kernel's death
 (PDEATHSIG, as for every forked rank) leave no process behind, and nothing a rank started
 outlives it: a rank's process group ends with the rank, between calls too (``idle``), and
-what left the group is swept when the pool stops or restarts (``supervise.leftovers``).
+what left the group is swept when the pool stops or restarts (``leftovers``).
 
 Between calls, ``idle.IdleReader`` reads the ranks' output (to the logs, and to the notebook
 while a cell runs); during a call the call's supervisor does: one reader at a time.
@@ -53,9 +53,10 @@ from ..plan import LaunchPlan
 from ..rank.runner import Job
 from ..session import Session, launch_line, open_logs, plan_state
 from ..state import RUNNING, RunState
+from .. import leftovers
 from ..diagnose import hang_verdict, stacks as rank_stacks
 from ..diagnose.ranks import where_ranks
-from ..supervise import leftovers, outcome
+from ..supervise import outcome
 from ..rank import commands, namespace
 from .call import CallSupervisor
 from .idle import CellWatch, IdleReader
@@ -581,7 +582,7 @@ def _waits_for_a_call(where: hang_verdict.RankWhereabouts) -> bool:
     """A rank between calls: its main thread waits in ``serve_calls`` for the next command. Its
     main thread (our code only) leaves the detail, which keeps the rank's other threads."""
     if where.note == "waits for the next call" and all(t.ident != where.main_thread for t in where.threads):
-        return True   # a Ray rank said so itself (backends.ray_where.decode_answer)
+        return True   # a Ray rank said so itself (ray.where.decode_answer)
     frames = where.main_frames()
     if not frames or not frames[0].filename.endswith(COMMANDS_FILE):
         return False

@@ -6,7 +6,7 @@ timeout rules, and the between-calls reader. What differs is where the ranks liv
 
 - starting: through the launcher interface, as every start path (``backends.base``):
   ``RayLauncher(persistent=True).start`` places the ranks of a Ray launch
-  (``backends.ray_launch``): one placement group, one actor per rank
+  (``ray.launch``): one placement group, one actor per rank
   (``rank.ray_actor.RankActor``), each connecting its streams back to the notebook
   (``channels.sockets``); the actor's job is ``rank.ray_serve.serve_ray_calls``, which serves
   calls until STOP. The panel shows each rank's node;
@@ -15,7 +15,7 @@ timeout rules, and the between-calls reader. What differs is where the ranks liv
   (``rank.ray_serve`` messages): a call's frame with its tensor bytes, and an interrupt
   that names its call (``RaySlot``);
 - ending: ``close()`` sends STOP, then kills the actors and removes the placement group and
-  waits until Ray reports the actors dead (``RayLauncher.end``, ``ray_gang.Gang.end``). The actors belong to the
+  waits until Ray reports the actors dead (``RayLauncher.end``, ``ray.gang.Gang.end``). The actors belong to the
   notebook's Ray driver (not detached) and the group to its job: when the notebook's kernel
   dies, Ray ends both; a rank whose connection to the notebook ends also exits by itself;
 - a lost rank: a rank (or a node) lost during a call fails the call as on a Ray launch; a
@@ -37,9 +37,7 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 from .. import protocol
-from ..backends import ray_connect
-from ..backends.ray_gang import Placement
-from ..backends.ray_launch import RayLauncher, notebook_address, notebook_plan
+from ..backends.base import StartFailed
 from ..display import choose_display
 from ..errors import LaunchError
 from ..line_prefix import parse_line_prefix
@@ -48,6 +46,9 @@ from ..notebook_streams import OUT
 from ..options import LaunchOptions, check_display_ranks_exist, validate_cluster_launch, validate_cluster_type
 from ..prepare import entry_options
 from ..protocol import FailureKind
+from ..ray import connect as ray_connect
+from ..ray.gang import Placement
+from ..ray.launch import RayLauncher, notebook_address, notebook_plan
 from ..rank.ray_serve import Kind, encode_message, serve_ray_calls
 from ..rank.runner import Job
 from ..session import launch_line, open_logs, plan_state
@@ -59,7 +60,7 @@ from .pool import STOP_GRACE, Ranks, _exited
 
 if TYPE_CHECKING:
     from ..channels import RankProcess
-    from ..cluster import RayCluster
+    from ..ray.cluster import RayCluster
 
 log = logging.getLogger("notebook_launch")
 LINE_PREFIX = "[node {node_rank} rank {rank}]"
@@ -71,7 +72,7 @@ def start_ray_ranks(cluster: "RayCluster", parameters: Mapping[str, Any], grace:
     ``parameters``: ``start_ranks``' own, checked as its are (``grace``: its ``interrupt_grace``,
     checked there); ``use_port`` and ``master_addr`` are not used (rank 0's node picks the port
     and address), and a ``start_method`` is refused (Ray starts the actors)."""
-    from ..cluster import RayCluster
+    from ..ray.cluster import RayCluster
     validate_cluster_type(cluster, RayCluster)
     options = entry_options(parameters, function=serve_ray_calls, called_as_given=False,
                             log_line_prefix_template=parameters.get("log_line_prefix_template") or LINE_PREFIX)
@@ -151,22 +152,23 @@ class RayRanks(Ranks):
             self.summary = (f"notebook_launch: Ray cluster {ray_connect.gcs_host(ray) or cluster.address}: "
                             f"{ray_connect.describe_cluster(nodes)}; {world_size} ranks x "
                             f"{dict(cluster.resources_per_rank)}, placement {cluster.placement}")
-        state = plan_state(plan, run_id, self.backend_name, self.logs.path)   # the start's errors name nodes
+        state = plan_state(plan, run_id, self.backend_name, self.logs.path)   # a failed start's LaunchError
         # one launcher per start: fresh ranks after a loss are a new start, not an elastic restart
         # (TORCHELASTIC_RESTART_COUNT stays 0, as for local persistent ranks)
         launcher = RayLauncher(ray, cluster, host=notebook_address(ray, cluster), run_id=run_id,
                                mixed_precision=options.mixed_precision,
                                rendezvous_timeout=options.rendezvous_timeout, persistent=True)
-        launcher.attach(state, None)   # nothing is drawn while Ray places the ranks
         self._launchers[:] = [launcher]
         channels = launcher.open_channels(plan)
-        try:
+        try:   # nothing is drawn while Ray places the ranks: the launcher's own StartWatch
             processes = launcher.start(plan, Job(serve_ray_calls, (cluster.device_kind,)), channels)
-        except BaseException:
+        except BaseException as exc:
             for pipes in channels:
                 pipes.close_parent_ends()
             launcher.end()
             self._launchers[:] = []
+            if isinstance(exc, StartFailed):
+                raise outcome.cluster_error(exc.text, state, rank=exc.rank, kind=exc.kind) from None
             raise
         self.plan, self._pipes, self._commands = plan, list(channels), []
         self._slot = RaySlot(self._send_all)   # type: ignore[assignment]

@@ -16,7 +16,7 @@ from .pool import DEFAULT_GRACE, Ranks, _trimmed
 from ..rank.serve import serve_calls
 
 if TYPE_CHECKING:
-    from ..cluster import RayCluster
+    from ..ray.cluster import RayCluster
     from ..plan import StartMethod
 
 

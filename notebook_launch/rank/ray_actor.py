@@ -1,4 +1,4 @@
-"""A rank on a Ray cluster: the actor the notebook starts once per rank (``backends.ray_launch``).
+"""A rank on a Ray cluster: the actor the notebook starts once per rank (``ray.launch``).
 
 ``describe`` tells the notebook where the actor landed (node address, the
 interface that carries it, its GPUs, a free port there). ``run`` connects the

@@ -1,5 +1,5 @@
 """Where a Ray rank is, asked over the network (issue 20), the rank side; the notebook's is
-``backends.ray_where``.
+``ray.where``.
 
 A local rank is read through ``/proc/<pid>`` (its whereabouts memfd) and dumps its stacks on a
 signal (``rank.whereabouts``). A Ray rank runs on another machine: the notebook asks it on its

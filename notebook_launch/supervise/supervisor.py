@@ -18,10 +18,11 @@ from ..errors import LaunchError
 from ..protocol import Failure
 from ..slow_rank import only_waiting
 from ..state import RUNNING, STARTING, RunState
+from .. import leftovers
 from ..diagnose import hang_verdict, stacks
 from ..diagnose.ranks import stack_fingerprints, where_ranks
-from . import interrupts, leftovers, oom, outcome, teardown
 from ..diagnose.stall import StallWatch
+from . import interrupts, oom, outcome, teardown
 from .stdin_relay import StdinRelay, reply_on
 from .watch import RankWatch, Watcher
 

@@ -165,7 +165,7 @@ notebook_launcher(train, num_processes=4, cluster=cluster(), timeout=5, ui="none
 """)
     assert error["kind"] == "timeout"
     first = error["message"].splitlines()[0]
-    # the verdict where the ranks answered where they are (backends.ray_where), else the running ranks
+    # the verdict where the ranks answered where they are (ray.where), else the running ranks
     assert first.startswith("notebook_launch: timed out after 5 s"), first
     if "ranks still running: 0, 1, 2, 3" not in first:
         # Every rank is placed. On a busy machine a rank may still be starting (importing) at 5 s: it
@@ -237,7 +237,7 @@ def test_max_restarts_restarts_every_rank(ray_nodes, notebook, tmp_path):
     here: the ranks that ran are the actors its last start returned; see tests/test_launchers.py)."""
     marker = tmp_path / "failed-once"
     out = notebook.run(f"""
-from notebook_launch.backends.ray_launch import RayLauncher
+from notebook_launch.ray.launch import RayLauncher
 starts, real_start = [], RayLauncher.start
 def recording_start(self, plan, job, channels):
     processes = real_start(self, plan, job, channels)

@@ -1,5 +1,5 @@
 """Where Ray ranks are when a run hangs (issue 20): each rank's actor answers the notebook's where
-request on its own connections (``rank.ray_where`` / ``backends.ray_where``), so a timeout's
+request on its own connections (``rank.ray_where`` / ``ray.where``), so a timeout's
 LaunchError names where every rank is, as a local run's does.
 
 The first tests need no cluster: a real answering thread on real sockets, in this process, with a
@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from notebook_launch.backends.ray_where import WhereAsker, decode_answer
+from notebook_launch.ray.where import WhereAsker, decode_answer
 from notebook_launch.channels.sockets import SIGNAL_FRAME, SocketPipes
 from notebook_launch.rank import ray_where, whereabouts
 

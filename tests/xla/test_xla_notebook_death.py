@@ -1,6 +1,6 @@
 """Nothing XLA replicas started outlives the notebook: the keeper's XLA registration
 (backends/xla.py hands the launcher child's process group and the run's mark to
-``supervise.leftovers``), on real torch_xla.
+``leftovers``), on real torch_xla.
 
 tests/test_notebook_death_children.py covers forked and persistent ranks; here the ranks are two
 PJRT CPU replicas, threads of one replica process under the launcher child, each starting what

@@ -25,7 +25,7 @@ import socket
 import subprocess
 import sys
 
-from ..fork_locks import ForkRenewedLock, no_fork_during_exec
+from .fork_locks import ForkRenewedLock, no_fork_during_exec
 
 log = logging.getLogger("notebook_launch")
 RUN_MARK = "NOTEBOOK_LAUNCH_RUN_ID"

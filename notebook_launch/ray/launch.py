@@ -6,13 +6,13 @@ rank's environment and has it connect its events, stdout, stderr and answers bac
 listener the notebook opens on the interface that reaches the cluster (``channels.sockets``):
 those sockets are the channels it hands back, so the supervisor selects on them as it does
 on a local rank's pipes. ``end`` leaves nothing on the cluster. Each ``start`` is one attempt;
-restarts are ``restarts.run_attempts`` (``run_ray``), under the rule elastic's agent follows.
+restarts are ``restarts.run_attempts`` (``ray.run``), under the rule elastic's agent follows.
 
 Persistent ranks on Ray (``persistent.ray_ranks``) start through the same ``start`` with
 ``persistent=True``: the same placement, actors, environment and connections, but each actor's
 job serves calls until told to stop (``rank.ray_serve``), its events connection carries calls
-instead of signal frames (``ray_gang.PersistentRayRank``), and its placement group is named as
-persistent ranks' (``ray_gang.PersistentGang``).
+instead of signal frames (``gang.PersistentRayRank``), and its placement group is named as
+persistent ranks' (``gang.PersistentGang``).
 """
 from __future__ import annotations
 
@@ -26,26 +26,22 @@ from ..channels.sockets import SocketPipes, StreamListener
 from ..errors import GuardError
 from ..net import source_address_toward
 from ..plan import LaunchPlan, RankSpec, dist_backend_for
-from ..protocol import Failure, FailureKind
+from ..protocol import FailureKind
 from ..rank.spawn_context import capture_context, pickle_job
-from ..supervise import outcome
-from . import ray_connect
-from .base import Launcher
-from .ray_gang import (Gang, PersistentGang, PersistentRayRank, Placement, RayRank, Waiter, death_reason,
+from ..backends.base import Launcher, StartFailed
+from . import connect as ray_connect
+from .gang import (Gang, PersistentGang, PersistentRayRank, Placement, RayRank, Waiter, death_reason,
                        visible_devices_by_node)
 
 if TYPE_CHECKING:
-    from ..cluster import RayCluster
-    from ..display.base import Display
-    from ..errors import LaunchError
+    from .cluster import RayCluster
     from ..rank.runner import Job
-    from ..state import RunState
 
 log = logging.getLogger("notebook_launch")
 
 
 class RayLauncher(Launcher):
-    """Starts a plan's ranks (one row per global rank: ``run_ray.notebook_plan``) as Ray actors."""
+    """Starts a plan's ranks (one row per global rank: ``notebook_plan``) as Ray actors."""
 
     name = "ray"
 
@@ -60,8 +56,6 @@ class RayLauncher(Launcher):
         self.max_restarts = max_restarts
         self.persistent = persistent          # the actors serve calls until told to stop (persistent ranks)
         self.attempts = 0                     # starts so far: each start is one attempt
-        self.state: "RunState | None" = None
-        self.display: "Display | None" = None
         self._shipped: tuple["Job", bytes] | None = None
         self._payload_ref: Any = None
         self._gang: Gang | None = None
@@ -72,11 +66,6 @@ class RayLauncher(Launcher):
 
     def prepare_parent(self) -> None:
         import cloudpickle  # noqa: F401  (ships the job; imported before the panel starts)
-
-    def attach(self, state: "RunState", display: "Display | None") -> None:
-        """The run state and display the placement's progress goes to (and Stop comes from);
-        no display: nothing is drawn while Ray places the ranks (persistent ranks starting)."""
-        self.state, self.display = state, display
 
     def payload_for(self, job: "Job") -> bytes:
         """The job and the notebook's context as the actors receive them (pickled once per job; a
@@ -91,9 +80,9 @@ class RayLauncher(Launcher):
         return []   # each rank's channels are the connections it makes back, accepted in start()
 
     def start(self, plan: "LaunchPlan", job: "Job", channels: list[RankPipes]) -> list[RankProcess]:
-        """Place, start and connect one attempt's actors; the accepted connections go into ``channels``."""
-        assert self.state is not None, "attach() the run state first"
-        ray, cluster, state, world_size = self.ray, self.cluster, self.state, plan.world_size
+        """Place, start and connect one attempt's actors; the accepted connections go into ``channels``.
+        While Ray places and starts them, ``start_watch`` is told and ticked (it may stop the start)."""
+        ray, cluster, watch, world_size = self.ray, self.cluster, self.start_watch, plan.world_size
         payload = self.payload_for(job)
         if self._payload_ref is None:
             self._payload_ref = ray.put(payload)
@@ -103,19 +92,17 @@ class RayLauncher(Launcher):
         self._handed = []
         self.placements, self.addresses = [], []
         deadline = time.monotonic() + self.rendezvous_timeout
-        waiting = self._waiting
-        for rank_state in state.ranks:
-            state.on_line(rank_state.local_rank, "stdout",
-                          f"waiting for Ray to place {world_size} ranks x {dict(cluster.resources_per_rank)} "
+        waiting = watch.tick
+        watch.waiting_for(f"waiting for Ray to place {world_size} ranks x {dict(cluster.resources_per_rank)} "
                           f"({cluster.placement})")
         try:
             placements = gang.reserve(deadline, waiting)
         except TimeoutError:
-            raise placement_timeout_error(ray, cluster, world_size, self.rendezvous_timeout, state) from None
+            raise placement_timeout_error(ray, cluster, world_size, self.rendezvous_timeout) from None
         gang.start_actors(placements)
-        infos = describe_actors(ray, gang, placements, state, waiting)
+        infos = describe_actors(ray, gang, placements, waiting)
         for p, info in zip(placements, infos):
-            state.on_placed(p.global_rank, p.node_rank, info["address"])
+            watch.placed(p.global_rank, p.node_rank, info["address"])
         master = infos[0]
         devices = visible_devices_by_node(placements, [info["gpu_ids"] for info in infos])
         self._listener = listener = StreamListener(self.host, world_size)
@@ -141,18 +128,18 @@ class RayLauncher(Launcher):
                 try:
                     ray.get(future)
                 except Exception as exc:
-                    raise outcome.cluster_error(
-                        f"{state.ranks[index].node}, rank {index} failed before it connected to the notebook "
-                        f"at {self.host}: {death_reason(exc)}", state, rank=index,
-                        kind=FailureKind.EXIT) from None
+                    node = f"node {placements[index].node_rank} ({infos[index]['address']})"
+                    raise StartFailed(
+                        f"{node}, rank {index} failed before it connected to the notebook "
+                        f"at {self.host}: {death_reason(exc)}", rank=index, kind=FailureKind.EXIT) from None
 
         try:
             pipes = listener.accept_all(deadline, check)
         except TimeoutError as exc:
-            raise outcome.cluster_error(
+            raise StartFailed(
                 f"{exc} within rdzv_timeout={self.rendezvous_timeout:g} s; a firewall between the cluster "
                 f"and the notebook ({self.host}) blocks it, or the nodes reach the notebook through "
-                f"another address", state) from None
+                f"another address") from None
         self._handed = pipes
         listener.close(keep=pipes)   # every rank connected: nothing more comes (persistent ranks live on)
         self._listener = None
@@ -177,19 +164,11 @@ class RayLauncher(Launcher):
                 self._gang.end()
             self._gang = None
 
-    def _waiting(self) -> None:
-        """Every tick of a wait on Ray: the panel stays live, and Stop stops."""
-        assert self.state is not None
-        if self.display is not None:
-            self.display.refresh(self.state)
-        if self.state.stop_requested:
-            raise KeyboardInterrupt("notebook_launch: run stopped with the Stop button")
 
-
-def describe_actors(ray: Any, gang: Gang, placements: list[Placement], state: RunState,
+def describe_actors(ray: Any, gang: Gang, placements: list[Placement],
                     waiting: Callable[[], None]) -> list[dict[str, Any]]:
     """Where each actor landed; an actor that cannot start (notebook_launch or a package missing on
-    its node, a bad runtime_env) is a LaunchError naming the rank and what to do."""
+    its node, a bad runtime_env) fails the start, naming the rank and what to do."""
     calls = [actor.describe.remote(p.global_rank == 0) for actor, p in zip(gang.actors, placements)]
     while ray.wait(calls, num_returns=len(calls), timeout=0.1)[1]:
         waiting()
@@ -198,10 +177,10 @@ def describe_actors(ray: Any, gang: Gang, placements: list[Placement], state: Ru
         try:
             infos.append(ray.get(call))
         except Exception as exc:
-            raise outcome.cluster_error(
+            raise StartFailed(
                 f"the Ray actor of rank {p.global_rank} could not start on its node: {death_reason(exc)}. Every "
                 f"node needs notebook_launch (the notebook's version) and the packages your function imports, "
-                f"or RayCluster(runtime_env={{...}}) that brings them.", state, rank=p.global_rank,
+                f"or RayCluster(runtime_env={{...}}) that brings them.", rank=p.global_rank,
                 kind=FailureKind.EXIT) from None
     return infos
 
@@ -219,21 +198,14 @@ def rank_assignment(p: Placement, info: dict[str, Any], master: dict[str, Any], 
             "cuda_visible_devices": cuda_visible_devices, "attempt": restarts[0], "max_restarts": restarts[1]}
 
 
-def placement_timeout_error(ray: Any, cluster: "RayCluster", world_size: int, rdzv_timeout: float,
-                            state: RunState) -> LaunchError:
+def placement_timeout_error(ray: Any, cluster: "RayCluster", world_size: int, rdzv_timeout: float) -> StartFailed:
     free = ray.available_resources()
     wanted = {k: float(v) for k, v in cluster.resources_per_rank.items() if float(v) > 0}
     short = ", ".join(f"{world_size * v:g} {k} requested, {free.get(k, 0):g} free" for k, v in wanted.items())
-    return outcome.cluster_error(
+    return StartFailed(
         f"Ray could not place {world_size} ranks x {wanted} ({cluster.placement}) within "
         f"rdzv_timeout={rdzv_timeout:g} s: {short}. Other jobs hold the rest; wait for them, lower "
-        f"num_processes, or raise rdzv_timeout. No rank was started.", state)
-
-
-def failure_of(error: "LaunchError") -> Failure:
-    """The failure record a restart notice names, from the attempt's LaunchError."""
-    headline = str(error).splitlines()[0].split(" failed: ", 1)[-1]
-    return Failure(None, error.kind, headline, rank=error.rank)
+        f"num_processes, or raise rdzv_timeout. No rank was started.")
 
 
 def notebook_plan(world_size: int, cluster: "RayCluster", mixed_precision: str) -> LaunchPlan:

@@ -1,9 +1,9 @@
 """``notebook_launcher(..., cluster=RayCluster(...))``: a run on a Ray cluster, inside the same
 run scaffold, launcher interface, supervisor, outcome and restart rule as a local launch.
 
-What is Ray-specific lives in ``backends``: connecting (``ray_connect``), the launcher that
-gang-places and starts the ranks (``ray_launch.RayLauncher``, with ``ray_gang``), and the
-rank side (``rank.ray_actor``). Here: connect, check the cluster can hold the ranks, then
+The rest of Ray is beside it in this package: connecting (``connect``), the launcher that
+gang-places and starts the ranks (``launch.RayLauncher``, with ``gang``); the rank side is
+``rank.ray_actor``. Here: connect, check the cluster can hold the ranks, then
 run the attempts (``restarts.run_attempts``), each one ``run.supervise_ranks``.
 """
 from __future__ import annotations
@@ -11,19 +11,20 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING, Any
 
-from . import cuda_tracking, restarts
-from .backends import ray_connect
-from .backends.ray_launch import RayLauncher, failure_of, notebook_address, notebook_plan
-from .errors import GuardError, LaunchError
-from .logs import make_run_id
-from .notebook_streams import OUT
-from .rank.runner import Job
-from .run import RunContext, run_with_scaffold, supervise_ranks
-from .supervise import outcome
+from .. import cuda_tracking, restarts
+from ..errors import GuardError, LaunchError
+from ..logs import make_run_id
+from ..notebook_streams import OUT
+from ..protocol import Failure
+from ..rank.runner import Job
+from ..run import RunContext, run_with_scaffold, supervise_ranks
+from ..supervise import outcome
+from . import connect as ray_connect
+from .launch import RayLauncher, notebook_address, notebook_plan
 
 if TYPE_CHECKING:
+    from ..options import LaunchOptions
     from .cluster import RayCluster
-    from .options import LaunchOptions
 
 RAY_LINE_PREFIX = "[node {node_rank} rank {rank}]"   # ranks are on several machines: say which
 
@@ -46,8 +47,6 @@ def run_on_ray(options: "LaunchOptions", cluster: "RayCluster", world_size: int)
     launcher.payload_for(job)   # a function that does not pickle fails here, before the run shows
 
     def body(ctx: RunContext) -> list[Any]:
-        launcher.attach(ctx.state, ctx.display)
-
         def attempt(number: int) -> list[Any]:
             if number:
                 ctx.state.begin_attempt(number, node_rank=0, num_nodes=1, world_size=world_size,
@@ -66,3 +65,9 @@ def run_on_ray(options: "LaunchOptions", cluster: "RayCluster", world_size: int)
                f"{dict(cluster.resources_per_rank)}, placement {cluster.placement}")
     settings = dataclasses.replace(options, line_prefix=options.line_prefix or RAY_LINE_PREFIX)
     return run_with_scaffold(plan, body, settings, run_id=run_id, launcher=launcher, extra_lines=(summary,))
+
+
+def failure_of(error: LaunchError) -> Failure:
+    """The failure record a restart notice names, from the attempt's LaunchError."""
+    headline = str(error).splitlines()[0].split(" failed: ", 1)[-1]
+    return Failure(None, error.kind, headline, rank=error.rank)

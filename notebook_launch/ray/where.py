@@ -33,7 +33,7 @@ READ_SIZE = 1 << 20
 
 
 class AskedRank(Protocol):
-    """What the asker needs of a rank (``ray_gang.RayRank``)."""
+    """What the asker needs of a rank (``ray.gang.RayRank``)."""
     local_rank: int
     pipes: SocketPipes
 

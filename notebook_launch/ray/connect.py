@@ -17,7 +17,7 @@ from ..errors import GuardError, LaunchArgumentError
 from ..signal_handlers import restore_signal_handlers, save_signal_handlers
 
 if TYPE_CHECKING:
-    from ..cluster import RayCluster
+    from .cluster import RayCluster
 
 log = logging.getLogger("notebook_launch")
 

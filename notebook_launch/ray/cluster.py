@@ -3,7 +3,7 @@
 A plain description, checked when it is made (every check of its own fields is
 here, before anything connects); importing it imports nothing of Ray, so a
 notebook that never passes ``cluster=`` never pays for Ray (or needs it).
-The launch itself is ``run_ray`` (with ``backends.ray_launch.RayLauncher``).
+The launch itself is ``ray.run`` (with ``ray.launch.RayLauncher``).
 """
 from __future__ import annotations
 
@@ -12,10 +12,10 @@ import numbers
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Mapping
 
-from .errors import LaunchArgumentError
+from ..errors import LaunchArgumentError
 
 if TYPE_CHECKING:
-    from .plan import DeviceKind
+    from ..plan import DeviceKind
 
 DEFAULT_RESOURCES = {"CPU": 1.0}
 RAY_PLACEMENTS = ("PACK", "SPREAD", "STRICT_SPREAD")   # Ray's placement group strategies we accept

@@ -1,7 +1,7 @@
 """The keeper: a tiny process that ends what the ranks started when the notebook itself dies.
 
 Run as a program (``python -I -S orphan_keeper.py ORDERS_FD PIDFD``), never imported by the
-notebook: stdlib only. ``supervise.leftovers.guard`` starts one per notebook process, lazily,
+notebook: stdlib only. ``leftovers.guard`` starts one per notebook process, lazily,
 at its first launch, and does not wait for it to start.
 
 Why a process of its own: a rank dies with the notebook (PR_SET_PDEATHSIG), but what the

@@ -1,0 +1,24 @@
+"""Ray, the notebook's side: ``notebook_launcher(..., cluster=RayCluster(...))`` in one folder.
+
+``cluster`` (``RayCluster``, the checked description, importing nothing of Ray), ``connect``
+(connecting to the cluster and what it has), ``run`` (a run's attempts inside the run
+scaffold), ``launch`` (``RayLauncher``, the launcher interface's Ray start), ``gang`` (the
+placement group and one actor per rank, each a ``RankProcess``) and ``where`` (asking Ray
+ranks where they are). Importing this package imports nothing (not Ray, not its modules):
+``notebook_launch.RayCluster`` comes from ``ray.cluster`` alone.
+
+Two halves of Ray live elsewhere, each for a rule of the import graph
+(tests/test_import_graph.py):
+
+- the rank's half, what runs inside each actor, is ``rank.ray_actor``, ``rank.ray_serve`` and
+  ``rank.ray_where``: ``rank/`` holds everything that runs in a rank, and the rule that it
+  imports nothing of the notebook side is checked package by package, so a module here (a
+  package that imports the run scaffold and the supervisor's outcome) could not be held to it;
+- persistent ranks on Ray are ``persistent.ray_ranks``: ``RayRanks`` subclasses the pool
+  (``persistent.pool.Ranks``) while ``start_ranks`` and ``%ranks`` (``persistent``) start it,
+  so here it would make ``persistent`` and ``ray`` import each other. It moves here once the pool
+  speaks to its ranks through a transport (issue 31 item 4).
+
+Another engine (SLURM) sits beside this package the same way: ``notebook_launch/<engine>/``
+with its description, connection, run and launcher, its rank half in ``rank/``.
+"""
