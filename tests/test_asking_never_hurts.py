@@ -268,6 +268,9 @@ def test_the_lock_is_held_only_when_the_where_thread_waits_for_it_and_no_two_thr
     assert not lock_held(before, {1: (0, 10), 9: (0, 5), 20: (0, 3)}, 9)                  # stopped: no wake
     assert not lock_held(before, {1: (0, 10), 9: (30 * ms, 9), 20: (0, 3)}, 9)            # answering
     assert not lock_held(before, {1: (150 * ms, 11)}, 9)                                   # no where-thread
+    # threads starting and ending (a storm): each takes the lock, however briefly it runs
+    assert not lock_held(before, {1: (ms, 11), 9: (ms // 10, 45), 20: (0, 3), 31: (ms, 2)}, 9)   # one started
+    assert not lock_held(before, {1: (ms, 11), 9: (ms // 10, 45)}, 9)                      # one ended
 
 
 def test_a_ray_ranks_answer_leaves_the_where_thread_out():

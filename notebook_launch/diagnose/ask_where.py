@@ -157,9 +157,12 @@ def lock_held(before: dict[int, tuple[int, int]], after: dict[int, tuple[int, in
     """Whether a process's interpreter lock is held (by C code that keeps it): over the window
     between the two samples, its where-thread, woken by the request, kept waking (a thread
     waiting for the lock wakes every switch interval to ask for it; in a stopped process it
-    does not) without running, and at most one other thread ran (with the lock changing hands,
-    the threads that take it run: two or more of them)."""
-    if thread not in before or thread not in after:
+    does not) without running, at most one other thread ran (with the lock changing hands,
+    the threads that take it run: two or more of them), and no thread started or ended (a
+    Python thread takes the lock to start and to end: in a storm of short threads each runs
+    under ``BUSY_NS`` and is gone by the second sample, and a storm on a loaded machine was
+    once taken for a held lock and signalled)."""
+    if thread not in before or thread not in after or set(before) != set(after):
         return False
     woke = after[thread][1] - before[thread][1] >= 2
     ran = after[thread][0] - before[thread][0] >= BUSY_NS
