@@ -179,6 +179,14 @@ PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
             raise RuntimeError(f"{' '.join(argv)} failed ({result.returncode}):\n{result.stdout}\n{result.stderr}")
         return result
 
+    def notebook(self, code: str) -> subprocess.Popen:
+        """The notebook side: a Python process on node0 (the login node here) running ``code``
+        (from a file, so tracebacks show its lines), its output in pipes (text)."""
+        script = Path(tempfile.mkstemp(prefix="notebook-", suffix=".py", dir=self.tmp)[1])
+        script.write_text(code)
+        return subprocess.Popen(self.netns_argv(0, sys.executable, str(script)), env=self.env, text=True,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=str(self.tmp))
+
     def jobs(self) -> list[str]:
         """Every job SLURM still lists (any state but the ended ones squeue keeps for MinJobAge)."""
         out = self.run(0, "squeue", "-h", "-o", "%i %T", check=False).stdout

@@ -1,0 +1,343 @@
+"""The SLURM launcher: ranks as one-task ``srun`` steps of one allocation, started through the same
+``Launcher`` interface as fork, spawn, xla and Ray (``start(plan, job, channels) -> processes``).
+
+``start`` asks for the allocation (``salloc --no-shell``: no batch script, no shell; while the job
+waits in the queue every rank's row says "pending (Resources)" and Stop cancels it), writes the
+cloudpickled job into the run folder (the nodes share the file system, as HPC homes are), opens
+a listener on the notebook's address toward the first node and starts one ``srun`` per rank on its
+node, each running ``slurm.task``, which connects the rank's four streams back
+(``channels.sockets``, as Ray ranks do): those sockets are the channels the supervisor selects on.
+Each rank's handle is its ``srun`` process, a child of the notebook: its exit code is the rank's
+(128 + N for a signal), and SIGTERM to it makes SLURM cancel the step. ``end`` leaves nothing:
+the steps are cancelled, the job is scancelled and waited for until SLURM no longer holds it, and
+the watchdog (``slurm.watchdog``), which cancels the job if the notebook dies, is let go.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import pickle
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import IO, TYPE_CHECKING
+
+from ..channels import RankPipes, RankProcess, WaitStatus
+from ..channels.sockets import SocketPipes, StreamListener
+from ..errors import GuardError
+from ..net import source_address_toward
+from ..protocol import FailureKind
+from ..rank.spawn_context import capture_context, pickle_job
+from ..supervise import outcome
+from ..backends.base import Launcher
+from . import scheduler
+from .task import ASSIGNMENT_VARIABLE
+
+if TYPE_CHECKING:
+    from ..display.base import Display
+    from ..plan import LaunchPlan
+    from ..rank.runner import Job
+    from ..state import RunState
+    from .cluster import SlurmCluster
+
+log = logging.getLogger("notebook_launch")
+TICK = 0.1            # seconds between looks at salloc and the panel while the job waits
+STATE_EVERY = 1.0     # seconds between questions to the scheduler while it waits
+GONE_TIMEOUT = 60.0   # seconds for SLURM to end a cancelled job's processes
+ALLOCATION = re.compile(r"job allocation (\d+)")
+
+
+def master_port_for(job_id: str) -> int:
+    """Rank 0's store port on its node: Lightning's SLURM rule (15000 + the job id's last four
+    digits), so two jobs sharing a node do not pick the same port, and nothing has to run on the
+    node first to find one."""
+    return 15000 + int(job_id[-4:])
+
+
+class SlurmRank(RankProcess):
+    """A rank's ``srun`` step seen as its process. Signals travel over the rank's events connection
+    (``slurm.task`` delivers them); a kill is SIGTERM to srun, which has SLURM cancel the step.
+    Its pid is srun's, on this machine; the rank's own process runs on a node (``on_this_machine``)."""
+
+    on_this_machine = False
+
+    def __init__(self, local_rank: int, popen: subprocess.Popen, pipes: SocketPipes, launcher: SlurmLauncher) -> None:
+        self.local_rank = local_rank
+        self.popen = popen
+        self.pid = popen.pid
+        self.pipes = pipes
+        self.launcher = launcher
+        self.sent_signal: int | None = None
+        self._status: WaitStatus | None = None
+        self.sentinel = os.pidfd_open(popen.pid)
+
+    def poll(self) -> WaitStatus | None:
+        if self._status is None:
+            code = self.popen.poll()
+            if code is not None:
+                if code:   # the scheduler may know why (a time limit, a node that failed)
+                    self.end_note = self.launcher.end_cause()
+                self._status = ("signal", code - 128) if code > 128 else ("exit", code)
+        return self._status
+
+    @property
+    def reaped(self) -> bool:
+        return self._status is not None
+
+    def signal(self, signum: int) -> None:
+        self.sent_signal = signum
+        if signum == signal.SIGKILL or not self.pipes.send_signal(signum):
+            self.kill()
+
+    def kill(self) -> None:
+        self.sent_signal = signal.SIGKILL
+        if self.popen.poll() is None:
+            try:
+                self.popen.send_signal(signal.SIGTERM)   # srun: cancel the step, SIGKILL its task
+            except ProcessLookupError:
+                log.debug("srun of rank %d is gone already", self.local_rank)
+
+    def release(self) -> None:
+        if self.sentinel is not None:
+            os.close(self.sentinel)
+            self.sentinel = None
+
+
+class SlurmLauncher(Launcher):
+    """Starts a plan's ranks (one row per global rank: ``slurm.run.notebook_plan``) on a SLURM allocation."""
+
+    name = "slurm"
+
+    def __init__(self, cluster: "SlurmCluster", *, run_id: str, mixed_precision: str,
+                 rendezvous_timeout: float) -> None:
+        self.cluster = cluster
+        self.run_id = run_id
+        self.job_name = f"notebook_launch-{run_id}"
+        self.mixed_precision = mixed_precision
+        self.rendezvous_timeout = rendezvous_timeout   # for the ranks' connections back, once granted
+        self.python = cluster.python or sys.executable
+        self.state: "RunState | None" = None
+        self.display: "Display | None" = None
+        self.job_id: str | None = None
+        self.job: scheduler.JobInfo | None = None
+        self.nodes: list[tuple[str, str]] = []
+        self._payload: tuple["Job", bytes] | None = None
+        self._watchdog: subprocess.Popen | None = None
+        self._salloc: subprocess.Popen | None = None
+        self._sruns: list[subprocess.Popen] = []
+        self._listener: StreamListener | None = None
+        self._handed: list[SocketPipes] = []
+        self._payload_path: Path | None = None
+
+    def prepare_parent(self) -> None:
+        import cloudpickle  # noqa: F401  (ships the job; imported before the panel starts)
+
+    def attach(self, state: "RunState", display: "Display | None") -> None:
+        """The run state and display the queue's news go to (and Stop comes from)."""
+        self.state, self.display = state, display
+
+    def payload_for(self, job: "Job") -> bytes:
+        """The job and the notebook's context as the ranks load them (pickled once; a caller asks
+        before the run starts, so a function that does not pickle fails first)."""
+        if self._payload is None or self._payload[0] is not job:
+            self._payload = (job, pickle.dumps({"context": capture_context(), "job": pickle_job(job)},
+                                               protocol=pickle.HIGHEST_PROTOCOL))
+        return self._payload[1]
+
+    def open_channels(self, plan: "LaunchPlan") -> list[RankPipes]:
+        return []   # each rank's channels are the connections it makes back, accepted in start()
+
+    def start(self, plan: "LaunchPlan", job: "Job", channels: list[RankPipes]) -> list[RankProcess]:
+        assert self.state is not None, "attach() the run state first"
+        state, world_size, cluster = self.state, plan.world_size, self.cluster
+        payload = self.payload_for(job)
+        per_node = world_size // cluster.nodes
+        folder = Path(state.log_dir)
+        self._watchdog = start_watchdog(self.job_name)
+        self._allocate(per_node, folder)
+        assert self.job_id is not None and self.job is not None
+        self.nodes = scheduler.node_addresses(self.job.node_list)
+        host = source_address_toward(self.nodes[0][1])
+        if not host:
+            raise GuardError(f"cannot tell which local address reaches the SLURM node {self.nodes[0][0]} "
+                             f"({self.nodes[0][1]}); ranks could not send their output back to this notebook")
+        self._payload_path = folder / "slurm-job.pkl"
+        self._payload_path.write_bytes(payload)
+        self._listener = listener = StreamListener(host, world_size)
+        common = {"host": host, "port": listener.address[1], "token": listener.token.hex(),
+                  "payload": str(self._payload_path), "world_size": world_size, "num_nodes": cluster.nodes,
+                  "local_world_size": per_node, "master_addr": self.nodes[0][1],
+                  "master_port": master_port_for(self.job_id), "device_kind": cluster.device_kind,
+                  "mixed_precision": self.mixed_precision, "run_id": self.run_id,
+                  "cpus_per_rank": cluster.cpus_per_rank}
+        outputs: list[Path] = []
+        for rank in range(world_size):
+            node_rank, local_rank = divmod(rank, per_node)
+            name = self.nodes[node_rank][0]
+            state.on_placed(rank, node_rank, name)
+            assignment = dict(common, global_rank=rank, local_rank=local_rank, node_rank=node_rank)
+            env = dict(scheduler.slurm_environment(), **{ASSIGNMENT_VARIABLE: json.dumps(assignment)})
+            outputs.append(folder / f"srun-rank{rank}.out")
+            with open(outputs[-1], "wb") as out:
+                self._sruns.append(subprocess.Popen(
+                    scheduler.srun_argv(cluster, self.job_id, name, self.python), env=env, stdout=out,
+                    stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True))
+
+        def check() -> None:
+            """A step that ended before its rank connected: the interpreter or notebook_launch is
+            missing on the node, or the rank could not reach the notebook."""
+            self._waiting()
+            for rank, srun in enumerate(self._sruns):
+                if srun.poll() is not None:
+                    said = outputs[rank].read_text(errors="replace").strip()[-2000:]
+                    raise outcome.cluster_error(
+                        f"rank {rank}'s srun step on {self.nodes[rank // per_node][0]} ended (exit code "
+                        f"{srun.returncode}) before the rank connected to the notebook at {host}. "
+                        f"{missing_hint(said, self.python)}srun said:\n{said or '(nothing)'}",
+                        state, rank=rank, kind=FailureKind.EXIT)
+
+        deadline = time.monotonic() + self.rendezvous_timeout
+        try:
+            pipes = listener.accept_all(deadline, check)
+        except TimeoutError as exc:
+            raise outcome.cluster_error(
+                f"{exc} within rdzv_timeout={self.rendezvous_timeout:g} s; a firewall between the nodes and "
+                f"the notebook ({host}) blocks it, or the nodes reach the notebook through another address",
+                state) from None
+        self._handed = pipes
+        listener.close(keep=pipes)
+        self._listener = None
+        channels.extend(pipes)
+        return [SlurmRank(rank, srun, pipes[rank], self) for rank, srun in enumerate(self._sruns)]
+
+    def _allocate(self, per_node: int, folder: Path) -> None:
+        """salloc, waiting while the job is queued: the panel stays live, every rank's row says why it
+        waits ("pending (Resources)"), and Stop or an interrupt cancels it (``end``)."""
+        assert self.state is not None
+        said_path = folder / "salloc.out"
+        with open(said_path, "wb") as out:
+            self._salloc = salloc = subprocess.Popen(
+                scheduler.salloc_argv(self.cluster, per_node, self.job_name), env=scheduler.slurm_environment(),
+                stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+        shown, asked = "", 0.0
+        while True:
+            said = said_path.read_text(errors="replace")
+            found = ALLOCATION.search(said)
+            if found:
+                self.job_id = found.group(1)
+            code = salloc.poll()
+            if code is not None:
+                break
+            self._waiting()
+            if self.job_id and time.monotonic() - asked > STATE_EVERY:
+                asked = time.monotonic()
+                info = scheduler.job_info(self.job_id)
+                news = f"pending ({info.reason})" if info.state == "PENDING" else info.state.lower()
+                if news != shown:
+                    shown = news
+                    for rank_state in self.state.ranks:
+                        self.state.on_line(rank_state.local_rank, "stdout",
+                                           f"SLURM job {self.job_id} {news}")
+            time.sleep(TICK)
+        if code or not self.job_id:
+            raise outcome.cluster_error(
+                f"SLURM did not grant the allocation (salloc exit code {code}); salloc said:\n{said.strip()}",
+                self.state)
+        self.job = scheduler.job_info(self.job_id)
+        if self.job.state != "RUNNING":
+            raise outcome.cluster_error(f"SLURM job {self.job_id} is {self.job.state} right after it was granted "
+                                        f"({self.job.reason})", self.state)
+
+    def end_cause(self) -> str | None:
+        """Why the scheduler ended the job, if it did (asked once a rank ended with a failure)."""
+        if self.job_id is None:
+            return None
+        try:
+            info = scheduler.job_info(self.job_id)
+        except (GuardError, OSError, subprocess.SubprocessError):
+            log.debug("could not ask SLURM about job %s", self.job_id, exc_info=True)
+            return None
+        return info.end_cause()
+
+    def end(self) -> None:
+        """Leave nothing: the listener closed, every step and the job cancelled and gone from the
+        nodes, srun and salloc reaped, the watchdog let go."""
+        try:
+            if self._listener is not None:
+                self._listener.close(keep=self._handed)
+                self._listener = None
+            for srun in self._sruns:
+                if srun.poll() is None:
+                    srun.send_signal(signal.SIGTERM)
+            if self.job_id is not None:
+                scheduler.cancel(self.job_id)
+                wait_until_gone(self.job_id)
+            elif self._salloc is not None and self._salloc.poll() is None:
+                self._salloc.send_signal(signal.SIGTERM)   # not queued yet: salloc gives the request up
+            for process in [*self._sruns, *([self._salloc] if self._salloc else [])]:
+                _reap(process)
+        finally:
+            if self._payload_path is not None:
+                self._payload_path.unlink(missing_ok=True)
+            self._sruns = []
+            self._salloc = None
+            if self._watchdog is not None:
+                stop_watchdog(self._watchdog)
+                self._watchdog = None
+
+    def _waiting(self) -> None:
+        """Every tick of a wait on SLURM: the panel stays live, and Stop stops."""
+        assert self.state is not None
+        if self.display is not None:
+            self.display.refresh(self.state)
+        if self.state.stop_requested:
+            raise KeyboardInterrupt("notebook_launch: run stopped with the Stop button")
+
+
+def missing_hint(said: str, python: str) -> str:
+    if "execve" in said or "No such file" in said:
+        return (f"The notebook's Python ({python}) is not on that node at the same path: the nodes must share "
+                f"the notebook's environment (a venv or conda env on a shared file system), or give "
+                f"SlurmCluster(python=...) the interpreter to use there. ")
+    if "No module named" in said:
+        return "notebook_launch is not importable on that node with the notebook's Python and PYTHONPATH. "
+    return ""
+
+
+def wait_until_gone(job_id: str) -> None:
+    """Until SLURM holds nothing of the job (its processes on every node ended), GONE_TIMEOUT at most."""
+    deadline = time.monotonic() + GONE_TIMEOUT
+    while scheduler.job_info(job_id).live or scheduler.job_completing(job_id):
+        if time.monotonic() > deadline:
+            log.debug("SLURM job %s still not ended %g s after scancel", job_id, GONE_TIMEOUT)
+            return
+        time.sleep(0.1)
+
+
+def _reap(process: subprocess.Popen) -> None:
+    try:
+        process.wait(timeout=GONE_TIMEOUT)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+
+
+def start_watchdog(job_name: str) -> subprocess.Popen:
+    """The process that cancels the job if the notebook dies (``slurm.watchdog``)."""
+    env = scheduler.slurm_environment()
+    env["PYTHONPATH"] = os.pathsep.join(p for p in [str(Path(__file__).resolve().parents[2]),
+                                                    env.get("PYTHONPATH", "")] if p)
+    return subprocess.Popen([sys.executable, "-m", "notebook_launch.slurm.watchdog", job_name], env=env,
+                            stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+
+
+def stop_watchdog(watchdog: subprocess.Popen) -> None:
+    stdin: IO[bytes] | None = watchdog.stdin
+    if stdin is not None:
+        stdin.close()
+    _reap(watchdog)
