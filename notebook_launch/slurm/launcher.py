@@ -19,6 +19,7 @@ import logging
 import os
 import pickle
 import re
+import select
 import signal
 import subprocess
 import sys
@@ -27,9 +28,10 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING
 
 from ..channels import RankPipes, RankProcess, WaitStatus
-from ..channels.sockets import SocketPipes, StreamListener
+from ..channels.sockets import STREAMS, SocketPipes, StreamListener
 from ..errors import GuardError
 from ..net import source_address_toward
+from ..notebook_streams import OUT
 from ..protocol import FailureKind
 from ..rank.spawn_context import capture_context, pickle_job
 from ..supervise import outcome
@@ -48,6 +50,7 @@ log = logging.getLogger("notebook_launch")
 TICK = 0.1            # seconds between looks at salloc and the panel while the job waits
 STATE_EVERY = 1.0     # seconds between questions to the scheduler while it waits
 GONE_TIMEOUT = 60.0   # seconds for SLURM to end a cancelled job's processes
+END_RECORDED = 5.0    # seconds scontrol may take to record the end of a job whose rank SLURM killed
 ALLOCATION = re.compile(r"job allocation (\d+)")
 
 
@@ -58,6 +61,19 @@ def master_port_for(job_id: str) -> int:
     return 15000 + int(job_id[-4:])
 
 
+class RankListener(StreamListener):
+    """The listener, able to tell whether a rank whose srun already ended had connected first: a
+    rank that returns at once ends before its connections are accepted (they wait in the queue)."""
+
+    def connected(self, rank: int) -> bool:
+        while select.select([self.sock], [], [], 0)[0]:   # take what waits in the listen queue first
+            before = len(self._fds)
+            self._accept_one()
+            if len(self._fds) == before:
+                break
+        return all((rank, stream) in self._fds for stream in range(len(STREAMS)))
+
+
 class SlurmRank(RankProcess):
     """A rank's ``srun`` step seen as its process. Signals travel over the rank's events connection
     (``slurm.task`` delivers them); a kill is SIGTERM to srun, which has SLURM cancel the step.
@@ -65,7 +81,9 @@ class SlurmRank(RankProcess):
 
     on_this_machine = False
 
-    def __init__(self, local_rank: int, popen: subprocess.Popen, pipes: SocketPipes, launcher: SlurmLauncher) -> None:
+    def __init__(self, local_rank: int, popen: subprocess.Popen, pidfd: int, pipes: SocketPipes,
+                 launcher: SlurmLauncher) -> None:
+        """``pidfd``: srun's, opened as it started (it may have ended and been reaped since)."""
         self.local_rank = local_rank
         self.popen = popen
         self.pid = popen.pid
@@ -73,14 +91,14 @@ class SlurmRank(RankProcess):
         self.launcher = launcher
         self.sent_signal: int | None = None
         self._status: WaitStatus | None = None
-        self.sentinel = os.pidfd_open(popen.pid)
+        self.sentinel: int | None = pidfd
 
     def poll(self) -> WaitStatus | None:
         if self._status is None:
             code = self.popen.poll()
             if code is not None:
-                if code:   # the scheduler may know why (a time limit, a node that failed)
-                    self.end_note = self.launcher.end_cause()
+                if code and self.sent_signal is None:   # the scheduler may know why (a time limit, ...)
+                    self.end_note = self.launcher.end_cause(signalled=code > 128)
                 self._status = ("signal", code - 128) if code > 128 else ("exit", code)
         return self._status
 
@@ -129,7 +147,8 @@ class SlurmLauncher(Launcher):
         self._watchdog: subprocess.Popen | None = None
         self._salloc: subprocess.Popen | None = None
         self._sruns: list[subprocess.Popen] = []
-        self._listener: StreamListener | None = None
+        self._pidfds: list[int] = []   # each srun's, until a SlurmRank owns it
+        self._listener: RankListener | None = None
         self._handed: list[SocketPipes] = []
         self._payload_path: Path | None = None
 
@@ -167,7 +186,7 @@ class SlurmLauncher(Launcher):
                              f"({self.nodes[0][1]}); ranks could not send their output back to this notebook")
         self._payload_path = folder / "slurm-job.pkl"
         self._payload_path.write_bytes(payload)
-        self._listener = listener = StreamListener(host, world_size)
+        self._listener = listener = RankListener(host, world_size)
         common = {"host": host, "port": listener.address[1], "token": listener.token.hex(),
                   "payload": str(self._payload_path), "world_size": world_size, "num_nodes": cluster.nodes,
                   "local_world_size": per_node, "master_addr": self.nodes[0][1],
@@ -186,13 +205,14 @@ class SlurmLauncher(Launcher):
                 self._sruns.append(subprocess.Popen(
                     scheduler.srun_argv(cluster, self.job_id, name, self.python), env=env, stdout=out,
                     stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True))
+            self._pidfds.append(os.pidfd_open(self._sruns[-1].pid))
 
         def check() -> None:
             """A step that ended before its rank connected: the interpreter or notebook_launch is
             missing on the node, or the rank could not reach the notebook."""
             self._waiting()
             for rank, srun in enumerate(self._sruns):
-                if srun.poll() is not None:
+                if srun.poll() is not None and not listener.connected(rank):
                     said = outputs[rank].read_text(errors="replace").strip()[-2000:]
                     raise outcome.cluster_error(
                         f"rank {rank}'s srun step on {self.nodes[rank // per_node][0]} ended (exit code "
@@ -212,7 +232,9 @@ class SlurmLauncher(Launcher):
         listener.close(keep=pipes)
         self._listener = None
         channels.extend(pipes)
-        return [SlurmRank(rank, srun, pipes[rank], self) for rank, srun in enumerate(self._sruns)]
+        pidfds, self._pidfds = self._pidfds, []
+        return [SlurmRank(rank, srun, pidfd, pipes[rank], self)
+                for rank, (srun, pidfd) in enumerate(zip(self._sruns, pidfds))]
 
     def _allocate(self, per_node: int, folder: Path) -> None:
         """salloc, waiting while the job is queued: the panel stays live, every rank's row says why it
@@ -239,6 +261,8 @@ class SlurmLauncher(Launcher):
                 news = f"pending ({info.reason})" if info.state == "PENDING" else info.state.lower()
                 if news != shown:
                     shown = news
+                    print(f"notebook_launch: SLURM job {self.job_id} {news}"
+                          + ("; Stop or Ctrl-C cancels it" if info.state == "PENDING" else ""), file=OUT, flush=True)
                     for rank_state in self.state.ranks:
                         self.state.on_line(rank_state.local_rank, "stdout",
                                            f"SLURM job {self.job_id} {news}")
@@ -252,16 +276,23 @@ class SlurmLauncher(Launcher):
             raise outcome.cluster_error(f"SLURM job {self.job_id} is {self.job.state} right after it was granted "
                                         f"({self.job.reason})", self.state)
 
-    def end_cause(self) -> str | None:
-        """Why the scheduler ended the job, if it did (asked once a rank ended with a failure)."""
+    def end_cause(self, signalled: bool) -> str | None:
+        """Why the scheduler ended the job, if it did (asked once a rank we did not stop ended with a
+        failure). A rank SLURM killed (``signalled``) may end before ``scontrol`` records the job's end:
+        then it is asked again for up to END_RECORDED seconds."""
         if self.job_id is None:
             return None
-        try:
-            info = scheduler.job_info(self.job_id)
-        except (GuardError, OSError, subprocess.SubprocessError):
-            log.debug("could not ask SLURM about job %s", self.job_id, exc_info=True)
-            return None
-        return info.end_cause()
+        deadline = time.monotonic() + (END_RECORDED if signalled else 0)
+        while True:
+            try:
+                info = scheduler.job_info(self.job_id)
+            except (GuardError, OSError, subprocess.SubprocessError):
+                log.debug("could not ask SLURM about job %s", self.job_id, exc_info=True)
+                return None
+            cause = info.end_cause()
+            if cause or not info.live or time.monotonic() > deadline:
+                return cause
+            time.sleep(0.2)
 
     def end(self) -> None:
         """Leave nothing: the listener closed, every step and the job cancelled and gone from the
@@ -283,6 +314,9 @@ class SlurmLauncher(Launcher):
         finally:
             if self._payload_path is not None:
                 self._payload_path.unlink(missing_ok=True)
+            for pidfd in self._pidfds:
+                os.close(pidfd)
+            self._pidfds = []
             self._sruns = []
             self._salloc = None
             if self._watchdog is not None:

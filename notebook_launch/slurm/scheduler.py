@@ -95,7 +95,8 @@ class JobInfo:
 
     def end_cause(self) -> str | None:
         """What ended the job, when the scheduler did (a time limit, a node failure, ...)."""
-        text = ENDS.get(self.state)
+        state = "TIMEOUT" if self.reason == "TimeLimit" else self.state   # COMPLETING at its limit
+        text = ENDS.get(state)
         return text.format(limit=self.time_limit) if text else None
 
 

@@ -24,6 +24,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Callable
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # tests/: helpers.netns_pair
 from helpers import netns_pair  # noqa: E402
@@ -152,7 +153,7 @@ PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
             return out.count("idle") == len(NODES)
         self._wait(idle, "both SLURM nodes to be idle", timeout)
 
-    def _wait(self, condition, what: str, timeout: float) -> None:   # type: ignore[no-untyped-def]
+    def _wait(self, condition: Callable[[], bool], what: str, timeout: float) -> None:
         deadline = time.monotonic() + timeout
         while not condition():
             if time.monotonic() > deadline:

@@ -47,6 +47,7 @@ def launch_error(slurm, code: str) -> tuple[dict, str]:
 
 def wait_for_lines(proc: subprocess.Popen, needle: str, count: int, timeout: float = 180) -> str:
     """Read the notebook's stdout until ``count`` lines contain ``needle``; what was read."""
+    assert proc.stdout is not None and proc.stderr is not None
     seen, text = 0, ""
     selector = selectors.DefaultSelector()
     selector.register(proc.stdout, selectors.EVENT_READ)
@@ -147,3 +148,63 @@ notebook_launcher(train, num_processes=4, cluster=SlurmCluster(nodes=2), ui="tex
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def hold_every_node(slurm) -> str:
+    """Another job that holds every CPU of both nodes; its id."""
+    said = slurm.run(0, "salloc", "--no-shell", "--nodes=2", "--ntasks-per-node=2", "--job-name=blocker").stderr
+    return said.split("job allocation")[1].split()[0]
+
+
+def test_a_pending_job_says_why_and_starts_when_the_nodes_are_freed(slurm):
+    blocker = hold_every_node(slurm)
+    proc = slurm.notebook(SETUP + """
+def train():
+    return int(os.environ["RANK"])
+print(json.dumps(notebook_launcher(train, num_processes=4, cluster=SlurmCluster(nodes=2), ui="text")))
+""")
+    try:
+        shown = wait_for_lines(proc, "pending (Resources); Stop or Ctrl-C cancels it", 1)
+        assert "SLURM job" in shown
+        slurm.run(0, "scancel", blocker)
+        out, err = proc.communicate(timeout=180)
+        assert proc.returncode == 0, err
+        assert json.loads(out.strip().splitlines()[-1]) == [0, 1, 2, 3]
+        assert_nothing_left(slurm)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_an_interrupt_while_pending_cancels_the_queued_job(slurm):
+    blocker = hold_every_node(slurm)
+    proc = slurm.notebook(SETUP + """
+notebook_launcher(print, num_processes=4, cluster=SlurmCluster(nodes=2), ui="text")
+""")
+    try:
+        wait_for_lines(proc, "pending (Resources)", 1)
+        assert len(slurm.jobs()) == 2
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=120)
+        assert "KeyboardInterrupt" in err, err
+        assert [line.split()[0] for line in slurm.jobs()] == [blocker]   # ours left the queue
+        slurm.run(0, "scancel", blocker)
+        assert_nothing_left(slurm)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_the_time_limit_is_named_as_the_cause(slurm):
+    """SLURM ends the job at its 1-minute limit (the slowest test here: about 90 s); the error says
+    so, from the scheduler's record, not "killed by SIGTERM"."""
+    error, _ = launch_error(slurm, """
+def train():
+    import time
+    time.sleep(600)
+notebook_launcher(train, num_processes=2, cluster=SlurmCluster(nodes=2, time="1"), ui="none")
+""")
+    assert "SLURM ended the job at its 00:01:00 time limit" in error["message"], error
+    assert_nothing_left(slurm)
