@@ -66,3 +66,9 @@ def test_launch_arguments_a_slurm_run_cannot_honour(kwargs, says):
 def test_a_wrong_cluster_type_names_both_engines():
     with pytest.raises(LaunchArgumentError, match="RayCluster\\(...\\), a notebook_launch.SlurmCluster"):
         notebook_launcher(print, num_processes=2, cluster="slurm")  # type: ignore[arg-type]
+
+
+def test_persistent_ranks_on_slurm_are_refused_as_not_supported_yet():
+    from notebook_launch import start_ranks
+    with pytest.raises(LaunchArgumentError, match="persistent ranks on a SLURM allocation are not supported yet"):
+        start_ranks(2, cluster=SlurmCluster(nodes=1))  # type: ignore[arg-type]
