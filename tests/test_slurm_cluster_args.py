@@ -71,4 +71,4 @@ def test_a_wrong_cluster_type_names_both_engines():
 def test_persistent_ranks_on_slurm_are_refused_as_not_supported_yet():
     from notebook_launch import start_ranks
     with pytest.raises(LaunchArgumentError, match="persistent ranks on a SLURM allocation are not supported yet"):
-        start_ranks(2, cluster=SlurmCluster(nodes=1))  # type: ignore[arg-type]
+        start_ranks(2, cluster=SlurmCluster(nodes=1))

@@ -52,6 +52,7 @@ STATE_EVERY = 1.0     # seconds between questions to the scheduler while it wait
 GONE_TIMEOUT = 60.0   # seconds for SLURM to end a cancelled job's processes
 END_RECORDED = 5.0    # seconds scontrol may take to record the end of a job whose rank SLURM killed
 ALLOCATION = re.compile(r"job allocation (\d+)")
+NODE_FAILURE = re.compile(r"Node failure on \S+")
 
 
 def master_port_for(job_id: str) -> int:
@@ -97,8 +98,8 @@ class SlurmRank(RankProcess):
         if self._status is None:
             code = self.popen.poll()
             if code is not None:
-                if code and self.sent_signal is None:   # the scheduler may know why (a time limit, ...)
-                    self.end_note = self.launcher.end_cause(signalled=code > 128)
+                if self.sent_signal is None:   # the scheduler may know why (a time limit, a node failure)
+                    self.end_note = self.launcher.end_cause(self.local_rank, code)
                 self._status = ("signal", code - 128) if code > 128 else ("exit", code)
         return self._status
 
@@ -276,12 +277,28 @@ class SlurmLauncher(Launcher):
             raise outcome.cluster_error(f"SLURM job {self.job_id} is {self.job.state} right after it was granted "
                                         f"({self.job.reason})", self.state)
 
-    def end_cause(self, signalled: bool) -> str | None:
-        """Why the scheduler ended the job, if it did (asked once a rank we did not stop ended with a
-        failure). A rank SLURM killed (``signalled``) may end before ``scontrol`` records the job's end:
-        then it is asked again for up to END_RECORDED seconds."""
-        if self.job_id is None:
+    def end_cause(self, rank: int, code: int) -> str | None:
+        """Why the scheduler ended a rank we did not stop, if it did: asked when its srun failed or said
+        something (srun ends with 0 after "Node failure on node1"). A rank SLURM killed may end before
+        ``scontrol`` records the job's end: then it is asked again for up to END_RECORDED seconds."""
+        said = self._srun_said(rank)
+        if self.job_id is None or not (code or said):
             return None
+        node_failure = NODE_FAILURE.search(said)
+        cause = self._scheduler_cause(signalled=code > 128 or node_failure is not None)
+        if cause is None and node_failure is not None:   # the scheduler forgot the job already
+            cause = f"SLURM reported a node failure ({node_failure.group(0)})"
+        return cause
+
+    def _srun_said(self, rank: int) -> str:
+        assert self.state is not None
+        try:
+            return (Path(self.state.log_dir) / f"srun-rank{rank}.out").read_text(errors="replace")[-4000:]
+        except OSError:
+            return ""
+
+    def _scheduler_cause(self, signalled: bool) -> str | None:
+        assert self.job_id is not None
         deadline = time.monotonic() + (END_RECORDED if signalled else 0)
         while True:
             try:

@@ -15,7 +15,7 @@ _shared: dict[str, SlurmTwoNodes] = {}
 
 @pytest.fixture
 def slurm(tmp_path_factory) -> SlurmTwoNodes:
-    """The session's cluster, with no job of an earlier test left in its queue."""
+    """The session's cluster, both nodes up and idle, with no job of an earlier test left in its queue."""
     reason = unavailable_reason()
     if reason:
         pytest.skip(reason)
@@ -25,8 +25,7 @@ def slurm(tmp_path_factory) -> SlurmTwoNodes:
         _shared["cluster"] = cluster   # held before up(): a half-started cluster is taken down too
         cluster.up()
     else:
-        cluster.cancel_all()
-        cluster.wait_idle()
+        cluster.ensure_up()
     return cluster
 
 

@@ -33,6 +33,8 @@ REPO = Path(__file__).resolve().parents[2]
 NODES = ("node0", "node1")
 CPUS_PER_NODE = 2
 DAEMONS = {"munged": "/usr/sbin/munged", "slurmctld": "/usr/sbin/slurmctld", "slurmd": "/usr/sbin/slurmd"}
+ENDED = {"COMPLETED", "CANCELLED", "FAILED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "OUT_OF_MEMORY", "BOOT_FAIL",
+         "DEADLINE"}   # a job's states once SLURM holds nothing of it (COMPLETING: its processes are still ending)
 UP_TIMEOUT = 120.0   # seconds for both nodes to be idle (a loaded 2-core machine is slow)
 
 
@@ -191,8 +193,7 @@ PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
     def jobs(self) -> list[str]:
         """Every job SLURM still lists (any state but the ended ones squeue keeps for MinJobAge)."""
         out = self.run(0, "squeue", "-h", "-o", "%i %T", check=False).stdout
-        return [line for line in out.splitlines() if line.strip() and "COMPLET" not in line
-                and "CANCELLED" not in line and "FAILED" not in line and "TIMEOUT" not in line]
+        return [line for line in out.splitlines() if line.strip() and line.split()[-1] not in ENDED]
 
     def pids(self, node: int | None = None) -> list[int]:
         nodes = range(2) if node is None else (node,)
@@ -210,6 +211,30 @@ PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
             if needle in title:
                 found.append(f"{pid}: {title.strip()}")
         return found
+
+    def kill_node(self, node: int) -> None:
+        """A node failure: SIGKILL every process in the node's namespace (its slurmd, the job's
+        slurmstepd and ranks), until none is left."""
+        for _ in range(100):
+            pids = self.pids(node)
+            if not pids:
+                break
+            for pid in pids:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            time.sleep(0.1)
+        self.daemons[f"slurmd-{node}"].wait(timeout=30)
+
+    def ensure_up(self) -> None:
+        """Every daemon running (a test that failed a node restarts its slurmd: ReturnToService=2
+        takes it back), no job of an earlier test in the queue, both nodes idle."""
+        for node in (0, 1):
+            if self.daemons[f"slurmd-{node}"].poll() is not None:
+                self._start(f"slurmd-{node}", node, "/usr/sbin/slurmd", "-D", "-f", str(self.conf))
+        self.cancel_all()
+        self.wait_idle()
 
     def cancel_all(self) -> None:
         """Between tests: no job of an earlier test holds the nodes."""

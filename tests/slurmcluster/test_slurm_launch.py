@@ -208,3 +208,32 @@ notebook_launcher(train, num_processes=2, cluster=SlurmCluster(nodes=2, time="1"
 """)
     assert "SLURM ended the job at its 00:01:00 time limit" in error["message"], error
     assert_nothing_left(slurm)
+
+
+def test_a_node_failure_is_named_from_the_scheduler(slurm):
+    """node1 dies (every process in it SIGKILLed: slurmd, slurmstepd, ranks); once slurmctld marks it
+    down (SlurmdTimeout, 30 s here) the job ends NODE_FAIL, and the error says a node failed rather
+    than "exited with code 0" (what srun's exit code alone says)."""
+    proc = slurm.notebook(SETUP + """
+def train():
+    import time
+    print("running", flush=True)
+    time.sleep(600)
+try:
+    notebook_launcher(train, num_processes=4, cluster=SlurmCluster(nodes=2), ui="text")
+except LaunchError as err:
+    print(error_json(err))
+""")
+    try:
+        wait_for_lines(proc, "] running", 4)
+        slurm.kill_node(1)
+        out, err = proc.communicate(timeout=180)
+        error = json.loads(out.strip().splitlines()[-1])
+        assert error["type"] == "LaunchError", (out, err)
+        assert error["rank"] in (2, 3), error
+        assert "a node failed (NODE_FAIL" in error["message"] or "Node failure on node1" in error["message"], error
+        assert_nothing_left(slurm)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
