@@ -59,6 +59,26 @@ def run(*argv: str, timeout: float = COMMAND_TIMEOUT) -> subprocess.CompletedPro
                           stdin=subprocess.DEVNULL)
 
 
+def environment_report() -> str:
+    """For ``notebook-launch env``: the SLURM cluster this machine's commands reach (sinfo), one
+    entry per partition; nothing is submitted."""
+    if shutil.which("sinfo") is None:
+        return "no SLURM commands here (sinfo not found; cluster=SlurmCluster(...) runs from a login node)"
+    try:
+        result = run("sinfo", "-h", "-o", "%P %a %D %C", timeout=10)
+    except (OSError, subprocess.SubprocessError) as exc:
+        return f"sinfo did not answer ({type(exc).__name__}: {exc})"
+    if result.returncode:
+        said = (result.stderr.strip().splitlines() or ["no message"])[-1]
+        return f"sinfo failed: {said}"
+    partitions = []
+    for line in result.stdout.splitlines():
+        name, avail, nodes, cpus = (line.split() + ["?"] * 4)[:4]
+        allocated, idle = (cpus.split("/") + ["?", "?"])[:2]
+        partitions.append(f"{name} ({avail}, {nodes} nodes, {idle} CPUs idle, {allocated} allocated)")
+    return "partitions " + "; ".join(partitions) if partitions else "sinfo lists no partition"
+
+
 def salloc_argv(cluster: "SlurmCluster", ranks_per_node: int, job_name: str) -> list[str]:
     """salloc without a shell: the allocation is made (or queued) and salloc returns once it is granted."""
     argv = ["salloc", "--no-shell", f"--job-name={job_name}", f"--nodes={cluster.nodes}",
