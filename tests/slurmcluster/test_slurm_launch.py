@@ -22,7 +22,7 @@ import json, os, socket, sys, time
 from notebook_launch import notebook_launcher, SlurmCluster, LaunchError
 def error_json(err):
     return json.dumps({"type": type(err).__name__, "message": str(err), "rank": getattr(err, "rank", None),
-                       "log_dir": getattr(err, "log_dir", None)})
+                       "kind": getattr(err, "kind", None), "log_dir": getattr(err, "log_dir", None)})
 """
 RANK_PROCESS = "notebook_launch.slurm.task"
 GONE_WITHIN = 60.0   # seconds SLURM may take to end a job's processes on a loaded machine
@@ -237,3 +237,16 @@ except LaunchError as err:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_timeout_stops_every_rank_and_ends_the_job(slurm):
+    error, _ = launch_error(slurm, """
+def train():
+    import time
+    print("running", flush=True)
+    time.sleep(600)
+notebook_launcher(train, num_processes=4, cluster=SlurmCluster(nodes=2), ui="none", timeout=20)
+""")
+    assert error["kind"] == "timeout", error
+    assert "was not asked (its process runs on another machine)" in error["message"], error
+    assert_nothing_left(slurm)
