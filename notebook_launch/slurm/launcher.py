@@ -25,7 +25,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import IO, TYPE_CHECKING
+from typing import IO, TYPE_CHECKING, Any, Callable
 
 from ..channels import RankPipes, RankProcess, WaitStatus
 from ..channels.sockets import STREAMS, SocketPipes, StreamListener
@@ -36,6 +36,7 @@ from ..protocol import FailureKind
 from ..rank.spawn_context import capture_context, pickle_job
 from ..supervise import outcome
 from ..backends.base import Launcher
+from ..backends.ray_where import WhereAsker
 from . import scheduler
 from .task import ASSIGNMENT_VARIABLE
 
@@ -81,6 +82,7 @@ class SlurmRank(RankProcess):
     Its pid is srun's, on this machine; the rank's own process runs on a node (``on_this_machine``)."""
 
     on_this_machine = False
+    where_asker: WhereAsker | None = None   # its run's ranks, asked where they are together
 
     def __init__(self, local_rank: int, popen: subprocess.Popen, pidfd: int, pipes: SocketPipes,
                  launcher: SlurmLauncher) -> None:
@@ -111,6 +113,11 @@ class SlurmRank(RankProcess):
         self.sent_signal = signum
         if signum == signal.SIGKILL or not self.pipes.send_signal(signum):
             self.kill()
+
+    def ask_where(self, global_rank: Callable[[int], int]) -> dict[int, Any]:
+        """Where this rank is, asked over its connections with every rank of the run at once
+        (``backends.ray_where``, as Ray ranks are asked: the same connections and answers)."""
+        return {} if self.where_asker is None else self.where_asker.ask(self, global_rank)
 
     def kill(self) -> None:
         self.sent_signal = signal.SIGKILL
@@ -234,8 +241,12 @@ class SlurmLauncher(Launcher):
         self._listener = None
         channels.extend(pipes)
         pidfds, self._pidfds = self._pidfds, []
-        return [SlurmRank(rank, srun, pidfd, pipes[rank], self)
-                for rank, (srun, pidfd) in enumerate(zip(self._sruns, pidfds))]
+        ranks = [SlurmRank(rank, srun, pidfd, pipes[rank], self)
+                 for rank, (srun, pidfd) in enumerate(zip(self._sruns, pidfds))]
+        asker = WhereAsker(ranks)
+        for process in ranks:
+            process.where_asker = asker
+        return list(ranks)
 
     def _allocate(self, per_node: int, folder: Path) -> None:
         """salloc, waiting while the job is queued: the panel stays live, every rank's row says why it

@@ -6,8 +6,8 @@ gets (``plan.rank_environment``, with the interface that reaches rank 0's node),
 cloudpickled job the notebook wrote into the run folder and runs it with ``rank.runner.run_rank``:
 from there on it is a local rank. A thread delivers the signals the notebook sends over the
 events connection (Stop, timeout, another rank failed) and ends the rank if the notebook goes
-away. This module is the rank side: it imports only what a rank imports (rank/, channels,
-protocol, plan, net), never the notebook side of the SLURM engine.
+away, and answers its where requests. This module is the rank side: it imports only what a rank
+imports (rank/, channels, protocol, plan, net), never the notebook side of the SLURM engine.
 
 What it is told comes in one environment variable (JSON), not in argv: the run's token would
 otherwise show in every ``ps`` on the node.
@@ -28,6 +28,7 @@ from ..net import interface_with_address, source_address_toward
 from ..plan import RankSpec, rank_environment
 from ..rank import spawn_context
 from ..rank.bootstrap import EXIT_FAILED, capture_output, exit_with
+from ..rank.ray_where import Answerer, request_number
 from ..rank.runner import report_error, run_rank, setup_failure
 from ..rank.spawn_entry import report_unloadable_job
 
@@ -46,7 +47,7 @@ def main() -> None:
         socks[2].close()
         writer = protocol.EventWriter(socks[0].fileno(), answers_fd=socks[3].fileno())
         protocol.install(writer)
-        threading.Thread(target=_obey_notebook, args=(socks[0],), daemon=True,
+        threading.Thread(target=_obey_notebook, args=(socks[0], Answerer(socks[3])), daemon=True,
                          name="notebook_launch-control").start()
         spec = _rank_spec(assignment)
         os.environ.update(spec.env)
@@ -86,9 +87,10 @@ def _rank_spec(a: dict[str, Any]) -> RankSpec:
     return RankSpec(a["global_rank"], a["local_rank"], device, env)
 
 
-def _obey_notebook(sock: Any) -> None:
-    """Deliver the signals the notebook sends; if the notebook goes away, end the rank (as a
-    local rank dies with its parent)."""
+def _obey_notebook(sock: Any, answerer: Answerer) -> None:
+    """Deliver the signals the notebook sends, hand its where requests (a hang's verdict) to
+    ``answerer`` (``rank.ray_where``, shared with Ray ranks: the same connections); if the notebook
+    goes away, end the rank (as a local rank dies with its parent)."""
     buffer = b""
     while True:
         try:
@@ -101,7 +103,10 @@ def _obey_notebook(sock: Any) -> None:
         while len(buffer) >= SIGNAL_FRAME.size:
             (signum,) = SIGNAL_FRAME.unpack_from(buffer)
             buffer = buffer[SIGNAL_FRAME.size:]
-            if 0 < signum < signal.NSIG:
+            number = request_number(signum)
+            if number is not None:
+                answerer.ask(number)
+            elif 0 < signum < signal.NSIG:
                 os.kill(os.getpid(), signum)
 
 

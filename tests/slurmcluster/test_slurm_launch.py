@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import selectors
 import signal
 import subprocess
@@ -239,14 +240,22 @@ except LaunchError as err:
             proc.wait()
 
 
-def test_timeout_stops_every_rank_and_ends_the_job(slurm):
+def test_a_timeout_names_the_odd_rank_across_nodes_and_ends_the_job(slurm):
+    """Rank 3 (on node1) sleeps instead of joining the all_reduce the others wait in: the timeout's
+    first line says so, with the lines, though no rank runs on the notebook's machine's processes;
+    every rank is stopped and the job ends."""
     error, _ = launch_error(slurm, """
+import torch, torch.distributed as dist
 def train():
-    import time
-    print("running", flush=True)
-    time.sleep(600)
-notebook_launcher(train, num_processes=4, cluster=SlurmCluster(nodes=2), ui="none", timeout=20)
+    dist.init_process_group("gloo")
+    if dist.get_rank() == 3:
+        time.sleep(600)
+    dist.all_reduce(torch.ones(4))
+notebook_launcher(train, num_processes=4, cluster=SlurmCluster(nodes=2), ui="none", timeout=30)
 """)
     assert error["kind"] == "timeout", error
-    assert "was not asked (its process runs on another machine)" in error["message"], error
+    first = error["message"].splitlines()[0]
+    assert re.search(r"ranks 0, 1, 2 wait in all_reduce #1 \(notebook-\w+\.py:\d+\); rank 3 never reached it: "
+                     r"it is in train\(\) at notebook-\w+\.py:\d+ \(time\.sleep\(600\)\)", first), error["message"]
+    assert "was not asked" not in error["message"]
     assert_nothing_left(slurm)
