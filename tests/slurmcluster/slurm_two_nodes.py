@@ -14,6 +14,7 @@ Recipe: ../shared/SLURM_RECIPE.md (Debian's slurm-wlm 22.05 and munge; root; ipr
 """
 from __future__ import annotations
 
+import json
 import os
 import pwd
 import secrets
@@ -24,7 +25,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # tests/: helpers.netns_pair
 from helpers import netns_pair  # noqa: E402
@@ -189,6 +190,20 @@ PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
         script.write_text(code)
         return subprocess.Popen(self.netns_argv(0, sys.executable, str(script)), env=self.env, text=True,
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=str(self.tmp))
+
+    def kernel_manager(self) -> Any:
+        """A (not yet started) Jupyter kernel on node0, reached over ipc:// files (the tests' own
+        namespace cannot reach node0's loopback), as tests/raycluster's notebooks are."""
+        from jupyter_client.kernelspec import KernelSpecManager
+        from jupyter_client.manager import KernelManager
+        root = Path(tempfile.mkdtemp(prefix="kernel-", dir=self.tmp))
+        spec = root / "nlslurm"
+        spec.mkdir()
+        (spec / "kernel.json").write_text(json.dumps({
+            "argv": self.netns_argv(0, sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"),
+            "display_name": "notebook_launch on node0", "language": "python"}))
+        return KernelManager(kernel_name="nlslurm", kernel_spec_manager=KernelSpecManager(kernel_dirs=[str(root)]),
+                             transport="ipc", ip=str(root / "zmq"))
 
     def jobs(self) -> list[str]:
         """Every job SLURM still lists (any state but the ended ones squeue keeps for MinJobAge)."""
