@@ -333,8 +333,7 @@ class SlurmLauncher(Launcher):
                 if srun.poll() is None:
                     srun.send_signal(signal.SIGTERM)
             if self.job_id is not None:
-                scheduler.cancel(self.job_id)
-                wait_until_gone(self.job_id)
+                cancel_and_wait(self.job_id)
             elif self._salloc is not None and self._salloc.poll() is None:
                 self._salloc.send_signal(signal.SIGTERM)   # not queued yet: salloc gives the request up
             for process in [*self._sruns, *([self._salloc] if self._salloc else [])]:
@@ -370,14 +369,20 @@ def missing_hint(said: str, python: str) -> str:
     return ""
 
 
-def wait_until_gone(job_id: str) -> None:
-    """Until SLURM holds nothing of the job (its processes on every node ended), GONE_TIMEOUT at most."""
+def cancel_and_wait(job_id: str) -> None:
+    """scancel, then until SLURM holds nothing of the job (its processes on every node ended),
+    GONE_TIMEOUT at most. A scheduler that does not answer is logged, never raised: the run's own
+    error must reach the cell (and the watchdog cancels the job again when it is let go)."""
     deadline = time.monotonic() + GONE_TIMEOUT
-    while scheduler.job_info(job_id).live or scheduler.job_completing(job_id):
-        if time.monotonic() > deadline:
-            log.debug("SLURM job %s still not ended %g s after scancel", job_id, GONE_TIMEOUT)
-            return
-        time.sleep(0.1)
+    try:
+        scheduler.cancel(job_id)
+        while scheduler.job_info(job_id).live or scheduler.job_completing(job_id):
+            if time.monotonic() > deadline:
+                log.debug("SLURM job %s still not ended %g s after scancel", job_id, GONE_TIMEOUT)
+                return
+            time.sleep(0.1)
+    except (GuardError, OSError, subprocess.SubprocessError):
+        log.debug("could not cancel SLURM job %s or see it end", job_id, exc_info=True)
 
 
 def _reap(process: subprocess.Popen) -> None:

@@ -77,3 +77,29 @@ def test_the_panel_names_nodes_and_stop_cancels_a_running_or_pending_job(slurm):
             pass
         kc.stop_channels()
         km.shutdown_kernel(now=True)
+
+
+def test_a_sigkilled_kernel_leaves_no_job_and_no_rank(slurm):
+    """The notebook's kernel SIGKILLed mid-run (no cleanup of ours runs): the watchdog cancels the
+    job and the ranks end with their connections; squeue is empty and no rank process is left."""
+    km = slurm.kernel_manager()
+    km.start_kernel(env=slurm.env, cwd=str(slurm.tmp))
+    kc = km.client()
+    kc.start_channels()
+    try:
+        kc.wait_for_ready(timeout=120)
+        kc.execute(CELL.replace("SlurmCluster(nodes=2))", "SlurmCluster(nodes=2), ui='text')"))
+        running, deadline = 0, time.monotonic() + 240
+        while running < 4 and time.monotonic() < deadline:
+            msg = kc.get_iopub_msg(timeout=120)
+            if msg["msg_type"] == "stream":
+                running += msg["content"]["text"].count("] running")
+        assert running == 4, "the ranks did not all start"
+        assert len(slurm.jobs()) == 1
+        km.provisioner.process.kill()   # `ip netns exec` execs the kernel: this is its process
+        km.provisioner.process.wait()
+        assert_nothing_left(slurm)
+    finally:
+        kc.stop_channels()
+        if km.has_kernel:
+            km.shutdown_kernel(now=True)
