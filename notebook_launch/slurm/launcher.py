@@ -287,6 +287,8 @@ class SlurmLauncher(Launcher):
         if self.job.state != "RUNNING":
             raise outcome.cluster_error(f"SLURM job {self.job_id} is {self.job.state} right after it was granted "
                                         f"({self.job.reason})", self.state)
+        print(f"notebook_launch: SLURM job {self.job_id} runs on {self.job.node_list}, time limit "
+              f"{self.job.time_limit or 'UNLIMITED'}", file=OUT, flush=True)
 
     def end_cause(self, rank: int, code: int) -> str | None:
         """Why the scheduler ended a rank we did not stop, if it did: asked when its srun failed or said

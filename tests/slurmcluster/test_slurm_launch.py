@@ -86,8 +86,10 @@ def train(scale):
     dist.destroy_process_group()
     return {"rank": int(os.environ["RANK"]), "local_rank": int(os.environ["LOCAL_RANK"]),
             "host": socket.gethostname(), "sum": total.item() * scale, "python": sys.executable,
-            "backend": "gloo", "world": int(os.environ["WORLD_SIZE"])}
-results = notebook_launcher(train, args=(10,), num_processes=4, cluster=SlurmCluster(nodes=2), ui="text")
+            "backend": "gloo", "world": int(os.environ["WORLD_SIZE"]),
+            "precision": os.environ["ACCELERATE_MIXED_PRECISION"], "accelerate_cpu": os.environ["ACCELERATE_USE_CPU"]}
+results = notebook_launcher(train, args=(10,), num_processes=4, cluster=SlurmCluster(nodes=2, time="30"),
+                            ui="text", mixed_precision="bf16")
 print(json.dumps(results))
 """)
     assert [r["rank"] for r in result] == [0, 1, 2, 3]
@@ -95,6 +97,8 @@ print(json.dumps(results))
     assert [r["host"] for r in result] == ["node0", "node0", "node1", "node1"]
     assert {r["sum"] for r in result} == {60.0}
     assert {r["world"] for r in result} == {4}
+    assert {(r["precision"], r["accelerate_cpu"]) for r in result} == {("bf16", "true")}   # Accelerate's variables
+    assert re.search(r"SLURM job \d+ runs on node\[0-1\], time limit 00:30:00", printed), printed
     assert "[node 1 rank 3] rank 3 on node1" in printed            # output tagged with node and rank
     assert "rank 2 [cpu on node 1 (node1)] done" in printed        # the panel's rows name the node
     log_dir = printed.split("logs: ", 1)[1].split()[0]
