@@ -19,16 +19,15 @@ import logging
 import os
 import pickle
 import re
-import select
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any, Callable
+from typing import IO, TYPE_CHECKING
 
-from ..channels import RankPipes, RankProcess, WaitStatus
-from ..channels.sockets import STREAMS, SocketPipes, StreamListener
+from ..channels import RankPipes, RankProcess
+from ..channels.sockets import SocketPipes
 from ..errors import GuardError
 from ..net import source_address_toward
 from ..notebook_streams import OUT
@@ -37,6 +36,7 @@ from ..rank.spawn_context import capture_context, pickle_job
 from ..supervise import outcome
 from ..backends.base import Launcher
 from ..backends.ray_where import WhereAsker
+from .ranks import RankListener, SlurmRank
 from . import scheduler
 from .task import ASSIGNMENT_VARIABLE
 
@@ -61,76 +61,6 @@ def master_port_for(job_id: str) -> int:
     digits), so two jobs sharing a node do not pick the same port, and nothing has to run on the
     node first to find one."""
     return 15000 + int(job_id[-4:])
-
-
-class RankListener(StreamListener):
-    """The listener, able to tell whether a rank whose srun already ended had connected first: a
-    rank that returns at once ends before its connections are accepted (they wait in the queue)."""
-
-    def connected(self, rank: int) -> bool:
-        while select.select([self.sock], [], [], 0)[0]:   # take what waits in the listen queue first
-            before = len(self._fds)
-            self._accept_one()
-            if len(self._fds) == before:
-                break
-        return all((rank, stream) in self._fds for stream in range(len(STREAMS)))
-
-
-class SlurmRank(RankProcess):
-    """A rank's ``srun`` step seen as its process. Signals travel over the rank's events connection
-    (``slurm.task`` delivers them); a kill is SIGTERM to srun, which has SLURM cancel the step.
-    Its pid is srun's, on this machine; the rank's own process runs on a node (``on_this_machine``)."""
-
-    on_this_machine = False
-    where_asker: WhereAsker | None = None   # its run's ranks, asked where they are together
-
-    def __init__(self, local_rank: int, popen: subprocess.Popen, pidfd: int, pipes: SocketPipes,
-                 launcher: SlurmLauncher) -> None:
-        """``pidfd``: srun's, opened as it started (it may have ended and been reaped since)."""
-        self.local_rank = local_rank
-        self.popen = popen
-        self.pid = popen.pid
-        self.pipes = pipes
-        self.launcher = launcher
-        self.sent_signal: int | None = None
-        self._status: WaitStatus | None = None
-        self.sentinel: int | None = pidfd
-
-    def poll(self) -> WaitStatus | None:
-        if self._status is None:
-            code = self.popen.poll()
-            if code is not None:
-                if self.sent_signal is None:   # the scheduler may know why (a time limit, a node failure)
-                    self.end_note = self.launcher.end_cause(self.local_rank, code)
-                self._status = ("signal", code - 128) if code > 128 else ("exit", code)
-        return self._status
-
-    @property
-    def reaped(self) -> bool:
-        return self._status is not None
-
-    def signal(self, signum: int) -> None:
-        self.sent_signal = signum
-        if signum == signal.SIGKILL or not self.pipes.send_signal(signum):
-            self.kill()
-
-    def ask_where(self, global_rank: Callable[[int], int]) -> dict[int, Any]:
-        """Where this rank is, asked over its connections with every rank of the run at once
-        (``backends.ray_where``, as Ray ranks are asked: the same connections and answers)."""
-        return {} if self.where_asker is None else self.where_asker.ask(self, global_rank)
-
-    def kill(self) -> None:
-        self.sent_signal = signal.SIGKILL
-        if self.popen.poll() is None:
-            try:
-                self.popen.send_signal(signal.SIGTERM)   # srun: cancel the step, SIGKILL its task
-            except ProcessLookupError:
-                log.debug("srun of rank %d is gone already", self.local_rank)
-
-    def release(self) -> None:
-        if self.sentinel is not None:
-            os.close(self.sentinel)
-            self.sentinel = None
 
 
 class SlurmLauncher(Launcher):
@@ -241,7 +171,7 @@ class SlurmLauncher(Launcher):
         self._listener = None
         channels.extend(pipes)
         pidfds, self._pidfds = self._pidfds, []
-        ranks = [SlurmRank(rank, srun, pidfd, pipes[rank], self)
+        ranks = [SlurmRank(rank, srun, pidfd, pipes[rank], self.end_cause)
                  for rank, (srun, pidfd) in enumerate(zip(self._sruns, pidfds))]
         asker = WhereAsker(ranks)
         for process in ranks:
