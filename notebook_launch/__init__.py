@@ -5,6 +5,7 @@ from typing import Any
 
 from . import cuda_tracking  # noqa: F401  (preflight and tests use it)
 from .ray.cluster import RayCluster
+from .slurm.cluster import SlurmCluster
 from .metrics import load_metrics
 from .errors import GuardError, LaunchArgumentError, LaunchError, NotebookLaunchError
 from .launcher import notebook_launcher
@@ -37,6 +38,6 @@ def load_ipython_extension(ipython: Any) -> None:
     _register_ranks(ipython)
 
 
-__all__ = ["notebook_launcher", "RayCluster", "start_ranks", "Ranks", "progress", "load_metrics",
+__all__ = ["notebook_launcher", "RayCluster", "SlurmCluster", "start_ranks", "Ranks", "progress", "load_metrics",
            "find_executable_batch_size", "NotebookLaunchError", "LaunchError", "GuardError", "LaunchArgumentError",
            "load_ipython_extension", "install_hooks", "__version__"]

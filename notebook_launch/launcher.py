@@ -18,6 +18,7 @@ from .diagnose.stall import DEFAULT_STALL_AFTER
 
 if TYPE_CHECKING:
     from .ray.cluster import RayCluster
+    from .slurm.cluster import SlurmCluster
 
 
 def notebook_launcher(function: Callable[..., Any], args: tuple | list = (), num_processes: int | None = None,
@@ -31,7 +32,7 @@ def notebook_launcher(function: Callable[..., Any], args: tuple | list = (), num
                       log_dir: str | os.PathLike[str] | None = None, ui: str = "auto",
                       rdzv_timeout: float | None = None,
                       display_ranks: int | Iterable[int] | str | None = None,
-                      cluster: "RayCluster | None" = None,
+                      cluster: "RayCluster | SlurmCluster | None" = None,
                       stall_after: float | None = DEFAULT_STALL_AFTER,
                       lines_per_second: int | str = DEFAULT_LINES_PER_SECOND) -> list[Any]:
     """Run ``function(*args, **kwargs)`` on ``num_processes`` ranks and return every rank's result.
@@ -85,7 +86,8 @@ def notebook_launcher(function: Callable[..., Any], args: tuple | list = (), num
             or ``"all"``.
         cluster: ``RayCluster(address=..., resources_per_rank=..., placement=...)`` runs
             ``num_processes`` ranks as Ray actors on that cluster (one placement group), instead of
-            processes on this machine.
+            processes on this machine; ``SlurmCluster(nodes=..., cpus_per_rank=..., partition=..., time=...)``
+            runs them as tasks of one SLURM job (docs/slurm.md).
         stall_after: Seconds the whole run may show no sign of progress (no output line,
             ``progress()`` step, CPU time, I/O or stack change on any rank) before its ranks are
             marked stalled and the panel says where each one is; nothing is stopped. ``None``: not
@@ -119,11 +121,15 @@ def notebook_launcher(function: Callable[..., Any], args: tuple | list = (), num
         raise err.with_traceback(None) from None
 
 
-def launch_on_cluster(options: LaunchOptions, cluster: "RayCluster") -> list[Any]:
-    """cluster=: the ranks run on a Ray cluster (Ray is imported only here)."""
+def launch_on_cluster(options: LaunchOptions, cluster: "RayCluster | SlurmCluster") -> list[Any]:
+    """cluster=: the ranks run on a Ray cluster (Ray is imported only here) or a SLURM allocation."""
     from .ray.cluster import RayCluster
-    validate_cluster_type(cluster, RayCluster)
+    from .slurm.cluster import SlurmCluster
+    validate_cluster_type(cluster, (RayCluster, SlurmCluster))
     world_size = validate_cluster_launch(options)
+    if isinstance(cluster, SlurmCluster):
+        from .slurm.run import run_on_slurm
+        return run_on_slurm(options, cluster, world_size)
     from .ray.run import run_on_ray
     return run_on_ray(options, cluster, world_size)
 

@@ -441,10 +441,11 @@ def validate_rendezvous(*, rdzv_backend: str, rdzv_endpoint: object, rdzv_conf: 
 
 # --- cluster=RayCluster(...) ----------------------------------------------------------------
 
-def validate_cluster_type(cluster: object, cluster_type: type) -> None:
+def validate_cluster_type(cluster: object, cluster_type: type | tuple[type, ...]) -> None:
     if not isinstance(cluster, cluster_type):
         raise LaunchArgumentError(
-            f"cluster must be a notebook_launch.RayCluster(...) or None; got {type(cluster).__name__}")
+            f"cluster must be a notebook_launch.RayCluster(...), a notebook_launch.SlurmCluster(...) or None; "
+            f"got {type(cluster).__name__}")
 
 
 def validate_cluster_launch(options: LaunchOptions) -> int:
@@ -452,12 +453,13 @@ def validate_cluster_launch(options: LaunchOptions) -> int:
     number of ranks (num_processes is the world size there)."""
     if options.num_nodes != 1 or options.node_rank != 0 or options.rdzv_endpoint:
         raise LaunchArgumentError(
-            "with cluster=RayCluster(...) Ray places the ranks on its nodes: leave num_nodes, node_rank "
+            "with cluster=RayCluster(...) or SlurmCluster(...) the cluster places the ranks on its nodes: "
+            "leave num_nodes, node_rank "
             "and rdzv_endpoint at their defaults and give num_processes as the total number of ranks")
     if options.start_method is not None:
         raise LaunchArgumentError(
-            f"start_method={options.start_method!r} cannot be combined with cluster=: ranks on a Ray "
-            f"cluster are Ray actors that receive the function with cloudpickle; leave start_method unset")
+            f"start_method={options.start_method!r} cannot be combined with cluster=: ranks on a "
+            f"cluster receive the function with cloudpickle in a fresh interpreter; leave start_method unset")
     count = options.num_processes
     if isinstance(count, bool) or not isinstance(count, int) or count < 1:
         raise LaunchArgumentError(

@@ -23,8 +23,9 @@ DistBackend = Literal["gloo", "nccl", "xla"]
 # inherited), spawn (fresh interpreters) or xla (torch_xla's xmp.spawn). The user's start_method
 # becomes one in options; a Ray launch (cluster=) has no start method, and its plan says "ray".
 StartMethod = Literal["fork", "spawn", "xla"]
-# How a plan's ranks start: a start method, or "ray" (Ray actors, which only ray.run can start).
-PlanStartMethod = Literal[StartMethod, "ray"]
+# How a plan's ranks start: a start method, "ray" (Ray actors, which only ray.run can start) or
+# "slurm" (srun steps of a SLURM allocation, which only slurm.run can start).
+PlanStartMethod = Literal[StartMethod, "ray", "slurm"]
 
 
 @dataclass(frozen=True)

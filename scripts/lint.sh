@@ -20,7 +20,7 @@ MYPY_CACHE_DIR="$cache/all" .venv/bin/mypy || status=1
 # ... and one per test folder with a conftest.py of its own: its files import their siblings as top-level
 # modules (pytest puts the folder on sys.path), and two modules named conftest cannot share a run. Naming the
 # files (not the folder) gets past [tool.mypy] exclude, which leaves these folders out of the run above.
-for folder in tests/gpu tests/multinode tests/raycluster; do
+for folder in tests/gpu tests/multinode tests/raycluster tests/slurmcluster; do
   MYPYPATH="$folder" MYPY_CACHE_DIR="$cache/${folder//\//-}" .venv/bin/mypy "$folder"/*.py || status=1
 done
 exit $status

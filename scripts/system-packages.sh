@@ -3,7 +3,8 @@
 set -euo pipefail
 need=()
 # chromium: the live panel's browser test (tests/test_browser_panel.py) drives Debian's build
-for pair in "ip:iproute2" "chromium:chromium"; do
+# slurm-wlm, munge: tests/slurmcluster starts a real two-node SLURM (slurmctld, slurmd, munged)
+for pair in "ip:iproute2" "chromium:chromium" "slurmctld:slurm-wlm" "munged:munge"; do
   cmd=${pair%%:*}; pkg=${pair#*:}
   command -v "$cmd" >/dev/null 2>&1 || need+=("$pkg")
 done

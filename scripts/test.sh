@@ -12,7 +12,7 @@
 #   - the main suite runs in NOTEBOOK_LAUNCH_TEST_WORKERS pytest-xdist workers (default 4 on 2 cores), but
 #     not tests/raycluster, whose modules share one two-node Ray cluster (its conftest): it runs after it as
 #     one pytest process of its own (one cluster, not one per worker), beside the lanes (its Ray actors
-#     start slowly beside four busy workers);
+#     start slowly beside four busy workers); tests/slurmcluster (one two-node SLURM) runs in that same process;
 #   - the three lanes' tests run side by side once their venvs are ready, each printed whole when it ends.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -58,11 +58,12 @@ docs_pid=$!
 # --durations: the slowest tests in the CI log.
 main_start=$SECONDS
 .venv/bin/python -m pytest -p no:cacheprovider -n "$WORKERS" --durations=25 --ignore=tests/raycluster \
+  --ignore=tests/slurmcluster \
   --junitxml=test-artifacts/junit-main.xml || status=1
 main_took=$((SECONDS - main_start))
 ray_start=$SECONDS
 ( rc=0; .venv/bin/python -m pytest -p no:cacheprovider --durations=10 --junitxml=test-artifacts/junit-raycluster.xml \
-    tests/raycluster >test-artifacts/raycluster.log 2>&1 || rc=$?
+    tests/raycluster tests/slurmcluster >test-artifacts/raycluster.log 2>&1 || rc=$?
   echo "$((SECONDS - ray_start))" >test-artifacts/raycluster.seconds; exit $rc ) &
 ray_pid=$!
 
@@ -105,7 +106,7 @@ done
 
 wait "$ray_pid" || status=1
 ray_took=$(cat test-artifacts/raycluster.seconds 2>/dev/null || echo 0)
-echo "=== the Ray cluster tests (tests/raycluster, after the main suite, beside the lanes)"
+echo "=== the Ray and SLURM cluster tests (tests/raycluster, tests/slurmcluster, after the main suite, beside the lanes)"
 cat test-artifacts/raycluster.log
 .venv/bin/python scripts/junit_total.py test-artifacts/junit-*.xml || status=1
 echo "main suite: $(mmss "$main_took") ($WORKERS workers); tests/raycluster after it: $(mmss "$ray_took")"

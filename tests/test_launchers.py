@@ -22,6 +22,7 @@ from notebook_launch.backends.fork import ForkBackend
 from notebook_launch.ray.launch import RayLauncher
 from notebook_launch.backends.spawn import SpawnBackend
 from notebook_launch.backends.xla import XlaBackend
+from notebook_launch.slurm.launcher import SlurmLauncher
 
 PACKAGE = Path(__file__).resolve().parents[1] / "notebook_launch"
 
@@ -35,6 +36,8 @@ START_PATHS = {
                 "test_every_elastic_attempt_starts_through_start"),
     "ray": ("notebook_launcher(cluster=RayCluster(...))", RayLauncher,
             "tests/raycluster test_max_restarts_restarts_every_rank"),
+    "slurm": ("notebook_launcher(cluster=SlurmCluster(...))", SlurmLauncher,
+              "tests/slurmcluster test_four_ranks_on_two_nodes_all_reduce_and_results"),
     "persistent": ("start_ranks(start_method='fork' or 'spawn')", ForkBackend,
                    "test_persistent_ranks_start_through_start"),
     "persistent ray": ("start_ranks(cluster=RayCluster(...))", RayLauncher,
@@ -49,6 +52,10 @@ NOT_RANKS = {
     "notebook_launch.detect.platform": "nvidia-smi, for the GPUs' names",
     "notebook_launch.cuda_tracking": "a throwaway fork that probes whether a fork is poisoned",
     "notebook_launch.rank.xla_replicas": "xmp.spawn, inside the xla launcher's own child (backends.xla)",
+    # the SLURM engine keeps its launcher in its own package: its srun steps start in SlurmLauncher.start
+    "notebook_launch.slurm.launcher": "SlurmLauncher (a launcher outside backends/): salloc, the watchdog, srun",
+    "notebook_launch.slurm.scheduler": "scontrol, squeue and scancel: questions to the scheduler",
+    "notebook_launch.slurm.watchdog": "scancel, when the notebook that started a SLURM job died",
 }
 # Start paths that do not go through the interface yet; each must leave this list once it does
 # (none is left: persistent ranks on Ray start through RayLauncher.start, with persistent=True).

@@ -52,6 +52,12 @@ def start_ranks(num_processes: int | None = None, mixed_precision: str = "no",
         raise LaunchArgumentError(
             f"start_ranks(start_method={start_method!r}): persistent ranks are forked or spawned, so "
             f"start_method must be 'fork', 'spawn' or None; use notebook_launcher for xla")
+    from ..slurm.cluster import SlurmCluster
+    if isinstance(cluster, SlurmCluster):
+        raise LaunchArgumentError(
+            "start_ranks(cluster=SlurmCluster(...)): persistent ranks on a SLURM allocation are not supported "
+            "yet; run each call with notebook_launcher(..., cluster=SlurmCluster(...)), or hold ranks across "
+            "cells on this machine (no cluster=) or on Ray (cluster=RayCluster(...))")
     grace = validate_interrupt_grace(interrupt_grace)   # the one check, for both kinds of pool
     if cluster is not None:   # persistent ranks as Ray actors (issue 24): their own home
         from .ray_ranks import start_ray_ranks

@@ -1,0 +1,342 @@
+"""The SLURM launcher: ranks as one-task ``srun`` steps of one allocation, started through the same
+``Launcher`` interface as fork, spawn, xla and Ray (``start(plan, job, channels) -> processes``).
+
+``start`` asks for the allocation (``salloc --no-shell``: no batch script, no shell; while the job
+waits in the queue every rank's row says "pending (Resources)" and Stop cancels it), writes the
+cloudpickled job into the run folder (the nodes share the file system, as HPC homes are), opens
+a listener on the notebook's address toward the first node and starts one ``srun`` per rank on its
+node, each running ``slurm.task``, which connects the rank's four streams back
+(``channels.sockets``, as Ray ranks do): those sockets are the channels the supervisor selects on.
+Each rank's handle is its ``srun`` process, a child of the notebook: its exit code is the rank's
+(128 + N for a signal), and SIGTERM to it makes SLURM cancel the step. ``end`` leaves nothing:
+the steps are cancelled, the job is scancelled and waited for until SLURM no longer holds it, and
+the watchdog (``slurm.watchdog``), which cancels the job if the notebook dies, is let go.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import pickle
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import IO, TYPE_CHECKING
+
+from ..channels import RankPipes, RankProcess
+from ..channels.sockets import SocketPipes
+from ..errors import GuardError
+from ..net import source_address_toward
+from ..notebook_streams import OUT
+from ..protocol import FailureKind
+from ..rank.spawn_context import capture_context, pickle_job
+from ..supervise import outcome
+from ..backends.base import Launcher
+from ..ray.where import WhereAsker
+from .ranks import RankListener, SlurmRank
+from . import scheduler
+from .task import ASSIGNMENT_VARIABLE
+
+if TYPE_CHECKING:
+    from ..display.base import Display
+    from ..plan import LaunchPlan
+    from ..rank.runner import Job
+    from ..state import RunState
+    from .cluster import SlurmCluster
+
+log = logging.getLogger("notebook_launch")
+TICK = 0.1            # seconds between looks at salloc and the panel while the job waits
+STATE_EVERY = 1.0     # seconds between questions to the scheduler while it waits
+GONE_TIMEOUT = 60.0   # seconds for SLURM to end a cancelled job's processes
+END_RECORDED = 5.0    # seconds scontrol may take to record the end of a job whose rank SLURM killed
+ALLOCATION = re.compile(r"job allocation (\d+)")
+NODE_FAILURE = re.compile(r"Node failure on \S+")
+
+
+def master_port_for(job_id: str) -> int:
+    """Rank 0's store port on its node: Lightning's SLURM rule (15000 + the job id's last four
+    digits), so two jobs sharing a node do not pick the same port, and nothing has to run on the
+    node first to find one."""
+    return 15000 + int(job_id[-4:])
+
+
+class SlurmLauncher(Launcher):
+    """Starts a plan's ranks (one row per global rank: ``slurm.run.notebook_plan``) on a SLURM allocation."""
+
+    name = "slurm"
+
+    def __init__(self, cluster: "SlurmCluster", *, run_id: str, mixed_precision: str,
+                 rendezvous_timeout: float) -> None:
+        self.cluster = cluster
+        self.run_id = run_id
+        self.job_name = f"notebook_launch-{run_id}"
+        self.mixed_precision = mixed_precision
+        self.rendezvous_timeout = rendezvous_timeout   # for the ranks' connections back, once granted
+        self.python = cluster.python or sys.executable
+        self.state: "RunState | None" = None
+        self.display: "Display | None" = None
+        self.job_id: str | None = None
+        self.job: scheduler.JobInfo | None = None
+        self.nodes: list[tuple[str, str]] = []
+        self._payload: tuple["Job", bytes] | None = None
+        self._watchdog: subprocess.Popen | None = None
+        self._salloc: subprocess.Popen | None = None
+        self._sruns: list[subprocess.Popen] = []
+        self._pidfds: list[int] = []   # each srun's, until a SlurmRank owns it
+        self._listener: RankListener | None = None
+        self._handed: list[SocketPipes] = []
+        self._payload_path: Path | None = None
+
+    def prepare_parent(self) -> None:
+        import cloudpickle  # noqa: F401  (ships the job; imported before the panel starts)
+
+    def attach(self, state: "RunState", display: "Display | None") -> None:
+        """The run state and display the queue's news go to (and Stop comes from)."""
+        self.state, self.display = state, display
+
+    def payload_for(self, job: "Job") -> bytes:
+        """The job and the notebook's context as the ranks load them (pickled once; a caller asks
+        before the run starts, so a function that does not pickle fails first)."""
+        if self._payload is None or self._payload[0] is not job:
+            self._payload = (job, pickle.dumps({"context": capture_context(), "job": pickle_job(job)},
+                                               protocol=pickle.HIGHEST_PROTOCOL))
+        return self._payload[1]
+
+    def open_channels(self, plan: "LaunchPlan") -> list[RankPipes]:
+        return []   # each rank's channels are the connections it makes back, accepted in start()
+
+    def start(self, plan: "LaunchPlan", job: "Job", channels: list[RankPipes]) -> list[RankProcess]:
+        assert self.state is not None, "attach() the run state first"
+        state, world_size, cluster = self.state, plan.world_size, self.cluster
+        payload = self.payload_for(job)
+        per_node = world_size // cluster.nodes
+        folder = Path(state.log_dir)
+        self._watchdog = start_watchdog(self.job_name)
+        self._allocate(per_node, folder)
+        assert self.job_id is not None and self.job is not None
+        self.nodes = scheduler.node_addresses(self.job.node_list)
+        host = source_address_toward(self.nodes[0][1])
+        if not host:
+            raise GuardError(f"cannot tell which local address reaches the SLURM node {self.nodes[0][0]} "
+                             f"({self.nodes[0][1]}); ranks could not send their output back to this notebook")
+        self._payload_path = folder / "slurm-job.pkl"
+        self._payload_path.write_bytes(payload)
+        self._listener = listener = RankListener(host, world_size)
+        common = {"host": host, "port": listener.address[1], "token": listener.token.hex(),
+                  "payload": str(self._payload_path), "world_size": world_size, "num_nodes": cluster.nodes,
+                  "local_world_size": per_node, "master_addr": self.nodes[0][1],
+                  "master_port": master_port_for(self.job_id), "device_kind": cluster.device_kind,
+                  "mixed_precision": self.mixed_precision, "run_id": self.run_id,
+                  "cpus_per_rank": cluster.cpus_per_rank}
+        outputs: list[Path] = []
+        for rank in range(world_size):
+            node_rank, local_rank = divmod(rank, per_node)
+            name = self.nodes[node_rank][0]
+            state.on_placed(rank, node_rank, name)
+            assignment = dict(common, global_rank=rank, local_rank=local_rank, node_rank=node_rank)
+            env = dict(scheduler.slurm_environment(), **{ASSIGNMENT_VARIABLE: json.dumps(assignment)})
+            outputs.append(folder / f"srun-rank{rank}.out")
+            with open(outputs[-1], "wb") as out:
+                self._sruns.append(subprocess.Popen(
+                    scheduler.srun_argv(cluster, self.job_id, name, self.python), env=env, stdout=out,
+                    stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True))
+            self._pidfds.append(os.pidfd_open(self._sruns[-1].pid))
+
+        def check() -> None:
+            """A step that ended before its rank connected: the interpreter or notebook_launch is
+            missing on the node, or the rank could not reach the notebook."""
+            self._waiting()
+            for rank, srun in enumerate(self._sruns):
+                if srun.poll() is not None and not listener.connected(rank):
+                    said = outputs[rank].read_text(errors="replace").strip()[-2000:]
+                    raise outcome.cluster_error(
+                        f"rank {rank}'s srun step on {self.nodes[rank // per_node][0]} ended (exit code "
+                        f"{srun.returncode}) before the rank connected to the notebook at {host}. "
+                        f"{missing_hint(said, self.python)}srun said:\n{said or '(nothing)'}",
+                        state, rank=rank, kind=FailureKind.EXIT)
+
+        deadline = time.monotonic() + self.rendezvous_timeout
+        try:
+            pipes = listener.accept_all(deadline, check)
+        except TimeoutError as exc:
+            raise outcome.cluster_error(
+                f"{exc} within rdzv_timeout={self.rendezvous_timeout:g} s; a firewall between the nodes and "
+                f"the notebook ({host}) blocks it, or the nodes reach the notebook through another address",
+                state) from None
+        self._handed = pipes
+        listener.close(keep=pipes)
+        self._listener = None
+        channels.extend(pipes)
+        pidfds, self._pidfds = self._pidfds, []
+        ranks = [SlurmRank(rank, srun, pidfd, pipes[rank], self.end_cause)
+                 for rank, (srun, pidfd) in enumerate(zip(self._sruns, pidfds))]
+        asker = WhereAsker(ranks)
+        for process in ranks:
+            process.where_asker = asker
+        return list(ranks)
+
+    def _allocate(self, per_node: int, folder: Path) -> None:
+        """salloc, waiting while the job is queued: the panel stays live, every rank's row says why it
+        waits ("pending (Resources)"), and Stop or an interrupt cancels it (``end``)."""
+        assert self.state is not None
+        said_path = folder / "salloc.out"
+        with open(said_path, "wb") as out:
+            self._salloc = salloc = subprocess.Popen(
+                scheduler.salloc_argv(self.cluster, per_node, self.job_name), env=scheduler.slurm_environment(),
+                stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+        shown, asked = "", 0.0
+        while True:
+            said = said_path.read_text(errors="replace")
+            found = ALLOCATION.search(said)
+            if found:
+                self.job_id = found.group(1)
+            code = salloc.poll()
+            if code is not None:
+                break
+            self._waiting()
+            if self.job_id and time.monotonic() - asked > STATE_EVERY:
+                asked = time.monotonic()
+                info = scheduler.job_info(self.job_id)
+                news = f"pending ({info.reason})" if info.state == "PENDING" else info.state.lower()
+                if news != shown:
+                    shown = news
+                    print(f"notebook_launch: SLURM job {self.job_id} {news}"
+                          + ("; Stop or Ctrl-C cancels it" if info.state == "PENDING" else ""), file=OUT, flush=True)
+                    for rank_state in self.state.ranks:
+                        self.state.on_line(rank_state.local_rank, "stdout",
+                                           f"SLURM job {self.job_id} {news}")
+            time.sleep(TICK)
+        if code or not self.job_id:
+            raise outcome.cluster_error(
+                f"SLURM did not grant the allocation (salloc exit code {code}); salloc said:\n{said.strip()}",
+                self.state)
+        self.job = scheduler.job_info(self.job_id)
+        if self.job.state != "RUNNING":
+            raise outcome.cluster_error(f"SLURM job {self.job_id} is {self.job.state} right after it was granted "
+                                        f"({self.job.reason})", self.state)
+        print(f"notebook_launch: SLURM job {self.job_id} runs on {self.job.node_list}, time limit "
+              f"{self.job.time_limit or 'UNLIMITED'}", file=OUT, flush=True)
+
+    def end_cause(self, rank: int, code: int) -> str | None:
+        """Why the scheduler ended a rank we did not stop, if it did: asked when its srun failed or said
+        something (srun ends with 0 after "Node failure on node1"). A rank SLURM killed may end before
+        ``scontrol`` records the job's end: then it is asked again for up to END_RECORDED seconds."""
+        said = self._srun_said(rank)
+        if self.job_id is None or not (code or said):
+            return None
+        node_failure = NODE_FAILURE.search(said)
+        cause = self._scheduler_cause(signalled=code > 128 or node_failure is not None)
+        if cause is None and node_failure is not None:   # the scheduler forgot the job already
+            cause = f"SLURM reported a node failure ({node_failure.group(0)})"
+        return cause
+
+    def _srun_said(self, rank: int) -> str:
+        assert self.state is not None
+        try:
+            return (Path(self.state.log_dir) / f"srun-rank{rank}.out").read_text(errors="replace")[-4000:]
+        except OSError:
+            return ""
+
+    def _scheduler_cause(self, signalled: bool) -> str | None:
+        assert self.job_id is not None
+        deadline = time.monotonic() + (END_RECORDED if signalled else 0)
+        while True:
+            try:
+                info = scheduler.job_info(self.job_id)
+            except (GuardError, OSError, subprocess.SubprocessError):
+                log.debug("could not ask SLURM about job %s", self.job_id, exc_info=True)
+                return None
+            cause = info.end_cause()
+            if cause or not info.live or time.monotonic() > deadline:
+                return cause
+            time.sleep(0.2)
+
+    def end(self) -> None:
+        """Leave nothing: the listener closed, every step and the job cancelled and gone from the
+        nodes, srun and salloc reaped, the watchdog let go."""
+        try:
+            if self._listener is not None:
+                self._listener.close(keep=self._handed)
+                self._listener = None
+            for srun in self._sruns:
+                if srun.poll() is None:
+                    srun.send_signal(signal.SIGTERM)
+            if self.job_id is not None:
+                cancel_and_wait(self.job_id)
+            elif self._salloc is not None and self._salloc.poll() is None:
+                self._salloc.send_signal(signal.SIGTERM)   # not queued yet: salloc gives the request up
+            for process in [*self._sruns, *([self._salloc] if self._salloc else [])]:
+                _reap(process)
+        finally:
+            if self._payload_path is not None:
+                self._payload_path.unlink(missing_ok=True)
+            for pidfd in self._pidfds:
+                os.close(pidfd)
+            self._pidfds = []
+            self._sruns = []
+            self._salloc = None
+            if self._watchdog is not None:
+                stop_watchdog(self._watchdog)
+                self._watchdog = None
+
+    def _waiting(self) -> None:
+        """Every tick of a wait on SLURM: the panel stays live, and Stop stops."""
+        assert self.state is not None
+        if self.display is not None:
+            self.display.refresh(self.state)
+        if self.state.stop_requested:
+            raise KeyboardInterrupt("notebook_launch: run stopped with the Stop button")
+
+
+def missing_hint(said: str, python: str) -> str:
+    if "execve" in said or "No such file" in said:
+        return (f"The notebook's Python ({python}) is not on that node at the same path: the nodes must share "
+                f"the notebook's environment (a venv or conda env on a shared file system), or give "
+                f"SlurmCluster(python=...) the interpreter to use there. ")
+    if "No module named" in said:
+        return "notebook_launch is not importable on that node with the notebook's Python and PYTHONPATH. "
+    return ""
+
+
+def cancel_and_wait(job_id: str) -> None:
+    """scancel, then until SLURM holds nothing of the job (its processes on every node ended),
+    GONE_TIMEOUT at most. A scheduler that does not answer is logged, never raised: the run's own
+    error must reach the cell (and the watchdog cancels the job again when it is let go)."""
+    deadline = time.monotonic() + GONE_TIMEOUT
+    try:
+        scheduler.cancel(job_id)
+        while scheduler.job_info(job_id).live or scheduler.job_completing(job_id):
+            if time.monotonic() > deadline:
+                log.debug("SLURM job %s still not ended %g s after scancel", job_id, GONE_TIMEOUT)
+                return
+            time.sleep(0.1)
+    except (GuardError, OSError, subprocess.SubprocessError):
+        log.debug("could not cancel SLURM job %s or see it end", job_id, exc_info=True)
+
+
+def _reap(process: subprocess.Popen) -> None:
+    try:
+        process.wait(timeout=GONE_TIMEOUT)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+
+
+def start_watchdog(job_name: str) -> subprocess.Popen:
+    """The process that cancels the job if the notebook dies (``slurm.watchdog``)."""
+    env = scheduler.slurm_environment()
+    env["PYTHONPATH"] = os.pathsep.join(p for p in [str(Path(__file__).resolve().parents[2]),
+                                                    env.get("PYTHONPATH", "")] if p)
+    return subprocess.Popen([sys.executable, "-m", "notebook_launch.slurm.watchdog", job_name], env=env,
+                            stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+
+
+def stop_watchdog(watchdog: subprocess.Popen) -> None:
+    stdin: IO[bytes] | None = watchdog.stdin
+    if stdin is not None:
+        stdin.close()
+    _reap(watchdog)

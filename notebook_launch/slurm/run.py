@@ -1,0 +1,69 @@
+"""``notebook_launcher(..., cluster=SlurmCluster(...))``: a run on a SLURM allocation, inside the same
+run scaffold, launcher interface, supervisor and outcome as a local launch (``run.supervise_ranks``).
+
+What is SLURM-specific is the launcher (``slurm.launcher.SlurmLauncher``) and the rank's side
+(``slurm.task``). Here: check what a SLURM launch cannot take, then run the one attempt.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import TYPE_CHECKING, Any
+
+from ..errors import LaunchArgumentError
+from ..logs import make_run_id
+from ..plan import LaunchPlan, RankSpec, dist_backend_for
+from ..rank.runner import Job
+from ..run import RunContext, run_with_scaffold, supervise_ranks
+from . import scheduler
+from .launcher import SlurmLauncher
+
+if TYPE_CHECKING:
+    from ..options import LaunchOptions
+    from .cluster import SlurmCluster
+
+SLURM_LINE_PREFIX = "[node {node_rank} rank {rank}]"   # ranks are on several machines: say which
+
+
+def run_on_slurm(options: "LaunchOptions", cluster: "SlurmCluster", world_size: int) -> list[Any]:
+    """Ask for the allocation, run the ranks on it inside the run scaffold, and end the job."""
+    check_layout(world_size, cluster)
+    if options.max_restarts:
+        raise LaunchArgumentError(
+            "max_restarts > 0 is not supported with cluster=SlurmCluster(...) yet; leave it at 0")
+    scheduler.check_commands()
+    run_id = make_run_id()
+    launcher = SlurmLauncher(cluster, run_id=run_id, mixed_precision=options.mixed_precision,
+                             rendezvous_timeout=options.rendezvous_timeout)
+    plan = notebook_plan(world_size, cluster, options.mixed_precision)
+    job = Job(options.function, options.args, options.kwargs)
+    launcher.payload_for(job)   # a function that does not pickle fails here, before anything is queued
+
+    def body(ctx: RunContext) -> list[Any]:
+        launcher.attach(ctx.state, ctx.display)
+        return supervise_ranks(ctx, job)
+
+    where = f"partition {cluster.partition}" if cluster.partition else "the default partition"
+    summary = (f"notebook_launch: SLURM, {where}: {world_size} ranks on {cluster.nodes} node(s), "
+               f"{cluster.cpus_per_rank} CPU(s)" + (f" and {cluster.gpus_per_rank} GPU(s)" if cluster.gpus_per_rank
+                                                    else "") + " per rank"
+               + (f", time limit {cluster.time}" if cluster.time else ""))
+    settings = dataclasses.replace(options, line_prefix=options.line_prefix or SLURM_LINE_PREFIX)
+    return run_with_scaffold(plan, body, settings, run_id=run_id, launcher=launcher, extra_lines=(summary,))
+
+
+def check_layout(world_size: int, cluster: "SlurmCluster") -> None:
+    if world_size % cluster.nodes:
+        raise LaunchArgumentError(
+            f"num_processes={world_size} cannot be spread evenly over SlurmCluster(nodes={cluster.nodes}); "
+            f"give a multiple of {cluster.nodes} (each node runs num_processes / nodes ranks)")
+
+
+def notebook_plan(world_size: int, cluster: "SlurmCluster", mixed_precision: str) -> LaunchPlan:
+    """The notebook's view of the run: one row per global rank (its index is the rank). Each
+    rank's real environment is made on its node (``slurm.task``)."""
+    device = "cuda" if cluster.device_kind == "cuda" else "cpu"
+    ranks = tuple(RankSpec(rank, rank, device, {}) for rank in range(world_size))
+    return LaunchPlan(num_processes=world_size, num_nodes=1, node_rank=0, world_size=world_size,
+                      master_addr="", master_port=0, device_kind=cluster.device_kind,
+                      dist_backend=dist_backend_for(cluster.device_kind),
+                      mixed_precision=mixed_precision, start_method="slurm", ranks=ranks)

@@ -1,0 +1,114 @@
+"""A rank on a SLURM node: what each rank's ``srun`` step runs (``python -m notebook_launch.slurm.task``).
+
+It connects the rank's four streams back to the notebook (``channels.sockets``, as a Ray rank
+does), points fds 1/2 and the event channel at them, builds the same environment a local rank
+gets (``plan.rank_environment``, with the interface that reaches rank 0's node), loads the
+cloudpickled job the notebook wrote into the run folder and runs it with ``rank.runner.run_rank``:
+from there on it is a local rank. A thread delivers the signals the notebook sends over the
+events connection (Stop, timeout, another rank failed) and ends the rank if the notebook goes
+away, and answers its where requests. This module is the rank side: it imports only what a rank
+imports (rank/, channels, protocol, plan, net), never the notebook side of the SLURM engine.
+
+What it is told comes in one environment variable (JSON), not in argv: the run's token would
+otherwise show in every ``ps`` on the node.
+"""
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import signal
+import sys
+import threading
+from typing import Any
+
+from .. import protocol
+from ..channels.sockets import SIGNAL_FRAME, connect_streams
+from ..net import interface_with_address, source_address_toward
+from ..plan import RankSpec, rank_environment
+from ..rank import spawn_context
+from ..rank.bootstrap import EXIT_FAILED, capture_output, exit_with
+from ..rank.ray_where import Answerer, request_number
+from ..rank.runner import report_error, run_rank, setup_failure
+from ..rank.spawn_entry import report_unloadable_job
+
+ASSIGNMENT_VARIABLE = "NOTEBOOK_LAUNCH_SLURM_TASK"
+
+
+def main() -> None:
+    """Never returns: the process ends with the rank's exit code."""
+    assignment = json.loads(os.environ.pop(ASSIGNMENT_VARIABLE))
+    socks = connect_streams(assignment["host"], assignment["port"], bytes.fromhex(assignment["token"]),
+                            assignment["global_rank"])
+
+    def body() -> int:
+        capture_output(os.dup(socks[1].fileno()), os.dup(socks[2].fileno()))
+        socks[1].close()
+        socks[2].close()
+        writer = protocol.EventWriter(socks[0].fileno(), answers_fd=socks[3].fileno())
+        protocol.install(writer)
+        threading.Thread(target=_obey_notebook, args=(socks[0], Answerer(socks[3])), daemon=True,
+                         name="notebook_launch-control").start()
+        spec = _rank_spec(assignment)
+        os.environ.update(spec.env)
+        try:
+            with open(assignment["payload"], "rb") as f:
+                data = pickle.load(f)
+            spawn_context.restore_paths(data["context"])
+            import cloudpickle
+            try:
+                job = cloudpickle.loads(data["job"])
+            except Exception as exc:
+                report_unloadable_job(writer, spec, exc)
+                return EXIT_FAILED
+            spawn_context.restore_state(data["context"])
+        except BaseException as exc:   # a launcher error with its cause, never an unexplained exit
+            report_error(setup_failure(spec, exc, f"loading the job from {assignment['payload']} on "
+                                                  f"{os.uname().nodename} (the run folder must be on a "
+                                                  f"file system the nodes share)"), writer)
+            return EXIT_FAILED
+        return run_rank(spec, job)
+
+    exit_with(body)
+
+
+def _rank_spec(a: dict[str, Any]) -> RankSpec:
+    """A local rank's environment (``rank_environment``, the one builder) on this node, with the
+    interface that reaches rank 0's node for gloo and NCCL."""
+    source = source_address_toward(a["master_addr"])
+    env = rank_environment(
+        global_rank=a["global_rank"], local_rank=a["local_rank"], num_processes=a["local_world_size"],
+        num_nodes=a["num_nodes"], node_rank=a["node_rank"], world_size=a["world_size"],
+        master_addr=a["master_addr"], master_port=a["master_port"], device_kind=a["device_kind"],
+        mixed_precision=a["mixed_precision"], run_id=a["run_id"], user_env=os.environ,
+        cpu_count=a["cpus_per_rank"] * a["local_world_size"],
+        interface=interface_with_address(source) if source else None)
+    device = f"cuda:{a['local_rank']}" if a["device_kind"] == "cuda" else "cpu"
+    return RankSpec(a["global_rank"], a["local_rank"], device, env)
+
+
+def _obey_notebook(sock: Any, answerer: Answerer) -> None:
+    """Deliver the signals the notebook sends, hand its where requests (a hang's verdict) to
+    ``answerer`` (``rank.ray_where``, shared with Ray ranks: the same connections); if the notebook
+    goes away, end the rank (as a local rank dies with its parent)."""
+    buffer = b""
+    while True:
+        try:
+            data = sock.recv(64)
+        except OSError:
+            data = b""
+        if not data:
+            os._exit(EXIT_FAILED)
+        buffer += data
+        while len(buffer) >= SIGNAL_FRAME.size:
+            (signum,) = SIGNAL_FRAME.unpack_from(buffer)
+            buffer = buffer[SIGNAL_FRAME.size:]
+            number = request_number(signum)
+            if number is not None:
+                answerer.ask(number)
+            elif 0 < signum < signal.NSIG:
+                os.kill(os.getpid(), signum)
+
+
+if __name__ == "__main__":
+    sys.exit(main())   # type: ignore[func-returns-value]
