@@ -27,7 +27,7 @@ import threading
 import traceback as traceback_module
 import weakref
 from dataclasses import asdict, dataclass
-from typing import Any, TypedDict
+from typing import Any, NotRequired, TypedDict
 
 from .fork_locks import ForkRenewedLock
 
@@ -88,6 +88,7 @@ class ErrorPayload(TypedDict):
     type: str          # exception type name
     message: str
     traceback: str
+    resident: NotRequired[int]   # bytes the process held when it made the payload (an exception's)
 
 
 class FailureKind(str, enum.Enum):
@@ -124,12 +125,27 @@ def error_payload(exc: BaseException | None = None, *, kind: str = FailureKind.E
                 if tb is not None and tb.tb_next is not None:
                     tb = tb.tb_next
             traceback = "".join(traceback_module.format_exception(type(exc), exc, tb))
-    return {
+    payload: ErrorPayload = {
         "kind": str(FailureKind(kind).value),
         "type": exc_type or (type(exc).__qualname__ if exc is not None else "RuntimeError"),
         "message": safe_str(exc) if message is None and exc is not None else (message or ""),
         "traceback": traceback,
     }
+    held = _own_resident() if exc is not None else None
+    if held is not None:
+        payload["resident"] = held
+    return payload
+
+
+def _own_resident() -> int | None:
+    """This process's resident bytes now (one read of statm): what an allocation failure's
+    message says the rank held when it raised, also when the rank has ended before the notebook
+    reads its error (a quick rank on a loaded machine: it was never sampled)."""
+    try:
+        with open("/proc/self/statm", "rb") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def safe_str(exc: BaseException) -> str:

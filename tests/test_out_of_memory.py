@@ -256,3 +256,22 @@ def test_memory_running_out_is_said_before_anything_dies(memory_cgroup, tmp_path
     assert notebook.returncode == 0 and "results [" in out   # nothing died: it was said before
     with open(tmp_path / "logs" / "rank1.log") as log_file:
         assert "memory is running out" in log_file.read()
+
+
+def test_a_rank_read_after_it_ended_or_on_another_machine_says_what_it_held_as_it_raised():
+    """The rank's ERROR carries what it held as it raised: a quick rank on a loaded machine ended
+    before any sample and before its error was read, and a rank on another machine (Ray, SLURM)
+    has no pid here to read; both still say what they held."""
+    from notebook_launch import protocol
+    try:
+        raise MemoryError()
+    except MemoryError as exc:
+        payload = protocol.error_payload(exc)
+    assert payload["resident"] > 1 << 20   # this process: a few MiB at least
+    watch = oom.MemoryWatch([(0, 1)])
+    assert watch.rank_holding(0, None, 300 << 20) == "it held 300.0 MiB resident when it raised"
+    assert watch.rank_holding(0, None) == ""   # never sampled, nothing said: no figure made up
+    failure = protocol.Failure.from_payload(0, {"kind": "exception", "type": "MemoryError", "message": "",
+                                                "traceback": "", "resident": 300 << 20})
+    named = watch.name_allocation_failure(failure, 0, None, 300 << 20)
+    assert "rank 1 ran out of memory" in named.memory and "it held 300.0 MiB resident when it raised" in named.memory

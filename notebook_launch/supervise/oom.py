@@ -382,22 +382,27 @@ class MemoryWatch:
         return "\n".join(lines)
 
     # --- an allocation that failed --------------------------------------------------------
-    def name_allocation_failure(self, failure: Failure, local: int, pid: int | None) -> Failure:
+    def name_allocation_failure(self, failure: Failure, local: int, pid: int | None,
+                                held_when_raised: int | None = None) -> Failure:
         """``failure`` (an ERROR a rank sent) with what ran out said, when it is an allocation
-        failure: the rank, the size asked, what the rank (or its GPU) held, what to do."""
+        failure: the rank, the size asked, what the rank (or its GPU) held (``held_when_raised``:
+        what the rank said it held as it raised), what to do."""
         try:
             memory = allocation_text(failure.exc_type or "", failure.exc_message or "",
-                                     self.names.get(local, local), self.rank_holding(local, pid))
+                                     self.names.get(local, local), self.rank_holding(local, pid, held_when_raised))
         except Exception:   # an extra: the exception itself is reported whatever happens here
             log.debug("could not describe an allocation failure", exc_info=True)
             return failure
         return failure if memory is None else dataclasses.replace(failure, memory=memory)
 
-    def rank_holding(self, local: int, pid: int | None) -> str:
-        """What the rank holds now (it may have ended: then when last sampled), and its RLIMIT_AS."""
+    def rank_holding(self, local: int, pid: int | None, held_when_raised: int | None = None) -> str:
+        """What the rank holds now (it may have ended: then what it said it held as it raised, or
+        when last sampled), and its RLIMIT_AS."""
         held = None if pid is None else resident(pid)
         words = f"it held {size_text(held)} resident"
-        if held is None:
+        if held is None and held_when_raised is not None:
+            words = f"it held {size_text(held_when_raised)} resident when it raised"
+        elif held is None:
             sample = self.samples.get(local)
             words = "" if sample is None else f"it held {size_text(sample.held)} resident when last sampled"
         limit = None if pid is None else address_space_limit(pid)

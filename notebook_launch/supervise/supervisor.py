@@ -332,7 +332,8 @@ class Supervisor:
                 watch.error_after_stop = True
                 return
             pid = watch.process.pid if watch.process.on_this_machine else None
-            self.fail(self.memory.name_allocation_failure(Failure.from_payload(local, payload), local, pid))
+            self.fail(self.memory.name_allocation_failure(Failure.from_payload(local, payload), local, pid,
+                                                          payload.get("resident")))
         elif kind is protocol.EventKind.DISPLAY and self.rank_displays is not None:
             self.rank_displays.on_event(self.global_rank(local), payload)
         elif kind is protocol.EventKind.INPUT_REQUEST:
