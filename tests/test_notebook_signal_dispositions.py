@@ -401,3 +401,32 @@ def test_where_the_kernel_keeps_no_status_a_result_that_arrived_is_the_ranks_res
     assert str(error).startswith("rank 1 failed: ended, its exit status taken before notebook_launch could "
                                  "read it (the notebook ignores SIGCHLD"), str(error)
     assert error.results is not None and isinstance(error.results[0], dict)   # rank 0's result: its own
+
+
+def test_the_status_is_waited_for_while_the_kernel_has_not_kept_it_yet(monkeypatch):
+    """Between a reaped child leaving its parent (ECHILD) and the kernel keeping its status on the
+    pidfd the exiting process can be preempted: on a loaded machine that moment outlasted 127 ms
+    of tries and a SIGKILLed rank was called 'its exit status taken'. The moment cannot be made
+    to last here, so a stand-in for the kernel's answers (KernelNotKeptYet) plays it: ESRCH and
+    'not kept yet' for 300 ms, then the status; and a kernel without PIDFD_GET_INFO answers at once."""
+    import errno
+
+    from notebook_launch.channels import process
+
+    class KernelNotKeptYet:
+        def __init__(self, error: int | None) -> None:
+            self.until, self.error, self.asked = time.monotonic() + 0.3, error, 0
+
+        def __call__(self, pidfd: int):
+            self.asked += 1
+            if time.monotonic() < self.until:
+                if self.error is not None and self.asked % 2:
+                    raise OSError(self.error, os.strerror(self.error))
+                return None
+            return ("signal", 9)
+
+    monkeypatch.setattr(process, "_pidfd_exit_info", KernelNotKeptYet(errno.ESRCH))
+    assert process._exit_status_kept(-1) == ("signal", 9)
+    unsupported = KernelNotKeptYet(errno.ENOTTY)
+    monkeypatch.setattr(process, "_pidfd_exit_info", unsupported)
+    assert process._exit_status_kept(-1) is None and unsupported.asked == 1

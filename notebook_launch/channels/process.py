@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import abc
+import errno
 import fcntl
 import logging
 import os
@@ -148,20 +149,29 @@ _PIDFD_INFO_EXIT = 1 << 3
 _PIDFD_GET_INFO = (3 << 30) | (_PIDFD_INFO_SIZE << 16) | (0xFF << 8) | 11
 
 
+KEPT_WAIT = 2.0   # seconds at most for the kernel to keep a reaped child's status on its pidfd
+
+
 def _exit_status_kept(pidfd: int) -> WaitStatus | None:
     """exit_status_from_pidfd, waiting out the moment between a child leaving its parent's
-    children (waitpid: ECHILD) and the kernel keeping its status on the pidfd (microseconds)."""
+    children (waitpid: ECHILD) and the kernel keeping its status on the pidfd: microseconds on a
+    quiet machine, but the exiting process can be preempted in between, and on a loaded one (CI,
+    four test workers on two cores) 127 ms of tries once ran out and the status was called lost.
+    ESRCH in that moment is the same wait; only a kernel without PIDFD_GET_INFO (ENOTTY, EINVAL)
+    answers at once."""
+    deadline = time.monotonic() + KEPT_WAIT
     pause = 0.0005
-    for _ in range(8):
+    while True:
         try:
             status = _pidfd_exit_info(pidfd)
-        except OSError:   # ENOTTY/EINVAL: a kernel without PIDFD_GET_INFO; ESRCH: gone, nothing kept
-            return None
-        if status is not None:
+        except OSError as exc:
+            if exc.errno != errno.ESRCH:
+                return None
+            status = None
+        if status is not None or time.monotonic() >= deadline:
             return status
         time.sleep(pause)
-        pause *= 2
-    return None
+        pause = min(pause * 2, 0.05)
 
 
 def exit_status_from_pidfd(pidfd: int) -> WaitStatus | None:
