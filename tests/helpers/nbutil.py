@@ -126,15 +126,23 @@ notebook_from_cells = make_notebook
 
 
 def cell_text(cell) -> str:
-    """Everything a code cell showed: streams, text/plain results and errors with tracebacks."""
-    parts = []
+    """Everything a code cell showed: streams, text/plain results and errors with tracebacks.
+    Consecutive outputs of one stream are one text, as a notebook shows them: the kernel sends
+    what was written since its last flush, which may end mid-line (a print's words flushed
+    apart on a loaded machine once read as two lines)."""
+    parts: list[str] = []
+    previous = None
     for out in cell.get("outputs", []):
         if out.output_type == "stream":
-            parts.append(out.text)
+            if previous is not None and previous.output_type == "stream" and previous.name == out.name and parts:
+                parts[-1] += out.text
+            else:
+                parts.append(out.text)
         elif out.output_type in ("execute_result", "display_data"):
             parts.append(out.get("data", {}).get("text/plain", ""))
         elif out.output_type == "error":
             parts.append(f"{out.ename}: {out.evalue}\n" + "\n".join(out.traceback))
+        previous = out
     return "".join(p if p.endswith("\n") else p + "\n" for p in parts if p)
 
 
