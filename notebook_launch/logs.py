@@ -18,8 +18,8 @@ from typing import IO, Callable, Iterable, Protocol
 from .metrics import MetricsFile
 from .notebook_streams import OUT
 from .errors import LaunchArgumentError
-from .run_folders import (LiveRunFolder, Retention, default_log_root, fallback_log_root, prune,
-                          retention_from_environment)
+from .run_folders import (LiveRunFolder, Pruning, Retention, default_log_root, fallback_log_root,
+                          prune_as_a_run_starts, retention_from_environment)
 
 __all__ = ["LogSection", "LogWriter", "RunLogs", "default_log_root", "fallback_log_root", "make_run_id"]
 
@@ -65,9 +65,9 @@ class RunLogs:
     LaunchArgumentError, before any rank starts.
 
     In the default root (and its fallback) the run gets a new folder, live while the run
-    goes on, and the earlier runs' folders are first cut to the retention bounds
-    (notebook_launch.run_folders says the rule); a ``log_dir`` the user chose is theirs:
-    nothing in it is removed."""
+    goes on, and the earlier runs' folders are cut to the retention bounds while the ranks
+    start (notebook_launch.run_folders says the rule; ``close`` waits for it); a ``log_dir``
+    the user chose is theirs: nothing in it is removed."""
 
     def __init__(self, run_id: str, local_ranks: Iterable[int], global_ranks: Iterable[int],
                  log_dir: str | os.PathLike[str] | None = None,
@@ -78,6 +78,7 @@ class RunLogs:
         self._files: dict[int, IO[str]] = {}
         self.metrics: MetricsFile | None = None
         self._live: LiveRunFolder | None = None
+        self._pruning: Pruning | None = None
         names = {local: f"rank{global_rank}.log" for local, global_rank in zip(local_ranks, global_ranks)}
         self.local_ranks = tuple(names)   # a file each, by local rank
         if log_dir is not None:
@@ -99,6 +100,9 @@ class RunLogs:
         except OSError as exc:
             if exc.errno in (errno.EMFILE, errno.ENFILE):
                 raise
+            # The earlier runs' folders there are bounded all the same: on a full disk this frees
+            # what they held over the bounds, for the fallback folder (often the same disk)
+            prune_as_a_run_starts(root, retention, spare=run_id)
             fallback = fallback_log_root()
             self.notes.append(f"cannot write logs under {root} ({_reason(exc)}); this run's logs go to "
                               f"{fallback / run_id} (set NOTEBOOK_LAUNCH_LOG_DIR or log_dir= to choose)")
@@ -106,8 +110,8 @@ class RunLogs:
             self._open_live(fallback, run_id, names, retention)
 
     def _open_live(self, root: Path, run_id: str, names: dict[int, str], retention: Retention) -> None:
-        """Bound the earlier runs' folders, then make this run's, live until ``close``."""
-        prune(root, retention)
+        """Make this run's folder, live until ``close``, and bound the earlier runs' folders
+        beside it in the background (``close`` waits for that)."""
         self._live = LiveRunFolder(root, run_id)
         try:
             self._open(names)
@@ -115,6 +119,7 @@ class RunLogs:
             self._live.release()
             self._live = None
             raise
+        self._pruning = Pruning(root, retention, spare=run_id)
 
     def _open(self, names: dict[int, str]) -> None:
         """Create the folder and every rank's file; on failure close what was opened."""
@@ -185,6 +190,8 @@ class RunLogs:
         self._close_files()
         if self._live is not None:
             self._live.release()
+        if self._pruning is not None:
+            self._pruning.wait()
 
     def _stop_logging(self, exc: OSError) -> None:
         """Give up on the log files for the rest of the run, and say so once."""

@@ -37,9 +37,12 @@ def ipv4_of(host: str) -> str | None:
 
 
 def addresses_of(host: str) -> list[tuple[int, str]]:
-    """Every (family, address) ``host`` resolves to, IPv4 and IPv6; empty when it resolves to none."""
+    """Every (family, address) ``host`` resolves to, IPv4 and IPv6; empty when it resolves to none.
+    An ASCII name goes as bytes: getaddrinfo encodes a str with the 'idna' codec, whose import
+    (stringprep, unicodedata) was a few ms of a process's first launch; it leaves ASCII as it is."""
+    name: str | bytes = host.encode("ascii") if host.isascii() else host
     try:
-        infos = socket.getaddrinfo(host, None, socket.AF_UNSPEC, socket.SOCK_STREAM)
+        infos = socket.getaddrinfo(name, None, socket.AF_UNSPEC, socket.SOCK_STREAM)
     except (OSError, UnicodeError):
         log.debug("%s does not resolve", host, exc_info=True)
         return []

@@ -1,8 +1,9 @@
 """The keeper: a tiny process that ends what the ranks started when the notebook itself dies.
 
 Run as a program (``python -I -S orphan_keeper.py ORDERS_FD PIDFD``), never imported by the
-notebook: stdlib only. ``leftovers.guard`` starts one per notebook process, lazily,
-at its first launch, and does not wait for it to start.
+notebook: stdlib only. ``leftovers`` starts one per notebook process, lazily, at its
+first launch, before the ranks (``start_keeper_ahead``; ``guard`` if that failed), and does not
+wait for it to start.
 
 Why a process of its own: a rank dies with the notebook (PR_SET_PDEATHSIG), but what the
 rank started (a ``subprocess.Popen``, DataLoader workers, a daemon) does not, and the

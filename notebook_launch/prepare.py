@@ -15,6 +15,7 @@ from .errors import LaunchArgumentError
 from .logs import make_run_id
 from .options import LaunchOptions, check_display_ranks_exist, launch_options, validate_elastic_start_method
 from .plan import LaunchPlan, build_plan
+from .leftovers import start_keeper_ahead
 from .target import LaunchTarget, launch_target
 
 # Parameters an entry point has that are not launch options: each entry point uses them itself
@@ -72,6 +73,7 @@ def plan_launch(options: LaunchOptions) -> tuple[LaunchTarget, LaunchPlan, str]:
                                        notes=notes, multi_node=options.num_nodes > 1)
         net.hold_claim(run_id, claim)
         port = claim.port
+    start_keeper_ahead()   # the checks passed: ranks will start (the keeper's start runs beside what follows)
     try:
         return target, _plan(options, target, port, run_id, notes), run_id
     except BaseException:

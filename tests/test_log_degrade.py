@@ -44,6 +44,24 @@ def test_a_full_disk_stops_logging_not_the_run(full_disk, capsys):
     assert "No space left on device" in out.out + out.err
 
 
+def test_a_full_default_root_is_still_bounded_when_the_run_falls_back(full_disk, monkeypatch, capsys):
+    """The earlier runs' folders are bounded beside the ranks (run_folders.Pruning); where this run's
+    folder cannot even be made there (a disk our old runs filled), they are bounded before the run
+    falls back to the temporary folder, which is often on the same disk."""
+    old = full_disk / "runs" / "20260101-000000-0000000001"
+    old.mkdir(parents=True)
+    with open(old / "rank0.log", "wb", buffering=0) as log:   # every byte the tmpfs holds
+        with pytest.raises(OSError) as full:
+            while True:
+                log.write(b"x" * 4096)
+    assert full.value.errno == errno.ENOSPC
+    monkeypatch.setenv("NOTEBOOK_LAUNCH_LOG_DIR", str(full_disk / "runs"))
+    monkeypatch.setenv("NOTEBOOK_LAUNCH_KEEP_RUNS", "0")
+    assert notebook_launcher(chatty, args=(1,), num_processes=1) == [0]
+    assert "cannot write logs under" in capsys.readouterr().out
+    assert not old.exists(), "the earlier run over the bound is removed all the same"
+
+
 class DiskFullFile:
     """Stands in for a log file on a full disk: every write and flush raises ENOSPC."""
     def __init__(self):

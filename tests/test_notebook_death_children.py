@@ -13,6 +13,7 @@ broken build from hanging the suite; nothing is timed.
 """
 from __future__ import annotations
 
+import json
 import os
 import select
 import signal
@@ -203,3 +204,40 @@ def test_a_notebook_that_dies_before_its_keeper_is_ready_leaves_nothing(tmp_path
         if notebook.poll() is None:
             notebook.kill()
             notebook.wait()
+
+
+# A first launch in a fresh process, recording in order the keeper's start and each rank's fork.
+FIRST_LAUNCH_ORDER = textwrap.dedent('''
+    import json
+    from notebook_launch import notebook_launcher
+    from notebook_launch.backends import fork
+    from notebook_launch import leftovers
+    events = []
+    start_keeper, fork_rank = leftovers._start_keeper, fork.fork_from_clean_thread
+
+    def recorded_start_keeper():
+        events.append("keeper")
+        return start_keeper()
+
+    def recorded_fork(child):
+        events.append("fork")
+        return fork_rank(child)
+
+    leftovers._start_keeper, fork.fork_from_clean_thread = recorded_start_keeper, recorded_fork
+    results = notebook_launcher(int, num_processes=3, ui="none", log_dir={log_dir!r})
+    print(json.dumps({{"results": results, "events": events, "keeper": bool(leftovers.keeper_fds())}}))
+''')
+
+
+def test_the_first_launch_starts_its_keeper_before_any_rank(tmp_path):
+    """The keeper (a fresh interpreter) starts before the first rank is forked, not between the
+    first two forks, where its start held the second fork up and the first rank ran a moment with
+    no keeper to register with; started once (each rank's registration finds it)."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    done = subprocess.run([sys.executable, "-c", FIRST_LAUNCH_ORDER.format(log_dir=str(tmp_path))],
+                          capture_output=True, text=True, env=env, timeout=240)
+    assert done.returncode == 0, done.stderr
+    outcome = json.loads(done.stdout.splitlines()[-1])
+    assert outcome == {"results": [0, 0, 0], "events": ["keeper", "fork", "fork", "fork"], "keeper": True}, \
+        (outcome, done.stderr)

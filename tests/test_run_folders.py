@@ -9,12 +9,13 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 
 import pytest
 
-from notebook_launch import LaunchArgumentError, notebook_launcher
+from notebook_launch import LaunchArgumentError, notebook_launcher, run_folders
 from notebook_launch.run_folders import (LIVE_FILE, MEGABYTE, LiveRunFolder, Retention, list_run_folders, live_pid,
                                          prune)
 
@@ -166,6 +167,46 @@ def test_a_run_applies_the_rule_as_it_starts(tmp_path, monkeypatch):
     monkeypatch.setenv("NOTEBOOK_LAUNCH_KEEP_MB", "0.015")   # room for one small run, not two
     assert notebook_launcher(int, num_processes=1, ui="none") == [0]
     assert len(names_in(root)) == 2 and names_in(root)[0] == kept[2]
+
+
+def test_the_ranks_start_without_waiting_for_the_rule(tmp_path, monkeypatch):
+    """Measuring and removing the earlier runs' folders (~15 ms for a hundred, in a kernel's first
+    launch) goes on beside the ranks, not before them: here the rule cannot be applied until a rank
+    has run the launched function, and the launch still gets there, and returns with the folders
+    bounded. Where the rule ran before any rank started, the rank never runs and the wait fails."""
+    root = tmp_path / "runs"
+    old = make_runs(root, [10] * 5)
+    monkeypatch.setenv("NOTEBOOK_LAUNCH_LOG_DIR", str(root))
+    monkeypatch.setenv("NOTEBOOK_LAUNCH_KEEP_RUNS", "2")
+    marker = tmp_path / "a rank ran"
+    pruned_in: list[str] = []
+    real_prune = run_folders.prune
+
+    def prune_once_a_rank_ran(*args, **kwargs):
+        wait_for(marker.exists, "a rank ran the launched function before the earlier runs were pruned")
+        pruned_in.append(threading.current_thread().name)
+        return real_prune(*args, **kwargs)
+
+    monkeypatch.setattr(run_folders, "prune", prune_once_a_rank_ran)
+    assert notebook_launcher(Path.touch, args=(marker,), num_processes=2, ui="none") == [None, None]
+    assert pruned_in == ["notebook_launch-prune"], "the rule runs once per run, in its own thread"
+    kept = names_in(root)
+    assert kept[:2] == old[3:] and len(kept) == 3, "the newest 2 earlier runs and this run's folder"
+    assert "notebook_launch-prune" not in [t.name for t in threading.enumerate()], "the run waited for it"
+
+
+def test_a_rule_that_fails_does_not_fail_the_run(tmp_path, monkeypatch):
+    """A prune that raises is the launch's business no more: it is logged and the run goes on."""
+    root = tmp_path / "runs"
+    make_runs(root, [10] * 3)
+    monkeypatch.setenv("NOTEBOOK_LAUNCH_LOG_DIR", str(root))
+
+    def broken_prune(*args, **kwargs):
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(run_folders, "prune", broken_prune)
+    assert notebook_launcher(int, num_processes=1, ui="none") == [0]
+    assert len(names_in(root)) == 4
 
 
 @pytest.mark.parametrize("variable,value", [("NOTEBOOK_LAUNCH_KEEP_RUNS", "many"),
