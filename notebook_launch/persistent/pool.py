@@ -378,16 +378,16 @@ def rank_subset(ranks: Iterable[int] | None, world: int) -> frozenset[int] | Non
     if isinstance(ranks, int) and not isinstance(ranks, bool):
         ranks = [ranks]
     try:
-        chosen = list(ranks)
+        chosen: list[object] = list(ranks)
     except TypeError:
-        chosen = [ranks]   # type: ignore[list-item]
+        chosen = [ranks]   # not iterable: named as the bad value below
     bad = [r for r in chosen if isinstance(r, bool) or not isinstance(r, int) or not 0 <= r < world]
     if bad or not chosen:
         raise LaunchArgumentError(
             f"ranks={ranks!r}: give one or more global ranks between 0 and {world - 1} "
             f"(these ranks are {world}), e.g. ranks=[0] or %%ranks --ranks 0,2"
             + (f"; not ranks here: {', '.join(map(repr, bad))}" if bad else ""))
-    return frozenset(chosen)
+    return frozenset(r for r in chosen if isinstance(r, int))
 
 
 def _say_who_runs(subset: frozenset[int], idle: list[int]) -> None:
