@@ -14,6 +14,10 @@ what left the group is swept when the pool stops or restarts (``leftovers``).
 
 Between calls, ``idle.IdleReader`` reads the ranks' output (to the logs, and to the notebook
 while a cell runs); during a call the call's supervisor does: one reader at a time.
+
+``Ranks`` is the API and runs each call; where the ranks live and how a call reaches them is
+its transport's (``transport.RankTransport``: ``local`` on this machine, ``ray_ranks`` on Ray),
+and their life around the calls (start, the between-calls reader, restarts, stop) ``life``'s.
 """
 from __future__ import annotations
 
