@@ -18,7 +18,6 @@ from typing import TYPE_CHECKING
 
 from .. import leftovers
 from ..backends import get_backend
-from ..backends.spawn import SpawnBackend
 from ..errors import LaunchArgumentError
 from ..line_prefix import parse_line_prefix
 from ..net import release_claims
@@ -77,10 +76,11 @@ class LocalTransport(RankTransport):
         try:
             command_pipes.extend(commands.CommandPipe.open() for _ in plan.ranks)
             slot = commands.InterruptSlot(len(plan.ranks))
-            spawned = isinstance(backend, SpawnBackend)
+            spawned = plan.start_method == "spawn"
             job = Job(serve_calls, (plan, command_pipes, slot), {"spawned": spawned})
-            if isinstance(backend, SpawnBackend):   # a fresh interpreter inherits only what it is passed
-                assert slot.fd is not None
+            if spawned:   # a fresh interpreter inherits only what it is passed
+                from ..backends.spawn import SpawnBackend   # (get_backend imported it: spawn's launcher)
+                assert isinstance(backend, SpawnBackend) and slot.fd is not None
                 processes = backend.start(plan, job, pipes, extra_fds=[(c.read_fd, slot.fd) for c in command_pipes])
             else:
                 processes = backend.start(plan, job, pipes)
