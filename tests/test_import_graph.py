@@ -126,7 +126,7 @@ def test_the_api_module_is_imported_for_its_api_only():
     for name, targets in graph.items():
         if name.startswith("notebook_launch.persistent"):
             assert "notebook_launch.launcher" not in targets, name
-    assert graph["notebook_launch.persistent.pool"] >= {"notebook_launch.prepare"}
+    assert graph["notebook_launch.persistent.local"] >= {"notebook_launch.prepare"}   # the local transport plans
 
 
 def test_the_cycle_finder_finds_a_cycle():

@@ -17,10 +17,10 @@ from ..supervise import interrupts, outcome
 from ..supervise.supervisor import Step, Supervisor
 from ..supervise.watch import RankWatch, Watcher
 from ..rank import commands
-from ..rank.commands import InterruptSlot
 
 if TYPE_CHECKING:
     from ..channels import RankProcess
+    from .transport import CallInterrupts
 
 log = logging.getLogger("notebook_launch")
 DRAIN_ROUNDS = 64   # reads of what a call printed before its RESULT (64 KiB each)
@@ -51,7 +51,7 @@ class CallSupervisor(Supervisor):
 
     watcher_class = CallWatcher
 
-    def __init__(self, *args: Any, grace: float, slot: InterruptSlot, call_number: int,
+    def __init__(self, *args: Any, grace: float, slot: CallInterrupts, call_number: int,
                  send: Callable[[], None], events: dict[int, protocol.EventReader] | None = None,
                  command_fds: list[int] | None = None, idle_ranks: frozenset[int] = frozenset(),
                  **kwargs: Any) -> None:

@@ -1,6 +1,7 @@
 """Persistent ranks on a Ray cluster: ``start_ranks(n, cluster=RayCluster(...))``.
 
-The same ``Ranks`` as local persistent ranks (``pool``): one call at a time, each supervised
+The same ``Ranks`` as local persistent ranks (``pool``), over its own transport
+(``RayTransport``, a ``transport.RankTransport``): one call at a time, each supervised
 by ``call.CallSupervisor`` with the same panel, logs, LaunchError texts, interrupt and
 timeout rules, and the between-calls reader. What differs is where the ranks live:
 
@@ -30,19 +31,14 @@ import logging
 import mmap
 import os
 import select
-import time
-import weakref
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
-from .. import protocol
 from ..backends.base import StartFailed
-from ..display import choose_display
 from ..errors import LaunchError
 from ..line_prefix import parse_line_prefix
 from ..logs import make_run_id
-from ..notebook_streams import OUT
 from ..options import LaunchOptions, check_display_ranks_exist, validate_cluster_launch, validate_cluster_type
 from ..prepare import entry_options
 from ..protocol import FailureKind
@@ -51,16 +47,18 @@ from ..ray.gang import Placement
 from ..ray.launch import RayLauncher, notebook_address, notebook_plan
 from ..rank.ray_serve import Kind, encode_message, serve_ray_calls
 from ..rank.runner import Job
-from ..session import launch_line, open_logs, plan_state
-from ..state import RunState
+from ..session import launch_line, plan_state
 from ..supervise import outcome
 from ..rank import commands
-from .idle import IdleReader
-from .pool import STOP_GRACE, Ranks, _exited
+from .pool import Ranks
+from .transport import STOP_GRACE, LogsFor, LostBetweenCalls, RankTransport, exited, wait_for_ends
 
 if TYPE_CHECKING:
     from ..channels import RankProcess
+    from ..logs import RunLogs
+    from ..plan import LaunchPlan
     from ..ray.cluster import RayCluster
+    from ..state import RunState
 
 log = logging.getLogger("notebook_launch")
 LINE_PREFIX = "[node {node_rank} rank {rank}]"
@@ -77,20 +75,20 @@ def start_ray_ranks(cluster: "RayCluster", parameters: Mapping[str, Any], grace:
     options = entry_options(parameters, function=serve_ray_calls, called_as_given=False,
                             log_line_prefix_template=parameters.get("log_line_prefix_template") or LINE_PREFIX)
     validate_cluster_launch(options)
-    ranks = RayRanks(options, grace, cluster)
+    ranks = RayRanks(options, grace, RayTransport(options, cluster))
     ranks._start()
     return ranks
 
 
 class RaySlot:
-    """The notebook's half of ``commands.InterruptSlot`` for ranks on other machines: an
-    interrupt request goes to every rank as a message naming the call (the rank's own slot
-    records it and the rank signals itself). The notebook does not signal a Ray rank's pid
-    (it is a process of another machine), so every rank reads as not serving to
-    ``CallSupervisor.stop``: the request is the signal. Whether a rank is reporting or has
-    started the call is not shared across machines: the grace is the whole allowance."""
+    """The notebook's half of ``commands.InterruptSlot`` for ranks on other machines (a
+    ``transport.CallInterrupts``): an interrupt request goes to every rank as a message naming
+    the call (the rank's own slot records it and the rank signals itself). The notebook does not
+    signal a Ray rank's pid (it is a process of another machine), so every rank reads as not
+    serving to ``CallSupervisor.stop``: the request is the signal. Whether a rank is reporting or
+    has started the call is not shared across machines: the grace is the whole allowance."""
 
-    def __init__(self, send: "Any") -> None:
+    def __init__(self, send: Callable[[bytes], None]) -> None:
         self._send = send   # bytes -> every rank
 
     def request(self, call_number: int) -> None:
@@ -110,32 +108,45 @@ class RaySlot:
 
 
 class RayRanks(Ranks):
-    """Persistent ranks as Ray actors; made by ``start_ranks(..., cluster=)``, used as ``Ranks``."""
+    """Persistent ranks as Ray actors; made by ``start_ranks(..., cluster=)``, used as ``Ranks``,
+    with where each rank runs (``nodes``)."""
 
-    def __init__(self, options: LaunchOptions, grace: float, cluster: "RayCluster") -> None:
-        super().__init__(options, grace)
-        self.cluster = cluster
+    def __init__(self, options: LaunchOptions, grace: float, transport: RayTransport) -> None:
+        super().__init__(options, grace, transport)
+        self.ray = transport
+
+    @property
+    def cluster(self) -> "RayCluster":
+        return self.ray.cluster
+
+    @property
+    def nodes(self) -> list[str]:
+        """Where each rank runs, by global rank: "node N (address)"."""
+        return self.ray.nodes
+
+    def __repr__(self) -> str:
+        text = super().__repr__()
+        return text.replace("<Ranks:", "<Ranks on Ray:", 1)
+
+
+class RayTransport(RankTransport):
+    """Ranks as Ray actors, reached over their events connections (see the module)."""
+
+    def __init__(self, options: LaunchOptions, cluster: "RayCluster") -> None:
+        super().__init__()
+        self.backend_name = "ray, persistent"
+        self.options, self.cluster = options, cluster
         self.summary = ""
         self._launchers: list[RayLauncher] = []   # the current ranks' launcher (a list: the finalizer's view)
         self._placements: list[Placement] = []
         self._addresses: list[str] = []
-        self._ray_finalizer = weakref.finalize(self, _end_launchers, self._launchers)
-
-    @property
-    def backend_name(self) -> str:
-        return "ray, persistent"
 
     @property
     def nodes(self) -> list[str]:
         """Where each rank runs, by global rank: "node N (address)"."""
         return [f"node {p.node_rank} ({a})" for p, a in zip(self._placements, self._addresses)]
 
-    def __repr__(self) -> str:
-        text = super().__repr__()
-        return text.replace("<Ranks:", "<Ranks on Ray:", 1)
-
-    # --- starting ---------------------------------------------------------------------
-    def _start(self) -> None:
+    def start(self, logs_for: LogsFor) -> LaunchPlan:
         """Start the ranks as every start path does (``backends.base``): the launcher's channels,
         then ``RayLauncher.start`` with ``persistent=True`` (actors that serve calls)."""
         cluster, options = self.cluster, self.options
@@ -146,13 +157,12 @@ class RayRanks(Ranks):
         run_id = make_run_id()
         plan = notebook_plan(world_size, cluster, options.mixed_precision)
         check_display_ranks_exist(options.display_ranks, plan.world_size)
-        if self.logs is None:
-            self.run_id = run_id
-            self.logs = open_logs(plan, run_id, options)
+        logs = logs_for(plan, run_id)
+        if not self.summary:
             self.summary = (f"notebook_launch: Ray cluster {ray_connect.gcs_host(ray) or cluster.address}: "
                             f"{ray_connect.describe_cluster(nodes)}; {world_size} ranks x "
                             f"{dict(cluster.resources_per_rank)}, placement {cluster.placement}")
-        state = plan_state(plan, run_id, self.backend_name, self.logs.path)   # a failed start's LaunchError
+        state = plan_state(plan, run_id, self.backend_name, logs.path)   # a failed start's LaunchError
         # one launcher per start: fresh ranks after a loss are a new start, not an elastic restart
         # (TORCHELASTIC_RESTART_COUNT stays 0, as for local persistent ranks)
         launcher = RayLauncher(ray, cluster, host=notebook_address(ray, cluster), run_id=run_id,
@@ -170,54 +180,28 @@ class RayRanks(Ranks):
             if isinstance(exc, StartFailed):
                 raise outcome.cluster_error(exc.text, state, rank=exc.rank, kind=exc.kind) from None
             raise
-        self.plan, self._pipes, self._commands = plan, list(channels), []
-        self._slot = RaySlot(self._send_all)   # type: ignore[assignment]
-        self._processes[:] = processes
+        self.pipes = list(channels)
+        self.interrupts = RaySlot(self._send_all)
+        self.processes[:] = processes
         self._placements = launcher.placements
         self._addresses = launcher.addresses
-        self._run_mark = ""   # nothing of this machine to sweep
-        self._lost = None
-        if self._cells is None:
-            from .idle import CellWatch
-            self._cells = CellWatch()
-        self._start_idle({})
-        if self.restarts == 0:
-            display = choose_display(options.ui, line_prefix=options.line_prefix).name
-            where = ", ".join(f"rank {r} on {n}" for r, n in enumerate(self.nodes))
-            print(launch_line(plan, self.backend_name, self.logs, display=display,
-                              extra_lines=(self.summary, f"notebook_launch: {where}")), file=OUT, flush=True)
+        return plan
 
-    def _start_idle(self, events: dict[int, protocol.EventReader]) -> None:
-        """The between-calls reader, as local ranks have it, except that a rank that ends has no
-        process group here to end (its process is on another machine)."""
-        if self._idle is not None:
-            self._idle.resume(events)
-            return
-        assert self.plan is not None and self.logs is not None
-        prefix = parse_line_prefix(self.options.line_prefix)
-        placements = self._placements
-        self._idle = IdleReader(
-            self._processes, self._pipes, self.logs,
-            tag=lambda local: prefix.render(rank=local, local_rank=placements[local].local_rank,
-                                            node_rank=placements[local].node_rank),
-            events={local: events.get(local) or protocol.EventReader() for local in range(len(self._pipes))},
-            on_exit=lambda process: None,
-            show=lambda: self.options.ui != "none" and self._cells is not None and self._cells.running)
+    def launch_line(self, plan: LaunchPlan, logs: RunLogs, display: str) -> str:
+        where = ", ".join(f"rank {r} on {n}" for r, n in enumerate(self.nodes))
+        return launch_line(plan, self.backend_name, logs, display=display,
+                           extra_lines=(self.summary, f"notebook_launch: {where}"))
 
-    # --- a call -------------------------------------------------------------------------
-    def _ensure_running(self) -> dict[int, protocol.EventReader]:
-        """As for local ranks, except that ranks lost between calls are a LaunchError (naming
-        them and their node) before fresh ranks start with the next call."""
-        if not self.closed and self._lost is None and self._processes:
-            gone = [p for p in self._processes if _exited(p)]
-            if gone:
-                self._pause_idle()
-                error = self._lost_between_calls(gone)
-                self._stop_processes(graceful=False)
-                raise error
-        return super()._ensure_running()
+    def tag(self, plan: LaunchPlan, template: str | None) -> Callable[[int], str]:
+        """As local ranks' lines, with each rank's node (a rank that ends has no process group
+        here to end: its process is on another machine)."""
+        prefix, placements = parse_line_prefix(template), self._placements
+        return lambda local: prefix.render(rank=local, local_rank=placements[local].local_rank,
+                                           node_rank=placements[local].node_rank)
 
-    def _lost_between_calls(self, gone: list[RankProcess]) -> LaunchError:
+    def lost_between_calls(self, gone: list[RankProcess], logs: RunLogs, num_processes: int) -> LostBetweenCalls:
+        """A LaunchError naming the ranks lost and their node, before fresh ranks start with the
+        next call."""
         nodes = {self._placements[p.local_rank].node_id for p in gone}
         node_lost = any("node" in (p.end_note or "") for p in gone)
         lost = sorted({p.local_rank for p in gone} | ({pl.global_rank for pl in self._placements
@@ -225,16 +209,14 @@ class RayRanks(Ranks):
         where = sorted({self.nodes[r] for r in lost})
         reason = next((p.end_note for p in gone if p.end_note), None) or "its Ray actor ended"
         rank_words = f"rank{'s' * (len(lost) > 1)} {', '.join(map(str, lost))}"
-        self._lost = f"{rank_words} on {' and '.join(where)} {'were' if len(lost) > 1 else 'was'} lost between calls"
-        assert self.logs is not None
+        why = f"{rank_words} on {' and '.join(where)} {'were' if len(lost) > 1 else 'was'} lost between calls"
         message = (f"notebook_launch: {rank_words} ({' and '.join(where)}) {'were' if len(lost) > 1 else 'was'} "
-                   f"lost between calls: {reason}. This call did not run. "
-                   + outcome.ranks_lost_note(self._lost))
-        return LaunchError(message, rank=lost[0], kind=FailureKind.SIGNAL, log_dir=str(self.logs.path),
-                           results=[None] * self.num_processes,
-                           node_rank=self._placements[lost[0]].node_rank)
+                   f"lost between calls: {reason}. This call did not run. " + outcome.ranks_lost_note(why))
+        return LostBetweenCalls(why, LaunchError(message, rank=lost[0], kind=FailureKind.SIGNAL,
+                                                 log_dir=str(logs.path), results=[None] * num_processes,
+                                                 node_rank=self._placements[lost[0]].node_rank))
 
-    def _send(self, frame: commands.Frame) -> None:
+    def send(self, frame: commands.Frame) -> None:
         """The call's frame to every rank, as one CALL message with its tensors' bytes."""
         with call_message(frame) as parts:
             self._send_all(*parts)
@@ -242,43 +224,45 @@ class RayRanks(Ranks):
     def _send_all(self, *parts: Any) -> None:
         """``parts`` whole to every rank's events connection (a rank that is gone is skipped:
         the supervisor sees its end)."""
-        for process, pipes in zip(self._processes, self._pipes):
+        for process, pipes in zip(self.processes, self.pipes):
             if pipes.events_r in pipes.closed:
                 continue
             try:
-                write_whole(pipes.events_r, parts, gone=functools.partial(_exited, process))
+                write_whole(pipes.events_r, parts, gone=functools.partial(exited, process))
             except OSError:
                 log.debug("rank %d's connection is closed; not sent", process.local_rank, exc_info=True)
 
-    def _describe_ranks(self, state: RunState) -> None:
+    def describe(self, state: RunState) -> None:
         """Each rank's node, in a call's run state (the panel's rows, the errors' first lines)."""
         for rs, placement, address in zip(state.ranks, self._placements, self._addresses):
             rs.node, rs.node_rank = f"node {placement.node_rank} ({address})", placement.node_rank
 
-    # --- ending -------------------------------------------------------------------------
-    def _stop_processes(self, graceful: bool) -> None:
+    def stop(self, graceful: bool, before_kill: Callable[[], object]) -> None:
         """STOP (``graceful``: up to STOP_GRACE seconds for the ranks' loops to return), then
         the gang's end: actors killed, placement group removed, Ray reports the actors dead."""
-        if not graceful:
-            self._stop_idle()
-        if graceful and self._processes:
+        if graceful and self.processes:
             self._send_all(encode_message(Kind.STOP))
-            deadline = time.monotonic() + STOP_GRACE
-            for process in self._processes:
-                left = deadline - time.monotonic()
-                if left > 0 and not _exited(process) and process.sentinel is not None:
-                    select.select([process.sentinel], [], [], left)
-        self._stop_idle()
+            wait_for_ends(self.processes, STOP_GRACE)
+        before_kill()
         for launcher in self._launchers:
             launcher.end()
         self._launchers[:] = []
-        for process in self._processes:
+        for process in self.processes:
             process.release()
-        for pipes in self._pipes:
+        for pipes in self.pipes:
             pipes.close_parent_ends()
-        self._processes[:] = []
-        self._pipes, self._commands = [], []
-        self._slot = None
+        self.processes[:] = []
+        self.pipes = []
+        self.interrupts = None
+
+    def abandon(self) -> None:
+        """Nothing of forgotten ranks stays on the cluster."""
+        for process in self.processes:
+            if not process.reaped:
+                process.kill()
+            process.wait()
+            process.release()
+        _end_launchers(self._launchers)
 
 
 @contextmanager

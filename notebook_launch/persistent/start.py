@@ -1,6 +1,7 @@
-"""``start_ranks``: make persistent ranks, forked or spawned on this machine (``pool.Ranks``) or
-Ray actors on a cluster (``ray_ranks.RayRanks``, a subclass). Its own module, so that the pool
-does not import the Ray pool that builds on it (the package's import graph has no cycle)."""
+"""``start_ranks``: make persistent ranks, forked or spawned on this machine (``pool.Ranks`` over
+``local.LocalTransport``) or Ray actors on a cluster (``ray_ranks.RayRanks``, over
+``ray_ranks.RayTransport``). Its own module, so that the pool imports none of the transports
+(the package's import graph has no cycle)."""
 from __future__ import annotations
 
 import os
@@ -12,6 +13,7 @@ from ..options import DEFAULT_LINES_PER_SECOND, DEFAULT_USE_PORT, validate_inter
 from ..preflight import check_not_inside_rank
 from ..prepare import entry_options
 from ..diagnose.stall import DEFAULT_STALL_AFTER
+from .local import LocalTransport
 from .pool import DEFAULT_GRACE, Ranks, _trimmed
 from ..rank.serve import serve_calls
 
@@ -62,6 +64,7 @@ def start_ranks(num_processes: int | None = None, mixed_precision: str = "no",
     if cluster is not None:   # persistent ranks as Ray actors (issue 24): their own home
         from .ray_ranks import start_ray_ranks
         return start_ray_ranks(cluster, parameters, grace)
-    ranks = Ranks(entry_options(parameters, function=serve_calls, called_as_given=False), grace)
+    options = entry_options(parameters, function=serve_calls, called_as_given=False)
+    ranks = Ranks(options, grace, LocalTransport(options))
     ranks._start()
     return ranks

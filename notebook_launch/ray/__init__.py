@@ -14,10 +14,10 @@ Two halves of Ray live elsewhere, each for a rule of the import graph
   ``rank.ray_where``: ``rank/`` holds everything that runs in a rank, and the rule that it
   imports nothing of the notebook side is checked package by package, so a module here (a
   package that imports the run scaffold and the supervisor's outcome) could not be held to it;
-- persistent ranks on Ray are ``persistent.ray_ranks``: ``RayRanks`` subclasses the pool
-  (``persistent.pool.Ranks``) while ``start_ranks`` and ``%ranks`` (``persistent``) start it,
-  so here it would make ``persistent`` and ``ray`` import each other. It moves here once the pool
-  speaks to its ranks through a transport (issue 31 item 4).
+- persistent ranks on Ray are ``persistent.ray_ranks``: ``RayTransport``, the pool's transport
+  for Ray actors (``persistent.transport.RankTransport``), and ``RayRanks``, the pool with each
+  rank's node; ``start_ranks`` and ``%ranks`` (``persistent``) make them, so here they would make
+  ``persistent`` and ``ray`` import each other.
 
 Another engine (SLURM) sits beside this package the same way: ``notebook_launch/<engine>/``
 with its description, connection, run and launcher, its rank half in ``rank/``.

@@ -1,0 +1,94 @@
+"""The package's shape, checked: no class is over ``MAX_CLASS_LINES`` lines (issue 31: a class
+that long holds more than one concern), and persistent ranks reach their ranks through one
+transport (``persistent.transport.RankTransport``), not by a subclass of the pool that overrides
+its private steps.
+
+``LONG_CLASSES`` lists the classes still over the limit, each with why; a test fails once one of
+them is back under it (then it leaves the list), so the list can only shrink."""
+from __future__ import annotations
+
+import ast
+import textwrap
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parents[1] / "notebook_launch"
+MAX_CLASS_LINES = 250
+LONG_CLASSES = {
+    "supervise/supervisor.py::Supervisor":
+        "the launch's supervision loop, fail-fast teardown and stall/where reporting in one class; "
+        "to be split along the homes issue 31 item 2 gave hang diagnosis (diagnose/)",
+}
+
+
+def long_classes(source: str, limit: int = MAX_CLASS_LINES) -> dict[str, int]:
+    """Class name -> its lines (``def`` to its last line), for each class over ``limit``."""
+    found = {}
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.ClassDef):
+            lines = (node.end_lineno or node.lineno) - node.lineno + 1
+            if lines > limit:
+                found[node.name] = lines
+    return found
+
+
+def package_long_classes() -> dict[str, int]:
+    return {f"{path.relative_to(PACKAGE).as_posix()}::{name}": lines
+            for path in sorted(PACKAGE.rglob("*.py")) for name, lines in long_classes(path.read_text()).items()}
+
+
+def test_no_class_is_over_250_lines():
+    found = package_long_classes()
+    new = {name: lines for name, lines in found.items() if name not in LONG_CLASSES}
+    assert not new, f"classes over {MAX_CLASS_LINES} lines (split them by concern): {new}"
+    shrunk = sorted(set(LONG_CLASSES) - set(found))
+    assert not shrunk, f"no longer over {MAX_CLASS_LINES} lines, take them off LONG_CLASSES: {shrunk}"
+
+
+def test_the_persistent_package_has_no_long_class_at_all():
+    assert not {name for name in LONG_CLASSES if name.startswith("persistent/")}
+    assert not {name for name in package_long_classes() if name.startswith("persistent/")}
+
+
+def test_the_scan_finds_a_long_class():
+    body = "\n".join(f"    x{i} = {i}" for i in range(MAX_CLASS_LINES))
+    source = textwrap.dedent("class Short:\n    pass\n\n\nclass Long:\n") + body + "\n"
+    assert long_classes(source) == {"Long": MAX_CLASS_LINES + 1}
+
+
+def _classes(path: Path) -> list[ast.ClassDef]:
+    return [node for node in ast.walk(ast.parse(path.read_text())) if isinstance(node, ast.ClassDef)]
+
+
+def _base_names(node: ast.ClassDef) -> set[str]:
+    return {base.id if isinstance(base, ast.Name) else base.attr for base in node.bases
+            if isinstance(base, (ast.Name, ast.Attribute))}
+
+
+def test_no_pool_subclass_overrides_the_pools_private_steps():
+    """How the ranks start, take a call, are interrupted, described and stopped is the transport's
+    (``RankTransport``); a pool subclass (``RayRanks``) may add to the API, never replace a step."""
+    subclasses = {f"{path.name}::{node.name}": [item.name for item in node.body
+                                                if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef))
+                                                and item.name.startswith("_") and not item.name.endswith("__")]
+                  for path in sorted((PACKAGE / "persistent").glob("*.py")) for node in _classes(path)
+                  if "Ranks" in _base_names(node)}
+    assert "ray_ranks.py::RayRanks" in subclasses   # the scan sees the one there is
+    assert not {name: methods for name, methods in subclasses.items() if methods}
+
+
+def test_every_transport_implements_the_interface():
+    transports = {node.name for path in sorted((PACKAGE / "persistent").glob("*.py")) for node in _classes(path)
+                  if "RankTransport" in _base_names(node)}
+    assert transports == {"LocalTransport", "RayTransport"}
+    from notebook_launch.persistent.local import LocalTransport
+    from notebook_launch.persistent.ray_ranks import RayTransport
+    for transport in (LocalTransport, RayTransport):
+        assert not transport.__abstractmethods__, transport   # every step of RankTransport is its own
+
+
+def test_persistent_ranks_need_no_type_ignore():
+    """The pool's transports are typed as what they are: no ``# type: ignore`` in persistent/
+    (the interrupt slots are ``CallInterrupts``; spawned ranks' extra fds go to ``SpawnBackend.start``)."""
+    ignored = [f"{path.name}:{number}" for path in sorted((PACKAGE / "persistent").glob("*.py"))
+               for number, line in enumerate(path.read_text().splitlines(), 1) if "type: ignore" in line]
+    assert not ignored
