@@ -215,11 +215,15 @@ class SlurmLauncher(Launcher):
 
     def end_cause(self, rank: int, code: int) -> str | None:
         """Why the scheduler ended a rank we did not stop, if it did: asked when its srun failed or said
-        something (srun ends with 0 after "Node failure on node1"). A rank SLURM killed may end before
-        ``scontrol`` records the job's end: then it is asked again for up to END_RECORDED seconds."""
+        something (srun ends with 0 after "Node failure on node1"). A step killed for its memory is
+        said by srun alone (the job runs on). A rank SLURM killed may end before ``scontrol`` records
+        the job's end: then it is asked again for up to END_RECORDED seconds."""
         said = self._srun_said(rank)
         if self.job_id is None or not (code or said):
             return None
+        memory = scheduler.step_memory_cause(said)
+        if memory is not None:
+            return memory
         node_failure = NODE_FAILURE.search(said)
         cause = self._scheduler_cause(signalled=code > 128 or node_failure is not None)
         if cause is None and node_failure is not None:   # the scheduler forgot the job already

@@ -215,6 +215,28 @@ notebook_launcher(train, num_processes=2, cluster=SlurmCluster(nodes=2, time="1"
     assert_nothing_left(slurm)
 
 
+def test_a_rank_over_the_jobs_memory_is_named_out_of_memory(slurm):
+    """SLURM kills rank 1's step for using more than the job's --mem=300M (the fixture's OverMemoryKill;
+    on a cluster with cgroups their OOM killer does it, said in srun's output too): the error says so,
+    with the amounts, rather than "killed by SIGKILL". The job itself runs on (its record never says
+    OUT_OF_MEMORY) until the run ends it."""
+    error, _ = launch_error(slurm, """
+def train():
+    import os, time
+    if os.environ["RANK"] == "1":
+        block = bytearray(600 * 2**20)
+        for i in range(0, len(block), 4096):
+            block[i] = 1
+    time.sleep(600)
+notebook_launcher(train, num_processes=2, cluster=SlurmCluster(nodes=1, extra_options=["--mem=300M"]), ui="none")
+""")
+    assert error["rank"] == 1, error
+    assert "SLURM killed the rank's step for using more memory than the job asked for (out of memory: " \
+           in error["message"], error
+    assert "MiB, over its 300 MiB limit; ask for more with extra_options=['--mem=...'])" in error["message"], error
+    assert_nothing_left(slurm)
+
+
 def test_a_node_failure_is_named_from_the_scheduler(slurm):
     """node1 dies (every process in it SIGKILLed: slurmd, slurmstepd, ranks); once slurmctld marks it
     down (SlurmdTimeout, 30 s here) the job ends NODE_FAIL, and the error says a node failed rather
