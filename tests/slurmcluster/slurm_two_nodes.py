@@ -123,7 +123,10 @@ KillWait=2
 MinJobAge=2
 SchedulerParameters=sched_interval=1
 {nodes}
-PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
+PreemptType=preempt/partition_prio
+PreemptMode=CANCEL
+PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP PriorityTier=1
+PartitionName=urgent Nodes=ALL MaxTime=INFINITE State=UP PriorityTier=2
 """)
         (self.tmp / "cgroup.conf").write_text(
             "CgroupPlugin=cgroup/v1\nCgroupAutomount=no\nCgroupMountpoint=/sys/fs/cgroup\n")
@@ -162,8 +165,9 @@ PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
             for name, daemon in self.daemons.items():
                 if daemon.poll() is not None:
                     raise RuntimeError(f"{name} ended (code {daemon.returncode}):\n{self.logs()}")
-            out = self.run(0, "sinfo", "-h", "-N", "-o", "%N %t", check=False).stdout.split()
-            return out.count("idle") == len(NODES)
+            out = self.run(0, "sinfo", "-h", "-N", "-o", "%N %t", check=False).stdout.splitlines()
+            idle_nodes = {line.split()[0] for line in out if line.split()[1:] == ["idle"]}   # a line per partition
+            return len(idle_nodes) == len(NODES)
         self._wait(idle, "both SLURM nodes to be idle", timeout)
 
     def _wait(self, condition: Callable[[], bool], what: str, timeout: float) -> None:

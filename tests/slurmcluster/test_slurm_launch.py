@@ -237,6 +237,35 @@ notebook_launcher(train, num_processes=2, cluster=SlurmCluster(nodes=1, extra_op
     assert_nothing_left(slurm)
 
 
+def test_a_preempted_job_is_named_from_the_scheduler(slurm):
+    """A job in the fixture's higher-priority partition ("urgent") takes both nodes: SLURM cancels ours
+    (PreemptMode=CANCEL), and the error says the job was preempted, from the job's record."""
+    proc = slurm.notebook(SETUP + """
+def train():
+    import time
+    print("running", flush=True)
+    time.sleep(600)
+try:
+    notebook_launcher(train, num_processes=4, cluster=SlurmCluster(nodes=2), ui="text")
+except LaunchError as err:
+    print(error_json(err))
+""")
+    try:
+        wait_for_lines(proc, "] running", 4)
+        slurm.run(0, "salloc", "--no-shell", "--partition=urgent", "--nodes=2", "--ntasks-per-node=2",
+                  "--job-name=urgent")
+        out, err = proc.communicate(timeout=180)
+        error = json.loads(out.strip().splitlines()[-1])
+        assert error["type"] == "LaunchError", (out, err)
+        assert "SLURM preempted the job (a job of higher priority took its nodes)" in error["message"], error
+        slurm.cancel_all()
+        assert_nothing_left(slurm)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
 def test_a_node_failure_is_named_from_the_scheduler(slurm):
     """node1 dies (every process in it SIGKILLed: slurmd, slurmstepd, ranks); once slurmctld marks it
     down (SlurmdTimeout, 30 s here) the job ends NODE_FAIL, and the error says a node failed rather
