@@ -20,6 +20,7 @@ from .display import choose_display
 from .display.base import Display
 from .display.display_relay import RankDisplays
 from .logs import RunLogs
+from .notebook_streams import OUT
 from .options import LaunchOptions
 from .plan import LaunchPlan
 from .rank.runner import Job
@@ -80,7 +81,8 @@ def supervise_ranks(ctx: RunContext, job: Job, launcher: Launcher | None = None)
 
 class PanelStartWatch(StartWatch):
     """A start that waits, on the run's panel: what it waits for and where each rank landed in
-    the ranks' rows, the panel kept live on every tick, and Stop honoured while it waits."""
+    the ranks' rows, its news in the cell, the panel kept live on every tick, and Stop honoured
+    while it waits."""
 
     def __init__(self, state: RunState, display: Display) -> None:
         self.state, self.display = state, display
@@ -88,6 +90,9 @@ class PanelStartWatch(StartWatch):
     def waiting_for(self, text: str) -> None:
         for rank_state in self.state.ranks:
             self.state.on_line(rank_state.local_rank, "stdout", text)
+
+    def announce(self, text: str) -> None:
+        print(f"notebook_launch: {text}", file=OUT, flush=True)
 
     def placed(self, rank: int, node_rank: int, address: str) -> None:
         self.state.on_placed(rank, node_rank, address)

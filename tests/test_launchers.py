@@ -163,9 +163,10 @@ def test_persistent_ranks_start_through_start(recorded_starts):
 class ForkAfterAWaitStandIn(ForkBackend):
     """The fork launcher with a wait before it, as a cluster's start waits (Ray placing its gang, a
     scheduler's queue): a stand-in for that wait, which needs a cluster here (tests/raycluster has
-    one: test_busy_cluster_waits_then_says_what_is_missing). It says what it waits for and ticks
-    its watch; ``press_stop`` ticks in, it presses Stop as the panel's button does; ``fail``: the
-    wait ends in a failed start instead."""
+    one: test_busy_cluster_waits_then_says_what_is_missing; tests/slurmcluster a queued job). It
+    says what it waits for, announces it once (as SLURM's queued job is) and ticks its watch;
+    ``press_stop`` ticks in, it presses Stop as the panel's button does; ``fail``: the wait ends in
+    a failed start instead."""
 
     def __init__(self, press_stop: int | None = None, fail: str | None = None) -> None:
         self.press_stop, self.fail = press_stop, fail
@@ -177,6 +178,7 @@ class ForkAfterAWaitStandIn(ForkBackend):
         watch = self.start_watch
         assert isinstance(watch, run.PanelStartWatch)   # the run's panel watches every start
         watch.waiting_for("waiting for the stand-in queue")
+        watch.announce("the stand-in queue holds the job; Stop cancels it")
         self.rows = [[text for _stream, text in rank.lines] for rank in watch.state.ranks]
         for _ in range(20):
             self.ticks += 1
@@ -197,12 +199,15 @@ def waiting_launcher(monkeypatch):
     return use
 
 
-def test_a_start_that_waits_shows_on_the_panel_and_runs_on(waiting_launcher, tmp_path):
-    """The run's watch draws what a waiting start says (issue 31 item 6: launchers draw nothing)."""
+def test_a_start_that_waits_shows_on_the_panel_and_runs_on(waiting_launcher, tmp_path, capsys):
+    """The run's watch draws what a waiting start says (issue 31 item 6: launchers draw nothing):
+    what it waits for in every rank's row, its news once in the cell."""
     launcher = waiting_launcher(ForkAfterAWaitStandIn())
     pids = notebook_launcher(own_pid, num_processes=2, start_method="fork", ui="none", log_dir=tmp_path, timeout=240)
     assert launcher.started and launcher.ticks == 20 and len(pids) == 2
     assert launcher.rows == [["waiting for the stand-in queue"]] * 2
+    cell = capsys.readouterr().out.splitlines()
+    assert cell.count("notebook_launch: the stand-in queue holds the job; Stop cancels it") == 1, cell
 
 
 def test_stop_ends_a_start_that_waits(waiting_launcher, tmp_path):

@@ -16,12 +16,13 @@ way of starting ranks is one small module. Its caller always does the same:
 
 (``run.supervise_ranks``; elastic's agent does it per attempt, persistent ranks per pool.)
 
-A start that waits (Ray placing its gang, and next a scheduler's queue) draws nothing itself:
-it tells its ``StartWatch`` what it waits for and where each rank landed, and ticks it on every
-turn of the wait; the caller's watch draws the panel and ends the wait on Stop (by raising). A
-start that fails before any rank ran raises ``StartFailed``, which the caller, who holds the
-run, makes the run's ``LaunchError``. So a launcher reads no run state and imports neither the
-supervisor nor a display (tests/test_import_graph.py).
+A start that waits (Ray placing its gang, SLURM's queue) draws nothing itself: it tells its
+``StartWatch`` what it waits for (and news the cell says once, such as a queued job's id and why
+it waits) and where each rank landed, and ticks it on every turn of the wait; the caller's watch
+draws the panel and ends the wait on Stop (by raising). A start that fails before any rank ran
+raises ``StartFailed``, which the caller, who holds the run, makes the run's ``LaunchError``. So
+a launcher reads no run state and imports neither the supervisor nor a display
+(tests/test_import_graph.py).
 """
 from __future__ import annotations
 
@@ -46,6 +47,10 @@ class StartWatch:
 
     def waiting_for(self, text: str) -> None:
         """What every rank waits for now (``"waiting for Ray to place 4 ranks ..."``)."""
+
+    def announce(self, text: str) -> None:
+        """News of the start a user may act on, said once in the cell beside the rows' line
+        (``"SLURM job 12 pending (Resources); Stop or Ctrl-C cancels it"``, then where it runs)."""
 
     def placed(self, rank: int, node_rank: int, address: str) -> None:
         """Rank ``rank`` (global) was placed on node ``node_rank``, at ``address``."""

@@ -2,15 +2,18 @@
 ``Launcher`` interface as fork, spawn, xla and Ray (``start(plan, job, channels) -> processes``).
 
 ``start`` asks for the allocation (``salloc --no-shell``: no batch script, no shell; while the job
-waits in the queue every rank's row says "pending (Resources)" and Stop cancels it), writes the
-cloudpickled job into the run folder (the nodes share the file system, as HPC homes are), opens
+waits in the queue its ``StartWatch`` is told, so every rank's row and the cell say "pending
+(Resources)", and ticked, so Stop cancels it), writes the cloudpickled job into the run folder
+(``folder``, set by the run: the nodes share the file system, as HPC homes are), opens
 a listener on the notebook's address toward the first node and starts one ``srun`` per rank on its
 node, each running ``slurm.task``, which connects the rank's four streams back
 (``channels.sockets``, as Ray ranks do): those sockets are the channels the supervisor selects on.
 Each rank's handle is its ``srun`` process, a child of the notebook: its exit code is the rank's
 (128 + N for a signal), and SIGTERM to it makes SLURM cancel the step. ``end`` leaves nothing:
 the steps are cancelled, the job is scancelled and waited for until SLURM no longer holds it, and
-the watchdog (``slurm.watchdog``), which cancels the job if the notebook dies, is let go.
+the watchdog (``slurm.watchdog``), which cancels the job if the notebook dies, is let go. Like
+every launcher it only starts processes: what it waits for, where each rank went and a failed
+start go to its watch and as ``StartFailed`` (``backends.base``), never to the run state.
 """
 from __future__ import annotations
 
@@ -30,21 +33,17 @@ from ..channels import RankPipes, RankProcess
 from ..channels.sockets import SocketPipes
 from ..errors import GuardError
 from ..net import source_address_toward
-from ..notebook_streams import OUT
 from ..protocol import FailureKind
 from ..rank.spawn_context import capture_context, pickle_job
-from ..supervise import outcome
-from ..backends.base import Launcher
+from ..backends.base import Launcher, StartFailed
 from ..ray.where import WhereAsker
 from .ranks import RankListener, SlurmRank
 from . import scheduler
 from .task import ASSIGNMENT_VARIABLE
 
 if TYPE_CHECKING:
-    from ..display.base import Display
     from ..plan import LaunchPlan
     from ..rank.runner import Job
-    from ..state import RunState
     from .cluster import SlurmCluster
 
 log = logging.getLogger("notebook_launch")
@@ -76,8 +75,9 @@ class SlurmLauncher(Launcher):
         self.mixed_precision = mixed_precision
         self.rendezvous_timeout = rendezvous_timeout   # for the ranks' connections back, once granted
         self.python = cluster.python or sys.executable
-        self.state: "RunState | None" = None
-        self.display: "Display | None" = None
+        # the run's folder, set by the run that made it before it starts: salloc's and each srun's
+        # output and the shipped job (the nodes read it there: a shared file system)
+        self.folder: Path | None = None
         self.job_id: str | None = None
         self.job: scheduler.JobInfo | None = None
         self.nodes: list[tuple[str, str]] = []
@@ -93,10 +93,6 @@ class SlurmLauncher(Launcher):
     def prepare_parent(self) -> None:
         import cloudpickle  # noqa: F401  (ships the job; imported before the panel starts)
 
-    def attach(self, state: "RunState", display: "Display | None") -> None:
-        """The run state and display the queue's news go to (and Stop comes from)."""
-        self.state, self.display = state, display
-
     def payload_for(self, job: "Job") -> bytes:
         """The job and the notebook's context as the ranks load them (pickled once; a caller asks
         before the run starts, so a function that does not pickle fails first)."""
@@ -109,11 +105,10 @@ class SlurmLauncher(Launcher):
         return []   # each rank's channels are the connections it makes back, accepted in start()
 
     def start(self, plan: "LaunchPlan", job: "Job", channels: list[RankPipes]) -> list[RankProcess]:
-        assert self.state is not None, "attach() the run state first"
-        state, world_size, cluster = self.state, plan.world_size, self.cluster
+        assert self.folder is not None, "the run sets the launcher's folder first"
+        folder, world_size, cluster, watch = self.folder, plan.world_size, self.cluster, self.start_watch
         payload = self.payload_for(job)
         per_node = world_size // cluster.nodes
-        folder = Path(state.log_dir)
         self._watchdog = start_watchdog(self.job_name)
         self._allocate(per_node, folder)
         assert self.job_id is not None and self.job is not None
@@ -135,7 +130,7 @@ class SlurmLauncher(Launcher):
         for rank in range(world_size):
             node_rank, local_rank = divmod(rank, per_node)
             name = self.nodes[node_rank][0]
-            state.on_placed(rank, node_rank, name)
+            watch.placed(rank, node_rank, name)
             assignment = dict(common, global_rank=rank, local_rank=local_rank, node_rank=node_rank)
             env = dict(scheduler.slurm_environment(), **{ASSIGNMENT_VARIABLE: json.dumps(assignment)})
             outputs.append(folder / f"srun-rank{rank}.out")
@@ -148,24 +143,24 @@ class SlurmLauncher(Launcher):
         def check() -> None:
             """A step that ended before its rank connected: the interpreter or notebook_launch is
             missing on the node, or the rank could not reach the notebook."""
-            self._waiting()
+            watch.tick()
             for rank, srun in enumerate(self._sruns):
                 if srun.poll() is not None and not listener.connected(rank):
                     said = outputs[rank].read_text(errors="replace").strip()[-2000:]
-                    raise outcome.cluster_error(
+                    raise StartFailed(
                         f"rank {rank}'s srun step on {self.nodes[rank // per_node][0]} ended (exit code "
                         f"{srun.returncode}) before the rank connected to the notebook at {host}. "
                         f"{missing_hint(said, self.python)}srun said:\n{said or '(nothing)'}",
-                        state, rank=rank, kind=FailureKind.EXIT)
+                        rank=rank, kind=FailureKind.EXIT)
 
         deadline = time.monotonic() + self.rendezvous_timeout
         try:
             pipes = listener.accept_all(deadline, check)
         except TimeoutError as exc:
-            raise outcome.cluster_error(
+            raise StartFailed(
                 f"{exc} within rdzv_timeout={self.rendezvous_timeout:g} s; a firewall between the nodes and "
-                f"the notebook ({host}) blocks it, or the nodes reach the notebook through another address",
-                state) from None
+                f"the notebook ({host}) blocks it, or the nodes reach the notebook through another address"
+            ) from None
         self._handed = pipes
         listener.close(keep=pipes)
         self._listener = None
@@ -179,9 +174,10 @@ class SlurmLauncher(Launcher):
         return list(ranks)
 
     def _allocate(self, per_node: int, folder: Path) -> None:
-        """salloc, waiting while the job is queued: the panel stays live, every rank's row says why it
-        waits ("pending (Resources)"), and Stop or an interrupt cancels it (``end``)."""
-        assert self.state is not None
+        """salloc, waiting while the job is queued: the watch is ticked (the panel stays live), told
+        why the job waits ("pending (Resources)": every rank's row, and once in the cell), and Stop
+        or an interrupt cancels it (``end``)."""
+        watch = self.start_watch
         said_path = folder / "salloc.out"
         with open(said_path, "wb") as out:
             self._salloc = salloc = subprocess.Popen(
@@ -196,37 +192,38 @@ class SlurmLauncher(Launcher):
             code = salloc.poll()
             if code is not None:
                 break
-            self._waiting()
+            watch.tick()
             if self.job_id and time.monotonic() - asked > STATE_EVERY:
                 asked = time.monotonic()
                 info = scheduler.job_info(self.job_id)
                 news = f"pending ({info.reason})" if info.state == "PENDING" else info.state.lower()
                 if news != shown:
                     shown = news
-                    print(f"notebook_launch: SLURM job {self.job_id} {news}"
-                          + ("; Stop or Ctrl-C cancels it" if info.state == "PENDING" else ""), file=OUT, flush=True)
-                    for rank_state in self.state.ranks:
-                        self.state.on_line(rank_state.local_rank, "stdout",
-                                           f"SLURM job {self.job_id} {news}")
+                    watch.waiting_for(f"SLURM job {self.job_id} {news}")
+                    watch.announce(f"SLURM job {self.job_id} {news}"
+                                   + ("; Stop or Ctrl-C cancels it" if info.state == "PENDING" else ""))
             time.sleep(TICK)
         if code or not self.job_id:
-            raise outcome.cluster_error(
-                f"SLURM did not grant the allocation (salloc exit code {code}); salloc said:\n{said.strip()}",
-                self.state)
+            raise StartFailed(
+                f"SLURM did not grant the allocation (salloc exit code {code}); salloc said:\n{said.strip()}")
         self.job = scheduler.job_info(self.job_id)
         if self.job.state != "RUNNING":
-            raise outcome.cluster_error(f"SLURM job {self.job_id} is {self.job.state} right after it was granted "
-                                        f"({self.job.reason})", self.state)
-        print(f"notebook_launch: SLURM job {self.job_id} runs on {self.job.node_list}, time limit "
-              f"{self.job.time_limit or 'UNLIMITED'}", file=OUT, flush=True)
+            raise StartFailed(f"SLURM job {self.job_id} is {self.job.state} right after it was granted "
+                              f"({self.job.reason})")
+        watch.announce(f"SLURM job {self.job_id} runs on {self.job.node_list}, time limit "
+                       f"{self.job.time_limit or 'UNLIMITED'}")
 
     def end_cause(self, rank: int, code: int) -> str | None:
         """Why the scheduler ended a rank we did not stop, if it did: asked when its srun failed or said
-        something (srun ends with 0 after "Node failure on node1"). A rank SLURM killed may end before
-        ``scontrol`` records the job's end: then it is asked again for up to END_RECORDED seconds."""
+        something (srun ends with 0 after "Node failure on node1"). A step killed for its memory is
+        said by srun alone (the job runs on). A rank SLURM killed may end before ``scontrol`` records
+        the job's end: then it is asked again for up to END_RECORDED seconds."""
         said = self._srun_said(rank)
         if self.job_id is None or not (code or said):
             return None
+        memory = scheduler.step_memory_cause(said)
+        if memory is not None:
+            return memory
         node_failure = NODE_FAILURE.search(said)
         cause = self._scheduler_cause(signalled=code > 128 or node_failure is not None)
         if cause is None and node_failure is not None:   # the scheduler forgot the job already
@@ -234,9 +231,10 @@ class SlurmLauncher(Launcher):
         return cause
 
     def _srun_said(self, rank: int) -> str:
-        assert self.state is not None
+        if self.folder is None:
+            return ""
         try:
-            return (Path(self.state.log_dir) / f"srun-rank{rank}.out").read_text(errors="replace")[-4000:]
+            return (self.folder / f"srun-rank{rank}.out").read_text(errors="replace")[-4000:]
         except OSError:
             return ""
 
@@ -281,14 +279,6 @@ class SlurmLauncher(Launcher):
             if self._watchdog is not None:
                 stop_watchdog(self._watchdog)
                 self._watchdog = None
-
-    def _waiting(self) -> None:
-        """Every tick of a wait on SLURM: the panel stays live, and Stop stops."""
-        assert self.state is not None
-        if self.display is not None:
-            self.display.refresh(self.state)
-        if self.state.stop_requested:
-            raise KeyboardInterrupt("notebook_launch: run stopped with the Stop button")
 
 
 def missing_hint(said: str, python: str) -> str:

@@ -39,7 +39,7 @@ def run_on_slurm(options: "LaunchOptions", cluster: "SlurmCluster", world_size: 
     launcher.payload_for(job)   # a function that does not pickle fails here, before anything is queued
 
     def body(ctx: RunContext) -> list[Any]:
-        launcher.attach(ctx.state, ctx.display)
+        launcher.folder = ctx.logs.path   # the run folder, made by the scaffold: the nodes read the job there
         return supervise_ranks(ctx, job)
 
     where = f"partition {cluster.partition}" if cluster.partition else "the default partition"

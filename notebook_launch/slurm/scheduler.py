@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import shutil
 import subprocess
 from dataclasses import dataclass
@@ -37,6 +38,25 @@ ENDS = {
     "DEADLINE": "SLURM ended the job at its deadline (DEADLINE)",
     "BOOT_FAIL": "SLURM could not boot the job's nodes (BOOT_FAIL)",
 }
+
+
+# what slurmstepd writes into srun's output when it kills a step for its memory: jobacct_gather's
+# OverMemoryKill ("StepId=12.1 exceeded memory limit (580710400 > 314572800), being killed") or the
+# cgroup's OOM killer ("Detected 1 oom_kill event in StepId=12.1"; before 21.08 "oom-kill event(s)")
+STEP_MEMORY_KILL = re.compile(r"exceeded memory limit \((\d+) > (\d+)\)|Detected \d+ oom[-_]kill event")
+
+
+def step_memory_cause(said: str) -> str | None:
+    """What ended a rank whose step SLURM killed for using more memory than the job asked for,
+    from srun's output ``said``: the job itself stays RUNNING (its other steps run on), so its
+    record never says OUT_OF_MEMORY; only the step's killer says it, and only to srun."""
+    found = STEP_MEMORY_KILL.search(said)
+    if found is None:
+        return None
+    used, limit = found.group(1), found.group(2)
+    amounts = f": {int(used) / 2**20:.0f} MiB, over its {int(limit) / 2**20:.0f} MiB limit" if used else ""
+    return (f"SLURM killed the rank's step for using more memory than the job asked for (out of memory"
+            f"{amounts}; ask for more with extra_options=['--mem=...'])")
 
 
 def slurm_environment() -> dict[str, str]:

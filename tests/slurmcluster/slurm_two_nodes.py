@@ -37,6 +37,12 @@ DAEMONS = {"munged": "/usr/sbin/munged", "slurmctld": "/usr/sbin/slurmctld", "sl
 ENDED = {"COMPLETED", "CANCELLED", "FAILED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "OUT_OF_MEMORY", "BOOT_FAIL",
          "DEADLINE"}   # a job's states once SLURM holds nothing of it (COMPLETING: its processes are still ending)
 UP_TIMEOUT = 120.0   # seconds for both nodes to be idle (a loaded 2-core machine is slow)
+# Memory is a consumable resource, each job's limited to what it asked for (--mem, else
+# DefMemPerCPU for each of its CPUs) and its steps killed above it, as on most clusters. There are
+# no cgroups to enforce it here (task/none), so jobacct_gather's OverMemoryKill does, polling each
+# second: srun then says "StepId=... exceeded memory limit (used > limit), being killed".
+MEMORY_PER_NODE = 8000   # MB the nodes offer (the machine has more; slurmd refuses a node claiming more than it has)
+MEMORY_PER_CPU = 2000    # MB a job gets per CPU when it does not say (ranks that import torch fit)
 
 
 def unavailable_reason() -> str | None:
@@ -81,7 +87,8 @@ class SlurmTwoNodes:
         state, spool = self.tmp / "state", self.tmp / "spool"
         state.mkdir()
         spool.mkdir()
-        nodes = "\n".join(f"NodeName={name} NodeAddr={addr} CPUs={CPUS_PER_NODE} State=UNKNOWN"
+        nodes = "\n".join(f"NodeName={name} NodeAddr={addr} CPUs={CPUS_PER_NODE} RealMemory={MEMORY_PER_NODE} "
+                          f"State=UNKNOWN"
                           for name, addr in zip(NODES, self.addresses))
         self.conf.write_text(f"""ClusterName=nltest
 SlurmctldHost={NODES[0]}({self.addresses[0]})
@@ -91,7 +98,8 @@ AuthInfo=socket={self.munge_socket}
 ProctrackType=proctrack/linuxproc
 TaskPlugin=task/none
 SelectType=select/cons_tres
-SelectTypeParameters=CR_Core
+SelectTypeParameters=CR_Core_Memory
+DefMemPerCPU={MEMORY_PER_CPU}
 SlurmUser=root
 SlurmdUser=root
 ReturnToService=2
@@ -99,7 +107,9 @@ MpiDefault=none
 MailProg=/bin/true
 AccountingStorageType=accounting_storage/none
 JobCompType=jobcomp/none
-JobAcctGatherType=jobacct_gather/none
+JobAcctGatherType=jobacct_gather/linux
+JobAcctGatherFrequency=task=1
+JobAcctGatherParams=OverMemoryKill
 StateSaveLocation={state}
 SlurmctldPidFile={self.tmp}/slurmctld.pid
 SlurmctldLogFile={self.tmp}/slurmctld.log
@@ -113,7 +123,10 @@ KillWait=2
 MinJobAge=2
 SchedulerParameters=sched_interval=1
 {nodes}
-PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
+PreemptType=preempt/partition_prio
+PreemptMode=CANCEL
+PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP PriorityTier=1
+PartitionName=urgent Nodes=ALL MaxTime=INFINITE State=UP PriorityTier=2
 """)
         (self.tmp / "cgroup.conf").write_text(
             "CgroupPlugin=cgroup/v1\nCgroupAutomount=no\nCgroupMountpoint=/sys/fs/cgroup\n")
@@ -152,8 +165,9 @@ PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
             for name, daemon in self.daemons.items():
                 if daemon.poll() is not None:
                     raise RuntimeError(f"{name} ended (code {daemon.returncode}):\n{self.logs()}")
-            out = self.run(0, "sinfo", "-h", "-N", "-o", "%N %t", check=False).stdout.split()
-            return out.count("idle") == len(NODES)
+            out = self.run(0, "sinfo", "-h", "-N", "-o", "%N %t", check=False).stdout.splitlines()
+            idle_nodes = {line.split()[0] for line in out if line.split()[1:] == ["idle"]}   # a line per partition
+            return len(idle_nodes) == len(NODES)
         self._wait(idle, "both SLURM nodes to be idle", timeout)
 
     def _wait(self, condition: Callable[[], bool], what: str, timeout: float) -> None:

@@ -215,6 +215,57 @@ notebook_launcher(train, num_processes=2, cluster=SlurmCluster(nodes=2, time="1"
     assert_nothing_left(slurm)
 
 
+def test_a_rank_over_the_jobs_memory_is_named_out_of_memory(slurm):
+    """SLURM kills rank 1's step for using more than the job's --mem=300M (the fixture's OverMemoryKill;
+    on a cluster with cgroups their OOM killer does it, said in srun's output too): the error says so,
+    with the amounts, rather than "killed by SIGKILL". The job itself runs on (its record never says
+    OUT_OF_MEMORY) until the run ends it."""
+    error, _ = launch_error(slurm, """
+def train():
+    import os, time
+    if os.environ["RANK"] == "1":
+        block = bytearray(600 * 2**20)
+        for i in range(0, len(block), 4096):
+            block[i] = 1
+    time.sleep(600)
+notebook_launcher(train, num_processes=2, cluster=SlurmCluster(nodes=1, extra_options=["--mem=300M"]), ui="none")
+""")
+    assert error["rank"] == 1, error
+    assert "SLURM killed the rank's step for using more memory than the job asked for (out of memory: " \
+           in error["message"], error
+    assert "MiB, over its 300 MiB limit; ask for more with extra_options=['--mem=...'])" in error["message"], error
+    assert_nothing_left(slurm)
+
+
+def test_a_preempted_job_is_named_from_the_scheduler(slurm):
+    """A job in the fixture's higher-priority partition ("urgent") takes both nodes: SLURM cancels ours
+    (PreemptMode=CANCEL), and the error says the job was preempted, from the job's record."""
+    proc = slurm.notebook(SETUP + """
+def train():
+    import time
+    print("running", flush=True)
+    time.sleep(600)
+try:
+    notebook_launcher(train, num_processes=4, cluster=SlurmCluster(nodes=2), ui="text")
+except LaunchError as err:
+    print(error_json(err))
+""")
+    try:
+        wait_for_lines(proc, "] running", 4)
+        slurm.run(0, "salloc", "--no-shell", "--partition=urgent", "--nodes=2", "--ntasks-per-node=2",
+                  "--job-name=urgent")
+        out, err = proc.communicate(timeout=180)
+        error = json.loads(out.strip().splitlines()[-1])
+        assert error["type"] == "LaunchError", (out, err)
+        assert "SLURM preempted the job (a job of higher priority took its nodes)" in error["message"], error
+        slurm.cancel_all()
+        assert_nothing_left(slurm)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
 def test_a_node_failure_is_named_from_the_scheduler(slurm):
     """node1 dies (every process in it SIGKILLed: slurmd, slurmstepd, ranks); once slurmctld marks it
     down (SlurmdTimeout, 30 s here) the job ends NODE_FAIL, and the error says a node failed rather
