@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import Mapping, Sequence
 
 from ..fork_locks import no_fork_during_exec
-from ..rank.where_thread import ANSWERS_NAME
+from ..channels.where_request import ANSWERS_NAME
 from ..rank.whereabouts import DUMP_SIGNAL, STACKS_NAME
 from . import hang_verdict, where_thread
 from .memfds import rank_files

@@ -12,7 +12,7 @@ from typing import Any, Sequence
 
 from ..rank.whereabouts import (FIELD_SEP, GEN_OFFSET, HEADER, MAGIC, RECORD_NAME, RECORD_SIZE, STACKS_NAME,
                                 STATE, SWITCHED_OFF_NOTE, TEXT_OFFSET, switched_off)
-from ..rank.where_thread import ANSWERS_NAME
+from ..channels.where_request import ANSWERS_NAME
 from . import hang_verdict, where_thread
 from .memfds import rank_files
 from .hang_verdict import Collective, Frame, RankWhereabouts
