@@ -27,6 +27,7 @@ import time
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
+from ..best_effort import best_effort
 from ..fork_locks import no_fork_during_exec
 from ..channels.where_request import ANSWERS_NAME
 from ..rank.whereabouts import DUMP_SIGNAL, STACKS_NAME
@@ -241,16 +242,14 @@ def beyond_python(ranks: Sequence[tuple[int, int | None]], label: hang_verdict.L
     if native:
         try:
             frames = native_frames(pids)
-        except Exception:
+        except Exception:   # why: native frames are an extra: the Python stacks stand alone
             log.debug("py-spy failed", exc_info=True)
             frames = {}
         for rank, text in frames.items():
             more.setdefault(rank, []).append("native frames of its main thread (py-spy, most recent call last):")
             more[rank].extend(f"  {line}" for line in text.splitlines())
     for rank, pid in pids.items():
-        try:
+        with best_effort("rank %d's children could not be asked for their stacks", rank):
             for child, threads in child_stacks(pid):
                 more.setdefault(rank, []).extend(child_lines(child, threads, label))
-        except Exception:
-            log.debug("rank %d's children could not be asked for their stacks", rank, exc_info=True)
     return more

@@ -68,7 +68,7 @@ def collect(ranks: Sequence[tuple[int, int | None]], wait: float = DUMP_WAIT) ->
         files = rank_files(pid)
         try:
             record = read_record(files[RECORD_NAME]) if RECORD_NAME in files else None
-        except Exception as exc:   # a record we cannot make sense of: this rank says nothing, the others do
+        except Exception as exc:   # why: a record we cannot make sense of: this rank says nothing, the others do
             where.note = f"could not be read ({type(exc).__name__}: {exc})"
             continue
         if record is None and switched_off():
@@ -93,7 +93,7 @@ def collect(ranks: Sequence[tuple[int, int | None]], wait: float = DUMP_WAIT) ->
         where.raw_stacks = asked.text
         try:
             where.threads = where_thread.threads(asked)
-        except Exception as exc:
+        except Exception as exc:   # why: one rank's unreadable stack is said in its note; the others are still read
             where.note = f"gave a stack that could not be read ({type(exc).__name__}: {exc})"
     return found
 

@@ -86,7 +86,7 @@ class WhereThread:
             self.recent = (self.recent + ids)[-RECENT:]
             try:
                 text = dump_text(self.main_ident, me)
-            except Exception as exc:   # say so rather than leave the notebook waiting
+            except Exception as exc:   # why: say so rather than leave the notebook waiting
                 text = f"(the stacks could not be read: {type(exc).__name__}: {exc})\n"
             self.publish(f"{ANSWER_LINE} {' '.join(map(str, self.recent))}\n{text}".encode("utf-8", "replace"))
 
