@@ -21,13 +21,11 @@ first use, as it would had the arguments been built inside the function
 from __future__ import annotations
 
 import ast
-import logging
 import re
 import sys
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
-
-log = logging.getLogger("notebook_launch")
+from .best_effort import best_effort
 
 # Calls that create (or start from) Accelerate's shared state when run in the notebook.
 MAKER = re.compile(r"^(Accelerator|AcceleratorState|PartialState|\w*TrainingArguments|\w*Trainer|"
@@ -119,10 +117,8 @@ def notebook_namespace_and_cells() -> tuple[Mapping[str, Any], list[str]]:
     ipython = sys.modules.get("IPython")
     shell = None
     if ipython is not None:
-        try:
+        with best_effort("IPython.get_ipython() failed"):
             shell = ipython.get_ipython()
-        except Exception:
-            log.debug("IPython.get_ipython() failed", exc_info=True)
     if shell is None:
         main = sys.modules.get("__main__")
         return (vars(main) if main is not None else {}), []

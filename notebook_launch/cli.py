@@ -157,7 +157,7 @@ def run_selftest(n: int, start_method: StartMethod | None = None, timeout: float
     except LaunchArgumentError:   # a usage error (main() reports it as one), not a fault of the machine
         shutil.rmtree(log_dir, ignore_errors=True)
         raise
-    except Exception as exc:
+    except Exception as exc:   # why: the self-test reports any failure as a failed check
         check(False, "launch", f"{type(exc).__name__}: {exc}")
         return failures
     check(isinstance(results, list) and len(results) == n, "one result per rank", repr(results)[:200])
@@ -187,7 +187,7 @@ def run_selftest(n: int, start_method: StartMethod | None = None, timeout: float
     except LaunchError as exc:
         check(exc.rank == bad and "deliberate failure" in str(exc), "a failing rank raises LaunchError",
               f"rank={exc.rank}: {str(exc).splitlines()[0]}")
-    except Exception as exc:
+    except Exception as exc:   # why: the self-test reports any failure as a failed check
         check(False, "a failing rank raises LaunchError", f"{type(exc).__name__}: {exc}")
     if failures:
         out(f"  the ranks' logs are kept in {log_dir}")

@@ -153,7 +153,7 @@ def is_cuda_initialized() -> bool:
         return False
     try:
         return bool(torch.cuda.is_initialized())
-    except Exception:
+    except Exception:   # why: a torch.cuda that cannot answer is taken as not started here
         log.debug("torch.cuda.is_initialized() failed; assuming CUDA is not initialized", exc_info=True)
         return False
 
@@ -270,7 +270,7 @@ def count_gpus_without_poisoning() -> int:
             return int(torch.cuda.device_count())
         nvml = getattr(torch.cuda, "_device_count_nvml", None)
         count = int(nvml()) if nvml is not None else -1
-    except Exception:
+    except Exception:   # why: NVML is optional: the count then comes from the other sources below
         log.debug("counting GPUs through NVML failed", exc_info=True)
         count = -1
     if count >= 0:
@@ -340,7 +340,7 @@ def in_throwaway_child(question: Callable[[], int]) -> int | None:
             os.close(read_end)
             os.write(write_end, str(int(question())).encode())
             code = 0
-        except BaseException:  # noqa: S110  (the parent reads no answer: None)
+        except BaseException:  # noqa: S110  # why: the parent reads no answer: None
             pass
         finally:
             os._exit(code)

@@ -21,7 +21,7 @@ def running_shell() -> Any:
         return None
     try:
         return ipython.get_ipython()
-    except Exception:   # a half-imported or stubbed IPython
+    except Exception:   # why: a half-imported or stubbed IPython
         log.debug("IPython is imported but get_ipython() failed", exc_info=True)
         return None
 

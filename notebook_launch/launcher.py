@@ -17,6 +17,7 @@ from .run import run_plan
 from .diagnose.stall import DEFAULT_STALL_AFTER
 
 if TYPE_CHECKING:
+    from .display.base import Display
     from .ray.cluster import RayCluster
     from .slurm.cluster import SlurmCluster
 
@@ -29,7 +30,7 @@ def notebook_launcher(function: Callable[..., Any], args: tuple | list = (), num
                       max_restarts: int = 0, monitor_interval: float = 0.1,
                       log_line_prefix_template: str | None = None, *, kwargs: dict[str, Any] | None = None,
                       start_method: StartMethod | None = None, timeout: float | None = None,
-                      log_dir: str | os.PathLike[str] | None = None, ui: str = "auto",
+                      log_dir: str | os.PathLike[str] | None = None, ui: "str | Display" = "auto",
                       rdzv_timeout: float | None = None,
                       display_ranks: int | Iterable[int] | str | None = None,
                       cluster: "RayCluster | SlurmCluster | None" = None,
@@ -77,7 +78,9 @@ def notebook_launcher(function: Callable[..., Any], args: tuple | list = (), num
         log_dir: Folder for the ``rank<N>.log`` files; default a new folder per run under
             ``~/.cache/notebook_launch/runs`` (``NOTEBOOK_LAUNCH_LOG_DIR`` moves it).
         ui: ``"auto"``, ``"widget"``, ``"html"``, ``"rich"``, ``"text"`` or ``"none"``: how the run
-            is shown.
+            is shown; or a display of your own, an instance of ``notebook_launch.display.Display``
+            (its ``start``, ``line``, ``refresh`` and ``close`` are called with the run state, as
+            the panel's are; it may set ``state.stop_requested`` as the Stop button does).
         rdzv_timeout: Seconds every node has to join the rendezvous (multi-node or
             ``max_restarts > 0``); default ``rdzv_conf["join_timeout"]``/``["timeout"]``, else 900 s
             (torch elastic's default). With ``cluster=``: how long to wait for Ray to place every rank.

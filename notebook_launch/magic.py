@@ -14,84 +14,17 @@ import argparse
 import os
 import shlex
 import types
-from typing import Any, Callable, Iterable, NoReturn
+from typing import Any, Iterable
 
 from .errors import LaunchArgumentError
-from .ipython_shell import running_shell
 from .errors.render import remember_cell
+from .ipython_shell import running_shell
+from .magic_options import options_parser, watch_options
 
 USAGE = ("%%launch [-n N] [--mixed-precision no|fp16|bf16|fp8] [--timeout SECONDS] "
          "[--start-method fork|spawn] [--ui auto|widget|html|rich|text|none] [--port PORT] "
          "[--log-dir DIR] [--display-ranks all|R,R] [--stall-after SECONDS|none] [--lines-per-second N|all] "
          "[--return NAME[,NAME...]]")
-NOT_WATCHED = "none"   # --stall-after none: stall_after=None
-
-
-class _ArgumentParser(argparse.ArgumentParser):
-    """argparse would call sys.exit on bad options, which a kernel turns into noise: raise
-    LaunchArgumentError naming the magic (``prog``) and its usage instead."""
-
-    def error(self, message: str) -> NoReturn:
-        raise LaunchArgumentError(f"{self.prog}: {message}. Usage: {self.usage}")
-
-
-def options_parser(prog: str, usage: str) -> argparse.ArgumentParser:
-    """The options %%launch and %ranks start share with notebook_launcher."""
-    p = _ArgumentParser(prog=prog, add_help=False, usage=usage)
-    p.add_argument("-n", "--num-processes", type=_whole_number("-n/--num-processes"), default=None)
-    p.add_argument("--mixed-precision", default="no")
-    p.add_argument("--timeout", type=_seconds, default=None)
-    p.add_argument("--ui", default="auto")
-    p.add_argument("--port", default=None)
-    p.add_argument("--log-dir", default=None)
-    p.add_argument("--display-ranks", type=_display_ranks, default=None)
-    p.add_argument("--stall-after", type=_stall_after, default=None)
-    p.add_argument("--lines-per-second", type=_lines_per_second, default=None)
-    return p
-
-
-def watch_options(args: argparse.Namespace) -> dict[str, Any]:
-    """``stall_after`` / ``lines_per_second`` keyword arguments for the options given (none:
-    the function's defaults apply)."""
-    options: dict[str, Any] = {}
-    if args.stall_after is not None:
-        options["stall_after"] = None if args.stall_after == NOT_WATCHED else args.stall_after
-    if args.lines_per_second is not None:
-        options["lines_per_second"] = args.lines_per_second
-    return options
-
-
-def _stall_after(text: str) -> float | str:
-    """Seconds, or ``none`` (not watched); notebook_launcher checks they are > 0."""
-    if text.strip().lower() in (NOT_WATCHED, "off"):
-        return NOT_WATCHED
-    try:
-        return float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"--stall-after must be a number of seconds, or none to not watch for stalls; got {text!r}") from None
-
-
-def _lines_per_second(text: str) -> int | str:
-    """A whole number of lines a second, or ``all``; notebook_launcher checks it is >= 1."""
-    if text.strip() == "all":
-        return "all"
-    try:
-        return int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"--lines-per-second must be a whole number of lines a second, or all; got {text!r}") from None
-
-
-def _display_ranks(text: str) -> str | list[int]:
-    """``all`` or ranks separated by commas (``0,1``); the options module checks the ranks."""
-    if text.strip() == "all":
-        return "all"
-    try:
-        return [int(word) for word in text.split(",") if word.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"--display-ranks takes 'all' or ranks separated by commas such as 0,1; got {text!r}") from None
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -99,28 +32,6 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--start-method", default=None)
     p.add_argument("--return", dest="return_names", action="extend", nargs="+", default=[])
     return p
-
-
-def _whole_number(option: str) -> Callable[[str], int]:
-    def parse(text: str) -> int:
-        try:
-            return int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{option} must be a whole number, got {text!r}") from None
-    return parse
-
-
-def seconds_option(option: str) -> Callable[[str], float]:
-    """An argparse type for ``option``'s seconds; the function it feeds checks their range."""
-    def parse(text: str) -> float:
-        try:
-            return float(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{option} must be a number of seconds, got {text!r}") from None
-    return parse
-
-
-_seconds = seconds_option("--timeout")
 
 
 def parse_launch_line(line: str) -> dict[str, Any]:
@@ -199,7 +110,7 @@ def launch_cell(shell: Any, line: str, cell: str) -> None:
     options = parse_launch_line(line)
     return_names = options.pop("return_names")
     source = shell.transform_cell(cell) if shell is not None else cell
-    filename = _cell_filename(shell, source, cell)
+    filename = cell_filename(shell, source, cell)
     code = compile(source, filename, "exec")  # a syntax error shows here, before any rank starts
     namespace = None
     if options.get("start_method") == "spawn" and shell is not None:
@@ -213,7 +124,7 @@ def launch_cell(shell: Any, line: str, cell: str) -> None:
     return None
 
 
-def _cell_filename(shell: Any, source: str, raw: str, number: int | None = None) -> str:
+def cell_filename(shell: Any, source: str, raw: str, number: int | None = None) -> str:
     """IPython's own cell file name (the one its tracebacks show), registered in linecache, and
     its In[n] remembered for IPython 7, which keeps no map from names to numbers (errors/render.py).
     ``number``: the cell's In[n] where the caller knows it (before the cell runs)."""
@@ -262,7 +173,7 @@ class _CellSyntaxCheck:
             compile(source, "<cell>", "exec")
         except SyntaxError as error:
             # not run yet: the number IPython is about to give the cell (it caches cells under it)
-            filename = _cell_filename(self.shell, source, body, number=int(self.shell.execution_count))
+            filename = cell_filename(self.shell, source, body, number=int(self.shell.execution_count))
             raise _in_file(error, filename) from None
         return lines
 

@@ -17,7 +17,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Mapping, Sequence, get_args
 
-from .display import NOTEBOOK_LINES_PER_SECOND, UI_CHOICES
+from .display import NOTEBOOK_LINES_PER_SECOND, UI_CHOICES, Display
 from .errors import LaunchArgumentError
 from .line_prefix import parse_line_prefix
 from .net import DEFAULT_PORT
@@ -67,7 +67,7 @@ class LaunchOptions:
     start_method: StartMethod | None = None
     timeout: float | None = None
     log_dir: str | os.PathLike[str] | None = None
-    ui: str = "auto"
+    ui: str | Display = "auto"   # one of UI_CHOICES, or a display the caller made
     rdzv_timeout: float | None = None   # as given; ``rendezvous_timeout`` is what every launcher uses
     display_ranks: frozenset[int] | None = frozenset({0})   # whose display() the cell shows; None: all
     stall_after: float | None = DEFAULT_STALL_AFTER   # seconds without a sign of progress: stalled
@@ -106,7 +106,7 @@ def launch_options(*, function: Any, args: Any = (), num_processes: Any = None, 
                                       f"got {num_processes}")
     mixed_precision = normalize_mixed_precision(mixed_precision)
     start_method = validate_start_method(start_method)
-    validate_choice("ui", ui, UI_CHOICES)
+    validate_ui(ui)
     validate_choice("rdzv_backend", rdzv_backend, RDZV_BACKENDS)
     num_nodes = validate_int("num_nodes", num_nodes, 1)
     node_rank = validate_int("node_rank", node_rank, 0, num_nodes - 1)
@@ -391,6 +391,17 @@ def check_display_ranks_exist(ranks: frozenset[int] | None, world_size: int) -> 
         raise LaunchArgumentError(
             f"display_ranks names rank {missing[0]}, but this run has {world_size} rank"
             f"{'s' if world_size != 1 else ''} (0 to {world_size - 1}); pass ranks in that range, or 'all'")
+
+
+def validate_ui(ui: object) -> None:
+    """``ui``: one of ``UI_CHOICES``, or a ``Display`` instance (a display of the caller's own,
+    driven as the run's: ``display.base.Display`` says what it is called with)."""
+    if isinstance(ui, Display):
+        return
+    if ui not in UI_CHOICES:
+        shown = ", ".join(repr(c) for c in UI_CHOICES)
+        raise LaunchArgumentError(f"ui={ui!r} is not valid; choose one of {shown}, or pass a display of your "
+                                  f"own (an instance of notebook_launch.display.Display)")
 
 
 def validate_choice(name: str, value: object, choices: Sequence[object]) -> None:

@@ -149,7 +149,7 @@ def pickle_error(value: Any) -> Exception | None:
     Cheap for big tensors and numpy arrays: their bytes are not copied."""
     try:
         _probe_pickler()(_Sink(), protocol=pickle.HIGHEST_PROTOCOL).dump(value)
-    except Exception as exc:   # RecursionError too
+    except Exception as exc:   # why: RecursionError too
         return exc
     return None
 

@@ -44,7 +44,7 @@ def check_no_accelerate_state() -> None:
         return
     try:
         from accelerate.state import AcceleratorState, PartialState
-    except Exception:
+    except Exception:   # why: an Accelerate that cannot be imported holds no state to check
         log.debug("accelerate.state cannot be imported; no Accelerate state to check", exc_info=True)
         return
     accelerator_state = bool(getattr(AcceleratorState, "_shared_state", None))
@@ -75,7 +75,7 @@ def _nothing_but_the_state_was_started() -> bool:
     dist = getattr(sys.modules.get("torch"), "distributed", None)
     try:
         return not (dist is not None and dist.is_available() and dist.is_initialized())
-    except Exception:
+    except Exception:   # why: a torch.distributed that cannot answer has no group to reset
         log.debug("torch.distributed.is_initialized() failed; not resetting", exc_info=True)
         return False
 

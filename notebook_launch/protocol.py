@@ -153,10 +153,10 @@ def safe_str(exc: BaseException) -> str:
     reported as the exception it is, never as a rank that died without one."""
     try:
         return str(exc)
-    except Exception as inner:
+    except Exception as inner:   # why: the exception is still reported as itself, with this note for its text
         try:
             return f"<str() failed: {type(inner).__qualname__}: {inner}>"
-        except Exception:
+        except Exception:   # why: the exception is still reported as itself, with this note for its text
             return "<str() failed>"
 
 

@@ -16,7 +16,6 @@ from typing import Any, Callable, TypeVar
 from .backends import get_backend
 from .backends.base import Launcher, StartFailed, StartWatch
 from .channels import RankPipes
-from .display import choose_display
 from .display.base import Display
 from .display.display_relay import RankDisplays
 from .logs import RunLogs
@@ -112,11 +111,8 @@ def run_with_scaffold(plan: LaunchPlan, body: Callable[[RunContext], T], options
     ``plan.start_method``)."""
     launcher = launcher or get_backend(plan.start_method)
     launcher.prepare_parent()
-    # choose_display and RunState by this module's names: tests and notebook cells replace
-    # run.choose_display and run.RunState to watch what a launch shows and folds
     with Session.for_launch(plan, options, run_id=run_id, backend=launcher.name + backend_suffix,
-                            platform=platform, extra_lines=extra_lines, choose=choose_display,
-                            state_type=RunState) as session:
+                            platform=platform, extra_lines=extra_lines) as session:
         results = body(RunContext(plan, launcher, session.logs, session.state, session.display, options,
                                   session.rank_displays))
         session.finish(f"{plan.num_processes} ranks finished in {session.state.elapsed:.1f} s")

@@ -338,7 +338,7 @@ def rebuilds_off_cpu(torch: Any, tensor: Any) -> bool:
         return True
     try:
         return not torch._C._has_storage(tensor)
-    except Exception:
+    except Exception:   # why: a tensor that cannot say is taken as having a storage, and sent as one
         logger.debug("cannot tell whether a %s tensor has a storage", device, exc_info=True)
         return False
 

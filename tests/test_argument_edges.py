@@ -93,17 +93,36 @@ def test_options_are_resolved_once_with_notebook_launchers_defaults(monkeypatch)
 
 
 @pytest.mark.parametrize("given,budget", [(5, 5), ("all", None), (np.int64(30), 30)])
-def test_lines_per_second_reaches_the_display(given, budget, monkeypatch, log_dir):
+def test_lines_per_second_reaches_the_display(given, budget, log_dir):
     """notebook_launcher(lines_per_second=) is the cell's line budget of the display the run
-    chooses ("all": None, every line)."""
-    from notebook_launch import run
-    chosen = []
-    real = run.choose_display
+    chooses ("all": None, every line): its parameters as the entry point takes them, to the
+    display its launch's session makes."""
+    from notebook_launch.display.html import HtmlDisplay
+    from notebook_launch.plan import build_plan
+    from notebook_launch.prepare import entry_options
+    from notebook_launch.session import Session
+    options = entry_options({"function": rank_of_each, "num_processes": 1, "lines_per_second": given,
+                             "ui": "html", "log_dir": log_dir})
+    plan = build_plan(num_processes=1, num_nodes=1, node_rank=0, master_addr="127.0.0.1", master_port=29500,
+                      device_kind="cpu", mixed_precision="no", start_method="fork", run_id="r", user_env={},
+                      cpu_count=4)
+    session = Session.for_launch(plan, options, run_id="r", backend="fork")
+    session.logs.close()
+    display = session.display
+    assert isinstance(display, HtmlDisplay) and display.lines is not None
+    assert display.lines.budget == budget
 
-    def recording(ui, **kwargs):
-        chosen.append(kwargs["lines_per_second"])
-        return real(ui, **kwargs)
-    monkeypatch.setattr(run, "choose_display", recording)
-    assert notebook_launcher(rank_of_each, num_processes=1, lines_per_second=given, ui="none",
-                             log_dir=log_dir) == [0]
-    assert chosen == [budget]
+
+def test_ui_is_a_display_name_or_a_display_of_ones_own():
+    """``ui=``: one of the names, or a Display the caller made (driven as the run's display);
+    anything else is refused before anything starts, saying both."""
+    from notebook_launch.display.base import Display
+    from notebook_launch.options import launch_options
+    own = Display()
+    assert launch_options(function=rank_of_each, ui=own).ui is own
+    assert launch_options(function=rank_of_each, ui="text").ui == "text"
+    for bad in ("fancy", Display, 3):
+        with pytest.raises(LaunchArgumentError, match=r"^ui=.* is not valid; choose one of 'auto', .*, or pass a "
+                                                      r"display of your own \(an instance of notebook_launch\."
+                                                      r"display\.Display\)$"):
+            launch_options(function=rank_of_each, ui=bad)

@@ -1,5 +1,5 @@
 """Asking a rank where it is never hurts it (issue 31): every way the notebook collects stacks
-asks the rank's where-thread (``rank.where_thread``, ``diagnose.ask_where``), never signals a
+asks the rank's where-thread (``rank.where_thread``, ``diagnose.where_thread``), never signals a
 rank whose interpreter lock is free, and falls back to the signal only for a rank whose lock is
 held by C code, which the verdict then says.
 
@@ -214,9 +214,9 @@ def test_no_way_of_asking_signals_a_rank_whose_lock_is_free(log_dir, tmp_path):
     answered from a thread over its connections by ``rank.ray_where``: no signal) and every other
     rank by pid through ``stacks.collect``, as a stall's two stack samples do
     (``ranks.stack_fingerprints``); ``stacks.collect`` and ``native_stacks.child_stacks`` (a rank's
-    forked children) both ask the where-thread over its wake pipe through ``ask_where.ask_all``;
+    forked children) both ask the where-thread over its wake pipe through ``where_thread.ask_all``;
     py-spy (``native_stacks.dump_all``, native frames) reads from outside by ptrace, which runs no
-    handler. The one signal left is ``ask_where``'s fallback, behind ``lock_held``. Ray's way runs
+    handler. The one signal left is ``where_thread``'s fallback, behind ``lock_held``. Ray's way runs
     in test_a_ray_ranks_answer_signals_nothing."""
     ways = {"where_ranks", "process.where", "collect", "ask_all", "child_stacks", "dump_all", "asker.ask",
             "answerer.ask"}
@@ -235,7 +235,7 @@ def test_no_way_of_asking_signals_a_rank_whose_lock_is_free(log_dir, tmp_path):
     }
     senders = {path: sorted(set(calls) & {"tgkill", "pthread_kill", "raise_signal"}) for path, calls in asking.items()}
     assert {path: names for path, names in senders.items() if names} == {
-        "diagnose/ask_where.py": ["tgkill"],   # the fallback, behind lock_held
+        "diagnose/where_thread.py": ["tgkill"],   # the fallback, behind lock_held
         "rank/ray_serve.py": ["pthread_kill"],   # the Stop button's SIGINT to a Ray rank's main thread
     }
     from notebook_launch.diagnose import native_stacks
@@ -258,9 +258,9 @@ def test_no_way_of_asking_signals_a_rank_whose_lock_is_free(log_dir, tmp_path):
 
 
 def test_the_lock_is_held_only_when_the_where_thread_waits_for_it_and_no_two_threads_run():
-    """``ask_where.lock_held`` on /proc samples (thread id -> (ns run, times put on a CPU)); the
+    """``where_thread.lock_held`` on /proc samples (thread id -> (ns run, times put on a CPU)); the
     where-thread is 9. It decides whether a silent rank is signalled."""
-    from notebook_launch.diagnose.ask_where import lock_held
+    from notebook_launch.diagnose.where_thread import lock_held
     before = {1: (0, 10), 9: (0, 5), 20: (0, 3)}
     ms = 1_000_000
     assert lock_held(before, {1: (150 * ms, 11), 9: (ms // 10, 45), 20: (0, 3)}, 9)       # 1 spins in C

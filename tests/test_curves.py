@@ -5,7 +5,7 @@ import json
 import math
 
 import pytest
-from helpers.panel_helpers import keep_state
+from helpers.panel_helpers import KeepStateDisplay
 
 from notebook_launch import load_metrics, notebook_launcher, progress
 from notebook_launch.metrics import CAPACITY, METRICS_FILE, MetricsFile, Series
@@ -118,11 +118,11 @@ def _logs_every_step(n):
     return n
 
 
-def test_every_logged_point_reaches_the_run_folder_though_events_are_batched(monkeypatch, tmp_path):
+def test_every_logged_point_reaches_the_run_folder_though_events_are_batched(tmp_path):
     n = 100_000
-    with keep_state(monkeypatch) as displays:
-        notebook_launcher(_logs_every_step, args=(n,), num_processes=2, log_dir=str(tmp_path))
-    state = displays[0].state
+    display = KeepStateDisplay()
+    notebook_launcher(_logs_every_step, args=(n,), num_processes=2, log_dir=str(tmp_path), ui=display)
+    state = display.state
     plain = load_metrics(tmp_path, pandas=False)
     for rank in range(2):
         losses = [(s, v) for r, m, s, v in zip(plain["rank"], plain["metric"], plain["step"], plain["value"])
@@ -175,10 +175,10 @@ def _logs_without_a_bar(seconds):
     return i
 
 
-def test_values_logged_without_any_bar_are_sent_while_the_rank_runs(monkeypatch, tmp_path):
-    with keep_state(monkeypatch) as displays:
-        [count] = notebook_launcher(_logs_without_a_bar, args=(1.0,), num_processes=1, log_dir=str(tmp_path))
-    rs = displays[0].state.ranks[0]
+def test_values_logged_without_any_bar_are_sent_while_the_rank_runs(tmp_path):
+    display = KeepStateDisplay()
+    [count] = notebook_launcher(_logs_without_a_bar, args=(1.0,), num_processes=1, log_dir=str(tmp_path), ui=display)
+    rs = display.state.ranks[0]
     assert rs.updates >= 2          # not only the final flush: the rank holds no backlog
     assert rs.curves["loss"].total == count
     assert len(load_metrics(tmp_path, pandas=False)["value"]) == count

@@ -10,7 +10,6 @@ import psutil
 import pytest
 
 from notebook_launch import LaunchArgumentError, LaunchError, notebook_launcher
-from notebook_launch import run as run_module
 from notebook_launch.display import Display
 from notebook_launch.net import free_port
 
@@ -57,14 +56,13 @@ class RecordingDisplay(Display):
 
 
 @pytest.fixture
-def recording_display(monkeypatch):
-    display = RecordingDisplay()
-    monkeypatch.setattr(run_module, "choose_display", lambda ui, **settings: display)
-    return display
+def recording_display():
+    return RecordingDisplay()
 
 
 def test_restart_recovers_and_the_panel_shows_the_attempt(tmp_path, capsys, recording_display):
-    results = notebook_launcher(fail_on_first_attempt, num_processes=2, max_restarts=1, log_dir=tmp_path)
+    results = notebook_launcher(fail_on_first_attempt, num_processes=2, max_restarts=1, log_dir=tmp_path,
+                                ui=recording_display)
     assert results == [{"attempt": 1, "total": 2.0, "rank": 0}, {"attempt": 1, "total": 2.0, "rank": 1}]
     assert recording_display.attempts == {0, 1}
     printed = capsys.readouterr().out

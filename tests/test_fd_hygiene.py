@@ -13,7 +13,6 @@ import os
 import pytest
 
 from notebook_launch import LaunchError, notebook_launcher
-from notebook_launch import run as run_module
 from notebook_launch.display.base import Display
 
 
@@ -38,9 +37,8 @@ def _still_open(fd) -> bool:
 
 
 @pytest.fixture
-def bystander_display(monkeypatch):
+def bystander_display():
     display = BystanderDisplay()
-    monkeypatch.setattr(run_module, "choose_display", lambda ui, **settings: display)
     yield display
     for fd in display.bystanders:
         if _still_open(fd):
@@ -54,13 +52,13 @@ def _fails():
 @pytest.mark.parametrize("start_method", ["fork", "spawn"])
 def test_fds_opened_while_a_run_ends_survive_it(bystander_display, log_dir, start_method):
     assert notebook_launcher(lambda: 1, num_processes=2, start_method=start_method,
-                             log_dir=log_dir) == [1, 1]
+                             log_dir=log_dir, ui=bystander_display) == [1, 1]
     closed = [fd for fd in bystander_display.bystanders if not _still_open(fd)]
     assert not closed, f"the launcher closed fds it did not own (again): {closed}"
 
 
 def test_fds_survive_a_failed_run(bystander_display, log_dir):
     with pytest.raises(LaunchError, match="boom"):
-        notebook_launcher(_fails, num_processes=2, log_dir=log_dir)
+        notebook_launcher(_fails, num_processes=2, log_dir=log_dir, ui=bystander_display)
     closed = [fd for fd in bystander_display.bystanders if not _still_open(fd)]
     assert not closed, f"the launcher closed fds it did not own (again): {closed}"

@@ -13,7 +13,7 @@ import sys
 
 import pytest
 
-from helpers.panel_helpers import keep_state
+from helpers.panel_helpers import KeepStateDisplay
 
 from notebook_launch import load_metrics, notebook_launcher
 
@@ -54,12 +54,12 @@ def loads_with_workers_that_draw_bars(library: str):
 
 
 @pytest.mark.parametrize("library", ["progress", "tqdm"])
-def test_a_dataloader_workers_bars_never_mix_into_the_ranks_row(library, monkeypatch):
+def test_a_dataloader_workers_bars_never_mix_into_the_ranks_row(library):
     pytest.importorskip("tqdm")
-    with keep_state(monkeypatch) as displays:
-        assert notebook_launcher(loads_with_workers_that_draw_bars, (library,),
-                                 num_processes=2) == [list(range(6))] * 2
-    for rs in displays[0].state.ranks:
+    display = KeepStateDisplay()
+    assert notebook_launcher(loads_with_workers_that_draw_bars, (library,),
+                             num_processes=2, ui=display) == [list(range(6))] * 2
+    for rs in display.state.ranks:
         bars = [(bar.desc, bar.n, bar.total, bar.closed) for bar in rs.bars.values()]
         assert bars == [("loader", 3, 3, True)], bars
         main = rs.main_bar
@@ -89,11 +89,11 @@ def sends_large_frames_with_a_forked_child(rounds: int):
     return os.waitstatus_to_exitcode(status)
 
 
-def test_large_frames_of_a_forked_child_and_of_the_rank_arrive_whole(monkeypatch):
+def test_large_frames_of_a_forked_child_and_of_the_rank_arrive_whole():
     rounds = 100
-    with keep_state(monkeypatch) as displays:
-        assert notebook_launcher(sends_large_frames_with_a_forked_child, (rounds,), num_processes=1) == [0]
-    rs = displays[0].state.ranks[0]
+    display = KeepStateDisplay()
+    assert notebook_launcher(sends_large_frames_with_a_forked_child, (rounds,), num_processes=1, ui=display) == [0]
+    rs = display.state.ranks[0]
     assert rs.metrics["child599"] == rs.metrics["rank599"] == float(rounds - 1)
     assert rs.metrics["small"] == rounds - 1
     logged = load_metrics(pandas=False)   # every value every frame carried, in metrics.jsonl

@@ -16,6 +16,8 @@ import time
 
 import pytest
 
+from helpers.watching import WatchingDisplay, WhereReports
+
 from notebook_launch import LaunchError, notebook_launcher
 from notebook_launch.net import free_port
 from notebook_launch.plan import StartMethod
@@ -390,42 +392,37 @@ def computes_silently_while_the_other_waits():
     return rank()
 
 
-def test_a_long_silent_computation_is_not_called_stalled(log_dir, monkeypatch):
-    from notebook_launch import run as run_module
-    marked = []
+def test_a_long_silent_computation_is_not_called_stalled(log_dir):
+    marked: list[object] = []   # every stall mark and where-report the panel was shown
+    reports = WhereReports()
 
-    class Recording(run_module.RunState):
-        def on_stalled(self, local_rank, since):
-            super().on_stalled(local_rank, since)
-            marked.append((local_rank, since))
+    def watch(state):
+        marked.extend((rs.local_rank, rs.stalled_since) for rs in state.ranks if rs.stalled_since is not None)
+        if reports.new(state) is not None:
+            marked.append(state.where_report)
 
-        def on_where_report(self, text):
-            super().on_where_report(text)
-            marked.append(text)
-
-    monkeypatch.setattr(run_module, "RunState", Recording)
     assert notebook_launcher(computes_silently_while_the_other_waits, num_processes=2, stall_after=2,
-                             log_dir=log_dir, ui="text", use_port=str(free_port()), timeout=120) == [0, 1]
+                             log_dir=log_dir, ui=WatchingDisplay(on_refresh=watch), use_port=str(free_port()),
+                             timeout=120) == [0, 1]
     assert marked == []
 
 
-def test_a_run_whose_ranks_all_wait_is_stalled_and_a_stop_says_where(log_dir, monkeypatch):
+def test_a_run_whose_ranks_all_wait_is_stalled_and_a_stop_says_where(log_dir):
     """Every rank waits (rank 1 skipped an all_reduce): the run is marked stalled, the state gets
     the verdict and the stacks (the panel draws them), the logs get them too; Stop then ends it
     with a LaunchError that starts with the verdict."""
-    from notebook_launch import run as run_module
     reports = []
+    shown = WhereReports()
 
-    class StopWhenStalled(run_module.RunState):
-        def on_where_report(self, text):
-            super().on_where_report(text)
-            reports.append((text, [rs.stalled_since is not None for rs in self.ranks]))
-            self.stop_requested = True
+    def stop_when_stalled(state):   # as a person would press Stop on seeing the report
+        text = shown.new(state)
+        if text is not None:
+            reports.append((text, [rs.stalled_since is not None for rs in state.ranks]))
+            state.stop_requested = True
 
-    monkeypatch.setattr(run_module, "RunState", StopWhenStalled)
     with pytest.raises(LaunchError) as info:
-        notebook_launcher(skips_an_all_reduce, num_processes=2, stall_after=2, log_dir=log_dir, ui="text",
-                          use_port=str(free_port()), timeout=120)
+        notebook_launcher(skips_an_all_reduce, num_processes=2, stall_after=2, log_dir=log_dir,
+                          ui=WatchingDisplay(on_refresh=stop_when_stalled), use_port=str(free_port()), timeout=120)
     reduce = line_of(skips_an_all_reduce, "dist.all_reduce(t)\n") + 3   # the all_reduce after the loop
     sleep = line_of(evaluate, "time.sleep(HANG)")
     verdict = (f"rank 0 waits in all_reduce #4 ({HERE}:{reduce}); rank 1 never reached it: it is in evaluate() "
@@ -450,27 +447,26 @@ def waits_for_a_file(flag: str):
     return rank()
 
 
-def test_where_are_they_answers_the_button_and_stops_nothing(log_dir, tmp_path, monkeypatch):
-    """The panel's button sets ``where_requested`` (here: the state, once both ranks wait); the
+def test_where_are_they_answers_the_button_and_stops_nothing(log_dir, tmp_path):
+    """The panel's button sets ``where_requested`` (here: the display, once both ranks wait); the
     supervisor answers in ``where_report`` and the run goes on (the answer lets the ranks finish)."""
-    from notebook_launch import run as run_module
     flag = str(tmp_path / "go")
     answers: list[tuple[str, list[str], bool]] = []   # (the report, each rank's status, still requested)
+    shown = WhereReports()
 
-    class AskWhenBothWait(run_module.RunState):
-        def on_line(self, local_rank, stream, text):
-            super().on_line(local_rank, stream, text)
-            waiting = {rs.rank for rs in self.ranks if any(t == "waiting" for _, t in rs.lines)}
-            if waiting == {0, 1} and not answers:
-                self.where_requested = True
+    def ask_when_both_wait(state, local_rank, stream, text):
+        waiting = {rs.rank for rs in state.ranks if any(t == "waiting" for _, t in rs.lines)}
+        if waiting == {0, 1} and not answers:
+            state.where_requested = True
 
-        def on_where_report(self, text):
-            super().on_where_report(text)
-            answers.append((text, [str(rs.status) for rs in self.ranks], self.where_requested))
+    def answered(state):
+        text = shown.new(state)
+        if text is not None:
+            answers.append((text, [str(rs.status) for rs in state.ranks], state.where_requested))
             open(flag, "w").close()
 
-    monkeypatch.setattr(run_module, "RunState", AskWhenBothWait)
-    assert notebook_launcher(waits_for_a_file, (flag,), num_processes=2, log_dir=log_dir, ui="text",
+    assert notebook_launcher(waits_for_a_file, (flag,), num_processes=2, log_dir=log_dir,
+                             ui=WatchingDisplay(on_line=ask_when_both_wait, on_refresh=answered),
                              use_port=str(free_port()), timeout=120) == [0, 1]
     assert len(answers) == 1
     text, statuses, still_requested = answers[0]
@@ -538,21 +534,18 @@ def hangs_after_saying_so():
     time.sleep(HANG)
 
 
-def test_the_stop_button_says_where_the_ranks_were(log_dir, monkeypatch):
-    """Stop pressed on a hung run (the button sets ``stop_requested``; here the state does, as soon
-    as both ranks said they hang, see ``say_when_there``): the KeyboardInterrupt says where they were."""
-    from notebook_launch import run as run_module
+def test_the_stop_button_says_where_the_ranks_were(log_dir):
+    """Stop pressed on a hung run (the button sets ``stop_requested``; here the display does, as
+    soon as both ranks said they hang, see ``say_when_there``): the KeyboardInterrupt says where
+    they were."""
 
-    class ClickedWhenBothHang(run_module.RunState):
-        def on_line(self, local_rank, stream, text):
-            super().on_line(local_rank, stream, text)
-            hanging = {rs.rank for rs in self.ranks if any(t == "hanging now" for _, t in rs.lines)}
-            self.stop_requested = self.stop_requested or hanging == {0, 1}
+    def clicked_when_both_hang(state, local_rank, stream, text):
+        hanging = {rs.rank for rs in state.ranks if any(t == "hanging now" for _, t in rs.lines)}
+        state.stop_requested = state.stop_requested or hanging == {0, 1}
 
-    monkeypatch.setattr(run_module, "RunState", ClickedWhenBothHang)
     with pytest.raises(KeyboardInterrupt) as info:
-        notebook_launcher(hangs_after_saying_so, num_processes=2, log_dir=log_dir, ui="text",
-                          use_port=str(free_port()), timeout=60)
+        notebook_launcher(hangs_after_saying_so, num_processes=2, log_dir=log_dir,
+                          ui=WatchingDisplay(on_line=clicked_when_both_hang), use_port=str(free_port()), timeout=60)
     barrier = line_of(hangs_after_saying_so, "dist.barrier()\n")
     sleep = line_of(hangs_after_saying_so, "time.sleep(HANG)\n")
     assert str(info.value) == (
@@ -605,11 +598,9 @@ def waits_silently_on_its_fifo(folder):
     return rank()
 
 
-def test_a_stall_that_cleared_leaves_no_verdict_in_the_panel_or_the_final_picture(log_dir, tmp_path, monkeypatch,
-                                                                                     capsys):
+def test_a_stall_that_cleared_leaves_no_verdict_in_the_panel_or_the_final_picture(log_dir, tmp_path, capsys):
     """Before, "stalled: ... never reached it" stayed in the state (the panel) and in the final
     picture of a run that went on and ended done."""
-    from notebook_launch import run as run_module
     for r in (0, 1):
         os.mkfifo(tmp_path / f"fifo{r}")
     reports, states = [], []
@@ -619,17 +610,19 @@ def test_a_stall_that_cleared_leaves_no_verdict_in_the_panel_or_the_final_pictur
             with open(tmp_path / f"fifo{r}", "w"):   # the rank is in its open(): this returns at once
                 pass
 
-    class ReleasedWhenStalled(run_module.RunState):
-        def on_where_report(self, text):
-            super().on_where_report(text)
+    shown = WhereReports()
+
+    def released_when_stalled(state):
+        text = shown.new(state)
+        if text is not None:
             reports.append(text)
-            states.append(self)
+            states.append(state)
             if text.startswith("stalled"):
                 threading.Thread(target=release, daemon=True).start()
 
-    monkeypatch.setattr(run_module, "RunState", ReleasedWhenStalled)
     assert notebook_launcher(waits_silently_on_its_fifo, args=(str(tmp_path),), num_processes=2, stall_after=2,
-                             log_dir=log_dir, ui="text", timeout=120) == [0, 1]
+                             log_dir=log_dir, ui=WatchingDisplay(on_refresh=released_when_stalled),
+                             timeout=120) == [0, 1]
     assert reports and reports[0].startswith("stalled: no rank showed progress for 2 s; "), reports
     state = states[0]
     assert state.status == "done" and state.where_report is None, state.where_report

@@ -278,3 +278,32 @@ def test_launchers_only_start_processes():
     wrong = forbidden_launcher_imports(graph)
     assert not wrong, f"launch paths that import the supervisor, a display or the run state: {wrong}"
 
+
+
+def private_names_imported_across_packages() -> dict[str, list[str]]:
+    """Module -> the private names (``_x``) it imports from a module of another package: a name
+    two packages share needs a public home (``magic_options`` for the two magics, issue 31)."""
+    found: dict[str, list[str]] = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        name = module_name(path)
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, ast.ImportFrom):
+                continue
+            if node.level:
+                base = package.split(".")
+                target = ".".join(base[:len(base) - (node.level - 1)] + ([node.module] if node.module else []))
+            elif (node.module or "").startswith("notebook_launch"):
+                target = node.module or ""
+            else:
+                continue
+            if target.rpartition(".")[0] == package or target == package:
+                continue
+            private = [a.name for a in node.names if a.name.startswith("_") and not a.name.startswith("__")]
+            if private:
+                found.setdefault(name, []).extend(f"{target}.{n}" for n in private)
+    return found
+
+
+def test_no_module_imports_another_packages_private_names():
+    assert private_names_imported_across_packages() == {}

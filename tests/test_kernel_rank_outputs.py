@@ -143,7 +143,8 @@ def test_the_transformers_trainer_notebook_progress_reaches_the_cell_and_every_r
     from helpers.panel_helpers import KEEP_STATES_CELL
     messages: list[tuple[int, str, dict]] = []   # (cell index, msg_type, content) of each IOPub message
     nb = run_notebook(make_notebook(TRAINER + KEEP_STATES_CELL,
-                                    "print(notebook_launcher(train, args=(tempfile.mkdtemp(),), num_processes=2))\n"
+                                    "print(notebook_launcher(train, args=(tempfile.mkdtemp(),), num_processes=2,"
+                                    " ui=keeping()))\n"
                                     "print('BARS', (bars_of(0), bars_of(1)))"),
                       messages=messages, timeout=300)
     text = cell_text(nb.cells[1])

@@ -79,19 +79,18 @@ RANKS_SYNTAX = "%%ranks\nz = [1,"
 CALL_INTERRUPTED = "ranks.run(interrupt_the_kernel, args=('call',))"
 CALL_TIMEOUT = "ranks.run(hang, timeout=20)"
 CLOSE = "ranks.close()"
-# the widget panel: a run that stalls says where its ranks are in the panel; the test's state
-# presses Stop once it did (as a person would), so the final picture holds the stacks
+# the widget panel: a run that stalls says where its ranks are in the panel; a person at the
+# panel (its refresh, here) presses Stop once it did, so the final picture holds the stacks
 STOP_A_STALLED_RUN = '''\
-import notebook_launch.run as run_module
-class StopOnceStalled(run_module.RunState):
-    def on_where_report(self, text):
-        super().on_where_report(text)
-        self.stop_requested = True
-run_module.RunState, plain = StopOnceStalled, run_module.RunState
-try:
-    notebook_launcher(hang, num_processes=2, ui='widget', stall_after=2)
-finally:
-    run_module.RunState = plain'''
+from notebook_launch.display import choose_display
+panel = choose_display('widget')
+draw = panel.refresh
+def refresh(state):
+    draw(state)
+    if state.where_report is not None:
+        state.stop_requested = True
+panel.refresh = refresh
+notebook_launcher(hang, num_processes=2, ui=panel, stall_after=2)'''
 
 CELLS = [SETUP, LAUNCH_INTERRUPTED, CAUGHT, MAGIC_INTERRUPTED, MAGIC_SYNTAX, TIMEOUT, START, CALL,
          STACKS_DURING_A_CALL, RANKS_CELL, PRINT_STACKS, STACKS_BETWEEN_CALLS, RANKS_SYNTAX, CALL_INTERRUPTED,

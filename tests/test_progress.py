@@ -6,7 +6,7 @@ from typing import cast
 
 import pytest
 
-from helpers.panel_helpers import keep_state
+from helpers.panel_helpers import KeepStateDisplay
 
 from notebook_launch import notebook_launcher, progress
 
@@ -42,11 +42,11 @@ def _fast_loop(n):
     return {"sends": rep.sends, "elapsed": elapsed}
 
 
-def test_bars_reach_the_parent_exactly_and_events_are_batched(monkeypatch):
+def test_bars_reach_the_parent_exactly_and_events_are_batched():
     n = 600_000
-    with keep_state(monkeypatch) as displays:
-        results = notebook_launcher(_fast_loop, args=(n,), num_processes=2)
-    state = displays[0].state
+    display = KeepStateDisplay()
+    results = notebook_launcher(_fast_loop, args=(n,), num_processes=2, ui=display)
+    state = display.state
     for rs, result in zip(state.ranks, results):
         bars = {bar.desc: bar for bar in rs.bars.values()}
         assert bars["train"].n == n and bars["train"].total == n and bars["train"].closed
@@ -78,11 +78,10 @@ def _tqdm_loops():
     return True
 
 
-def test_tqdm_bars_become_panel_bars_without_garbled_output(monkeypatch):
+def test_tqdm_bars_become_panel_bars_without_garbled_output():
     pytest.importorskip("tqdm")
-    with keep_state(monkeypatch) as displays:
-        assert notebook_launcher(_tqdm_loops, num_processes=2) == [True, True]
-    display = displays[0]
+    display = KeepStateDisplay()
+    assert notebook_launcher(_tqdm_loops, num_processes=2, ui=display) == [True, True]
     for rs in display.state.ranks:
         bars = {bar.desc: bar for bar in rs.bars.values()}
         assert (bars["std"].n, bars["std"].total) == (3000, 3000)
@@ -102,12 +101,12 @@ def _nested(epochs):
     return True
 
 
-def test_nested_bars_final_state(monkeypatch):
-    with keep_state(monkeypatch) as displays:
-        notebook_launcher(_nested, args=(5,), num_processes=2)
-    for rs in displays[0].state.ranks:
+def test_nested_bars_final_state():
+    display = KeepStateDisplay()
+    notebook_launcher(_nested, args=(5,), num_processes=2, ui=display)
+    for rs in display.state.ranks:
         main = rs.main_bar
-        assert (main.desc, main.n, main.total) == ("epoch", 5, 5)
+        assert main is not None and (main.desc, main.n, main.total) == ("epoch", 5, 5)
         assert [b.n for b in rs.bars.values() if b.desc == "batch"] == [100] * 5
 
 
@@ -137,18 +136,19 @@ def _one_batch_of_both_orders():
     return rep.sends
 
 
-def test_nesting_is_known_when_one_batch_holds_a_bars_close_and_anothers_open(monkeypatch):
+def test_nesting_is_known_when_one_batch_holds_a_bars_close_and_anothers_open():
     """In one batch 'epoch' closes after 'inner' opened inside it: the rank, which saw the
     order, says so (the notebook once applied the close first and counted no nesting, so
     Lightning's row ended on the sanity check in a loaded CI run); a bar opened after another
     closed is not nested in it."""
-    with keep_state(monkeypatch) as displays:
-        notebook_launcher(_one_batch_of_both_orders, num_processes=1)
-    bars = {bar.desc: bar for bar in displays[0].state.ranks[0].bars.values()}
+    display = KeepStateDisplay()
+    notebook_launcher(_one_batch_of_both_orders, num_processes=1, ui=display)
+    bars = {bar.desc: bar for bar in display.state.ranks[0].bars.values()}
     assert set(bars) == {"epoch", "inner", "first", "second"} and all(b.closed for b in bars.values())
     assert (bars["epoch"].nested, bars["inner"].nested) == (1, 0)
     assert (bars["first"].nested, bars["second"].nested) == (0, 0)
-    assert displays[0].state.ranks[0].main_bar.desc == "epoch"
+    main = display.state.ranks[0].main_bar
+    assert main is not None and main.desc == "epoch"
 
 
 def test_progress_iteration_keeps_counting_past_checks():

@@ -100,11 +100,11 @@ def notebook():
     cells = [
         KEEP_STATES_CELL,
         DEFINITIONS,
-        "print('RESULT', notebook_launcher(rich_loops, num_processes=2))\nprint('BARS', bars_of(0))",
-        "print('RESULT', notebook_launcher(nested_tqdm, num_processes=2))\nprint('BARS', bars_of(1))",
-        "print('RESULT', notebook_launcher(make_widgets, num_processes=2))",
+        "print('RESULT', notebook_launcher(rich_loops, num_processes=2, ui=keeping()))\nprint('BARS', bars_of(0))",
+        "print('RESULT', notebook_launcher(nested_tqdm, num_processes=2, ui=keeping()))\nprint('BARS', bars_of(1))",
+        "print('RESULT', notebook_launcher(make_widgets, num_processes=2, ui=keeping()))",
         "from notebook_launch.display import format as fmt\n"
-        "print('RESULT', notebook_launcher(two_rich_tasks, num_processes=2))\nprint('BARS', bars_of(0))\n"
+        "print('RESULT', notebook_launcher(two_rich_tasks, num_processes=2, ui=keeping()))\nprint('BARS', bars_of(0))\n"
         "print('ROWS', [fmt.rank_line(rs) for rs in kept[-1].ranks])",
     ]
     return run_notebook(make_notebook(*cells), timeout=300, allow_errors=True)

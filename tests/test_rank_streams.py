@@ -7,7 +7,7 @@ import sys
 import textwrap
 
 import pytest
-from helpers.panel_helpers import keep_state
+from helpers.panel_helpers import KeepStateDisplay
 
 from notebook_launch import notebook_launcher
 
@@ -31,14 +31,13 @@ def _bars_into_own_file():
     return own.getvalue()
 
 
-def test_tqdm_with_the_users_file_writes_it_and_still_reaches_the_panel(monkeypatch):
+def test_tqdm_with_the_users_file_writes_it_and_still_reaches_the_panel():
     pytest.importorskip("tqdm")
     expected = io.StringIO()
     _bars_into(expected)   # plain tqdm, in this (unpatched) process
-    with keep_state(monkeypatch) as displays:
-        results = notebook_launcher(_bars_into_own_file, num_processes=2)
+    display = KeepStateDisplay()
+    results = notebook_launcher(_bars_into_own_file, num_processes=2, ui=display)
     assert results == [expected.getvalue()] * 2
-    display = displays[0]
     for rs in display.state.ranks:
         bars = [(bar.desc, bar.n, bar.total, bar.closed) for bar in rs.bars.values()]
         assert bars == [("own", 5, 5, True), ("own", 3, 3, True)], bars

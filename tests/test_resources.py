@@ -64,11 +64,9 @@ class SeeingDisplay(KeepStateDisplay):
             pathlib.Path(self.sentinel).touch()
 
 
-def launch_seeing(monkeypatch, seen, sentinel, function, **options) -> tuple[list, SeeingDisplay]:
-    import notebook_launch.run as run_module
+def launch_seeing(seen, sentinel, function, **options) -> tuple[list, SeeingDisplay]:
     display = SeeingDisplay(seen, sentinel)
-    monkeypatch.setattr(run_module, "choose_display", lambda ui="auto", **kw: display)
-    return notebook_launcher(function, **options), display
+    return notebook_launcher(function, ui=display, **options), display
 
 
 def allocate_then_wait(sentinel: str) -> bool:
@@ -79,14 +77,14 @@ def allocate_then_wait(sentinel: str) -> bool:
     return seen
 
 
-def test_a_rank_that_allocates_shows_it_in_its_row_header_summary_and_log(monkeypatch, tmp_path, log_dir):
+def test_a_rank_that_allocates_shows_it_in_its_row_header_summary_and_log(tmp_path, log_dir):
     sentinel = str(tmp_path / "seen")
 
     def seen(state: RunState) -> bool:   # rank 0's 200 MiB as its own, and rank 1's own memory read too
         owns = [None if rs.resources is None else rs.resources.uss for rs in state.ranks]
         return all(own is not None for own in owns) and (owns[0] or 0) >= ALLOCATED
 
-    results, display = launch_seeing(monkeypatch, seen, sentinel, allocate_then_wait, args=(sentinel,),
+    results, display = launch_seeing(seen, sentinel, allocate_then_wait, args=(sentinel,),
                                      num_processes=2, log_dir=log_dir)
     assert results == [True, True], "the notebook never saw rank 0's memory"
     mine, other = display.usage
@@ -124,7 +122,7 @@ def read_inherited_then_wait(sentinel: str) -> int:
     return total
 
 
-def test_a_forked_ranks_pages_shared_with_the_notebook_are_not_its_own(monkeypatch, tmp_path, log_dir):
+def test_a_forked_ranks_pages_shared_with_the_notebook_are_not_its_own(tmp_path, log_dir):
     global INHERITED_BLOCK
     INHERITED_BLOCK = touched(INHERITED)
     sentinel = str(tmp_path / "seen")
@@ -134,7 +132,7 @@ def test_a_forked_ranks_pages_shared_with_the_notebook_are_not_its_own(monkeypat
         return usage is not None and usage.rss >= INHERITED and usage.uss is not None
 
     try:
-        results, display = launch_seeing(monkeypatch, seen, sentinel, read_inherited_then_wait,
+        results, display = launch_seeing(seen, sentinel, read_inherited_then_wait,
                                          args=(sentinel,), num_processes=1, start_method="fork", log_dir=log_dir)
     finally:
         INHERITED_BLOCK = None

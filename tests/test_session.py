@@ -257,25 +257,21 @@ def test_the_launch_line_says_where_the_logs_went_when_not_where_expected(tmp_pa
     assert line.splitlines()[-1] == "notebook_launch: cannot write logs under /nowhere; this run's logs go to /tmp/x"
 
 
-def test_a_launch_makes_its_display_and_state_with_the_callers_names(tmp_path, capsys):
-    """run.run_with_scaffold passes its own choose_display and RunState: tests and notebook
-    cells replace run.choose_display and run.RunState to watch a launch."""
-    class MyState(RunState):
-        pass
-
+def test_a_launch_shows_the_display_its_options_name_or_the_callers_own(tmp_path, capsys):
+    """``ui=`` a name: the session makes that display with the options' settings; ``ui=`` a
+    Display the caller made (a display of their own, as the tests' recording ones): the session
+    drives that very display, with the run's own RunState."""
+    from notebook_launch.display.html import HtmlDisplay
+    named = Session.for_launch(a_plan(), LaunchOptions(function=print, ui="html", log_dir=tmp_path / "named",
+                                                       lines_per_second=7), run_id="run-1", backend="fork")
+    named.logs.close()
+    assert type(named.display) is HtmlDisplay and named.display.lines is not None
+    assert named.display.lines.budget == 7
     display = RecordingDisplay()
-    asked = []
-
-    def choose(ui, **settings):
-        asked.append((ui, settings))
-        return display
-
-    options = LaunchOptions(function=print, ui="text", log_dir=tmp_path, lines_per_second=7)
-    session = Session.for_launch(a_plan(), options, run_id="run-2", backend="fork", choose=choose,
-                                 state_type=MyState)
+    options = LaunchOptions(function=print, ui=display, log_dir=tmp_path / "own", lines_per_second=7)
+    session = Session.for_launch(a_plan(), options, run_id="run-2", backend="fork")
     with session:
         session.finish("done")
-    assert type(session.state) is MyState and session.display is display
-    assert asked == [("text", {"line_prefix": None, "lines_per_second": 7})]
+    assert session.display is display and type(session.state) is RunState
     assert display.calls == [("start", "running"), ("close", "done")]
     assert ", display none;" in capsys.readouterr().out

@@ -13,6 +13,8 @@ import re
 
 import pytest
 
+from helpers.watching import WatchingDisplay
+
 from notebook_launch import notebook_launcher
 from notebook_launch.display import pace as pace_display
 from notebook_launch.net import free_port
@@ -52,35 +54,32 @@ def late_to_its_first_all_reduce(flag: str):
 
 
 @pytest.fixture
-def live_verdicts(monkeypatch):
-    """The panel's verdict each time a rank's progress is folded while the run goes (what every
-    display draws from the same state), and a hook run with each one."""
-    from notebook_launch import run as run_module
+def live_verdicts():
+    """The panel's verdict each time the display is refreshed while the run goes (what every
+    display draws from the same state), a hook run with each one, and the text display that
+    sees them (passed as the launch's ``ui``)."""
     seen: list[str] = []
     hooks: list = []
 
-    class Recording(run_module.RunState):
-        def on_progress(self, local_rank, payload):
-            super().on_progress(local_rank, payload)
-            if self.status == "running":
-                text = pace_display.verdict(self)
-                if text is not None:
-                    seen.append(text)
-                    for hook in hooks:
-                        hook(text)
+    def watch(state):
+        if state.status == "running":
+            text = pace_display.verdict(state)
+            if text is not None:
+                seen.append(text)
+                for hook in hooks:
+                    hook(text)
 
-    monkeypatch.setattr(run_module, "RunState", Recording)
-    return seen, hooks
+    return seen, hooks, WatchingDisplay(on_refresh=watch)
 
 
-def launch(function, args, log_dir):
-    return notebook_launcher(function, args, num_processes=4, log_dir=log_dir, ui="text",
+def launch(function, args, log_dir, ui="text"):
+    return notebook_launcher(function, args, num_processes=4, log_dir=log_dir, ui=ui,
                              use_port=str(free_port()), timeout=240)
 
 
 def test_the_slow_rank_is_named_live_and_in_the_final_summary(log_dir, live_verdicts, capsys):
-    seen, _ = live_verdicts
-    assert launch(sleeps_before_each_all_reduce, (2, STEPS), log_dir) == [0, 1, 2, 3]
+    seen, _, display = live_verdicts
+    assert launch(sleeps_before_each_all_reduce, (2, STEPS), log_dir, ui=display) == [0, 1, 2, 3]
     out = capsys.readouterr().out
     # the final summary: the whole run compared
     [line] = [line for line in out.splitlines() if line.startswith("pace: ")]
@@ -105,10 +104,10 @@ def test_a_balanced_run_names_nobody(log_dir, capsys):
 
 def test_a_rank_that_has_not_reached_its_collective_is_named_while_the_others_wait(log_dir, tmp_path,
                                                                                    live_verdicts):
-    seen, hooks = live_verdicts
+    seen, hooks, display = live_verdicts
     flag = tmp_path / "go"
     hooks.append(lambda text: flag.touch() if "has not reached" in text else None)
-    assert launch(late_to_its_first_all_reduce, (str(flag),), log_dir) == [0, 1, 2, 3]
+    assert launch(late_to_its_first_all_reduce, (str(flag),), log_dir, ui=display) == [0, 1, 2, 3]
     named = [text for text in seen if "has not reached" in text]
     assert named and re.fullmatch(r"rank 3 has not reached a collective yet; ranks 0, 1, 2 spend \d+% of "
                                   r"their time waiting for it in all_reduce", named[0]), seen

@@ -21,6 +21,8 @@ import time
 
 import pytest
 
+from helpers.watching import WatchingDisplay, WhereReports
+
 from notebook_launch import LaunchError, notebook_launcher
 from notebook_launch.net import free_port
 
@@ -78,28 +80,25 @@ def skips_an_all_reduce_while_chattering(folder: str):
     dist.all_reduce(t)
 
 
-def stopped_when_stalled(monkeypatch) -> list[str]:
-    """Stop the run the moment it is reported stalled; the reports come back in the list."""
-    from notebook_launch import run as run_module
-    reports: list[str] = []
+def stopped_when_stalled() -> tuple[list[str], WatchingDisplay]:
+    """A text display that presses Stop the moment the panel shows the run stalled (as a person
+    would); the reports come back in the list."""
+    shown = WhereReports()
 
-    class StopWhenStalled(run_module.RunState):
-        def on_where_report(self, text):
-            super().on_where_report(text)
-            reports.append(text)
-            self.stop_requested = True
+    def stop(state):
+        if shown.new(state) is not None:
+            state.stop_requested = True
 
-    monkeypatch.setattr(run_module, "RunState", StopWhenStalled)
-    return reports
+    return shown.texts, WatchingDisplay(on_refresh=stop)
 
 
 @pytest.mark.parametrize("function", [never_joins_the_group, skips_an_all_reduce_while_chattering],
                          ids=["tcpstore-polling", "logger-and-reader-threads"])
-def test_a_hang_that_reads_and_writes_is_stalled(function, log_dir, tmp_path, monkeypatch):
-    reports = stopped_when_stalled(monkeypatch)
+def test_a_hang_that_reads_and_writes_is_stalled(function, log_dir, tmp_path):
+    reports, display = stopped_when_stalled()
     args = (str(tmp_path),) if function is skips_an_all_reduce_while_chattering else ()
     with pytest.raises(LaunchError) as info:
-        notebook_launcher(function, args, num_processes=2, stall_after=2, log_dir=log_dir, ui="text",
+        notebook_launcher(function, args, num_processes=2, stall_after=2, log_dir=log_dir, ui=display,
                           use_port=str(free_port()), timeout=90)
     assert info.value.kind == "stopped", str(info.value)   # not "timeout": the stall was seen
     assert reports and reports[0].startswith("stalled: no rank showed progress for 2 s; "), reports
@@ -141,29 +140,25 @@ def works_in_short_subprocesses():
     return rank()
 
 
-def not_marked(monkeypatch) -> list[object]:
-    """Every stall mark and where-report of the run, in the list."""
-    from notebook_launch import run as run_module
+def not_marked() -> tuple[list[object], WatchingDisplay]:
+    """Every stall mark and where-report the panel of the run is shown, in the list (a mark is
+    always shown: the supervisor refreshes the display right after each stall check)."""
     marked: list[object] = []
+    reports = WhereReports()
 
-    class Recording(run_module.RunState):
-        def on_stalled(self, local_rank, since):
-            super().on_stalled(local_rank, since)
-            marked.append((local_rank, since))
+    def watch(state):
+        marked.extend((rs.local_rank, rs.stalled_since) for rs in state.ranks if rs.stalled_since is not None)
+        if reports.new(state) is not None:
+            marked.append(state.where_report)
 
-        def on_where_report(self, text):
-            super().on_where_report(text)
-            marked.append(text)
-
-    monkeypatch.setattr(run_module, "RunState", Recording)
-    return marked
+    return marked, WatchingDisplay(on_refresh=watch)
 
 
 @pytest.mark.parametrize("function", [works_in_a_grandchild_from_a_thread, works_in_short_subprocesses],
                          ids=["grandchild-of-a-thread", "short-subprocesses"])
-def test_work_in_processes_below_the_rank_is_not_stalled(function, log_dir, monkeypatch):
-    marked = not_marked(monkeypatch)
-    assert notebook_launcher(function, num_processes=2, stall_after=2, log_dir=log_dir, ui="text",
+def test_work_in_processes_below_the_rank_is_not_stalled(function, log_dir):
+    marked, display = not_marked()
+    assert notebook_launcher(function, num_processes=2, stall_after=2, log_dir=log_dir, ui=display,
                              use_port=str(free_port()), timeout=180) == [0, 1]
     assert marked == []
 

@@ -111,7 +111,7 @@ def _wait_despite_interrupts(request: _Request) -> None:
     while not request.done.is_set():
         try:
             request.done.wait()
-        except BaseException:   # a second interrupt: keep waiting, a fork takes milliseconds
+        except BaseException:   # why: a second interrupt: keep waiting, a fork takes milliseconds
             log.debug("interrupt while waiting for the fork helper; waiting on", exc_info=True)
 
 

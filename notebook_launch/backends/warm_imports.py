@@ -39,6 +39,7 @@ from collections.abc import Callable
 from typing import Any
 
 from .. import cuda_tracking
+from ..best_effort import best_effort
 
 log = logging.getLogger("notebook_launch")
 
@@ -115,11 +116,10 @@ def warm_for(function: Callable[..., Any]) -> None:
         return
     if "torch._dynamo" in sys.modules:
         return
-    try:
+    # an odd callable: import, as before
+    with best_effort("could not read the launched function's code"):
         if not looks_like_training(function):
             return
-    except Exception:   # an odd callable: import, as before
-        log.debug("could not read the launched function's code", exc_info=True)
     import_training_modules()
 
 
@@ -131,12 +131,12 @@ def _import_torch_for(function: Callable[..., Any]) -> bool:
     try:
         if not names_any(function, TORCH_NAMES):
             return False
-    except Exception:   # an odd callable: its ranks import what they need
+    except Exception:   # why: an odd callable: its ranks import what they need
         log.debug("could not read the launched function's code", exc_info=True)
         return False
     try:
         import torch  # noqa: F401
-    except Exception:
+    except Exception:   # why: warming is a speed-up: a torch that fails here fails in the rank, reported there
         log.debug("torch is named by the launched code but does not import here", exc_info=True)
         return False
     cuda_tracking.install()
@@ -145,11 +145,9 @@ def _import_torch_for(function: Callable[..., Any]) -> bool:
 
 def import_training_modules() -> None:
     """torch._dynamo and DDP's module: what a training rank would import after the fork."""
-    try:
+    with best_effort("warming torch._dynamo failed; ranks import it themselves"):
         import torch._dynamo
         import torch.nn.parallel  # noqa: F401
-    except Exception:
-        log.debug("warming torch._dynamo failed; ranks import it themselves", exc_info=True)
 
 
 # --- between cells, in a Jupyter kernel -------------------------------------------------
@@ -201,11 +199,9 @@ def notebook_defines_training() -> bool:
             _read.add(value)
         except TypeError:   # not weak-referenceable: read it every time
             pass
-        try:
+        with best_effort("could not read %r", value):
             if looks_like_training(value):
                 return True
-        except Exception:
-            log.debug("could not read %r", value, exc_info=True)
     return False
 
 

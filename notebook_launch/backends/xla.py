@@ -75,7 +75,7 @@ class XlaBackend(Launcher):
         before = dict(os.environ)
         try:
             import torch_xla.distributed.xla_multiprocessing  # noqa: F401
-        except Exception:  # the launcher imports it again and reports the error as rank 0's
+        except Exception:   # why: the launcher imports it again and reports the error as rank 0's
             log.debug("importing torch_xla in the notebook failed", exc_info=True)
         finally:
             changed = {k: v for k, v in os.environ.items() if before.get(k) != v}

@@ -264,7 +264,7 @@ def runtime_initialized() -> bool:
         return False
     try:
         return bool(check())
-    except Exception:
+    except Exception:   # why: a runtime that cannot be asked is taken as not started; a launch reports its own error
         log.debug("torch_xla's runtime check failed; assuming the runtime is not started", exc_info=True)
         return False
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 
-from ..rank.where_thread import ANSWERS_NAME
+from ..channels.where_request import ANSWERS_NAME
 from ..rank.whereabouts import HEADER, MAGIC, RECORD_NAME, STACKS_NAME
 
 

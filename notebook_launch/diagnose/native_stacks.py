@@ -27,10 +27,11 @@ import time
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
+from ..best_effort import best_effort
 from ..fork_locks import no_fork_during_exec
-from ..rank.where_thread import ANSWERS_NAME
+from ..channels.where_request import ANSWERS_NAME
 from ..rank.whereabouts import DUMP_SIGNAL, STACKS_NAME
-from . import ask_where, hang_verdict
+from . import hang_verdict, where_thread
 from .memfds import rank_files
 from .proc_tasks import children
 
@@ -175,17 +176,17 @@ DATALOADER_WORKER = ("torch/utils/data/_utils/worker.py", "_worker_loop")
 def child_stacks(pid: int, wait: float = CHILD_WAIT) -> list[tuple[int, list[hang_verdict.ThreadStack]]]:
     """(child pid, its threads) for each forked child of ``pid`` that answers where it is the way
     the rank does: a process a rank forks without exec (a DataLoader worker) gets its own
-    where-thread and record (``rank.whereabouts``), asked through ``ask_where`` like a rank, all
+    where-thread and record (``rank.whereabouts``), asked through ``where_thread`` like a rank, all
     at once. A child that cannot answer (an exec'd one has no record) is left out."""
     asking = []
     for child in children(pid)[:CHILDREN_SHOWN]:
         files = rank_files(child)   # its stacks and answers only where the record is its own
         if STACKS_NAME in files:
-            asking.append(ask_where.Asked(child, files.get(ANSWERS_NAME), files[STACKS_NAME], DUMP_SIGNAL))
-    ask_where.ask_all(asking, wait)
+            asking.append(where_thread.Asked(child, files.get(ANSWERS_NAME), files[STACKS_NAME], DUMP_SIGNAL))
+    where_thread.ask_all(asking, wait)
     found: list[tuple[int, list[hang_verdict.ThreadStack]]] = []
     for asked in asking:
-        threads = ask_where.threads(asked)
+        threads = where_thread.threads(asked)
         if threads:
             found.append((asked.pid, threads))
     return found
@@ -241,16 +242,14 @@ def beyond_python(ranks: Sequence[tuple[int, int | None]], label: hang_verdict.L
     if native:
         try:
             frames = native_frames(pids)
-        except Exception:
+        except Exception:   # why: native frames are an extra: the Python stacks stand alone
             log.debug("py-spy failed", exc_info=True)
             frames = {}
         for rank, text in frames.items():
             more.setdefault(rank, []).append("native frames of its main thread (py-spy, most recent call last):")
             more[rank].extend(f"  {line}" for line in text.splitlines())
     for rank, pid in pids.items():
-        try:
+        with best_effort("rank %d's children could not be asked for their stacks", rank):
             for child, threads in child_stacks(pid):
                 more.setdefault(rank, []).extend(child_lines(child, threads, label))
-        except Exception:
-            log.debug("rank %d's children could not be asked for their stacks", rank, exc_info=True)
     return more

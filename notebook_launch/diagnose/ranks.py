@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 from typing import Callable, Sequence
 
+from ..best_effort import best_effort
 from ..channels import RankProcess
 from . import stacks
 from .hang_verdict import Labeller, RankWhereabouts
@@ -39,10 +40,9 @@ def where_ranks(ranks: Sequence[tuple[int, RankProcess | None]], global_rank: Ca
             found[index] = answers[local]
         elif process is not None and (local in answering or _pid_to_ask(process) is None):
             found[index].note = REMOTE_NOTE if not process.on_this_machine else SHARED_NOTE
-    try:
+    # native frames and stuck children are extras: the Python stacks stand alone
+    with best_effort("could not add what the Python stacks cannot show"):
         stacks.add_beyond_python(found, by_pid, label, native=native)
-    except Exception:   # native frames and stuck children are extras: the Python stacks stand alone
-        log.debug("could not add what the Python stacks cannot show", exc_info=True)
     return found
 
 
@@ -67,7 +67,7 @@ def _self_answers(processes: Sequence[RankProcess], global_rank: Callable[[int],
         seen.add(id(process))
         try:
             got = process.where(global_rank)
-        except Exception as exc:   # a diagnosis must never stand in the way of the stop
+        except Exception as exc:   # why: a diagnosis must never stand in the way of the stop
             log.debug("a process could not be asked where its ranks are", exc_info=True)
             got = {local: RankWhereabouts(global_rank(local), note=f"could not be asked ({exc})")
                    for local in process.ranks()}

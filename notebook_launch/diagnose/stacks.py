@@ -1,6 +1,6 @@
 """Ask every live rank where it is, while it may be blocked in C (issue 20): read its
 collective record (``rank.whereabouts``: no help from the rank needed) and ask its where-thread
-for every thread's Python stack (``ask_where``: no signal; it answers even while the main thread
+for every thread's Python stack (``where_thread``: no signal; it answers even while the main thread
 waits in gloo, a lock or ``time.sleep``). ``hang_verdict`` makes sense of the result.
 """
 from __future__ import annotations
@@ -12,8 +12,8 @@ from typing import Any, Sequence
 
 from ..rank.whereabouts import (FIELD_SEP, GEN_OFFSET, HEADER, MAGIC, RECORD_NAME, RECORD_SIZE, STACKS_NAME,
                                 STATE, SWITCHED_OFF_NOTE, TEXT_OFFSET, switched_off)
-from ..rank.where_thread import ANSWERS_NAME
-from . import ask_where, hang_verdict
+from ..channels.where_request import ANSWERS_NAME
+from . import hang_verdict, where_thread
 from .memfds import rank_files
 from .hang_verdict import Collective, Frame, RankWhereabouts
 
@@ -56,9 +56,9 @@ def parse_collective(text: str, seq: int) -> Collective | None:
 def collect(ranks: Sequence[tuple[int, int | None]], wait: float = DUMP_WAIT) -> list[RankWhereabouts]:
     """Where each of ``ranks`` ((global rank, pid or None when it is not running)) is now. A
     rank's ``note`` (a past-tense phrase, it follows "rank 1") says what could not be learnt;
-    its ``read_by`` how its stacks were read (``ask_where``: its where-thread, or the signal)."""
+    its ``read_by`` how its stacks were read (``where_thread``: its where-thread, or the signal)."""
     found: list[RankWhereabouts] = []
-    asking: list[tuple[RankWhereabouts, ask_where.Asked]] = []
+    asking: list[tuple[RankWhereabouts, where_thread.Asked]] = []
     for rank, pid in ranks:
         where = RankWhereabouts(rank)
         found.append(where)
@@ -68,7 +68,7 @@ def collect(ranks: Sequence[tuple[int, int | None]], wait: float = DUMP_WAIT) ->
         files = rank_files(pid)
         try:
             record = read_record(files[RECORD_NAME]) if RECORD_NAME in files else None
-        except Exception as exc:   # a record we cannot make sense of: this rank says nothing, the others do
+        except Exception as exc:   # why: a record we cannot make sense of: this rank says nothing, the others do
             where.note = f"could not be read ({type(exc).__name__}: {exc})"
             continue
         if record is None and switched_off():
@@ -83,8 +83,8 @@ def collect(ranks: Sequence[tuple[int, int | None]], wait: float = DUMP_WAIT) ->
             where.inside = collective
         else:
             where.last = collective
-        asking.append((where, ask_where.Asked(pid, files.get(ANSWERS_NAME), files[STACKS_NAME], signum)))
-    ask_where.ask_all([asked for _, asked in asking], wait)
+        asking.append((where, where_thread.Asked(pid, files.get(ANSWERS_NAME), files[STACKS_NAME], signum)))
+    where_thread.ask_all([asked for _, asked in asking], wait)
     for where, asked in asking:
         where.read_by = asked.how
         if asked.note:
@@ -92,8 +92,8 @@ def collect(ranks: Sequence[tuple[int, int | None]], wait: float = DUMP_WAIT) ->
             continue
         where.raw_stacks = asked.text
         try:
-            where.threads = ask_where.threads(asked)
-        except Exception as exc:
+            where.threads = where_thread.threads(asked)
+        except Exception as exc:   # why: one rank's unreadable stack is said in its note; the others are still read
             where.note = f"gave a stack that could not be read ({type(exc).__name__}: {exc})"
     return found
 

@@ -12,16 +12,19 @@ log = logging.getLogger("notebook_launch")
 UI_CHOICES = ("auto", "widget", "html", "rich", "text", "none")
 
 
-def choose_display(ui: str = "auto", *, line_prefix: str | None = None,
+def choose_display(ui: str | Display = "auto", *, line_prefix: str | None = None,
                    lines_per_second: int | None = NOTEBOOK_LINES_PER_SECOND, call: bool = False) -> Display:
-    """auto: the widget panel in a Jupyter kernel with ipywidgets, a rich panel in a
-    terminal, plain text (with periodic summaries) otherwise, e.g. in CI logs.
+    """A ``Display`` the caller made (``ui=`` given one: a display of their own) is that display,
+    as it is: it was made with its own settings. auto: the widget panel in a Jupyter kernel with
+    ipywidgets, a rich panel in a terminal, plain text (with periodic summaries) otherwise, e.g. in CI logs.
     ``lines_per_second``: how many lines a second of each rank the cell shows (the rest are
     counted in a note; every line is in the logs); None shows every line. Only a notebook cell has
     a budget: a terminal or a CI log takes every line. ``call``: one call on persistent ranks, whose
     text ends on one line when it went well (a call may take no time: four lines would be noise)."""
     # options.validate_lines_per_second checked the user's value: this is our own contract
     assert lines_per_second is None or lines_per_second >= 1, lines_per_second
+    if isinstance(ui, Display):
+        return ui
     if ui == "none":
         return Display(line_prefix=line_prefix)
     if ui == "auto":

@@ -22,6 +22,7 @@ import queue
 import threading
 from typing import Any, Callable
 
+from ..best_effort import best_effort
 from ..ipython_shell import running_kernel
 
 log = logging.getLogger("notebook_launch")
@@ -83,7 +84,7 @@ class CommPoller:
         def call() -> None:
             try:
                 answer.put((True, function(thread.manager)))
-            except BaseException as exc:  # noqa: BLE001 - reported to the caller
+            except BaseException as exc:  # noqa: BLE001  # why: reported to the caller
                 answer.put((False, exc))
 
         thread.io_loop.add_callback(call)
@@ -95,7 +96,7 @@ class CommPoller:
     def _create_subshell(self) -> Any:
         try:
             return self._on_channel_thread(lambda manager: manager._create_subshell())
-        except Exception:
+        except Exception:   # why: polling is an extra: without a subshell Stop is not polled
             log.debug("creating a kernel subshell failed: no Stop button polling", exc_info=True)
             return None
 
@@ -113,12 +114,12 @@ class CommPoller:
             while True:
                 try:
                     pending.append(kernel.msg_queue.get_nowait())
-                except Exception:  # QueueEmpty (tornado or asyncio)
+                except Exception:   # why: the queue is empty: tornado's or asyncio's QueueEmpty
                     break
             for item in pending:
                 if not self._handle_if_ours(item):
                     kernel.msg_queue.put_nowait(item)
-        except Exception:   # never risk the kernel's own messages: stop polling
+        except Exception:   # why: never risk the kernel's own messages: stop polling
             log.debug("polling the kernel's message queue failed; polling stops", exc_info=True)
             self.mode = None
 
@@ -136,7 +137,7 @@ class CommPoller:
             if header.get("msg_type") != "comm_msg":
                 return False
             content = session.unpack(_frame_bytes(frames[4]))
-        except Exception:
+        except Exception:   # why: a message we cannot read is the kernel's: it is left for the kernel
             log.debug("a kernel message could not be peeked at; left for the kernel", exc_info=True)
             return False
         comm_id = content.get("comm_id")
@@ -144,7 +145,7 @@ class CommPoller:
             return False
         try:
             msg = session.deserialize(frames, content=True, copy=False)   # ours: consume it
-        except Exception:
+        except Exception:   # why: a malformed click is dropped, never the run
             log.debug("a Stop button message could not be decoded; dropped", exc_info=True)
             return True
         saved = (getattr(kernel, "_parent_ident", None),
@@ -155,10 +156,8 @@ class CommPoller:
                 comm.handle_msg(msg)
         finally:
             if saved[1] is not None:   # keep output going to the running cell
-                try:
+                with best_effort("could not restore the kernel's parent message"):
                     kernel.set_parent(*saved)
-                except Exception:
-                    log.debug("could not restore the kernel's parent message", exc_info=True)
         return True
 
     def close(self) -> None:
@@ -166,10 +165,8 @@ class CommPoller:
             comm.__dict__.pop("_reply_subshell_for", None)
         if self.mode == "subshell" and self.subshell_id is not None:
             subshell_id, self.subshell_id = self.subshell_id, None
-            try:
+            with best_effort("deleting our kernel subshell failed"):
                 self._on_channel_thread(lambda manager: manager._delete_subshell(subshell_id))
-            except Exception:
-                log.debug("deleting our kernel subshell failed", exc_info=True)
 
 
 def _frame_bytes(frame: Any) -> bytes:

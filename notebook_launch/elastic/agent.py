@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Any
 from torch.distributed.elastic.agent.server.api import (  # noqa: E402  (torch is required here)
     RunResult, SimpleElasticAgent, WorkerSpec, WorkerState)
 
+from ..best_effort import best_effort
 from ..channels import RankPipes
 from ..errors import LaunchError
 from ..net import free_port, interface_toward, is_loopback
@@ -324,10 +325,8 @@ class ElasticRun:
                         else self.settings.node_rank == 0
                     agent.board.leave(hosting=bool(hosting), wait=LEAVE_WAIT)
             if handler is not None:
-                try:
+                with best_effort("the rendezvous handler's shutdown failed"):
                     handler.shutdown()
-                except Exception:
-                    log.debug("the rendezvous handler's shutdown failed", exc_info=True)
             if agent is not None:
                 torch_compat.drop_agent_store(agent)
                 agent.board = None
@@ -335,13 +334,11 @@ class ElasticRun:
     def _tell_others_interrupted(self, agent: NotebookElasticAgent | None) -> None:
         if agent is None or agent.board is None:
             return
-        try:
+        with best_effort("could not tell the other nodes about the interrupt"):
             agent.board.publish_failure(Failure(
                 None, FailureKind.INTERRUPTED, "was interrupted (KeyboardInterrupt or the Stop button)",
                 exc_type="KeyboardInterrupt", exc_message="", node=self.run.state.node_rank,
                 attempt=agent.attempt, restartable=False))
-        except Exception:
-            log.debug("could not tell the other nodes about the interrupt", exc_info=True)
 
 
 def _rank() -> None:

@@ -30,6 +30,7 @@ import logging
 import time
 from typing import Any, Callable, Sequence
 
+from ..best_effort import best_effort
 from ..protocol import Failure
 from ..diagnose.hang_verdict import Collective, Frame, Labeller, RankWhereabouts, ThreadStack
 
@@ -103,14 +104,13 @@ class NodeBoard:
     def leave(self, *, hosting: bool, wait: float) -> None:
         """Count this node out; the node hosting the store waits (at most ``wait``
         seconds) for the others, so none of them loses the store mid-read."""
-        try:
+        # the store is gone already: nobody is left to wait for
+        with best_effort("the rendezvous store is gone; not waiting for the other nodes"):
             count = self.store.add(f"{PREFIX}/left", 1)
             deadline = time.monotonic() + wait
             while hosting and count < self.num_nodes and time.monotonic() < deadline:
                 time.sleep(0.05)
                 count = self.store.add(f"{PREFIX}/left", 0)
-        except Exception:  # the store is gone already: nobody is left to wait for
-            log.debug("the rendezvous store is gone; not waiting for the other nodes", exc_info=True)
 
     # --- where every rank is (a hang across nodes) --------------------------------------
     def _where_key(self, request: int, node: int) -> str:

@@ -97,7 +97,7 @@ def settings_for(options: "LaunchOptions", port: int) -> RendezvousSettings:
 def _torch_thinks_host(host: str) -> bool:
     try:
         return torch_compat.matches_machine_hostname(host)
-    except Exception:
+    except Exception:   # why: torch's helper is private and may be missing: only loopback then counts as this host
         log.debug("torch's hostname match is unavailable; only loopback counts as this host", exc_info=True)
         return network.is_loopback(host)
 

@@ -31,7 +31,7 @@ def adopt_torch_child_failed_error() -> None:
     _adopted = True
     try:
         from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-    except Exception:
+    except Exception:   # why: a torch without elastic: LaunchError stays a plain NotebookLaunchError
         return
     if not issubclass(LaunchError, ChildFailedError):
         LaunchError.__bases__ = LaunchError.__bases__ + (ChildFailedError,)

@@ -23,6 +23,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from .. import protocol
+from ..best_effort import best_effort
 from ..ipython_shell import running_shell
 from ..line_splitter import LineSplitter
 from ..notebook_streams import notebook_stream
@@ -134,10 +135,8 @@ class IdleReader:
         os.write(self._wake_w, b"x")
         self._resumed.set()
         self._thread.join()
-        try:
+        with best_effort("the ranks' last output was not read"):
             self._drain()
-        except Exception:
-            log.debug("the ranks' last output was not read", exc_info=True)
         for (local, what), splitter in self.splitters.items():
             for text in splitter.flush():
                 self._line(local, what, text)
@@ -156,10 +155,9 @@ class IdleReader:
                     return
                 paused = self._paused
                 if not paused:
-                    try:
+                    # a logging problem: say so, and keep the pipes flowing
+                    with best_effort("the between-calls reader of the ranks failed on a batch"):
                         self._handle(ready)
-                    except Exception:   # a logging problem: say so, and keep the pipes flowing
-                        log.debug("the between-calls reader of the ranks failed on a batch", exc_info=True)
             if paused:   # a call reads the pipes now: wait for it to end (woken once per call at most)
                 self._resumed.wait()
 
@@ -205,11 +203,9 @@ class IdleReader:
         self.logs.write_line(local, what, text)
         if self.show():
             out = notebook_stream(what)
-            try:
+            with best_effort("a rank's line between calls was not shown"):
                 out.write(f"{self.tag(local)}{text}\n")
                 out.flush()
-            except Exception:
-                log.debug("a rank's line between calls was not shown", exc_info=True)
 
     def _event(self, local: int, kind: protocol.EventKind, payload: Any) -> None:
         if kind is protocol.EventKind.PROGRESS and isinstance(payload, dict):

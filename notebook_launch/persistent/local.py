@@ -154,7 +154,7 @@ def stop_processes(processes: list[RankProcess], pipes: list[RankPipes], command
                 except OSError:
                     log.debug("STOP not delivered to fd %d", pipe.write_fd)
             frame.close()
-        except Exception:
+        except Exception:   # why: STOP is a courtesy; closing the pipes below ends the ranks' loops anyway
             log.debug("STOP could not be encoded", exc_info=True)
     for pipe in command_pipes:
         pipe.close_write_end()   # end of file: a rank between calls ends its loop

@@ -24,8 +24,9 @@ import shlex
 from typing import Any
 
 from ..errors import LaunchArgumentError
-from ..magic import (NOT_WATCHED, _ArgumentParser, _cell_filename, _lines_per_second, _seconds, _stall_after,
-                     check_cell_syntax, options_parser, referenced_globals, seconds_option, watch_options)
+from ..magic import cell_filename, check_cell_syntax, referenced_globals
+from ..magic_options import (NOT_WATCHED, MagicArgumentParser, options_parser, parse_lines_per_second,
+                             parse_stall_after, parse_timeout, seconds_option, watch_options)
 from ..rank.namespace import NotRun
 from .pool import DEFAULT_GRACE, Ranks, newest_open_pool
 from .start import start_ranks
@@ -49,11 +50,11 @@ def _start_parser() -> argparse.ArgumentParser:
 
 
 def _cell_parser() -> argparse.ArgumentParser:
-    p = _ArgumentParser(prog="%%ranks", add_help=False, usage=USAGE)
-    p.add_argument("--timeout", type=_seconds, default=None)
+    p = MagicArgumentParser(prog="%%ranks", add_help=False, usage=USAGE)
+    p.add_argument("--timeout", type=parse_timeout, default=None)
     p.add_argument("--ranks", type=_rank_list, default=None)
-    p.add_argument("--stall-after", type=_stall_after, default=None)
-    p.add_argument("--lines-per-second", type=_lines_per_second, default=None)
+    p.add_argument("--stall-after", type=parse_stall_after, default=None)
+    p.add_argument("--lines-per-second", type=parse_lines_per_second, default=None)
     return p
 
 
@@ -147,7 +148,7 @@ def run_cell(shell: Any, ranks: Ranks, cell: str, timeout: float | None, subset:
     """Run the cell on every rank (or on ``subset``) with the notebook values it names (those
     that pickle), then show each rank's value of its last line as IPython shows a cell's result."""
     source = shell.transform_cell(cell) if shell is not None else cell
-    filename = _cell_filename(shell, source, cell) if shell is not None else "<%%ranks cell>"
+    filename = cell_filename(shell, source, cell) if shell is not None else "<%%ranks cell>"
     code = compile(source, filename, "exec")   # a syntax error shows here, before any rank runs it
     values = shippable(referenced_globals(code, shell.user_ns)) if shell is not None else {}
     results = ranks.run_cell(source, filename, values, timeout=timeout, ranks=subset, stall_after=stall_after,

@@ -48,6 +48,7 @@ import traceback
 import weakref
 from datetime import timedelta
 from typing import Any, Callable, Optional
+from ..best_effort import best_effort
 
 log = logging.getLogger("notebook_launch")
 
@@ -196,7 +197,7 @@ def _attempt(function: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[s
     rank = dist.get_rank()
     try:
         return "ok", function(size, *args, **kwargs), None
-    except Exception as error:
+    except Exception as error:   # why: the user's function failed: out of memory backs off, any other is reported
         if should_reduce_batch_size(error):
             proposal = next_size()
             keys.set(f"oom/{rank}", str(proposal))   # before leaving: a peer that fails looks here
@@ -258,10 +259,8 @@ def _leave_group() -> None:
     gone = weakref.ref(group)
     backend = dist.get_backend()
     if backend == "nccl" and hasattr(group, "abort"):
-        try:
+        with best_effort("abort of the NCCL group failed"):
             group.abort()   # NCCL: peers' kernels waiting on this rank are released only by an abort
-        except Exception:
-            log.debug("abort of the NCCL group failed", exc_info=True)
     dist.destroy_process_group()
     gc.collect()
     if gone() is not None:

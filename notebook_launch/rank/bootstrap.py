@@ -16,6 +16,7 @@ import sys
 import traceback
 from typing import Any, Callable
 
+from ..best_effort import best_effort
 from .inherited_streams import redirect_inherited_streams
 
 PR_SET_PDEATHSIG = 1
@@ -41,10 +42,10 @@ def exit_with(body: Callable[[], int]) -> None:
     code = EXIT_FAILED
     try:
         code = body()
-    except BaseException:  # report anything, then exit with a failure code
+    except BaseException:   # why: report anything, then exit with a failure code
         try:
             traceback.print_exc()
-        except BaseException:  # noqa: S110  (stderr itself is broken: nowhere left to say it)
+        except BaseException:  # noqa: S110  # why: stderr itself is broken: nowhere left to say it
             pass
     finally:
         flush_everything()
@@ -163,11 +164,8 @@ def text_stream(fd: int) -> io.TextIOWrapper:
 
 def flush_everything() -> None:
     for stream in (sys.stdout, sys.stderr):
-        try:
+        with best_effort("flushing %r failed", stream):
             stream.flush()
-        except Exception:
-            log.debug("flushing %r failed", stream, exc_info=True)
-    try:  # C stdio buffers, which os._exit would drop
+    # C stdio buffers, which os._exit would drop
+    with best_effort("fflush(NULL) failed"):
         ctypes.CDLL(None).fflush(None)
-    except Exception:
-        log.debug("fflush(NULL) failed", exc_info=True)

@@ -179,6 +179,6 @@ def _sendable(value: Any) -> Any:
     import cloudpickle
     try:
         cloudpickle.dumps(value)
-    except Exception:
+    except Exception:   # why: anything cloudpickle cannot carry is shown by its repr
         return ShownAs(repr(value))
     return value

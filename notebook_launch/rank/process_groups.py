@@ -36,7 +36,7 @@ def keep_groups_used_by_ddp() -> None:
     try:
         import torch.distributed.distributed_c10d as c10d
         from torch.nn.parallel import DistributedDataParallel
-    except Exception:   # a torch built without distributed
+    except Exception:   # why: a torch built without distributed
         log.debug("torch.distributed is unavailable; no process groups to keep", exc_info=True)
         return
     rendezvous = getattr(c10d, "rendezvous", None)

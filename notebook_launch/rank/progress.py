@@ -51,11 +51,11 @@ def scalar(value: Any) -> Any:
     if callable(item):
         try:
             return item()
-        except Exception:
+        except Exception:   # why: a metric whose item() fails is tried as float()
             log_.debug("metric %r has an item() that failed; trying float()", type(value), exc_info=True)
     try:
         return float(value)
-    except Exception:
+    except Exception:   # why: a metric that is no number is shown as text
         log_.debug("metric of type %s is shown as text", type(value).__name__)
         return str(value)[:80]
 
@@ -144,7 +144,7 @@ class _Reporter:
             started = _monotonic()
             try:
                 self.flush()
-            except Exception:   # the parent went away: nothing left to report to
+            except Exception:   # why: the parent went away: nothing left to report to
                 log_.debug("progress events cannot be sent any more; the flusher stops", exc_info=True)
                 return
             self._poke_stale(started)

@@ -21,14 +21,12 @@ from __future__ import annotations
 
 import importlib.abc
 import importlib.util
-import logging
 import sys
 from types import ModuleType
 from typing import Any, Callable, Sequence
 
+from ..best_effort import best_effort
 from .progress import Progress
-
-log = logging.getLogger("notebook_launch")
 
 
 class Mirror:
@@ -71,7 +69,7 @@ def _plain(desc: str) -> str:
     if "[" in desc and "rich.text" in sys.modules:
         try:
             return str(sys.modules["rich.text"].Text.from_markup(desc).plain)
-        except Exception:   # not markup after all (a literal '['): show it as it is
+        except Exception:   # why: not markup after all (a literal '['): show it as it is
             return desc
     return desc
 
@@ -102,10 +100,9 @@ class _AfterImport(importlib.abc.MetaPathFinder):
             def exec_module(self, module: ModuleType) -> None:
                 loader.exec_module(module)
                 _remove(self_finder)
-                try:
+                # the library still works, only unbridged
+                with best_effort("patching %s in the rank failed", fullname):
                     callback(module)
-                except Exception:   # the library still works, only unbridged
-                    log.debug("patching %s in the rank failed", fullname, exc_info=True)
 
         self_finder = self
         spec.loader = Loader()
@@ -132,10 +129,9 @@ def install(spec: Any = None) -> None:
     """Install every adapter in this rank (a ``runner.rank_hooks`` entry)."""
     import importlib
     for name in ADAPTERS:
-        try:
+        # that library's bars still work, as plain text in the log
+        with best_effort("progress adapter %s not installed", name):
             importlib.import_module(f"{__package__}.{name}").install(spec)
-        except Exception:   # that library's bars still work, as plain text in the log
-            log.debug("progress adapter %s not installed", name, exc_info=True)
 
 
 ADAPTERS = ("tqdm_bridge", "rich_bridge", "transformers_bridge")

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from .. import pickling, protocol, shared_tensors
+from ..best_effort import best_effort
 from ..plan import RankSpec
 from . import display_relay, lightning_strategy, process_groups, result_pickle, stdin_relay, whereabouts
 from .bootstrap import EXIT_FAILED, flush_everything
@@ -29,11 +30,10 @@ rank_hooks: list[Callable[[RankSpec], None]] = []
 
 
 def _install_progress_bridge(spec: RankSpec) -> None:
-    try:
+    # a library we cannot patch still works, its bars as plain text
+    with best_effort("progress bridge not installed"):
         from . import progress_bridge   # tqdm and rich bars in a rank report to the panel
         progress_bridge.install(spec)
-    except Exception:   # a library we cannot patch still works, its bars as plain text
-        log.debug("progress bridge not installed", exc_info=True)
 
 
 rank_hooks.append(_install_progress_bridge)
@@ -42,10 +42,9 @@ rank_hooks.append(stdin_relay.install)   # input(), getpass(), pdb ask the noteb
 
 def _install_display_relay(spec: RankSpec) -> None:
     """display() in a rank forked from a Jupyter kernel reaches the cell (rank.display_relay)."""
-    try:
+    # display() then goes where ipykernel sends it from a fork: nowhere
+    with best_effort("display relay not installed"):
         display_relay.install_display_relay()
-    except Exception:   # display() then goes where ipykernel sends it from a fork: nowhere
-        log.debug("display relay not installed", exc_info=True)
 
 
 rank_hooks.append(_install_display_relay)
@@ -55,22 +54,18 @@ rank_hooks.append(lightning_strategy.install)   # Lightning's ddp_notebook etc. 
 
 def flush_progress() -> None:
     """Send the bars' last counts before RESULT/ERROR, so the parent's final state is exact."""
-    try:
+    with best_effort("final progress flush failed"):
         from .progress import flush
         flush()
-    except Exception:
-        log.debug("final progress flush failed", exc_info=True)
 
 
 def reset_inherited_state() -> None:
     """Forget singletons the child inherited from the notebook (fork copies them)."""
     if "accelerate" in sys.modules:
-        try:
+        with best_effort("the inherited Accelerate state was not reset"):
             from accelerate.state import AcceleratorState, GradientState
             AcceleratorState._reset_state(True)
             GradientState._reset_state()
-        except Exception:
-            log.debug("the inherited Accelerate state was not reset", exc_info=True)
 
 
 def forget_interactive_session() -> None:
@@ -109,7 +104,7 @@ def run_rank(spec: RankSpec, job: Job, *, forked_from_notebook: bool = False) ->
     steps: list[str] = []
     try:
         prepare_rank(spec, steps)
-    except BaseException as exc:   # never an unexplained exit: say what failed and what to do
+    except BaseException as exc:   # why: never an unexplained exit: say what failed and what to do
         report_error(setup_failure(spec, exc, steps[-1] if steps else "its set-up"), writer)
         return EXIT_FAILED
     writer.send(protocol.READY, {"pid": os.getpid(), "device": spec.device})
@@ -174,7 +169,7 @@ def call_and_report(spec: RankSpec, job: Job, writer: protocol.EventWriter, own_
         else:
             report_error(protocol.error_payload(exc, skip_frames=own_frames), writer)
             return exc.code if isinstance(exc.code, int) else EXIT_FAILED
-    except BaseException as exc:
+    except BaseException as exc:   # why: the user's function failed: reported as the rank's error
         report_error(protocol.error_payload(exc, skip_frames=own_frames), writer)
         return EXIT_FAILED
     try:
@@ -182,7 +177,7 @@ def call_and_report(spec: RankSpec, job: Job, writer: protocol.EventWriter, own_
     except (OSError, MemoryError) as exc:   # the result file (out of memory, a memfd limit) or the stream
         report_error(result_memory_failure(spec, exc), writer)
         return EXIT_FAILED
-    except Exception as exc:
+    except Exception as exc:   # why: a result that cannot be sent is reported as the rank's error
         report_error(protocol.error_payload(
             exc, kind=protocol.FailureKind.RESULT, traceback="",
             message=unpicklable_result_message(spec, value, exc)), writer)
@@ -211,10 +206,9 @@ def unpicklable_result_message(spec: RankSpec, value: Any, exc: Exception) -> st
     """Which part of the returned value cannot be sent (its path: ``result["model"].layers[2].lock``)
     and why, so the user knows what to leave out or convert."""
     found = None
-    try:
+    # locating is a courtesy: the error is sent with or without it
+    with best_effort("could not locate the unpicklable part of a result"):
         found = pickling.locate(value, "result")
-    except Exception:   # locating is a courtesy: the error is sent with or without it
-        log.debug("could not locate the unpicklable part of a result", exc_info=True)
     if found is None:
         path, part, error = "result", value, exc
     else:

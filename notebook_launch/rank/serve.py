@@ -145,7 +145,7 @@ def serve_calls(plan: LaunchPlan, pipes: Sequence[commands.CommandPipe], slot: c
     while True:
         try:
             kind, payload = commands.receive(own.read_fd)
-        except Exception as exc:   # the frame was read whole; only this call is lost
+        except Exception as exc:   # why: the frame was read whole; only this call is lost
             runner.report_error(protocol.error_payload(
                 exc, message=f"rank {spec.global_rank} could not unpickle the call "
                 f"({type(exc).__name__}: {exc}); define what it needs in the notebook or push it"), writer)

@@ -18,6 +18,7 @@ import sys
 from typing import Any, Callable, Iterable
 
 from .. import pickling, shared_tensors
+from ..best_effort import best_effort
 from ..errors import LaunchArgumentError
 
 log = logging.getLogger("notebook_launch")
@@ -78,11 +79,9 @@ def capture_context() -> dict[str, Any]:
     context["random_state"] = random.getstate()
     numpy = sys.modules.get("numpy")
     if numpy is not None:
-        try:
+        with best_effort("numpy's random state is not shipped to the ranks"):
             name, keys, pos, has_gauss, cached = numpy.random.get_state()
             context["numpy_state"] = (name, keys.tolist(), pos, has_gauss, cached)
-        except Exception:
-            log.debug("numpy's random state is not shipped to the ranks", exc_info=True)
     if "torch" in sys.modules:
         context["torch"] = _torch_settings(sys.modules["torch"])
     return context
@@ -134,10 +133,9 @@ def _torch_flags(torch: Any) -> dict[str, tuple[Callable[[], Any], Callable[[Any
 def _torch_settings(torch: Any) -> dict[str, Any]:
     settings = {}
     for key, (getter, _) in _torch_flags(torch).items():
-        try:
+        # e.g. torch refuses to read a flag set through mixed old/new APIs
+        with best_effort("torch setting %s is not shipped to the ranks", key):
             settings[key] = getter()
-        except Exception:  # e.g. torch refuses to read a flag set through mixed old/new APIs
-            log.debug("torch setting %s is not shipped to the ranks", key, exc_info=True)
     return settings
 
 
@@ -161,12 +159,10 @@ def restore_state(context: dict[str, Any]) -> None:
     if context.get("random_state") is not None:
         random.setstate(context["random_state"])
     if context.get("numpy_state") is not None:
-        try:
+        with best_effort("numpy's random state was not restored"):
             import numpy
             name, keys, pos, has_gauss, cached = context["numpy_state"]
             numpy.random.set_state((name, numpy.array(keys, dtype=numpy.uint32), pos, has_gauss, cached))
-        except Exception:
-            log.debug("numpy's random state was not restored", exc_info=True)
     if context.get("torch") is not None:
         import torch
         _restore_torch(torch, context["torch"])
@@ -178,8 +174,6 @@ def _restore_torch(torch: Any, settings: dict[str, Any]) -> None:
     for key, (getter, setter) in _torch_flags(torch).items():
         if key not in settings:
             continue
-        try:
+        with best_effort("torch setting %s was not restored", key):
             if getter() != settings[key]:
                 setter(settings[key])
-        except Exception:
-            log.debug("torch setting %s was not restored", key, exc_info=True)

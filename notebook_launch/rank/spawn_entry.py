@@ -59,7 +59,7 @@ def main(argv: list[str] | None = None) -> None:
         spec, job, context = loaded
         try:
             spawn_context.restore_state(context)
-        except BaseException as exc:   # a launcher error with its cause, never an unexplained exit
+        except BaseException as exc:   # why: a launcher error with its cause, never an unexplained exit
             report_error(setup_failure(spec, exc, "restoring the notebook's state (rank.spawn_context)"), writer)
             return EXIT_FAILED
         return run_rank(spec, job)
@@ -78,7 +78,7 @@ def load_job(path: str, local_rank: int, writer: protocol.EventWriter,
     spawn_context.restore_paths(context)
     try:
         job = shared_tensors.loads(payload["job"], tensors_fd)
-    except Exception as exc:
+    except Exception as exc:   # why: a job that cannot be loaded is reported as the rank's error
         report_unloadable_job(writer, spec, exc)
         return None
     return spec, job, context

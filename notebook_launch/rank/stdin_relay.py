@@ -18,6 +18,7 @@ import os
 import sys
 
 from .. import protocol
+from ..best_effort import best_effort
 from ..fork_locks import ForkRenewedLock
 
 log = logging.getLogger("notebook_launch")
@@ -38,10 +39,8 @@ def ask(prompt: str, *, password: bool = False, caller: str = "input()") -> str:
     if writer is None:
         raise StdinUnavailableError(f"{caller} in a rank needs the launch's event channel, which is gone")
     for stream in (sys.stdout, sys.stderr):  # what the rank printed shows before the prompt
-        try:
+        with best_effort("could not flush %r before a prompt", stream):
             stream.flush()
-        except Exception:
-            log.debug("could not flush %r before a prompt", stream, exc_info=True)
     with _one_prompt_at_a_time:
         request: protocol.InputRequestPayload = {"prompt": prompt, "password": password, "caller": caller}
         writer.send(protocol.EventKind.INPUT_REQUEST, request)

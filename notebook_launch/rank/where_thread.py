@@ -18,11 +18,8 @@ take the interpreter lock: while the others wait in gloo or NCCL, sleep, or bloc
 socket. Only a rank whose lock is held by C code cannot answer; the notebook then falls back to
 the signal, sent to this thread (``tgkill``), never to the thread running the user's code.
 
-The answers memfd: ``ANSWER_HEAD`` (generation, text length, the wake pipe's write fd, this
-thread's OS thread id) then the text. The generation is odd while an answer is being written
-(the reader retries: a seqlock, as the collective record). The text's first line lists the ids
-of the latest answered requests (``RECENT`` of them: a reader that comes late still finds its
-id in a newer answer, which is at least as fresh as the one it asked for).
+The request and the answers memfd are ``channels.where_request``'s format, which the notebook's
+half (``diagnose.where_thread``) reads too.
 """
 from __future__ import annotations
 
@@ -32,13 +29,9 @@ import sys
 import threading
 from typing import Any
 
+from ..channels.where_request import ANSWER_HEAD, ANSWER_LINE, ANSWER_TEXT, ANSWERS_NAME, RECENT, REQUEST
+
 THREAD_NAME = "notebook_launch-where"   # our thread: not the user's (displayed stacks leave it out)
-ANSWERS_NAME = "notebook_launch-answers"
-ANSWER_HEAD = struct.Struct("<QQii")     # generation, text length, wake pipe's write fd, this thread's tid
-ANSWER_TEXT = 32                         # where the text starts
-REQUEST = struct.Struct("<Q")            # a request: its id
-ANSWER_LINE = "notebook_launch where answer:"   # the text's first line: this, then the ids answered
-RECENT = 64                              # ids each answer lists
 MAX_FRAMES = 100                         # frames kept per thread, innermost first (as faulthandler)
 MAX_THREADS = 500
 
@@ -93,7 +86,7 @@ class WhereThread:
             self.recent = (self.recent + ids)[-RECENT:]
             try:
                 text = dump_text(self.main_ident, me)
-            except Exception as exc:   # say so rather than leave the notebook waiting
+            except Exception as exc:   # why: say so rather than leave the notebook waiting
                 text = f"(the stacks could not be read: {type(exc).__name__}: {exc})\n"
             self.publish(f"{ANSWER_LINE} {' '.join(map(str, self.recent))}\n{text}".encode("utf-8", "replace"))
 

@@ -43,7 +43,6 @@ from __future__ import annotations
 import faulthandler
 import importlib.abc
 import importlib.machinery
-import logging
 import mmap
 import os
 import signal
@@ -52,12 +51,12 @@ import sys
 import threading
 from typing import Any, Callable
 
+from ..best_effort import best_effort
 from ..fork_locks import ForkRenewedLock
 from . import pace, progress
 from .pace import Pace
 from .where_thread import WhereThread
 
-log = logging.getLogger("notebook_launch")
 MAGIC = b"NLWHERE2"
 RECORD_SIZE = 4096
 # magic (8s), pid (q), main thread ident (Q), dump signal (i), the stacks memfd's fd number (i; 0:
@@ -206,10 +205,9 @@ def _renew_in_child() -> None:
     where-thread did not survive the fork, and its answers would be the parent's."""
     if _installed_by is None or _installed_by == os.getpid():
         return
-    try:
+    # the child runs without: the notebook then says it could not read it
+    with best_effort("a forked child of a rank could not install its where-thread"):
         _own_record()
-    except Exception:   # the child runs without: the notebook then says it could not read it
-        log.debug("a forked child of a rank could not install its where-thread", exc_info=True)
 
 
 def _forget_inherited() -> None:
@@ -252,10 +250,9 @@ class _WrapOnImport(importlib.abc.MetaPathFinder):
 
         def exec_and_wrap(module: Any) -> None:
             exec_module(module)
-            try:
+            # bookkeeping is a courtesy: torch.distributed works without it
+            with best_effort("torch.distributed's collectives were not wrapped"):
                 wrap_collectives(module)
-            except Exception:   # bookkeeping is a courtesy: torch.distributed works without it
-                log.debug("torch.distributed's collectives were not wrapped", exc_info=True)
 
         loader.exec_module = exec_and_wrap   # type: ignore[method-assign]
         return spec
@@ -317,7 +314,7 @@ def _group_name(dist: Any, group: Any) -> str:
         return "default group"
     try:
         return f"group of ranks {list(dist.get_process_group_ranks(group))}"
-    except Exception:
+    except Exception:   # why: a group torch cannot list is named as a group, no more
         return "a process group"
 
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import dataclasses
 import io
-import logging
 import os
 import sys
 import threading
@@ -20,6 +19,7 @@ import traceback
 from typing import Any, Callable, Sequence
 
 from .. import protocol
+from ..best_effort import best_effort
 from ..detect.xla import stale_tpu_variables
 from .bootstrap import (EXIT_FAILED, detach_from_parent, die_with_parent, flush_everything, install_std_streams,
                         redirect_fds, text_stream)
@@ -28,8 +28,6 @@ from ..plan import LaunchPlan
 from .runner import Job, report_error, reset_inherited_state, run_rank
 from . import whereabouts
 from ..fork_locks import ForkRenewedLock
-
-log = logging.getLogger("notebook_launch")
 
 # Variables that name one rank. Threads of one process share os.environ, so
 # these are set only where a process runs a single rank.
@@ -84,7 +82,7 @@ def run_launcher(plan: LaunchPlan, job: Job, pipes_by_rank: Sequence[RankPipes],
         code = 0
     except ReplicaFailed:
         pass  # the replica sent its ERROR already
-    except BaseException as exc:
+    except BaseException as exc:   # why: reported as the launcher's failure, never an unexplained exit
         report_launcher_failure(exc)
     finally:
         try:
@@ -126,10 +124,9 @@ def replica_main(ordinal: int) -> None:
     ctx.stdout.register(out)
     ctx.stderr.register(err)
     protocol.install_for_thread(protocol.EventWriter(pipes.events_w, answers_fd=pipes.answers_r))
-    try:
+    # bookkeeping is a courtesy: the replica runs without it
+    with best_effort("replica %d keeps no whereabouts record", ordinal):
         record_replica(ordinal)
-    except Exception:   # bookkeeping is a courtesy: the replica runs without it
-        log.debug("replica %d keeps no whereabouts record", ordinal, exc_info=True)
     if threads == 1:  # this process is this rank alone: per-rank variables are safe
         os.environ.update({k: v for k, v in spec.env.items() if k in PER_RANK_VARIABLES})
     spec = dataclasses.replace(spec, device=f"{xr.device_type() or 'XLA'}:{ordinal}")
@@ -137,10 +134,8 @@ def replica_main(ordinal: int) -> None:
         code = run_rank(spec, ctx.job)
     finally:
         for stream in (out, err):
-            try:
+            with best_effort("flushing rank %d's output failed", ordinal):
                 stream.flush()
-            except Exception:
-                log.debug("flushing rank %d's output failed", ordinal, exc_info=True)
     if code != 0:  # run_rank has sent the ERROR already
         raise ReplicaFailed(ordinal)
 
@@ -265,10 +260,8 @@ def report_layout_mismatch(ctx: _Context, ordinal: int, world_size: int) -> None
 def report_launcher_failure(exc: BaseException) -> None:
     """xmp.spawn itself failed (runtime start, a replica process killed, ...): say so as rank 0."""
     text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
-    try:
+    with best_effort("the launcher's stderr is gone"):
         sys.stderr.write(text)
-    except Exception:
-        log.debug("the launcher's stderr is gone", exc_info=True)
     message = f"xmp.spawn failed in the XLA launcher process: {exc}"
     if type(exc).__name__ == "BrokenProcessPool":
         message = ("a replica process died without a Python exception (killed, out of memory, or a "
@@ -300,10 +293,8 @@ class ThreadRoutedStream(io.TextIOBase):
 
     def flush_all(self) -> None:
         for stream in [self._default, *self._by_thread.values()]:
-            try:
+            with best_effort("flushing a replica's stream failed"):
                 stream.flush()
-            except Exception:
-                log.debug("flushing a replica's stream failed", exc_info=True)
 
     def writable(self) -> bool:
         return True

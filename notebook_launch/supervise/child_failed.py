@@ -79,7 +79,7 @@ def _torch_record(fact: RankFailureFacts, error_file: str) -> Any:
         from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
         return ProcessFailure(local_rank=fact.local_rank, pid=fact.pid, exitcode=fact.exitcode,
                               error_file=error_file)
-    except Exception as exc:   # a torch build without torch.distributed, or an unreadable file
+    except Exception as exc:   # why: a torch build without torch.distributed, or an unreadable file
         log.debug("torch elastic's ProcessFailure unavailable for rank %d (%s)", fact.rank, exc)
         return None
 

@@ -239,7 +239,7 @@ class MemoryWatch:
             self.sample_one(local, pid, now, held=usage.rss if fresh and usage is not None else None)
         try:
             return self.notebook_at_risk(pids)
-        except Exception:   # a warning is an extra: the run goes on without it
+        except Exception:   # why: a warning is an extra: the run goes on without it
             log.debug("could not weigh the memory left", exc_info=True)
             return None
 
@@ -293,7 +293,7 @@ class MemoryWatch:
             return end
         try:
             return self._name_kill(end, local, pid, live)
-        except Exception:   # evidence is an extra: the plain description stands without it
+        except Exception:   # why: evidence is an extra: the plain description stands without it
             log.debug("could not tell whether an OOM kill ended rank %d", local, exc_info=True)
             return end
 
@@ -390,7 +390,7 @@ class MemoryWatch:
         try:
             memory = allocation_text(failure.exc_type or "", failure.exc_message or "",
                                      self.names.get(local, local), self.rank_holding(local, pid, held_when_raised))
-        except Exception:   # an extra: the exception itself is reported whatever happens here
+        except Exception:   # why: an extra: the exception itself is reported whatever happens here
             log.debug("could not describe an allocation failure", exc_info=True)
             return failure
         return failure if memory is None else dataclasses.replace(failure, memory=memory)

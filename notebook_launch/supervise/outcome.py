@@ -151,7 +151,7 @@ def load_result(watch: "RankWatch", global_rank: int) -> tuple[Any, Failure | No
                              f"the result of rank {global_rank} does not fit in the notebook's memory "
                              f"(MemoryError while loading it): free memory here (del what you no longer "
                              f"need, or restart the kernel) or return less, for example only rank 0's result")
-    except Exception as exc:
+    except Exception as exc:   # why: a result that cannot be unpickled is the rank's failure, said with advice
         return None, Failure(watch.local_rank, FailureKind.RESULT,
                              f"the result of rank {global_rank} could not be unpickled in the notebook "
                              f"({type(exc).__name__}: {exc}); {unpickling_advice(exc)}")

@@ -68,7 +68,7 @@ class KernelFrontend:
         import zmq
         try:
             _, reply = self.kernel.session.recv(self.kernel.stdin_socket, mode=zmq.NOBLOCK)
-        except Exception:
+        except Exception:   # why: a reply the frontend garbled is dropped; the prompt waits for the next
             log.debug("bad input_reply from the frontend", exc_info=True)
             return None
         if reply is None:
@@ -145,7 +145,7 @@ def detect_frontend() -> tuple[Frontend | None, str]:
         if getattr(kernel, "_allow_stdin", False) and getattr(kernel, "stdin_socket", None) is not None:
             try:
                 return KernelFrontend(kernel), ""
-            except Exception:
+            except Exception:   # why: an ipykernel without it: the prompt is refused, with that reason
                 log.debug("this ipykernel does not offer what a prompt needs", exc_info=True)
                 return None, "this ipykernel version cannot be asked for input by notebook_launch"
         return None, ("this Jupyter frontend does not accept input (nbclient and papermill run cells "

@@ -14,6 +14,7 @@ import time
 from typing import TYPE_CHECKING, Any, Sequence
 
 from .. import protocol
+from ..best_effort import best_effort
 from ..errors import LaunchError
 from ..protocol import Failure
 from ..slow_rank import only_waiting
@@ -156,10 +157,9 @@ class Supervisor:
         same round's memory is what an OOM death's message quotes (``oom.MemoryWatch``)."""
         devices = {rs.local_rank: rs.device for rs in self.state.ranks}
         self.warn_of_memory(self.memory.sample(self.sampled_pids(), devices=devices))
-        try:
+        # an extra: the run goes on without it
+        with best_effort("could not show the ranks' resources"):
             self.memory.resources.publish(self.state, self.logs)
-        except Exception:   # an extra: the run goes on without it
-            log.debug("could not show the ranks' resources", exc_info=True)
 
     def warn_of_memory(self, warning: str | None) -> None:
         """Say, before anything dies, that memory is running out (``oom.MemoryWatch.notebook_at_risk``):
@@ -254,7 +254,7 @@ class Supervisor:
         ``native``: add native frames where py-spy is installed (seconds: not on an interrupt)."""
         try:
             found = self.last_found = self.whereabouts(native)
-        except Exception as exc:   # a diagnosis must never stand in the way of the stop
+        except Exception as exc:   # why: a diagnosis must never stand in the way of the stop
             log.debug("could not collect the ranks' whereabouts", exc_info=True)
             self.where_problem = f"asking them failed ({type(exc).__name__}: {exc})"
             return None, ""

@@ -144,9 +144,9 @@ def lightning_notebook():
     from helpers.nbutil import make_notebook, run_notebook
     from helpers.panel_helpers import KEEP_STATES_CELL
     cells = [KEEP_STATES_CELL, LIGHTNING_FIT,
-             "print('RESULT', notebook_launcher(fit, args=('rich',), num_processes=2))\n"
+             "print('RESULT', notebook_launcher(fit, args=('rich',), num_processes=2, ui=keeping()))\n"
              "print('BARS', (bars_of(0), bars_of(1)))",
-             "print('RESULT', notebook_launcher(fit, args=('tqdm',), num_processes=2))\n"
+             "print('RESULT', notebook_launcher(fit, args=('tqdm',), num_processes=2, ui=keeping()))\n"
              "print('BARS', (bars_of(0), bars_of(1)))"]
     return run_notebook(make_notebook(*cells), cwd=os.getcwd(), timeout=400, allow_errors=True)
 

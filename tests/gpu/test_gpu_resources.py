@@ -51,14 +51,12 @@ class SeeingDisplay(KeepStateDisplay):
                 pathlib.Path(f"{self.sentinel}.{rs.local_rank}").touch()
 
 
-def test_a_gpu_ranks_row_shows_its_device_memory_from_nvml(gpus, monkeypatch, tmp_path, log_dir):
+def test_a_gpu_ranks_row_shows_its_device_memory_from_nvml(gpus, tmp_path, log_dir):
     pytest.importorskip("pynvml", reason="nvidia-ml-py is not installed (scripts/test-gpu.sh installs it)")
     import torch
-    import notebook_launch.run as run_module
     display = SeeingDisplay(str(tmp_path / "seen"))
-    monkeypatch.setattr(run_module, "choose_display", lambda ui="auto", **kw: display)
     results = notebook_launcher(hold_device_memory, args=(str(tmp_path / "seen"),), num_processes=gpus,
-                                log_dir=log_dir)
+                                log_dir=log_dir, ui=display)
     assert results == [True] * gpus, f"the notebook never saw a rank's device memory: {display.rows}"
     for local in range(gpus):
         row = display.rows[local]

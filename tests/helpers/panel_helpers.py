@@ -2,17 +2,17 @@
 recording comm that stands in for the browser (the widgets themselves are real)."""
 from __future__ import annotations
 
-import contextlib
-
 from notebook_launch.display.base import Display
+from notebook_launch.state import RunState
 
 
 class KeepStateDisplay(Display):
-    """A real Display that remembers the state it was shown, so a test can read it."""
+    """A real Display that remembers the state it was shown, so a test can read it (passed
+    as a launch's ``ui=``, as a user passes a display of their own)."""
+    state: RunState   # the run's, from its start
 
     def __init__(self, line_prefix=None):
         super().__init__(line_prefix)
-        self.state = None
         self.closed = False
         self.lines = []
 
@@ -25,21 +25,6 @@ class KeepStateDisplay(Display):
     def close(self, state):
         self.state = state
         self.closed = True
-
-
-@contextlib.contextmanager
-def keep_state(monkeypatch):
-    """Make the next launches use a KeepStateDisplay; yields the list of displays made."""
-    import notebook_launch.run as run_module
-    made = []
-
-    def choose(ui="auto", *, line_prefix=None, **options):
-        display = KeepStateDisplay(line_prefix)
-        made.append(display)
-        return display
-
-    monkeypatch.setattr(run_module, "choose_display", choose)
-    yield made
 
 
 def recording_comms(monkeypatch, clock=None):
@@ -58,23 +43,21 @@ def recording_comms(monkeypatch, clock=None):
     return sent
 
 
-# A notebook cell that keeps every launch's final RunState in ``kept`` (the real display still
-# draws): a later cell prints what the panel knew, e.g. every bar of a rank (``BARS_OF``).
+# A notebook cell whose ``keeping()`` is the display a launch would choose there (the real panel
+# still draws), passed as ``ui=keeping()``, that keeps the launch's final RunState in ``kept``: a
+# later cell prints what the panel knew, e.g. every bar of a rank (``bars_of``).
 KEEP_STATES_CELL = """
-import notebook_launch.run as _run_module
-_real_choose = _run_module.choose_display
+from notebook_launch.display import choose_display as _choose_display
 kept = []
 
-def _keeping_choose(*args, **kwargs):
-    display = _real_choose(*args, **kwargs)
+def keeping():
+    display = _choose_display("auto")
     close = display.close
     def keep(state):
         kept.append(state)
         close(state)
     display.close = keep
     return display
-
-_run_module.choose_display = _keeping_choose
 
 def bars_of(rank=0):
     rs = kept[-1].ranks[rank]

@@ -41,7 +41,8 @@ def two_cpu_xla_devices(monkeypatch):
 
 def launch(fn, *args, tmp_path, **kwargs):
     kwargs.setdefault("timeout", 240)
-    return notebook_launcher(fn, args=args, ui="none", log_dir=str(tmp_path / "logs"), **kwargs)
+    kwargs.setdefault("ui", "none")
+    return notebook_launcher(fn, args=args, log_dir=str(tmp_path / "logs"), **kwargs)
 
 
 def ordinal_and_tensor(scale):
@@ -298,11 +299,9 @@ def report_progress():
     return ordinal
 
 
-def test_one_panel_row_per_ordinal_with_its_own_progress(tmp_path, monkeypatch):
-    from notebook_launch import run as run_module
+def test_one_panel_row_per_ordinal_with_its_own_progress(tmp_path):
     display = RecordingDisplay()
-    monkeypatch.setattr(run_module, "choose_display", lambda ui, **settings: display)
-    assert launch(report_progress, tmp_path=tmp_path) == [0, 1]
+    assert launch(report_progress, tmp_path=tmp_path, ui=display) == [0, 1]
     assert display.final is not None, "the supervisor closes its display"
     rows = display.final.ranks
     assert [r.rank for r in rows] == [0, 1]

@@ -24,7 +24,7 @@ import random
 import time
 from dataclasses import dataclass
 
-from ..rank.where_thread import ANSWER_HEAD, ANSWER_LINE, ANSWER_TEXT, REQUEST
+from ..channels.where_request import ANSWER_HEAD, ANSWER_LINE, ANSWER_TEXT, REQUEST
 from .faulthandler_dump import parse_dump
 from .hang_verdict import ThreadStack
 from .proc_tasks import task_times
