@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import resource
+from typing import Literal
 
 import pytest
 
@@ -104,7 +105,7 @@ def budgets_of(items_per_rank: list[int], decorator):
     return train
 
 
-def launch(train, n: int, log_dir: str, start_method: str = "fork", **options):
+def launch(train, n: int, log_dir: str, start_method: Literal["fork", "spawn"] = "fork", **options):
     return notebook_launcher(train, num_processes=n, log_dir=log_dir, ui="text", use_port=str(free_port()),
                              start_method=start_method, **options)
 
