@@ -7,7 +7,9 @@ Accelerate's own decorator, with one rank out of memory and the other not, leave
 the same batch size: the largest that fits the rank with the least memory."""
 from __future__ import annotations
 
+import logging
 import resource
+from typing import Literal
 
 import pytest
 
@@ -37,6 +39,14 @@ def cap_address_space(items: int) -> None:
     resource.setrlimit(resource.RLIMIT_AS, (limit, resource.getrlimit(resource.RLIMIT_AS)[1]))
 
 
+def uncap_address_space() -> None:
+    """Once the finder returned: the rank's next counted collective starts notebook_launch's
+    progress thread, whose stack and malloc arena did not always fit under the cap ("can't start
+    new thread" in the barrier after the finder, about one run in two on a loaded machine)."""
+    hard = resource.getrlimit(resource.RLIMIT_AS)[1]
+    resource.setrlimit(resource.RLIMIT_AS, (hard, hard))
+
+
 def ddp_step(batch_size: int) -> None:
     """One real DDP training step on a batch of ``batch_size`` items of ITEM bytes each: the
     model's construction broadcasts, the backward all_reduces (the collectives a peer waits in)."""
@@ -46,11 +56,33 @@ def ddp_step(batch_size: int) -> None:
     del batch
 
 
+class KeptGroup(AssertionError):
+    """Our finder said that a failed attempt's group is still referenced after it left it: the
+    peer blocked in a collective with this rank then waits for the group's timeout (gloo's is 30
+    minutes), so the rank fails at once instead, with that message."""
+
+
+def refuse_a_kept_group(record: logging.LogRecord) -> bool:
+    if "still referenced" in record.getMessage():
+        raise KeptGroup(record.getMessage())
+    return True
+
+
 def budgets_of(items_per_rank: list[int], decorator):
     """The launched function: rank r can hold ``items_per_rank[r]`` items; returns the batch sizes
-    this rank tried (and whether each failed here) and the one it ended with."""
+    this rank tried (and whether each failed here), the one it ended with, and the sum over the
+    ranks of a 1 by ``summed``, whose default group (``dist.group.WORLD`` when it was defined)
+    is the first attempt's: a reference the failed attempt's group must not be kept alive by
+    (in a spawned rank torch's ``torch.distributed.nn.functional``, imported by DDP's
+    construction, has ten such defaults too), and afterwards the default group."""
     def train() -> dict:
+        logging.getLogger("notebook_launch").addFilter(refuse_a_kept_group)
         dist.init_process_group("gloo")
+
+        def summed(tensor, group=dist.group.WORLD):
+            dist.all_reduce(tensor, group=group)
+            return tensor
+
         rank = dist.get_rank()
         tried: list[tuple[int, str]] = []
         cap_address_space(items_per_rank[rank])
@@ -67,14 +99,15 @@ def budgets_of(items_per_rank: list[int], decorator):
             return batch_size
 
         found = inner()
+        uncap_address_space()
         dist.barrier()
-        return {"found": found, "tried": tried}
+        return {"found": found, "tried": tried, "summed": summed(torch.ones(1)).item()}
     return train
 
 
-def launch(train, n: int, log_dir: str, **options):
+def launch(train, n: int, log_dir: str, start_method: Literal["fork", "spawn"] = "fork", **options):
     return notebook_launcher(train, num_processes=n, log_dir=log_dir, ui="text", use_port=str(free_port()),
-                             start_method="fork", **options)
+                             start_method=start_method, **options)
 
 
 def test_accelerates_decorator_leaves_the_group_hung_when_one_rank_runs_out_of_memory(log_dir):
@@ -108,11 +141,21 @@ def check_agreed(results: list[dict], items_per_rank: list[int]) -> None:
     assert ends[before] == "out of memory", results  # the largest that fits the smallest rank
     for result in results:
         assert result["tried"][-1] == (size, "fit")
+        assert result["summed"] == len(items_per_rank)
 
 
 def test_ours_makes_both_ranks_back_off_together(log_dir):
     items = [START * 2, START // 2]
     results = launch(budgets_of(items, find_executable_batch_size), 2, log_dir, timeout=300)
+    check_agreed(results, items)
+
+
+def test_spawned_ranks_back_off_together_without_waiting_for_the_groups_timeout(log_dir):
+    """In a spawned rank, DDP's construction first imports torch.distributed.nn.functional inside
+    the first attempt: its defaults held the failed attempt's group, and the rank that fit waited
+    in DDP's all_reduce for gloo's 30-minute timeout (``refuse_a_kept_group`` fails it at once)."""
+    items = [START * 2, START // 2]
+    results = launch(budgets_of(items, find_executable_batch_size), 2, log_dir, start_method="spawn", timeout=300)
     check_agreed(results, items)
 
 
@@ -141,6 +184,7 @@ def with_an_accelerator(items_per_rank: list[int]) -> int:
         return batch_size
 
     found = inner()
+    uncap_address_space()
     accelerator.wait_for_everyone()
     return found
 

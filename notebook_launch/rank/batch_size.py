@@ -16,8 +16,15 @@ attempts, all ranks together:
    once (checked on torch 2.13: ``destroy_process_group()`` alone, or gloo's ``abort()``/
    ``shutdown()``, leave the connections open while anything still references the group, and the
    peer waits for gloo's timeout; freeing the last reference is what closes them). So the failed
-   attempt's frames are cleared and any DDP model still built on the dead group is disarmed
-   (its reducer and group dropped) before the group's last reference goes.
+   attempt's frames are cleared, any DDP model still built on the dead group is disarmed
+   (its reducer and group dropped), and functions whose default arguments captured the group
+   get ``None`` (the default group) instead, before the group's last reference goes. Such
+   defaults are common: ``torch.distributed.nn.functional`` declares ten functions with
+   ``group=group.WORLD``, evaluated when it is first imported, and DDP's construction imports it;
+   in a spawned rank that is inside the first attempt, while the group exists (a forked rank
+   usually has it from the notebook, imported before any group, with ``None``). The
+   ProcessGroup binding is not tracked by the garbage collector, so the tuples of defaults that
+   hold it are not either, and ``gc.get_referrers`` does not see them.
 3. A rank whose attempt fails otherwise looks in the store: if some rank reported out of memory in
    this attempt, its failure is that rank leaving (it frees its own group the same way, so ranks
    waiting on *it* fail in turn); if none did, the error is the user's and is raised as usual.
@@ -28,10 +35,8 @@ attempts, all ranks together:
    try again. Nothing of ours may hold the group across an attempt (the decorator keeps no
    reference to it): one reference left is enough to keep its connections open.
 
-Known gap, not yet understood: with spawned ranks the tests' out-of-memory case leaves the failed
-attempt's group referenced from C++ after ``destroy_process_group()`` (no Python referrer; a bare
-DDP model built and dropped in a spawned rank is freed), so there the waiting peer is released only
-by the group's timeout; a warning in the rank's log says so.
+A reference we do not know of (the user's own container holding the group) still keeps the
+group, and the peer then waits for the group's timeout; a warning in the rank's log says so.
 
 Outside a process group (or with one rank) it is Accelerate's loop, in one process. torch is
 imported only inside the functions: importing notebook_launch imports nothing heavy.
@@ -45,6 +50,7 @@ import itertools
 import logging
 import sys
 import traceback
+import types
 import weakref
 from datetime import timedelta
 from typing import Any, Callable, Optional
@@ -264,7 +270,7 @@ def _leave_group() -> None:
     dist.destroy_process_group()
     gc.collect()
     if gone() is not None:
-        _disarm_ddp_models(group)
+        _drop_references_to(group)
     del group
     process_groups.release_destroyed_groups()
     gc.collect()
@@ -274,14 +280,25 @@ def _leave_group() -> None:
                     ", ".join(type(r).__name__ for r in gc.get_referrers(gone()) if r is not None)[:200])
 
 
-def _disarm_ddp_models(group: Any) -> None:
-    """DDP models of the failed attempt still alive (in an Accelerator's list, a global): drop
-    their reducer and group, which only the failed attempt used."""
+def _drop_references_to(group: Any) -> None:
+    """What of the failed attempt still holds its group, which only that attempt used: DDP
+    models (in an Accelerator's list, a global) lose their reducer and group; functions whose
+    default arguments were evaluated while the group existed (``group=dist.group.WORLD``) get
+    ``None`` in its place, which means the default group, as if defined before any group."""
     from torch.nn.parallel import DistributedDataParallel
     for obj in gc.get_objects():
         if isinstance(obj, DistributedDataParallel) and getattr(obj, "process_group", None) is group:
             for name in ("reducer", "logger", "process_group"):
                 obj.__dict__.pop(name, None)
+        elif isinstance(obj, types.FunctionType):
+            defaults = obj.__defaults__
+            if defaults is not None and any(value is group for value in defaults):
+                obj.__defaults__ = tuple(None if value is group else value for value in defaults)
+            keyword_defaults = obj.__kwdefaults__
+            if keyword_defaults is not None:
+                for name, value in keyword_defaults.items():
+                    if value is group:
+                        keyword_defaults[name] = None
 
 
 def _default_timeout(backend: str) -> timedelta:
