@@ -27,7 +27,7 @@ import threading
 import traceback as traceback_module
 import weakref
 from dataclasses import asdict, dataclass
-from typing import Any, NotRequired, TypedDict
+from typing import Any, TypedDict
 
 from .fork_locks import ForkRenewedLock
 
@@ -83,12 +83,15 @@ class InputReplyPayload(TypedDict, total=False):
     unavailable: str   # nobody can answer: the whole message of the rank's StdinUnavailableError
 
 
-class ErrorPayload(TypedDict):
+class _ErrorPayloadKeys(TypedDict):
     kind: str          # FailureKind value
     type: str          # exception type name
     message: str
     traceback: str
-    resident: NotRequired[int]   # bytes the process held when it made the payload (an exception's)
+
+
+class ErrorPayload(_ErrorPayloadKeys, total=False):
+    resident: int      # bytes the process held when it made the payload (an exception's), where readable
 
 
 class FailureKind(str, enum.Enum):
