@@ -212,7 +212,7 @@ def test_slurm_rows_are_measured_beside_submitit(tmp_path):
                            "--out", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=1100)
     assert done.returncode == 0, f"stdout:\n{done.stdout[-3000:]}\nstderr:\n{done.stderr[-3000:]}"
     rows = [cells for cells in table_rows(out.read_text()) if cells[0] == "33.6"]
-    assert len(rows) == 5, rows
-    measured, persistent = rows[:4], rows[4]
+    assert len(rows) == 6, rows
+    measured, persistent = rows[:5], rows[5]
     assert all("n=1" in cells[3] and "submitit" in cells[7] and "n=1" in cells[7] for cells in measured), measured
     assert "not supported yet: start_ranks refuses it" in persistent[3], persistent
