@@ -175,6 +175,8 @@ def run(config: dict, log_dir: str, say: Callable[[str], Any] = print) -> list[R
         code = NOTEBOOK.format(folder=str(Path(log_dir) / "submitit"), nodes=NODES, per_node=RANKS // NODES,
                                ranks=RANKS, repeats=repeats, failure_repeats=failure_repeats, cap=FAILURE_CAP_S)
         samples = run_notebook(cluster, code, say)
+        config["beside"] = sum(1 for entry in samples if entry.get("beside"))
+        config["samples"] = len(samples)
         fill(rows, samples)
     except Exception as exc:   # one failure must not lose the rows measured so far
         say(f"SLURM benchmark failed: {exc}")
@@ -229,6 +231,7 @@ def run_notebook(cluster: Any, code: str, say: Callable[[str], Any]) -> list[dic
         for line in proc.stdout:
             if line.startswith("SAMPLE "):
                 samples.append(json.loads(line[len("SAMPLE "):]))
+                samples[-1]["beside"] = other_clusters(cluster)
                 say(f"SLURM benchmark: {samples[-1]}")
             if time.monotonic() > deadline:
                 raise TimeoutError(f"the notebook ran over {NOTEBOOK_TIMEOUT_S:.0f} s")
@@ -255,6 +258,13 @@ def imported_row() -> Row:
               "(4 ranks, 2 nodes)", str(RANKS), "s", group=33, goal="— (where the time goes)")
     row.cells["other"] = [Cell(label="submitit AutoExecutor")]
     return row
+
+
+def other_clusters(cluster: Any) -> list[str]:
+    """Namespaces of another session's test SLURM (tests/slurmcluster) on this machine right now:
+    their daemons and ranks share the CPUs with this benchmark's, which the notes then say."""
+    listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.split()
+    return [name for name in listed if name.startswith("nlslurm-") and name not in cluster.namespaces]
 
 
 def first_step_row() -> Row:
@@ -306,7 +316,8 @@ def fill(rows: list[Row], samples: list[dict]) -> None:
     for entry in samples:
         if entry["kind"] == "persistent":
             persistent.cell("ours").text = (
-                f"not supported yet: start_ranks refuses it (`{entry['refused']}`)" if entry["refused"] else
+                f"not supported yet: start_ranks refuses it (`{entry['refused'].split(';')[0]}`)"
+                if entry["refused"] else
                 "start_ranks accepted SlurmCluster: this row is not measured yet, add the warm-call timing")
 
 
@@ -396,7 +407,10 @@ def main(argv: list[str] | None = None) -> int:
         text += [warning, ""]
     if args.quick:
         text += ["**QUICK MODE: checks the harness; do not quote these numbers.**", ""]
-    text += [render_table(rows), "", "Notes:", "", f"- {notes(args.repeats, failure_repeats)}",
+    beside = ([f"- Another session's test SLURM cluster (tests/slurmcluster) was running on this machine when "
+               f"{config['beside']} of the {config['samples']} samples ended: its daemons and ranks shared the "
+               "2 cores with these."] if config.get("beside") else [])
+    text += [render_table(rows), "", "Notes:", "", f"- {notes(args.repeats, failure_repeats)}", *beside,
              f"- Each timed cell: median (min–max, n). Whole run: {time.monotonic() - started:.0f} s."]
     Path(args.out).write_text("\n".join(text) + "\n")
     print("\n".join(text))
