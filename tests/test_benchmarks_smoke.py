@@ -4,7 +4,9 @@ are asserted (benchmarks report speed; tests check behaviour).
 
 Item 9 (a two-node Ray cluster in network namespaces, Ray Train's TorchTrainer beside it) takes
 minutes before its first number, so it is opt-in: NOTEBOOK_LAUNCH_BENCHMARK_RAY=1 runs it
-(tests/raycluster checks the launches it times, in the main suite)."""
+(tests/raycluster checks the launches it times, in the main suite). Likewise the SLURM rows beside
+submitit (benchmarks/slurm_cluster.py, a two-node SLURM in network namespaces):
+NOTEBOOK_LAUNCH_BENCHMARK_SLURM=1 runs them."""
 from __future__ import annotations
 
 import os
@@ -198,3 +200,19 @@ def test_ray_cluster_rows_are_measured(tmp_path):
     rows = [cells for cells in table_rows(out.read_text()) if cells[0] == "9"]
     assert len(rows) == 3, rows
     assert not any("error:" in cell or "not measured" in cell for cells in rows for cell in cells), rows
+
+
+@pytest.mark.skipif(not os.environ.get("NOTEBOOK_LAUNCH_BENCHMARK_SLURM"),
+                    reason="the SLURM rows start a two-node SLURM and run submitit beside it (about 3 minutes): "
+                           "NOTEBOOK_LAUNCH_BENCHMARK_SLURM=1 runs them")
+@pytest.mark.timeout(1200)
+def test_slurm_rows_are_measured_beside_submitit(tmp_path):
+    out = tmp_path / "RESULTS-slurm.md"
+    done = subprocess.run([sys.executable, "-m", "benchmarks.slurm_cluster", "--quick", "--repeats", "1",
+                           "--out", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=1100)
+    assert done.returncode == 0, f"stdout:\n{done.stdout[-3000:]}\nstderr:\n{done.stderr[-3000:]}"
+    rows = [cells for cells in table_rows(out.read_text()) if cells[0] == "33.6"]
+    assert len(rows) == 6, rows
+    measured, persistent = rows[:5], rows[5]
+    assert all("n=1" in cells[3] and "submitit" in cells[7] and "n=1" in cells[7] for cells in measured), measured
+    assert "not supported yet: start_ranks refuses it" in persistent[3], persistent
