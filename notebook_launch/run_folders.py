@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Iterable
 
+from .best_effort import best_effort
 from .errors import LaunchArgumentError
 from .fork_locks import ForkRenewedLock
 
@@ -232,11 +233,8 @@ _pruning_lock = ForkRenewedLock()   # one prune at a time in a process (launches
 def prune_as_a_run_starts(root: Path, retention: Retention, spare: str) -> None:
     """``prune`` for a starting run (``spare``: its folder); a prune that fails is logged, never
     raised: it must not end the run."""
-    try:
-        with _pruning_lock:
-            prune(root, retention, spare=spare)
-    except Exception:
-        log.debug("pruning the run folders under %s failed", root, exc_info=True)
+    with best_effort("pruning the run folders under %s failed", root), _pruning_lock:
+        prune(root, retention, spare=spare)
 
 
 class Pruning:

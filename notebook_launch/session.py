@@ -152,13 +152,11 @@ def open_logs(plan: LaunchPlan, run_id: str, options: LaunchOptions) -> RunLogs:
 
 
 def plan_state(plan: LaunchPlan, run_id: str, backend: str, log_dir: str | Path, *, max_restarts: int = 0,
-               processes: Sequence[RankProcess] | None = None, state_type: type[RunState] = RunState) -> RunState:
+               processes: Sequence[RankProcess] | None = None) -> RunState:
     """The run state of ``plan``'s ranks; ``processes``: ranks already running (a call on
-    persistent ranks), whose pids the rows show from the start. ``state_type``: left only for
-    ``persistent.pool``, which passes its own name of RunState for a test to replace (pending:
-    the pool is being reshaped in another branch; a launch's tests watch through a display)."""
+    persistent ranks), whose pids the rows show from the start."""
     pids: Sequence[int | None] = [p.pid for p in processes] if processes is not None else [None] * len(plan.ranks)
-    return state_type(run_id=run_id, world_size=plan.world_size, backend=backend, log_dir=str(log_dir),
+    return RunState(run_id=run_id, world_size=plan.world_size, backend=backend, log_dir=str(log_dir),
                     node_rank=plan.node_rank, num_nodes=plan.num_nodes, max_restarts=max_restarts,
                     ranks=[RankState(rank=r.global_rank, local_rank=r.local_rank, device=r.device, pid=pid,
                                      status=STARTING if processes is None else RUNNING)

@@ -19,28 +19,9 @@ BROAD = {"Exception", "BaseException"}
 PENDING = "pending: being reshaped in another branch"
 # files whose handlers are left as they are for now, each with its reason
 ALLOWED: dict[str, str] = {
-    "persistent/pool.py": PENDING,
-    "persistent/ray_ranks.py": PENDING,
-    "persistent/start.py": PENDING,
-    "persistent/call.py": PENDING,
-    "run_folders.py": PENDING,
-    "leftovers.py": PENDING,
     "rank/ray_actor.py": PENDING,
     "rank/ray_serve.py": PENDING,
-    "rank/ray_where.py": PENDING,
-    "ray/cluster.py": PENDING,
-    "ray/connect.py": PENDING,
-    "ray/gang.py": PENDING,
-    "ray/launch.py": PENDING,
-    "ray/run.py": PENDING,
-    "ray/where.py": PENDING,
-    "slurm/cluster.py": PENDING,
-    "slurm/launcher.py": PENDING,
-    "slurm/ranks.py": PENDING,
-    "slurm/run.py": PENDING,
-    "slurm/scheduler.py": PENDING,
     "slurm/task.py": PENDING,
-    "slurm/watchdog.py": PENDING,
     "supervise/resources.py": PENDING,   # the resource sampling's notebook half (remoteres)
     "supervise/gpu_usage.py": PENDING,
 }

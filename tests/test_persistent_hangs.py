@@ -5,6 +5,7 @@ where they can take the interrupt (the grace rules); ``%ranks stacks`` and the m
 a real kernel. Real gloo ranks throughout."""
 from __future__ import annotations
 
+import contextlib
 import inspect
 import os
 import threading
@@ -14,6 +15,7 @@ import pytest
 import torch
 import torch.distributed as dist
 from helpers.nbutil import cell_text, make_notebook
+from helpers.watching import WatchingDisplay, WhereReports
 
 from notebook_launch import LaunchError, start_ranks
 from notebook_launch.net import free_port
@@ -66,11 +68,18 @@ def kept_plus_one():
     return kept + 1
 
 
-@pytest.fixture
-def ranks(tmp_path):
-    with start_ranks(2, ui="text", log_dir=str(tmp_path / "logs"), use_port=str(free_port()),
+@contextlib.contextmanager
+def started(tmp_path, ui="text"):
+    """Two ranks with a process group, stalled after 2 s, shown on ``ui``."""
+    with start_ranks(2, ui=ui, log_dir=str(tmp_path / "logs"), use_port=str(free_port()),
                      stall_after=2) as pool:
         pool.run(init)
+        yield pool
+
+
+@pytest.fixture
+def ranks(tmp_path):
+    with started(tmp_path) as pool:
         yield pool
 
 
@@ -127,23 +136,25 @@ def test_stacks_during_a_stuck_call_and_its_timeout_start_with_the_verdict(ranks
            "all_reduce #1" in log
 
 
-def test_a_stalled_call_stopped_by_the_user_says_where_and_keeps_the_ranks(ranks, monkeypatch):
-    """The Stop button (here: the state asks to stop as soon as the stall report comes) on a
-    stalled call: a LaunchError that starts with where the ranks were; ranks asleep in Python
-    take the interrupt, so they stay, with their state."""
-    from notebook_launch.persistent import pool as pool_module
+def test_a_stalled_call_stopped_by_the_user_says_where_and_keeps_the_ranks(tmp_path):
+    """The Stop button (here: pressed as soon as the panel shows the stall report, through a
+    display of the test's own passed as ``ui=``) on a stalled call: a LaunchError that starts
+    with where the ranks were; ranks asleep in Python take the interrupt, so they stay, with
+    their state."""
     reports = []
+    shown = WhereReports()
 
-    class StopWhenStalled(pool_module.RunState):
-        def on_where_report(self, text):
-            super().on_where_report(text)
+    def stop_when_stalled(state):   # as a person would press Stop on seeing the report
+        text = shown.new(state)
+        if text is not None:
             reports.append(text)
-            self.stop_requested = True
+            state.stop_requested = True
 
-    monkeypatch.setattr(pool_module, "RunState", StopWhenStalled)
-    ranks.run(keep, (41,))
-    with pytest.raises(LaunchError) as info:
-        ranks.run(both_sleep)
+    with started(tmp_path, ui=WatchingDisplay(on_refresh=stop_when_stalled)) as ranks:
+        ranks.run(keep, (41,))
+        with pytest.raises(LaunchError) as info:
+            ranks.run(both_sleep)
+        assert ranks.run(kept_plus_one) == [42, 42]   # their state is there
     sleep = line_of(both_sleep, "time.sleep(HANG)")
     verdict = (f"no rank waits in a torch.distributed collective: ranks 0, 1 are in both_sleep() at {HERE}:{sleep} "
                f"(time.sleep(HANG))")
@@ -151,7 +162,6 @@ def test_a_stalled_call_stopped_by_the_user_says_where_and_keeps_the_ranks(ranks
     assert str(info.value).startswith(f"notebook_launch: stopped with the Stop button after the run stalled: {verdict}")
     assert info.value.kind == "stopped"
     assert "The ranks are still running, with their state" in str(info.value)
-    assert ranks.run(kept_plus_one) == [42, 42]   # their state is there
 
 
 def test_stall_after_and_lines_per_second_are_checked_per_call(ranks):

@@ -323,7 +323,7 @@ class Ranks:
         assert self.plan is not None and self.logs is not None and transport.interrupts is not None
         self.calls += 1
         state = plan_state(self.plan, f"{self._life.run_id}-call{self.calls}", self.backend_name, self.logs.path,
-                           processes=transport.processes, state_type=RunState)   # pool.RunState: tests replace it
+                           processes=transport.processes)
         transport.describe(state)
         with Session.for_call(self.logs, f"call {self.calls}: {title}", state, self.options, quiet=quiet,
                               lines_per_second=watch.lines_per_second) as session:

@@ -36,6 +36,7 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 from ..backends.base import StartFailed
+from ..best_effort import best_effort
 from ..errors import LaunchError
 from ..line_prefix import parse_line_prefix
 from ..logs import make_run_id
@@ -301,8 +302,6 @@ def write_whole(fd: int, parts: Iterable[Any], gone: Callable[[], bool] = lambda
 def _end_launchers(launchers: list[RayLauncher]) -> None:
     """(The pool's finalizer) nothing of forgotten ranks stays on the cluster."""
     for launcher in launchers:
-        try:
+        with best_effort("ending the Ray ranks failed"):
             launcher.end()
-        except Exception:
-            log.debug("ending the Ray ranks failed", exc_info=True)
     launchers[:] = []

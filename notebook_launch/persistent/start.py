@@ -18,6 +18,7 @@ from .pool import DEFAULT_GRACE, Ranks, _trimmed
 from ..rank.serve import serve_calls
 
 if TYPE_CHECKING:
+    from ..display.base import Display
     from ..ray.cluster import RayCluster
     from ..plan import StartMethod
 
@@ -26,7 +27,7 @@ if TYPE_CHECKING:
 def start_ranks(num_processes: int | None = None, mixed_precision: str = "no",
                 use_port: int | str = DEFAULT_USE_PORT, master_addr: str = "127.0.0.1", *,
                 start_method: StartMethod | None = None, timeout: float | None = None,
-                log_dir: str | os.PathLike[str] | None = None, ui: str = "auto",
+                log_dir: str | os.PathLike[str] | None = None, ui: "str | Display" = "auto",
                 log_line_prefix_template: str | None = None,
                 interrupt_grace: float = DEFAULT_GRACE,
                 display_ranks: int | Iterable[int] | str | None = None,
@@ -41,6 +42,9 @@ def start_ranks(num_processes: int | None = None, mixed_precision: str = "no",
     where a fork is refused): each call's function and a ``%%ranks`` cell's values travel
     with cloudpickle, as they do to forked ranks; the ranks do not start with a copy of the
     notebook's globals, only what calls, cells and ``push`` bring.
+    ``ui``: as for ``notebook_launcher``, a display of your own too (a ``Display`` instance);
+    it shows each call but ``push``/``pull`` (quiet), with the call's own run state (``start`` to
+    ``close`` per call).
     ``stall_after``: seconds a call's ranks may all show no sign of progress before they are
     marked stalled (nothing is stopped; see ``diagnose.stall``), the default of each call;
     None: not watched. ``lines_per_second``: each rank's output lines a second a call's cell

@@ -141,7 +141,7 @@ class Answerer:
                 number = self.requests.get_nowait()
             try:
                 data = encode_reply(number, snapshot(self.between_calls()))
-            except Exception as exc:   # say so rather than leave the notebook waiting
+            except Exception as exc:   # why: the failure is sent as the answer; the notebook must not wait
                 log.debug("could not say where this rank is", exc_info=True)
                 data = encode_reply(number, {"error": f"{type(exc).__name__}: {exc}"})
             try:

@@ -13,6 +13,7 @@ import socket
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
+from ..best_effort import best_effort
 from ..errors import GuardError, LaunchArgumentError
 from ..signal_handlers import restore_signal_handlers, save_signal_handlers
 
@@ -108,11 +109,9 @@ def alive_nodes(ray: Any) -> list[NodeInfo]:
 
 def gcs_host(ray: Any) -> str | None:
     """The head's address, to find the local interface that reaches the cluster."""
-    try:
+    with best_effort("no GCS address in the runtime context"):
         return str(ray.get_runtime_context().gcs_address).rsplit(":", 1)[0]
-    except Exception:
-        log.debug("no GCS address in the runtime context", exc_info=True)
-        return None
+    return None
 
 
 def host_of(address: str | None) -> str | None:
@@ -194,7 +193,7 @@ def environment_report() -> str:
         saved = save_signal_handlers()
         try:
             ray.init(address=address, log_to_driver=False, logging_level=logging.WARNING, configure_logging=False)
-        except Exception as exc:  # a stale address: say so, env must not fail
+        except Exception as exc:  # why: a stale address is said in the report; the environment report must not fail
             return f"ray {version}; no cluster reachable at {address} ({type(exc).__name__}: {exc})"
         finally:
             restore_signal_handlers(saved)

@@ -16,6 +16,7 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
+from ..best_effort import best_effort
 from ..channels import RankProcess, WaitStatus
 
 if TYPE_CHECKING:
@@ -115,10 +116,8 @@ class RayRank(RankProcess):
 
     def kill(self) -> None:
         self.sent_signal = signal.SIGKILL
-        try:
+        with best_effort("ray.kill of rank %d failed", self.local_rank):
             self.ray.kill(self.actor, no_restart=True)
-        except Exception:
-            log.debug("ray.kill of rank %d failed", self.local_rank, exc_info=True)
 
     def release(self) -> None:
         for fd in (self._sentinel_r, self._sentinel_w):
@@ -156,7 +155,7 @@ class Waiter(threading.Thread):
         while self.pending and not self._halt.is_set():
             try:
                 ready, _ = self.ray.wait(list(self.pending), num_returns=1, timeout=WAIT_TICK)
-            except Exception:
+            except Exception:   # why: a failed wait is tried again next tick; the pending ranks are still awaited
                 log.debug("ray.wait failed", exc_info=True)
                 time.sleep(WAIT_TICK)
                 continue
@@ -172,7 +171,7 @@ def end_of(ray: Any, future: Any, sent_signal: int | None) -> tuple[WaitStatus, 
     """How a rank's ``run`` call ended: its exit code, or the actor's death and Ray's reason."""
     try:
         code = int(ray.get(future))
-    except Exception as exc:  # RayActorError, ActorDiedError, node death, ...
+    except Exception as exc:  # why: RayActorError, ActorDiedError, node death...: any is the rank's end
         if sent_signal is not None:
             return ("signal", sent_signal), None
         return ("signal", signal.SIGKILL), death_reason(exc)
@@ -260,16 +259,12 @@ class Gang:
         if self.waiter is not None:
             self.waiter.stop()
         for actor in self.actors:
-            try:
+            with best_effort("ray.kill failed"):
                 self.ray.kill(actor, no_restart=True)
-            except Exception:
-                log.debug("ray.kill failed", exc_info=True)
         if self.group is not None:
             from ray.util.placement_group import remove_placement_group
-            try:
+            with best_effort("removing the placement group failed"):
                 remove_placement_group(self.group)
-            except Exception:
-                log.debug("removing the placement group failed", exc_info=True)
         self._wait_actors_gone()
         if self.waiter is not None:
             self.waiter.join(timeout=2 * WAIT_TICK + 1)
@@ -283,7 +278,7 @@ class Gang:
         for actor in self.actors:
             try:
                 self.ray.get(actor.__ray_ready__.remote(), timeout=max(0.1, deadline - time.monotonic()))
-            except Exception:  # dead, as wanted
+            except Exception:  # why: a killed actor's call fails (dead, as wanted) or times out; the table is read next
                 log.debug("actor gone", exc_info=True)
         while self.actors and time.monotonic() < deadline and not all(map(_actor_dead, self.actors)):
             time.sleep(WAIT_TICK)
@@ -300,7 +295,7 @@ def _actor_dead(actor: Any) -> bool:
     try:
         from ray._private import state
         info = state.actors(actor_id=actor._actor_id.hex())
-    except Exception:
+    except Exception:   # why: a table that cannot be read (a private API) leaves ray.kill trusted
         log.debug("cannot read the actor table; trusting ray.kill", exc_info=True)
         return True
     return not info or info.get("State") == "DEAD"

@@ -100,7 +100,7 @@ class WhereAsker:
                     del pending[fd]
                     try:
                         self.answers[rank.local_rank] = decode_answer(body, global_rank(rank.local_rank))
-                    except Exception as exc:
+                    except Exception as exc:   # why: a garbled answer is that rank's note; the others still count
                         log.debug("rank %d's where answer could not be read", rank.local_rank, exc_info=True)
                         self._answer(rank, global_rank, note=f"sent an answer that could not be read ({exc})")
                     self.untaken.add(rank.local_rank)
