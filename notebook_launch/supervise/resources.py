@@ -22,10 +22,10 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from typing import TYPE_CHECKING, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
 from ..proc_usage import cpu_times, machine_memory, own_memory, resident
-from ..resources import MachineMemory, RankUsage, usage_log_text
+from ..resources import MachineMemory, RankUsage, usage_from_record, usage_log_text
 
 if TYPE_CHECKING:
     from ..logs import LogWriter
@@ -58,6 +58,7 @@ class ResourceSampler:
         self._gpu_tried = False
         self._published = 0           # the round the run state last got
         self._logged: dict[int, float] = {}   # local rank -> when its log last got a line
+        self._reported: set[int] = set()      # ranks on other machines that sent a sample since the last publish
 
     def due(self, now: float) -> bool:
         return now >= self.next_round
@@ -130,17 +131,32 @@ class ResourceSampler:
                                       peak_rss=peak_rss, peak_uss=peak_uss, gpu=gpu)
         self.updated.add(local)
 
-    def publish(self, state: "RunState", logs: "LogWriter", now: float | None = None) -> None:
-        """Give the run state the latest round (once per round), and each rank's log a line once
-        every LOG_EVERY seconds from when its own memory was first read (a call on persistent
-        ranks that ends within SAMPLE_EVERY writes none)."""
-        if self.rounds == self._published:
+    def reported(self, local: int, record: Mapping[str, Any]) -> None:
+        """A rank on another machine's own sample (a RESOURCES event: ``rank.resources``), taken in
+        as a round's: the next ``publish`` shows it and logs it."""
+        try:
+            self.usage[local] = usage_from_record(record)
+        except Exception:   # an extra: the run goes on without it
+            log.debug("rank %d's resources could not be read from its event", local, exc_info=True)
             return
-        self._published = self.rounds
+        self._reported.add(local)
+
+    def publish(self, state: "RunState", logs: "LogWriter", now: float | None = None) -> None:
+        """Give the run state the latest round (once per round) and the samples ranks on other
+        machines sent since, and each rank's log a line once every LOG_EVERY seconds from when its
+        own memory was first read (a call on persistent ranks that ends within SAMPLE_EVERY writes
+        none; a rank that samples itself reads it every time)."""
+        fresh, self._reported = self._reported, set()
+        if self.rounds != self._published:
+            self._published = self.rounds
+            fresh |= self.updated
+        if not fresh:
+            return
         now = time.monotonic() if now is None else now
-        state.on_resources({local: self.usage[local] for local in self.updated}, self.machine)
-        for local in sorted(self.updated):
-            if local in self._own_at and now - self._logged.get(local, -LOG_EVERY) >= LOG_EVERY:
+        state.on_resources({local: self.usage[local] for local in fresh}, self.machine)
+        for local in sorted(fresh):
+            own_known = local in self._own_at or self.usage[local].uss is not None
+            if own_known and now - self._logged.get(local, -LOG_EVERY) >= LOG_EVERY:
                 self._logged[local] = now
                 logs.write_block(local, usage_log_text(self.usage[local]))
 
