@@ -199,7 +199,9 @@ class SeeingDisplay(KeepStateDisplay):
 def report_like_a_remote_rank(sentinel: str) -> bool:
     """What a Ray actor's or a SLURM rank's bootstrap does around the function (``report_own``),
     done here by the function itself; rank 0 holds ALLOCATED bytes until the notebook saw them."""
-    reporter = report_own(protocol.current(), "cpu")
+    writer = protocol.current()
+    assert writer is not None
+    reporter = report_own(writer, "cpu")
     block = touched(ALLOCATED) if os.environ["RANK"] == "0" else None
     deadline = time.monotonic() + WAIT
     while not os.path.exists(sentinel) and time.monotonic() < deadline:
