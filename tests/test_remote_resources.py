@@ -244,3 +244,52 @@ def sampler_state() -> tuple[bool, bool]:
 def test_local_ranks_never_sample_themselves(log_dir):
     """The notebook reads a local rank's /proc itself: the rank runs no sampler of its own."""
     assert notebook_launcher(sampler_state, num_processes=2, log_dir=log_dir, ui="text") == [(True, True)] * 2
+
+
+def reports_then_skips_an_all_reduce() -> None:
+    """Each rank sends its samples (as a rank on another machine does) while rank 1 skips an
+    all_reduce the other waits in: a hang, however often they report."""
+    import torch
+    import torch.distributed as dist
+    writer = protocol.current()
+    assert writer is not None
+    report_own(writer, "cpu")
+    dist.init_process_group("gloo")
+    t = torch.ones(4)
+    dist.all_reduce(t)
+    if os.environ["RANK"] == "1":
+        time.sleep(600)
+    dist.all_reduce(t)
+
+
+def test_a_ranks_own_samples_are_no_sign_of_progress(monkeypatch, log_dir):
+    """A sample is sent whatever the rank does: a hung rank that reports every 0.8 s is still
+    called stalled after 2 s (the stall's report stops the run, as the Stop button does)."""
+    from notebook_launch import LaunchError
+    from notebook_launch import run as run_module
+    from notebook_launch.net import free_port
+    monkeypatch.setattr(rank_resources, "SAMPLE_EVERY", 0.8)   # the forked ranks inherit it
+    monkeypatch.setattr(rank_resources, "BUDGET", 1.0)
+    reports: list[str] = []
+
+    class StopWhenStalled(run_module.RunState):
+        def on_where_report(self, text):   # type: ignore[no-untyped-def]
+            super().on_where_report(text)
+            reports.append(text)
+            self.stop_requested = True
+
+    monkeypatch.setattr(run_module, "RunState", StopWhenStalled)
+    samples: list[int] = []
+    reported = ResourceSampler.reported
+
+    def count_and_take(self, local, record):   # type: ignore[no-untyped-def]
+        samples.append(local)   # observes only
+        reported(self, local, record)
+
+    monkeypatch.setattr(ResourceSampler, "reported", count_and_take)
+    with pytest.raises(LaunchError) as info:
+        notebook_launcher(reports_then_skips_an_all_reduce, num_processes=2, stall_after=2, log_dir=log_dir,
+                          ui="text", use_port=str(free_port()), timeout=90, start_method="fork")
+    assert info.value.kind == "stopped", str(info.value)   # not "timeout": the stall was seen
+    assert reports and reports[0].startswith("stalled: no rank showed progress for 2 s; "), reports
+    assert samples.count(0) >= 3 and samples.count(1) >= 3, samples   # the samples did come, all along
