@@ -273,7 +273,7 @@ def test_a_ranks_own_samples_are_no_sign_of_progress(monkeypatch, log_dir):
     reports: list[str] = []
 
     class StopWhenStalled(run_module.RunState):
-        def on_where_report(self, text):   # type: ignore[no-untyped-def]
+        def on_where_report(self, text):
             super().on_where_report(text)
             reports.append(text)
             self.stop_requested = True
@@ -282,7 +282,7 @@ def test_a_ranks_own_samples_are_no_sign_of_progress(monkeypatch, log_dir):
     samples: list[int] = []
     reported = ResourceSampler.reported
 
-    def count_and_take(self, local, record):   # type: ignore[no-untyped-def]
+    def count_and_take(self, local, record):
         samples.append(local)   # observes only
         reported(self, local, record)
 
