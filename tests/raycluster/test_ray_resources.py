@@ -55,3 +55,43 @@ def test_ray_ranks_on_both_nodes_show_their_own_memory_and_cpu(ray_nodes):
     for rank in range(4):
         text = (log_dir / f"rank{rank}.log").read_text()
         assert "[notebook_launch] resources: " in text and "(USS)" in text and "(PSS)" in text, text
+
+
+PERSISTENT = """
+from notebook_launch import start_ranks
+import notebook_launch.persistent.pool as pool_module
+own = {{}}   # global rank -> the most own memory (USS) a call's rows showed of it
+class KeepingState(pool_module.RunState):   # observes only
+    def on_resources(self, usage, machine):
+        super().on_resources(usage, machine)
+        for local, found in usage.items():
+            own[self.ranks[local].rank] = max(own.get(self.ranks[local].rank, 0), found.uss or 0)
+pool_module.RunState = KeepingState
+ranks = start_ranks(2, cluster=RayCluster(address={head!r}, placement="SPREAD"), ui="text")
+def hold():
+    global block   # kept for the next call: the ranks' memory is theirs between calls
+    reporter = resources.current()
+    block = bytearray({allocated}); block[::4096] = b"\\1" * len(range(0, len(block), 4096))
+    sent = reporter.sent
+    deadline = time.monotonic() + 120
+    while reporter.sent < sent + 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return reporter.sent - sent
+try:
+    sent = ranks.run(hold)
+finally:
+    ranks.close()
+print(json.dumps({{"sent": sent, "own": own}}))
+"""
+
+
+def test_persistent_ray_ranks_show_their_own_memory_in_a_call(ray_nodes):
+    """A persistent Ray rank samples itself for the actor's life; a call's rows show it (the text
+    display prints no final picture per call: the call's run state is watched instead)."""
+    out = ray_nodes.notebook.run(CELL.split("def train", 1)[0]
+                                 + PERSISTENT.format(allocated=ALLOCATED, head=ray_nodes.head))
+    assert out["error"] is None, out
+    found = json.loads(out["stdout"].strip().splitlines()[-1])
+    assert [sent >= 2 for sent in found["sent"]] == [True, True], out
+    assert sorted(found["own"]) == ["0", "1"], found   # ranks on both nodes
+    assert all(own >= ALLOCATED for own in found["own"].values()), found
