@@ -7,8 +7,11 @@ Starts real processes standing in for ranks (each imports torch and holds 200 Mi
 ``smaps_rollup`` has real page tables to walk), then calls the supervisor's sampling
 (``oom.MemoryWatch.sample`` and ``ResourceSampler.publish``) as its loop does, every 0.1 s, for
 the given time. The share is the CPU time of the notebook's thread inside those calls over the
-wall time: a ratio, never a timed assertion. The last row reads smaps_rollup every round (no
-budget), to show what the budget saves. Prints a markdown table; reports, never asserts.
+wall time: a ratio, never a timed assertion. The 8-rank row after it reads smaps_rollup every
+round (no budget), to show what the budget saves. The last row is a rank on another machine (Ray,
+SLURM) sampling itself (``rank/resources.py``): the same kind of process runs the rank's sampling
+thread, sending on a pipe, and the share is that thread's CPU time in its samples and sends over
+the wall time. Prints a markdown table; reports, never asserts.
 """
 from __future__ import annotations
 
@@ -56,6 +59,45 @@ def share_of_a_core(pids: dict[int, int], seconds: float, log_dir: str) -> tuple
     return spent / (time.monotonic() - started), watch.resources.rounds
 
 
+SELF_SAMPLING = """
+import os, sys, threading, time
+sys.path.insert(0, {repo!r})
+import torch
+from notebook_launch import protocol
+from notebook_launch.rank import resources
+block = bytearray(200 << 20); block[::4096] = b'\\1' * len(range(0, len(block), 4096))
+read_end, write_end = os.pipe()
+def drain():
+    while os.read(read_end, 1 << 16):
+        pass
+threading.Thread(target=drain, daemon=True).start()
+writer = protocol.EventWriter(write_end)
+protocol.install(writer)
+spent = [0.0]
+class Timed(resources.Reporter):
+    def send_one(self):
+        before = time.thread_time()
+        try:
+            return super().send_one()
+        finally:
+            spent[0] += time.thread_time() - before
+reporter = Timed(writer, resources.SelfSampler("cpu"))
+started = time.monotonic()
+reporter.thread.start()
+time.sleep({seconds})
+reporter.stop(final=False)
+print(spent[0] / (time.monotonic() - started), reporter.sent, reporter.sampler.cpu_spent / reporter.sampler.samples)
+"""
+
+
+def self_sampling(seconds: float) -> tuple[float, int, float]:
+    """(the rank's sampling thread's CPU seconds / wall seconds, samples sent, CPU seconds a sample)."""
+    repo = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+    out = subprocess.run([sys.executable, "-c", SELF_SAMPLING.format(repo=repo, seconds=seconds)],
+                         capture_output=True, text=True, check=True).stdout.split()
+    return float(out[0]), int(out[1]), float(out[2])
+
+
 def main() -> None:
     import tempfile
     seconds = float(sys.argv[1]) if len(sys.argv) > 1 else 20.0
@@ -80,6 +122,8 @@ def main() -> None:
             for rank in ranks:
                 rank.kill()
                 rank.wait()
+    share, sent, each = self_sampling(seconds)
+    rows.append((f"a rank on another machine sampling itself ({each * 1000:.1f} ms a sample)", share, sent))
     print(f"{seconds:g} s per row, each rank a process that imported torch and holds 200 MiB, "
           f"Python {sys.version.split()[0]}, {os.cpu_count()} cores\n")
     print("| sampling | share of one core | rounds | goal (≤ 1%) |")

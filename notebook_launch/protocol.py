@@ -45,6 +45,7 @@ class EventKind(str, enum.Enum):
     DISPLAY = "display"      # DisplayPayload: an IPython display call (rank.display_relay)
     INPUT_REQUEST = "input_request"   # InputRequestPayload: the rank waits for an INPUT_REPLY
     INPUT_REPLY = "input_reply"       # InputReplyPayload, parent -> rank on the same socket
+    RESOURCES = "resources"  # a rank on another machine's own CPU and memory (rank.resources): resources.usage_record
 
 
 # Module-level names for the kinds, as the rank-side code uses them.

@@ -3,11 +3,15 @@ panel rows, the header, the final picture and the rank logs show (``display/reso
 it in words; ``supervise/resources.py`` samples it).
 
 Why a module of its own: the run state (``state.py``) holds these, the supervisor fills them and
-every display reads them, so they live below all three and import nothing.
+every display reads them, so they live below all three and import nothing. A rank on another
+machine samples itself (``rank/resources.py``) and sends a ``RankUsage`` as plain data
+(``usage_record``; the notebook rebuilds it with ``usage_from_record``).
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
+from typing import Any, Mapping
 
 
 @dataclass(frozen=True)
@@ -43,6 +47,22 @@ class RankUsage:
     def shared(self) -> int | None:
         """Resident pages it shares with other processes (the notebook, the other ranks)."""
         return None if self.uss is None else max(0, self.rss - self.uss)
+
+
+def usage_record(usage: RankUsage) -> dict[str, Any]:
+    """``usage`` as plain data: what a RESOURCES event carries (plain values pickle the same
+    whatever the two sides' versions of the class)."""
+    return dataclasses.asdict(usage)
+
+
+def usage_from_record(record: Mapping[str, Any]) -> RankUsage:
+    """The ``RankUsage`` a RESOURCES event's record says (fields it does not know are left out)."""
+    known = {field.name for field in dataclasses.fields(RankUsage)} - {"gpu"}
+    gpu = record.get("gpu")
+    gpu_known = {field.name for field in dataclasses.fields(GpuUsage)}
+    return RankUsage(**{key: value for key, value in record.items() if key in known},
+                     gpu=GpuUsage(**{key: value for key, value in gpu.items() if key in gpu_known})
+                     if isinstance(gpu, Mapping) else None)
 
 
 @dataclass(frozen=True)

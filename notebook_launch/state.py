@@ -97,7 +97,7 @@ class RankState:
     updates: int = 0                      # progress events folded, for displays that diff
     stalled_since: float | None = None    # monotonic time of its last sign of progress, while stalled
     pace: PaceHistory = field(default_factory=PaceHistory)   # its collectives' calls and waits (slow_rank)
-    resources: RankUsage | None = None    # its CPU, memory and GPU as last sampled (local ranks only)
+    resources: RankUsage | None = None    # its CPU, memory and GPU as last sampled (by itself on another machine)
 
     @property
     def last_line(self) -> str:

@@ -237,7 +237,8 @@ def test_every_display_shows_the_same_words():
     assert fmt.resources(state.ranks[0]).startswith("avg cpu 60% · peak 1000.0 MiB own of 1.5 GiB resident")
 
 
-def test_a_rank_on_another_machine_shows_no_resources():
+def test_a_rank_on_another_machine_shows_no_resources_until_it_reports_them():
+    """(It reports them itself: tests/test_remote_resources.py.)"""
     state = RunState("r", 1, "ray", "/tmp/logs", [RankState(0, 0, node="node 1 (10.0.0.2)")])
     assert fmt.resources(state.ranks[0]) == "" and "[" not in fmt.rank_line(state.ranks[0]).split("]", 1)[1]
 

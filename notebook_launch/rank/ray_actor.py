@@ -5,7 +5,8 @@ interface that carries it, its GPUs, a free port there). ``run`` connects the
 rank's three streams back to the notebook, points fds 1/2 and the event channel
 at them, sets the same environment a local rank gets (``plan.rank_environment``, with the
 attempt's restart count and the interface gloo and NCCL must bind), loads the cloudpickled job and runs
-it with ``rank.runner.run_rank``: from there on a Ray rank is a local rank.
+it with ``rank.runner.run_rank``: from there on a Ray rank is a local rank, but for its
+resources, which it samples itself (``rank.resources``: the notebook cannot read its /proc).
 A persistent rank (``persistent.ray_ranks``) is the same call whose job serves calls
 until the notebook stops it (``rank.ray_serve``).
 
@@ -28,6 +29,7 @@ from ..net import free_port, interface_with_address
 from ..plan import RankSpec, rank_environment
 from .bootstrap import EXIT_FAILED, capture_output, flush_everything
 from .ray_where import Answerer, request_number
+from .resources import report_own
 
 log = logging.getLogger("notebook_launch")
 
@@ -72,7 +74,11 @@ class RankActor:
             job = _load_job(job_payload, spec, writer)
             if job is not None:
                 from .runner import run_rank
-                code = run_rank(spec, job)
+                reporter = report_own(writer, spec.device)   # the notebook cannot read this node's /proc
+                try:
+                    code = run_rank(spec, job)
+                finally:
+                    reporter.stop()
         except BaseException as exc:
             from .runner import report_error
             report_error(protocol.error_payload(exc, message=f"rank {rank} could not start on its Ray "

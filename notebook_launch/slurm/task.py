@@ -4,10 +4,12 @@ It connects the rank's four streams back to the notebook (``channels.sockets``, 
 does), points fds 1/2 and the event channel at them, builds the same environment a local rank
 gets (``plan.rank_environment``, with the interface that reaches rank 0's node), loads the
 cloudpickled job the notebook wrote into the run folder and runs it with ``rank.runner.run_rank``:
-from there on it is a local rank. A thread delivers the signals the notebook sends over the
-events connection (Stop, timeout, another rank failed) and ends the rank if the notebook goes
-away, and answers its where requests. This module is the rank side: it imports only what a rank
-imports (rank/, channels, protocol, plan, net), never the notebook side of the SLURM engine.
+from there on it is a local rank, but for its resources, which it samples itself
+(``rank.resources``: the notebook cannot read this node's /proc). A thread delivers the signals
+the notebook sends over the events connection (Stop, timeout, another rank failed) and ends the
+rank if the notebook goes away, and answers its where requests. This module is the rank side: it
+imports only what a rank imports (rank/, channels, protocol, plan, net), never the notebook side
+of the SLURM engine.
 
 What it is told comes in one environment variable (JSON), not in argv: the run's token would
 otherwise show in every ``ps`` on the node.
@@ -29,6 +31,7 @@ from ..plan import RankSpec, rank_environment
 from ..rank import spawn_context
 from ..rank.bootstrap import EXIT_FAILED, capture_output, exit_with
 from ..rank.ray_where import Answerer, request_number
+from ..rank.resources import report_own
 from ..rank.runner import report_error, run_rank, setup_failure
 from ..rank.spawn_entry import report_unloadable_job
 
@@ -67,7 +70,11 @@ def main() -> None:
                                                   f"{os.uname().nodename} (the run folder must be on a "
                                                   f"file system the nodes share)"), writer)
             return EXIT_FAILED
-        return run_rank(spec, job)
+        reporter = report_own(writer, spec.device)   # the notebook cannot read this node's /proc
+        try:
+            return run_rank(spec, job)
+        finally:
+            reporter.stop()
 
     exit_with(body)
 

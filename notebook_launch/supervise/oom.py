@@ -33,7 +33,8 @@ from typing import TYPE_CHECKING, Iterable
 
 from ..protocol import Failure
 from ..resources import size_text
-from .resources import ResourceSampler, machine_memory, read_text, resident
+from ..proc_usage import machine_memory, read_text, resident
+from .resources import ResourceSampler
 
 if TYPE_CHECKING:
     from .outcome import RankEnd

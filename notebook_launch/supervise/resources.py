@@ -13,85 +13,29 @@ one waits long enough for them to stay under ``DETAIL_BUDGET`` of one core howev
 are (a big rank's own memory is then refreshed less often; its resident memory every round).
 ``benchmarks/resource_sampling.py`` measures the whole sampler's share of a core.
 
-Ranks on other machines (Ray, other elastic nodes) are not sampled: their pids mean nothing here.
+Ranks on other machines (Ray actors, SLURM ranks) are not sampled here: their pids mean nothing
+on this machine. They sample themselves (``rank.resources``) and send the figures as RESOURCES
+events; ``reported`` takes them into the same ``usage``, so every display shows them alike.
 """
 from __future__ import annotations
 
 import dataclasses
 import logging
-import os
 import time
-from typing import TYPE_CHECKING, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
-from ..resources import MachineMemory, RankUsage, usage_log_text
+from ..proc_usage import cpu_times, machine_memory, own_memory, resident
+from ..resources import MachineMemory, RankUsage, usage_from_record, usage_log_text
 
 if TYPE_CHECKING:
     from ..logs import LogWriter
     from ..state import RunState
-    from .gpu_usage import GpuWatch
+    from ..gpu_usage import GpuWatch
 
 SAMPLE_EVERY = 1.0     # seconds between two rounds, at the least
 DETAIL_BUDGET = 0.005  # the share of one core the smaps_rollup reads may take (the whole goal: under 1%)
 LOG_EVERY = 60.0       # seconds between two resource lines in a rank's log
-PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
-TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 log = logging.getLogger("notebook_launch")
-
-
-def read_text(path: str) -> str | None:
-    try:
-        with open(path) as file:
-            return file.read()
-    except (OSError, ValueError):
-        return None
-
-
-def resident(pid: int) -> int | None:
-    """``pid``'s resident memory in bytes (statm: pages shared with the notebook count too); None
-    once it ended (a process that exited and is not yet reaped shows 0)."""
-    parts = (read_text(f"/proc/{pid}/statm") or "").split()
-    return int(parts[1]) * PAGE if len(parts) > 1 and parts[1].isdigit() and int(parts[1]) > 0 else None
-
-
-def own_memory(pid: int) -> tuple[int, int] | None:
-    """(USS, PSS) of ``pid`` in bytes, from ``smaps_rollup`` (Linux 4.14+): its private pages, and
-    its proportional share of the pages it shares. None where it cannot be read."""
-    fields: dict[str, int] = {}
-    for line in (read_text(f"/proc/{pid}/smaps_rollup") or "").splitlines():
-        key, _, value = line.partition(":")
-        if key in ("Pss", "Private_Clean", "Private_Dirty"):
-            parts = value.split()
-            if parts and parts[0].isdigit():
-                fields[key] = int(parts[0]) * 1024
-    if "Pss" not in fields or "Private_Clean" not in fields or "Private_Dirty" not in fields:
-        return None
-    return fields["Private_Clean"] + fields["Private_Dirty"], fields["Pss"]
-
-
-def cpu_times(pid: int) -> tuple[float, float] | None:
-    """(CPU seconds ``pid`` used, user and system; seconds since it started), from /proc: its own
-    threads only, not its children's (a DataLoader worker is a process of its own)."""
-    stat, uptime = read_text(f"/proc/{pid}/stat"), read_text("/proc/uptime")
-    if not stat or not uptime:
-        return None
-    fields = stat.rpartition(")")[2].split()   # the name in parentheses may hold spaces
-    try:
-        used = (int(fields[11]) + int(fields[12])) / TICKS   # utime, stime (fields 14, 15 of stat)
-        age = float(uptime.split()[0]) - int(fields[19]) / TICKS   # starttime (field 22)
-    except (IndexError, ValueError):
-        return None
-    return used, age
-
-
-def machine_memory() -> MachineMemory | None:
-    """/proc/meminfo's MemTotal and MemAvailable."""
-    found = {}
-    for line in (read_text("/proc/meminfo") or "").splitlines():
-        key, _, value = line.partition(":")
-        parts = value.split()
-        if key in ("MemTotal", "MemAvailable") and parts and parts[0].isdigit():
-            found[key] = int(parts[0]) * 1024
-    return MachineMemory(found["MemTotal"], found.get("MemAvailable")) if "MemTotal" in found else None
 
 
 class ResourceSampler:
@@ -114,6 +58,7 @@ class ResourceSampler:
         self._gpu_tried = False
         self._published = 0           # the round the run state last got
         self._logged: dict[int, float] = {}   # local rank -> when its log last got a line
+        self._reported: set[int] = set()      # ranks on other machines that sent a sample since the last publish
 
     def due(self, now: float) -> bool:
         return now >= self.next_round
@@ -186,17 +131,32 @@ class ResourceSampler:
                                       peak_rss=peak_rss, peak_uss=peak_uss, gpu=gpu)
         self.updated.add(local)
 
-    def publish(self, state: "RunState", logs: "LogWriter", now: float | None = None) -> None:
-        """Give the run state the latest round (once per round), and each rank's log a line once
-        every LOG_EVERY seconds from when its own memory was first read (a call on persistent
-        ranks that ends within SAMPLE_EVERY writes none)."""
-        if self.rounds == self._published:
+    def reported(self, local: int, record: Mapping[str, Any]) -> None:
+        """A rank on another machine's own sample (a RESOURCES event: ``rank.resources``), taken in
+        as a round's: the next ``publish`` shows it and logs it."""
+        try:
+            self.usage[local] = usage_from_record(record)
+        except Exception:   # an extra: the run goes on without it
+            log.debug("rank %d's resources could not be read from its event", local, exc_info=True)
             return
-        self._published = self.rounds
+        self._reported.add(local)
+
+    def publish(self, state: "RunState", logs: "LogWriter", now: float | None = None) -> None:
+        """Give the run state the latest round (once per round) and the samples ranks on other
+        machines sent since, and each rank's log a line once every LOG_EVERY seconds from when its
+        own memory was first read (a call on persistent ranks that ends within SAMPLE_EVERY writes
+        none; a rank that samples itself reads it every time)."""
+        fresh, self._reported = self._reported, set()
+        if self.rounds != self._published:
+            self._published = self.rounds
+            fresh |= self.updated
+        if not fresh:
+            return
         now = time.monotonic() if now is None else now
-        state.on_resources({local: self.usage[local] for local in self.updated}, self.machine)
-        for local in sorted(self.updated):
-            if local in self._own_at and now - self._logged.get(local, -LOG_EVERY) >= LOG_EVERY:
+        state.on_resources({local: self.usage[local] for local in fresh}, self.machine)
+        for local in sorted(fresh):
+            own_known = local in self._own_at or self.usage[local].uss is not None
+            if own_known and now - self._logged.get(local, -LOG_EVERY) >= LOG_EVERY:
                 self._logged[local] = now
                 logs.write_block(local, usage_log_text(self.usage[local]))
 
@@ -204,7 +164,7 @@ class ResourceSampler:
         """NVML, opened the first time a rank has a GPU (never imported otherwise)."""
         if self._gpu is None and not self._gpu_tried and any(d.startswith("cuda") for d in devices.values()):
             self._gpu_tried = True
-            from .gpu_usage import GpuWatch
+            from ..gpu_usage import GpuWatch
             self._gpu = GpuWatch.open()
         return self._gpu
 

@@ -315,9 +315,13 @@ class Supervisor:
     # --- what the watcher reports (WatchHandler) ------------------------------
     def on_event(self, watch: RankWatch, kind: protocol.EventKind, payload: Any) -> None:
         local = watch.local_rank
-        if self.stalls is not None and not (kind is protocol.EventKind.PROGRESS and only_waiting(payload)):
+        # a sample of its resources (sent whatever the rank does) and a wait in a collective are no progress
+        quiet = kind is protocol.EventKind.RESOURCES or (kind is protocol.EventKind.PROGRESS and only_waiting(payload))
+        if self.stalls is not None and not quiet:
             self.stalls.saw(local, time.monotonic())
-        if kind is protocol.EventKind.PROGRESS:
+        if kind is protocol.EventKind.RESOURCES:   # a rank on another machine sampled itself (rank.resources)
+            self.memory.resources.reported(local, payload)
+        elif kind is protocol.EventKind.PROGRESS:
             self.state.on_progress(local, payload)
             self.logs.write_metrics(self.state.ranks[local].rank, payload.get("series"))
         elif kind is protocol.EventKind.READY:

@@ -25,7 +25,7 @@ PACKAGES: dict[str, str] = {
     "nbclient": "nbclient",
     "ipykernel": "ipykernel",
     "jupyter_client": "jupyter_client",
-    # the GPU ranks' device memory in their rows (supervise/gpu_usage.py; tests/gpu/test_gpu_resources.py)
+    # the GPU ranks' device memory in their rows (gpu_usage.py; tests/gpu/test_gpu_resources.py)
     "nvidia-ml-py": "pynvml",
 }
 

@@ -38,8 +38,15 @@ def train(scenario):
         check = torch.ones(1)
         dist.all_reduce(check)   # the ranks of attempt 0 wait here when rank 3 fails
         total += check - world
+    if scenario == "resources":   # held until this node's notebook showed the rank's own memory
+        seen = os.path.join(os.environ["NODE_SCRIPT_SEEN"], f"rank{rank}")
+        deadline = time.monotonic() + 120
+        while not os.path.exists(seen) and time.monotonic() < deadline:
+            time.sleep(0.05)
     dist.destroy_process_group()
-    return {"rank": rank, "world_size": world, "local_rank": int(os.environ["LOCAL_RANK"]),
+    from notebook_launch.rank import resources
+    return {"self_sampling": resources.current() is not None,
+            "rank": rank, "world_size": world, "local_rank": int(os.environ["LOCAL_RANK"]),
             "node_rank": int(os.environ["GROUP_RANK"]), "sum": total.item(), "attempt": attempt,
             "gloo_ifname": os.environ.get("GLOO_SOCKET_IFNAME"),
             "nccl_ifname": os.environ.get("NCCL_SOCKET_IFNAME")}
@@ -50,6 +57,8 @@ def main():
         cfg = json.load(f)
     from notebook_launch import LaunchError, notebook_launcher
 
+    if cfg["scenario"] == "resources":
+        _tell_ranks_when_seen(cfg["log_dir"] + "-seen")
     before = {name: signal.getsignal(getattr(signal, name)) for name in HANDLED}
     _warm_tcpstore()
     fds_before = _open_fds()
@@ -79,6 +88,23 @@ def main():
     out["fds_left"] = sorted(fd for fd in set(_open_fds()) - set(fds_before) if fd.split("->")[0] not in keepers)
     with open(cfg["output"], "w") as f:
         json.dump(out, f)
+
+
+def _tell_ranks_when_seen(folder):
+    """Observes only: a file per rank in ``folder`` once this node's panel shows the rank's own
+    memory (read by this node from the rank's /proc), so the rank may end."""
+    import notebook_launch.supervise.resources as sampling
+    os.makedirs(folder, exist_ok=True)
+    os.environ["NODE_SCRIPT_SEEN"] = folder   # the ranks inherit it
+    publish = sampling.ResourceSampler.publish
+
+    def publish_and_tell(self, state, logs, now=None):
+        publish(self, state, logs, now)
+        for rs in state.ranks:
+            if rs.resources is not None and rs.resources.uss is not None:
+                open(os.path.join(folder, f"rank{rs.rank}"), "w").close()
+
+    sampling.ResourceSampler.publish = publish_and_tell
 
 
 def _warm_tcpstore():

@@ -33,6 +33,20 @@ def test_four_rank_all_reduce_across_two_nodes(two_nodes, rdzv_backend):
         _clean_exit(outcome)
 
 
+def test_each_nodes_ranks_show_their_resources_read_by_that_node(two_nodes):
+    """An elastic node's ranks are local to its own launcher, which reads their /proc (issue 34
+    item 1): every rank's row on its node's panel, and the final picture, show its CPU and memory,
+    and no rank samples itself (that is for ranks no notebook can read: Ray, SLURM)."""
+    node0, node1 = two_nodes.run("resources")
+    for node_rank, outcome in enumerate((node0, node1)):
+        assert outcome["ok"], outcome.get("message")
+        assert [r["self_sampling"] for r in outcome["results"]] == [False, False]
+        for rank in (2 * node_rank, 2 * node_rank + 1):
+            row = [line for line in outcome["printed"].splitlines() if line.strip().startswith(f"rank {rank} ")]
+            assert row and "[avg cpu " in row[-1] and " own of " in row[-1], outcome["printed"]
+        _clean_exit(outcome)
+
+
 def test_rank_failure_on_node_1_ends_both_nodes(two_nodes):
     node0, node1 = two_nodes.run("fail")
     for outcome in (node0, node1):

@@ -2,9 +2,12 @@
 holds there. NVML (``pynvml``, from the ``nvidia-ml-py`` package: the ``gpu`` extra) reads the
 driver's counters without a CUDA context, so the notebook's process stays free to fork CUDA ranks.
 
-Imported only when a rank has a GPU (``resources.ResourceSampler.gpu_watch``), and ``pynvml``
-only then: a CPU launch never loads it. It is looked up through ``importlib`` (``sys.modules``
-first), which is also where a test's stand-in NVML goes (``tests/helpers/fake_nvml.py``).
+Why at the top of the package: two sides read it. The notebook, for its local ranks
+(``supervise.resources.ResourceSampler.gpu_watch``), and a rank on another machine for itself
+(``rank.resources``: a Ray actor, a SLURM rank), where only its own node's driver can answer.
+Imported only when a rank has a GPU, and ``pynvml`` only then: a CPU launch never loads it.
+It is looked up through ``importlib`` (``sys.modules`` first), which is also where a test's
+stand-in NVML goes (``tests/helpers/fake_nvml.py``).
 """
 from __future__ import annotations
 
@@ -13,7 +16,7 @@ import logging
 import os
 from typing import Any
 
-from ..resources import GpuUsage
+from .resources import GpuUsage
 
 log = logging.getLogger("notebook_launch")
 

@@ -1,0 +1,71 @@
+"""What one process uses, read from /proc: its resident memory, its own memory (USS/PSS), its
+CPU time, and the machine's memory.
+
+Why a module of its own, below both sides: the notebook reads its local ranks through
+``/proc/<pid>`` (``supervise.resources``), and a rank on another machine reads its own through
+``/proc/<its pid>`` (``rank.resources``), with the same readers. Standard library only.
+"""
+from __future__ import annotations
+
+import os
+
+from .resources import MachineMemory
+
+PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def read_text(path: str) -> str | None:
+    try:
+        with open(path) as file:
+            return file.read()
+    except (OSError, ValueError):
+        return None
+
+
+def resident(pid: int) -> int | None:
+    """``pid``'s resident memory in bytes (statm: pages shared with the notebook count too); None
+    once it ended (a process that exited and is not yet reaped shows 0)."""
+    parts = (read_text(f"/proc/{pid}/statm") or "").split()
+    return int(parts[1]) * PAGE if len(parts) > 1 and parts[1].isdigit() and int(parts[1]) > 0 else None
+
+
+def own_memory(pid: int) -> tuple[int, int] | None:
+    """(USS, PSS) of ``pid`` in bytes, from ``smaps_rollup`` (Linux 4.14+): its private pages, and
+    its proportional share of the pages it shares. None where it cannot be read."""
+    fields: dict[str, int] = {}
+    for line in (read_text(f"/proc/{pid}/smaps_rollup") or "").splitlines():
+        key, _, value = line.partition(":")
+        if key in ("Pss", "Private_Clean", "Private_Dirty"):
+            parts = value.split()
+            if parts and parts[0].isdigit():
+                fields[key] = int(parts[0]) * 1024
+    if "Pss" not in fields or "Private_Clean" not in fields or "Private_Dirty" not in fields:
+        return None
+    return fields["Private_Clean"] + fields["Private_Dirty"], fields["Pss"]
+
+
+def cpu_times(pid: int) -> tuple[float, float] | None:
+    """(CPU seconds ``pid`` used, user and system; seconds since it started), from /proc: its own
+    threads only, not its children's (a DataLoader worker is a process of its own)."""
+    stat, uptime = read_text(f"/proc/{pid}/stat"), read_text("/proc/uptime")
+    if not stat or not uptime:
+        return None
+    fields = stat.rpartition(")")[2].split()   # the name in parentheses may hold spaces
+    try:
+        used = (int(fields[11]) + int(fields[12])) / TICKS   # utime, stime (fields 14, 15 of stat)
+        age = float(uptime.split()[0]) - int(fields[19]) / TICKS   # starttime (field 22)
+    except (IndexError, ValueError):
+        return None
+    return used, age
+
+
+def machine_memory() -> MachineMemory | None:
+    """/proc/meminfo's MemTotal and MemAvailable."""
+    found = {}
+    for line in (read_text("/proc/meminfo") or "").splitlines():
+        key, _, value = line.partition(":")
+        parts = value.split()
+        if key in ("MemTotal", "MemAvailable") and parts and parts[0].isdigit():
+            found[key] = int(parts[0]) * 1024
+    return MachineMemory(found["MemTotal"], found.get("MemAvailable")) if "MemTotal" in found else None
