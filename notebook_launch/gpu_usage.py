@@ -42,12 +42,12 @@ class GpuWatch:
         try:
             nvml = importlib.import_module("pynvml")
             nvml.nvmlInit()
-        except Exception:
+        except Exception:   # why: no NVML, or one that fails to start: rows show no device part
             log.debug("no NVML: GPU ranks' rows show no device memory", exc_info=True)
             return None
         try:
             return cls(nvml)
-        except Exception:
+        except Exception:   # why: a driver that cannot list its devices: the rows show no device part
             log.debug("NVML could not list the devices", exc_info=True)
             nvml.nvmlShutdown()
             return None
@@ -78,7 +78,7 @@ class GpuWatch:
         listed (not using it yet; or another PID namespace, as in some containers)."""
         try:
             processes = self.nvml.nvmlDeviceGetComputeRunningProcesses(handle)
-        except Exception:
+        except Exception:   # why: a driver may refuse the list (containers, MIG): own share unknown
             return None
         return next((process for process in processes if process.pid == pid), None)
 
@@ -91,18 +91,18 @@ class GpuWatch:
             memory = self.nvml.nvmlDeviceGetMemoryInfo(handle)
             try:
                 utilization: int | None = int(self.nvml.nvmlDeviceGetUtilizationRates(handle).gpu)
-            except Exception:   # some devices (MIG slices) do not report it
+            except Exception:   # why: some devices (MIG slices) do not report it
                 utilization = None
             process = self.process_of(handle, pid)
             held = getattr(process, "usedGpuMemory", None)   # None where the driver does not say
             return GpuUsage(index=index, used=int(memory.used), total=int(memory.total), utilization=utilization,
                             process_used=int(held) if isinstance(held, int) else None)
-        except Exception:
+        except Exception:   # why: one unreadable device leaves that row's device part out, not the run
             log.debug("NVML could not say what %s uses", device, exc_info=True)
             return None
 
     def close(self) -> None:
         try:
             self.nvml.nvmlShutdown()
-        except Exception:
+        except Exception:   # why: shutting NVML down at the end can fail only harmlessly
             log.debug("nvmlShutdown failed", exc_info=True)

@@ -19,11 +19,6 @@ BROAD = {"Exception", "BaseException"}
 PENDING = "pending: being reshaped in another branch"
 # files whose handlers are left as they are for now, each with its reason
 ALLOWED: dict[str, str] = {
-    "rank/ray_actor.py": PENDING,
-    "rank/ray_serve.py": PENDING,
-    "slurm/task.py": PENDING,
-    "supervise/resources.py": PENDING,   # the resource sampling's notebook half (remoteres)
-    "supervise/gpu_usage.py": PENDING,
 }
 
 

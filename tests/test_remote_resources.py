@@ -214,7 +214,6 @@ def report_like_a_remote_rank(sentinel: str) -> bool:
 def test_a_launch_shows_what_ranks_reported_of_themselves(monkeypatch, tmp_path, log_dir):
     """Real ranks whose /proc the notebook does not read (as for ranks on other machines): their
     rows, final picture and logs show what they sent."""
-    import notebook_launch.run as run_module
     monkeypatch.setattr(Supervisor, "sampled_pids", lambda self: {})   # the notebook reads no /proc
     sentinel = str(tmp_path / "seen")
 
@@ -223,8 +222,8 @@ def test_a_launch_shows_what_ranks_reported_of_themselves(monkeypatch, tmp_path,
         return all(own is not None for own in owns) and (owns[0] or 0) >= ALLOCATED
 
     display = SeeingDisplay(seen, sentinel)
-    monkeypatch.setattr(run_module, "choose_display", lambda ui="auto", **kw: display)
-    results = notebook_launcher(report_like_a_remote_rank, args=(sentinel,), num_processes=2, log_dir=log_dir)
+    results = notebook_launcher(report_like_a_remote_rank, args=(sentinel,), num_processes=2, log_dir=log_dir,
+                                ui=display)
     assert results == [True, True], "the notebook never showed rank 0's memory"
     assert " own of " in display.rows[0] and "resident" in display.rows[0], display.rows
     state = display.state
@@ -265,20 +264,19 @@ def reports_then_skips_an_all_reduce() -> None:
 def test_a_ranks_own_samples_are_no_sign_of_progress(monkeypatch, log_dir):
     """A sample is sent whatever the rank does: a hung rank that reports every 0.8 s is still
     called stalled after 2 s (the stall's report stops the run, as the Stop button does)."""
+    from helpers.watching import WatchingDisplay, WhereReports
+
     from notebook_launch import LaunchError
-    from notebook_launch import run as run_module
     from notebook_launch.net import free_port
     monkeypatch.setattr(rank_resources, "SAMPLE_EVERY", 0.8)   # the forked ranks inherit it
     monkeypatch.setattr(rank_resources, "BUDGET", 1.0)
-    reports: list[str] = []
+    shown = WhereReports()
+    reports = shown.texts
 
-    class StopWhenStalled(run_module.RunState):
-        def on_where_report(self, text):
-            super().on_where_report(text)
-            reports.append(text)
-            self.stop_requested = True
+    def stop_when_stalled(state: RunState) -> None:   # as a person at the panel presses Stop
+        if shown.new(state) is not None:
+            state.stop_requested = True
 
-    monkeypatch.setattr(run_module, "RunState", StopWhenStalled)
     samples: list[int] = []
     reported = ResourceSampler.reported
 
@@ -289,7 +287,8 @@ def test_a_ranks_own_samples_are_no_sign_of_progress(monkeypatch, log_dir):
     monkeypatch.setattr(ResourceSampler, "reported", count_and_take)
     with pytest.raises(LaunchError) as info:
         notebook_launcher(reports_then_skips_an_all_reduce, num_processes=2, stall_after=2, log_dir=log_dir,
-                          ui="text", use_port=str(free_port()), timeout=90, start_method="fork")
+                          ui=WatchingDisplay(on_refresh=stop_when_stalled), use_port=str(free_port()), timeout=90,
+                          start_method="fork")
     assert info.value.kind == "stopped", str(info.value)   # not "timeout": the stall was seen
     assert reports and reports[0].startswith("stalled: no rank showed progress for 2 s; "), reports
     assert samples.count(0) >= 3 and samples.count(1) >= 3, samples   # the samples did come, all along

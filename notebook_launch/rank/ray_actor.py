@@ -79,7 +79,7 @@ class RankActor:
                     code = run_rank(spec, job)
                 finally:
                     reporter.stop()
-        except BaseException as exc:
+        except BaseException as exc:   # why: reported as the rank's failure, never an unexplained exit
             from .runner import report_error
             report_error(protocol.error_payload(exc, message=f"rank {rank} could not start on its Ray "
                                                 f"actor: {type(exc).__name__}: {exc}"))
@@ -153,7 +153,7 @@ def _load_job(payload: bytes, spec: RankSpec, writer: protocol.EventWriter) -> A
     import cloudpickle
     try:
         job = cloudpickle.loads(data["job"])
-    except Exception as exc:
+    except Exception as exc:   # why: any error unpickling the user's job is reported as that rank's failure
         report_unloadable_job(writer, spec, exc)
         return None
     spawn_context.restore_state(data["context"])

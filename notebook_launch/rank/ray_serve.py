@@ -192,7 +192,7 @@ def serve_ray_calls(device_kind: DeviceKind) -> None:
                 return
             try:
                 kind, payload = decode(*message)
-            except Exception as exc:   # the frame was read whole; only this call is lost
+            except Exception as exc:   # why: the frame was read whole; only this call is lost
                 runner.report_error(protocol.error_payload(
                     exc, message=f"rank {global_rank} could not unpickle the call "
                     f"({type(exc).__name__}: {exc}); define what it needs in the notebook or push it"), writer)

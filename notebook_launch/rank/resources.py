@@ -131,14 +131,14 @@ class Reporter:
             return False
         try:
             usage = self.sampler.sample()
-        except Exception:   # an extra: the rank goes on without it
+        except Exception:   # why: an extra: the rank goes on without it
             log.debug("this rank's resources could not be read", exc_info=True)
             return True
         if usage is None:
             return True
         try:
             self.writer.send(protocol.EventKind.RESOURCES, usage_record(usage))
-        except Exception:   # the notebook went away
+        except Exception:   # why: the notebook went away
             log.debug("this rank's resources cannot be sent any more; its sampler stops", exc_info=True)
             return False
         self.sent += 1

@@ -61,11 +61,11 @@ def main() -> None:
             import cloudpickle
             try:
                 job = cloudpickle.loads(data["job"])
-            except Exception as exc:
+            except Exception as exc:   # why: any error unpickling the user's job is reported as that rank's failure
                 report_unloadable_job(writer, spec, exc)
                 return EXIT_FAILED
             spawn_context.restore_state(data["context"])
-        except BaseException as exc:   # a launcher error with its cause, never an unexplained exit
+        except BaseException as exc:   # why: a launcher error with its cause, never an unexplained exit
             report_error(setup_failure(spec, exc, f"loading the job from {assignment['payload']} on "
                                                   f"{os.uname().nodename} (the run folder must be on a "
                                                   f"file system the nodes share)"), writer)

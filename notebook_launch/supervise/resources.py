@@ -75,7 +75,7 @@ class ResourceSampler:
         for local, pid in pids.items():   # the cheap reads first: a rank about to end is still there
             try:
                 self.sample_one(local, pid, now, gpus, devices.get(local, ""))
-            except Exception:   # an extra: the run goes on without it
+            except Exception:   # why: an extra: the run goes on without it
                 log.debug("could not sample rank %d's resources", local, exc_info=True)
         if self.rounds == 0:   # a supervision's first round (each call on persistent ranks has one): cheap only
             self.next_detail = now + SAMPLE_EVERY
@@ -136,7 +136,7 @@ class ResourceSampler:
         as a round's: the next ``publish`` shows it and logs it."""
         try:
             self.usage[local] = usage_from_record(record)
-        except Exception:   # an extra: the run goes on without it
+        except Exception:   # why: an extra: the run goes on without it
             log.debug("rank %d's resources could not be read from its event", local, exc_info=True)
             return
         self._reported.add(local)
