@@ -24,6 +24,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 
 from .fork_locks import ForkRenewedLock, no_fork_during_exec
 
@@ -208,4 +209,8 @@ def _start_keeper() -> _Keeper | None:
     finally:
         theirs.close()
         os.close(pidfd)
+    # Its first process exits as soon as the keeper forked: reaped at once by a thread of its own,
+    # not at the next order (a launch refused by a later check gives none, and the notebook held
+    # a zombie child until its next launch).
+    threading.Thread(target=first.wait, name="notebook_launch-keeper-reap", daemon=True).start()
     return _Keeper(os.getpid(), ours, first)

@@ -73,12 +73,13 @@ def plan_launch(options: LaunchOptions) -> tuple[LaunchTarget, LaunchPlan, str]:
                                        notes=notes, multi_node=options.num_nodes > 1)
         net.hold_claim(run_id, claim)
         port = claim.port
-    start_keeper_ahead()   # the checks passed: ranks will start (the keeper's start runs beside what follows)
     try:
-        return target, _plan(options, target, port, run_id, notes), run_id
+        plan = _plan(options, target, port, run_id, notes)
     except BaseException:
         net.release_claims(run_id)
         raise
+    start_keeper_ahead()   # every check passed: ranks will start (the keeper's start runs beside what follows)
+    return target, plan, run_id
 
 
 def _plan(options: LaunchOptions, target: LaunchTarget, port: int, run_id: str, notes: list[str]) -> LaunchPlan:

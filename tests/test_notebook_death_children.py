@@ -241,3 +241,41 @@ def test_the_first_launch_starts_its_keeper_before_any_rank(tmp_path):
     outcome = json.loads(done.stdout.splitlines()[-1])
     assert outcome == {"results": [0, 0, 0], "events": ["keeper", "fork", "fork", "fork"], "keeper": True}, \
         (outcome, done.stderr)
+
+
+REFUSED_THEN_LAUNCHED = textwrap.dedent("""
+    import json, time
+    import psutil
+    from notebook_launch import LaunchArgumentError, notebook_launcher
+
+    def children():
+        return [c.status() for c in psutil.Process().children()]
+
+    try:
+        notebook_launcher(int, num_processes=2, display_ranks=[5], ui="none", log_dir={log_dir!r})
+        refused = False
+    except LaunchArgumentError:
+        refused = True
+    after_refusal = children()
+    results = notebook_launcher(int, args=("1",), num_processes=2, ui="none", log_dir={log_dir!r})
+    deadline = time.monotonic() + 20
+    while children() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    print(json.dumps({{"refused": refused, "after_refusal": after_refusal, "results": results,
+                       "after_launch": children()}}))
+""")
+
+
+def test_a_refused_launch_starts_no_keeper_and_the_keepers_first_process_is_reaped_at_once(tmp_path):
+    """A launch its last check refuses (display_ranks naming a rank the run lacks) starts nothing,
+    the keeper included: it started once the port was settled, before that check, and its first
+    process, which exits once the keeper forked, stayed a zombie child until the next launch. After
+    a launch nothing is left as the notebook's child: its ranks and the keeper's first process are
+    reaped without another launch (the keeper itself is no child: it left in a new session)."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    done = subprocess.run([sys.executable, "-c", REFUSED_THEN_LAUNCHED.format(log_dir=str(tmp_path))],
+                          capture_output=True, text=True, env=env, timeout=240)
+    assert done.returncode == 0, done.stderr
+    outcome = json.loads(done.stdout.splitlines()[-1])
+    assert outcome == {"refused": True, "after_refusal": [], "results": [1, 1], "after_launch": []}, outcome
