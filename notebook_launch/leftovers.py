@@ -18,6 +18,7 @@ equivalent of a ``systemd-run`` or ``nohup env -i``), as it would escape the swe
 """
 from __future__ import annotations
 
+import fcntl
 import logging
 import os
 import signal
@@ -179,16 +180,31 @@ def _tell_keeper(message: str, *, start: bool) -> None:
                 _keeper = None
 
 
+def _above_std(fd: int) -> int:
+    """``fd`` moved to 3 or above: in a notebook whose fds 0-2 are closed (a daemonized host) a new
+    descriptor can be one of them, and the keeper's stdin/stdout/stderr (/dev/null) then replaced
+    the orders socket or the pidfd it was handed: it read end-of-file at once, took the notebook
+    for dead and killed the ranks it was told of. (The notebook's own end is moved too: on fd 1
+    its prints would have gone to the keeper as orders.)"""
+    if fd > 2:
+        return fd
+    try:
+        return fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 3)
+    finally:
+        os.close(fd)
+
+
 def _start_keeper() -> _Keeper | None:
     """Start the keeper (``orphan_keeper``) for this process, without waiting for it: the orders
     written meanwhile wait in the socket pair's buffer for it."""
     try:
-        pidfd = os.pidfd_open(os.getpid())
+        pidfd = _above_std(os.pidfd_open(os.getpid()))
     except OSError:
         log.debug("no pidfd for this process: no orphan keeper", exc_info=True)
         return None
     try:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        ours, theirs = (socket.socket(fileno=_above_std(end.detach())) for end in (ours, theirs))
     except OSError:
         os.close(pidfd)
         log.debug("no socket pair for the orphan keeper", exc_info=True)
