@@ -120,8 +120,7 @@ hosts_chroot_umount() {
 }
 
 hosts_chroot_run() {
-  # HOME=/root: pip's cache and config; TMPDIR inside the chroot's own /tmp. HOSTS_CHROOT_WRAP: a
-  # command the chroot runs under (test-host.sh: scripts/own-network.sh, for the tests only).
-  ${HOSTS_CHROOT_WRAP:-} chroot "$HOSTS_ROOT" /usr/bin/env HOME=/root TMPDIR=/tmp PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
+  # HOME=/root: pip's cache and config; TMPDIR inside the chroot's own /tmp.
+  chroot "$HOSTS_ROOT" /usr/bin/env HOME=/root TMPDIR=/tmp PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
     bash -c 'cd /repo && exec "$@"' bash "$@" 8>&-   # the lock stays with this shell, not a leftover process
 }

@@ -124,13 +124,7 @@ fi
 run bash scripts/pip-install.sh "$inside/lane/bin/python" --no-deps -e .
 mkdir -p test-artifacts
 status=0
-# The tests in a network of their own (scripts/own-network.sh): the lanes run side by side.
-if [ "$host" = colab ]; then
-  tests_run() { HOSTS_CHROOT_WRAP="bash scripts/own-network.sh" hosts_chroot_run "$@"; }
-else
-  tests_run() { bash scripts/own-network.sh "$@"; }
-fi
-tests_run env NOTEBOOK_LAUNCH_HOST="$host" NOTEBOOK_LAUNCH_HOST_PINS_VENV="$inside/pins" \
+run env NOTEBOOK_LAUNCH_HOST="$host" NOTEBOOK_LAUNCH_HOST_PINS_VENV="$inside/pins" \
   "$inside/lane/bin/python" -m pytest -p no:cacheprovider --junitxml="test-artifacts/junit-$host.xml" \
   "${TESTS[@]}" "$@" || status=$?
 echo "test-host: the $host lane took ${SECONDS} s in all" >&2

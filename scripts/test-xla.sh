@@ -7,5 +7,4 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup-xla.sh
 mkdir -p test-artifacts
-# in a network of its own (scripts/own-network.sh): the lanes run side by side
-exec bash scripts/own-network.sh .venv-xla/bin/python -m pytest -p no:cacheprovider tests/xla tests/test_xla_detection.py "$@"
+exec .venv-xla/bin/python -m pytest -p no:cacheprovider tests/xla tests/test_xla_detection.py "$@"
