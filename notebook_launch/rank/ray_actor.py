@@ -71,7 +71,8 @@ class RankActor:
                                  name="notebook_launch-control").start()
             spec = _rank_spec(assignment)
             os.environ.update(spec.env)
-            job = _load_job(job_payload, spec, writer)
+            from .spawn_entry import load_remote_job
+            job = load_remote_job(job_payload, spec, writer)
             if job is not None:
                 from .runner import run_rank
                 reporter = report_own(writer, spec.device)   # the notebook cannot read this node's /proc
@@ -140,24 +141,6 @@ def _rank_spec(assignment: dict[str, Any]) -> RankSpec:
         env["CUDA_VISIBLE_DEVICES"] = a["cuda_visible_devices"]
     device = f"cuda:{a['local_rank']}" if a["device_kind"] == "cuda" else "cpu"
     return RankSpec(a["global_rank"], a["local_rank"], device, env)
-
-
-def _load_job(payload: bytes, spec: RankSpec, writer: protocol.EventWriter) -> Any:
-    """The job, with the notebook's context restored first; None after reporting why not."""
-    import pickle
-
-    from . import spawn_context
-    from .spawn_entry import report_unloadable_job
-    data = pickle.loads(payload)
-    spawn_context.restore_paths(data["context"])
-    import cloudpickle
-    try:
-        job = cloudpickle.loads(data["job"])
-    except Exception as exc:   # why: any error unpickling the user's job is reported as that rank's failure
-        report_unloadable_job(writer, spec, exc)
-        return None
-    spawn_context.restore_state(data["context"])
-    return job
 
 
 def _obey_notebook(sock: Any, finished: threading.Event, answerer: Answerer) -> None:

@@ -84,6 +84,22 @@ def load_job(path: str, local_rank: int, writer: protocol.EventWriter,
     return spec, job, context
 
 
+def load_remote_job(payload: bytes, spec: Any, writer: protocol.EventWriter) -> Any:
+    """A rank on another machine's job (Ray's actor, SLURM's task), from the payload the notebook
+    pickled (``{"context": ..., "job": cloudpickle bytes}``), with the notebook's paths restored
+    before and its state after the unpickling; None after reporting a job that cannot be loaded."""
+    data = pickle.loads(payload)
+    spawn_context.restore_paths(data["context"])
+    import cloudpickle
+    try:
+        job = cloudpickle.loads(data["job"])
+    except Exception as exc:   # why: any error unpickling the user's job is reported as that rank's failure
+        report_unloadable_job(writer, spec, exc)
+        return None
+    spawn_context.restore_state(data["context"])
+    return job
+
+
 def report_unloadable_job(writer: protocol.EventWriter, spec: Any, exc: BaseException) -> None:
     missing = getattr(exc, "name", None) if isinstance(exc, ImportError) else None
     what = f"the module {missing!r}" if missing else "something the function refers to"

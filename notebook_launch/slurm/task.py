@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import json
 import os
-import pickle
 import signal
 import sys
 import threading
@@ -28,12 +27,11 @@ from .. import protocol
 from ..channels.sockets import SIGNAL_FRAME, connect_streams
 from ..net import interface_with_address, source_address_toward
 from ..plan import RankSpec, rank_environment
-from ..rank import spawn_context
 from ..rank.bootstrap import EXIT_FAILED, capture_output, exit_with
 from ..rank.ray_where import Answerer, request_number
 from ..rank.resources import report_own
 from ..rank.runner import report_error, run_rank, setup_failure
-from ..rank.spawn_entry import report_unloadable_job
+from ..rank.spawn_entry import load_remote_job
 
 ASSIGNMENT_VARIABLE = "NOTEBOOK_LAUNCH_SLURM_TASK"
 
@@ -56,15 +54,9 @@ def main() -> None:
         os.environ.update(spec.env)
         try:
             with open(assignment["payload"], "rb") as f:
-                data = pickle.load(f)
-            spawn_context.restore_paths(data["context"])
-            import cloudpickle
-            try:
-                job = cloudpickle.loads(data["job"])
-            except Exception as exc:   # why: any error unpickling the user's job is reported as that rank's failure
-                report_unloadable_job(writer, spec, exc)
+                job = load_remote_job(f.read(), spec, writer)
+            if job is None:
                 return EXIT_FAILED
-            spawn_context.restore_state(data["context"])
         except BaseException as exc:   # why: a launcher error with its cause, never an unexplained exit
             report_error(setup_failure(spec, exc, f"loading the job from {assignment['payload']} on "
                                                   f"{os.uname().nodename} (the run folder must be on a "
