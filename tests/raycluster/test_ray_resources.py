@@ -59,15 +59,33 @@ def test_ray_ranks_on_both_nodes_show_their_own_memory_and_cpu(ray_nodes):
 
 PERSISTENT = """
 from notebook_launch import start_ranks
-import notebook_launch.persistent.pool as pool_module
+from notebook_launch.display import choose_display
+from notebook_launch.display.base import Display
 own = {{}}   # global rank -> the most own memory (USS) a call's rows showed of it
-class KeepingState(pool_module.RunState):   # observes only
-    def on_resources(self, usage, machine):
-        super().on_resources(usage, machine)
-        for local, found in usage.items():
-            own[self.ranks[local].rank] = max(own.get(self.ranks[local].rank, 0), found.uss or 0)
-pool_module.RunState = KeepingState
-ranks = start_ranks(2, cluster=RayCluster(address={head!r}, placement="SPREAD"), ui="text")
+class Keeping(Display):   # the text display, and what its rows show of each rank's own memory
+    def __init__(self):
+        super().__init__()
+        self.shown = choose_display("text")
+        self.name = self.shown.name
+    def keep(self, state):
+        for rs in state.ranks:
+            if rs.resources is not None:
+                own[rs.rank] = max(own.get(rs.rank, 0), rs.resources.uss or 0)
+    def tag(self, state, local_rank):
+        return self.shown.tag(state, local_rank)
+    def start(self, state):
+        self.shown.start(state)
+    def line(self, state, local_rank, stream, text):
+        self.shown.line(state, local_rank, stream, text)
+    def refresh(self, state):
+        self.shown.refresh(state)
+        self.keep(state)
+    def prompting(self, state, showing):
+        self.shown.prompting(state, showing)
+    def close(self, state):
+        self.keep(state)
+        self.shown.close(state)
+ranks = start_ranks(2, cluster=RayCluster(address={head!r}, placement="SPREAD"), ui=Keeping())
 def hold():
     global block   # kept for the next call: the ranks' memory is theirs between calls
     reporter = resources.current()
