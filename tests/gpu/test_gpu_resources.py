@@ -63,6 +63,7 @@ def test_a_gpu_ranks_row_shows_its_device_memory_from_nvml(gpus, tmp_path, log_d
         assert "GPU " in row and " of " in row and "GiB" in row, row
     assert display.state is not None
     for rs in display.state.ranks:   # the process's own share, where the driver lists it here
+        assert rs.resources is not None, rs
         gpu = rs.resources.gpu
         assert gpu is not None and gpu.total > gpu.used >= HELD
         assert gpu.process_used is None or gpu.process_used >= HELD

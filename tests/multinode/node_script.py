@@ -104,7 +104,7 @@ def _tell_ranks_when_seen(folder):
             if rs.resources is not None and rs.resources.uss is not None:
                 open(os.path.join(folder, f"rank{rs.rank}"), "w").close()
 
-    sampling.ResourceSampler.publish = publish_and_tell
+    sampling.ResourceSampler.publish = publish_and_tell   # type: ignore[method-assign]  # observes, then publishes
 
 
 def _warm_tcpstore():
