@@ -237,8 +237,8 @@ def test_no_way_of_asking_signals_a_rank_whose_lock_is_free(log_dir, tmp_path):
         "diagnose/ranks.py": ["collect", "process.where"], "diagnose/xla_replicas.py": ["collect"],
         "diagnose/stacks.py": ["ask_all"], "diagnose/native_stacks.py": ["ask_all", "child_stacks", "dump_all"],
         "ray/gang.py": ["asker.ask"],   # Ray's: ray.where.WhereAsker, over the connections
-        "rank/ray_serve.py": ["answerer.ask"], "rank/ray_actor.py": ["answerer.ask"],   # the rank's answering thread
-        "slurm/ranks.py": ["asker.ask"], "slurm/task.py": ["answerer.ask"],   # SLURM ranks: as Ray's
+        "rank/ray_serve.py": ["answerer.ask"], "rank/ray_where.py": ["answerer.ask"],   # the rank's answering thread
+        "slurm/ranks.py": ["asker.ask"],   # SLURM ranks: as Ray's (their task runs rank.ray_where.obey_notebook)
     }
     senders = {path: sorted(set(calls) & {"tgkill", "pthread_kill", "raise_signal"}) for path, calls in asking.items()}
     assert {path: names for path, names in senders.items() if names} == {

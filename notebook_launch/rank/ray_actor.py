@@ -24,11 +24,11 @@ import threading
 from typing import Any
 
 from .. import protocol
-from ..channels.sockets import SIGNAL_FRAME, connect_streams
+from ..channels.sockets import connect_streams
 from ..net import free_port, interface_with_address
 from ..plan import RankSpec, rank_environment
 from .bootstrap import EXIT_FAILED, capture_output, flush_everything
-from .ray_where import Answerer, request_number
+from .ray_where import Answerer, obey_notebook
 from .resources import report_own
 
 log = logging.getLogger("notebook_launch")
@@ -67,7 +67,7 @@ class RankActor:
                 from .ray_serve import listen
                 listen(socks[0], finished, socks[3])
             else:
-                threading.Thread(target=_obey_notebook, args=(socks[0], finished, Answerer(socks[3])), daemon=True,
+                threading.Thread(target=obey_notebook, args=(socks[0], Answerer(socks[3]), finished), daemon=True,
                                  name="notebook_launch-control").start()
             spec = _rank_spec(assignment)
             os.environ.update(spec.env)
@@ -143,26 +143,3 @@ def _rank_spec(assignment: dict[str, Any]) -> RankSpec:
     return RankSpec(a["global_rank"], a["local_rank"], device, env)
 
 
-def _obey_notebook(sock: Any, finished: threading.Event, answerer: Answerer) -> None:
-    """Deliver the signals the notebook sends (Stop, timeout, another rank failed) and hand its
-    where requests to ``answerer`` (``rank.ray_where``); if the notebook goes away while the rank
-    runs, end the rank (as a local rank dies with its parent)."""
-    buffer = b""
-    while True:
-        try:
-            data = sock.recv(64)
-        except OSError:
-            data = b""
-        if not data:
-            if not finished.is_set():
-                os._exit(EXIT_FAILED)
-            return
-        buffer += data
-        while len(buffer) >= SIGNAL_FRAME.size:
-            (signum,) = SIGNAL_FRAME.unpack_from(buffer)
-            buffer = buffer[SIGNAL_FRAME.size:]
-            number = request_number(signum)
-            if number is not None:
-                answerer.ask(number)
-            elif not finished.is_set():   # never into the actor's next call
-                os.kill(os.getpid(), signum)

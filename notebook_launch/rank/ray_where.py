@@ -20,8 +20,10 @@ from __future__ import annotations
 
 import json
 import linecache
+import os
 import logging
 import queue
+import signal
 import socket
 import struct
 import sys
@@ -149,3 +151,31 @@ class Answerer:
             except OSError:   # the run is over: the connection is closed
                 log.debug("the where reply was not sent", exc_info=True)
                 return
+
+
+def obey_notebook(sock: socket.socket, answerer: Answerer, finished: threading.Event | None = None) -> None:
+    """A rank on another machine (a Ray actor, a SLURM task): deliver the signals the notebook sends
+    on ``sock`` (Stop, timeout, another rank failed), hand its where requests to ``answerer``, and if
+    the notebook goes away while the rank runs, end the rank (as a local rank dies with its parent).
+    ``finished``: set once the rank's function returned (an actor lives on): no signal after it."""
+    from ..channels.sockets import SIGNAL_FRAME
+    from .bootstrap import EXIT_FAILED
+    buffer = b""
+    while True:
+        try:
+            data = sock.recv(64)
+        except OSError:
+            data = b""
+        if not data:
+            if finished is None or not finished.is_set():
+                os._exit(EXIT_FAILED)
+            return
+        buffer += data
+        while len(buffer) >= SIGNAL_FRAME.size:
+            (signum,) = SIGNAL_FRAME.unpack_from(buffer)
+            buffer = buffer[SIGNAL_FRAME.size:]
+            number = request_number(signum)
+            if number is not None:
+                answerer.ask(number)
+            elif 0 < signum < signal.NSIG and (finished is None or not finished.is_set()):
+                os.kill(os.getpid(), signum)   # never into an actor's next call

@@ -18,17 +18,16 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import sys
 import threading
 from typing import Any
 
 from .. import protocol
-from ..channels.sockets import SIGNAL_FRAME, connect_streams
+from ..channels.sockets import connect_streams
 from ..net import interface_with_address, source_address_toward
 from ..plan import RankSpec, rank_environment
 from ..rank.bootstrap import EXIT_FAILED, capture_output, exit_with
-from ..rank.ray_where import Answerer, request_number
+from ..rank.ray_where import Answerer, obey_notebook
 from ..rank.resources import report_own
 from ..rank.runner import report_error, run_rank, setup_failure
 from ..rank.spawn_entry import load_remote_job
@@ -48,7 +47,7 @@ def main() -> None:
         socks[2].close()
         writer = protocol.EventWriter(socks[0].fileno(), answers_fd=socks[3].fileno())
         protocol.install(writer)
-        threading.Thread(target=_obey_notebook, args=(socks[0], Answerer(socks[3])), daemon=True,
+        threading.Thread(target=obey_notebook, args=(socks[0], Answerer(socks[3])), daemon=True,
                          name="notebook_launch-control").start()
         spec = _rank_spec(assignment)
         os.environ.update(spec.env)
@@ -84,29 +83,6 @@ def _rank_spec(a: dict[str, Any]) -> RankSpec:
         interface=interface_with_address(source) if source else None)
     device = f"cuda:{a['local_rank']}" if a["device_kind"] == "cuda" else "cpu"
     return RankSpec(a["global_rank"], a["local_rank"], device, env)
-
-
-def _obey_notebook(sock: Any, answerer: Answerer) -> None:
-    """Deliver the signals the notebook sends, hand its where requests (a hang's verdict) to
-    ``answerer`` (``rank.ray_where``, shared with Ray ranks: the same connections); if the notebook
-    goes away, end the rank (as a local rank dies with its parent)."""
-    buffer = b""
-    while True:
-        try:
-            data = sock.recv(64)
-        except OSError:
-            data = b""
-        if not data:
-            os._exit(EXIT_FAILED)
-        buffer += data
-        while len(buffer) >= SIGNAL_FRAME.size:
-            (signum,) = SIGNAL_FRAME.unpack_from(buffer)
-            buffer = buffer[SIGNAL_FRAME.size:]
-            number = request_number(signum)
-            if number is not None:
-                answerer.ask(number)
-            elif 0 < signum < signal.NSIG:
-                os.kill(os.getpid(), signum)
 
 
 if __name__ == "__main__":
