@@ -345,6 +345,25 @@ def test_stall_watch_counts_cpu_time_as_a_sign_of_progress():
     assert watch.check(1, 2, 30.5) is None
 
 
+def test_stall_watch_reads_nothing_in_the_runs_first_second():
+    """A launch that ends within its first SAMPLE_EVERY (every short one) costs no /proc read: a
+    first launch in a fresh process spent a quarter of its time in them. The first read after it
+    is the baseline; the second judges the window since."""
+    from notebook_launch.diagnose.stall import SAMPLE_EVERY, StallWatch
+    reads = []
+
+    def cpu(pid):
+        reads.append(pid)
+        return 0.9 * len(reads)
+
+    watch = StallWatch(10, now=100.0, cpu=cpu, waited=lambda pid: 0.0)
+    for now in (100.0, 100.2, 100.0 + SAMPLE_EVERY / 2, 100.0 + SAMPLE_EVERY * 0.99):
+        assert watch.quiet_since(0, 7, now) == 100.0
+    assert reads == []
+    assert watch.quiet_since(0, 7, 100.0 + SAMPLE_EVERY) == 100.0 and reads == [7]   # the baseline
+    assert watch.quiet_since(0, 7, 100.0 + 2 * SAMPLE_EVERY) == 100.0 + 2 * SAMPLE_EVERY   # it worked since
+
+
 def test_a_run_is_stalled_only_when_no_rank_works_and_no_stack_moves():
     """check_all: a rank waiting while another computes (or writes a checkpoint) is not stalled;
     when none moves, two stack samples STACK_GAP apart confirm it, and a stack that changed in

@@ -150,11 +150,20 @@ class StallWatch:
         (26 busy processes on a core: under 4%, below ``BUSY_SHARE``) but waits for the rest,
         and was once called stalled. A rank that sleeps, blocks or polls waits for a CPU only
         briefly after each wake-up, so its share stays what it is on a quiet machine (a 5 ms
-        poller beside those 26: 0.4%)."""
+        poller beside those 26: 0.4%).
+
+        The first read (the baseline the next one is judged against) waits for the run's first
+        ``SAMPLE_EVERY``: a launch that ends sooner (every short one) reads no /proc file for it,
+        where the read cost a first launch in a fresh process a quarter of its time (/proc is slow
+        on some kernels and sandboxes). What it gives up: CPU time in that first second is not a
+        sign, so a rank that computed only then and hung is called stalled at most that second
+        early; it started then, which is a sign of its own."""
         sign = self.last_sign.get(local_rank, self.started)
         if pid is None:
             return sign
         sampled = self.last_cpu.get(local_rank)
+        if sampled is None and now - self.started < SAMPLE_EVERY:
+            return sign   # the run's first second: its first read waits for it (see below)
         if sampled is None or now - sampled[0] >= SAMPLE_EVERY:
             spent = self.cpu(pid)
             if spent is not None:
