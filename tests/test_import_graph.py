@@ -221,7 +221,7 @@ def test_hang_diagnosis_sits_below_every_path_that_asks_it():
     wrong = {edge: modules for edge, modules in edges.items() if edge[0] == "diagnose" and edge[1] in callers}
     assert not wrong, wrong
     graph = import_graph()
-    assert "notebook_launch.diagnose.ranks" in graph["notebook_launch.supervise.supervisor"]
+    assert "notebook_launch.diagnose.ranks" in graph["notebook_launch.supervise.hang_watch"]   # the supervisor's
     assert "notebook_launch.diagnose.ranks" in graph["notebook_launch.persistent.pool"]
 
 

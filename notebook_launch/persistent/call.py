@@ -50,6 +50,7 @@ class CallSupervisor(Supervisor):
     ``lost`` says why: the pool then starts fresh ranks for the next call."""
 
     watcher_class = CallWatcher
+    done_note = "is done with this call ({how})"
 
     def __init__(self, *args: Any, grace: float, slot: CallInterrupts, call_number: int,
                  send: Callable[[], None], events: dict[int, protocol.EventReader] | None = None,
@@ -145,9 +146,6 @@ class CallSupervisor(Supervisor):
             self.lost = outcome.ranks_not_back([self.global_rank(w.local_rank) for w in not_back],
                                                     self.grace, reason)
             self.stop_all(reason)
-
-    def done_note(self, how: str) -> str:
-        return f"is done with this call ({how})"
 
     def only_reporting(self, running: list[RankWatch]) -> bool:
         """Every rank not back yet is sending its outcome (its code is over): not stuck, so
