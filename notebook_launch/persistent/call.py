@@ -16,7 +16,7 @@ from ..state import DONE, FAILED, STOPPED
 from ..supervise import interrupts, outcome
 from ..supervise.supervisor import Step, Supervisor
 from ..supervise.watch import RankWatch, Watcher
-from ..rank import commands
+from ..channels import commands
 
 if TYPE_CHECKING:
     from ..channels import RankProcess
