@@ -50,7 +50,7 @@ class CallSupervisor(Supervisor):
     ``lost`` says why: the pool then starts fresh ranks for the next call."""
 
     watcher_class = CallWatcher
-    done_note = "is done with this call ({how})"
+    done_note = "is done with this call ({how})"   # what a verdict says of a rank back from this call
 
     def __init__(self, *args: Any, grace: float, slot: CallInterrupts, call_number: int,
                  send: Callable[[], None], events: dict[int, protocol.EventReader] | None = None,
