@@ -13,11 +13,7 @@ from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "notebook_launch"
 MAX_CLASS_LINES = 250
-LONG_CLASSES = {
-    "supervise/supervisor.py::Supervisor":
-        "the launch's supervision loop, fail-fast teardown and stall/where reporting in one class; "
-        "to be split along the homes issue 31 item 2 gave hang diagnosis (diagnose/)",
-}
+LONG_CLASSES: dict[str, str] = {}
 
 
 def long_classes(source: str, limit: int = MAX_CLASS_LINES) -> dict[str, int]:

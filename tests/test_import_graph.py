@@ -221,7 +221,7 @@ def test_hang_diagnosis_sits_below_every_path_that_asks_it():
     wrong = {edge: modules for edge, modules in edges.items() if edge[0] == "diagnose" and edge[1] in callers}
     assert not wrong, wrong
     graph = import_graph()
-    assert "notebook_launch.diagnose.ranks" in graph["notebook_launch.supervise.supervisor"]
+    assert "notebook_launch.diagnose.ranks" in graph["notebook_launch.supervise.hang_watch"]   # the supervisor's
     assert "notebook_launch.diagnose.ranks" in graph["notebook_launch.persistent.pool"]
 
 
@@ -307,3 +307,21 @@ def private_names_imported_across_packages() -> dict[str, list[str]]:
 
 def test_no_module_imports_another_packages_private_names():
     assert private_names_imported_across_packages() == {}
+
+
+BOTH_SIDES_FORMATS = ("notebook_launch.channels.where_request", "notebook_launch.channels.commands",
+                      "notebook_launch.channels.interrupt_slot", "notebook_launch.channels.remote_commands")
+
+
+def test_the_formats_both_sides_read_are_in_channels():
+    """A format the notebook and its ranks both read (issue 31: asking a rank where it is, persistent
+    ranks' command frames and interrupt slot, the messages a persistent rank on another machine
+    reads) lives in ``channels``, so that neither side imports the other's module for it: each is
+    read by the rank side and by a notebook-side package. What needs ``shared_tensors`` (a command's
+    pickle with its tensors) is each side's own half."""
+    graph = import_graph()
+    for fmt in BOTH_SIDES_FORMATS:
+        users = {unit_of(module) for module, targets in graph.items() if fmt in targets}
+        assert "rank" in users and users - {"rank", "channels"}, (fmt, users)
+    assert "notebook_launch.shared_tensors" in graph["notebook_launch.persistent.command_frames"]
+    assert "notebook_launch.shared_tensors" in graph["notebook_launch.rank.serve"]

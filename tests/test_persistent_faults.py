@@ -14,7 +14,8 @@ import pytest
 
 from notebook_launch import LaunchError, start_ranks
 from notebook_launch.net import free_port
-from notebook_launch.rank import commands
+from notebook_launch.channels import commands
+from notebook_launch.persistent import command_frames
 from notebook_launch.rank import runner
 
 from helpers.fd_helpers import fd_links
@@ -410,7 +411,7 @@ def test_tensors_cross_through_memfds_both_ways(ranks, monkeypatch):
     from notebook_launch.rank.serve import Call
     from notebook_launch.rank.runner import Job
     big = torch.arange(16 << 20, dtype=torch.float32)   # 64 MiB
-    frame = commands.encode(commands.Command.CALL, Call(Job(echo, (big, big[:10]))))
+    frame = command_frames.encode(commands.Command.CALL, Call(Job(echo, (big, big[:10]))))
     try:
         assert frame.tensors is not None and os.fstat(frame.tensors).st_size >= big.nbytes
         assert len(frame.data) < 1 << 20        # the bytes are in the memfd, not in the frame

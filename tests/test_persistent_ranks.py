@@ -345,7 +345,7 @@ def test_bad_arguments_are_named_before_anything_starts(ranks):
 def test_an_interrupt_counts_for_the_call_it_names_only():
     """A SIGINT that lands before a rank started the call still interrupts it (as the call
     starts); one meant for an earlier call is ignored."""
-    from notebook_launch.rank.commands import InterruptSlot
+    from notebook_launch.channels.interrupt_slot import InterruptSlot
     from notebook_launch.rank.serve import _Interruptible
     slot = InterruptSlot()
     interrupts = _Interruptible(slot)

@@ -26,7 +26,7 @@ from notebook_launch.rank.resources import THREAD_NAME, SelfSampler, report_own
 from notebook_launch.resources import GpuUsage, RankUsage, usage_from_record, usage_record
 from notebook_launch.state import DONE, RankState, RunState
 from notebook_launch.supervise.resources import ResourceSampler
-from notebook_launch.supervise.supervisor import Supervisor
+from notebook_launch.supervise.resource_watch import ResourceWatch
 
 MiB = 1 << 20
 ALLOCATED = 200 * MiB
@@ -214,7 +214,7 @@ def report_like_a_remote_rank(sentinel: str) -> bool:
 def test_a_launch_shows_what_ranks_reported_of_themselves(monkeypatch, tmp_path, log_dir):
     """Real ranks whose /proc the notebook does not read (as for ranks on other machines): their
     rows, final picture and logs show what they sent."""
-    monkeypatch.setattr(Supervisor, "sampled_pids", lambda self: {})   # the notebook reads no /proc
+    monkeypatch.setattr(ResourceWatch, "sampled_pids", lambda self: {})   # the notebook reads no /proc
     sentinel = str(tmp_path / "seen")
 
     def seen(state: RunState) -> bool:

@@ -42,7 +42,8 @@ import torch
 
 from notebook_launch import LaunchError, notebook_launcher, protocol, shared_tensors, start_ranks
 from notebook_launch.net import free_port
-from notebook_launch.rank import commands
+from notebook_launch.channels import commands
+from notebook_launch.persistent import command_frames
 
 pytestmark = pytest.mark.timeout(300)
 N = 1 << 17   # elements: 128 KiB even for one-byte dtypes, above shared_tensors.INLINE_LIMIT
@@ -332,7 +333,7 @@ def test_frame_headers_hold_any_size(size):
     """A frame's header is 64 bits (a 4 GiB payload crashed the rank with struct.error): each
     size encodes and decodes as itself, and a reader given the header of a frame over 4 GiB waits
     for all of it instead of reading a short frame."""
-    for header in (protocol._HEADER, commands._HEADER):
+    for header in (protocol._HEADER, commands.HEADER):
         assert header.unpack(header.pack(size)) == (size,)
     reader = protocol.EventReader()
     if size > 64:
@@ -503,7 +504,7 @@ def test_a_ray_call_of_every_shape_crosses_the_wire():
     finished = threading.Event()
     inbox = ray_serve.listen(rank_end, finished)
     value = {**shared_and_cyclic(), **big_values(), "arrays": numpy_kinds()}
-    frame = commands.encode(commands.Command.CALL, Call(Job(echo_with_identity, (value,)), number=3))
+    frame = command_frames.encode(commands.Command.CALL, Call(Job(echo_with_identity, (value,)), number=3))
     try:
         assert frame.tensors is not None and len(frame.data) < 4096   # the stream is in the file
         with call_message(frame) as parts:

@@ -7,7 +7,10 @@ the supervisor or the rank side along: imports go one way, from the API down to 
 
 ``pipes``: a local rank's four pipes and its result file. ``process``: how a rank
 process is watched and ended. ``sockets``: the same pipes over TCP for ranks on
-other machines (Ray).
+other machines (Ray). The formats both sides read, so that neither reads the other's
+module for them: ``where_request`` (asking a rank where it is), ``commands`` and
+``interrupt_slot`` (persistent ranks' calls and interrupts), ``remote_commands`` (the same
+for a persistent rank on another machine).
 """
 from __future__ import annotations
 

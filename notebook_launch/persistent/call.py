@@ -16,7 +16,7 @@ from ..state import DONE, FAILED, STOPPED
 from ..supervise import interrupts, outcome
 from ..supervise.supervisor import Step, Supervisor
 from ..supervise.watch import RankWatch, Watcher
-from ..rank import commands
+from ..channels import commands
 
 if TYPE_CHECKING:
     from ..channels import RankProcess
@@ -50,6 +50,7 @@ class CallSupervisor(Supervisor):
     ``lost`` says why: the pool then starts fresh ranks for the next call."""
 
     watcher_class = CallWatcher
+    done_note = "is done with this call ({how})"   # what a verdict says of a rank back from this call
 
     def __init__(self, *args: Any, grace: float, slot: CallInterrupts, call_number: int,
                  send: Callable[[], None], events: dict[int, protocol.EventReader] | None = None,
@@ -145,9 +146,6 @@ class CallSupervisor(Supervisor):
             self.lost = outcome.ranks_not_back([self.global_rank(w.local_rank) for w in not_back],
                                                     self.grace, reason)
             self.stop_all(reason)
-
-    def done_note(self, how: str) -> str:
-        return f"is done with this call ({how})"
 
     def only_reporting(self, running: list[RankWatch]) -> bool:
         """Every rank not back yet is sending its outcome (its code is over): not stuck, so

@@ -23,11 +23,13 @@ from ..line_prefix import parse_line_prefix
 from ..net import release_claims
 from ..options import LaunchOptions, check_display_ranks_exist
 from ..prepare import plan_launch
-from ..rank import commands
+from ..channels import commands
+from ..channels.interrupt_slot import InterruptSlot
 from ..rank.runner import Job
 from ..rank.serve import serve_calls
 from ..session import launch_line
 from ..supervise import outcome
+from . import command_frames
 from .transport import STOP_GRACE, LogsFor, LostBetweenCalls, RankTransport, exited, wait_for_ends
 
 if TYPE_CHECKING:
@@ -72,10 +74,10 @@ class LocalTransport(RankTransport):
         logs_for(plan, run_id)
         pipes = backend.open_channels(plan)
         command_pipes: list[commands.CommandPipe] = []
-        slot: commands.InterruptSlot | None = None
+        slot: InterruptSlot | None = None
         try:
             command_pipes.extend(commands.CommandPipe.open() for _ in plan.ranks)
-            slot = commands.InterruptSlot(len(plan.ranks))
+            slot = InterruptSlot(len(plan.ranks))
             spawned = plan.start_method == "spawn"
             job = Job(serve_calls, (plan, command_pipes, slot), {"spawned": spawned})
             if spawned:   # a fresh interpreter inherits only what it is passed
@@ -147,7 +149,7 @@ def stop_processes(processes: list[RankProcess], pipes: list[RankPipes], command
     what left a group (``run_mark``: the ranks' NOTEBOOK_LAUNCH_RUN_ID), and close the pool's fds."""
     if graceful:
         try:
-            frame = commands.encode(commands.Command.STOP, None)
+            frame = command_frames.encode(commands.Command.STOP, None)
             for pipe in command_pipes:
                 try:
                     commands.send(pipe.write_fd, frame)

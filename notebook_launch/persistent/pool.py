@@ -51,7 +51,9 @@ from ..state import RUNNING, RunState
 from ..diagnose import hang_verdict, stacks as rank_stacks
 from ..diagnose.ranks import where_ranks
 from ..supervise import outcome
-from ..rank import commands, namespace
+from ..channels import commands
+from ..rank import namespace
+from . import command_frames
 from .call import CallSupervisor
 from .life import RankLife
 from .transport import RankTransport, exited
@@ -300,7 +302,7 @@ class Ranks:
                                       "(or %ranks start)")
         call.number = self.calls + 1
         try:
-            frame = commands.encode(commands.Command.CALL, call)
+            frame = command_frames.encode(commands.Command.CALL, call)
         except Exception as exc:
             raise _Unsendable(
                 f"{title} cannot be sent to the ranks: {type(exc).__name__}: {exc}. The function, its "
@@ -480,4 +482,4 @@ def _waits_for_a_call(where: hang_verdict.RankWhereabouts) -> bool:
     return True
 
 
-COMMANDS_FILE = os.path.join("notebook_launch", "rank", "commands.py")   # where serve_calls waits
+COMMANDS_FILE = os.path.join("notebook_launch", "channels", "commands.py")   # where serve_calls waits

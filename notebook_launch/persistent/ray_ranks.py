@@ -13,7 +13,7 @@ timeout rules, and the between-calls reader. What differs is where the ranks liv
   calls until STOP. The panel shows each rank's node;
 - talking to a rank: a local rank gets calls on a Unix socket with memfds and shares an
   ``InterruptSlot`` in memory; a Ray rank gets them on its events connection
-  (``rank.ray_serve`` messages): a call's frame with its tensor bytes, and an interrupt
+  (``channels.remote_commands`` messages): a call's frame with its tensor bytes, and an interrupt
   that names its call (``RaySlot``);
 - ending: ``close()`` sends STOP, then kills the actors and removes the placement group and
   waits until Ray reports the actors dead (``RayLauncher.end``, ``ray.gang.Gang.end``). The actors belong to the
@@ -46,11 +46,12 @@ from ..protocol import FailureKind
 from ..ray import connect as ray_connect
 from ..ray.gang import Placement
 from ..ray.launch import RayLauncher, notebook_address, notebook_plan
-from ..rank.ray_serve import Kind, encode_message, serve_ray_calls
+from ..channels.commands import Frame
+from ..channels.remote_commands import Kind, encode_message
+from ..rank.ray_serve import serve_ray_calls
 from ..rank.runner import Job
 from ..session import launch_line, plan_state
 from ..supervise import outcome
-from ..rank import commands
 from .pool import Ranks
 from .transport import STOP_GRACE, LogsFor, LostBetweenCalls, RankTransport, exited, wait_for_ends
 
@@ -82,7 +83,7 @@ def start_ray_ranks(cluster: "RayCluster", parameters: Mapping[str, Any], grace:
 
 
 class RaySlot:
-    """The notebook's half of ``commands.InterruptSlot`` for ranks on other machines (a
+    """The notebook's half of ``channels.interrupt_slot.InterruptSlot`` for ranks on other machines (a
     ``transport.CallInterrupts``): an interrupt request goes to every rank as a message naming
     the call (the rank's own slot records it and the rank signals itself). The notebook does not
     signal a Ray rank's pid (it is a process of another machine), so every rank reads as not
@@ -217,7 +218,7 @@ class RayTransport(RankTransport):
                                                  log_dir=str(logs.path), results=[None] * num_processes,
                                                  node_rank=self._placements[lost[0]].node_rank))
 
-    def send(self, frame: commands.Frame) -> None:
+    def send(self, frame: Frame) -> None:
         """The call's frame to every rank, as one CALL message with its tensors' bytes."""
         with call_message(frame) as parts:
             self._send_all(*parts)
@@ -267,15 +268,15 @@ class RayTransport(RankTransport):
 
 
 @contextmanager
-def call_message(frame: commands.Frame) -> Iterator[tuple[Any, ...]]:
-    """A CALL message's parts for ``frame`` (as ``commands.encode`` made it): the header, the
+def call_message(frame: Frame) -> Iterator[tuple[Any, ...]]:
+    """A CALL message's parts for ``frame`` (as ``command_frames.encode`` made it): the header, the
     pickle and the bytes of its tensor file, mapped (valid inside the ``with``)."""
     mapped: mmap.mmap | None = None
     tensors: memoryview = memoryview(b"")
     if frame.tensors is not None and os.fstat(frame.tensors).st_size:
         mapped = mmap.mmap(frame.tensors, os.fstat(frame.tensors).st_size, prot=mmap.PROT_READ)
         tensors = memoryview(mapped)
-    body = memoryview(frame.data)[commands._HEADER.size:]
+    body = frame.body()
     try:
         yield encode_message(Kind.CALL, len(body), len(tensors)), body, tensors
     finally:

@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from ..channels import RankPipes, RankProcess
     from ..logs import RunLogs
     from ..plan import LaunchPlan
-    from ..rank import commands
+    from ..channels import commands
     from ..state import RunState
 
 STOP_GRACE = 2.0       # seconds ranks have to end after STOP before they are killed
@@ -37,7 +37,7 @@ LogsFor = Callable[["LaunchPlan", str], "RunLogs"]   # (plan, run id) -> the poo
 
 class CallInterrupts(Protocol):
     """The notebook's half of interrupting a call (``call.CallSupervisor.stop``): a request the
-    ranks read, and what the notebook can know of each rank. ``rank.commands.InterruptSlot``
+    ranks read, and what the notebook can know of each rank. ``channels.interrupt_slot.InterruptSlot``
     (shared memory, local ranks) and ``ray_ranks.RaySlot`` (a message; nothing shared) are two."""
 
     def request(self, call_number: int) -> None:

@@ -5,9 +5,9 @@ the notebook, the rank's environment, ``runner.run_rank``); its job is ``serve_r
 the loop of ``rank.serve`` over a network: no memfd, Unix socket or shared memory
 reaches the notebook from another machine, so everything the notebook says to the rank
 travels on the rank's events connection (the notebook -> rank direction, which a launch
-uses only for signals), as ``Message`` frames:
+uses only for signals), as messages (their format: ``channels.remote_commands``):
 
-- CALL: a call's frame as ``rank.commands.encode`` made it, and the bytes of its
+- CALL: a call's frame as ``persistent.command_frames.encode`` made it, and the bytes of its
   tensor file (the rank puts them in a memfd of its own and maps it, as a local rank does);
 - INTERRUPT n: the notebook interrupts call n (what a local pool writes to its shared
   ``InterruptSlot`` and signals with SIGINT): the rank's own slot records it and the rank
@@ -22,41 +22,31 @@ main thread through a queue. Results travel inside the RESULT event (no result f
 """
 from __future__ import annotations
 
-import enum
 import logging
 import os
 import queue
 import signal
-import struct
 import threading
 from dataclasses import dataclass
 from typing import Any
 
 from .. import protocol, shared_tensors
 from ..plan import DeviceKind, RankSpec
+from ..channels.commands import Command
+from ..channels.interrupt_slot import InterruptSlot
+from ..channels.remote_commands import MESSAGE, WHERE_REQUEST_BYTE, Kind
 from ..channels.sockets import SIGNAL_FRAME
 from . import runner
 from .ray_where import Answerer, request_number
 
 log = logging.getLogger("notebook_launch")
-MESSAGE = struct.Struct("!BQQ")   # kind, then two numbers (CALL: sizes of the frame and its tensors)
-
-
-class Kind(enum.IntEnum):
-    CALL = 1
-    INTERRUPT = 2
-    STOP = 3
-
-
-def encode_message(kind: Kind, first: int = 0, second: int = 0) -> bytes:
-    return MESSAGE.pack(int(kind), first, second)
 
 
 @dataclass
 class Inbox:
     """What the listening thread hands the serving loop: call frames, in order; None = stop."""
     calls: "queue.Queue[tuple[bytes, bytes] | None]"
-    slot: Any          # rank.commands.InterruptSlot of this rank alone
+    slot: InterruptSlot   # of this rank alone
     stopped: threading.Event
     main_thread: int   # the thread that runs the calls (the actor's task: the worker's main thread)
     between_calls: bool = False   # the serving loop waits for the next call (what a where answer says)
@@ -69,7 +59,6 @@ def listen(sock: Any, finished: threading.Event, answers: Any = None) -> Inbox:
     """Start reading the notebook's messages on the events connection (the actor's ``run`` calls
     this instead of its signal reader when the job is a persistent rank); where requests are
     answered on ``answers``, the rank's answers connection (None: read and left unanswered)."""
-    from .commands import InterruptSlot
     global _inbox
     inbox = Inbox(queue.Queue(), InterruptSlot(1), threading.Event(), threading.get_ident())
     _inbox = inbox
@@ -82,7 +71,7 @@ def listen(sock: Any, finished: threading.Event, answers: Any = None) -> Inbox:
 def _read_messages(sock: Any, inbox: Inbox, finished: threading.Event, answerer: Answerer | None) -> None:
     while True:
         first = _receive(sock, 1)
-        if first == b"\0":   # a where request (a 4-byte frame): no message kind is 0
+        if first == WHERE_REQUEST_BYTE:   # a where request (a 4-byte frame): no message kind is 0
             rest = _receive(sock, SIGNAL_FRAME.size - 1)
             number = None if rest is None else request_number(SIGNAL_FRAME.unpack(first + rest)[0])
             if number is not None and answerer is not None:
@@ -146,7 +135,7 @@ class ResultInEvent:
 
 
 def decode(data: bytes, tensors: bytes) -> tuple[str, Any]:
-    """A CALL message's frame: (command, payload) as ``commands.receive`` reads it locally."""
+    """A CALL message's frame: (command, payload) as ``serve.receive_command`` reads it locally."""
     fd = shared_tensors.create_file() if tensors else None
     try:
         if fd is not None:
@@ -166,7 +155,6 @@ def serve_ray_calls(device_kind: DeviceKind) -> None:
     """The function a persistent Ray rank runs (``runner.run_rank`` calls it on the actor): one
     call after the other until STOP, each through ``rank.serve.run_one``."""
     from . import namespace
-    from .commands import Command
     from .serve import _Interruptible, run_one
     inbox = _inbox
     assert inbox is not None, "serve_ray_calls runs inside RankActor.run with a persistent assignment"

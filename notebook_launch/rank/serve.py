@@ -22,8 +22,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from .. import protocol, shared_tensors
+from ..channels import commands
+from ..channels.interrupt_slot import InterruptSlot
 from . import runner
-from . import commands, namespace
+from . import namespace
 
 if TYPE_CHECKING:
     from ..plan import LaunchPlan
@@ -44,7 +46,7 @@ class _Interruptible:
     """SIGINT raises KeyboardInterrupt only while the code of the call it was meant for runs;
     an interrupt that came before the code started raises as it starts."""
 
-    def __init__(self, slot: commands.InterruptSlot, local_rank: int = 0) -> None:
+    def __init__(self, slot: InterruptSlot, local_rank: int = 0) -> None:
         self.slot = slot
         self.local_rank = local_rank
         self.calling = False
@@ -113,7 +115,7 @@ class _Interruptible:
         self.slot.set_reporting(self.local_rank, self.number)
 
 
-def serve_calls(plan: LaunchPlan, pipes: Sequence[commands.CommandPipe], slot: commands.InterruptSlot,
+def serve_calls(plan: LaunchPlan, pipes: Sequence[commands.CommandPipe], slot: InterruptSlot,
                 spawned: bool = False) -> None:
     """The function a persistent rank runs: one call after the other until STOP (or until
     the notebook goes away: end of file on the command pipe). ``spawned``: this rank is a
@@ -144,7 +146,7 @@ def serve_calls(plan: LaunchPlan, pipes: Sequence[commands.CommandPipe], slot: c
     ns = namespace.current()
     while True:
         try:
-            kind, payload = commands.receive(own.read_fd)
+            kind, payload = receive_command(own.read_fd)
         except Exception as exc:   # why: the frame was read whole; only this call is lost
             runner.report_error(protocol.error_payload(
                 exc, message=f"rank {spec.global_rank} could not unpickle the call "
@@ -154,6 +156,22 @@ def serve_calls(plan: LaunchPlan, pipes: Sequence[commands.CommandPipe], slot: c
             return
         run_one(spec, payload, ns, interrupts, CallWriter(writer, own.read_fd, payload.number),
                 forked=not spawned)
+
+
+def receive_command(fd: int) -> tuple[commands.Command, Any]:
+    """Block until the next command on the rank's command socket (``channels.commands``); end of
+    file (the notebook is gone) reads as STOP. A payload that cannot be unpickled here raises (the
+    caller reports it for that call); its tensors map the memfd's pages (``shared_tensors``)."""
+    frame = commands.read_frame(fd)
+    if frame is None:
+        return commands.Command.STOP, None
+    data, tensors = frame
+    try:
+        kind, payload = shared_tensors.loads(data, tensors)
+        return commands.Command(kind), payload
+    finally:
+        if tensors is not None:
+            commands.close_fd(tensors)
 
 
 class CallWriter:

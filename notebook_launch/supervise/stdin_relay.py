@@ -218,6 +218,11 @@ class StdinRelay:
             reply(answer)
             self._next()
 
+    def waits_for_answer(self, local: int) -> bool:
+        """Rank ``local`` waits for an answer to its input() (asked or queued)."""
+        return (self.asking is not None and self.asking[0] == local) or any(
+            item[0] == local for item in self.waiting)
+
     def forget(self, local: int) -> None:
         """Rank ``local`` ended: drop its prompts."""
         self.waiting = deque(item for item in self.waiting if item[0] != local)

@@ -3,27 +3,27 @@ everything on the first failure, a timeout, a Stop click or an interrupt.
 
 Runs on the parent's main thread, so KeyboardInterrupt lands here and the
 display is only ever touched from one thread. How fds are read is
-``watch.py``; what an end means and every error text is ``outcome.py``.
+``watch.py``; what an end means and every error text is ``outcome.py``; how
+ranks are stopped and what is left ended is ``teardown.py``. The loop tells its
+collaborators what it saw and when: ``hang_watch.HangWatch`` (stalls, where
+the ranks are) and ``resource_watch.ResourceWatch`` (each rank's resources).
 """
 from __future__ import annotations
 
 import enum
-import logging
-import sys
 import time
 from typing import TYPE_CHECKING, Any, Sequence
 
 from .. import protocol
-from ..best_effort import best_effort
 from ..errors import LaunchError
 from ..protocol import Failure
-from ..slow_rank import only_waiting
-from ..state import RUNNING, STARTING, RunState
 from .. import leftovers
-from ..diagnose import hang_verdict, stacks
-from ..diagnose.ranks import stack_fingerprints, where_ranks
-from ..diagnose.stall import StallWatch
-from . import interrupts, oom, outcome, teardown
+from ..slow_rank import only_waiting
+from ..state import RunState
+from ..diagnose.hang_verdict import RankWhereabouts
+from . import interrupts, outcome, teardown
+from .hang_watch import HangWatch
+from .resource_watch import ResourceWatch
 from .stdin_relay import StdinRelay, reply_on
 from .watch import RankWatch, Watcher
 
@@ -34,7 +34,6 @@ if TYPE_CHECKING:
     from ..logs import LogWriter
 
 DRAIN_AFTER_EXIT = 1.0  # how long to wait for a dead rank's pipes to reach EOF (grandchildren may hold them)
-log = logging.getLogger("notebook_launch")
 
 
 class Step(enum.Enum):
@@ -50,6 +49,7 @@ class Supervisor:
     (``persistent.call``) supervise one call at a time with a subclass."""
 
     watcher_class = Watcher
+    done_note = "is done ({how})"   # what a verdict says of a live rank done with the run ({how}: "returned")
 
     def __init__(self, processes: Sequence["RankProcess"], pipes_by_rank: Sequence["RankPipes"],
                  state: RunState, display: "Display", logs: "LogWriter", *,
@@ -64,18 +64,17 @@ class Supervisor:
         self.processes = list(processes)
         self.watcher = self.watcher_class(self.processes, pipes_by_rank, self)
         self.watches = self.watcher.watches
-        # the OOM counters at the start, each rank's memory as last sampled (an OOM death named)
-        self.memory = oom.MemoryWatch((rs.local_rank, rs.rank) for rs in state.ranks)
-        self.sample_resources()
+        self.resources = ResourceWatch(self.watches, state, logs)   # each rank's CPU, memory, GPU; OOM deaths
+        self.resources.sample()
         self.first_failure: Failure | None = None
-        self.stalls = None if stall_after is None else StallWatch(stall_after, time.monotonic(),
-                                                                  stack=stack_fingerprints)
-        self.last_found: list[hang_verdict.RankWhereabouts] = []   # the last answer of whereabouts()
-        self.where_problem = "they were not asked"   # why the last where_they_are had no verdict
         self._stopped = False
         self._closed = False
         self.prompts = StdinRelay(lambda local: f"rank {self.global_rank(local)}",
                                   on_terminal_prompt=lambda showing: display.prompting(self.state, showing))
+        # stall detection and where the ranks are (diagnose/), into the state and the logs
+        self.hangs = HangWatch(self.watches, state, logs, stall_after=stall_after, global_rank=self.global_rank,
+                               waits_for_answer=self.prompts.waits_for_answer, done_note=self.done_note,
+                               ask=self.whereabouts)
 
     # --- the loop ----------------------------------------------------------
     def run(self) -> list[Any]:
@@ -95,9 +94,8 @@ class Supervisor:
             if self._stopped or interrupt.args:   # the Stop button's, which says where the ranks were
                 self.stop("an interrupt")
                 raise
-            stalled = self.stalled()
             with interrupts.tearing_down():   # a run interrupted by hand is often a hung one: say where
-                verdict, detail = self.where_they_are("when the run was interrupted", native=False)
+                stalled, verdict, detail = self.hangs.at_stop("when the run was interrupted")
             self.stop("an interrupt")
             if verdict is None:
                 raise
@@ -119,12 +117,12 @@ class Supervisor:
         """Watch the ranks for up to ``wait`` seconds and react. Returns FAILED once the
         other ranks are stopped; raises KeyboardInterrupt after a Stop click."""
         self.watcher.pump(wait)
-        self.sample_resources()
+        self.resources.sample()
         self.prompts.poll()
         self.watcher.close_stale(DRAIN_AFTER_EXIT)
-        self.check_stalls()
+        self.hangs.check()
         if self.state.where_requested:   # the panel's "Where are they?" button: answer, stop nothing
-            self.answer_where()
+            self.hangs.report("asked with the Where are they? button")
         self.display.refresh(self.state)
         if self.rank_displays is not None:
             self.rank_displays.pump()
@@ -132,8 +130,7 @@ class Supervisor:
             self.stop(self.failure_reason())
             return Step.FAILED
         if self.state.stop_requested:
-            stalled = self.stalled()
-            verdict, detail = self.where_they_are("when Stop was pressed", native=False)   # a stopped run is often hung
+            stalled, verdict, detail = self.hangs.at_stop("when Stop was pressed")
             self.stop("the Stop button was pressed")
             if stalled and verdict is not None:   # the user ended a hang: a LaunchError that says where they were
                 self.fail(outcome.stopped_stall_failure("the Stop button", verdict, detail))
@@ -141,88 +138,6 @@ class Supervisor:
             raise KeyboardInterrupt("notebook_launch: run stopped with the Stop button"
                                     + (f"; where the ranks were: {verdict}" if verdict else ""))
         return Step.FINISHED if self.finished() else Step.RUNNING
-
-    def sampled_pids(self) -> dict[int, int]:
-        """Local rank -> pid of each live rank whose memory can be read here (its own process, on
-        this machine); ranks sharing one process (XLA) are sampled once, as its first rank."""
-        pids: dict[int, int] = {}
-        for w in self.watches:
-            if w.exit is None and w.process.on_this_machine and w.process.pid not in pids.values():
-                pids[w.local_rank] = w.process.pid
-        return pids
-
-    def sample_resources(self) -> None:
-        """Each local rank's CPU, memory and GPU into its row and now and then its log, and the
-        machine's memory into the header (``supervise.resources``, a round when one is due); the
-        same round's memory is what an OOM death's message quotes (``oom.MemoryWatch``)."""
-        devices = {rs.local_rank: rs.device for rs in self.state.ranks}
-        self.warn_of_memory(self.memory.sample(self.sampled_pids(), devices=devices))
-        # an extra: the run goes on without it
-        with best_effort("could not show the ranks' resources"):
-            self.memory.resources.publish(self.state, self.logs)
-
-    def warn_of_memory(self, warning: str | None) -> None:
-        """Say, before anything dies, that memory is running out (``oom.MemoryWatch.notebook_at_risk``):
-        in the cell (stderr) and in every rank's log."""
-        if warning is None:
-            return
-        print(warning, file=sys.stderr, flush=True)
-        for local_rank in range(len(self.state.ranks)):
-            self.logs.write_block(local_rank, warning)
-
-    def check_stalls(self) -> None:
-        """Mark the live ranks stalled when the whole run shows no sign of progress (see ``stall``);
-        the moment it becomes stalled, say where every rank is (logs, and the panel through
-        ``where_report``). Nothing is stopped."""
-        if self.stalls is None:
-            return
-        now = time.monotonic()
-        live = [(w.local_rank, w.process.pid if w.process.on_this_machine else None) for w in self.watches
-                if w.exit is None and self.state.ranks[w.local_rank].status == RUNNING]
-        for local, _pid in live:
-            if self.prompting(local):   # waiting for the user's answer is not a stall
-                self.stalls.saw(local, now)
-        was_stalled = any(rs.stalled_since is not None for rs in self.state.ranks)
-        if any(pid is None for _local, pid in live):   # a rank we cannot watch (on another machine) may
-            stalled: dict[int, float | None] = {}        # work silently: no claim that the run is stuck
-        else:
-            stalled = self.stalls.check_all(live, now)
-        for rs in self.state.ranks:
-            since = stalled.get(rs.local_rank)
-            if since != rs.stalled_since:
-                self.state.on_stalled(rs.local_rank, since)
-        if not was_stalled and any(since is not None for since in stalled.values()):
-            self.report_where(f"stalled: no rank showed progress for {self.stalls.stall_after:g} s", stall=True)
-
-    def stalled(self) -> bool:
-        """Whether the run is marked stalled now (``check_stalls``)."""
-        return any(rs.stalled_since is not None for rs in self.state.ranks)
-
-    def prompting(self, local_rank: int) -> bool:
-        """The rank waits for an answer to its input() (asked or queued)."""
-        asking = self.prompts.asking
-        return (asking is not None and asking[0] == local_rank) or any(
-            item[0] == local_rank for item in self.prompts.waiting)
-
-    def answer_where(self) -> None:
-        """Answer the "Where are they?" button: the verdict and every rank's stacks in the run state
-        (the panel draws them) and the logs; the run goes on."""
-        self.report_where("asked with the Where are they? button")
-
-    def report_where(self, why: str, stall: bool = False) -> None:
-        """Collect where every rank is and put the verdict and the (shortened) stacks in the state's
-        ``where_report``; the whole stacks go to each rank's log, the verdict to every rank's log."""
-        verdict, detail = self.where_they_are(why)
-        if verdict is None:
-            text = "no rank could say where it is: " + self.where_problem
-            for local_rank in range(len(self.state.ranks)):
-                self.logs.write_block(local_rank, f"notebook_launch: where the ranks were ({why}): {text}")
-        else:
-            text = f"{verdict}\n\n{detail}" if detail else verdict
-        if stall:
-            self.state.on_stall_report(f"{why}; {text}")
-        else:
-            self.state.on_where_report(text)
 
     def finished(self) -> bool:
         """Whether the run has ended: every rank exited and its pipes are drained."""
@@ -241,75 +156,27 @@ class Supervisor:
         assert self.timeout is not None
         running = [self.global_rank(w.local_rank) for w in self.watches if w.exit is None]
         if self.first_failure is None:
-            verdict, detail = self.where_they_are("at the timeout")
+            verdict, detail = self.hangs.where_they_are("at the timeout")
             if verdict is None:   # say why not, so that a blind timeout can be looked into
-                detail = f"no rank could say where it is: {self.where_problem}"
+                detail = self.hangs.nobody_could_say()
             self.first_failure = outcome.timeout_failure(self.timeout, running, verdict, detail)
         self.stop("the timeout")
 
-    def where_they_are(self, why: str = "", native: bool = True) -> tuple[str | None, str]:
-        """The one-line verdict on where the ranks are and the detail (every rank's stacks), the
-        whole of it also written to each rank's log (``why``: when, for the log's heading);
-        (None, "") when no rank could say (ranks that are not ours to ask: no whereabouts record).
-        ``native``: add native frames where py-spy is installed (seconds: not on an interrupt)."""
-        try:
-            found = self.last_found = self.whereabouts(native)
-        except Exception as exc:   # why: a diagnosis must never stand in the way of the stop
-            log.debug("could not collect the ranks' whereabouts", exc_info=True)
-            self.where_problem = f"asking them failed ({type(exc).__name__}: {exc})"
-            return None, ""
-        label = outcome.cell_labeller()
-        verdict, detail = stacks.where_they_are(found, label)
-        if verdict is None:
-            self.where_problem = hang_verdict.notes_text(found)
-            return None, ""
-        whole = hang_verdict.detail(found, label, frames_per_thread=1000, whole=True)
-        heading = f"notebook_launch: where the ranks were{f' ({why})' if why else ''}: {verdict}\n"
-        for watch, where in zip(self.watches, found):   # the verdict, then this rank's whole detail
-            self.logs.write_block(watch.local_rank,
-                                  heading + hang_verdict.detail([where], label, frames_per_thread=1000, whole=True))
-        log.debug("where the ranks were:\n%s", whole)
-        return verdict, detail
-
-    def whereabouts(self, native: bool = True) -> list[hang_verdict.RankWhereabouts]:
-        """Every rank of this run, asked where it is (``diagnose.ranks``); the ended ones say how they
-        ended, and a rank done with the run (a persistent rank that returned from the call) is not asked."""
-        asked = [(w.local_rank, w.process if w.exit is None and self.state.ranks[w.local_rank].status
-                  in (STARTING, RUNNING) else None) for w in self.watches]
-        found = where_ranks(asked, self.global_rank, outcome.cell_labeller(), native=native)
-        for watch, where in zip(self.watches, found):
-            rs = self.state.ranks[watch.local_rank]
-            if watch.exit is not None:
-                where.note = f"ended ({rs.exit_description or rs.status})"
-            elif rs.status not in (STARTING, RUNNING):
-                where.note = self.done_note(rs.exit_description or str(rs.status))
-            where.stalled_for = self.state.stalled_for(watch.local_rank)
-        return found
-
-    def done_note(self, how: str) -> str:
-        """What the verdict says of a live rank that is done with the run (``how``: "returned")."""
-        return f"is done ({how})"
+    def whereabouts(self, native: bool = True) -> list[RankWhereabouts]:
+        """Where every rank of this run is (``HangWatch.local_whereabouts``); elastic's attempt adds
+        the other nodes' ranks."""
+        return self.hangs.local_whereabouts(native)
 
     def close(self) -> None:
         """Release pipes, sentinels and processes, once; kills what is still alive."""
         if self._closed:
             return
         self._closed = True
-        self.memory.resources.close()
+        self.resources.close()
         with interrupts.tearing_down():
             self.prompts.close("the run ended")
             self.watcher.close()
-            for process in teardown.distinct(w.process for w in self.watches if w.exit is None):
-                if process.on_this_machine:   # a Ray actor's pid is its node's: here it may be anyone's group
-                    leftovers.end_rank_group(process.pid)   # alive or not yet reaped: the group id is still its own
-            for watch in self.watches:
-                if watch.exit is None:
-                    if watch.process.poll() is None:  # a sibling rank may have reaped it already
-                        watch.process.kill()
-                    watch.exit = watch.process.wait()
-            for process in self.processes:
-                process.release()
-            leftovers.sweep(self.state.run_id)   # what left a rank's group (setsid) ends with the run
+            teardown.end_what_is_left(self.watches, self.processes, self.state.run_id)
             self.logs.flush()
 
     # --- what the watcher reports (WatchHandler) ------------------------------
@@ -317,10 +184,10 @@ class Supervisor:
         local = watch.local_rank
         # a sample of its resources (sent whatever the rank does) and a wait in a collective are no progress
         quiet = kind is protocol.EventKind.RESOURCES or (kind is protocol.EventKind.PROGRESS and only_waiting(payload))
-        if self.stalls is not None and not quiet:
-            self.stalls.saw(local, time.monotonic())
+        if not quiet:
+            self.hangs.saw(local)
         if kind is protocol.EventKind.RESOURCES:   # a rank on another machine sampled itself (rank.resources)
-            self.memory.resources.reported(local, payload)
+            self.resources.reported(local, payload)
         elif kind is protocol.EventKind.PROGRESS:
             self.state.on_progress(local, payload)
             self.logs.write_metrics(self.state.ranks[local].rank, payload.get("series"))
@@ -335,9 +202,8 @@ class Supervisor:
             if watch.stopped_by_us is not None:   # what our SIGTERM made it raise: it was stopped
                 watch.error_after_stop = True
                 return
-            pid = watch.process.pid if watch.process.on_this_machine else None
-            self.fail(self.memory.name_allocation_failure(Failure.from_payload(local, payload), local, pid,
-                                                          payload.get("resident")))
+            self.fail(self.resources.name_allocation_failure(Failure.from_payload(local, payload), watch,
+                                                             payload.get("resident")))
         elif kind is protocol.EventKind.DISPLAY and self.rank_displays is not None:
             self.rank_displays.on_event(self.global_rank(local), payload)
         elif kind is protocol.EventKind.INPUT_REQUEST:
@@ -347,8 +213,7 @@ class Supervisor:
             self.prompts.request(local, payload, reply_on(pipes.answers_w, lambda: pipes.answers_w not in pipes.closed))
 
     def on_line(self, local_rank: int, stream: str, text: str) -> None:
-        if self.stalls is not None:
-            self.stalls.saw(local_rank, time.monotonic())
+        self.hangs.saw(local_rank)
         self.state.on_line(local_rank, stream, text)
         self.logs.write_line(local_rank, stream, text)
         self.display.line(self.state, local_rank, stream, text)
@@ -372,9 +237,7 @@ class Supervisor:
             watch.exit = status
             watch.exited_at = time.monotonic()
             end = outcome.classify_exit(watch, status, shared)
-            if process.on_this_machine:   # a SIGKILL: the OOM killer's, or not? (supervise.oom)
-                end = self.memory.name_kill(end, watch.local_rank, process.pid,
-                                            {k: v for k, v in self.sampled_pids().items() if v != process.pid})
+            end = self.resources.name_kill(end, watch)   # a SIGKILL: the OOM killer's, or not? (supervise.oom)
             self.state.on_exit(watch.local_rank, end.status, end.description, error=end.error)
             if end.failure is not None:
                 self.fail(end.failure)

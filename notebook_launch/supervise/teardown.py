@@ -1,12 +1,14 @@
 """The stop policy: how a run ends the ranks still running once it must stop (a failure, the
 timeout, an interrupt, Stop). SIGTERM first, so a rank can clean up; SIGKILL after a grace,
-or at once when the user presses Ctrl-C again; then reap, and drain what they wrote last."""
+or at once when the user presses Ctrl-C again; then reap, and drain what they wrote last. And
+what is left when the run closes (``end_what_is_left``): nothing a rank started outlives it."""
 from __future__ import annotations
 
 import signal
 import time
 from typing import TYPE_CHECKING, Iterable, Sequence
 
+from .. import leftovers
 from ..state import STOPPED, RunState
 from . import interrupts, outcome
 
@@ -51,6 +53,23 @@ def stop_ranks(watches: Sequence["RankWatch"], watcher: "Watcher", state: RunSta
     drain_deadline = time.monotonic() + 0.5
     while any(w.open_fds for w in watches) and time.monotonic() < drain_deadline:
         watcher.pump(0.05)
+
+
+def end_what_is_left(watches: Sequence["RankWatch"], processes: Sequence["RankProcess"], run_id: str) -> None:
+    """As a run closes, whatever ended it: each live rank's process group ended, what still runs
+    killed and reaped, every process handle released, and what left a rank's group (setsid) swept,
+    so that nothing a rank started outlives its run."""
+    for process in distinct(w.process for w in watches if w.exit is None):
+        if process.on_this_machine:   # a Ray actor's pid is its node's: here it may be anyone's group
+            leftovers.end_rank_group(process.pid)   # alive or not yet reaped: the group id is still its own
+    for watch in watches:
+        if watch.exit is None:
+            if watch.process.poll() is None:  # a sibling rank may have reaped it already
+                watch.process.kill()
+            watch.exit = watch.process.wait()
+    for process in processes:
+        process.release()
+    leftovers.sweep(run_id)
 
 
 def leaving_on_its_own(watch: "RankWatch") -> bool:

@@ -181,14 +181,15 @@ except LaunchError as err:
 def test_a_persistent_rank_reads_a_where_request_between_its_messages():
     """``rank.ray_serve``'s reader takes the 4-byte request between its 17-byte messages: both are
     read whole, the request is answered on the answers connection, the next message still counts."""
+    from notebook_launch.channels import remote_commands
     from notebook_launch.rank import ray_serve
     notebook_end, rank_end = socket.socketpair()
     answers_notebook, answers_rank = socket.socketpair()
     finished = threading.Event()
     inbox = ray_serve.listen(rank_end, finished, answers_rank)
     try:
-        notebook_end.sendall(ray_serve.encode_message(ray_serve.Kind.INTERRUPT, 4) + ray_where.request_frame(9)
-                             + ray_serve.encode_message(ray_serve.Kind.STOP))
+        notebook_end.sendall(remote_commands.encode_message(remote_commands.Kind.INTERRUPT, 4)
+                             + ray_where.request_frame(9) + remote_commands.encode_message(remote_commands.Kind.STOP))
         assert inbox.calls.get(timeout=30) is None   # STOP, read after the request
         assert inbox.stopped.is_set() and inbox.slot.requested(4)
         answers_notebook.settimeout(30)

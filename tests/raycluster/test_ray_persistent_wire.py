@@ -10,7 +10,8 @@ import threading
 
 import torch
 
-from notebook_launch.rank import commands
+from notebook_launch.channels import commands, remote_commands
+from notebook_launch.persistent import command_frames
 from notebook_launch.persistent.ray_ranks import RaySlot, call_message, write_whole
 from notebook_launch.rank.serve import Call
 from notebook_launch.rank import ray_serve
@@ -27,7 +28,7 @@ def test_a_call_with_big_tensors_and_an_interrupt_cross_whole():
     finished = threading.Event()
     inbox = ray_serve.listen(rank_end, finished)
     big = torch.arange(3_000_000, dtype=torch.float32)   # 12 MB: more than the socket buffers
-    frame = commands.encode(commands.Command.CALL, Call(Job(scale, (big, 2.0)), number=7))
+    frame = command_frames.encode(commands.Command.CALL, Call(Job(scale, (big, 2.0)), number=7))
     try:
         assert frame.tensors is not None   # the tensor went to the frame's file, not the pickle
         with call_message(frame) as parts:
@@ -60,7 +61,7 @@ def test_stop_ends_the_loop():
     notebook_end, rank_end = socket.socketpair()
     finished = threading.Event()
     inbox = ray_serve.listen(rank_end, finished)
-    write_whole(notebook_end.fileno(), [ray_serve.encode_message(ray_serve.Kind.STOP)])
+    write_whole(notebook_end.fileno(), [remote_commands.encode_message(remote_commands.Kind.STOP)])
     assert inbox.calls.get(timeout=30) is None
     assert inbox.stopped.is_set()
     notebook_end.close()   # after STOP, the end of the connection is no reason to exit

@@ -1,0 +1,29 @@
+"""The notebook's half of the command format (``channels.commands``): a command and its payload
+pickled once into a frame that goes to every rank, big tensors' bytes into a fresh memfd beside it
+(``shared_tensors``). Here, on the side that encodes, because channels/ imports nothing of ours
+and the pickling with tensors is ``shared_tensors``'s; the rank decodes with the same module
+(``rank.serve.receive_command``, ``rank.ray_serve.decode``)."""
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from .. import shared_tensors
+from ..channels.commands import Command, Frame, close_fd
+
+
+def encode(command: Command, payload: Any) -> Frame:
+    """One frame; encode once and send the same frame to every rank. Big tensors' bytes go
+    to a fresh memfd (one copy, at memory speed), the rest into the bytes."""
+    import cloudpickle
+    fd = shared_tensors.create_file()
+    try:
+        data = shared_tensors.dumps((Command(command).value, payload), fd, base=cloudpickle.Pickler)
+        if fd is not None and os.fstat(fd).st_size == 0:
+            close_fd(fd)
+            fd = None
+    except BaseException:
+        if fd is not None:
+            close_fd(fd)
+        raise
+    return Frame.of(data, fd)
