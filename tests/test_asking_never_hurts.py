@@ -309,6 +309,7 @@ def test_a_ray_ranks_answer_signals_nothing():
     import subprocess
     import sys
     code = ("import ctypes, os, signal, socket, threading, types\n"
+            "from notebook_launch.channels import remote_where\n"
             "from notebook_launch.rank import ray_where, whereabouts\n"
             "whereabouts.install(types.SimpleNamespace(global_rank=0, env={}))\n"
             "counted = []\n"
@@ -329,8 +330,8 @@ def test_a_ray_ranks_answer_signals_nothing():
             "    while seen < 50:\n"
             "        number += 1\n"
             "        answerer.ask(number)\n"
-            "        _magic, answered, size = ray_where.REPLY.unpack(received(ray_where.REPLY.size))\n"
-            "        data = ray_where.decode_body(received(size))\n"
+            "        _magic, answered, size = remote_where.REPLY.unpack(received(remote_where.REPLY.size))\n"
+            "        data = remote_where.decode_body(received(size))\n"
             "        main = [frames for ident, frames in data['threads'] if ident == threading.main_thread().ident]\n"
             "        seen += answered == number and any(f[2] == 'wait_in_c' for f in main[0])\n"
             "    os.write(w, b'x')\n"

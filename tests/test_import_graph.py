@@ -310,7 +310,8 @@ def test_no_module_imports_another_packages_private_names():
 
 
 BOTH_SIDES_FORMATS = ("notebook_launch.channels.where_request", "notebook_launch.channels.commands",
-                      "notebook_launch.channels.interrupt_slot", "notebook_launch.channels.remote_commands")
+                      "notebook_launch.channels.interrupt_slot", "notebook_launch.channels.remote_commands",
+                      "notebook_launch.channels.remote_where")
 
 
 def test_the_formats_both_sides_read_are_in_channels():

@@ -8,7 +8,7 @@ travels on the rank's events connection (the notebook -> rank direction, which a
 for signals): ``MESSAGE`` (its ``Kind``, then two numbers), and after a CALL's header its frame's
 pickle (``channels.commands``, without the length header: the first number is its size) and the
 bytes of its tensor file (the second number). INTERRUPT names the call (the first number); STOP
-has none. A where request (``rank.ray_where``) shares the connection: a 4-byte
+has none. A where request (``channels.remote_where``) shares the connection: a 4-byte
 ``sockets.SIGNAL_FRAME`` whose first byte is 0, which no ``Kind`` is (``WHERE_REQUEST_BYTE``), so
 a reader tells the two apart by the first byte.
 """

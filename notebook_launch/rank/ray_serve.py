@@ -13,7 +13,7 @@ uses only for signals), as messages (their format: ``channels.remote_commands``)
   ``InterruptSlot`` and signals with SIGINT): the rank's own slot records it and the rank
   signals itself, under the local rule (it raises only while call n's code runs);
 - STOP: the loop returns; end of file (the notebook went away) ends the process;
-- a where request (``rank.ray_where``): a launch's 4-byte request frame, told from a message by
+- a where request (``channels.remote_where``): a launch's 4-byte request frame, told from a message by
   its first byte (0, which no kind is); the rank answers on its answers connection.
 
 One thread (``listen``) reads that connection for the life of the actor's call, so an
@@ -37,7 +37,8 @@ from ..channels.interrupt_slot import InterruptSlot
 from ..channels.remote_commands import MESSAGE, WHERE_REQUEST_BYTE, Kind
 from ..channels.sockets import SIGNAL_FRAME
 from . import runner
-from .ray_where import Answerer, request_number
+from ..channels.remote_where import request_number
+from .ray_where import Answerer
 
 log = logging.getLogger("notebook_launch")
 

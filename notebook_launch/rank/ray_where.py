@@ -11,45 +11,29 @@ its collective record read in-process, and every thread's Python stack from
 ``sys._current_frames()`` (a blocked main thread has released the interpreter lock, so another
 thread runs), with the source lines this node can read (the notebook may not have its files).
 
-A request frame is a ``SIGNAL_FRAME`` whose value is ``REQUEST_BASE`` + the request's number:
-signal numbers are far below it, and its first byte is 0, which no persistent message's kind
-is (``rank.ray_serve`` tells the two apart by it). An answer is ``REPLY`` (magic, the request's
-number, the body's length) and a zlib-compressed JSON body (``snapshot``).
+The request's and the reply's format is ``channels.remote_where`` (the body: ``snapshot``).
 """
 from __future__ import annotations
 
-import json
 import linecache
 import os
 import logging
 import queue
 import signal
 import socket
-import struct
 import sys
 import threading
 import time
-import zlib
 from typing import Any, Callable
 
+from ..channels.remote_where import encode_reply, request_number
 from ..channels.sockets import SIGNAL_FRAME
 from . import where_thread, whereabouts
 
 log = logging.getLogger("notebook_launch")
-REQUEST_BASE = 1 << 23      # request frames: REQUEST_BASE + number (mod REQUEST_BASE); first byte 0
-REPLY = struct.Struct("!4sIQ")   # magic, request number, body length
-REPLY_MAGIC = b"NLWR"
 MAX_FRAMES = 100            # frames kept per thread, innermost first (faulthandler keeps as many)
 
 
-def request_frame(number: int) -> bytes:
-    """The 4 bytes that ask a Ray rank where it is (``number`` names the request)."""
-    return SIGNAL_FRAME.pack(REQUEST_BASE + number % REQUEST_BASE)
-
-
-def request_number(value: int) -> int | None:
-    """The request's number if a frame's value is a where request, else None (a signal)."""
-    return value - REQUEST_BASE if REQUEST_BASE <= value < 2 * REQUEST_BASE else None
 
 
 def read_record() -> dict[str, Any] | None:
@@ -108,16 +92,6 @@ def snapshot(between_calls: bool = False) -> dict[str, Any]:
             "between_calls": between_calls, "switched_off": whereabouts.switched_off()}
 
 
-def encode_reply(number: int, payload: dict[str, Any]) -> bytes:
-    body = zlib.compress(json.dumps(payload).encode("utf-8"))
-    return REPLY.pack(REPLY_MAGIC, number % (1 << 32), len(body)) + body
-
-
-def decode_body(body: bytes) -> dict[str, Any]:
-    data = json.loads(zlib.decompress(body).decode("utf-8"))
-    if not isinstance(data, dict):
-        raise ValueError("a where reply's body is not an object")
-    return data
 
 
 class Answerer:
@@ -158,7 +132,6 @@ def obey_notebook(sock: socket.socket, answerer: Answerer, finished: threading.E
     on ``sock`` (Stop, timeout, another rank failed), hand its where requests to ``answerer``, and if
     the notebook goes away while the rank runs, end the rank (as a local rank dies with its parent).
     ``finished``: set once the rank's function returned (an actor lives on): no signal after it."""
-    from ..channels.sockets import SIGNAL_FRAME
     from .bootstrap import EXIT_FAILED
     buffer = b""
     while True:

@@ -21,7 +21,7 @@ import time
 from typing import Any, Callable, Protocol, Sequence
 
 from ..channels.sockets import SocketPipes
-from ..rank.ray_where import REPLY, REPLY_MAGIC, decode_body, request_frame
+from ..channels.remote_where import REPLY, REPLY_MAGIC, decode_body, request_frame
 from ..rank.whereabouts import SWITCHED_OFF_NOTE
 from ..diagnose.hang_verdict import Frame, RankWhereabouts, ThreadStack
 from ..diagnose.stacks import parse_collective

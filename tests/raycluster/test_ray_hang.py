@@ -17,18 +17,19 @@ import pytest
 
 from notebook_launch.ray.where import WhereAsker, decode_answer
 from notebook_launch.channels.sockets import SIGNAL_FRAME, SocketPipes
+from notebook_launch.channels import remote_where
 from notebook_launch.rank import ray_where, whereabouts
 
 pytestmark = pytest.mark.timeout(600)
 
 
 def test_request_frames_are_not_signals_and_start_with_a_zero_byte():
-    for number in (0, 1, 77, ray_where.REQUEST_BASE + 3):
-        frame = ray_where.request_frame(number)
+    for number in (0, 1, 77, remote_where.REQUEST_BASE + 3):
+        frame = remote_where.request_frame(number)
         assert len(frame) == SIGNAL_FRAME.size and frame[0] == 0   # ray_serve tells it from a message by it
-        assert ray_where.request_number(SIGNAL_FRAME.unpack(frame)[0]) == number % ray_where.REQUEST_BASE
+        assert remote_where.request_number(SIGNAL_FRAME.unpack(frame)[0]) == number % remote_where.REQUEST_BASE
     for signum in (2, 9, 15, 64):
-        assert ray_where.request_number(signum) is None
+        assert remote_where.request_number(signum) is None
 
 
 def from_another_thread(fn):
@@ -46,10 +47,10 @@ def test_a_reply_round_trips_with_its_collective_stacks_and_sources(monkeypatch)
     text = whereabouts.FIELD_SEP.join(("all_reduce", "default group", "(4,) float32", __file__, "7", "train"))
     record.enter("key", 3, lambda: text)
     monkeypatch.setattr(whereabouts, "_record", record)
-    data = from_another_thread(lambda: ray_where.encode_reply(5, ray_where.snapshot()))
-    magic, number, size = ray_where.REPLY.unpack_from(data)
-    assert (magic, number, size) == (ray_where.REPLY_MAGIC, 5, len(data) - ray_where.REPLY.size)
-    where = decode_answer(data[ray_where.REPLY.size:], rank=4)
+    data = from_another_thread(lambda: remote_where.encode_reply(5, ray_where.snapshot()))
+    magic, number, size = remote_where.REPLY.unpack_from(data)
+    assert (magic, number, size) == (remote_where.REPLY_MAGIC, 5, len(data) - remote_where.REPLY.size)
+    where = decode_answer(data[remote_where.REPLY.size:], rank=4)
     assert where.rank == 4 and where.note == ""
     assert where.inside is not None and (where.inside.op, where.inside.seq, where.inside.tensors) == \
         ("all_reduce", 3, "(4,) float32")
@@ -59,7 +60,7 @@ def test_a_reply_round_trips_with_its_collective_stacks_and_sources(monkeypatch)
     assert main and all(thread.frames[0].function != "snapshot" for thread in where.threads)
     assert any(frame.function == "test_a_reply_round_trips_with_its_collective_stacks_and_sources" for frame in main)
     record.leave()
-    where = decode_answer(ray_where.encode_reply(6, ray_where.snapshot())[ray_where.REPLY.size:], rank=4)
+    where = decode_answer(remote_where.encode_reply(6, ray_where.snapshot())[remote_where.REPLY.size:], rank=4)
     assert where.inside is None and where.last is not None and where.last.op == "all_reduce"
 
 
@@ -89,7 +90,7 @@ def serve_requests(rank: FakeRayRankWithoutRay, answerer: ray_where.Answerer | N
         data = rank.events_there.recv(SIGNAL_FRAME.size)
         if not data:
             return
-        number = ray_where.request_number(SIGNAL_FRAME.unpack(data)[0])
+        number = remote_where.request_number(SIGNAL_FRAME.unpack(data)[0])
         if answerer is not None and number is not None:
             answerer.ask(number)
 
@@ -119,9 +120,9 @@ def test_the_asker_asks_every_rank_at_once_and_a_silent_one_is_named():
         assert asker.number == 2 and again[0].threads
         assert asker.ask(ranks[2], lambda local: local + 10)[2].note.startswith("did not say")   # round 2's
         # rank 2's answer to round 2 comes late, after round 2 gave up on it: not taken for round 3's
-        ranks[2].answers_there.sendall(ray_where.encode_reply(2, {"error": "late"}))
+        ranks[2].answers_there.sendall(remote_where.encode_reply(2, {"error": "late"}))
         answer = threading.Timer(0.3, lambda: ranks[2].answers_there.sendall(
-            ray_where.encode_reply(3, ray_where.snapshot())))
+            remote_where.encode_reply(3, ray_where.snapshot())))
         answer.start()
         late = asker.ask(ranks[2], lambda local: local + 10)
         answer.join()
@@ -134,7 +135,8 @@ def test_the_asker_asks_every_rank_at_once_and_a_silent_one_is_named():
 
 
 def test_a_persistent_rank_between_calls_says_it_waits_for_the_next_call():
-    where = decode_answer(ray_where.encode_reply(1, ray_where.snapshot(between_calls=True))[ray_where.REPLY.size:], 0)
+    reply = remote_where.encode_reply(1, ray_where.snapshot(between_calls=True))
+    where = decode_answer(reply[remote_where.REPLY.size:], 0)
     assert where.note == "waits for the next call"
     assert all(thread.ident != where.main_thread for thread in where.threads)
 
@@ -188,17 +190,18 @@ def test_a_persistent_rank_reads_a_where_request_between_its_messages():
     finished = threading.Event()
     inbox = ray_serve.listen(rank_end, finished, answers_rank)
     try:
-        notebook_end.sendall(remote_commands.encode_message(remote_commands.Kind.INTERRUPT, 4)
-                             + ray_where.request_frame(9) + remote_commands.encode_message(remote_commands.Kind.STOP))
+        interrupt = remote_commands.encode_message(remote_commands.Kind.INTERRUPT, 4)
+        notebook_end.sendall(interrupt + remote_where.request_frame(9)
+                             + remote_commands.encode_message(remote_commands.Kind.STOP))
         assert inbox.calls.get(timeout=30) is None   # STOP, read after the request
         assert inbox.stopped.is_set() and inbox.slot.requested(4)
         answers_notebook.settimeout(30)
         data = b""
-        header = ray_where.REPLY.size
-        while len(data) < header or len(data) < header + ray_where.REPLY.unpack_from(data)[2]:
+        header = remote_where.REPLY.size
+        while len(data) < header or len(data) < header + remote_where.REPLY.unpack_from(data)[2]:
             data += answers_notebook.recv(1 << 16)
-        assert ray_where.REPLY.unpack_from(data)[:2] == (ray_where.REPLY_MAGIC, 9)
-        assert decode_answer(data[ray_where.REPLY.size:], 0).threads
+        assert remote_where.REPLY.unpack_from(data)[:2] == (remote_where.REPLY_MAGIC, 9)
+        assert decode_answer(data[remote_where.REPLY.size:], 0).threads
     finally:
         finished.set()
         for sock in (notebook_end, rank_end, answers_notebook, answers_rank):
