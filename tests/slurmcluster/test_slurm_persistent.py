@@ -80,10 +80,11 @@ except LaunchError as err:
 def count():
     return [calls, os.getpid()]
 print("OUT", json.dumps([ranks.run(count), ranks.alive, ranks.restarts]), flush=True)
+print("OUT", json.dumps(ranks.stacks().verdict), flush=True)
 ranks.close()
 print("OUT", json.dumps(ranks.closed), flush=True)
 """)
-    first, second, pushed, failed, timed_out, after, closed = said
+    first, second, pushed, failed, timed_out, after, where, closed = said
     pids = [pid for pid, _ in first["first"]]
     assert [host for _, host in first["first"]] == ["node0", "node0", "node1", "node1"]   # results in rank order
     assert first["nodes"] == ["node 0 (node0)", "node 0 (node0)", "node 1 (node1)", "node 1 (node1)"]
@@ -111,6 +112,7 @@ print("OUT", json.dumps(ranks.closed), flush=True)
     assert "still running, with their state" in timed_out["message"]
 
     assert after == [[[3, pid] for pid in pids], True, 0]            # state kept, no restart
+    assert where == "no call is running: every rank waits for the next one"   # asked over their connections
     assert closed is True
     assert_nothing_left(slurm)                                      # close(): squeue empty, no rank left
 
@@ -190,8 +192,8 @@ ranks.close()
 
 
 def test_a_killed_notebook_with_ranks_held_leaves_no_job_and_no_rank(slurm):
-    """The notebook SIGKILLed between calls (no cleanup of ours runs): the watchdog cancels the
-    held job and the ranks end with their connections."""
+    """The notebook (a Python process) SIGKILLed between calls (no cleanup of ours runs): the
+    watchdog cancels the held job and the ranks end with their connections."""
     proc = slurm.notebook(SETUP + """
 from notebook_launch import start_ranks
 ranks = start_ranks(4, cluster=SlurmCluster(nodes=2), ui="none")
@@ -217,3 +219,33 @@ time.sleep(600)
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_a_sigkilled_kernel_with_ranks_held_leaves_no_job_and_no_rank(slurm):
+    """The same in a real Jupyter kernel on the login node: its process SIGKILLed while its ranks
+    wait between calls; squeue is empty and no rank process is left."""
+    pytest.importorskip("jupyter_client")
+    km = slurm.kernel_manager()
+    km.start_kernel(env=slurm.env, cwd=str(slurm.tmp))
+    kc = km.client()
+    kc.start_channels()
+    try:
+        kc.wait_for_ready(timeout=120)
+        reply = kc.execute_interactive("""
+from notebook_launch import start_ranks, SlurmCluster
+ranks = start_ranks(4, cluster=SlurmCluster(nodes=2), ui="text")
+def keep():
+    global kept
+    kept = [0] * 1000
+    return len(kept)
+assert ranks.run(keep) == [1000] * 4
+""", timeout=300)
+        assert reply["content"]["status"] == "ok", reply["content"]
+        assert len(slurm.jobs()) == 1
+        km.provisioner.process.kill()   # `ip netns exec` execs the kernel: this is its process
+        km.provisioner.process.wait()
+        assert_nothing_left(slurm)
+    finally:
+        kc.stop_channels()
+        if km.has_kernel:
+            km.shutdown_kernel(now=True)
