@@ -30,7 +30,6 @@ import logging
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from ..backends.base import StartFailed
 from ..line_prefix import parse_line_prefix
 from ..logs import make_run_id
 from ..options import LaunchOptions, check_display_ranks_exist, validate_cluster_launch, validate_cluster_type
@@ -41,9 +40,8 @@ from ..ray.launch import RayLauncher, notebook_address, notebook_plan
 from ..rank.ray_serve import serve_ray_calls
 from ..rank.runner import Job
 from ..session import launch_line, plan_state
-from ..supervise import outcome
 from .pool import Ranks
-from .remote import MessageSlot, RemoteTransport, lost_between_calls_error
+from .remote import RemoteTransport, lost_between_calls_error
 from .transport import LogsFor, LostBetweenCalls
 
 if TYPE_CHECKING:
@@ -103,7 +101,6 @@ class RayTransport(RemoteTransport):
         self.backend_name = "ray, persistent"
         self.options, self.cluster = options, cluster
         self.summary = ""
-        self._launchers: list[RayLauncher] = []   # the current ranks' launcher (a list: the finalizer's view)
         self._placements: list[Placement] = []
         self._addresses: list[str] = []
 
@@ -134,21 +131,8 @@ class RayTransport(RemoteTransport):
         launcher = RayLauncher(ray, cluster, host=notebook_address(ray, cluster), run_id=run_id,
                                mixed_precision=options.mixed_precision,
                                rendezvous_timeout=options.rendezvous_timeout, persistent=True)
-        self._launchers[:] = [launcher]
-        channels = launcher.open_channels(plan)
-        try:   # nothing is drawn while Ray places the ranks: the launcher's own StartWatch
-            processes = launcher.start(plan, Job(serve_ray_calls, (cluster.device_kind,)), channels)
-        except BaseException as exc:
-            for pipes in channels:
-                pipes.close_parent_ends()
-            launcher.end()
-            self._launchers[:] = []
-            if isinstance(exc, StartFailed):
-                raise outcome.cluster_error(exc.text, state, rank=exc.rank, kind=exc.kind) from None
-            raise
-        self.pipes = list(channels)
-        self.interrupts = MessageSlot(self.send_all)
-        self.processes[:] = processes
+        # nothing is drawn while Ray places the ranks: the launcher's own StartWatch
+        self.start_through(launcher, plan, Job(serve_ray_calls, (cluster.device_kind,)), state)
         self._placements = launcher.placements
         self._addresses = launcher.addresses
         return plan
@@ -181,9 +165,3 @@ class RayTransport(RemoteTransport):
         """Each rank's node, in a call's run state (the panel's rows, the errors' first lines)."""
         for rs, placement, address in zip(state.ranks, self._placements, self._addresses):
             rs.node, rs.node_rank = f"node {placement.node_rank} ({address})", placement.node_rank
-
-    def end_ranks(self) -> None:
-        """The gang's end: actors killed, placement group removed, Ray reports the actors dead."""
-        for launcher in self._launchers:
-            launcher.end()
-        self._launchers[:] = []

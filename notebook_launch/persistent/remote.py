@@ -5,15 +5,15 @@ connection as ``rank.ray_serve`` messages, which the rank's one serving loop rea
 (``rank.ray_serve.serve_ray_calls``, on an actor and on a SLURM node alike).
 
 ``RemoteTransport`` is the part of ``transport.RankTransport`` that is the same for every such
-cluster: a call's frame as one CALL message (``call_message``, ``write_whole``), an interrupt
-as a message (``MessageSlot``), STOP and a grace before the cluster ends the ranks
-(``end_ranks``, the engine's), and the LaunchError of ranks lost between calls
-(``lost_between_calls_error``). What differs is how the ranks start, where each one runs and
-how the cluster ends them.
+cluster: the start through the engine's launcher and its rollback (``start_through``), a call's
+frame as one CALL message (``call_message``, ``write_whole``), an interrupt as a message
+(``MessageSlot``), STOP and a grace before the launcher's ``end`` ends the ranks, and the
+LaunchError of ranks lost between calls (``lost_between_calls_error``). What differs is how the
+engine's launcher is made, where each rank runs and what it says of ranks lost between calls.
 """
 from __future__ import annotations
 
-import abc
+import functools
 import logging
 import mmap
 import os
@@ -22,6 +22,7 @@ from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
+from ..backends.base import Launcher, StartFailed
 from ..best_effort import best_effort
 from ..errors import LaunchError
 from ..protocol import FailureKind
@@ -32,6 +33,9 @@ from .transport import STOP_GRACE, LostBetweenCalls, RankTransport, exited, wait
 
 if TYPE_CHECKING:
     from ..logs import RunLogs
+    from ..plan import LaunchPlan
+    from ..rank.runner import Job
+    from ..state import RunState
 
 log = logging.getLogger("notebook_launch")
 SEND_TICK = 1.0   # seconds between checks while a rank's connection does not take more bytes
@@ -66,8 +70,31 @@ class MessageSlot:
 
 class RemoteTransport(RankTransport):
     """Ranks on other machines, reached over their events connections (see the module). A
-    subclass starts them (``start``, setting ``processes``, ``pipes`` and ``interrupts``, a
-    ``MessageSlot`` over ``send_all``) and ends them (``end_ranks``)."""
+    subclass's ``start`` makes the engine's launcher and starts the ranks through it
+    (``start_through``); the launcher's ``end`` ends them."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.launchers: list[Launcher] = []   # the current ranks' launcher (a list: the finalizer's view)
+
+    def start_through(self, launcher: Launcher, plan: LaunchPlan, job: Job, state: RunState) -> None:
+        """Start the ranks as every start path does (``backends.base``): the launcher's channels,
+        then its ``start``. A start that fails leaves nothing (the launcher's ``end``) and is the
+        pool's LaunchError (``state``: the run state a failed start names)."""
+        self.launchers[:] = [launcher]
+        channels = launcher.open_channels(plan)
+        try:
+            processes = launcher.start(plan, job, channels)
+        except BaseException as exc:
+            for pipes in channels:
+                pipes.close_parent_ends()
+            self.end_ranks()
+            if isinstance(exc, StartFailed):
+                raise outcome.cluster_error(exc.text, state, rank=exc.rank, kind=exc.kind) from None
+            raise
+        self.pipes = list(channels)
+        self.interrupts = MessageSlot(self.send_all)
+        self.processes[:] = processes
 
     def send(self, frame: commands.Frame) -> None:
         """The call's frame to every rank, as one CALL message with its tensors' bytes."""
@@ -81,7 +108,7 @@ class RemoteTransport(RankTransport):
             if pipes.events_r in pipes.closed:
                 continue
             try:
-                write_whole(pipes.events_r, parts, gone=lambda process=process: exited(process))
+                write_whole(pipes.events_r, parts, gone=functools.partial(exited, process))
             except OSError:
                 log.debug("rank %d's connection is closed; not sent", process.local_rank, exc_info=True)
 
@@ -111,10 +138,12 @@ class RemoteTransport(RankTransport):
         with best_effort(f"ending the {self.backend_name} ranks failed"):
             self.end_ranks()
 
-    @abc.abstractmethod
     def end_ranks(self) -> None:
-        """The cluster ends every rank and what holds them (Ray's gang, SLURM's job), and says
-        when they are gone."""
+        """The launcher's end: the cluster ends every rank and what holds them (Ray's gang, SLURM's
+        job), and says when they are gone."""
+        for launcher in self.launchers:
+            launcher.end()
+        self.launchers[:] = []
 
 
 def lost_between_calls_error(lost: list[int], where: list[str], reason: str, logs: RunLogs,

@@ -32,7 +32,7 @@ import subprocess
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from ..backends.base import StartFailed, StartWatch
+from ..backends.base import StartWatch
 from ..errors import GuardError
 from ..line_prefix import parse_line_prefix
 from ..logs import make_run_id
@@ -45,9 +45,8 @@ from ..session import launch_line, plan_state
 from ..slurm import scheduler
 from ..slurm.launcher import SlurmLauncher
 from ..slurm.run import SLURM_LINE_PREFIX, check_layout, notebook_plan, request_summary
-from ..supervise import outcome
 from .pool import Ranks
-from .remote import MessageSlot, RemoteTransport, lost_between_calls_error
+from .remote import RemoteTransport, lost_between_calls_error
 from .transport import LogsFor, LostBetweenCalls
 
 if TYPE_CHECKING:
@@ -122,7 +121,6 @@ class SlurmTransport(RemoteTransport):
         self.backend_name = "slurm, persistent"
         self.options, self.cluster = options, cluster
         self.launcher: SlurmLauncher | None = None   # the current ranks' (each start is a new job)
-        self._launchers: list[SlurmLauncher] = []    # the same, as the finalizer sees it
         self._per_node = 1
         self._names: list[str] = []                  # each node's name, by node rank
 
@@ -154,20 +152,7 @@ class SlurmTransport(RemoteTransport):
         launcher.folder = logs.path   # the pool's run folder: the nodes read the job there
         launcher.watch_start(Announcer())
         self.launcher = launcher
-        self._launchers[:] = [launcher]
-        channels = launcher.open_channels(plan)
-        try:
-            processes = launcher.start(plan, Job(serve_ray_calls, (cluster.device_kind,)), channels)
-        except BaseException as exc:
-            for pipes in channels:
-                pipes.close_parent_ends()
-            self.end_ranks()
-            if isinstance(exc, StartFailed):
-                raise outcome.cluster_error(exc.text, state, rank=exc.rank, kind=exc.kind) from None
-            raise
-        self.pipes = list(channels)
-        self.interrupts = MessageSlot(self.send_all)
-        self.processes[:] = processes
+        self.start_through(launcher, plan, Job(serve_ray_calls, (cluster.device_kind,)), state)
         self._per_node = world_size // cluster.nodes
         self._names = [name for name, _ in launcher.nodes]
         return plan
@@ -214,7 +199,5 @@ class SlurmTransport(RemoteTransport):
     def end_ranks(self) -> None:
         """The launcher's end: the steps and the job cancelled and gone from the nodes, the
         watchdog let go."""
-        for launcher in self._launchers:
-            launcher.end()
-        self._launchers[:] = []
+        super().end_ranks()
         self.launcher = None

@@ -51,7 +51,9 @@ def start_ranks(num_processes: int | None = None, mixed_precision: str = "no",
     marked stalled (nothing is stopped; see ``diagnose.stall``), the default of each call;
     None: not watched. ``lines_per_second``: each rank's output lines a second a call's cell
     shows ("all": every line), the default of each call. ``ranks.stacks()`` says where every
-    rank is, during a call (from another thread) or between calls.
+    rank is, during a call (from another thread) or between calls. ``cluster``: a ``RayCluster``
+    (the ranks are Ray actors) or a ``SlurmCluster`` (srun steps of one SLURM job, held until
+    ``close()``); ``num_processes`` is then the total number of ranks.
     Use ``with start_ranks(2) as ranks:`` or call ``close()``.
     """
     parameters = dict(locals())   # start_ranks' arguments, before any other name is set

@@ -8,13 +8,37 @@ either node, no srun (``assert_nothing_left``).
 from __future__ import annotations
 
 import json
+import os
 import re
+import selectors
 import signal
+import subprocess
+import time
 
 import pytest
-from test_slurm_launch import SETUP, assert_nothing_left, wait_for_lines
+from test_slurm_launch import SETUP, assert_nothing_left
 
 pytestmark = pytest.mark.timeout(600)
+
+
+def wait_for_output(proc: subprocess.Popen, needle: str, count: int = 1, timeout: float = 300) -> None:
+    """Read the notebook's stdout (its fd, unbuffered: a line read ahead into a buffer would never
+    wake the selector again) until ``needle`` was printed ``count`` times; the notebook is killed if
+    it does not come, so its stderr can be shown."""
+    assert proc.stdout is not None and proc.stderr is not None
+    text, selector = "", selectors.DefaultSelector()
+    selector.register(proc.stdout.fileno(), selectors.EVENT_READ)
+    deadline = time.monotonic() + timeout
+    try:
+        while text.count(needle) < count:
+            if time.monotonic() > deadline or proc.poll() is not None:
+                proc.kill()
+                raise AssertionError(f"{needle!r} printed {text.count(needle)} of {count} times:\n{text}\n"
+                                     f"{proc.communicate()[1]}")
+            if selector.select(0.5):
+                text += os.read(proc.stdout.fileno(), 65536).decode(errors="replace")
+    finally:
+        selector.close()
 
 
 def notebook_lines(slurm, code: str, timeout: float = 480) -> tuple[list, str]:
@@ -162,7 +186,7 @@ print("OUT", json.dumps([ranks.run(fresh), ranks.restarts]), flush=True)
 ranks.close()
 """)
     try:
-        wait_for_lines(proc, "] running", 2)
+        wait_for_output(proc, "] running", 2)
         proc.send_signal(signal.SIGINT)
         out, err = proc.communicate(timeout=480)
         assert proc.returncode == 0, f"notebook failed ({proc.returncode}):\n{out}\n{err}"
@@ -201,16 +225,12 @@ def keep():
     global kept
     kept = [0] * 1000
     return os.getpid()
-print("OUT", json.dumps(ranks.run(keep)), flush=True)
+assert len(set(ranks.run(keep))) == 4
 print("ready", flush=True)
 time.sleep(600)
 """)
     try:
-        try:
-            wait_for_lines(proc, "ready", 1, timeout=300)
-        except AssertionError:   # (its message would wait for the stderr of a notebook still running)
-            proc.kill()
-            raise
+        wait_for_output(proc, "ready")
         assert len(slurm.jobs()) == 1
         proc.send_signal(signal.SIGKILL)
         proc.wait()
