@@ -16,7 +16,7 @@ import subprocess
 import time
 
 import pytest
-from test_slurm_launch import SETUP, assert_nothing_left
+from test_slurm_launch import SETUP, assert_nothing_left, hold_every_node
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -269,3 +269,26 @@ assert ranks.run(keep) == [1000] * 4
         kc.stop_channels()
         if km.has_kernel:
             km.shutdown_kernel(now=True)
+
+
+def test_start_ranks_says_the_job_is_pending_and_ctrl_c_cancels_it(slurm):
+    """start_ranks while another job holds every node: the cell says the allocation waits (before
+    any call's panel), and Ctrl-C cancels the queued job; the other job is left alone."""
+    blocker = hold_every_node(slurm)
+    proc = slurm.notebook(SETUP + """
+from notebook_launch import start_ranks
+start_ranks(4, cluster=SlurmCluster(nodes=2), ui="text")
+""")
+    try:
+        wait_for_output(proc, "pending (Resources); Stop or Ctrl-C cancels it")
+        assert len(slurm.jobs()) == 2
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=120)
+        assert "KeyboardInterrupt" in err, err
+        assert [line.split()[0] for line in slurm.jobs()] == [blocker]   # ours left the queue
+        slurm.run(0, "scancel", blocker)
+        assert_nothing_left(slurm)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
