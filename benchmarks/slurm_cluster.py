@@ -10,8 +10,9 @@ namespace: tests/slurmcluster/slurm_two_nodes.py, the test fixture's cluster), d
   ``submitit.helpers.TorchDistributedEnvironment().export()`` before ``init_process_group``;
 - a rank that fails after the group is up (rank 2 raises, the others go on to a collective):
   call to the error in the notebook, and whether that error is the failing rank's own;
-- a warm call on persistent ranks on the held allocation: not supported yet
-  (``start_ranks`` refuses ``SlurmCluster``), said so in its row.
+- a warm call on persistent ranks on the held allocation: ``start_ranks(4, cluster=SlurmCluster(nodes=2))``
+  once, an untimed call, then ``ranks.run(trivial)`` timed call to results, against the goal (10 ms) and a
+  launch's call to results.
 
     python -m benchmarks.slurm_cluster --repeats 5      # writes benchmarks/RESULTS-slurm.md
 
@@ -38,6 +39,8 @@ sys.path.insert(0, os.path.join(REPO_ROOT, "tests", "slurmcluster"))
 RANKS = 4
 NODES = 2
 GOAL_FIRST_STEP = 2.0
+GOAL_WARM_CALL_S = 0.010
+WARM_CALLS_PER_REPEAT = 20   # timed warm calls on the persistent ranks, per repeat
 FAILURE_CAP_S = 120.0   # how long the notebook waits for submitit to report the failed job
 NOTEBOOK_TIMEOUT_S = 3000.0
 
@@ -133,11 +136,25 @@ def failure(name):
     sample(name, kind="failure", seconds=holder["t"] - t0, own_error="rank two gives up" in error,
            error=error[-4000:])
 
-try:   # persistent ranks on the held allocation: what start_ranks says today
-    start_ranks({ranks}, cluster=SlurmCluster(nodes={nodes}), ui="none").close()
-    sample("ours", kind="persistent", refused=None)
-except Exception as exc:
-    sample("ours", kind="persistent", refused=f"{{type(exc).__name__}}: {{str(exc).splitlines()[0]}}")
+def trivial():
+    return int(os.environ["RANK"])
+
+def persistent():
+    # persistent ranks on the held allocation: started once (untimed), one untimed call, then warm calls
+    try:
+        ranks = start_ranks({ranks}, cluster=SlurmCluster(nodes={nodes}), ui="none")
+    except Exception as exc:
+        sample("ours", kind="persistent", seconds=None, error=f"{{type(exc).__name__}}: {{str(exc).splitlines()[0]}}")
+        return
+    try:
+        ranks.run(trivial)
+        for _ in range({warm_calls}):
+            t0 = time.perf_counter()
+            ranks.run(trivial)
+            sample("ours", kind="persistent", seconds=time.perf_counter() - t0, error=None)
+    finally:
+        ranks.close()
+
 for warm in ("ours", "submitit"):   # untimed: the first srun/sbatch of the session, file caches
     queue_empty()
     (ours if warm == "ours" else theirs)(first_step)
@@ -153,6 +170,8 @@ for repeat in range({failure_repeats}):
         queue_empty()
         failure(name)
 queue_empty()
+persistent()
+queue_empty()
 print("DONE", flush=True)
 """
 
@@ -161,7 +180,7 @@ def run(config: dict, log_dir: str, say: Callable[[str], Any] = print) -> list[R
     rows = [started_row(), imported_row(), first_step_row(), results_row(), failure_row(), persistent_row()]
     reason = unavailable_reason()
     if reason:
-        for row in rows[:5]:
+        for row in rows:
             row.cell("ours").text = f"not measured: {reason}"
         return rows
     from slurm_two_nodes import SlurmTwoNodes
@@ -173,14 +192,15 @@ def run(config: dict, log_dir: str, say: Callable[[str], Any] = print) -> list[R
         repeats = config["repeats"]
         failure_repeats = 1 if config["quick"] else max(1, min(3, repeats))
         code = NOTEBOOK.format(folder=str(Path(log_dir) / "submitit"), nodes=NODES, per_node=RANKS // NODES,
-                               ranks=RANKS, repeats=repeats, failure_repeats=failure_repeats, cap=FAILURE_CAP_S)
+                               ranks=RANKS, repeats=repeats, failure_repeats=failure_repeats, cap=FAILURE_CAP_S,
+                               warm_calls=WARM_CALLS_PER_REPEAT * repeats)
         samples = run_notebook(cluster, code, say)
         config["beside"] = sum(1 for entry in samples if entry.get("beside"))
         config["samples"] = len(samples)
         fill(rows, samples)
     except Exception as exc:   # one failure must not lose the rows measured so far
         say(f"SLURM benchmark failed: {exc}")
-        for row in rows[:5]:
+        for row in rows:
             if not row.cell("ours").samples:
                 row.cell("ours").text = f"error: {type(exc).__name__}: {str(exc).splitlines()[0][:160]}"
     finally:
@@ -291,9 +311,9 @@ def failure_row() -> Row:
 
 def persistent_row() -> Row:
     row = Row("33.6", "SLURM: a warm call on persistent ranks on the held allocation "
-              "(`start_ranks(4, cluster=SlurmCluster(nodes=2))`)", str(RANKS), "s", group=33,
-              goal="warm call within 10 ms", met="n/a")
-    row.cell("ours").text = "not supported yet (persistent ranks on SLURM are not implemented): nothing to time"
+              "(`start_ranks(4, cluster=SlurmCluster(nodes=2))`, then `ranks.run(trivial)`: call to results)",
+              str(RANKS), "s", group=33, goal=f"warm call within {GOAL_WARM_CALL_S * 1000:g} ms")
+    row.cells["other"] = [Cell(label="a launch's call to results (row above)")]
     return row
 
 
@@ -313,12 +333,21 @@ def fill(rows: list[Row], samples: list[dict]) -> None:
         row.ratios = f"submitit/ours {fmt_ratio(ratio(row.cells['other'][0].median(), row.median('ours')))}"
     results.ratios = f"submitit/ours {fmt_ratio(ratio(results.cells['other'][0].median(), results.median('ours')))}"
     fill_failure(failure, [s for s in samples if s["kind"] == "failure"])
-    for entry in samples:
-        if entry["kind"] == "persistent":
-            persistent.cell("ours").text = (
-                f"not supported yet: start_ranks refuses it (`{entry['refused'].split(';')[0]}`)"
-                if entry["refused"] else
-                "start_ranks accepted SlurmCluster: this row is not measured yet, add the warm-call timing")
+    fill_persistent(persistent, [s for s in samples if s["kind"] == "persistent"], results.median("ours"))
+
+
+def fill_persistent(row: Row, samples: list[dict], launch: float | None) -> None:
+    """The warm calls' times, against the goal and against a launch's call to results."""
+    ours = row.cell("ours")
+    ours.samples = [s["seconds"] for s in samples if s["seconds"] is not None]
+    if launch is not None:
+        row.cells["other"][0].samples = [launch]
+    failed = [s["error"] for s in samples if s["error"]]
+    if failed and not ours.samples:
+        ours.text = f"error: {failed[0][:160]}"
+    median = ours.median() if ours.samples else None
+    row.ratios = f"launch/warm call {fmt_ratio(ratio(launch, median))}"
+    row.met = "n/a" if median is None else ("yes" if median <= GOAL_WARM_CALL_S else "**NO (missed)**")
 
 
 def fill_failure(row: Row, samples: list[dict]) -> None:
@@ -369,7 +398,9 @@ def notes(repeats: int, failure_repeats: int) -> str:
         "column is the last rank's minus the call's start. "
         f"{repeats} launch samples and {failure_repeats} failure samples per side. Failure: the error the "
         f"notebook's call raised, or none within {FAILURE_CAP_S:g} s (then the job is cancelled). The "
-        "persistent row is not measured: persistent ranks on SLURM are not supported yet.")
+        f"persistent row: `start_ranks(4, cluster=SlurmCluster(nodes=2), ui='none')` held once (untimed), one "
+        f"untimed call, then {WARM_CALLS_PER_REPEAT} timed `ranks.run(trivial)` per repeat (call to results over "
+        "the ranks' TCP connections: no salloc, no srun), after every launch sample, then `close()`.")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -73,12 +73,15 @@ def test_no_pool_subclass_overrides_the_pools_private_steps():
 
 
 def test_every_transport_implements_the_interface():
-    transports = {node.name for path in sorted((PACKAGE / "persistent").glob("*.py")) for node in _classes(path)
-                  if "RankTransport" in _base_names(node)}
-    assert transports == {"LocalTransport", "RayTransport"}
+    """Ranks of this machine, and ranks of other machines (``remote.RemoteTransport``: Ray's, SLURM's)."""
+    bases = {node.name: _base_names(node) for path in sorted((PACKAGE / "persistent").glob("*.py"))
+             for node in _classes(path)}
+    assert {name for name, names in bases.items() if "RankTransport" in names} == {"LocalTransport", "RemoteTransport"}
+    assert {name for name, names in bases.items() if "RemoteTransport" in names} == {"RayTransport", "SlurmTransport"}
     from notebook_launch.persistent.local import LocalTransport
     from notebook_launch.persistent.ray_ranks import RayTransport
-    for transport in (LocalTransport, RayTransport):
+    from notebook_launch.persistent.slurm_ranks import SlurmTransport
+    for transport in (LocalTransport, RayTransport, SlurmTransport):
         assert not transport.__abstractmethods__, transport   # every step of RankTransport is its own
 
 

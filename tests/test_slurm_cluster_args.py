@@ -68,7 +68,16 @@ def test_a_wrong_cluster_type_names_both_engines():
         notebook_launcher(print, num_processes=2, cluster="slurm")  # type: ignore[arg-type]
 
 
-def test_persistent_ranks_on_slurm_are_refused_as_not_supported_yet():
+@pytest.mark.parametrize("kwargs, says", [
+    ({"num_processes": 3, "cluster": SlurmCluster(nodes=2)}, "cannot be spread evenly over SlurmCluster(nodes=2)"),
+    ({"num_processes": 2, "cluster": SlurmCluster(nodes=1), "start_method": "fork"},
+     "start_method='fork' cannot be combined with cluster="),
+    ({"num_processes": None, "cluster": SlurmCluster(nodes=1)}, "num_processes must be the total number of ranks"),
+], ids=["uneven", "start-method", "no-count"])
+def test_persistent_ranks_on_slurm_check_their_arguments_before_anything_is_queued(kwargs, says):
+    """start_ranks(cluster=SlurmCluster(...)) is accepted (tests/slurmcluster runs it on a real
+    SLURM); what it cannot honour is said before salloc runs."""
     from notebook_launch import start_ranks
-    with pytest.raises(LaunchArgumentError, match="persistent ranks on a SLURM allocation are not supported yet"):
-        start_ranks(2, cluster=SlurmCluster(nodes=1))
+    with pytest.raises(LaunchArgumentError) as caught:
+        start_ranks(**kwargs)
+    assert says in str(caught.value)

@@ -14,7 +14,7 @@ timeout rules, and the between-calls reader. What differs is where the ranks liv
 - talking to a rank: a local rank gets calls on a Unix socket with memfds and shares an
   ``InterruptSlot`` in memory; a Ray rank gets them on its events connection
   (``channels.remote_commands`` messages): a call's frame with its tensor bytes, and an interrupt
-  that names its call (``RaySlot``);
+  that names its call (``remote.MessageSlot``);
 - ending: ``close()`` sends STOP, then kills the actors and removes the placement group and
   waits until Ray reports the actors dead (``RayLauncher.end``, ``ray.gang.Gang.end``). The actors belong to the
   notebook's Ray driver (not detached) and the group to its job: when the notebook's kernel
@@ -26,34 +26,23 @@ timeout rules, and the between-calls reader. What differs is where the ranks liv
 """
 from __future__ import annotations
 
-import functools
 import logging
-import mmap
-import os
-import select
-from collections.abc import Callable, Iterable, Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from ..backends.base import StartFailed
-from ..best_effort import best_effort
-from ..errors import LaunchError
 from ..line_prefix import parse_line_prefix
 from ..logs import make_run_id
 from ..options import LaunchOptions, check_display_ranks_exist, validate_cluster_launch, validate_cluster_type
 from ..prepare import entry_options
-from ..protocol import FailureKind
 from ..ray import connect as ray_connect
 from ..ray.gang import Placement
 from ..ray.launch import RayLauncher, notebook_address, notebook_plan
-from ..channels.commands import Frame
-from ..channels.remote_commands import Kind, encode_message
 from ..rank.ray_serve import serve_ray_calls
 from ..rank.runner import Job
 from ..session import launch_line, plan_state
-from ..supervise import outcome
 from .pool import Ranks
-from .transport import STOP_GRACE, LogsFor, LostBetweenCalls, RankTransport, exited, wait_for_ends
+from .remote import RemoteTransport, lost_between_calls_error
+from .transport import LogsFor, LostBetweenCalls
 
 if TYPE_CHECKING:
     from ..channels import RankProcess
@@ -82,33 +71,6 @@ def start_ray_ranks(cluster: "RayCluster", parameters: Mapping[str, Any], grace:
     return ranks
 
 
-class RaySlot:
-    """The notebook's half of ``channels.interrupt_slot.InterruptSlot`` for ranks on other machines (a
-    ``transport.CallInterrupts``): an interrupt request goes to every rank as a message naming
-    the call (the rank's own slot records it and the rank signals itself). The notebook does not
-    signal a Ray rank's pid (it is a process of another machine), so every rank reads as not
-    serving to ``CallSupervisor.stop``: the request is the signal. Whether a rank is reporting or
-    has started the call is not shared across machines: the grace is the whole allowance."""
-
-    def __init__(self, send: Callable[[bytes], None]) -> None:
-        self._send = send   # bytes -> every rank
-
-    def request(self, call_number: int) -> None:
-        self._send(encode_message(Kind.INTERRUPT, call_number))
-
-    def serving(self, local_rank: int) -> bool:
-        return False
-
-    def reporting(self, local_rank: int, call_number: int) -> bool:
-        return False
-
-    def started(self, local_rank: int, call_number: int) -> bool:
-        return True
-
-    def close(self) -> None:
-        pass
-
-
 class RayRanks(Ranks):
     """Persistent ranks as Ray actors; made by ``start_ranks(..., cluster=)``, used as ``Ranks``,
     with where each rank runs (``nodes``)."""
@@ -131,7 +93,7 @@ class RayRanks(Ranks):
         return text.replace("<Ranks:", "<Ranks on Ray:", 1)
 
 
-class RayTransport(RankTransport):
+class RayTransport(RemoteTransport):
     """Ranks as Ray actors, reached over their events connections (see the module)."""
 
     def __init__(self, options: LaunchOptions, cluster: "RayCluster") -> None:
@@ -139,7 +101,6 @@ class RayTransport(RankTransport):
         self.backend_name = "ray, persistent"
         self.options, self.cluster = options, cluster
         self.summary = ""
-        self._launchers: list[RayLauncher] = []   # the current ranks' launcher (a list: the finalizer's view)
         self._placements: list[Placement] = []
         self._addresses: list[str] = []
 
@@ -170,21 +131,8 @@ class RayTransport(RankTransport):
         launcher = RayLauncher(ray, cluster, host=notebook_address(ray, cluster), run_id=run_id,
                                mixed_precision=options.mixed_precision,
                                rendezvous_timeout=options.rendezvous_timeout, persistent=True)
-        self._launchers[:] = [launcher]
-        channels = launcher.open_channels(plan)
-        try:   # nothing is drawn while Ray places the ranks: the launcher's own StartWatch
-            processes = launcher.start(plan, Job(serve_ray_calls, (cluster.device_kind,)), channels)
-        except BaseException as exc:
-            for pipes in channels:
-                pipes.close_parent_ends()
-            launcher.end()
-            self._launchers[:] = []
-            if isinstance(exc, StartFailed):
-                raise outcome.cluster_error(exc.text, state, rank=exc.rank, kind=exc.kind) from None
-            raise
-        self.pipes = list(channels)
-        self.interrupts = RaySlot(self._send_all)
-        self.processes[:] = processes
+        # nothing is drawn while Ray places the ranks: the launcher's own StartWatch
+        self.start_through(launcher, plan, Job(serve_ray_calls, (cluster.device_kind,)), state)
         self._placements = launcher.placements
         self._addresses = launcher.addresses
         return plan
@@ -210,99 +158,10 @@ class RayTransport(RankTransport):
                                                        if pl.node_id in nodes} if node_lost else set()))
         where = sorted({self.nodes[r] for r in lost})
         reason = next((p.end_note for p in gone if p.end_note), None) or "its Ray actor ended"
-        rank_words = f"rank{'s' * (len(lost) > 1)} {', '.join(map(str, lost))}"
-        why = f"{rank_words} on {' and '.join(where)} {'were' if len(lost) > 1 else 'was'} lost between calls"
-        message = (f"notebook_launch: {rank_words} ({' and '.join(where)}) {'were' if len(lost) > 1 else 'was'} "
-                   f"lost between calls: {reason}. This call did not run. " + outcome.ranks_lost_note(why))
-        return LostBetweenCalls(why, LaunchError(message, rank=lost[0], kind=FailureKind.SIGNAL,
-                                                 log_dir=str(logs.path), results=[None] * num_processes,
-                                                 node_rank=self._placements[lost[0]].node_rank))
-
-    def send(self, frame: Frame) -> None:
-        """The call's frame to every rank, as one CALL message with its tensors' bytes."""
-        with call_message(frame) as parts:
-            self._send_all(*parts)
-
-    def _send_all(self, *parts: Any) -> None:
-        """``parts`` whole to every rank's events connection (a rank that is gone is skipped:
-        the supervisor sees its end)."""
-        for process, pipes in zip(self.processes, self.pipes):
-            if pipes.events_r in pipes.closed:
-                continue
-            try:
-                write_whole(pipes.events_r, parts, gone=functools.partial(exited, process))
-            except OSError:
-                log.debug("rank %d's connection is closed; not sent", process.local_rank, exc_info=True)
+        return lost_between_calls_error(lost, where, reason, logs, num_processes,
+                                        node_rank=self._placements[lost[0]].node_rank)
 
     def describe(self, state: RunState) -> None:
         """Each rank's node, in a call's run state (the panel's rows, the errors' first lines)."""
         for rs, placement, address in zip(state.ranks, self._placements, self._addresses):
             rs.node, rs.node_rank = f"node {placement.node_rank} ({address})", placement.node_rank
-
-    def stop(self, graceful: bool, before_kill: Callable[[], object]) -> None:
-        """STOP (``graceful``: up to STOP_GRACE seconds for the ranks' loops to return), then
-        the gang's end: actors killed, placement group removed, Ray reports the actors dead."""
-        if graceful and self.processes:
-            self._send_all(encode_message(Kind.STOP))
-            wait_for_ends(self.processes, STOP_GRACE)
-        before_kill()
-        for launcher in self._launchers:
-            launcher.end()
-        self._launchers[:] = []
-        for process in self.processes:
-            process.release()
-        for pipes in self.pipes:
-            pipes.close_parent_ends()
-        self.processes[:] = []
-        self.pipes = []
-        self.interrupts = None
-
-    def abandon(self) -> None:
-        """Nothing of forgotten ranks stays on the cluster."""
-        for process in self.processes:
-            if not process.reaped:
-                process.kill()
-            process.wait()
-            process.release()
-        _end_launchers(self._launchers)
-
-
-@contextmanager
-def call_message(frame: Frame) -> Iterator[tuple[Any, ...]]:
-    """A CALL message's parts for ``frame`` (as ``command_frames.encode`` made it): the header, the
-    pickle and the bytes of its tensor file, mapped (valid inside the ``with``)."""
-    mapped: mmap.mmap | None = None
-    tensors: memoryview = memoryview(b"")
-    if frame.tensors is not None and os.fstat(frame.tensors).st_size:
-        mapped = mmap.mmap(frame.tensors, os.fstat(frame.tensors).st_size, prot=mmap.PROT_READ)
-        tensors = memoryview(mapped)
-    body = frame.body()
-    try:
-        yield encode_message(Kind.CALL, len(body), len(tensors)), body, tensors
-    finally:
-        tensors.release()
-        body.release()
-        if mapped is not None:
-            mapped.close()
-
-
-def write_whole(fd: int, parts: Iterable[Any], gone: Callable[[], bool] = lambda: False) -> None:
-    """Write every part whole on a non-blocking socket: wait while it is full, and give up
-    (BrokenPipeError) once ``gone()`` says the reader ended."""
-    for part in parts:
-        view = memoryview(part).cast("B")
-        while view:
-            try:
-                view = view[os.write(fd, view):]
-            except BlockingIOError:
-                select.select([], [fd], [], SEND_TICK)
-                if gone():
-                    raise BrokenPipeError("the rank ended") from None
-
-
-def _end_launchers(launchers: list[RayLauncher]) -> None:
-    """(The pool's finalizer) nothing of forgotten ranks stays on the cluster."""
-    for launcher in launchers:
-        with best_effort("ending the Ray ranks failed"):
-            launcher.end()
-    launchers[:] = []

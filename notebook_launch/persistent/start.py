@@ -1,6 +1,7 @@
 """``start_ranks``: make persistent ranks, forked or spawned on this machine (``pool.Ranks`` over
-``local.LocalTransport``) or Ray actors on a cluster (``ray_ranks.RayRanks``, over
-``ray_ranks.RayTransport``). Its own module, so that the pool imports none of the transports
+``local.LocalTransport``), Ray actors on a cluster (``ray_ranks.RayRanks``, over
+``ray_ranks.RayTransport``) or srun steps of a held SLURM allocation (``slurm_ranks.SlurmRanks``,
+over ``slurm_ranks.SlurmTransport``). Its own module, so that the pool imports none of the transports
 (the package's import graph has no cycle)."""
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from ..rank.serve import serve_calls
 if TYPE_CHECKING:
     from ..display.base import Display
     from ..ray.cluster import RayCluster
+    from ..slurm.cluster import SlurmCluster
     from ..plan import StartMethod
 
 
@@ -31,7 +33,7 @@ def start_ranks(num_processes: int | None = None, mixed_precision: str = "no",
                 log_line_prefix_template: str | None = None,
                 interrupt_grace: float = DEFAULT_GRACE,
                 display_ranks: int | Iterable[int] | str | None = None,
-                cluster: "RayCluster | None" = None, stall_after: float | None = DEFAULT_STALL_AFTER,
+                cluster: "RayCluster | SlurmCluster | None" = None, stall_after: float | None = DEFAULT_STALL_AFTER,
                 lines_per_second: int | str = DEFAULT_LINES_PER_SECOND) -> Ranks:
     """Fork ``num_processes`` ranks now and keep them: each ``run()`` then calls a function
     on the same processes, whose namespace (models, data, an initialized process group)
@@ -49,7 +51,9 @@ def start_ranks(num_processes: int | None = None, mixed_precision: str = "no",
     marked stalled (nothing is stopped; see ``diagnose.stall``), the default of each call;
     None: not watched. ``lines_per_second``: each rank's output lines a second a call's cell
     shows ("all": every line), the default of each call. ``ranks.stacks()`` says where every
-    rank is, during a call (from another thread) or between calls.
+    rank is, during a call (from another thread) or between calls. ``cluster``: a ``RayCluster``
+    (the ranks are Ray actors) or a ``SlurmCluster`` (srun steps of one SLURM job, held until
+    ``close()``); ``num_processes`` is then the total number of ranks.
     Use ``with start_ranks(2) as ranks:`` or call ``close()``.
     """
     parameters = dict(locals())   # start_ranks' arguments, before any other name is set
@@ -58,13 +62,11 @@ def start_ranks(num_processes: int | None = None, mixed_precision: str = "no",
         raise LaunchArgumentError(
             f"start_ranks(start_method={start_method!r}): persistent ranks are forked or spawned, so "
             f"start_method must be 'fork', 'spawn' or None; use notebook_launcher for xla")
+    grace = validate_interrupt_grace(interrupt_grace)   # the one check, for every kind of pool
     from ..slurm.cluster import SlurmCluster
-    if isinstance(cluster, SlurmCluster):
-        raise LaunchArgumentError(
-            "start_ranks(cluster=SlurmCluster(...)): persistent ranks on a SLURM allocation are not supported "
-            "yet; run each call with notebook_launcher(..., cluster=SlurmCluster(...)), or hold ranks across "
-            "cells on this machine (no cluster=) or on Ray (cluster=RayCluster(...))")
-    grace = validate_interrupt_grace(interrupt_grace)   # the one check, for both kinds of pool
+    if isinstance(cluster, SlurmCluster):   # srun steps of one held allocation (issue 33): their own home
+        from .slurm_ranks import start_slurm_ranks
+        return start_slurm_ranks(cluster, parameters, grace)
     if cluster is not None:   # persistent ranks as Ray actors (issue 24): their own home
         from .ray_ranks import start_ray_ranks
         return start_ray_ranks(cluster, parameters, grace)

@@ -8,11 +8,12 @@ way for every transport: one call at a time, each supervised by ``call.CallSuper
 transport's ``processes`` and ``pipes``, the between-calls reader (``idle``), restarts, logs.
 
 Implementations: ``local.LocalTransport`` (forked or spawned on this machine: a Unix socket
-with memfds per rank and an ``InterruptSlot`` in shared memory) and ``ray_ranks.RayTransport``
-(Ray actors: calls and interrupts as messages on each rank's events connection). A scheduler's
-ranks (SLURM: one srun step per rank whose streams connect back, as Ray's actors do) would be a
-third: they start through their launcher with a serving job, take calls on their connection and
-stop when their job is cancelled; nothing here assumes processes of this machine.
+with memfds per rank and an ``InterruptSlot`` in shared memory) and, for ranks of other machines,
+``remote.RemoteTransport`` (calls and interrupts as messages on each rank's events connection)
+with ``ray_ranks.RayTransport`` (Ray actors) and ``slurm_ranks.SlurmTransport`` (srun steps of one
+held SLURM job): they start through their engine's launcher with a serving job, take calls on
+their connection and stop when their launcher ends them; nothing here assumes processes of this
+machine.
 """
 from __future__ import annotations
 
@@ -38,7 +39,7 @@ LogsFor = Callable[["LaunchPlan", str], "RunLogs"]   # (plan, run id) -> the poo
 class CallInterrupts(Protocol):
     """The notebook's half of interrupting a call (``call.CallSupervisor.stop``): a request the
     ranks read, and what the notebook can know of each rank. ``channels.interrupt_slot.InterruptSlot``
-    (shared memory, local ranks) and ``ray_ranks.RaySlot`` (a message; nothing shared) are two."""
+    (shared memory, local ranks) and ``remote.MessageSlot`` (a message; nothing shared) are two."""
 
     def request(self, call_number: int) -> None:
         """Ask every rank to interrupt call ``call_number`` (before any signal)."""

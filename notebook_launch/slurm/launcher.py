@@ -11,7 +11,10 @@ node, each running ``slurm.task``, which connects the rank's four streams back
 Each rank's handle is its ``srun`` process, a child of the notebook: its exit code is the rank's
 (128 + N for a signal), and SIGTERM to it makes SLURM cancel the step. ``end`` leaves nothing:
 the steps are cancelled, the job is scancelled and waited for until SLURM no longer holds it, and
-the watchdog (``slurm.watchdog``), which cancels the job if the notebook dies, is let go. Like
+the watchdog (``slurm.watchdog``), which cancels the job if the notebook dies, is let go.
+Persistent ranks on SLURM (``persistent.slurm_ranks``) start through the same ``start`` with
+``persistent=True``: each rank's job serves calls until told to stop (``rank.ray_serve``) and its
+events connection carries calls instead of signal frames (``ranks.PersistentSlurmRank``). Like
 every launcher it only starts processes: what it waits for, where each rank went and a failed
 start go to its watch and as ``StartFailed`` (``backends.base``), never to the run state.
 """
@@ -37,7 +40,7 @@ from ..protocol import FailureKind
 from ..rank.spawn_context import capture_context, pickle_job
 from ..backends.base import Launcher, StartFailed
 from ..ray.where import WhereAsker
-from .ranks import RankListener, SlurmRank
+from .ranks import PersistentSlurmRank, RankListener, SlurmRank
 from . import scheduler
 from .task import ASSIGNMENT_VARIABLE
 
@@ -68,8 +71,9 @@ class SlurmLauncher(Launcher):
     name = "slurm"
 
     def __init__(self, cluster: "SlurmCluster", *, run_id: str, mixed_precision: str,
-                 rendezvous_timeout: float) -> None:
+                 rendezvous_timeout: float, persistent: bool = False) -> None:
         self.cluster = cluster
+        self.persistent = persistent   # the ranks serve calls until told to stop (persistent ranks)
         self.run_id = run_id
         self.job_name = f"notebook_launch-{run_id}"
         self.mixed_precision = mixed_precision
@@ -125,7 +129,7 @@ class SlurmLauncher(Launcher):
                   "local_world_size": per_node, "master_addr": self.nodes[0][1],
                   "master_port": master_port_for(self.job_id), "device_kind": cluster.device_kind,
                   "mixed_precision": self.mixed_precision, "run_id": self.run_id,
-                  "cpus_per_rank": cluster.cpus_per_rank}
+                  "cpus_per_rank": cluster.cpus_per_rank, "persistent": self.persistent}
         outputs: list[Path] = []
         for rank in range(world_size):
             node_rank, local_rank = divmod(rank, per_node)
@@ -166,7 +170,8 @@ class SlurmLauncher(Launcher):
         self._listener = None
         channels.extend(pipes)
         pidfds, self._pidfds = self._pidfds, []
-        ranks = [SlurmRank(rank, srun, pidfd, pipes[rank], self.end_cause)
+        rank_type = PersistentSlurmRank if self.persistent else SlurmRank
+        ranks = [rank_type(rank, srun, pidfd, pipes[rank], self.end_cause)
                  for rank, (srun, pidfd) in enumerate(zip(self._sruns, pidfds))]
         asker = WhereAsker(ranks)
         for process in ranks:

@@ -86,3 +86,13 @@ class SlurmRank(RankProcess):
         if self.sentinel is not None:
             os.close(self.sentinel)
             self.sentinel = None
+
+
+class PersistentSlurmRank(SlurmRank):
+    """A persistent rank's step (``persistent.slurm_ranks``), whose events connection carries
+    ``rank.ray_serve`` messages: a launch's raw signal frame is never written there (the rank would
+    read it as a where request and ignore it); anything but an interrupt (a message of its own)
+    ends the rank, as for a persistent Ray rank."""
+
+    def signal(self, signum: int) -> None:
+        self.kill()

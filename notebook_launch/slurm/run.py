@@ -42,13 +42,18 @@ def run_on_slurm(options: "LaunchOptions", cluster: "SlurmCluster", world_size: 
         launcher.folder = ctx.logs.path   # the run folder, made by the scaffold: the nodes read the job there
         return supervise_ranks(ctx, job)
 
-    where = f"partition {cluster.partition}" if cluster.partition else "the default partition"
-    summary = (f"notebook_launch: SLURM, {where}: {world_size} ranks on {cluster.nodes} node(s), "
-               f"{cluster.cpus_per_rank} CPU(s)" + (f" and {cluster.gpus_per_rank} GPU(s)" if cluster.gpus_per_rank
-                                                    else "") + " per rank"
-               + (f", time limit {cluster.time}" if cluster.time else ""))
     settings = dataclasses.replace(options, line_prefix=options.line_prefix or SLURM_LINE_PREFIX)
-    return run_with_scaffold(plan, body, settings, run_id=run_id, launcher=launcher, extra_lines=(summary,))
+    return run_with_scaffold(plan, body, settings, run_id=run_id, launcher=launcher,
+                             extra_lines=(request_summary(cluster, world_size),))
+
+
+def request_summary(cluster: "SlurmCluster", world_size: int) -> str:
+    """The launch line's word on what is asked of SLURM (a launch's and persistent ranks')."""
+    where = f"partition {cluster.partition}" if cluster.partition else "the default partition"
+    return (f"notebook_launch: SLURM, {where}: {world_size} ranks on {cluster.nodes} node(s), "
+            f"{cluster.cpus_per_rank} CPU(s)" + (f" and {cluster.gpus_per_rank} GPU(s)" if cluster.gpus_per_rank
+                                                 else "") + " per rank"
+            + (f", time limit {cluster.time}" if cluster.time else ""))
 
 
 def check_layout(world_size: int, cluster: "SlurmCluster") -> None:

@@ -37,6 +37,7 @@ ENDS = {
                      "ask for more with extra_options=['--mem=...'])",
     "DEADLINE": "SLURM ended the job at its deadline (DEADLINE)",
     "BOOT_FAIL": "SLURM could not boot the job's nodes (BOOT_FAIL)",
+    "CANCELLED": "SLURM cancelled the job (CANCELLED: scancel, by its user or an administrator)",
 }
 
 

@@ -7,7 +7,10 @@ cloudpickled job the notebook wrote into the run folder and runs it with ``rank.
 from there on it is a local rank, but for its resources, which it samples itself
 (``rank.resources``: the notebook cannot read this node's /proc). A thread delivers the signals
 the notebook sends over the events connection (Stop, timeout, another rank failed) and ends the
-rank if the notebook goes away, and answers its where requests. This module is the rank side: it
+rank if the notebook goes away, and answers its where requests. A persistent rank
+(``persistent.slurm_ranks``: the assignment says ``persistent``) reads the notebook's messages
+instead (``rank.ray_serve.listen``: calls, interrupts, STOP, where requests) and its job is the
+serving loop a persistent Ray rank runs (``rank.ray_serve.serve_ray_calls``). This module is the rank side: it
 imports only what a rank imports (rank/, channels, protocol, plan, net), never the notebook side
 of the SLURM engine.
 
@@ -27,6 +30,7 @@ from ..channels.sockets import connect_streams
 from ..net import interface_with_address, source_address_toward
 from ..plan import RankSpec, rank_environment
 from ..rank.bootstrap import EXIT_FAILED, capture_output, exit_with
+from ..rank.ray_serve import listen
 from ..rank.ray_where import Answerer, obey_notebook
 from ..rank.resources import report_own
 from ..rank.runner import report_error, run_rank, setup_failure
@@ -41,14 +45,19 @@ def main() -> None:
     socks = connect_streams(assignment["host"], assignment["port"], bytes.fromhex(assignment["token"]),
                             assignment["global_rank"])
 
+    finished = threading.Event()   # set once the rank's job returned (a persistent rank: after STOP)
+
     def body() -> int:
         capture_output(os.dup(socks[1].fileno()), os.dup(socks[2].fileno()))
         socks[1].close()
         socks[2].close()
         writer = protocol.EventWriter(socks[0].fileno(), answers_fd=socks[3].fileno())
         protocol.install(writer)
-        threading.Thread(target=obey_notebook, args=(socks[0], Answerer(socks[3])), daemon=True,
-                         name="notebook_launch-control").start()
+        if assignment.get("persistent"):   # calls come on the events connection, as to a Ray actor
+            listen(socks[0], finished, socks[3])
+        else:
+            threading.Thread(target=obey_notebook, args=(socks[0], Answerer(socks[3])), daemon=True,
+                             name="notebook_launch-control").start()
         spec = _rank_spec(assignment)
         os.environ.update(spec.env)
         try:
@@ -65,6 +74,7 @@ def main() -> None:
         try:
             return run_rank(spec, job)
         finally:
+            finished.set()
             reporter.stop()
 
     exit_with(body)

@@ -1,4 +1,4 @@
-"""The channel of persistent Ray ranks without a cluster: what ``persistent.ray_ranks`` writes
+"""The channel of persistent Ray (and SLURM) ranks without a cluster: what ``persistent.remote`` writes
 on a rank's events connection is what ``rank.ray_serve`` reads (a real socket pair, the same
 functions as on a cluster; only Ray's placement is missing, which tests/raycluster's cluster
 tests cover)."""
@@ -12,7 +12,7 @@ import torch
 
 from notebook_launch.channels import commands, remote_commands
 from notebook_launch.persistent import command_frames
-from notebook_launch.persistent.ray_ranks import RaySlot, call_message, write_whole
+from notebook_launch.persistent.remote import MessageSlot, call_message, write_whole
 from notebook_launch.rank.serve import Call
 from notebook_launch.rank import ray_serve
 from notebook_launch.rank.runner import Job
@@ -35,7 +35,7 @@ def test_a_call_with_big_tensors_and_an_interrupt_cross_whole():
             write_whole(notebook_end.fileno(), parts)
     finally:
         frame.close()
-    slot = RaySlot(lambda message: write_whole(notebook_end.fileno(), [message]))
+    slot = MessageSlot(lambda message: write_whole(notebook_end.fileno(), [message]))
     slot.request(7)
 
     received = inbox.calls.get(timeout=30)
