@@ -121,6 +121,14 @@ def srun_argv(cluster: "SlurmCluster", job_id: str, node: str, python: str) -> l
     return argv + [python, "-m", "notebook_launch.slurm.task"]
 
 
+def agent_srun_argv(cluster: "SlurmCluster", job_id: str, node: str, python: str, ranks: int) -> list[str]:
+    """One node's ranks: a step of one task on ``node`` holding all its ranks' CPUs, running the
+    node's agent (``slurm.node_agent``), which forks the ``ranks``. GPUs as in ``srun_argv``."""
+    argv = ["srun", f"--jobid={job_id}", "--exact", "--nodes=1", "--ntasks=1", f"--nodelist={node}",
+            f"--cpus-per-task={cluster.cpus_per_rank * ranks}", "--export=ALL", "--quiet", "--input=none"]
+    return argv + [python, "-m", "notebook_launch.slurm.node_agent"]
+
+
 @dataclass(frozen=True)
 class JobInfo:
     """The scheduler's record of a job (``scontrol show job``); ``state`` "GONE" once it forgot it."""

@@ -37,7 +37,12 @@ ASSIGNMENT_VARIABLE = "NOTEBOOK_LAUNCH_SLURM_TASK"
 
 def main() -> None:
     """Never returns: the process ends with the rank's exit code."""
-    assignment = json.loads(os.environ.pop(ASSIGNMENT_VARIABLE))
+    run_task(json.loads(os.environ.pop(ASSIGNMENT_VARIABLE)))
+
+
+def run_task(assignment: dict[str, Any]) -> None:
+    """The rank's whole life, in this process (its own ``srun`` step, or a child the node's agent
+    forked: ``slurm.node_agent``). Never returns: the process ends with the rank's exit code."""
     socks = connect_streams(assignment["host"], assignment["port"], bytes.fromhex(assignment["token"]),
                             assignment["global_rank"])
 
