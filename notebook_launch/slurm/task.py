@@ -31,6 +31,7 @@ from ..rank.ray_where import Answerer, obey_notebook
 from ..rank.resources import report_own
 from ..rank.runner import report_error, run_rank, setup_failure
 from ..rank.spawn_entry import load_remote_job
+from ..rank.store_wait import wait_for_store_before_rendezvous
 
 ASSIGNMENT_VARIABLE = "NOTEBOOK_LAUNCH_SLURM_TASK"
 
@@ -67,6 +68,7 @@ def run_task(assignment: dict[str, Any]) -> None:
                                                   f"file system the nodes share)"), writer)
             return EXIT_FAILED
         reporter = report_own(writer, spec.device)   # the notebook cannot read this node's /proc
+        wait_for_store_before_rendezvous()   # ranks that start together: none pays torch's retry pause
         try:
             return run_rank(spec, job)
         finally:
