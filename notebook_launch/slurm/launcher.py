@@ -1,19 +1,23 @@
-"""The SLURM launcher: ranks as one-task ``srun`` steps of one allocation, started through the same
-``Launcher`` interface as fork, spawn, xla and Ray (``start(plan, job, channels) -> processes``).
+"""The SLURM launcher: one ``srun`` step per node of one allocation, whose agent forks the node's
+ranks, started through the same ``Launcher`` interface as fork, spawn, xla and Ray
+(``start(plan, job, channels) -> processes``).
 
 ``start`` asks for the allocation (``salloc --no-shell``: no batch script, no shell; while the job
 waits in the queue its ``StartWatch`` is told, so every rank's row and the cell say "pending
 (Resources)", and ticked, so Stop cancels it), writes the cloudpickled job into the run folder
 (``folder``, set by the run: the nodes share the file system, as HPC homes are), opens
-a listener on the notebook's address toward the first node and starts one ``srun`` per rank on its
-node, each running ``slurm.task``, which connects the rank's four streams back
-(``channels.sockets``, as Ray ranks do): those sockets are the channels the supervisor selects on.
-Each rank's handle is its ``srun`` process, a child of the notebook: its exit code is the rank's
-(128 + N for a signal), and SIGTERM to it makes SLURM cancel the step. ``end`` leaves nothing:
-the steps are cancelled, the job is scancelled and waited for until SLURM no longer holds it, and
-the watchdog (``slurm.watchdog``), which cancels the job if the notebook dies, is let go. Like
-every launcher it only starts processes: what it waits for, where each rank went and a failed
-start go to its watch and as ``StartFailed`` (``backends.base``), never to the run state.
+a listener on the notebook's address toward the first node and starts one ``srun`` per node, each
+running ``slurm.node_agent``: it imports torch (and DDP's modules, for training code:
+``warm_modules``) once, then forks the node's ranks, each of which runs ``slurm.task`` and
+connects the rank's four streams back (``channels.sockets``, as Ray ranks do): those sockets are
+the channels the supervisor selects on. Each rank's handle is an ``AgentRank`` (``slurm.agents``):
+its end is what its agent reports on the step's stdout (its exit code or signal), or the step's
+own end if the agent died with it, and a kill is SIGTERM to the node's srun, which has SLURM
+cancel the step. ``end`` leaves nothing: the steps are cancelled, the job is scancelled and
+waited for until SLURM no longer holds it, and the watchdog (``slurm.watchdog``), which cancels the
+job if the notebook dies, is let go. Like every launcher it only starts processes: what it waits
+for, where each rank went and a failed start go to its watch and as ``StartFailed``
+(``backends.base``), never to the run state.
 """
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
-"""A SLURM rank as the supervisor sees it: its ``srun`` step as its process (``SlurmRank``), and the
-listener its connections come back to (``RankListener``). ``slurm.launcher`` makes both."""
+"""The listener a SLURM rank's connections come back to (``RankListener``, made by ``slurm.launcher``),
+and a rank that is its own ``srun`` step seen as its process (``SlurmRank``). The ranks a node's agent
+forks are ``slurm.agents.AgentRank``."""
 from __future__ import annotations
 
 import logging

@@ -1,4 +1,5 @@
-"""A rank on a SLURM node: what each rank's ``srun`` step runs (``python -m notebook_launch.slurm.task``).
+"""A rank on a SLURM node: what each rank the node's agent forks runs (``run_task``; the agent is
+``slurm.node_agent``), or a rank's own ``srun`` step (``python -m notebook_launch.slurm.task``).
 
 It connects the rank's four streams back to the notebook (``channels.sockets``, as a Ray rank
 does), points fds 1/2 and the event channel at them, builds the same environment a local rank
