@@ -14,11 +14,11 @@ import os
 import signal
 import subprocess
 import threading
-from typing import Any, Callable
+from typing import Callable
 
-from ..channels import RankProcess, WaitStatus
+from ..channels import WaitStatus
 from ..channels.sockets import SocketPipes
-from ..ray.where import WhereAsker
+from .ranks import RemoteRank
 
 log = logging.getLogger("notebook_launch")
 
@@ -123,13 +123,9 @@ class NodeAgent:
         self._handed.update(self._pipes)
 
 
-class AgentRank(RankProcess):
-    """A rank its node's agent forked. Signals travel over its events connection (``slurm.task``
-    delivers them); a kill ends its node's step, so every rank of that node. Its pid is the node
-    step's ``srun``, on this machine; the rank itself runs on a node (``on_this_machine``)."""
-
-    on_this_machine = False
-    where_asker: WhereAsker | None = None   # its run's ranks, asked where they are together
+class AgentRank(RemoteRank):
+    """A rank its node's agent forked: a kill ends its node's step, so every rank of that node. Its
+    pid is the node step's ``srun``, on this machine."""
 
     def __init__(self, local_rank: int, agent: NodeAgent, pipes: SocketPipes,
                  end_cause: Callable[[int, int], str | None]) -> None:
@@ -157,26 +153,6 @@ class AgentRank(RankProcess):
                 self.agent.taken(self.local_rank)
         return self._status
 
-    @property
-    def reaped(self) -> bool:
-        return self._status is not None
-
-    def signal(self, signum: int) -> None:
-        self.sent_signal = signum
-        if signum == signal.SIGKILL or not self.pipes.send_signal(signum):
-            self.kill()
-
-    def where(self, global_rank: Callable[[int], int]) -> dict[int, Any]:
-        """Where this rank is, asked over its connections with every rank of the run at once
-        (``ray.where``, as Ray ranks are asked: the same connections and answers)."""
-        asker = self.where_asker
-        return {} if asker is None else asker.ask(self, global_rank)
-
     def kill(self) -> None:
         self.sent_signal = signal.SIGKILL
         self.agent.kill()
-
-    def release(self) -> None:
-        if self.sentinel is not None:
-            os.close(self.sentinel)
-            self.sentinel = None

@@ -1,6 +1,6 @@
 """The listener a SLURM rank's connections come back to (``RankListener``, made by ``slurm.launcher``),
-and a rank that is its own ``srun`` step seen as its process (``SlurmRank``). The ranks a node's agent
-forks are ``slurm.agents.AgentRank``."""
+what every SLURM rank's handle does alike (``RemoteRank``), and a rank that is its own ``srun`` step
+seen as its process (``SlurmRank``). The ranks a node's agent forks are ``slurm.agents.AgentRank``."""
 from __future__ import annotations
 
 import logging
@@ -30,13 +30,43 @@ class RankListener(StreamListener):
         return all((rank, stream) in self._fds for stream in range(len(STREAMS)))
 
 
-class SlurmRank(RankProcess):
-    """A rank's ``srun`` step seen as its process. Signals travel over the rank's events connection
-    (``slurm.task`` delivers them); a kill is SIGTERM to srun, which has SLURM cancel the step.
-    Its pid is srun's, on this machine; the rank's own process runs on a node (``on_this_machine``)."""
+class RemoteRank(RankProcess):
+    """What every SLURM rank's handle does alike, whatever stands for its process (its own srun
+    step: ``SlurmRank``; a child of its node's agent: ``agents.AgentRank``): signals travel over
+    the rank's events connection (``slurm.task`` delivers them), SIGKILL or a closed connection
+    is a ``kill``, and where it is is asked over its connections. Its process runs on a node
+    (``on_this_machine``)."""
 
     on_this_machine = False
     where_asker: WhereAsker | None = None   # its run's ranks, asked where they are together
+    pipes: SocketPipes
+    sent_signal: int | None = None
+    _status: WaitStatus | None = None
+
+    @property
+    def reaped(self) -> bool:
+        return self._status is not None
+
+    def signal(self, signum: int) -> None:
+        self.sent_signal = signum
+        if signum == signal.SIGKILL or not self.pipes.send_signal(signum):
+            self.kill()
+
+    def where(self, global_rank: Callable[[int], int]) -> dict[int, Any]:
+        """Where this rank is, asked over its connections with every rank of the run at once
+        (``ray.where``, as Ray ranks are asked: the same connections and answers)."""
+        asker = self.where_asker
+        return {} if asker is None else asker.ask(self, global_rank)
+
+    def release(self) -> None:
+        if self.sentinel is not None:
+            os.close(self.sentinel)
+            self.sentinel = None
+
+
+class SlurmRank(RemoteRank):
+    """A rank's ``srun`` step seen as its process: a kill is SIGTERM to srun, which has SLURM cancel
+    the step. Its pid is srun's, on this machine."""
 
     def __init__(self, local_rank: int, popen: subprocess.Popen, pidfd: int, pipes: SocketPipes,
                  end_cause: Callable[[int, int], str | None]) -> None:
@@ -60,21 +90,6 @@ class SlurmRank(RankProcess):
                 self._status = ("signal", code - 128) if code > 128 else ("exit", code)
         return self._status
 
-    @property
-    def reaped(self) -> bool:
-        return self._status is not None
-
-    def signal(self, signum: int) -> None:
-        self.sent_signal = signum
-        if signum == signal.SIGKILL or not self.pipes.send_signal(signum):
-            self.kill()
-
-    def where(self, global_rank: Callable[[int], int]) -> dict[int, Any]:
-        """Where this rank is, asked over its connections with every rank of the run at once
-        (``ray.where``, as Ray ranks are asked: the same connections and answers)."""
-        asker = self.where_asker
-        return {} if asker is None else asker.ask(self, global_rank)
-
     def kill(self) -> None:
         self.sent_signal = signal.SIGKILL
         if self.popen.poll() is None:
@@ -82,8 +97,3 @@ class SlurmRank(RankProcess):
                 self.popen.send_signal(signal.SIGTERM)   # srun: cancel the step, SIGKILL its task
             except ProcessLookupError:
                 log.debug("srun of rank %d is gone already", self.local_rank)
-
-    def release(self) -> None:
-        if self.sentinel is not None:
-            os.close(self.sentinel)
-            self.sentinel = None
