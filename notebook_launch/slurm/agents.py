@@ -115,6 +115,8 @@ class NodeAgent:
         """Once srun was reaped: the reader has seen its end (``timeout`` seconds at most), and the
         sentinels no rank took (a start that failed) are closed."""
         self._reader.join(timeout)
+        if not self._reader.is_alive() and self.popen.stdout is not None:
+            self.popen.stdout.close()
         with self._lock:
             self._release()
         for rank, (sentinel, _) in self._pipes.items():
