@@ -173,7 +173,7 @@ class SlurmLauncher(Launcher):
             process.where_asker = asker
         return list(ranks)
 
-    def _start_agent(self, assignment: dict, name: str, per_node: int) -> NodeAgent:
+    def _start_agent(self, assignment: dict[str, Any], name: str, per_node: int) -> NodeAgent:
         """The node's one step: its agent imports once and forks the node's ``per_node`` ranks
         (``slurm.node_agent``). srun's stdout is the agent's reports; everything else it and the
         agent say goes to the node's output file (``end_cause`` and a failed start read it)."""
