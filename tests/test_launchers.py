@@ -56,6 +56,8 @@ NOT_RANKS = {
     "notebook_launch.slurm.launcher": "SlurmLauncher (a launcher outside backends/): salloc, the watchdog, srun",
     "notebook_launch.slurm.scheduler": "scontrol, squeue and scancel: questions to the scheduler",
     "notebook_launch.slurm.watchdog": "scancel, when the notebook that started a SLURM job died",
+    # ranks, but on a SLURM node: the node's half of SlurmLauncher.start, whose srun step runs it
+    "notebook_launch.slurm.node_agent": "forks its node's ranks inside the srun step SlurmLauncher.start began",
 }
 # Start paths that do not go through the interface yet; each must leave this list once it does
 # (none is left: persistent ranks on Ray start through RayLauncher.start, with persistent=True).

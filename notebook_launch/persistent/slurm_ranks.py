@@ -8,7 +8,8 @@ rules, and the between-calls reader. What differs is where the ranks live:
 - starting: through the launcher interface, as a SLURM launch does (``slurm.launcher``):
   ``SlurmLauncher(persistent=True).start`` asks for the allocation (``salloc --no-shell``; while
   it waits in the queue the cell says so, and Ctrl-C cancels it), starts one ``srun`` step per
-  rank running ``slurm.task``, each connecting its streams back to the notebook
+  node whose agent (``slurm.node_agent``) forks that node's ranks, each running ``slurm.task`` and
+  connecting its streams back to the notebook
   (``channels.sockets``), and the watchdog that cancels the job if the notebook dies. The
   rank's job is ``rank.ray_serve.serve_ray_calls``, the serving loop of a persistent Ray rank:
   the allocation and the ranks are held across cells;
@@ -182,7 +183,7 @@ class SlurmTransport(RemoteTransport):
             process.poll()   # its end_note: what the scheduler says ended it
         lost = list(range(len(self.processes))) if self._job_over() else sorted(p.local_rank for p in gone)
         where = sorted({self._node(rank) for rank in lost})
-        reason = next((p.end_note for p in gone if p.end_note), None) or "its srun step ended"
+        reason = next((p.end_note for p in gone if p.end_note), None) or "its node's srun step ended"
         return lost_between_calls_error(lost, where, reason, logs, num_processes,
                                         node_rank=lost[0] // self._per_node)
 

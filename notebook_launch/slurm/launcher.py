@@ -1,28 +1,31 @@
-"""The SLURM launcher: ranks as one-task ``srun`` steps of one allocation, started through the same
-``Launcher`` interface as fork, spawn, xla and Ray (``start(plan, job, channels) -> processes``).
+"""The SLURM launcher: one ``srun`` step per node of one allocation, whose agent forks the node's
+ranks, started through the same ``Launcher`` interface as fork, spawn, xla and Ray
+(``start(plan, job, channels) -> processes``).
 
 ``start`` asks for the allocation (``salloc --no-shell``: no batch script, no shell; while the job
 waits in the queue its ``StartWatch`` is told, so every rank's row and the cell say "pending
 (Resources)", and ticked, so Stop cancels it), writes the cloudpickled job into the run folder
 (``folder``, set by the run: the nodes share the file system, as HPC homes are), opens
-a listener on the notebook's address toward the first node and starts one ``srun`` per rank on its
-node, each running ``slurm.task``, which connects the rank's four streams back
-(``channels.sockets``, as Ray ranks do): those sockets are the channels the supervisor selects on.
-Each rank's handle is its ``srun`` process, a child of the notebook: its exit code is the rank's
-(128 + N for a signal), and SIGTERM to it makes SLURM cancel the step. ``end`` leaves nothing:
-the steps are cancelled, the job is scancelled and waited for until SLURM no longer holds it, and
-the watchdog (``slurm.watchdog``), which cancels the job if the notebook dies, is let go.
-Persistent ranks on SLURM (``persistent.slurm_ranks``) start through the same ``start`` with
-``persistent=True``: each rank's job serves calls until told to stop (``rank.ray_serve``) and its
-events connection carries calls instead of signal frames (``ranks.PersistentSlurmRank``). Like
-every launcher it only starts processes: what it waits for, where each rank went and a failed
-start go to its watch and as ``StartFailed`` (``backends.base``), never to the run state.
+a listener on the notebook's address toward the first node and starts one ``srun`` per node, each
+running ``slurm.node_agent``: it imports torch (and DDP's modules, for training code:
+``warm_modules``) once, then forks the node's ranks, each of which runs ``slurm.task`` and
+connects the rank's four streams back (``channels.sockets``, as Ray ranks do): those sockets are
+the channels the supervisor selects on. Each rank's handle is an ``AgentRank`` (``slurm.agents``):
+its end is what its agent reports on the step's stdout (its exit code or signal), or the step's
+own end if the agent died with it, and a kill is SIGTERM to the node's srun, which has SLURM
+cancel the step. ``end`` leaves nothing: the steps are cancelled, the job is scancelled and
+waited for until SLURM no longer holds it, and the watchdog (``slurm.watchdog``), which cancels the
+job if the notebook dies, is let go. Like every launcher it only starts processes: what it waits
+for, where each rank went and a failed start go to its watch and as ``StartFailed``
+(``backends.base``), never to the run state. Persistent ranks on SLURM (``persistent.slurm_ranks``)
+start through the same ``start`` with ``persistent=True``: each rank serves calls until told to
+stop (``rank.ray_serve``) and its events connection carries calls instead of signal frames
+(``agents.PersistentAgentRank``).
 """
 from __future__ import annotations
 
 import json
 import logging
-import os
 import pickle
 import re
 import signal
@@ -30,7 +33,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import IO, TYPE_CHECKING
+from typing import IO, TYPE_CHECKING, Any, Callable
 
 from ..channels import RankPipes, RankProcess
 from ..channels.sockets import SocketPipes
@@ -39,10 +42,12 @@ from ..net import source_address_toward
 from ..protocol import FailureKind
 from ..rank.spawn_context import capture_context, pickle_job
 from ..backends.base import Launcher, StartFailed
+from ..backends.warm_imports import TORCH_NAMES, looks_like_training, names_any
 from ..ray.where import WhereAsker
-from .ranks import PersistentSlurmRank, RankListener, SlurmRank
+from .agents import AgentRank, NodeAgent, PersistentAgentRank
+from .node_agent import NODE_VARIABLE
+from .ranks import RankListener
 from . import scheduler
-from .task import ASSIGNMENT_VARIABLE
 
 if TYPE_CHECKING:
     from ..plan import LaunchPlan
@@ -88,8 +93,8 @@ class SlurmLauncher(Launcher):
         self._payload: tuple["Job", bytes] | None = None
         self._watchdog: subprocess.Popen | None = None
         self._salloc: subprocess.Popen | None = None
-        self._sruns: list[subprocess.Popen] = []
-        self._pidfds: list[int] = []   # each srun's, until a SlurmRank owns it
+        self._agents: list[NodeAgent] = []   # one per node, in node order
+        self._outputs: dict[int, Path] = {}   # rank -> its node's srun output
         self._listener: RankListener | None = None
         self._handed: list[SocketPipes] = []
         self._payload_path: Path | None = None
@@ -130,30 +135,27 @@ class SlurmLauncher(Launcher):
                   "master_port": master_port_for(self.job_id), "device_kind": cluster.device_kind,
                   "mixed_precision": self.mixed_precision, "run_id": self.run_id,
                   "cpus_per_rank": cluster.cpus_per_rank, "persistent": self.persistent}
-        outputs: list[Path] = []
-        for rank in range(world_size):
-            node_rank, local_rank = divmod(rank, per_node)
-            name = self.nodes[node_rank][0]
-            watch.placed(rank, node_rank, name)
-            assignment = dict(common, global_rank=rank, local_rank=local_rank, node_rank=node_rank)
-            env = dict(scheduler.slurm_environment(), **{ASSIGNMENT_VARIABLE: json.dumps(assignment)})
-            outputs.append(folder / f"srun-rank{rank}.out")
-            with open(outputs[-1], "wb") as out:
-                self._sruns.append(subprocess.Popen(
-                    scheduler.srun_argv(cluster, self.job_id, name, self.python), env=env, stdout=out,
-                    stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True))
-            self._pidfds.append(os.pidfd_open(self._sruns[-1].pid))
+        common["warm"] = warm_modules(job.function)
+        for node_rank, (name, _) in enumerate(self.nodes):
+            for rank in range(node_rank * per_node, (node_rank + 1) * per_node):
+                watch.placed(rank, node_rank, name)
+            self._agents.append(self._start_agent(dict(common, node_rank=node_rank), name, per_node))
+        agent_of = [agent for agent in self._agents for _ in agent.ranks]
 
         def check() -> None:
-            """A step that ended before its rank connected: the interpreter or notebook_launch is
-            missing on the node, or the rank could not reach the notebook."""
+            """A rank that ended before it connected: the interpreter or notebook_launch is missing
+            on the node, the agent failed, or the rank could not reach the notebook."""
             watch.tick()
-            for rank, srun in enumerate(self._sruns):
-                if srun.poll() is not None and not listener.connected(rank):
-                    said = outputs[rank].read_text(errors="replace").strip()[-2000:]
+            for rank, agent in enumerate(agent_of):
+                end = agent.ends.get(rank)
+                if end is not None and not listener.connected(rank):
+                    status, by_agent = end
+                    said = self._srun_said(rank).strip()[-2000:]
+                    how = f"{'exit code' if status[0] == 'exit' else 'signal'} {status[1]}"
                     raise StartFailed(
-                        f"rank {rank}'s srun step on {self.nodes[rank // per_node][0]} ended (exit code "
-                        f"{srun.returncode}) before the rank connected to the notebook at {host}. "
+                        f"rank {rank} on {self.nodes[agent.node_rank][0]} ended ("
+                        + (f"{how}" if by_agent else f"its node's srun step, exit code {agent.popen.returncode}")
+                        + f") before it connected to the notebook at {host}. "
                         f"{missing_hint(said, self.python)}srun said:\n{said or '(nothing)'}",
                         rank=rank, kind=FailureKind.EXIT)
 
@@ -169,14 +171,28 @@ class SlurmLauncher(Launcher):
         listener.close(keep=pipes)
         self._listener = None
         channels.extend(pipes)
-        pidfds, self._pidfds = self._pidfds, []
-        rank_type = PersistentSlurmRank if self.persistent else SlurmRank
-        ranks = [rank_type(rank, srun, pidfd, pipes[rank], self.end_cause)
-                 for rank, (srun, pidfd) in enumerate(zip(self._sruns, pidfds))]
+        rank_type = PersistentAgentRank if self.persistent else AgentRank
+        ranks = [rank_type(rank, agent, pipes[rank], self.end_cause) for rank, agent in enumerate(agent_of)]
         asker = WhereAsker(ranks)
         for process in ranks:
             process.where_asker = asker
         return list(ranks)
+
+    def _start_agent(self, assignment: dict[str, Any], name: str, per_node: int) -> NodeAgent:
+        """The node's one step: its agent imports once and forks the node's ``per_node`` ranks
+        (``slurm.node_agent``). srun's stdout is the agent's reports; everything else it and the
+        agent say goes to the node's output file (``end_cause`` and a failed start read it)."""
+        assert self.folder is not None and self.job_id is not None
+        node_rank = assignment["node_rank"]
+        env = dict(scheduler.slurm_environment(), **{NODE_VARIABLE: json.dumps(assignment)})
+        output = self.folder / f"srun-node{node_rank}.out"
+        with open(output, "wb") as out:
+            srun = subprocess.Popen(
+                scheduler.agent_srun_argv(self.cluster, self.job_id, name, self.python, per_node), env=env,
+                stdout=subprocess.PIPE, stderr=out, stdin=subprocess.DEVNULL, start_new_session=True)
+        for rank in range(node_rank * per_node, (node_rank + 1) * per_node):
+            self._outputs[rank] = output
+        return NodeAgent(node_rank, range(node_rank * per_node, (node_rank + 1) * per_node), srun)
 
     def _allocate(self, per_node: int, folder: Path) -> None:
         """salloc, waiting while the job is queued: the watch is ticked (the panel stays live), told
@@ -227,7 +243,10 @@ class SlurmLauncher(Launcher):
         if self.job_id is None or not (code or said):
             return None
         memory = scheduler.step_memory_cause(said)
-        if memory is not None:
+        if memory is not None:   # the node's step ended for its ranks' memory together: whose?
+            culprit = next((a.culprit() for a in self._agents if rank in a.ranks), None)
+            if culprit is not None and culprit != rank:
+                return f"its node's step ended with rank {culprit}, which grew past the job's memory: {memory}"
             return memory
         node_failure = NODE_FAILURE.search(said)
         cause = self._scheduler_cause(signalled=code > 128 or node_failure is not None)
@@ -236,10 +255,10 @@ class SlurmLauncher(Launcher):
         return cause
 
     def _srun_said(self, rank: int) -> str:
-        if self.folder is None:
+        if rank not in self._outputs:
             return ""
         try:
-            return (self.folder / f"srun-rank{rank}.out").read_text(errors="replace")[-4000:]
+            return self._outputs[rank].read_text(errors="replace")[-4000:]
         except OSError:
             return ""
 
@@ -264,26 +283,38 @@ class SlurmLauncher(Launcher):
             if self._listener is not None:
                 self._listener.close(keep=self._handed)
                 self._listener = None
-            for srun in self._sruns:
-                if srun.poll() is None:
-                    srun.send_signal(signal.SIGTERM)
+            for agent in self._agents:
+                agent.kill()
             if self.job_id is not None:
                 cancel_and_wait(self.job_id)
             elif self._salloc is not None and self._salloc.poll() is None:
                 self._salloc.send_signal(signal.SIGTERM)   # not queued yet: salloc gives the request up
-            for process in [*self._sruns, *([self._salloc] if self._salloc else [])]:
+            for process in [*(agent.popen for agent in self._agents), *([self._salloc] if self._salloc else [])]:
                 _reap(process)
+            for agent in self._agents:
+                agent.close(GONE_TIMEOUT)
         finally:
             if self._payload_path is not None:
                 self._payload_path.unlink(missing_ok=True)
-            for pidfd in self._pidfds:
-                os.close(pidfd)
-            self._pidfds = []
-            self._sruns = []
+            self._agents = []
             self._salloc = None
             if self._watchdog is not None:
                 stop_watchdog(self._watchdog)
                 self._watchdog = None
+
+
+def warm_modules(function: Callable[..., Any]) -> list[str]:
+    """What each node's agent imports before it forks the ranks: torch when the launched code names
+    it, and what DDP's constructor and an optimizer step import when it looks like training (the
+    local fork backend's test, ``backends.warm_imports``); nothing heavy for code that needs none."""
+    try:
+        if not names_any(function, TORCH_NAMES):
+            return []
+        training = looks_like_training(function)
+    except Exception:   # why: an odd callable: its ranks import what they need
+        log.debug("could not read the launched function's code", exc_info=True)
+        return []
+    return ["torch", "torch.distributed"] + (["torch.nn.parallel", "torch._dynamo"] if training else [])
 
 
 def missing_hint(said: str, python: str) -> str:
@@ -321,11 +352,11 @@ def _reap(process: subprocess.Popen) -> None:
 
 
 def start_watchdog(job_name: str) -> subprocess.Popen:
-    """The process that cancels the job if the notebook dies (``slurm.watchdog``)."""
+    """The process that cancels the job if the notebook dies (``slurm.watchdog``): its file run as a
+    script in isolated mode (standard library only), not ``-m notebook_launch...``, which would
+    import the whole package first (a quarter of a second of CPU, while the nodes' agents import torch)."""
     env = scheduler.slurm_environment()
-    env["PYTHONPATH"] = os.pathsep.join(p for p in [str(Path(__file__).resolve().parents[2]),
-                                                    env.get("PYTHONPATH", "")] if p)
-    return subprocess.Popen([sys.executable, "-m", "notebook_launch.slurm.watchdog", job_name], env=env,
+    return subprocess.Popen([sys.executable, "-I", str(Path(__file__).with_name("watchdog.py")), job_name], env=env,
                             stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             start_new_session=True)
 

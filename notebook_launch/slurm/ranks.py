@@ -1,12 +1,12 @@
-"""A SLURM rank as the supervisor sees it: its ``srun`` step as its process (``SlurmRank``), and the
-listener its connections come back to (``RankListener``). ``slurm.launcher`` makes both."""
+"""The listener a SLURM rank's connections come back to (``RankListener``, made by ``slurm.launcher``),
+and what every SLURM rank's handle does alike (``RemoteRank``); the ranks a node's agent forks are
+``slurm.agents.AgentRank``."""
 from __future__ import annotations
 
 import logging
 import os
 import select
 import signal
-import subprocess
 from typing import Any, Callable
 
 from ..ray.where import WhereAsker
@@ -29,35 +29,18 @@ class RankListener(StreamListener):
         return all((rank, stream) in self._fds for stream in range(len(STREAMS)))
 
 
-class SlurmRank(RankProcess):
-    """A rank's ``srun`` step seen as its process. Signals travel over the rank's events connection
-    (``slurm.task`` delivers them); a kill is SIGTERM to srun, which has SLURM cancel the step.
-    Its pid is srun's, on this machine; the rank's own process runs on a node (``on_this_machine``)."""
+class RemoteRank(RankProcess):
+    """What every SLURM rank's handle does alike (``agents.AgentRank``, a child of its node's agent;
+    ``agents.PersistentAgentRank``, a persistent one): signals travel over
+    the rank's events connection (``slurm.task`` delivers them), SIGKILL or a closed connection
+    is a ``kill``, and where it is is asked over its connections. Its process runs on a node
+    (``on_this_machine``)."""
 
     on_this_machine = False
     where_asker: WhereAsker | None = None   # its run's ranks, asked where they are together
-
-    def __init__(self, local_rank: int, popen: subprocess.Popen, pidfd: int, pipes: SocketPipes,
-                 end_cause: Callable[[int, int], str | None]) -> None:
-        """``pidfd``: srun's, opened as it started (it may have ended and been reaped since);
-        ``end_cause(rank, exit code)``: what the scheduler says ended it (``SlurmLauncher.end_cause``)."""
-        self.local_rank = local_rank
-        self.popen = popen
-        self.pid = popen.pid
-        self.pipes = pipes
-        self.end_cause = end_cause
-        self.sent_signal: int | None = None
-        self._status: WaitStatus | None = None
-        self.sentinel: int | None = pidfd
-
-    def poll(self) -> WaitStatus | None:
-        if self._status is None:
-            code = self.popen.poll()
-            if code is not None:
-                if self.sent_signal is None:   # the scheduler may know why (a time limit, a node failure)
-                    self.end_note = self.end_cause(self.local_rank, code)
-                self._status = ("signal", code - 128) if code > 128 else ("exit", code)
-        return self._status
+    pipes: SocketPipes
+    sent_signal: int | None = None
+    _status: WaitStatus | None = None
 
     @property
     def reaped(self) -> bool:
@@ -74,25 +57,8 @@ class SlurmRank(RankProcess):
         asker = self.where_asker
         return {} if asker is None else asker.ask(self, global_rank)
 
-    def kill(self) -> None:
-        self.sent_signal = signal.SIGKILL
-        if self.popen.poll() is None:
-            try:
-                self.popen.send_signal(signal.SIGTERM)   # srun: cancel the step, SIGKILL its task
-            except ProcessLookupError:
-                log.debug("srun of rank %d is gone already", self.local_rank)
-
     def release(self) -> None:
         if self.sentinel is not None:
             os.close(self.sentinel)
             self.sentinel = None
 
-
-class PersistentSlurmRank(SlurmRank):
-    """A persistent rank's step (``persistent.slurm_ranks``), whose events connection carries
-    ``rank.ray_serve`` messages: a launch's raw signal frame is never written there (the rank would
-    read it as a where request and ignore it); anything but an interrupt (a message of its own)
-    ends the rank, as for a persistent Ray rank."""
-
-    def signal(self, signum: int) -> None:
-        self.kill()

@@ -113,13 +113,14 @@ def salloc_argv(cluster: "SlurmCluster", ranks_per_node: int, job_name: str) -> 
     return argv + list(cluster.extra_options)
 
 
-def srun_argv(cluster: "SlurmCluster", job_id: str, node: str, python: str) -> list[str]:
-    """One rank: a step of one task on ``node`` with exactly its own CPUs, so the steps of a job's
-    ranks run side by side. GPUs are not split per step: each rank sees its node's GPUs of the job
-    and takes ``cuda:LOCAL_RANK``, as under torchrun (untested here: the test machine has none)."""
+def agent_srun_argv(cluster: "SlurmCluster", job_id: str, node: str, python: str, ranks: int) -> list[str]:
+    """One node's ranks: a step of one task on ``node`` holding all its ranks' CPUs, running the
+    node's agent (``slurm.node_agent``), which forks the ``ranks``, so the steps of a job's nodes run
+    side by side. GPUs are not split per rank: each rank sees its node's GPUs of the job and takes
+    ``cuda:LOCAL_RANK``, as under torchrun (untested here: the test machine has none)."""
     argv = ["srun", f"--jobid={job_id}", "--exact", "--nodes=1", "--ntasks=1", f"--nodelist={node}",
-            f"--cpus-per-task={cluster.cpus_per_rank}", "--export=ALL", "--quiet", "--input=none"]
-    return argv + [python, "-m", "notebook_launch.slurm.task"]
+            f"--cpus-per-task={cluster.cpus_per_rank * ranks}", "--export=ALL", "--quiet", "--input=none"]
+    return argv + [python, "-m", "notebook_launch.slurm.node_agent"]
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,5 @@
-"""A rank on a SLURM node: what each rank's ``srun`` step runs (``python -m notebook_launch.slurm.task``).
+"""A rank on a SLURM node: what each rank the node's agent forks runs (``run_task``; the agent is
+``slurm.node_agent``, one ``srun`` step per node).
 
 It connects the rank's four streams back to the notebook (``channels.sockets``, as a Ray rank
 does), points fds 1/2 and the event channel at them, builds the same environment a local rank
@@ -13,15 +14,10 @@ instead (``rank.ray_serve.listen``: calls, interrupts, STOP, where requests) and
 serving loop a persistent Ray rank runs (``rank.ray_serve.serve_ray_calls``). This module is the rank side: it
 imports only what a rank imports (rank/, channels, protocol, plan, net), never the notebook side
 of the SLURM engine.
-
-What it is told comes in one environment variable (JSON), not in argv: the run's token would
-otherwise show in every ``ps`` on the node.
 """
 from __future__ import annotations
 
-import json
 import os
-import sys
 import threading
 from typing import Any
 
@@ -35,13 +31,11 @@ from ..rank.ray_where import Answerer, obey_notebook
 from ..rank.resources import report_own
 from ..rank.runner import report_error, run_rank, setup_failure
 from ..rank.spawn_entry import load_remote_job
+from ..rank.store_wait import wait_for_store_before_rendezvous
 
-ASSIGNMENT_VARIABLE = "NOTEBOOK_LAUNCH_SLURM_TASK"
-
-
-def main() -> None:
-    """Never returns: the process ends with the rank's exit code."""
-    assignment = json.loads(os.environ.pop(ASSIGNMENT_VARIABLE))
+def run_task(assignment: dict[str, Any]) -> None:
+    """The rank's whole life, in this process (its own ``srun`` step, or a child the node's agent
+    forked: ``slurm.node_agent``). Never returns: the process ends with the rank's exit code."""
     socks = connect_streams(assignment["host"], assignment["port"], bytes.fromhex(assignment["token"]),
                             assignment["global_rank"])
 
@@ -71,6 +65,7 @@ def main() -> None:
                                                   f"file system the nodes share)"), writer)
             return EXIT_FAILED
         reporter = report_own(writer, spec.device)   # the notebook cannot read this node's /proc
+        wait_for_store_before_rendezvous()   # ranks that start together: none pays torch's retry pause
         try:
             return run_rank(spec, job)
         finally:
@@ -93,7 +88,3 @@ def _rank_spec(a: dict[str, Any]) -> RankSpec:
         interface=interface_with_address(source) if source else None)
     device = f"cuda:{a['local_rank']}" if a["device_kind"] == "cuda" else "cpu"
     return RankSpec(a["global_rank"], a["local_rank"], device, env)
-
-
-if __name__ == "__main__":
-    sys.exit(main())   # type: ignore[func-returns-value]

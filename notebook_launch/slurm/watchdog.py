@@ -6,7 +6,7 @@ waiting in the queue would start later for nobody. So each SLURM launch starts t
 first (its own session: an interrupt of the notebook does not reach it), with the job's name and a
 pipe on its stdin whose write end only the notebook holds. End-of-file on the pipe, whether the
 notebook closed it after its own scancel or died, means: cancel every job of that name, then exit.
-Standard library only; run as ``python -m notebook_launch.slurm.watchdog JOB_NAME``.
+Standard library only; run as ``python -I path/to/watchdog.py JOB_NAME`` (``slurm.launcher``).
 """
 from __future__ import annotations
 

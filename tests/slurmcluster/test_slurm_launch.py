@@ -25,7 +25,8 @@ def error_json(err):
     return json.dumps({"type": type(err).__name__, "message": str(err), "rank": getattr(err, "rank", None),
                        "kind": getattr(err, "kind", None), "log_dir": getattr(err, "log_dir", None)})
 """
-RANK_PROCESS = "notebook_launch.slurm.task"
+# a node's agent and the ranks it forked (their command line is the agent's), and a rank's own step
+RANK_PROCESSES = ("notebook_launch.slurm.node_agent", "notebook_launch.slurm.task")
 GONE_WITHIN = 60.0   # seconds SLURM may take to end a job's processes on a loaded machine
 
 
@@ -65,14 +66,17 @@ def wait_for_lines(proc: subprocess.Popen, needle: str, count: int, timeout: flo
 
 
 def assert_nothing_left(slurm) -> None:
-    """No job in the queue, no rank process and no srun on either node."""
+    """No job in the queue, no rank process (nor node agent) and no srun on either node."""
     deadline = time.monotonic() + GONE_WITHIN
-    while (slurm.jobs() or slurm.processes_with(RANK_PROCESS) or slurm.processes_with("srun ")) \
-            and time.monotonic() < deadline:
+    while (slurm.jobs() or rank_processes(slurm) or slurm.processes_with("srun ")) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert slurm.jobs() == []
-    assert slurm.processes_with(RANK_PROCESS) == []
+    assert rank_processes(slurm) == []
     assert slurm.processes_with("srun ") == []
+
+
+def rank_processes(slurm) -> list[str]:
+    return [found for needle in RANK_PROCESSES for found in slurm.processes_with(needle)]
 
 
 def test_four_ranks_on_two_nodes_all_reduce_and_results(slurm):
