@@ -235,3 +235,25 @@ def test_load_ext_and_a_first_launch_in_a_kernel_import_no_torch(tmp_path):
     assert "after load_ext: []" in text[2], text
     assert "[1, 1] []" in text[3], text
     assert "wrapped: True ['numpy', 'torch'" in text[5], text   # the check sees torch once the cell imports it
+
+
+def test_a_text_display_launch_imports_no_html_module(tmp_path):
+    """The text display (a plain Python process's default) draws no HTML: its first launch does
+    not import the html module (over a millisecond at the end of a first launch in a fresh
+    process, when the summary's formatting imported it through the chart code). The same check
+    sees it once an HTML chart is drawn."""
+    out = run_fresh("""
+    from notebook_launch import notebook_launcher
+
+    def nothing():
+        return 1
+
+    if __name__ == "__main__":
+        notebook_launcher(nothing, num_processes=2, ui="text")
+        print("after a text launch:", "html" in sys.modules)
+        from notebook_launch.display import curves
+        curves._escape("<b>")
+        print("after an HTML chart:", "html" in sys.modules)
+    """, tmp_path)
+    assert "after a text launch: False" in out, out
+    assert "after an HTML chart: True" in out, out

@@ -11,7 +11,6 @@ axis (the values logged, counted from 0) with its first and last step.
 """
 from __future__ import annotations
 
-import html
 import math
 from typing import TYPE_CHECKING
 
@@ -31,6 +30,14 @@ RANK_COLORS = ("#2563eb", "#dc2626", "#16a34a", "#d97706", "#7c3aed", "#0891b2",
 SPARK = "▁▂▃▄▅▆▇█"
 SPARK_WIDTH = 12
 NOT_CHARTED = ("step", "global_step", "epoch")   # counters logged as metrics: a diagonal says nothing
+
+
+def _escape(text: str) -> str:
+    """``html.escape``, imported when an HTML chart is first drawn: the text display (every plain
+    Python launch's summary) draws none, and the html module (its entity table) cost a first launch
+    in a fresh process over a millisecond at its end."""
+    import html
+    return html.escape(text)
 
 
 def metric_names(state: RunState) -> list[str]:
@@ -91,11 +98,11 @@ def chart_svg(name: str, series_by_rank: list[tuple[int, Series]]) -> str:
                      f"stroke='{_color(rank)}' stroke-width='1.5'><title>rank {rank}</title></path>")
     first_rank, first = series_by_rank[0]
     latest = "" if first.last is None else f" {first.last:.4g}"
-    title = (f"<div class='nl-curve-title' style='font-size:11px;color:#374151'><b>{html.escape(name)}</b>"
-             f"{html.escape(latest)} <span style='color:#9ca3af'>rank {first_rank} · "
+    title = (f"<div class='nl-curve-title' style='font-size:11px;color:#374151'><b>{_escape(name)}</b>"
+             f"{_escape(latest)} <span style='color:#9ca3af'>rank {first_rank} · "
              f"{first.total} pts · {low:.4g}…{high:.4g}</span></div>")
     width, height = AXIS_LEFT + WIDTH, HEIGHT + AXIS_BOTTOM
-    return (f"<div class='nl-chart' data-metric='{html.escape(name)}' style='display:inline-block;"
+    return (f"<div class='nl-chart' data-metric='{_escape(name)}' style='display:inline-block;"
             f"margin:0 12px 4px 0;vertical-align:top'>{title}"
             f"<svg class='nl-curves-svg' width='{width}' height='{height}' viewBox='0 0 {width} {height}'>"
             f"<rect x='{AXIS_LEFT}' y='0' width='{WIDTH}' height='{HEIGHT}' fill='#f9fafb' stroke='#e5e7eb'/>"
@@ -122,7 +129,7 @@ def _axes(low: float, high: float, last_step: float) -> str:
 
 def _tick(value: float) -> str:
     """A scale label: whole numbers as they are, others to 4 significant digits."""
-    return html.escape(f"{value:.0f}" if float(value).is_integer() else f"{value:.4g}")
+    return _escape(f"{value:.0f}" if float(value).is_integer() else f"{value:.4g}")
 
 
 def _flat(low: float, high: float) -> bool:

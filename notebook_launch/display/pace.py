@@ -9,8 +9,6 @@ summary). A run that failed or was stopped says nothing of pace: its ranks' last
 for the rank that failed, which its error names already."""
 from __future__ import annotations
 
-import html
-
 from .. import slow_rank
 from ..state import DONE, RUNNING, RankState, RunState
 
@@ -48,8 +46,9 @@ def verdict(state: RunState) -> str | None:
 
 def verdict_html(state: RunState) -> str:
     """The verdict as the panels show it under the rows; empty when there is none."""
+    from html import escape   # only HTML displays draw this (see curves._escape)
     text = verdict(state)
     if text is None:
         return ""
     return (f"<div class='nl-slow-rank' style='border-left:4px solid {VERDICT_COLOR};padding:2px 8px;"
-            f"margin:4px 0'><b>Pace:</b> {html.escape(text)}</div>")
+            f"margin:4px 0'><b>Pace:</b> {escape(text)}</div>")
