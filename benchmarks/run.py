@@ -137,7 +137,8 @@ def notes(config: dict, elapsed: float) -> list:
         "so drift on the machine affects all launchers alike. fd 1 of every process points at /dev/null.",
         "Warm process rows: one untimed warm-up call per launcher, then the timed calls. Fresh process "
         "rows: every sample is the first launch in a new interpreter (no warm-up), which is what the "
-        "first launch in a newly started notebook kernel costs, one-time imports included.",
+        "first launch in a newly started notebook kernel costs, one-time imports included. This project's "
+        "modules are compiled to bytecode first, as an installed package's (and the anchors') are.",
         "Why separate processes: this project's fork backend imports torch._dynamo once in the parent "
         "before forking when the launched code looks like training (DDP imports it lazily; forked ranks "
         "then share it; a trivial function does not trigger it). In one shared process "
