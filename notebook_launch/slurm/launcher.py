@@ -21,6 +21,12 @@ for, where each rank went and a failed start go to its watch and as ``StartFaile
 start through the same ``start`` with ``persistent=True``: each rank serves calls until told to
 stop (``rank.ray_serve``) and its events connection carries calls instead of signal frames
 (``agents.PersistentAgentRank``).
+
+Each ``start`` is one attempt. A launch with ``max_restarts`` (``slurm.run``) sets ``hold_job``:
+then ``end`` ends the attempt's steps only, the next ``start`` runs new steps in the same job (no
+new request to the queue), with the attempt's restart count and a master port of its own
+(``master_port_for``), and ``release`` ends the job once the run is over. A job the scheduler
+ended (``job_ended``) takes no further attempt.
 """
 from __future__ import annotations
 
@@ -63,11 +69,12 @@ ALLOCATION = re.compile(r"job allocation (\d+)")
 NODE_FAILURE = re.compile(r"Node failure on \S+")
 
 
-def master_port_for(job_id: str) -> int:
+def master_port_for(job_id: str, attempt: int = 0) -> int:
     """Rank 0's store port on its node: Lightning's SLURM rule (15000 + the job id's last four
     digits), so two jobs sharing a node do not pick the same port, and nothing has to run on the
-    node first to find one."""
-    return 15000 + int(job_id[-4:])
+    node first to find one. A restart in the same job takes the next 10000 up (within 15000-64999),
+    so its ranks meet on a fresh store, never on a port the last attempt's store held."""
+    return 15000 + (int(job_id[-4:]) + 10000 * attempt) % 50000
 
 
 class SlurmLauncher(Launcher):
@@ -76,7 +83,7 @@ class SlurmLauncher(Launcher):
     name = "slurm"
 
     def __init__(self, cluster: "SlurmCluster", *, run_id: str, mixed_precision: str,
-                 rendezvous_timeout: float, persistent: bool = False) -> None:
+                 rendezvous_timeout: float, persistent: bool = False, max_restarts: int = 0) -> None:
         self.cluster = cluster
         self.persistent = persistent   # the ranks serve calls until told to stop (persistent ranks)
         self.run_id = run_id
@@ -84,6 +91,10 @@ class SlurmLauncher(Launcher):
         self.mixed_precision = mixed_precision
         self.rendezvous_timeout = rendezvous_timeout   # for the ranks' connections back, once granted
         self.python = cluster.python or sys.executable
+        self.max_restarts = max_restarts
+        self.attempts = 0          # starts so far: each start is one attempt
+        self.hold_job = False      # end() keeps the job for the next attempt; release() ends it
+        self._cancelled = False    # the job was cancelled and waited for
         # the run's folder, set by the run that made it before it starts: salloc's and each srun's
         # output and the shipped job (the nodes read it there: a shared file system)
         self.folder: Path | None = None
@@ -118,10 +129,14 @@ class SlurmLauncher(Launcher):
         folder, world_size, cluster, watch = self.folder, plan.world_size, self.cluster, self.start_watch
         payload = self.payload_for(job)
         per_node = world_size // cluster.nodes
-        self._watchdog = start_watchdog(self.job_name)
-        self._allocate(per_node, folder)
-        assert self.job_id is not None and self.job is not None
-        self.nodes = scheduler.node_addresses(self.job.node_list)
+        attempt = self.attempts
+        self.attempts += 1
+        if self.job_id is None:   # a restart runs in the job its first attempt was granted
+            self._watchdog = start_watchdog(self.job_name)
+            self._allocate(per_node, folder)
+            assert self.job_id is not None and self.job is not None
+            self.nodes = scheduler.node_addresses(self.job.node_list)
+        assert self.job_id is not None
         host = source_address_toward(self.nodes[0][1])
         if not host:
             raise GuardError(f"cannot tell which local address reaches the SLURM node {self.nodes[0][0]} "
@@ -132,9 +147,10 @@ class SlurmLauncher(Launcher):
         common = {"host": host, "port": listener.address[1], "token": listener.token.hex(),
                   "payload": str(self._payload_path), "world_size": world_size, "num_nodes": cluster.nodes,
                   "local_world_size": per_node, "master_addr": self.nodes[0][1],
-                  "master_port": master_port_for(self.job_id), "device_kind": cluster.device_kind,
+                  "master_port": master_port_for(self.job_id, attempt), "device_kind": cluster.device_kind,
                   "mixed_precision": self.mixed_precision, "run_id": self.run_id,
-                  "cpus_per_rank": cluster.cpus_per_rank, "persistent": self.persistent}
+                  "cpus_per_rank": cluster.cpus_per_rank, "persistent": self.persistent,
+                  "attempt": attempt, "max_restarts": self.max_restarts}
         common["warm"] = warm_modules(job.function)
         for node_rank, (name, _) in enumerate(self.nodes):
             for rank in range(node_rank * per_node, (node_rank + 1) * per_node):
@@ -185,7 +201,8 @@ class SlurmLauncher(Launcher):
         assert self.folder is not None and self.job_id is not None
         node_rank = assignment["node_rank"]
         env = dict(scheduler.slurm_environment(), **{NODE_VARIABLE: json.dumps(assignment)})
-        output = self.folder / f"srun-node{node_rank}.out"
+        attempt = assignment["attempt"]   # each attempt's steps keep their own output
+        output = self.folder / (f"srun-node{node_rank}" + (f"-attempt{attempt}" if attempt else "") + ".out")
         with open(output, "wb") as out:
             srun = subprocess.Popen(
                 scheduler.agent_srun_argv(self.cluster, self.job_id, name, self.python, per_node), env=env,
@@ -276,31 +293,66 @@ class SlurmLauncher(Launcher):
                 return cause
             time.sleep(0.2)
 
+    def job_ended(self) -> str | None:
+        """Why the job can take no further attempt, once the scheduler ended it (a time limit, a node
+        failure, preemption, a cancel); None while it runs. Asked after a failed attempt's ``end``."""
+        if self.job_id is None:
+            return None
+        try:
+            info = scheduler.job_info(self.job_id)
+        except (GuardError, OSError, subprocess.SubprocessError):
+            log.debug("could not ask SLURM about job %s", self.job_id, exc_info=True)
+            return None
+        if info.state == "RUNNING":
+            return None
+        cause = info.end_cause() or f"its state is {info.state} ({info.reason})"
+        return (f"Not restarted: SLURM job {self.job_id} ended ({cause}), so no attempt can run in its "
+                f"allocation again; run the launch again to ask SLURM for a new one.")
+
     def end(self) -> None:
-        """Leave nothing: the listener closed, every step and the job cancelled and gone from the
-        nodes, srun and salloc reaped, the watchdog let go."""
+        """Leave nothing of the attempt: the listener closed, every step cancelled and gone from the
+        nodes, srun reaped; unless ``hold_job`` (a restart may follow), nothing of the job either
+        (``release``)."""
         try:
             if self._listener is not None:
                 self._listener.close(keep=self._handed)
                 self._listener = None
             for agent in self._agents:
                 agent.kill()
-            if self.job_id is not None:
-                cancel_and_wait(self.job_id)
-            elif self._salloc is not None and self._salloc.poll() is None:
-                self._salloc.send_signal(signal.SIGTERM)   # not queued yet: salloc gives the request up
-            for process in [*(agent.popen for agent in self._agents), *([self._salloc] if self._salloc else [])]:
-                _reap(process)
+            if not self.hold_job:
+                self._cancel()
+            for agent in self._agents:
+                _reap(agent.popen)
             for agent in self._agents:
                 agent.close(GONE_TIMEOUT)
         finally:
             if self._payload_path is not None:
                 self._payload_path.unlink(missing_ok=True)
             self._agents = []
+            if not self.hold_job:
+                self.release()
+
+    def release(self) -> None:
+        """Leave nothing of the job: cancelled and gone from the nodes (or its request given up while
+        salloc waits), salloc reaped, the watchdog let go."""
+        try:
+            self._cancel()
+            if self._salloc is not None:
+                _reap(self._salloc)
+        finally:
             self._salloc = None
             if self._watchdog is not None:
                 stop_watchdog(self._watchdog)
                 self._watchdog = None
+
+    def _cancel(self) -> None:
+        if self._cancelled:   # ended already (``end`` then ``release``)
+            return
+        if self.job_id is not None:
+            self._cancelled = True
+            cancel_and_wait(self.job_id)
+        elif self._salloc is not None and self._salloc.poll() is None:
+            self._salloc.send_signal(signal.SIGTERM)   # not queued yet: salloc gives the request up
 
 
 def warm_modules(function: Callable[..., Any]) -> list[str]:
