@@ -95,6 +95,7 @@ class SlurmLauncher(Launcher):
         self.attempts = 0          # starts so far: each start is one attempt
         self.hold_job = False      # end() keeps the job for the next attempt; release() ends it
         self._cancelled = False    # the job was cancelled and waited for
+        self.ended_by: str | None = None   # what the scheduler did to the job, once a rank's end said it
         # the run's folder, set by the run that made it before it starts: salloc's and each srun's
         # output and the shipped job (the nodes read it there: a shared file system)
         self.folder: Path | None = None
@@ -269,6 +270,8 @@ class SlurmLauncher(Launcher):
         cause = self._scheduler_cause(signalled=code > 128 or node_failure is not None)
         if cause is None and node_failure is not None:   # the scheduler forgot the job already
             cause = f"SLURM reported a node failure ({node_failure.group(0)})"
+        if cause is not None:   # the scheduler ended the job (its record may say so only later)
+            self.ended_by = cause
         return cause
 
     def _srun_said(self, rank: int) -> str:
@@ -298,14 +301,16 @@ class SlurmLauncher(Launcher):
         failure, preemption, a cancel); None while it runs. Asked after a failed attempt's ``end``."""
         if self.job_id is None:
             return None
-        try:
-            info = scheduler.job_info(self.job_id)
-        except (GuardError, OSError, subprocess.SubprocessError):
-            log.debug("could not ask SLURM about job %s", self.job_id, exc_info=True)
-            return None
-        if info.state == "RUNNING":
-            return None
-        cause = info.end_cause() or f"its state is {info.state} ({info.reason})"
+        cause = self.ended_by   # srun's "Node failure on node1" comes before the node is marked down
+        if cause is None:
+            try:
+                info = scheduler.job_info(self.job_id)
+            except (GuardError, OSError, subprocess.SubprocessError):
+                log.debug("could not ask SLURM about job %s", self.job_id, exc_info=True)
+                return None
+            if info.state == "RUNNING":
+                return None
+            cause = info.end_cause() or f"its state is {info.state} ({info.reason})"
         return (f"Not restarted: SLURM job {self.job_id} ended ({cause}), so no attempt can run in its "
                 f"allocation again; run the launch again to ask SLURM for a new one.")
 

@@ -62,10 +62,16 @@ notebook_launcher(train, num_processes=2, cluster=SlurmCluster(nodes=2), max_res
     assert_nothing_left(slurm)
 
 
-def test_a_preempted_job_is_not_restarted_and_the_error_says_why(slurm):
-    """The scheduler ends the job itself (preempted by a job of the fixture's "urgent" partition): no
-    attempt can run in it again, so the run is not restarted though restarts are left, and the error
-    says why and what to do."""
+@pytest.mark.parametrize("ending, said", [
+    ("preempted", r"SLURM preempted the job"),
+    ("node-failed", r"SLURM ended the job because a node failed \(NODE_FAIL|SLURM reported a node failure "
+                    r"\(Node failure on node1\)"),
+])
+def test_a_job_the_scheduler_ended_is_not_restarted_and_the_error_says_why(slurm, ending, said):
+    """The scheduler ends the job itself (preempted by a job of the fixture's "urgent" partition, or
+    node1 dies: srun says "Node failure on node1" before slurmctld marks it down and the job
+    NODE_FAIL): no attempt can run in it again, so the run is not restarted though restarts are
+    left, and the error says why and what to do."""
     proc = slurm.notebook(SETUP + """
 def train():
     print("running", flush=True)
@@ -77,13 +83,16 @@ except LaunchError as err:
 """)
     try:
         wait_for_lines(proc, "] running", 4)
-        slurm.run(0, "salloc", "--no-shell", "--partition=urgent", "--nodes=2", "--ntasks-per-node=2",
-                  "--job-name=urgent")
+        if ending == "preempted":
+            slurm.run(0, "salloc", "--no-shell", "--partition=urgent", "--nodes=2", "--ntasks-per-node=2",
+                      "--job-name=urgent")
+        else:
+            slurm.kill_node(1)
         out, err = proc.communicate(timeout=180)
         error = json.loads(out.strip().splitlines()[-1])
         assert error["type"] == "LaunchError", (out, err)
         assert "restarting every rank" not in out, out
-        assert re.search(r"Not restarted: SLURM job \d+ ended \(SLURM preempted the job", error["message"]), error
+        assert re.search(r"Not restarted: SLURM job \d+ ended \((" + said + ")", error["message"]), error
         assert "run the launch again to ask SLURM for a new one" in error["message"], error
         assert "Attempt 1 of 3: not restarted (max_restarts=2)." in error["message"], error
         slurm.cancel_all()
