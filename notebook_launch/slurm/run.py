@@ -46,9 +46,9 @@ def run_on_slurm(options: "LaunchOptions", cluster: "SlurmCluster", world_size: 
     def body(ctx: RunContext) -> list[Any]:
         launcher.folder = ctx.logs.path   # the run folder, made by the scaffold: the nodes read the job there
         try:
-            return supervise_attempts(ctx, job, why_not_again=lambda error: launcher.job_ended())
+            return supervise_attempts(ctx, job, why_not_again=lambda error: launcher.allocation.ended())
         finally:
-            launcher.release()
+            launcher.allocation.release()
 
     settings = dataclasses.replace(options, line_prefix=options.line_prefix or SLURM_LINE_PREFIX)
     return run_with_scaffold(plan, body, settings, run_id=run_id, launcher=launcher,

@@ -89,15 +89,15 @@ except LaunchError as err:
         else:
             slurm.kill_node(1)
         out, err = proc.communicate(timeout=180)
-        error = json.loads(out.strip().splitlines()[-1])
-        assert error["type"] == "LaunchError", (out, err)
-        assert "restarting every rank" not in out, out
-        assert re.search(r"Not restarted: SLURM job \d+ ended \((" + said + ")", error["message"]), error
-        assert "run the launch again to ask SLURM for a new one" in error["message"], error
-        assert "Attempt 1 of 3: not restarted (max_restarts=2)." in error["message"], error
-        slurm.cancel_all()
-        assert_nothing_left(slurm)
-    finally:
+    finally:   # a notebook that did not end by itself is ended here, never left running
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+    error = json.loads(out.strip().splitlines()[-1])
+    assert error["type"] == "LaunchError", (out, err)
+    assert "restarting every rank" not in out, out
+    assert re.search(r"Not restarted: SLURM job \d+ ended \((" + said + ")", error["message"]), error
+    assert "run the launch again to ask SLURM for a new one" in error["message"], error
+    assert "Attempt 1 of 3: not restarted (max_restarts=2)." in error["message"], error
+    slurm.cancel_all()
+    assert_nothing_left(slurm)
