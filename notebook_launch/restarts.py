@@ -14,6 +14,8 @@ Never restarted, and why:
   attempt would redo the whole run to fail the same way.
 * RENDEZVOUS: the nodes (or Ray's placement, or the ranks' connections back) never met; the
   rendezvous already waited ``rdzv_timeout`` for them, and no rank code ran.
+* What the launcher says cannot run again (``may_restart``): a SLURM job the scheduler ended (a
+  time limit, a node failure, preemption) has no allocation left for the next attempt.
 """
 from __future__ import annotations
 
@@ -36,18 +38,21 @@ def restartable(kind: str | FailureKind | None) -> bool:
 
 def run_attempts(attempt: Callable[[int], T], max_restarts: int,
                  before_restart: Callable[[LaunchError, int], None],
-                 last_error: Callable[[LaunchError, int], LaunchError]) -> T:
+                 last_error: Callable[[LaunchError, int], LaunchError],
+                 may_restart: Callable[[LaunchError], bool] | None = None) -> T:
     """Run ``attempt(0)``, and after a restartable LaunchError ``attempt(1)`` ... up to
     ``attempt(max_restarts)``; ``before_restart(error, next_attempt)`` runs between them (the
-    notice, the run state's new attempt). The error that ends the run is raised as
-    ``last_error(error, attempt_number)`` makes it (which attempt it was). Elastic's agent
-    owns its own loop (torch's ``SimpleElasticAgent``), under the same rule."""
+    notice, the run state's new attempt). ``may_restart(error)``, asked only of a failure the rule
+    would restart, may still refuse (it adds its reason to the error). The error that ends the run
+    is raised as ``last_error(error, attempt_number)`` makes it (which attempt it was). Elastic's
+    agent owns its own loop (torch's ``SimpleElasticAgent``), under the same rule."""
     number = 0
     while True:
         try:
             return attempt(number)
         except LaunchError as error:
-            if number >= max_restarts or not restartable(error.kind):
+            if (number >= max_restarts or not restartable(error.kind)
+                    or (may_restart is not None and not may_restart(error))):
                 raise last_error(error, number) from None
             number += 1
             before_restart(error, number)

@@ -6,29 +6,33 @@ final status) around the body.
 Every run is given one settings object, the launch's ``LaunchOptions``. ``run_plan`` is
 a single-node launch on it (``supervise_ranks``: the launcher interface's one start,
 supervised); ``elastic.run_elastic`` puts torch elastic's agent inside the same scaffold,
-and ``ray.run`` a Ray launcher with its restarts.
+and ``ray.run`` and ``slurm.run`` a cluster's launcher with its restarts (``supervise_attempts``).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any, Callable, TypeVar
 
+from . import restarts
 from .backends import get_backend
 from .backends.base import Launcher, StartFailed, StartWatch
 from .channels import RankPipes
 from .display.base import Display
 from .display.display_relay import RankDisplays
+from .errors import LaunchError
 from .logs import RunLogs
 from .notebook_streams import OUT
 from .options import LaunchOptions
 from .plan import LaunchPlan
+from .protocol import Failure
 from .rank.runner import Job
 from .session import Session, launch_summary
 from .state import RunState
 from .supervise import outcome
 from .supervise.supervisor import Supervisor
 
-__all__ = ["PanelStartWatch", "RunContext", "launch_summary", "run_plan", "run_with_scaffold", "supervise_ranks"]
+__all__ = ["PanelStartWatch", "RunContext", "launch_summary", "run_plan", "run_with_scaffold", "supervise_attempts",
+           "supervise_ranks"]
 
 T = TypeVar("T")
 
@@ -76,6 +80,41 @@ def supervise_ranks(ctx: RunContext, job: Job, launcher: Launcher | None = None)
                 pipes.close_all()
         finally:
             launcher.end()
+
+
+def supervise_attempts(ctx: RunContext, job: Job,
+                       why_not_again: Callable[[LaunchError], str | None] | None = None) -> list[Any]:
+    """A cluster's launch (Ray, SLURM): ``supervise_ranks`` once per attempt, every rank started
+    again after a failure the restart rule allows (``restarts.run_attempts``), up to
+    ``max_restarts`` times. Each restart is said in the cell ("restart N of M", as elastic's agent
+    says it) and gives the panel a fresh attempt's rows; the final error says which attempt failed.
+    ``why_not_again(error)``: the launcher's reason the failed attempt cannot be followed by
+    another (a SLURM job the scheduler ended), added to the error; None lets it restart."""
+    plan, max_restarts = ctx.plan, ctx.options.max_restarts
+
+    def attempt(number: int) -> list[Any]:
+        if number:
+            ctx.state.begin_attempt(number, node_rank=0, num_nodes=1, world_size=plan.world_size, ranks=plan.ranks)
+        return supervise_ranks(ctx, job)
+
+    def before_restart(error: LaunchError, number: int) -> None:
+        print(outcome.restart_notice(failure_of(error), number, max_restarts, False), file=OUT, flush=True)
+
+    def may_restart(error: LaunchError) -> bool:
+        reason = why_not_again(error) if why_not_again is not None else None
+        if reason:
+            outcome.with_note(error, reason)
+        return not reason
+
+    return restarts.run_attempts(
+        attempt, max_restarts, before_restart,
+        last_error=lambda error, number: outcome.with_attempts(error, number, max_restarts), may_restart=may_restart)
+
+
+def failure_of(error: LaunchError) -> Failure:
+    """The failure record a restart notice names, from the attempt's LaunchError."""
+    headline = str(error).splitlines()[0].split(" failed: ", 1)[-1]
+    return Failure(None, error.kind, headline, rank=error.rank)
 
 
 class PanelStartWatch(StartWatch):

@@ -182,6 +182,32 @@ def test_run_attempts_restarts_what_the_rule_allows_and_says_which_attempt_faile
     assert restarts.run_attempts(lambda n: n, 0, print, last_error=lambda e, n: e) == 0
 
 
+def test_run_attempts_asks_the_launcher_only_of_a_failure_the_rule_restarts():
+    """``may_restart`` (a SLURM job the scheduler ended) refuses a restart the rule allows; it is not
+    asked of a failure the rule never restarts, nor once no restart is left."""
+    from notebook_launch import restarts
+    asked, tried = [], []
+
+    def attempt(number):
+        tried.append(number)
+        raise LaunchError(f"attempt {number} failed", kind="signal")
+
+    def may_restart(error):
+        asked.append(str(error))
+        return len(asked) < 2
+
+    with pytest.raises(LaunchError) as info:
+        restarts.run_attempts(attempt, 5, lambda error, n: None, last_error=lambda error, n: error,
+                              may_restart=may_restart)
+    assert tried == [0, 1] and asked == ["attempt 0 failed", "attempt 1 failed"]
+    assert str(info.value) == "attempt 1 failed"
+    asked.clear()
+    with pytest.raises(LaunchError):
+        restarts.run_attempts(attempt, 0, lambda error, n: None, last_error=lambda error, n: error,
+                              may_restart=may_restart)
+    assert asked == []
+
+
 
 # --- an attempt's environment: plan.rank_environment for the place elastic assigned ----------------
 

@@ -53,7 +53,8 @@ NOT_RANKS = {
     "notebook_launch.cuda_tracking": "a throwaway fork that probes whether a fork is poisoned",
     "notebook_launch.rank.xla_replicas": "xmp.spawn, inside the xla launcher's own child (backends.xla)",
     # the SLURM engine keeps its launcher in its own package: its srun steps start in SlurmLauncher.start
-    "notebook_launch.slurm.launcher": "SlurmLauncher (a launcher outside backends/): salloc, the watchdog, srun",
+    "notebook_launch.slurm.launcher": "SlurmLauncher (a launcher outside backends/): srun, a step per node",
+    "notebook_launch.slurm.allocation": "salloc and the watchdog: the job SlurmLauncher's steps run in",
     "notebook_launch.slurm.scheduler": "scontrol, squeue and scancel: questions to the scheduler",
     "notebook_launch.slurm.watchdog": "scancel, when the notebook that started a SLURM job died",
     # ranks, but on a SLURM node: the node's half of SlurmLauncher.start, whose srun step runs it

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from notebook_launch import LaunchArgumentError, SlurmCluster, notebook_launcher
+from notebook_launch.errors import GuardError
 
 
 def test_a_good_description_is_kept():
@@ -55,12 +56,19 @@ def test_ranks_that_do_not_spread_evenly_are_refused_before_anything_is_submitte
 @pytest.mark.parametrize("kwargs, says", [
     ({"num_nodes": 2}, "the cluster places the ranks on its nodes"),
     ({"start_method": "spawn"}, "cannot be combined with cluster="),
-    ({"max_restarts": 1}, "max_restarts > 0 is not supported with cluster=SlurmCluster"),
 ])
 def test_launch_arguments_a_slurm_run_cannot_honour(kwargs, says):
     with pytest.raises(LaunchArgumentError) as caught:
         notebook_launcher(print, num_processes=2, cluster=SlurmCluster(nodes=1), **kwargs)
     assert says in str(caught.value)
+
+
+def test_max_restarts_is_taken_by_a_slurm_launch(monkeypatch, tmp_path):
+    """max_restarts passes the launch's argument checks (a SLURM launch restarts in its allocation):
+    with no SLURM command on PATH, the first thing to refuse it is the check for them."""
+    monkeypatch.setenv("PATH", str(tmp_path))
+    with pytest.raises(GuardError, match="needs SLURM's commands on this machine"):
+        notebook_launcher(print, num_processes=2, cluster=SlurmCluster(nodes=1), max_restarts=2)
 
 
 def test_a_wrong_cluster_type_names_both_engines():

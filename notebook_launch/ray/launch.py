@@ -6,7 +6,7 @@ rank's environment and has it connect its events, stdout, stderr and answers bac
 listener the notebook opens on the interface that reaches the cluster (``channels.sockets``):
 those sockets are the channels it hands back, so the supervisor selects on them as it does
 on a local rank's pipes. ``end`` leaves nothing on the cluster. Each ``start`` is one attempt;
-restarts are ``restarts.run_attempts`` (``ray.run``), under the rule elastic's agent follows.
+restarts are ``run.supervise_attempts`` (``ray.run``), under the rule elastic's agent follows.
 
 Persistent ranks on Ray (``persistent.ray_ranks``) start through the same ``start`` with
 ``persistent=True``: the same placement, actors, environment and connections, but each actor's

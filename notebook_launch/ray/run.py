@@ -4,21 +4,18 @@ run scaffold, launcher interface, supervisor, outcome and restart rule as a loca
 The rest of Ray is beside it in this package: connecting (``connect``), the launcher that
 gang-places and starts the ranks (``launch.RayLauncher``, with ``gang``); the rank side is
 ``rank.ray_actor``. Here: connect, check the cluster can hold the ranks, then
-run the attempts (``restarts.run_attempts``), each one ``run.supervise_ranks``.
+run the attempts (``run.supervise_attempts``, as a SLURM launch does).
 """
 from __future__ import annotations
 
 import dataclasses
 from typing import TYPE_CHECKING, Any
 
-from .. import cuda_tracking, restarts
-from ..errors import GuardError, LaunchError
+from .. import cuda_tracking
+from ..errors import GuardError
 from ..logs import make_run_id
-from ..notebook_streams import OUT
-from ..protocol import Failure
 from ..rank.runner import Job
-from ..run import RunContext, run_with_scaffold, supervise_ranks
-from ..supervise import outcome
+from ..run import run_with_scaffold, supervise_attempts
 from . import connect as ray_connect
 from .launch import RayLauncher, notebook_address, notebook_plan
 
@@ -45,29 +42,10 @@ def run_on_ray(options: "LaunchOptions", cluster: "RayCluster", world_size: int)
     plan = notebook_plan(world_size, cluster, options.mixed_precision)
     job = Job(options.function, options.args, options.kwargs)
     launcher.payload_for(job)   # a function that does not pickle fails here, before the run shows
-
-    def body(ctx: RunContext) -> list[Any]:
-        def attempt(number: int) -> list[Any]:
-            if number:
-                ctx.state.begin_attempt(number, node_rank=0, num_nodes=1, world_size=world_size,
-                                        ranks=plan.ranks)
-            return supervise_ranks(ctx, job)
-
-        def before_restart(error: LaunchError, number: int) -> None:
-            print(outcome.restart_notice(failure_of(error), number, options.max_restarts, False), file=OUT, flush=True)
-
-        return restarts.run_attempts(
-            attempt, options.max_restarts, before_restart,
-            last_error=lambda error, number: outcome.with_attempts(error, number, options.max_restarts))
-
     summary = (f"notebook_launch: Ray cluster {ray_connect.gcs_host(ray) or cluster.address}: "
                f"{ray_connect.describe_cluster(nodes)}; {world_size} ranks x "
                f"{dict(cluster.resources_per_rank)}, placement {cluster.placement}")
     settings = dataclasses.replace(options, line_prefix=options.line_prefix or RAY_LINE_PREFIX)
-    return run_with_scaffold(plan, body, settings, run_id=run_id, launcher=launcher, extra_lines=(summary,))
+    return run_with_scaffold(plan, lambda ctx: supervise_attempts(ctx, job), settings, run_id=run_id,
+                             launcher=launcher, extra_lines=(summary,))
 
-
-def failure_of(error: LaunchError) -> Failure:
-    """The failure record a restart notice names, from the attempt's LaunchError."""
-    headline = str(error).splitlines()[0].split(" failed: ", 1)[-1]
-    return Failure(None, error.kind, headline, rank=error.rank)

@@ -2,7 +2,7 @@
 ranks, started through the same ``Launcher`` interface as fork, spawn, xla and Ray
 (``start(plan, job, channels) -> processes``).
 
-``start`` asks for the allocation (``salloc --no-shell``: no batch script, no shell; while the job
+``start`` asks for the allocation (``slurm.allocation``: ``salloc --no-shell``; while the job
 waits in the queue its ``StartWatch`` is told, so every rank's row and the cell say "pending
 (Resources)", and ticked, so Stop cancels it), writes the cloudpickled job into the run folder
 (``folder``, set by the run: the nodes share the file system, as HPC homes are), opens
@@ -14,13 +14,19 @@ the channels the supervisor selects on. Each rank's handle is an ``AgentRank`` (
 its end is what its agent reports on the step's stdout (its exit code or signal), or the step's
 own end if the agent died with it, and a kill is SIGTERM to the node's srun, which has SLURM
 cancel the step. ``end`` leaves nothing: the steps are cancelled, the job is scancelled and
-waited for until SLURM no longer holds it, and the watchdog (``slurm.watchdog``), which cancels the
-job if the notebook dies, is let go. Like every launcher it only starts processes: what it waits
-for, where each rank went and a failed start go to its watch and as ``StartFailed``
-(``backends.base``), never to the run state. Persistent ranks on SLURM (``persistent.slurm_ranks``)
+waited for until SLURM no longer holds it, and the watchdog (``slurm.watchdog``), which cancels
+the job if the notebook dies, is let go (``Allocation.release``). Like every launcher it only
+starts processes: what it waits for, where each rank went and a failed start go to its watch and
+as ``StartFailed`` (``backends.base``), never to the run state. Persistent ranks on SLURM (``persistent.slurm_ranks``)
 start through the same ``start`` with ``persistent=True``: each rank serves calls until told to
 stop (``rank.ray_serve``) and its events connection carries calls instead of signal frames
 (``agents.PersistentAgentRank``).
+
+Each ``start`` is one attempt. A launch with ``max_restarts`` (``slurm.run``) sets ``hold_job``:
+then ``end`` ends the attempt's steps only, the next ``start`` runs new steps in the same job (no
+new request to the queue), with the attempt's restart count and a master port of its own
+(``master_port_for``), and ``allocation.release()`` ends the job once the run is over. A job the
+scheduler ended (``allocation.ended()``) takes no further attempt.
 """
 from __future__ import annotations
 
@@ -28,12 +34,11 @@ import json
 import logging
 import pickle
 import re
-import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from ..channels import RankPipes, RankProcess
 from ..channels.sockets import SocketPipes
@@ -45,6 +50,7 @@ from ..backends.base import Launcher, StartFailed
 from ..backends.warm_imports import TORCH_NAMES, looks_like_training, names_any
 from ..ray.where import WhereAsker
 from .agents import AgentRank, NodeAgent, PersistentAgentRank
+from .allocation import GONE_TIMEOUT, Allocation, reap
 from .node_agent import NODE_VARIABLE
 from .ranks import RankListener
 from . import scheduler
@@ -55,19 +61,15 @@ if TYPE_CHECKING:
     from .cluster import SlurmCluster
 
 log = logging.getLogger("notebook_launch")
-TICK = 0.1            # seconds between looks at salloc and the panel while the job waits
-STATE_EVERY = 1.0     # seconds between questions to the scheduler while it waits
-GONE_TIMEOUT = 60.0   # seconds for SLURM to end a cancelled job's processes
-END_RECORDED = 5.0    # seconds scontrol may take to record the end of a job whose rank SLURM killed
-ALLOCATION = re.compile(r"job allocation (\d+)")
 NODE_FAILURE = re.compile(r"Node failure on \S+")
 
 
-def master_port_for(job_id: str) -> int:
+def master_port_for(job_id: str, attempt: int = 0) -> int:
     """Rank 0's store port on its node: Lightning's SLURM rule (15000 + the job id's last four
     digits), so two jobs sharing a node do not pick the same port, and nothing has to run on the
-    node first to find one."""
-    return 15000 + int(job_id[-4:])
+    node first to find one. A restart in the same job takes the next 10000 up (within 15000-64999),
+    so its ranks meet on a fresh store, never on a port the last attempt's store held."""
+    return 15000 + (int(job_id[-4:]) + 10000 * attempt) % 50000
 
 
 class SlurmLauncher(Launcher):
@@ -76,7 +78,7 @@ class SlurmLauncher(Launcher):
     name = "slurm"
 
     def __init__(self, cluster: "SlurmCluster", *, run_id: str, mixed_precision: str,
-                 rendezvous_timeout: float, persistent: bool = False) -> None:
+                 rendezvous_timeout: float, persistent: bool = False, max_restarts: int = 0) -> None:
         self.cluster = cluster
         self.persistent = persistent   # the ranks serve calls until told to stop (persistent ranks)
         self.run_id = run_id
@@ -84,15 +86,15 @@ class SlurmLauncher(Launcher):
         self.mixed_precision = mixed_precision
         self.rendezvous_timeout = rendezvous_timeout   # for the ranks' connections back, once granted
         self.python = cluster.python or sys.executable
+        self.max_restarts = max_restarts
+        self.attempts = 0          # starts so far: each start is one attempt
+        self.hold_job = False      # end() keeps the job for the next attempt; allocation.release() ends it
         # the run's folder, set by the run that made it before it starts: salloc's and each srun's
         # output and the shipped job (the nodes read it there: a shared file system)
         self.folder: Path | None = None
-        self.job_id: str | None = None
-        self.job: scheduler.JobInfo | None = None
+        self.allocation = Allocation(cluster, self.job_name)   # the job every attempt runs in
         self.nodes: list[tuple[str, str]] = []
         self._payload: tuple["Job", bytes] | None = None
-        self._watchdog: subprocess.Popen | None = None
-        self._salloc: subprocess.Popen | None = None
         self._agents: list[NodeAgent] = []   # one per node, in node order
         self._outputs: dict[int, Path] = {}   # rank -> its node's srun output
         self._listener: RankListener | None = None
@@ -118,10 +120,12 @@ class SlurmLauncher(Launcher):
         folder, world_size, cluster, watch = self.folder, plan.world_size, self.cluster, self.start_watch
         payload = self.payload_for(job)
         per_node = world_size // cluster.nodes
-        self._watchdog = start_watchdog(self.job_name)
-        self._allocate(per_node, folder)
-        assert self.job_id is not None and self.job is not None
-        self.nodes = scheduler.node_addresses(self.job.node_list)
+        attempt = self.attempts
+        self.attempts += 1
+        if self.job_id is None:   # a restart runs in the job its first attempt was granted
+            self.allocation.ask(watch, per_node, folder)
+            self.nodes = self.allocation.nodes
+        assert self.job_id is not None
         host = source_address_toward(self.nodes[0][1])
         if not host:
             raise GuardError(f"cannot tell which local address reaches the SLURM node {self.nodes[0][0]} "
@@ -132,9 +136,10 @@ class SlurmLauncher(Launcher):
         common = {"host": host, "port": listener.address[1], "token": listener.token.hex(),
                   "payload": str(self._payload_path), "world_size": world_size, "num_nodes": cluster.nodes,
                   "local_world_size": per_node, "master_addr": self.nodes[0][1],
-                  "master_port": master_port_for(self.job_id), "device_kind": cluster.device_kind,
+                  "master_port": master_port_for(self.job_id, attempt), "device_kind": cluster.device_kind,
                   "mixed_precision": self.mixed_precision, "run_id": self.run_id,
-                  "cpus_per_rank": cluster.cpus_per_rank, "persistent": self.persistent}
+                  "cpus_per_rank": cluster.cpus_per_rank, "persistent": self.persistent,
+                  "attempt": attempt, "max_restarts": self.max_restarts}
         common["warm"] = warm_modules(job.function)
         for node_rank, (name, _) in enumerate(self.nodes):
             for rank in range(node_rank * per_node, (node_rank + 1) * per_node):
@@ -185,7 +190,8 @@ class SlurmLauncher(Launcher):
         assert self.folder is not None and self.job_id is not None
         node_rank = assignment["node_rank"]
         env = dict(scheduler.slurm_environment(), **{NODE_VARIABLE: json.dumps(assignment)})
-        output = self.folder / f"srun-node{node_rank}.out"
+        attempt = assignment["attempt"]   # each attempt's steps keep their own output
+        output = self.folder / (f"srun-node{node_rank}" + (f"-attempt{attempt}" if attempt else "") + ".out")
         with open(output, "wb") as out:
             srun = subprocess.Popen(
                 scheduler.agent_srun_argv(self.cluster, self.job_id, name, self.python, per_node), env=env,
@@ -194,51 +200,11 @@ class SlurmLauncher(Launcher):
             self._outputs[rank] = output
         return NodeAgent(node_rank, range(node_rank * per_node, (node_rank + 1) * per_node), srun)
 
-    def _allocate(self, per_node: int, folder: Path) -> None:
-        """salloc, waiting while the job is queued: the watch is ticked (the panel stays live), told
-        why the job waits ("pending (Resources)": every rank's row, and once in the cell), and Stop
-        or an interrupt cancels it (``end``)."""
-        watch = self.start_watch
-        said_path = folder / "salloc.out"
-        with open(said_path, "wb") as out:
-            self._salloc = salloc = subprocess.Popen(
-                scheduler.salloc_argv(self.cluster, per_node, self.job_name), env=scheduler.slurm_environment(),
-                stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
-        shown, asked = "", 0.0
-        while True:
-            said = said_path.read_text(errors="replace")
-            found = ALLOCATION.search(said)
-            if found:
-                self.job_id = found.group(1)
-            code = salloc.poll()
-            if code is not None:
-                break
-            watch.tick()
-            if self.job_id and time.monotonic() - asked > STATE_EVERY:
-                asked = time.monotonic()
-                info = scheduler.job_info(self.job_id)
-                news = f"pending ({info.reason})" if info.state == "PENDING" else info.state.lower()
-                if news != shown:
-                    shown = news
-                    watch.waiting_for(f"SLURM job {self.job_id} {news}")
-                    watch.announce(f"SLURM job {self.job_id} {news}"
-                                   + ("; Stop or Ctrl-C cancels it" if info.state == "PENDING" else ""))
-            time.sleep(TICK)
-        if code or not self.job_id:
-            raise StartFailed(
-                f"SLURM did not grant the allocation (salloc exit code {code}); salloc said:\n{said.strip()}")
-        self.job = scheduler.job_info(self.job_id)
-        if self.job.state != "RUNNING":
-            raise StartFailed(f"SLURM job {self.job_id} is {self.job.state} right after it was granted "
-                              f"({self.job.reason})")
-        watch.announce(f"SLURM job {self.job_id} runs on {self.job.node_list}, time limit "
-                       f"{self.job.time_limit or 'UNLIMITED'}")
-
     def end_cause(self, rank: int, code: int) -> str | None:
         """Why the scheduler ended a rank we did not stop, if it did: asked when its srun failed or said
         something (srun ends with 0 after "Node failure on node1"). A step killed for its memory is
         said by srun alone (the job runs on). A rank SLURM killed may end before ``scontrol`` records
-        the job's end: then it is asked again for up to END_RECORDED seconds."""
+        the job's end: then it is asked again for up to ``allocation.END_RECORDED`` seconds."""
         said = self._srun_said(rank)
         if self.job_id is None or not (code or said):
             return None
@@ -249,9 +215,11 @@ class SlurmLauncher(Launcher):
                 return f"its node's step ended with rank {culprit}, which grew past the job's memory: {memory}"
             return memory
         node_failure = NODE_FAILURE.search(said)
-        cause = self._scheduler_cause(signalled=code > 128 or node_failure is not None)
+        cause = self.allocation.scheduler_cause(signalled=code > 128 or node_failure is not None)
         if cause is None and node_failure is not None:   # the scheduler forgot the job already
             cause = f"SLURM reported a node failure ({node_failure.group(0)})"
+        if cause is not None:   # the scheduler ended the job (its record may say so only later)
+            self.allocation.ended_by = cause
         return cause
 
     def _srun_said(self, rank: int) -> str:
@@ -262,45 +230,33 @@ class SlurmLauncher(Launcher):
         except OSError:
             return ""
 
-    def _scheduler_cause(self, signalled: bool) -> str | None:
-        assert self.job_id is not None
-        deadline = time.monotonic() + (END_RECORDED if signalled else 0)
-        while True:
-            try:
-                info = scheduler.job_info(self.job_id)
-            except (GuardError, OSError, subprocess.SubprocessError):
-                log.debug("could not ask SLURM about job %s", self.job_id, exc_info=True)
-                return None
-            cause = info.end_cause()
-            if cause or not info.live or time.monotonic() > deadline:
-                return cause
-            time.sleep(0.2)
-
     def end(self) -> None:
-        """Leave nothing: the listener closed, every step and the job cancelled and gone from the
-        nodes, srun and salloc reaped, the watchdog let go."""
+        """Leave nothing of the attempt: the listener closed, every step cancelled and gone from the
+        nodes, srun reaped; unless ``hold_job`` (a restart may follow), nothing of the job either
+        (``release``)."""
         try:
             if self._listener is not None:
                 self._listener.close(keep=self._handed)
                 self._listener = None
             for agent in self._agents:
                 agent.kill()
-            if self.job_id is not None:
-                cancel_and_wait(self.job_id)
-            elif self._salloc is not None and self._salloc.poll() is None:
-                self._salloc.send_signal(signal.SIGTERM)   # not queued yet: salloc gives the request up
-            for process in [*(agent.popen for agent in self._agents), *([self._salloc] if self._salloc else [])]:
-                _reap(process)
+            if not self.hold_job:
+                self.allocation.cancel()
+            for agent in self._agents:
+                reap(agent.popen)
             for agent in self._agents:
                 agent.close(GONE_TIMEOUT)
         finally:
             if self._payload_path is not None:
                 self._payload_path.unlink(missing_ok=True)
             self._agents = []
-            self._salloc = None
-            if self._watchdog is not None:
-                stop_watchdog(self._watchdog)
-                self._watchdog = None
+            if not self.hold_job:
+                self.allocation.release()
+
+    @property
+    def job_id(self) -> str | None:
+        return self.allocation.job_id
+
 
 
 def warm_modules(function: Callable[..., Any]) -> list[str]:
@@ -327,42 +283,3 @@ def missing_hint(said: str, python: str) -> str:
     return ""
 
 
-def cancel_and_wait(job_id: str) -> None:
-    """scancel, then until SLURM holds nothing of the job (its processes on every node ended),
-    GONE_TIMEOUT at most. A scheduler that does not answer is logged, never raised: the run's own
-    error must reach the cell (and the watchdog cancels the job again when it is let go)."""
-    deadline = time.monotonic() + GONE_TIMEOUT
-    try:
-        scheduler.cancel(job_id)
-        while scheduler.job_info(job_id).live or scheduler.job_completing(job_id):
-            if time.monotonic() > deadline:
-                log.debug("SLURM job %s still not ended %g s after scancel", job_id, GONE_TIMEOUT)
-                return
-            time.sleep(0.1)
-    except (GuardError, OSError, subprocess.SubprocessError):
-        log.debug("could not cancel SLURM job %s or see it end", job_id, exc_info=True)
-
-
-def _reap(process: subprocess.Popen) -> None:
-    try:
-        process.wait(timeout=GONE_TIMEOUT)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait()
-
-
-def start_watchdog(job_name: str) -> subprocess.Popen:
-    """The process that cancels the job if the notebook dies (``slurm.watchdog``): its file run as a
-    script in isolated mode (standard library only), not ``-m notebook_launch...``, which would
-    import the whole package first (a quarter of a second of CPU, while the nodes' agents import torch)."""
-    env = scheduler.slurm_environment()
-    return subprocess.Popen([sys.executable, "-I", str(Path(__file__).with_name("watchdog.py")), job_name], env=env,
-                            stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            start_new_session=True)
-
-
-def stop_watchdog(watchdog: subprocess.Popen) -> None:
-    stdin: IO[bytes] | None = watchdog.stdin
-    if stdin is not None:
-        stdin.close()
-    _reap(watchdog)

@@ -2,7 +2,14 @@
 run scaffold, launcher interface, supervisor and outcome as a local launch (``run.supervise_ranks``).
 
 What is SLURM-specific is the launcher (``slurm.launcher.SlurmLauncher``) and the rank's side
-(``slurm.task``). Here: check what a SLURM launch cannot take, then run the one attempt.
+(``slurm.task``). Here: check what a SLURM launch cannot take, then run the attempts
+(``run.supervise_attempts``, under the restart rule Ray's launches and elastic's agent follow).
+
+With ``max_restarts``, a restart runs every rank again as new steps in the same allocation (no new
+request to the queue: a busy cluster's wait is paid once); the job is ended once the run is. A
+failure the scheduler caused (a time limit, a node failure, preemption) ended the job itself: it
+is not restarted, and the error says so (a new allocation could wait in the queue for hours, and a
+time limit is the user's own).
 """
 from __future__ import annotations
 
@@ -13,7 +20,7 @@ from ..errors import LaunchArgumentError
 from ..logs import make_run_id
 from ..plan import LaunchPlan, RankSpec, dist_backend_for
 from ..rank.runner import Job
-from ..run import RunContext, run_with_scaffold, supervise_ranks
+from ..run import RunContext, run_with_scaffold, supervise_attempts
 from . import scheduler
 from .launcher import SlurmLauncher
 
@@ -27,20 +34,21 @@ SLURM_LINE_PREFIX = "[node {node_rank} rank {rank}]"   # ranks are on several ma
 def run_on_slurm(options: "LaunchOptions", cluster: "SlurmCluster", world_size: int) -> list[Any]:
     """Ask for the allocation, run the ranks on it inside the run scaffold, and end the job."""
     check_layout(world_size, cluster)
-    if options.max_restarts:
-        raise LaunchArgumentError(
-            "max_restarts > 0 is not supported with cluster=SlurmCluster(...) yet; leave it at 0")
     scheduler.check_commands()
     run_id = make_run_id()
     launcher = SlurmLauncher(cluster, run_id=run_id, mixed_precision=options.mixed_precision,
-                             rendezvous_timeout=options.rendezvous_timeout)
+                             rendezvous_timeout=options.rendezvous_timeout, max_restarts=options.max_restarts)
+    launcher.hold_job = options.max_restarts > 0   # each attempt's end keeps the job for the next
     plan = notebook_plan(world_size, cluster, options.mixed_precision)
     job = Job(options.function, options.args, options.kwargs)
     launcher.payload_for(job)   # a function that does not pickle fails here, before anything is queued
 
     def body(ctx: RunContext) -> list[Any]:
         launcher.folder = ctx.logs.path   # the run folder, made by the scaffold: the nodes read the job there
-        return supervise_ranks(ctx, job)
+        try:
+            return supervise_attempts(ctx, job, why_not_again=lambda error: launcher.allocation.ended())
+        finally:
+            launcher.allocation.release()
 
     settings = dataclasses.replace(options, line_prefix=options.line_prefix or SLURM_LINE_PREFIX)
     return run_with_scaffold(plan, body, settings, run_id=run_id, launcher=launcher,

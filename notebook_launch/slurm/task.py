@@ -77,14 +77,15 @@ def run_task(assignment: dict[str, Any]) -> None:
 
 def _rank_spec(a: dict[str, Any]) -> RankSpec:
     """A local rank's environment (``rank_environment``, the one builder) on this node, with the
-    interface that reaches rank 0's node for gloo and NCCL."""
+    attempt's restart count (as elastic's and Ray's restarts set it) and the interface that reaches
+    rank 0's node for gloo and NCCL."""
     source = source_address_toward(a["master_addr"])
     env = rank_environment(
         global_rank=a["global_rank"], local_rank=a["local_rank"], num_processes=a["local_world_size"],
         num_nodes=a["num_nodes"], node_rank=a["node_rank"], world_size=a["world_size"],
         master_addr=a["master_addr"], master_port=a["master_port"], device_kind=a["device_kind"],
         mixed_precision=a["mixed_precision"], run_id=a["run_id"], user_env=os.environ,
-        cpu_count=a["cpus_per_rank"] * a["local_world_size"],
-        interface=interface_with_address(source) if source else None)
+        cpu_count=a["cpus_per_rank"] * a["local_world_size"], restart_count=a.get("attempt", 0),
+        max_restarts=a.get("max_restarts", 0), interface=interface_with_address(source) if source else None)
     device = f"cuda:{a['local_rank']}" if a["device_kind"] == "cuda" else "cpu"
     return RankSpec(a["global_rank"], a["local_rank"], device, env)

@@ -1,0 +1,191 @@
+"""The SLURM job a launch's ranks run in (``Allocation``), on the notebook's side: asked for, named
+when the scheduler ended it, and ended. ``slurm.launcher.SlurmLauncher`` holds one and starts its
+steps in it.
+
+``ask`` runs ``salloc --no-shell`` (no batch script, no shell) and waits while the job is queued:
+its ``StartWatch`` is told, so every rank's row and the cell say "pending (Resources)", and ticked,
+so Stop cancels it. Before it, the watchdog (``slurm.watchdog``) starts: it cancels the job if the
+notebook dies. A launch with ``max_restarts`` runs every attempt in the one job (``ended`` says
+when the scheduler ended it, so no attempt can run in it again); ``release`` scancels it, waits
+until SLURM holds nothing of it and lets the watchdog go.
+"""
+from __future__ import annotations
+
+import logging
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import IO, TYPE_CHECKING
+
+from ..backends.base import StartFailed, StartWatch
+from ..errors import GuardError
+from . import scheduler
+
+if TYPE_CHECKING:
+    from .cluster import SlurmCluster
+
+log = logging.getLogger("notebook_launch")
+TICK = 0.1            # seconds between looks at salloc and the panel while the job waits
+STATE_EVERY = 1.0     # seconds between questions to the scheduler while it waits
+GONE_TIMEOUT = 60.0   # seconds for SLURM to end a cancelled job's processes
+END_RECORDED = 5.0    # seconds scontrol may take to record the end of a job whose rank SLURM killed
+ALLOCATION = re.compile(r"job allocation (\d+)")
+
+
+class Allocation:
+    """One job of ``cluster``'s shape named ``job_name``: ``job_id`` once SLURM queued it, ``nodes``
+    ((name, address) in node order) once granted."""
+
+    def __init__(self, cluster: "SlurmCluster", job_name: str) -> None:
+        self.cluster = cluster
+        self.job_name = job_name
+        self.job_id: str | None = None
+        self.nodes: list[tuple[str, str]] = []
+        self.ended_by: str | None = None   # what the scheduler did to the job, once a rank's end said it
+        self._salloc: subprocess.Popen | None = None
+        self._watchdog: subprocess.Popen | None = None
+        self._cancelled = False    # the job was cancelled and waited for
+
+    def ask(self, watch: StartWatch, per_node: int, folder: Path) -> None:
+        """salloc, waiting while the job is queued: the watch is ticked (the panel stays live), told
+        why the job waits ("pending (Resources)": every rank's row, and once in the cell), and Stop
+        or an interrupt cancels it (the launcher's ``end``, then ``release``)."""
+        self._watchdog = start_watchdog(self.job_name)
+        said_path = folder / "salloc.out"
+        with open(said_path, "wb") as out:
+            self._salloc = salloc = subprocess.Popen(
+                scheduler.salloc_argv(self.cluster, per_node, self.job_name), env=scheduler.slurm_environment(),
+                stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+        shown, asked = "", 0.0
+        while True:
+            said = said_path.read_text(errors="replace")
+            found = ALLOCATION.search(said)
+            if found:
+                self.job_id = found.group(1)
+            code = salloc.poll()
+            if code is not None:
+                break
+            watch.tick()
+            if self.job_id and time.monotonic() - asked > STATE_EVERY:
+                asked = time.monotonic()
+                info = scheduler.job_info(self.job_id)
+                news = f"pending ({info.reason})" if info.state == "PENDING" else info.state.lower()
+                if news != shown:
+                    shown = news
+                    watch.waiting_for(f"SLURM job {self.job_id} {news}")
+                    watch.announce(f"SLURM job {self.job_id} {news}"
+                                   + ("; Stop or Ctrl-C cancels it" if info.state == "PENDING" else ""))
+            time.sleep(TICK)
+        if code or not self.job_id:
+            raise StartFailed(
+                f"SLURM did not grant the allocation (salloc exit code {code}); salloc said:\n{said.strip()}")
+        job = scheduler.job_info(self.job_id)
+        if job.state != "RUNNING":
+            raise StartFailed(f"SLURM job {self.job_id} is {job.state} right after it was granted ({job.reason})")
+        watch.announce(f"SLURM job {self.job_id} runs on {job.node_list}, time limit {job.time_limit or 'UNLIMITED'}")
+        self.nodes = scheduler.node_addresses(job.node_list)
+
+    def scheduler_cause(self, signalled: bool) -> str | None:
+        """What the scheduler's record says ended the job (a time limit, a node failure, ...), if it
+        did; a rank it killed (``signalled``) may end before the record says so: asked again for
+        up to END_RECORDED seconds."""
+        assert self.job_id is not None
+        deadline = time.monotonic() + (END_RECORDED if signalled else 0)
+        while True:
+            try:
+                info = scheduler.job_info(self.job_id)
+            except (GuardError, OSError, subprocess.SubprocessError):
+                log.debug("could not ask SLURM about job %s", self.job_id, exc_info=True)
+                return None
+            cause = info.end_cause()
+            if cause or not info.live or time.monotonic() > deadline:
+                return cause
+            time.sleep(0.2)
+
+    def ended(self) -> str | None:
+        """Why the job can take no further attempt, once the scheduler ended it (a time limit, a node
+        failure, preemption, a cancel); None while it runs. Asked after a failed attempt's end."""
+        if self.job_id is None:
+            return None
+        cause = self.ended_by   # srun's "Node failure on node1" comes before the node is marked down
+        if cause is None:
+            try:
+                info = scheduler.job_info(self.job_id)
+            except (GuardError, OSError, subprocess.SubprocessError):
+                log.debug("could not ask SLURM about job %s", self.job_id, exc_info=True)
+                return None
+            if info.state == "RUNNING":
+                return None
+            cause = info.end_cause() or f"its state is {info.state} ({info.reason})"
+        return (f"Not restarted: SLURM job {self.job_id} ended ({cause}), so no attempt can run in its "
+                f"allocation again; run the launch again to ask SLURM for a new one.")
+
+    def cancel(self) -> None:
+        """scancel the job and wait until it is gone (once), or give its request up while salloc waits."""
+        if self._cancelled:
+            return
+        if self.job_id is not None:
+            self._cancelled = True
+            cancel_and_wait(self.job_id)
+        elif self._salloc is not None and self._salloc.poll() is None:
+            self._salloc.send_signal(signal.SIGTERM)   # not queued yet: salloc gives the request up
+
+    def reap_salloc(self) -> None:
+        if self._salloc is not None:
+            reap(self._salloc)
+
+    def release(self) -> None:
+        """Leave nothing of the job: cancelled and gone from the nodes (or its request given up while
+        salloc waits), salloc reaped, the watchdog let go."""
+        try:
+            self.cancel()
+            self.reap_salloc()
+        finally:
+            self._salloc = None
+            if self._watchdog is not None:
+                stop_watchdog(self._watchdog)
+                self._watchdog = None
+
+
+def cancel_and_wait(job_id: str) -> None:
+    """scancel, then until SLURM holds nothing of the job (its processes on every node ended),
+    GONE_TIMEOUT at most. A scheduler that does not answer is logged, never raised: the run's own
+    error must reach the cell (and the watchdog cancels the job again when it is let go)."""
+    deadline = time.monotonic() + GONE_TIMEOUT
+    try:
+        scheduler.cancel(job_id)
+        while scheduler.job_info(job_id).live or scheduler.job_completing(job_id):
+            if time.monotonic() > deadline:
+                log.debug("SLURM job %s still not ended %g s after scancel", job_id, GONE_TIMEOUT)
+                return
+            time.sleep(0.1)
+    except (GuardError, OSError, subprocess.SubprocessError):
+        log.debug("could not cancel SLURM job %s or see it end", job_id, exc_info=True)
+
+
+def reap(process: subprocess.Popen) -> None:
+    try:
+        process.wait(timeout=GONE_TIMEOUT)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+
+
+def start_watchdog(job_name: str) -> subprocess.Popen:
+    """The process that cancels the job if the notebook dies (``slurm.watchdog``): its file run as a
+    script in isolated mode (standard library only), not ``-m notebook_launch...``, which would
+    import the whole package first (a quarter of a second of CPU, while the nodes' agents import torch)."""
+    env = scheduler.slurm_environment()
+    return subprocess.Popen([sys.executable, "-I", str(Path(__file__).with_name("watchdog.py")), job_name], env=env,
+                            stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+
+
+def stop_watchdog(watchdog: subprocess.Popen) -> None:
+    stdin: IO[bytes] | None = watchdog.stdin
+    if stdin is not None:
+        stdin.close()
+    reap(watchdog)
