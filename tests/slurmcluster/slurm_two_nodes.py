@@ -43,6 +43,11 @@ UP_TIMEOUT = 120.0   # seconds for both nodes to be idle (a loaded 2-core machin
 # second: srun then says "StepId=... exceeded memory limit (used > limit), being killed".
 MEMORY_PER_NODE = 8000   # MB the nodes offer (the machine has more; slurmd refuses a node claiming more than it has)
 MEMORY_PER_CPU = 2000    # MB a job gets per CPU when it does not say (ranks that import torch fit)
+# Seconds without an answer from a node's slurmd before slurmctld marks it DOWN (and its jobs
+# NODE_FAIL); it pings every SLURMD_TIMEOUT/3 seconds. Production clusters use minutes; 10 s is what
+# a node-failure test waits, and still far above what a loaded machine's slurmd takes to answer a ping.
+# (A job's time limit is checked every 30 s whatever the configuration: slurmctld's PERIODIC_TIMEOUT.)
+SLURMD_TIMEOUT = 10
 
 
 def unavailable_reason() -> str | None:
@@ -117,7 +122,7 @@ SlurmdSpoolDir={spool}/%n
 SlurmdPidFile={spool}/%n.pid
 SlurmdLogFile={spool}/%n.log
 SlurmctldTimeout=30
-SlurmdTimeout=30
+SlurmdTimeout={SLURMD_TIMEOUT}
 InactiveLimit=0
 KillWait=2
 MinJobAge=2

@@ -207,8 +207,9 @@ notebook_launcher(print, num_processes=4, cluster=SlurmCluster(nodes=2), ui="tex
 
 
 def test_the_time_limit_is_named_as_the_cause(slurm):
-    """SLURM ends the job at its 1-minute limit (the slowest test here: about 90 s); the error says
-    so, from the scheduler's record, not "killed by SIGTERM"."""
+    """SLURM ends the job at its 1-minute limit (the slowest test here: 60 to 90 s, as slurmctld checks
+    time limits every 30 s, a constant no setting changes); the error says so, from the scheduler's
+    record, not "killed by SIGTERM"."""
     error, _ = launch_error(slurm, """
 def train():
     import time
@@ -272,7 +273,7 @@ except LaunchError as err:
 
 def test_a_node_failure_is_named_from_the_scheduler(slurm):
     """node1 dies (every process in it SIGKILLed: slurmd, slurmstepd, ranks); once slurmctld marks it
-    down (SlurmdTimeout, 30 s here) the job ends NODE_FAIL, and the error says a node failed rather
+    down (SlurmdTimeout, 10 s here) the job ends NODE_FAIL, and the error says a node failed rather
     than "exited with code 0" (what srun's exit code alone says)."""
     proc = slurm.notebook(SETUP + """
 def train():
@@ -310,7 +311,7 @@ def train():
     if dist.get_rank() == 3:
         time.sleep(600)
     dist.all_reduce(torch.ones(4))
-notebook_launcher(train, num_processes=4, cluster=SlurmCluster(nodes=2), ui="none", timeout=30)
+notebook_launcher(train, num_processes=4, cluster=SlurmCluster(nodes=2), ui="none", timeout=20)
 """)
     assert error["kind"] == "timeout", error
     first = error["message"].splitlines()[0]
