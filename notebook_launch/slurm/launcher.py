@@ -225,14 +225,28 @@ class SlurmLauncher(Launcher):
                                    + ("; Stop or Ctrl-C cancels it" if info.state == "PENDING" else ""))
             time.sleep(TICK)
         if code or not self.job_id:
+            refused = self._refusal_cause()
             raise StartFailed(
-                f"SLURM did not grant the allocation (salloc exit code {code}); salloc said:\n{said.strip()}")
+                (f"{refused}. " if refused else "")
+                + f"SLURM did not grant the allocation (salloc exit code {code}); salloc said:\n{said.strip()}")
         self.job = scheduler.job_info(self.job_id)
         if self.job.state != "RUNNING":
             raise StartFailed(f"SLURM job {self.job_id} is {self.job.state} right after it was granted "
                               f"({self.job.reason})")
         watch.announce(f"SLURM job {self.job_id} runs on {self.job.node_list}, time limit "
                        f"{self.job.time_limit or 'UNLIMITED'}")
+
+    def _refusal_cause(self) -> str | None:
+        """What the scheduler's record says ended a job that was queued but never granted (salloc
+        only says "Job has been cancelled"): a --deadline it could no longer meet (DEADLINE), an
+        scancel, nodes that did not boot."""
+        if self.job_id is None:
+            return None
+        try:
+            return scheduler.job_info(self.job_id).end_cause()
+        except (GuardError, OSError, subprocess.SubprocessError):
+            log.debug("could not ask SLURM about job %s", self.job_id, exc_info=True)
+            return None
 
     def end_cause(self, rank: int, code: int) -> str | None:
         """Why the scheduler ended a rank we did not stop, if it did: asked when its srun failed or said

@@ -319,3 +319,32 @@ notebook_launcher(train, num_processes=4, cluster=SlurmCluster(nodes=2), ui="non
                      r"it is in train\(\) at notebook-\w+\.py:\d+ \(time\.sleep\(600\)\)", first), error["message"]
     assert "was not asked" not in error["message"]
     assert_nothing_left(slurm)
+
+
+def test_a_job_that_misses_its_deadline_in_the_queue_is_named_from_the_scheduler(slurm):
+    """Another job holds both nodes; ours (extra_options --deadline, 65 s away, with a 1-minute time
+    limit) waits "pending (Resources)" until it can no longer end before its deadline, and SLURM
+    ends it (DEADLINE). salloc only says "Job has been cancelled": the error names the deadline from
+    the job's record. (A running job never ends DEADLINE: SLURM shortens its limit to fit the
+    deadline, and it ends TIMEOUT, tested above.)"""
+    blocker = hold_every_node(slurm)
+    proc = slurm.notebook(SETUP + """
+try:
+    notebook_launcher(print, num_processes=4, ui="text",
+                      cluster=SlurmCluster(nodes=2, time="1", extra_options=["--deadline=now+65"]))
+except LaunchError as err:
+    print(error_json(err))
+""")
+    try:
+        wait_for_lines(proc, "pending (Resources)", 1)
+        out, err = proc.communicate(timeout=180)
+        error = json.loads(out.strip().splitlines()[-1])
+        assert error["type"] == "LaunchError", (out, err)
+        assert "SLURM ended the job at its deadline (DEADLINE: it could no longer start" in error["message"], error
+        assert [line.split()[0] for line in slurm.jobs()] == [blocker]   # ours left the queue, the other runs
+        slurm.run(0, "scancel", blocker)
+        assert_nothing_left(slurm)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
