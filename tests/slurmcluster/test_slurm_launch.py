@@ -273,8 +273,8 @@ except LaunchError as err:
 
 def test_a_node_failure_is_named_from_the_scheduler(slurm):
     """node1 dies (every process in it SIGKILLed: slurmd, slurmstepd, ranks); once slurmctld marks it
-    down (SlurmdTimeout, 10 s here) the job ends NODE_FAIL, and the error says a node failed rather
-    than "exited with code 0" (what srun's exit code alone says)."""
+    down (SlurmdTimeout, 10 s here, and its pings' MessageTimeout, 5 s) the job ends NODE_FAIL, and the
+    error says a node failed rather than "exited with code 0" (what srun's exit code alone says)."""
     proc = slurm.notebook(SETUP + """
 def train():
     import time
