@@ -165,6 +165,14 @@ def hold_every_node(slurm) -> str:
     return said.split("job allocation")[1].split()[0]
 
 
+def only_the_blocker_was_left(slurm, blocker: str) -> None:
+    """Our job left the queue while the other (``hold_every_node``) runs on; then it is cancelled too
+    and nothing of either may stay."""
+    assert [line.split()[0] for line in slurm.jobs()] == [blocker]
+    slurm.run(0, "scancel", blocker)
+    assert_nothing_left(slurm)
+
+
 def test_a_pending_job_says_why_and_starts_when_the_nodes_are_freed(slurm):
     blocker = hold_every_node(slurm)
     proc = slurm.notebook(SETUP + """
@@ -197,9 +205,7 @@ notebook_launcher(print, num_processes=4, cluster=SlurmCluster(nodes=2), ui="tex
         proc.send_signal(signal.SIGINT)
         _, err = proc.communicate(timeout=120)
         assert "KeyboardInterrupt" in err, err
-        assert [line.split()[0] for line in slurm.jobs()] == [blocker]   # ours left the queue
-        slurm.run(0, "scancel", blocker)
-        assert_nothing_left(slurm)
+        only_the_blocker_was_left(slurm, blocker)
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -341,9 +347,7 @@ except LaunchError as err:
         error = json.loads(out.strip().splitlines()[-1])
         assert error["type"] == "LaunchError", (out, err)
         assert "SLURM ended the job at its deadline (DEADLINE: it could no longer start" in error["message"], error
-        assert [line.split()[0] for line in slurm.jobs()] == [blocker]   # ours left the queue, the other runs
-        slurm.run(0, "scancel", blocker)
-        assert_nothing_left(slurm)
+        only_the_blocker_was_left(slurm, blocker)
     finally:
         if proc.poll() is None:
             proc.kill()
