@@ -80,13 +80,27 @@ class Allocation:
                                    + ("; Stop or Ctrl-C cancels it" if info.state == "PENDING" else ""))
             time.sleep(TICK)
         if code or not self.job_id:
+            refused = self.refusal_cause()
             raise StartFailed(
-                f"SLURM did not grant the allocation (salloc exit code {code}); salloc said:\n{said.strip()}")
+                (f"{refused}. " if refused else "")
+                + f"SLURM did not grant the allocation (salloc exit code {code}); salloc said:\n{said.strip()}")
         job = scheduler.job_info(self.job_id)
         if job.state != "RUNNING":
             raise StartFailed(f"SLURM job {self.job_id} is {job.state} right after it was granted ({job.reason})")
         watch.announce(f"SLURM job {self.job_id} runs on {job.node_list}, time limit {job.time_limit or 'UNLIMITED'}")
         self.nodes = scheduler.node_addresses(job.node_list)
+
+    def refusal_cause(self) -> str | None:
+        """What the scheduler's record says ended a job that was queued but never granted (salloc
+        only says "Job has been cancelled"): a --deadline it could no longer meet (DEADLINE), an
+        scancel, nodes that did not boot."""
+        if self.job_id is None:
+            return None
+        try:
+            return scheduler.job_info(self.job_id).end_cause()
+        except (GuardError, OSError, subprocess.SubprocessError):
+            log.debug("could not ask SLURM about job %s", self.job_id, exc_info=True)
+            return None
 
     def scheduler_cause(self, signalled: bool) -> str | None:
         """What the scheduler's record says ended the job (a time limit, a node failure, ...), if it

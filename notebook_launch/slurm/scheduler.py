@@ -35,7 +35,8 @@ ENDS = {
     "PREEMPTED": "SLURM preempted the job (a job of higher priority took its nodes)",
     "OUT_OF_MEMORY": "SLURM killed the job for using more memory than it asked for (OUT_OF_MEMORY; "
                      "ask for more with extra_options=['--mem=...'])",
-    "DEADLINE": "SLURM ended the job at its deadline (DEADLINE)",
+    "DEADLINE": "SLURM ended the job at its deadline (DEADLINE: it could no longer start and run its time "
+                "limit before its --deadline; give a later deadline or a shorter SlurmCluster(time=...))",
     "BOOT_FAIL": "SLURM could not boot the job's nodes (BOOT_FAIL)",
     "CANCELLED": "SLURM cancelled the job (CANCELLED: scancel, by its user or an administrator)",
 }

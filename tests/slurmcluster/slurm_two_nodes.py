@@ -43,6 +43,15 @@ UP_TIMEOUT = 120.0   # seconds for both nodes to be idle (a loaded 2-core machin
 # second: srun then says "StepId=... exceeded memory limit (used > limit), being killed".
 MEMORY_PER_NODE = 8000   # MB the nodes offer (the machine has more; slurmd refuses a node claiming more than it has)
 MEMORY_PER_CPU = 2000    # MB a job gets per CPU when it does not say (ranks that import torch fit)
+# Seconds without an answer from a node's slurmd before slurmctld marks it DOWN (and its jobs
+# NODE_FAIL); it pings every SLURMD_TIMEOUT/3 seconds, and a ping of a dead node fails after up to
+# MESSAGE_TIMEOUT (SLURM's round-trip limit for any RPC) and is retried: a killed node's job ends
+# NODE_FAIL about SLURMD_TIMEOUT + 2 * MESSAGE_TIMEOUT seconds after (30 s with 10 and 10, 20 s with
+# 10 and 5, measured here). Production clusters use minutes and 10 s; these are still far above what a
+# loaded machine's slurmd and slurmctld take to answer. (A job's time limit is checked every 30 s
+# whatever the configuration: slurmctld's PERIODIC_TIMEOUT.)
+SLURMD_TIMEOUT = 10
+MESSAGE_TIMEOUT = 5
 
 
 def unavailable_reason() -> str | None:
@@ -117,7 +126,8 @@ SlurmdSpoolDir={spool}/%n
 SlurmdPidFile={spool}/%n.pid
 SlurmdLogFile={spool}/%n.log
 SlurmctldTimeout=30
-SlurmdTimeout=30
+SlurmdTimeout={SLURMD_TIMEOUT}
+MessageTimeout={MESSAGE_TIMEOUT}
 InactiveLimit=0
 KillWait=2
 MinJobAge=2

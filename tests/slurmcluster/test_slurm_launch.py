@@ -165,6 +165,14 @@ def hold_every_node(slurm) -> str:
     return said.split("job allocation")[1].split()[0]
 
 
+def only_the_blocker_was_left(slurm, blocker: str) -> None:
+    """Our job left the queue while the other (``hold_every_node``) runs on; then it is cancelled too
+    and nothing of either may stay."""
+    assert [line.split()[0] for line in slurm.jobs()] == [blocker]
+    slurm.run(0, "scancel", blocker)
+    assert_nothing_left(slurm)
+
+
 def test_a_pending_job_says_why_and_starts_when_the_nodes_are_freed(slurm):
     blocker = hold_every_node(slurm)
     proc = slurm.notebook(SETUP + """
@@ -197,9 +205,7 @@ notebook_launcher(print, num_processes=4, cluster=SlurmCluster(nodes=2), ui="tex
         proc.send_signal(signal.SIGINT)
         _, err = proc.communicate(timeout=120)
         assert "KeyboardInterrupt" in err, err
-        assert [line.split()[0] for line in slurm.jobs()] == [blocker]   # ours left the queue
-        slurm.run(0, "scancel", blocker)
-        assert_nothing_left(slurm)
+        only_the_blocker_was_left(slurm, blocker)
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -207,8 +213,9 @@ notebook_launcher(print, num_processes=4, cluster=SlurmCluster(nodes=2), ui="tex
 
 
 def test_the_time_limit_is_named_as_the_cause(slurm):
-    """SLURM ends the job at its 1-minute limit (the slowest test here: about 90 s); the error says
-    so, from the scheduler's record, not "killed by SIGTERM"."""
+    """SLURM ends the job at its 1-minute limit (the slowest test here: 60 to 90 s, as slurmctld checks
+    time limits every 30 s, a constant no setting changes); the error says so, from the scheduler's
+    record, not "killed by SIGTERM"."""
     error, _ = launch_error(slurm, """
 def train():
     import time
@@ -272,8 +279,8 @@ except LaunchError as err:
 
 def test_a_node_failure_is_named_from_the_scheduler(slurm):
     """node1 dies (every process in it SIGKILLed: slurmd, slurmstepd, ranks); once slurmctld marks it
-    down (SlurmdTimeout, 30 s here) the job ends NODE_FAIL, and the error says a node failed rather
-    than "exited with code 0" (what srun's exit code alone says)."""
+    down (SlurmdTimeout, 10 s here, and its pings' MessageTimeout, 5 s) the job ends NODE_FAIL, and the
+    error says a node failed rather than "exited with code 0" (what srun's exit code alone says)."""
     proc = slurm.notebook(SETUP + """
 def train():
     import time
@@ -310,7 +317,7 @@ def train():
     if dist.get_rank() == 3:
         time.sleep(600)
     dist.all_reduce(torch.ones(4))
-notebook_launcher(train, num_processes=4, cluster=SlurmCluster(nodes=2), ui="none", timeout=30)
+notebook_launcher(train, num_processes=4, cluster=SlurmCluster(nodes=2), ui="none", timeout=20)
 """)
     assert error["kind"] == "timeout", error
     first = error["message"].splitlines()[0]
@@ -318,3 +325,30 @@ notebook_launcher(train, num_processes=4, cluster=SlurmCluster(nodes=2), ui="non
                      r"it is in train\(\) at notebook-\w+\.py:\d+ \(time\.sleep\(600\)\)", first), error["message"]
     assert "was not asked" not in error["message"]
     assert_nothing_left(slurm)
+
+
+def test_a_job_that_misses_its_deadline_in_the_queue_is_named_from_the_scheduler(slurm):
+    """Another job holds both nodes; ours (extra_options --deadline, 65 s away, with a 1-minute time
+    limit) waits "pending (Resources)" until it can no longer end before its deadline, and SLURM
+    ends it (DEADLINE). salloc only says "Job has been cancelled": the error names the deadline from
+    the job's record. (A running job never ends DEADLINE: SLURM shortens its limit to fit the
+    deadline, and it ends TIMEOUT, tested above.)"""
+    blocker = hold_every_node(slurm)
+    proc = slurm.notebook(SETUP + """
+try:
+    notebook_launcher(print, num_processes=4, ui="text",
+                      cluster=SlurmCluster(nodes=2, time="1", extra_options=["--deadline=now+65"]))
+except LaunchError as err:
+    print(error_json(err))
+""")
+    try:
+        wait_for_lines(proc, "pending (Resources)", 1)
+        out, err = proc.communicate(timeout=180)
+        error = json.loads(out.strip().splitlines()[-1])
+        assert error["type"] == "LaunchError", (out, err)
+        assert "SLURM ended the job at its deadline (DEADLINE: it could no longer start" in error["message"], error
+        only_the_blocker_was_left(slurm, blocker)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
