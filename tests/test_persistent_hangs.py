@@ -198,3 +198,33 @@ def test_stacks_and_the_stall_options_in_a_kernel(tmp_path):
         in stuck, stuck
     assert ("timed out after 20 s: rank 0 waits in all_reduce #1 (Cell In[5], line 2); rank 1 never reached it: "
             "it is done with this call (returned)") in stuck, stuck
+
+
+def test_a_rank_back_from_a_call_but_not_yet_in_its_wait_waits_for_the_next_one():
+    """Between calls the notebook may ask while a rank's main thread is still on its way back to the
+    wait (the call's report came first): that main thread runs only our serving code, and the rank
+    waits for the next call, though another of its threads runs user code (a thread storm's thread
+    in threading.run was once named as where the rank was). While a call holds the pool, the same
+    main thread is not taken for waiting (it may be on its way into the call), nor is a main thread
+    in user code between calls."""
+    import notebook_launch
+    from notebook_launch.diagnose.hang_verdict import Frame, RankWhereabouts, ThreadStack
+    from notebook_launch.persistent.pool import _waits_for_a_call
+
+    package = os.path.dirname(notebook_launch.__file__)
+    serving = [Frame(os.path.join(package, "rank", "serve.py"), 160, "run_one"),
+               Frame(os.path.join(package, "rank", "serve.py"), 157, "serve_calls"),
+               Frame(os.path.join(package, "rank", "fork_entry.py"), 30, "body")]
+    storm = ThreadStack(2, False, [Frame("/home/me/storm.py", 5, "spin"),
+                                   Frame(threading.__file__, 982, "run")], name="Thread-7")
+
+    def rank(main_frames):
+        return RankWhereabouts(0, threads=[ThreadStack(1, False, main_frames, name="MainThread"), storm],
+                               main_thread=1)
+
+    finishing = rank(serving)
+    assert _waits_for_a_call(finishing, between_calls=True)
+    assert finishing.note == "waits for the next call" and finishing.threads == [storm]
+    assert not _waits_for_a_call(rank(serving), between_calls=False)
+    in_user_code = [Frame("/home/me/train.py", 12, "train")] + serving
+    assert not _waits_for_a_call(rank(in_user_code), between_calls=True)

@@ -442,7 +442,7 @@ def where_report(plan: LaunchPlan, processes: list[RankProcess], state: RunState
         verdict, detail = rank_stacks.where_they_are(found, label)
         verdict = verdict or "no rank could say where it is: " + hang_verdict.notes_text(found)
     else:
-        waiting = [where for where in found if _waits_for_a_call(where)]
+        waiting = [where for where in found if _waits_for_a_call(where, between_calls=True)]
         verdict = "no call is running: " + (
             "every rank waits for the next one" if len(waiting) == len(found) else
             hang_verdict.notes_text([where for where in found if where not in waiting])
@@ -469,13 +469,21 @@ def newest_open_pool() -> Ranks | None:
     return None
 
 
-def _waits_for_a_call(where: hang_verdict.RankWhereabouts) -> bool:
+def _waits_for_a_call(where: hang_verdict.RankWhereabouts, between_calls: bool = False) -> bool:
     """A rank between calls: its main thread waits in ``serve_calls`` for the next command. Its
-    main thread (our code only) leaves the detail, which keeps the rank's other threads."""
+    main thread (our code only) leaves the detail, which keeps the rank's other threads.
+
+    ``between_calls`` (no call holds the pool): a main thread anywhere in our serving code counts
+    too, not only in the wait. The notebook has the last call's report before the rank's main thread
+    is back in the wait (it closes the call's result file, returns through ``run_one``): asked at
+    that moment, a rank whose other threads run user code (a thread storm's) was said to be "in
+    run() at threading.py", one of those threads, as if a call still ran there."""
     if where.note == "waits for the next call" and all(t.ident != where.main_thread for t in where.threads):
         return True   # a Ray rank said so itself (ray.where.decode_answer)
     frames = where.main_frames()
-    if not frames or not frames[0].filename.endswith(COMMANDS_FILE):
+    main = next((thread for thread in where.threads if thread.ident == where.main_thread), None)
+    in_the_wait = bool(frames) and frames[0].filename.endswith(COMMANDS_FILE)
+    if not in_the_wait and not (between_calls and main is not None and hang_verdict.is_our_thread(main)):
         return False
     where.threads = [thread for thread in where.threads if thread.frames is not frames]
     where.note = "waits for the next call"
