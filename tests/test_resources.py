@@ -111,6 +111,28 @@ def test_a_rank_that_allocates_shows_it_in_its_row_header_summary_and_log(tmp_pa
         assert "[notebook_launch] resources: " in text and "(USS)" in text and "(PSS)" in text, text
 
 
+def allocate_and_return() -> int:
+    """ALLOCATED bytes held for a moment, then the rank returns: it ends long before the notebook's
+    once-a-second sampling could catch it holding them."""
+    block = touched(ALLOCATED)
+    return len(block)
+
+
+def test_a_rank_that_ended_before_any_sample_still_shows_its_peak(log_dir):
+    """A run of a fraction of a second: the kernel's count of each reaped rank's life (wait4's peak
+    resident memory) is in its row and the final picture, where the samples saw nothing of it (a
+    rank once ended before the first sample and its row in the final picture had no memory at
+    all). Without the kernel's count the peak is what a sample caught: never the 200 MiB a rank
+    held for some milliseconds after the first round."""
+    display = KeepStateDisplay()
+    assert notebook_launcher(allocate_and_return, num_processes=2, ui=display, log_dir=log_dir) == [ALLOCATED] * 2
+    for rs in display.state.ranks:
+        assert rs.resources is not None, "a rank's row shows no memory"
+        assert rs.resources.peak_rss >= ALLOCATED, rs.resources
+    final = fmt.summary(display.state)
+    assert final.count("peak ") == 2, final
+
+
 INHERITED_BLOCK: bytearray | None = None
 
 

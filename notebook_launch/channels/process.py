@@ -9,7 +9,7 @@ import os
 import signal
 import struct
 import time
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Callable, NamedTuple
 
 if TYPE_CHECKING:   # for the annotation only: channels imports nothing of ours
     from ..diagnose.hang_verdict import RankWhereabouts
@@ -42,6 +42,7 @@ class RankProcess(abc.ABC):
     end_note: str | None = None           # how it ended when no exit status says it (a Ray actor's death)
     wait_limit: float = WAIT_LIMIT        # seconds wait() waits for a process that should be ending
     on_this_machine: bool = True          # False: ``pid`` is a process of another machine (a Ray actor)
+    end_usage: "EndUsage | None" = None   # what the kernel counted of it, once reaped (``ended_status``)
 
     @abc.abstractmethod
     def poll(self) -> WaitStatus | None:
@@ -106,8 +107,17 @@ def stuck_note(pid: int, limit: float) -> str:
             f"busy, restart the runtime")
 
 
-def ended_status(pid: int, pidfd: int | None) -> WaitStatus | None:
-    """How our child ``pid`` ended, reaping it; None while it runs.
+class EndUsage(NamedTuple):
+    """What the kernel counted of a reaped child over its whole life (``wait4``'s rusage): its peak
+    resident memory and the CPU time it used. A rank that ended before the notebook's first
+    sample of it (a run of a fraction of a second) still shows them in its row."""
+    peak_rss: int         # bytes
+    cpu_seconds: float    # user and system time
+
+
+def ended_status(pid: int, pidfd: int | None, usage: list[EndUsage] | None = None) -> WaitStatus | None:
+    """How our child ``pid`` ended, reaping it; None while it runs. ``usage``, when given, gets
+    what the kernel counted of it (``EndUsage``) where we reaped it ourselves.
 
     The notebook may have taken the status before us, whatever it did to SIGCHLD: ignored
     (SIG_IGN or SA_NOCLDWAIT: the kernel reaps every child itself, so waitpid only ever
@@ -125,7 +135,7 @@ def ended_status(pid: int, pidfd: int | None) -> WaitStatus | None:
     every fork. Where the status is LOST, a result or an exception that arrived still says
     how the rank ended (supervise.outcome)."""
     try:
-        reaped, status = os.waitpid(pid, os.WNOHANG)
+        reaped, status, rusage = os.wait4(pid, os.WNOHANG)
     except ChildProcessError:
         taken = _exit_status_kept(pidfd) if pidfd is not None else None
         log.debug("rank process %d was reaped by someone else (SIGCHLD ignored or a reaping handler): %s",
@@ -133,6 +143,8 @@ def ended_status(pid: int, pidfd: int | None) -> WaitStatus | None:
         return taken or LOST
     if reaped == 0:
         return None
+    if usage is not None:   # ru_maxrss is in KiB on Linux
+        usage.append(EndUsage(rusage.ru_maxrss * 1024, rusage.ru_utime + rusage.ru_stime))
     return decode_wait_status(status)
 
 

@@ -70,6 +70,17 @@ class ResourceWatch:
         pid = watch.process.pid if watch.process.on_this_machine else None
         return self.memory.name_allocation_failure(failure, watch.local_rank, pid, held_when_raised)
 
+    def ended(self, watch: RankWatch, shared: bool) -> None:
+        """A rank of this machine reaped: what the kernel counted of its life (its peak resident
+        memory, ``channels.EndUsage``) into its row, even where no sample came before it ended. A
+        process that carries several ranks (XLA) is left as sampled: its count is theirs together."""
+        usage = watch.process.end_usage
+        if usage is None or shared:
+            return
+        self.memory.resources.ended(watch.local_rank, usage.peak_rss)
+        with best_effort("could not show a rank's resources"):
+            self.memory.resources.publish(self.state, self.logs)
+
     def name_kill(self, end: RankEnd, watch: RankWatch) -> RankEnd:
         """A rank's end, a SIGKILL said as the OOM killer's or not (``oom``); only a rank of this
         machine can be told (a remote rank's pid means nothing here)."""

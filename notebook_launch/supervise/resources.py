@@ -131,6 +131,20 @@ class ResourceSampler:
                                       peak_rss=peak_rss, peak_uss=peak_uss, gpu=gpu)
         self.updated.add(local)
 
+    def ended(self, local: int, peak_rss: int) -> None:
+        """A local rank reaped, with what the kernel counted of its whole life (``channels.EndUsage``):
+        its peak resident memory replaces the sampled peak where it is higher (samples come once a
+        second; the kernel saw every page). A rank that ended before its first sample (a run of a
+        fraction of a second: it was once missing from the final picture) gets its row from it
+        alone: its peak (no CPU average: its start time was never read)."""
+        usage = self.usage.get(local)
+        if usage is None:
+            usage = RankUsage(rss=peak_rss, peak_rss=peak_rss)
+        elif peak_rss > usage.peak_rss:
+            usage = dataclasses.replace(usage, peak_rss=peak_rss)
+        self.usage[local] = usage
+        self._reported.add(local)   # the next publish shows it
+
     def reported(self, local: int, record: Mapping[str, Any]) -> None:
         """A rank on another machine's own sample (a RESOURCES event: ``rank.resources``), taken in
         as a round's: the next ``publish`` shows it and logs it."""

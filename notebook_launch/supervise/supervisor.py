@@ -238,6 +238,7 @@ class Supervisor:
             watch.exited_at = time.monotonic()
             end = outcome.classify_exit(watch, status, shared)
             end = self.resources.name_kill(end, watch)   # a SIGKILL: the OOM killer's, or not? (supervise.oom)
+            self.resources.ended(watch, shared)   # the kernel's count of its life: its peak memory
             self.state.on_exit(watch.local_rank, end.status, end.description, error=end.error)
             if end.failure is not None:
                 self.fail(end.failure)
