@@ -3,12 +3,11 @@ each rank's node, and its Stop button, clicked as a browser clicks it, cancels t
 runs or still waits in the queue; the kernel lives on and nothing is left on the cluster."""
 from __future__ import annotations
 
-import queue
 import time
 from typing import Any
 
 import pytest
-from test_slurm_launch import assert_nothing_left, hold_every_node
+from test_slurm_launch import assert_nothing_left, hold_every_node, login_node_kernel, sigkill_kernel_leaves_nothing
 
 jupyter_client = pytest.importorskip("jupyter_client")
 pytest.importorskip("ipywidgets")
@@ -50,12 +49,7 @@ def run_and_stop(kc: Any, until: str) -> tuple[dict, str]:
 
 
 def test_the_panel_names_nodes_and_stop_cancels_a_running_or_pending_job(slurm):
-    km = slurm.kernel_manager()
-    km.start_kernel(env=slurm.env, cwd=str(slurm.tmp))
-    kc = km.client()
-    kc.start_channels()
-    try:
-        kc.wait_for_ready(timeout=120)
+    with login_node_kernel(slurm) as (km, kc):
         kc.execute_interactive("import ipywidgets", timeout=120)
         reply, seen = run_and_stop(kc, "on node 1 (node1)")     # a rank's row names its node
         assert (reply["status"], reply["ename"]) == ("error", "KeyboardInterrupt"), reply
@@ -69,25 +63,12 @@ def test_the_panel_names_nodes_and_stop_cancels_a_running_or_pending_job(slurm):
         slurm.run(0, "scancel", blocker)
         assert_nothing_left(slurm)
         assert km.is_alive()
-    finally:
-        try:
-            while True:
-                kc.get_iopub_msg(timeout=0.1)
-        except queue.Empty:
-            pass
-        kc.stop_channels()
-        km.shutdown_kernel(now=True)
 
 
 def test_a_sigkilled_kernel_leaves_no_job_and_no_rank(slurm):
     """The notebook's kernel SIGKILLed mid-run (no cleanup of ours runs): the watchdog cancels the
     job and the ranks end with their connections; squeue is empty and no rank process is left."""
-    km = slurm.kernel_manager()
-    km.start_kernel(env=slurm.env, cwd=str(slurm.tmp))
-    kc = km.client()
-    kc.start_channels()
-    try:
-        kc.wait_for_ready(timeout=120)
+    with login_node_kernel(slurm) as (km, kc):
         kc.execute(CELL.replace("SlurmCluster(nodes=2))", "SlurmCluster(nodes=2), ui='text')"))
         running, deadline = 0, time.monotonic() + 240
         while running < 4 and time.monotonic() < deadline:
@@ -96,10 +77,4 @@ def test_a_sigkilled_kernel_leaves_no_job_and_no_rank(slurm):
                 running += msg["content"]["text"].count("] running")
         assert running == 4, "the ranks did not all start"
         assert len(slurm.jobs()) == 1
-        km.provisioner.process.kill()   # `ip netns exec` execs the kernel: this is its process
-        km.provisioner.process.wait()
-        assert_nothing_left(slurm)
-    finally:
-        kc.stop_channels()
-        if km.has_kernel:
-            km.shutdown_kernel(now=True)
+        sigkill_kernel_leaves_nothing(slurm, km)

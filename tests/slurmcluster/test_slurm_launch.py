@@ -8,11 +8,14 @@ from __future__ import annotations
 
 import json
 import os
+import queue
 import re
 import selectors
 import signal
 import subprocess
 import time
+from contextlib import contextmanager
+from typing import Any, Iterator
 
 import pytest
 
@@ -26,6 +29,18 @@ def error_json(err):
                        "kind": getattr(err, "kind", None), "log_dir": getattr(err, "log_dir", None)})
 """
 # a node's agent and the ranks it forked (their command line is the agent's), and a rank's own step
+# Four ranks over two nodes that say "running" and sleep; the launch's LaunchError printed as JSON
+# (what a test that ends the run from outside reads: a preemption, a node failure, a killed agent).
+SLEEPERS_REPORTING = """
+def train():
+    import time
+    print("running", flush=True)
+    time.sleep(600)
+try:
+    notebook_launcher(train, num_processes=4, cluster=SlurmCluster(nodes=2), ui="text")
+except LaunchError as err:
+    print(error_json(err))
+"""
 RANK_PROCESSES = ("notebook_launch.slurm.node_agent", "notebook_launch.slurm.task")
 GONE_WITHIN = 60.0   # seconds SLURM may take to end a job's processes on a loaded machine
 
@@ -73,6 +88,36 @@ def assert_nothing_left(slurm) -> None:
     assert slurm.jobs() == []
     assert rank_processes(slurm) == []
     assert slurm.processes_with("srun ") == []
+
+
+@contextmanager
+def login_node_kernel(slurm: Any) -> Iterator[tuple[Any, Any]]:
+    """A Jupyter kernel on node0 (the login node) and its client, ready; shut down after, its
+    channels' leftover messages drained."""
+    km = slurm.kernel_manager()
+    km.start_kernel(env=slurm.env, cwd=str(slurm.tmp))
+    kc = km.client()
+    kc.start_channels()
+    try:
+        kc.wait_for_ready(timeout=120)
+        yield km, kc
+    finally:
+        try:
+            while True:
+                kc.get_iopub_msg(timeout=0.1)
+        except queue.Empty:
+            pass
+        kc.stop_channels()
+        if km.has_kernel:
+            km.shutdown_kernel(now=True)
+
+
+def sigkill_kernel_leaves_nothing(slurm: Any, km: Any) -> None:
+    """SIGKILL the kernel (no cleanup of ours runs): the watchdog cancels its job and the ranks end
+    with their connections; squeue is empty and no rank process is left."""
+    km.provisioner.process.kill()   # `ip netns exec` execs the kernel: this is its process
+    km.provisioner.process.wait()
+    assert_nothing_left(slurm)
 
 
 def rank_processes(slurm) -> list[str]:
@@ -251,16 +296,7 @@ notebook_launcher(train, num_processes=2, cluster=SlurmCluster(nodes=1, extra_op
 def test_a_preempted_job_is_named_from_the_scheduler(slurm):
     """A job in the fixture's higher-priority partition ("urgent") takes both nodes: SLURM cancels ours
     (PreemptMode=CANCEL), and the error says the job was preempted, from the job's record."""
-    proc = slurm.notebook(SETUP + """
-def train():
-    import time
-    print("running", flush=True)
-    time.sleep(600)
-try:
-    notebook_launcher(train, num_processes=4, cluster=SlurmCluster(nodes=2), ui="text")
-except LaunchError as err:
-    print(error_json(err))
-""")
+    proc = slurm.notebook(SETUP + SLEEPERS_REPORTING)
     try:
         wait_for_lines(proc, "] running", 4)
         slurm.run(0, "salloc", "--no-shell", "--partition=urgent", "--nodes=2", "--ntasks-per-node=2",
@@ -281,16 +317,7 @@ def test_a_node_failure_is_named_from_the_scheduler(slurm):
     """node1 dies (every process in it SIGKILLed: slurmd, slurmstepd, ranks); once slurmctld marks it
     down (SlurmdTimeout, 10 s here, and its pings' MessageTimeout, 5 s) the job ends NODE_FAIL, and the
     error says a node failed rather than "exited with code 0" (what srun's exit code alone says)."""
-    proc = slurm.notebook(SETUP + """
-def train():
-    import time
-    print("running", flush=True)
-    time.sleep(600)
-try:
-    notebook_launcher(train, num_processes=4, cluster=SlurmCluster(nodes=2), ui="text")
-except LaunchError as err:
-    print(error_json(err))
-""")
+    proc = slurm.notebook(SETUP + SLEEPERS_REPORTING)
     try:
         wait_for_lines(proc, "] running", 4)
         slurm.kill_node(1)

@@ -11,7 +11,8 @@ import signal
 from pathlib import Path
 
 import pytest
-from test_slurm_launch import SETUP, assert_nothing_left, launch_error, run_notebook, wait_for_lines
+from test_slurm_launch import (SETUP, SLEEPERS_REPORTING, assert_nothing_left, launch_error, run_notebook,
+                               wait_for_lines)
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -79,16 +80,7 @@ notebook_launcher(train, num_processes=4, cluster=SlurmCluster(nodes=2), ui="non
 def test_a_killed_agent_takes_its_ranks_with_it(slurm):
     """node1's agent is SIGKILLed while its ranks run: they die with it (PR_SET_PDEATHSIG, and SLURM
     ends the step), the run fails naming one of them, killed by SIGKILL, and nothing is left."""
-    proc = slurm.notebook(SETUP + """
-def train():
-    import time
-    print("running", flush=True)
-    time.sleep(600)
-try:
-    notebook_launcher(train, num_processes=4, cluster=SlurmCluster(nodes=2), ui="text")
-except LaunchError as err:
-    print(error_json(err))
-""")
+    proc = slurm.notebook(SETUP + SLEEPERS_REPORTING)
     try:
         wait_for_lines(proc, "] running", 4)
         agent = node_agent_pid(slurm, 1)

@@ -16,7 +16,8 @@ import subprocess
 import time
 
 import pytest
-from test_slurm_launch import SETUP, assert_nothing_left, hold_every_node, only_the_blocker_was_left
+from test_slurm_launch import (SETUP, assert_nothing_left, hold_every_node, login_node_kernel,
+                               only_the_blocker_was_left, sigkill_kernel_leaves_nothing)
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -245,12 +246,7 @@ def test_a_sigkilled_kernel_with_ranks_held_leaves_no_job_and_no_rank(slurm):
     """The same in a real Jupyter kernel on the login node: its process SIGKILLed while its ranks
     wait between calls; squeue is empty and no rank process is left."""
     pytest.importorskip("jupyter_client")
-    km = slurm.kernel_manager()
-    km.start_kernel(env=slurm.env, cwd=str(slurm.tmp))
-    kc = km.client()
-    kc.start_channels()
-    try:
-        kc.wait_for_ready(timeout=120)
+    with login_node_kernel(slurm) as (km, kc):
         reply = kc.execute_interactive("""
 from notebook_launch import start_ranks, SlurmCluster
 ranks = start_ranks(4, cluster=SlurmCluster(nodes=2), ui="text")
@@ -262,13 +258,7 @@ assert ranks.run(keep) == [1000] * 4
 """, timeout=300)
         assert reply["content"]["status"] == "ok", reply["content"]
         assert len(slurm.jobs()) == 1
-        km.provisioner.process.kill()   # `ip netns exec` execs the kernel: this is its process
-        km.provisioner.process.wait()
-        assert_nothing_left(slurm)
-    finally:
-        kc.stop_channels()
-        if km.has_kernel:
-            km.shutdown_kernel(now=True)
+        sigkill_kernel_leaves_nothing(slurm, km)
 
 
 def test_start_ranks_says_the_job_is_pending_and_ctrl_c_cancels_it(slurm):
