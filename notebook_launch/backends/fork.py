@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING, NoReturn, Sequence
 
-from ..channels import EndUsage, RankPipes, RankProcess, WaitStatus, ended_status
+from ..channels import RankPipes, RankProcess, WaitStatus, reap
 from .base import Launcher, start_each
 from .fork_thread import fork_from_clean_thread
 from .warm_imports import warm_for
@@ -25,9 +25,9 @@ class ForkedRank(RankProcess):
 
     def poll(self) -> WaitStatus | None:
         if self._status is None:
-            usage: list[EndUsage] = []
-            self._status = ended_status(self.pid, self.sentinel, usage)
-            self.end_usage = usage[0] if usage else None
+            ended = reap(self.pid, self.sentinel)
+            if ended is not None:
+                self._status, self.end_usage = ended
         return self._status
 
     @property

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 from .. import shared_tensors
 from ..rank import spawn_context
-from ..channels import EndUsage, RankPipes, RankProcess, WaitStatus, ended_status
+from ..channels import RankPipes, RankProcess, WaitStatus, reap
 from ..fork_locks import no_fork_during_exec
 from .base import Launcher, start_each
 
@@ -56,12 +56,11 @@ class SpawnedRank(RankProcess):
             if code is not None:   # its Popen was asked and reaped it itself
                 self._status = ("signal", -code) if code < 0 else ("exit", code)
                 return self._status
-            usage: list[EndUsage] = []
-            status = ended_status(self.pid, self.sentinel if self._sentinel_is_pidfd else None, usage)
-            if status is None:
+            ended = reap(self.pid, self.sentinel if self._sentinel_is_pidfd else None)
+            if ended is None:
                 return None
+            status, self.end_usage = ended
             self._status = status
-            self.end_usage = usage[0] if usage else None
             # Popen must not wait for it again (nor warn that it still runs): its returncode
             # says the same as the status, a signal as its negative number.
             self.popen.returncode = -status[1] if status[0] == "signal" else status[1]

@@ -42,7 +42,7 @@ class RankProcess(abc.ABC):
     end_note: str | None = None           # how it ended when no exit status says it (a Ray actor's death)
     wait_limit: float = WAIT_LIMIT        # seconds wait() waits for a process that should be ending
     on_this_machine: bool = True          # False: ``pid`` is a process of another machine (a Ray actor)
-    end_usage: "EndUsage | None" = None   # what the kernel counted of it, once reaped (``ended_status``)
+    end_usage: "EndUsage | None" = None   # what the kernel counted of it, once reaped (``reap``)
 
     @abc.abstractmethod
     def poll(self) -> WaitStatus | None:
@@ -115,9 +115,15 @@ class EndUsage(NamedTuple):
     cpu_seconds: float    # user and system time
 
 
-def ended_status(pid: int, pidfd: int | None, usage: list[EndUsage] | None = None) -> WaitStatus | None:
-    """How our child ``pid`` ended, reaping it; None while it runs. ``usage``, when given, gets
-    what the kernel counted of it (``EndUsage``) where we reaped it ourselves.
+def ended_status(pid: int, pidfd: int | None) -> WaitStatus | None:
+    """How our child ``pid`` ended, reaping it; None while it runs (``reap`` with its usage)."""
+    ended = reap(pid, pidfd)
+    return None if ended is None else ended[0]
+
+
+def reap(pid: int, pidfd: int | None) -> tuple[WaitStatus, EndUsage | None] | None:
+    """How our child ``pid`` ended and what the kernel counted of it (``EndUsage``; None where
+    someone else reaped it), reaping it; None while it runs.
 
     The notebook may have taken the status before us, whatever it did to SIGCHLD: ignored
     (SIG_IGN or SA_NOCLDWAIT: the kernel reaps every child itself, so waitpid only ever
@@ -140,12 +146,11 @@ def ended_status(pid: int, pidfd: int | None, usage: list[EndUsage] | None = Non
         taken = _exit_status_kept(pidfd) if pidfd is not None else None
         log.debug("rank process %d was reaped by someone else (SIGCHLD ignored or a reaping handler): %s",
                   pid, taken or "its exit status is lost on this kernel")
-        return taken or LOST
+        return taken or LOST, None
     if reaped == 0:
         return None
-    if usage is not None:   # ru_maxrss is in KiB on Linux
-        usage.append(EndUsage(rusage.ru_maxrss * 1024, rusage.ru_utime + rusage.ru_stime))
-    return decode_wait_status(status)
+    # ru_maxrss is in KiB on Linux
+    return decode_wait_status(status), EndUsage(rusage.ru_maxrss * 1024, rusage.ru_utime + rusage.ru_stime)
 
 
 def decode_wait_status(status: int) -> WaitStatus:

@@ -37,8 +37,10 @@ ENDS = {
                      "ask for more with extra_options=['--mem=...'])",
     "DEADLINE": "SLURM ended the job at its deadline (DEADLINE: it could no longer start and run its time "
                 "limit before its --deadline; give a later deadline or a shorter SlurmCluster(time=...))",
-    "BOOT_FAIL": "SLURM could not boot the job's nodes (BOOT_FAIL)",
-    "CANCELLED": "SLURM cancelled the job (CANCELLED: scancel, by its user or an administrator)",
+    "BOOT_FAIL": "SLURM could not boot the job's nodes (BOOT_FAIL; `sinfo -R` says why a node is down: "
+                 "run again on other nodes or ask the cluster's administrators)",
+    "CANCELLED": "SLURM cancelled the job (CANCELLED: scancel, by its user or an administrator; run the "
+                 "launch again for a new job)",
 }
 
 
