@@ -229,18 +229,24 @@ FIRST_LAUNCH_ORDER = textwrap.dedent('''
 ''')
 
 
+def fresh_notebook_outcome(script: str, tmp_path) -> tuple[dict, str]:
+    """``script`` (formatted with ``log_dir``) in a new interpreter with this tree first on the
+    path: the JSON its last line prints, and its stderr."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    done = subprocess.run([sys.executable, "-c", script.format(log_dir=str(tmp_path))],
+                          capture_output=True, text=True, env=env, timeout=240)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout.splitlines()[-1]), done.stderr
+
+
 def test_the_first_launch_starts_its_keeper_before_any_rank(tmp_path):
     """The keeper (a fresh interpreter) starts before the first rank is forked, not between the
     first two forks, where its start held the second fork up and the first rank ran a moment with
     no keeper to register with; started once (each rank's registration finds it)."""
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env = dict(os.environ, PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    done = subprocess.run([sys.executable, "-c", FIRST_LAUNCH_ORDER.format(log_dir=str(tmp_path))],
-                          capture_output=True, text=True, env=env, timeout=240)
-    assert done.returncode == 0, done.stderr
-    outcome = json.loads(done.stdout.splitlines()[-1])
+    outcome, stderr = fresh_notebook_outcome(FIRST_LAUNCH_ORDER, tmp_path)
     assert outcome == {"results": [0, 0, 0], "events": ["keeper", "fork", "fork", "fork"], "keeper": True}, \
-        (outcome, done.stderr)
+        (outcome, stderr)
 
 
 REFUSED_THEN_LAUNCHED = textwrap.dedent("""
@@ -272,10 +278,5 @@ def test_a_refused_launch_starts_no_keeper_and_the_keepers_first_process_is_reap
     process, which exits once the keeper forked, stayed a zombie child until the next launch. After
     a launch nothing is left as the notebook's child: its ranks and the keeper's first process are
     reaped without another launch (the keeper itself is no child: it left in a new session)."""
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env = dict(os.environ, PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    done = subprocess.run([sys.executable, "-c", REFUSED_THEN_LAUNCHED.format(log_dir=str(tmp_path))],
-                          capture_output=True, text=True, env=env, timeout=240)
-    assert done.returncode == 0, done.stderr
-    outcome = json.loads(done.stdout.splitlines()[-1])
+    outcome, _ = fresh_notebook_outcome(REFUSED_THEN_LAUNCHED, tmp_path)
     assert outcome == {"refused": True, "after_refusal": [], "results": [1, 1], "after_launch": []}, outcome
