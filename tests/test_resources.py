@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 
+import pytest
 from helpers.fake_nvml import FakeDevice, FakeNvml
 from helpers.panel_helpers import KeepStateDisplay
 
@@ -118,14 +119,16 @@ def allocate_and_return() -> int:
     return len(block)
 
 
-def test_a_rank_that_ended_before_any_sample_still_shows_its_peak(log_dir):
+@pytest.mark.parametrize("start_method", ["fork", "spawn"])
+def test_a_rank_that_ended_before_any_sample_still_shows_its_peak(start_method, log_dir):
     """A run of a fraction of a second: the kernel's count of each reaped rank's life (wait4's peak
     resident memory) is in its row and the final picture, where the samples saw nothing of it (a
     rank once ended before the first sample and its row in the final picture had no memory at
     all). Without the kernel's count the peak is what a sample caught: never the 200 MiB a rank
     held for some milliseconds after the first round."""
     display = KeepStateDisplay()
-    assert notebook_launcher(allocate_and_return, num_processes=2, ui=display, log_dir=log_dir) == [ALLOCATED] * 2
+    assert notebook_launcher(allocate_and_return, num_processes=2, ui=display, log_dir=log_dir,
+                             start_method=start_method) == [ALLOCATED] * 2
     for rs in display.state.ranks:
         assert rs.resources is not None, "a rank's row shows no memory"
         assert rs.resources.peak_rss >= ALLOCATED, rs.resources
