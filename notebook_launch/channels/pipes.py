@@ -1,6 +1,7 @@
 """A local rank's channels: four pipes and a result file (a memfd)."""
 from __future__ import annotations
 
+import errno
 import fcntl
 import logging
 import os
@@ -8,6 +9,28 @@ from dataclasses import dataclass, field
 
 log = logging.getLogger("notebook_launch")
 MEMFD_NAME = "notebook_launch-tensors"
+# How a read of a rank's socket (a rank on another machine) says its end went away without a
+# clean close: the rank was killed (SIGKILL by SLURM or the OOM killer) with bytes of ours it
+# never read, such as the stop request we sent it, so its kernel answered with a reset; or its
+# node went away. For the reader this is the same news as end-of-file.
+GONE_ERRNOS = frozenset({errno.ECONNRESET, errno.ECONNABORTED, errno.ETIMEDOUT, errno.EHOSTUNREACH,
+                         errno.ENETUNREACH, errno.ENETRESET, errno.ENOTCONN, errno.EPIPE})
+
+
+def read_ready(fd: int, size: int) -> bytes | None:
+    """What a rank's non-blocking pipe or socket holds now: None when nothing is there yet, b""
+    when the rank's end is gone (end-of-file, or a connection that ended without one, see
+    ``GONE_ERRNOS``). Every reader of a rank's channels reads through here, so a reset
+    connection ends that channel like an EOF instead of raising out of the supervisor."""
+    try:
+        return os.read(fd, size)
+    except BlockingIOError:
+        return None
+    except OSError as exc:
+        if exc.errno not in GONE_ERRNOS:
+            raise
+        log.debug("fd %d: the rank's end went away (%s); read as end-of-file", fd, exc)
+        return b""
 
 
 def create_memfd() -> int | None:

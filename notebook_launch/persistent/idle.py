@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from .. import protocol
 from ..best_effort import best_effort
+from ..channels.pipes import read_ready
 from ..ipython_shell import running_shell
 from ..line_splitter import LineSplitter
 from ..notebook_streams import notebook_stream
@@ -184,9 +185,8 @@ class IdleReader:
                     pass
 
     def _read(self, fd: int, local: int, what: str) -> bool:
-        try:
-            data = os.read(fd, READ_SIZE)
-        except BlockingIOError:
+        data = read_ready(fd, READ_SIZE)
+        if data is None:
             return False
         if not data:   # the rank closed it or ended: stop watching it (the pool closes it)
             self._selector.unregister(fd)

@@ -20,6 +20,7 @@ import select
 import time
 from typing import Any, Callable, Protocol, Sequence
 
+from ..channels.pipes import read_ready
 from ..channels.sockets import SocketPipes
 from ..channels.remote_where import REPLY, REPLY_MAGIC, decode_body, request_frame
 from ..rank.whereabouts import SWITCHED_OFF_NOTE
@@ -85,12 +86,9 @@ class WhereAsker:
             readable, _, _ = select.select(list(pending), [], [], left)
             for fd in readable:
                 rank = pending[fd]
-                try:
-                    chunk = os.read(fd, READ_SIZE)
-                except BlockingIOError:
+                chunk = read_ready(fd, READ_SIZE)
+                if chunk is None:
                     continue
-                except OSError:
-                    chunk = b""
                 if not chunk:
                     del pending[fd]
                     self._answer(rank, global_rank, note="ended before it said where it is")

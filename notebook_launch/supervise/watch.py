@@ -14,7 +14,7 @@ import time
 from typing import Any, Protocol, Sequence
 
 from .. import protocol
-from ..channels import RankPipes, RankProcess, WaitStatus
+from ..channels import RankPipes, RankProcess, WaitStatus, read_ready
 from ..line_splitter import LineSplitter
 
 READ_SIZE = 1 << 16
@@ -101,9 +101,8 @@ class Watcher:
     def read_once(self, watch: RankWatch, fd: int, what: str) -> bool:
         """One read of ``fd``, handed on as events or whole lines. False when there was nothing
         to read now, or at end-of-file (then the fd is closed)."""
-        try:
-            data = os.read(fd, READ_SIZE)
-        except BlockingIOError:
+        data = read_ready(fd, READ_SIZE)
+        if data is None:
             return False
         if not data:
             self.close_fd(watch, fd, what)
