@@ -27,8 +27,14 @@ INDEX_TIMEOUT=${TORCH_INDEX_TIMEOUT:-10}
 
 say() { echo "quickstart: $*" >&2; }
 
-has_nvidia_gpu() {
-  command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L 2>/dev/null | grep -q '^GPU '
+# The first GPU nvidia-smi lists ("GPU 0: ..."), empty when there is none. Its whole list is read before it
+# is searched: a reader that stops at the first match (grep -q, head) can leave nvidia-smi writing the rest
+# into a closed pipe, and under pipefail its SIGPIPE then read as "no GPU" on a machine with several.
+first_nvidia_gpu() {
+  command -v nvidia-smi >/dev/null 2>&1 || return 0
+  local listed
+  listed=$(nvidia-smi -L 2>/dev/null) || true
+  grep -m1 '^GPU ' <<<"$listed" || true
 }
 
 # Empty when PyTorch's CPU index answers for torch, else why it did not (one line).
@@ -44,8 +50,10 @@ EOF
 
 # Decides where torch comes from: says why on stderr, and sets TORCH_PIP_ARGS (what follows `pip install`).
 choose_torch() {
-  if has_nvidia_gpu; then
-    say "an NVIDIA GPU is here ($(nvidia-smi -L 2>/dev/null | head -1)): installing $TORCH_SPEC from PyPI," \
+  local gpu
+  gpu=$(first_nvidia_gpu)
+  if [ -n "$gpu" ]; then
+    say "an NVIDIA GPU is here ($gpu): installing $TORCH_SPEC from PyPI," \
         "the CUDA build: torch, triton and 14 nvidia-* libraries, about 3.5 GB to download and 7 GB installed"
     TORCH_PIP_ARGS=("$TORCH_SPEC")
     return

@@ -30,9 +30,11 @@ def plan(tmp_path: Path, **env: str) -> subprocess.CompletedProcess[str]:
     return proc
 
 
-def fake_nvidia_smi(folder: Path, gpus: int) -> None:
-    """Stands in for the NVIDIA driver's nvidia-smi (there is no GPU on this machine)."""
-    lines = "".join(f"echo 'GPU {i}: Tesla T4 (UUID: GPU-fake-{i})'\n" for i in range(gpus))
+def fake_nvidia_smi(folder: Path, gpus: int, pause: float = 0) -> None:
+    """Stands in for the NVIDIA driver's nvidia-smi (there is no GPU on this machine). ``pause``: seconds
+    between its lines, each its own write, as a driver that answers slowly."""
+    between = f"sleep {pause}\n" if pause else ""
+    lines = between.join(f"echo 'GPU {i}: Tesla T4 (UUID: GPU-fake-{i})'\n" for i in range(gpus))
     script = folder / "nvidia-smi"
     # Written by a process of its own: a process forked meanwhile by another thread of this one (a
     # worker's leftover fork helper) would hold the file open for writing, and running it would then
@@ -81,6 +83,19 @@ def test_with_an_nvidia_gpu_it_says_the_cuda_builds_size(tmp_path, cpu_index):
     assert proc.stdout.strip() == "pip install torch==2.13.0", proc.stdout
     assert "NVIDIA GPU is here (GPU 0: Tesla T4" in proc.stderr and "CUDA build" in proc.stderr, proc.stderr
     assert "GB to download" in proc.stderr and "GB installed" in proc.stderr, proc.stderr
+
+
+@pytest.mark.parametrize("gpus", [1, 8])
+def test_every_gpu_listed_is_read_before_it_is_searched(tmp_path, cpu_index, gpus):
+    """nvidia-smi's list is read whole: a search that stopped at its first line left the fake writing the
+    next ones into a closed pipe, and under pipefail its SIGPIPE read as "no GPU" (seen in CI, where a
+    two-GPU fake was taken for a CPU machine). The pause makes that ordering certain here."""
+    bare = tmp_path / "bin"
+    bare.mkdir()
+    fake_nvidia_smi(bare, gpus=gpus, pause=0.2)
+    proc = plan(tmp_path, TORCH_CPU_INDEX=cpu_index)
+    assert proc.stdout.strip() == "pip install torch==2.13.0", proc.stderr
+    assert "NVIDIA GPU is here (GPU 0: Tesla T4 (UUID: GPU-fake-0))" in proc.stderr, proc.stderr
 
 
 def test_numpy_is_installed_beside_torch():
