@@ -7,7 +7,8 @@
 #                        (/var/cache/notebook_launch/trixie; CI runs in a fresh clone on the same machine, so a
 #                        re-run finds it); rebuilt only when HOSTS_CHROOT_RECIPE below changes.
 #   hosts_chroot_mount   bind-mount /proc, /dev, /dev/pts, /dev/shm, /sys, pip's cache, /opt (read-only: the
-#                        machine's local wheels that the pip configuration names) and the checkout at /repo;
+#                        machine's local wheels that the pip configuration names), the checkout at /repo and
+#                        this machine's port claims folder (its launches and the chroot's see each other's);
 #                        registers hosts_chroot_umount on EXIT so no mount outlives the lane.
 #   hosts_chroot_run     run a command inside, in /repo, with this environment (PIP_* variables included).
 #
@@ -107,6 +108,12 @@ hosts_chroot_mount() {
   # /opt holds this machine's local wheels and indexes that pip's configuration names (absent elsewhere).
   _hosts_bind /opt "$HOSTS_ROOT/opt" ro
   _hosts_bind "$repo" "$HOSTS_ROOT/repo"
+  # The port claims of this machine's launches (notebook_launch.net.PortReservation: a lock file per port in
+  # the temp folder). The chroot has its own /tmp but this machine's network: without this, a launch in the
+  # chroot and one beside it (another lane) could both find a port free and one fail with EADDRINUSE.
+  local ports="${TMPDIR:-/tmp}/notebook_launch-ports"
+  mkdir -p -m 1777 "$ports"
+  _hosts_bind "$ports" "$HOSTS_ROOT/tmp/notebook_launch-ports"
 }
 
 hosts_chroot_umount() {
