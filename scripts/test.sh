@@ -12,7 +12,8 @@
 #   - the main suite runs in NOTEBOOK_LAUNCH_TEST_WORKERS pytest-xdist workers (default 4 on 2 cores), but
 #     not tests/raycluster, whose modules share one two-node Ray cluster (its conftest): it runs after it as
 #     one pytest process of its own (one cluster, not one per worker), beside the lanes (its Ray actors
-#     start slowly beside four busy workers); tests/slurmcluster (one two-node SLURM) runs in that same process;
+#     start slowly beside four busy workers); tests/slurmcluster (one two-node SLURM) likewise, in a second
+#     process beside it (each cluster in namespaces of its own: they share nothing);
 #   - the three lanes' tests run side by side once their venvs are ready, each printed whole when it ends.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -61,11 +62,16 @@ main_start=$SECONDS
   --ignore=tests/slurmcluster \
   --junitxml=test-artifacts/junit-main.xml || status=1
 main_took=$((SECONDS - main_start))
-ray_start=$SECONDS
-( rc=0; .venv/bin/python -m pytest -p no:cacheprovider --durations=10 --junitxml=test-artifacts/junit-raycluster.xml \
-    tests/raycluster tests/slurmcluster >test-artifacts/raycluster.log 2>&1 || rc=$?
-  echo "$((SECONDS - ray_start))" >test-artifacts/raycluster.seconds; exit $rc ) &
-ray_pid=$!
+# The two clusters' tests: one pytest process each (one cluster each), side by side.
+declare -A cluster_pid
+clusters=(raycluster slurmcluster)
+for cluster in "${clusters[@]}"; do
+  ( start=$SECONDS; rc=0
+    .venv/bin/python -m pytest -p no:cacheprovider --durations=10 --junitxml="test-artifacts/junit-$cluster.xml" \
+      "tests/$cluster" >"test-artifacts/$cluster.log" 2>&1 || rc=$?
+    echo "$((SECONDS - start))" >"test-artifacts/$cluster.seconds"; exit $rc ) &
+  cluster_pid[$cluster]=$!
+done
 
 wait "$lint_pid" || { status=1; echo "lint: findings (above)" >>test-artifacts/lint.log; }
 echo "=== lint (scripts/lint.sh)"; cat test-artifacts/lint.log
@@ -104,12 +110,16 @@ for lane in "${lanes[@]}"; do
   cat "test-artifacts/lane-$lane.log"
 done
 
-wait "$ray_pid" || status=1
-ray_took=$(cat test-artifacts/raycluster.seconds 2>/dev/null || echo 0)
-echo "=== the Ray and SLURM cluster tests (tests/raycluster, tests/slurmcluster, after the main suite, beside the lanes)"
-cat test-artifacts/raycluster.log
+declare -A cluster_took
+for cluster in "${clusters[@]}"; do
+  wait "${cluster_pid[$cluster]}" || status=1
+  cluster_took[$cluster]=$(cat "test-artifacts/$cluster.seconds" 2>/dev/null || echo 0)
+  echo "=== tests/$cluster ($(mmss "${cluster_took[$cluster]}"), after the main suite, beside the lanes)"
+  cat "test-artifacts/$cluster.log"
+done
 .venv/bin/python scripts/junit_total.py test-artifacts/junit-*.xml || status=1
-echo "main suite: $(mmss "$main_took") ($WORKERS workers); tests/raycluster after it: $(mmss "$ray_took")"
+echo "main suite: $(mmss "$main_took") ($WORKERS workers); after it, side by side: tests/raycluster" \
+  "$(mmss "${cluster_took[raycluster]}"), tests/slurmcluster $(mmss "${cluster_took[slurmcluster]}")"
 for lane in "${lanes[@]}"; do
   [ -n "${lane_took[$lane]:-}" ] && echo "$lane lane: $(mmss "${lane_took[$lane]}") (beside the other lanes)"
 done
