@@ -21,7 +21,7 @@ import pytest
 
 from notebook_launch import channels, protocol
 from notebook_launch.channels import read_ready
-from notebook_launch.channels.sockets import StreamListener, connect_streams
+from notebook_launch.channels.sockets import SocketPipes, StreamListener, connect_streams
 from notebook_launch.persistent.idle import IdleReader
 from notebook_launch.supervise.watch import Watcher
 
@@ -34,7 +34,8 @@ class LoopbackRemoteRank(channels.RankProcess):
     def __init__(self, local_rank: int) -> None:
         self.local_rank = local_rank
         self.pid = 0
-        self.sentinel, self._ended_w = os.pipe()
+        self.ended_r, self._ended_w = os.pipe()
+        self.sentinel = self.ended_r
         self.status: channels.WaitStatus | None = None
 
     def end(self) -> None:
@@ -81,7 +82,7 @@ def reset_rank():
         pipes[0].close_parent_ends()
 
 
-def reset_after_our_stop_request(pipes: channels.RankPipes, go: threading.Event) -> None:
+def reset_after_our_stop_request(pipes: SocketPipes, go: threading.Event) -> None:
     """Send the stop request (unread by the rank: that is what makes its close a reset), then reset."""
     assert pipes.send_signal(15)
     time.sleep(0.2)   # let the frame reach the rank's receive buffer
@@ -139,7 +140,7 @@ def test_the_supervisors_watcher_ends_a_reset_rank_channels_and_keeps_its_output
         assert recorder.lines == ["a line before the kill"]
     finally:
         watcher.close()
-        os.close(process.sentinel)
+        os.close(process.ended_r)
 
 
 def test_the_reader_between_persistent_calls_ends_a_reset_rank_channels(reset_rank, tmp_path, caplog):
@@ -165,7 +166,7 @@ def test_the_reader_between_persistent_calls_ends_a_reset_rank_channels(reset_ra
         assert exits == [process]
     finally:
         reader.stop()
-        os.close(process.sentinel)
+        os.close(process.ended_r)
         logs.close()
     failures = [r for r in caplog.records if "reader of the ranks failed" in r.getMessage()]
     assert not failures, f"{len(failures)} failed batches, the first: {failures[0].exc_info}"
