@@ -217,8 +217,8 @@ def test_no_way_of_asking_signals_a_rank_whose_lock_is_free(log_dir, tmp_path):
     The ways, all in ``diagnose`` (issue 31): ``diagnose.ranks.where_ranks`` (a launch's timeout,
     Stop, Ctrl-C and "Where are they?", a stall's report, elastic's attempts and through them other
     nodes, ``Ranks.stacks()``) asks each process through ``RankProcess.where`` where it answers for
-    its ranks itself (XLA's launcher: ``diagnose.xla_replicas``; a Ray actor: ``ray.where``,
-    answered from a thread over its connections by ``rank.ray_where``: no signal) and every other
+    its ranks itself (XLA's launcher: ``diagnose.xla_replicas``; a Ray actor or SLURM task: ``diagnose.remote_where``,
+    answered from a thread over its connections by ``rank.remote_where``: no signal) and every other
     rank by pid through ``stacks.collect``, as a stall's two stack samples do
     (``ranks.stack_fingerprints``); ``stacks.collect`` and ``native_stacks.child_stacks`` (a rank's
     forked children) both ask the where-thread over its wake pipe through ``where_thread.ask_all``;
@@ -236,9 +236,9 @@ def test_no_way_of_asking_signals_a_rank_whose_lock_is_free(log_dir, tmp_path):
         "elastic/node_board.py": ["collect"],   # the supervisor's whereabouts, for another node
         "diagnose/ranks.py": ["collect", "process.where"], "diagnose/xla_replicas.py": ["collect"],
         "diagnose/stacks.py": ["ask_all"], "diagnose/native_stacks.py": ["ask_all", "child_stacks", "dump_all"],
-        "ray/gang.py": ["asker.ask"],   # Ray's: ray.where.WhereAsker, over the connections
-        "rank/ray_serve.py": ["answerer.ask"], "rank/ray_where.py": ["answerer.ask"],   # the rank's answering thread
-        "slurm/ranks.py": ["asker.ask"],   # SLURM ranks: as Ray's (their task runs rank.ray_where.obey_notebook)
+        "ray/gang.py": ["asker.ask"],   # Ray's: diagnose.remote_where.WhereAsker, over the connections
+        "rank/ray_serve.py": ["answerer.ask"], "rank/remote_where.py": ["answerer.ask"],   # the rank's answering thread
+        "slurm/ranks.py": ["asker.ask"],   # SLURM ranks: as Ray's (their task runs rank.remote_where.obey_notebook)
     }
     senders = {path: sorted(set(calls) & {"tgkill", "pthread_kill", "raise_signal"}) for path, calls in asking.items()}
     assert {path: names for path, names in senders.items() if names} == {
@@ -282,17 +282,17 @@ def test_the_lock_is_held_only_when_the_where_thread_waits_for_it_and_no_two_thr
 
 
 def test_a_ray_ranks_answer_leaves_the_where_thread_out():
-    """A Ray rank answers from a thread over its connections (``rank.ray_where``); the where-thread
+    """A Ray rank answers from a thread over its connections (``rank.remote_where``); the where-thread
     every rank now has is ours, not the user's, and is not in that answer either. In a fresh
     process: installing registers a fork hook this test process must not keep."""
     import subprocess
     import sys
     code = ("import threading, types\n"
-            "from notebook_launch.rank import ray_where, where_thread, whereabouts\n"
+            "from notebook_launch.rank import remote_where, where_thread, whereabouts\n"
             "whereabouts.install(types.SimpleNamespace(global_rank=0, env={}))\n"
             "ours = [t.ident for t in threading.enumerate() if t.name == where_thread.THREAD_NAME]\n"
             "answers = []\n"
-            "asker = threading.Thread(target=lambda: answers.append(ray_where.snapshot()))\n"
+            "asker = threading.Thread(target=lambda: answers.append(remote_where.snapshot()))\n"
             "asker.start(); asker.join()\n"   # the answering thread leaves itself out: not the main one
             "shown = [ident for ident, frames in answers[0]['threads']]\n"
             "print(len(ours), threading.main_thread().ident in shown, set(ours) & set(shown))\n")
@@ -301,7 +301,7 @@ def test_a_ray_ranks_answer_leaves_the_where_thread_out():
 
 
 def test_a_ray_ranks_answer_signals_nothing():
-    """Ray's way of asking (``rank.ray_where.Answerer``: a thread of the rank answers the request
+    """Ray's way of asking (``rank.remote_where.Answerer``: a thread of the rank answers the request
     that came over its connection) never signals the rank: its main thread, blocked in C in a
     ``read(2)`` that a handled signal would end early (EINTR, -1), is asked 50 times while it is
     seen there, then let go by the asking side, and its read returns the byte, no signal counted.
@@ -310,14 +310,14 @@ def test_a_ray_ranks_answer_signals_nothing():
     import sys
     code = ("import ctypes, os, signal, socket, threading, types\n"
             "from notebook_launch.channels import remote_where\n"
-            "from notebook_launch.rank import ray_where, whereabouts\n"
+            "from notebook_launch.rank import remote_where as rank_where, whereabouts\n"
             "whereabouts.install(types.SimpleNamespace(global_rank=0, env={}))\n"
             "counted = []\n"
             f"for signum in {[int(signum) for signum in COUNTED]}:\n"
             "    signal.signal(signum, lambda n, f: counted.append(n))\n"
             "r, w = os.pipe()\n"
             "notebook, rank = socket.socketpair()\n"
-            "answerer = ray_where.Answerer(rank)\n"
+            "answerer = rank_where.Answerer(rank)\n"
             "def wait_in_c():\n"
             "    return ctypes.CDLL(None).read(r, ctypes.create_string_buffer(1), 1)\n"
             "def received(size):\n"
@@ -340,7 +340,8 @@ def test_a_ray_ranks_answer_signals_nothing():
             "got = wait_in_c()\n"
             "asker.join()\n"
             "print(got, counted)\n")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    # a bounded wait: an asker that fails leaves the main thread in its read for good
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120)
     assert out.stdout.split() == ["1", "[]"], out.stdout + out.stderr
 
 

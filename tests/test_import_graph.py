@@ -238,7 +238,7 @@ def defines_a_launcher(path: Path) -> bool:
 def launch_paths(graph: dict[str, set[str]]) -> set[str]:
     """The modules that start ranks: backends/, every module that defines a ``Launcher`` (a
     cluster engine's, in its own package: ``ray.launch``), and the modules of its own package
-    it imports, directly or through each other (``ray.gang``, ``ray.connect``, ``ray.where``)."""
+    it imports, directly or through each other (``ray.gang``, ``ray.connect``)."""
     found = {name for name in graph if (name + ".").startswith("notebook_launch.backends.")}
     for path in sorted(PACKAGE.rglob("*.py")):
         name = module_name(path)

@@ -1,8 +1,7 @@
 """Every exchange between a rank and the notebook that has a module on each side (a relay, a
 record one side writes and the other reads, a request and its answer) names its two halves
 alike: the rank's half is ``rank/<name>.py``, the notebook's ``<package>/<name>.py``, the package
-saying which side (issue 31 item 7). A cluster engine's rank half carries the engine's name,
-as its package cannot be under ``rank/`` (``rank/ray_where.py`` and ``ray/where.py``)."""
+saying which side (issue 31 item 7)."""
 from __future__ import annotations
 
 import ast
@@ -18,13 +17,12 @@ HALVES = [
     ("rank/display_relay.py", "display/display_relay.py"),  # a rank's display() calls, re-published in the cell
     ("rank/where_thread.py", "diagnose/where_thread.py"),   # where a rank is: the request, its stacks back
     ("rank/xla_replicas.py", "diagnose/xla_replicas.py"),   # each XLA replica's collective record
-    ("rank/ray_where.py", "ray/where.py"),                  # where a Ray rank is, over its connections
+    ("rank/remote_where.py", "diagnose/remote_where.py"),   # where a Ray or SLURM rank is, over its connections
 ]
 
 
 def same_name(rank_half: str, notebook_half: str) -> bool:
-    rank_name, (package, name) = Path(rank_half).stem, notebook_half.split("/")
-    return rank_name in (Path(name).stem, f"{package}_{Path(name).stem}")
+    return Path(rank_half).stem == Path(notebook_half).stem
 
 
 @pytest.mark.parametrize("rank_half, notebook_half", HALVES, ids=[Path(r).stem for r, _ in HALVES])

@@ -479,7 +479,7 @@ def _waits_for_a_call(where: hang_verdict.RankWhereabouts, between_calls: bool =
     that moment, a rank whose other threads run user code (a thread storm's) was said to be "in
     run() at threading.py", one of those threads, as if a call still ran there."""
     if where.note == "waits for the next call" and all(t.ident != where.main_thread for t in where.threads):
-        return True   # a Ray rank said so itself (ray.where.decode_answer)
+        return True   # a Ray rank said so itself (diagnose.remote_where.decode_answer)
     frames = where.main_frames()
     main = next((thread for thread in where.threads if thread.ident == where.main_thread), None)
     in_the_wait = bool(frames) and frames[0].filename.endswith(COMMANDS_FILE)

@@ -28,7 +28,7 @@ from ..channels.sockets import connect_streams
 from ..net import free_port, interface_with_address
 from ..plan import RankSpec, rank_environment
 from .bootstrap import EXIT_FAILED, capture_output, flush_everything
-from .ray_where import Answerer, obey_notebook
+from .remote_where import Answerer, obey_notebook
 from .resources import report_own
 
 log = logging.getLogger("notebook_launch")

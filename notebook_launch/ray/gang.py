@@ -72,7 +72,7 @@ class RayRank(RankProcess):
     /proc speaks for it (``on_this_machine``)."""
 
     on_this_machine = False
-    where_asker: Any = None   # ray.where.WhereAsker of its gang's ranks (set by Waiter)
+    where_asker: Any = None   # diagnose.remote_where.WhereAsker of its gang's ranks (set by Waiter)
 
     def __init__(self, ray: Any, local_rank: int, actor: Any, pid: int, pipes: "SocketPipes") -> None:
         self.ray = ray
@@ -109,7 +109,7 @@ class RayRank(RankProcess):
             self.kill()
 
     def where(self, global_rank: Callable[[int], int]) -> dict[int, Any]:
-        """Where this rank is, asked over its connections (``ray.where``: with every rank
+        """Where this rank is, asked over its connections (``diagnose.remote_where``: with every rank
         of its gang at once); {} when it was not asked (no ``Waiter`` made it one of a gang)."""
         asker = self.where_asker
         return {} if asker is None else asker.ask(self, global_rank)
@@ -146,7 +146,7 @@ class Waiter(threading.Thread):
         self.ray = ray
         self.pending = {future: rank for future, rank in zip(futures, ranks)}
         self._halt = threading.Event()
-        from .where import WhereAsker
+        from ..diagnose.remote_where import WhereAsker
         asker = WhereAsker(ranks)   # the gang's ranks are asked where they are together
         for rank in ranks:
             rank.where_asker = asker

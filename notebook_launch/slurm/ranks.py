@@ -9,7 +9,7 @@ import select
 import signal
 from typing import Any, Callable
 
-from ..ray.where import WhereAsker
+from ..diagnose.remote_where import WhereAsker
 from ..channels import RankProcess, WaitStatus
 from ..channels.sockets import STREAMS, SocketPipes, StreamListener
 
@@ -53,7 +53,7 @@ class RemoteRank(RankProcess):
 
     def where(self, global_rank: Callable[[int], int]) -> dict[int, Any]:
         """Where this rank is, asked over its connections with every rank of the run at once
-        (``ray.where``, as Ray ranks are asked: the same connections and answers)."""
+        (``diagnose.remote_where``, as Ray ranks are asked: the same connections and answers)."""
         asker = self.where_asker
         return {} if asker is None else asker.ask(self, global_rank)
 

@@ -27,7 +27,7 @@ from ..net import interface_with_address, source_address_toward
 from ..plan import RankSpec, rank_environment
 from ..rank.bootstrap import EXIT_FAILED, capture_output, exit_with
 from ..rank.ray_serve import listen
-from ..rank.ray_where import Answerer, obey_notebook
+from ..rank.remote_where import Answerer, obey_notebook
 from ..rank.resources import report_own
 from ..rank.runner import report_error, run_rank, setup_failure
 from ..rank.spawn_entry import load_remote_job

@@ -165,7 +165,7 @@ notebook_launcher(train, num_processes=4, cluster=cluster(), timeout=5, ui="none
 """)
     assert error["kind"] == "timeout"
     first = error["message"].splitlines()[0]
-    # the verdict where the ranks answered where they are (ray.where), else the running ranks
+    # the verdict where the ranks answered where they are (diagnose.remote_where), else the running ranks
     assert first.startswith("notebook_launch: timed out after 5 s"), first
     if "ranks still running: 0, 1, 2, 3" not in first:
         # Every rank is placed. On a busy machine a rank may still be starting (importing) at 5 s: it

@@ -1,5 +1,5 @@
 """Where Ray ranks are when a run hangs (issue 20): each rank's actor answers the notebook's where
-request on its own connections (``rank.ray_where`` / ``ray.where``), so a timeout's
+request on its own connections (``rank.remote_where`` / ``diagnose.remote_where``), so a timeout's
 LaunchError names where every rank is, as a local run's does.
 
 The first tests need no cluster: a real answering thread on real sockets, in this process, with a
@@ -15,10 +15,10 @@ import time
 
 import pytest
 
-from notebook_launch.ray.where import WhereAsker, decode_answer
+from notebook_launch.diagnose.remote_where import WhereAsker, decode_answer
 from notebook_launch.channels.sockets import SIGNAL_FRAME, SocketPipes
 from notebook_launch.channels import remote_where
-from notebook_launch.rank import ray_where, whereabouts
+from notebook_launch.rank import remote_where as rank_where, whereabouts
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -47,7 +47,7 @@ def test_a_reply_round_trips_with_its_collective_stacks_and_sources(monkeypatch)
     text = whereabouts.FIELD_SEP.join(("all_reduce", "default group", "(4,) float32", __file__, "7", "train"))
     record.enter("key", 3, lambda: text)
     monkeypatch.setattr(whereabouts, "_record", record)
-    data = from_another_thread(lambda: remote_where.encode_reply(5, ray_where.snapshot()))
+    data = from_another_thread(lambda: remote_where.encode_reply(5, rank_where.snapshot()))
     magic, number, size = remote_where.REPLY.unpack_from(data)
     assert (magic, number, size) == (remote_where.REPLY_MAGIC, 5, len(data) - remote_where.REPLY.size)
     where = decode_answer(data[remote_where.REPLY.size:], rank=4)
@@ -60,7 +60,7 @@ def test_a_reply_round_trips_with_its_collective_stacks_and_sources(monkeypatch)
     assert main and all(thread.frames[0].function != "snapshot" for thread in where.threads)
     assert any(frame.function == "test_a_reply_round_trips_with_its_collective_stacks_and_sources" for frame in main)
     record.leave()
-    where = decode_answer(remote_where.encode_reply(6, ray_where.snapshot())[remote_where.REPLY.size:], rank=4)
+    where = decode_answer(remote_where.encode_reply(6, rank_where.snapshot())[remote_where.REPLY.size:], rank=4)
     assert where.inside is None and where.last is not None and where.last.op == "all_reduce"
 
 
@@ -83,7 +83,7 @@ class FakeRayRankWithoutRay:
         return None
 
 
-def serve_requests(rank: FakeRayRankWithoutRay, answerer: ray_where.Answerer | None) -> None:
+def serve_requests(rank: FakeRayRankWithoutRay, answerer: rank_where.Answerer | None) -> None:
     """The actor's control thread (``ray_actor._obey_notebook``'s request handling); ``answerer``
     None: a rank that never answers (a lost node)."""
     while True:
@@ -100,7 +100,7 @@ def test_the_asker_asks_every_rank_at_once_and_a_silent_one_is_named():
     sleeper = threading.Thread(target=sleeping_here, args=(stop,), daemon=True)
     sleeper.start()
     ranks = [FakeRayRankWithoutRay(0), FakeRayRankWithoutRay(1), FakeRayRankWithoutRay(2)]
-    answerers = [ray_where.Answerer(ranks[0].answers_there), ray_where.Answerer(ranks[1].answers_there), None]
+    answerers = [rank_where.Answerer(ranks[0].answers_there), rank_where.Answerer(ranks[1].answers_there), None]
     for rank, answerer in zip(ranks, answerers):
         threading.Thread(target=serve_requests, args=(rank, answerer), daemon=True).start()
     asker = WhereAsker(ranks, wait=3.0)
@@ -122,7 +122,7 @@ def test_the_asker_asks_every_rank_at_once_and_a_silent_one_is_named():
         # rank 2's answer to round 2 comes late, after round 2 gave up on it: not taken for round 3's
         ranks[2].answers_there.sendall(remote_where.encode_reply(2, {"error": "late"}))
         answer = threading.Timer(0.3, lambda: ranks[2].answers_there.sendall(
-            remote_where.encode_reply(3, ray_where.snapshot())))
+            remote_where.encode_reply(3, rank_where.snapshot())))
         answer.start()
         late = asker.ask(ranks[2], lambda local: local + 10)
         answer.join()
@@ -135,7 +135,7 @@ def test_the_asker_asks_every_rank_at_once_and_a_silent_one_is_named():
 
 
 def test_a_persistent_rank_between_calls_says_it_waits_for_the_next_call():
-    reply = remote_where.encode_reply(1, ray_where.snapshot(between_calls=True))
+    reply = remote_where.encode_reply(1, rank_where.snapshot(between_calls=True))
     where = decode_answer(reply[remote_where.REPLY.size:], 0)
     assert where.note == "waits for the next call"
     assert all(thread.ident != where.main_thread for thread in where.threads)

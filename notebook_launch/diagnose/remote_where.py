@@ -1,9 +1,12 @@
-"""Where Ray ranks are (issue 20), the notebook's side; the rank's is ``rank.ray_where``.
+"""Where ranks on other machines are (issue 20), the notebook's side; the rank's is
+``rank.remote_where``. Both engines ask through it: Ray's actors and SLURM's tasks answer on
+the same connections (``channels.sockets``) in the same format (``channels.remote_where``), so
+it lives with the rest of hang diagnosis rather than in either engine's package.
 
-The supervisor asks each rank process for its ranks (``RankProcess.where``; here ``RayRank.where``).
-The ranks of one gang share one ``WhereAsker``: the first rank asked sends a request to every
-live rank of the gang at once and waits, ``WHERE_WAIT`` seconds at most for all of them, for
-their answers; the others then take theirs from that round. So a hang is diagnosed in one
+The supervisor asks each rank process for its ranks (``RankProcess.where``: ``ray.gang.RayRank``'s,
+``slurm.ranks.RemoteRank``'s). The ranks of one run share one ``WhereAsker``: the first rank asked
+sends a request to every live rank at once and waits, ``WHERE_WAIT`` seconds at most for all of
+them, for their answers; the others then take theirs from that round. So a hang is diagnosed in one
 wait, however many ranks (or a lost node's) do not answer.
 
 An answer becomes a ``RankWhereabouts`` as a local rank's record and dump would: the collective
@@ -34,7 +37,7 @@ READ_SIZE = 1 << 20
 
 
 class AskedRank(Protocol):
-    """What the asker needs of a rank (``ray.gang.RayRank``)."""
+    """What the asker needs of a rank (``ray.gang.RayRank``, ``slurm.ranks.RemoteRank``)."""
     local_rank: int
     pipes: SocketPipes
 
@@ -143,7 +146,7 @@ def _write(fd: int, data: bytes) -> None:
 
 
 def decode_answer(body: bytes, rank: int) -> RankWhereabouts:
-    """A rank's answer (``rank.ray_where.snapshot``) as a ``RankWhereabouts``."""
+    """A rank's answer (``rank.remote_where.snapshot``) as a ``RankWhereabouts``."""
     data = decode_body(body)
     where = RankWhereabouts(rank)
     if data.get("error"):

@@ -1,8 +1,8 @@
-"""Where a Ray rank is, asked over the network (issue 20), the rank side; the notebook's is
-``ray.where``.
+"""Where a rank on another machine (a Ray actor, a SLURM task) is, asked over the network
+(issue 20), the rank side; the notebook's is ``diagnose.remote_where``.
 
 A local rank is read through ``/proc/<pid>`` (its whereabouts memfd) and dumps its stacks on a
-signal (``rank.whereabouts``). A Ray rank runs on another machine: the notebook asks it on its
+signal (``rank.whereabouts``). Such a rank runs on another machine: the notebook asks it on its
 events connection (a request frame beside the notebook's signal frames, or its messages for a
 persistent rank) and the rank answers on its answers connection, whose rank -> notebook
 direction nothing else uses. The answer is built in the rank's own process by a thread of its
