@@ -205,6 +205,19 @@ def build_plan(*, num_processes: int, num_nodes: int, node_rank: int, master_add
         ranks=tuple(ranks), notes=tuple(notes))
 
 
+def cluster_plan(world_size: int, device_kind: DeviceKind, mixed_precision: str,
+                 start_method: Literal["ray", "slurm"]) -> LaunchPlan:
+    """The notebook's view of a run on a cluster engine: one row per global rank (its index is the
+    rank), with no environment: each rank's real one is made on its node, once the engine placed it
+    (``rank.ray_actor``, ``slurm.task``)."""
+    device = "cuda" if device_kind == "cuda" else "cpu"
+    ranks = tuple(RankSpec(rank, rank, device, {}) for rank in range(world_size))
+    return LaunchPlan(num_processes=world_size, num_nodes=1, node_rank=0, world_size=world_size,
+                      master_addr="", master_port=0, device_kind=device_kind,
+                      dist_backend=dist_backend_for(device_kind), mixed_precision=mixed_precision,
+                      start_method=start_method, ranks=ranks)
+
+
 def available_cpus() -> int:
     try:
         return len(os.sched_getaffinity(0))

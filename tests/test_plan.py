@@ -3,7 +3,7 @@ from typing import Any, get_args
 
 from notebook_launch.net import free_port, port_is_free
 from notebook_launch.options import DEFAULT_USE_PORT
-from notebook_launch.plan import build_plan, nccl_workarounds, omp_threads
+from notebook_launch.plan import build_plan, cluster_plan, nccl_workarounds, omp_threads
 
 
 def plan(**kw):
@@ -122,3 +122,15 @@ def test_one_dist_backend_choice():
                           device_kind=kind, mixed_precision="no", start_method="fork", run_id="r",
                           user_env={}, cpu_count=1)
         assert plan.dist_backend == dist_backend_for(kind)
+
+
+def test_a_cluster_engines_plan_is_one_row_per_global_rank_with_no_environment():
+    """Ray's and SLURM's notebook-side plan (one builder for both): the rows are the global ranks, the
+    device and backend follow the device kind, and no variable is set here (each node makes its own)."""
+    gpus = cluster_plan(4, "cuda", "bf16", "slurm")
+    assert [(r.global_rank, r.local_rank, r.device, r.env) for r in gpus.ranks] == [
+        (rank, rank, "cuda", {}) for rank in range(4)]
+    assert (gpus.world_size, gpus.num_processes, gpus.dist_backend, gpus.start_method, gpus.mixed_precision) == (
+        4, 4, "nccl", "slurm", "bf16")
+    cpus = cluster_plan(2, "cpu", "no", "ray")
+    assert {r.device for r in cpus.ranks} == {"cpu"} and cpus.dist_backend == "gloo" and cpus.start_method == "ray"

@@ -36,7 +36,8 @@ from ..options import LaunchOptions, check_display_ranks_exist, validate_cluster
 from ..prepare import entry_options
 from ..ray import connect as ray_connect
 from ..ray.gang import Placement
-from ..ray.launch import RayLauncher, notebook_address, notebook_plan
+from ..plan import cluster_plan
+from ..ray.launch import RayLauncher, notebook_address
 from ..rank.ray_serve import serve_ray_calls
 from ..rank.runner import Job
 from ..session import launch_line, plan_state
@@ -118,7 +119,7 @@ class RayTransport(RemoteTransport):
         nodes = ray_connect.alive_nodes(ray)
         ray_connect.check_resources(world_size, cluster, nodes)
         run_id = make_run_id()
-        plan = notebook_plan(world_size, cluster, options.mixed_precision)
+        plan = cluster_plan(world_size, cluster.device_kind, options.mixed_precision, "ray")
         check_display_ranks_exist(options.display_ranks, plan.world_size)
         logs = logs_for(plan, run_id)
         if not self.summary:

@@ -15,7 +15,7 @@ rules, and the between-calls reader. What differs is where the ranks live:
   the allocation and the ranks are held across cells;
 - talking to a rank: as to a Ray rank (``remote``): a call's frame, an interrupt and STOP are
   messages on the rank's events connection; where each rank is, is asked on the same
-  connection (``ray.where``, as for a SLURM launch);
+  connection (``diagnose.remote_where``, as for a SLURM launch);
 - ending: ``close()`` sends STOP, then ends the launcher: the steps and the job are cancelled
   and waited for until SLURM holds nothing of them (squeue is empty for it), and the watchdog is
   let go. A notebook kernel that dies runs none of this: its watchdog sees the end of its pipe
@@ -45,7 +45,8 @@ from ..rank.runner import Job
 from ..session import launch_line, plan_state
 from ..slurm import scheduler
 from ..slurm.launcher import SlurmLauncher
-from ..slurm.run import SLURM_LINE_PREFIX, check_layout, notebook_plan, request_summary
+from ..plan import cluster_plan
+from ..slurm.run import SLURM_LINE_PREFIX, check_layout, request_summary
 from .pool import Ranks
 from .remote import RemoteTransport, lost_between_calls_error
 from .transport import LogsFor, LostBetweenCalls
@@ -144,7 +145,7 @@ class SlurmTransport(RemoteTransport):
         cluster, options = self.cluster, self.options
         world_size = options.num_processes or 0
         run_id = make_run_id()
-        plan = notebook_plan(world_size, cluster, options.mixed_precision)
+        plan = cluster_plan(world_size, cluster.device_kind, options.mixed_precision, "slurm")
         check_display_ranks_exist(options.display_ranks, plan.world_size)
         logs = logs_for(plan, run_id)
         state = plan_state(plan, run_id, self.backend_name, logs.path)   # a failed start's LaunchError

@@ -25,7 +25,7 @@ from ..channels import RankPipes, RankProcess
 from ..channels.sockets import SocketPipes, StreamListener
 from ..errors import GuardError
 from ..net import source_address_toward
-from ..plan import LaunchPlan, RankSpec, dist_backend_for
+from ..plan import LaunchPlan
 from ..protocol import FailureKind
 from ..rank.spawn_context import capture_context, pickle_job
 from ..backends.base import Launcher, StartFailed
@@ -41,7 +41,7 @@ log = logging.getLogger("notebook_launch")
 
 
 class RayLauncher(Launcher):
-    """Starts a plan's ranks (one row per global rank: ``notebook_plan``) as Ray actors."""
+    """Starts a plan's ranks (one row per global rank: ``plan.cluster_plan``) as Ray actors."""
 
     name = "ray"
 
@@ -206,17 +206,6 @@ def placement_timeout_error(ray: Any, cluster: "RayCluster", world_size: int, rd
         f"Ray could not place {world_size} ranks x {wanted} ({cluster.placement}) within "
         f"rdzv_timeout={rdzv_timeout:g} s: {short}. Other jobs hold the rest; wait for them, lower "
         f"num_processes, or raise rdzv_timeout. No rank was started.")
-
-
-def notebook_plan(world_size: int, cluster: "RayCluster", mixed_precision: str) -> LaunchPlan:
-    """The notebook's view of the run: one row per global rank (its index is the rank). Each
-    rank's real environment is made on its node, once Ray placed it (``rank.ray_actor``)."""
-    device = "cuda" if cluster.device_kind == "cuda" else "cpu"
-    ranks = tuple(RankSpec(rank, rank, device, {}) for rank in range(world_size))
-    return LaunchPlan(num_processes=world_size, num_nodes=1, node_rank=0, world_size=world_size,
-                      master_addr="", master_port=0, device_kind=cluster.device_kind,
-                      dist_backend=dist_backend_for(cluster.device_kind),
-                      mixed_precision=mixed_precision, start_method="ray", ranks=ranks)
 
 
 def notebook_address(ray: Any, cluster: "RayCluster") -> str:

@@ -17,7 +17,8 @@ from ..logs import make_run_id
 from ..rank.runner import Job
 from ..run import run_with_scaffold, supervise_attempts
 from . import connect as ray_connect
-from .launch import RayLauncher, notebook_address, notebook_plan
+from ..plan import cluster_plan
+from .launch import RayLauncher, notebook_address
 
 if TYPE_CHECKING:
     from ..options import LaunchOptions
@@ -39,7 +40,7 @@ def run_on_ray(options: "LaunchOptions", cluster: "RayCluster", world_size: int)
     launcher = RayLauncher(ray, cluster, host=notebook_address(ray, cluster), run_id=run_id,
                            mixed_precision=options.mixed_precision,
                            rendezvous_timeout=options.rendezvous_timeout, max_restarts=options.max_restarts)
-    plan = notebook_plan(world_size, cluster, options.mixed_precision)
+    plan = cluster_plan(world_size, cluster.device_kind, options.mixed_precision, "ray")
     job = Job(options.function, options.args, options.kwargs)
     launcher.payload_for(job)   # a function that does not pickle fails here, before the run shows
     summary = (f"notebook_launch: Ray cluster {ray_connect.gcs_host(ray) or cluster.address}: "

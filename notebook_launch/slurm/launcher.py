@@ -48,7 +48,7 @@ from ..protocol import FailureKind
 from ..rank.spawn_context import capture_context, pickle_job
 from ..backends.base import Launcher, StartFailed
 from ..backends.warm_imports import TORCH_NAMES, looks_like_training, names_any
-from ..ray.where import WhereAsker
+from ..diagnose.remote_where import WhereAsker
 from .agents import AgentRank, NodeAgent, PersistentAgentRank
 from .allocation import GONE_TIMEOUT, Allocation, reap
 from .node_agent import NODE_VARIABLE
@@ -73,7 +73,7 @@ def master_port_for(job_id: str, attempt: int = 0) -> int:
 
 
 class SlurmLauncher(Launcher):
-    """Starts a plan's ranks (one row per global rank: ``slurm.run.notebook_plan``) on a SLURM allocation."""
+    """Starts a plan's ranks (one row per global rank: ``plan.cluster_plan``) on a SLURM allocation."""
 
     name = "slurm"
 

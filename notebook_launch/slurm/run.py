@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import LaunchArgumentError
 from ..logs import make_run_id
-from ..plan import LaunchPlan, RankSpec, dist_backend_for
+from ..plan import cluster_plan
 from ..rank.runner import Job
 from ..run import RunContext, run_with_scaffold, supervise_attempts
 from . import scheduler
@@ -39,7 +39,7 @@ def run_on_slurm(options: "LaunchOptions", cluster: "SlurmCluster", world_size: 
     launcher = SlurmLauncher(cluster, run_id=run_id, mixed_precision=options.mixed_precision,
                              rendezvous_timeout=options.rendezvous_timeout, max_restarts=options.max_restarts)
     launcher.hold_job = options.max_restarts > 0   # each attempt's end keeps the job for the next
-    plan = notebook_plan(world_size, cluster, options.mixed_precision)
+    plan = cluster_plan(world_size, cluster.device_kind, options.mixed_precision, "slurm")
     job = Job(options.function, options.args, options.kwargs)
     launcher.payload_for(job)   # a function that does not pickle fails here, before anything is queued
 
@@ -70,13 +70,3 @@ def check_layout(world_size: int, cluster: "SlurmCluster") -> None:
             f"num_processes={world_size} cannot be spread evenly over SlurmCluster(nodes={cluster.nodes}); "
             f"give a multiple of {cluster.nodes} (each node runs num_processes / nodes ranks)")
 
-
-def notebook_plan(world_size: int, cluster: "SlurmCluster", mixed_precision: str) -> LaunchPlan:
-    """The notebook's view of the run: one row per global rank (its index is the rank). Each
-    rank's real environment is made on its node (``slurm.task``)."""
-    device = "cuda" if cluster.device_kind == "cuda" else "cpu"
-    ranks = tuple(RankSpec(rank, rank, device, {}) for rank in range(world_size))
-    return LaunchPlan(num_processes=world_size, num_nodes=1, node_rank=0, world_size=world_size,
-                      master_addr="", master_port=0, device_kind=cluster.device_kind,
-                      dist_backend=dist_backend_for(cluster.device_kind),
-                      mixed_precision=mixed_precision, start_method="slurm", ranks=ranks)
