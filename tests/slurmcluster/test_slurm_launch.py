@@ -62,22 +62,45 @@ def launch_error(slurm, code: str) -> tuple[dict, str]:
     return result, printed
 
 
-def wait_for_lines(proc: subprocess.Popen, needle: str, count: int, timeout: float = 180) -> str:
-    """Read the notebook's stdout until ``count`` lines contain ``needle``; what was read."""
+def wait_for_lines(proc: subprocess.Popen, needle: str, count: int = 1, timeout: float = 300) -> str:
+    """Read the notebook's stdout until ``count`` lines contain ``needle``; what was read. It reads
+    the fd itself, unbuffered: a line the file object had read ahead into its buffer would never
+    wake the selector again. The notebook is killed if the lines do not come, so its stderr can be
+    shown."""
     assert proc.stdout is not None and proc.stderr is not None
-    seen, text = 0, ""
-    selector = selectors.DefaultSelector()
-    selector.register(proc.stdout, selectors.EVENT_READ)
+    text, selector = "", selectors.DefaultSelector()
+    selector.register(proc.stdout.fileno(), selectors.EVENT_READ)
     deadline = time.monotonic() + timeout
-    while seen < count:
-        if time.monotonic() > deadline or proc.poll() is not None:
-            raise AssertionError(f"saw {seen} of {count} lines with {needle!r}:\n{text}\n{proc.stderr.read()}")
-        if selector.select(0.5):
-            line = proc.stdout.readline()
-            text += line
-            seen += needle in line
-    selector.close()
+    try:
+        while (seen := sum(needle in line for line in text.splitlines())) < count:
+            if time.monotonic() > deadline or proc.poll() is not None:
+                proc.kill()
+                raise AssertionError(f"saw {seen} of {count} lines with {needle!r}:\n{text}\n"
+                                     f"{proc.communicate()[1]}")
+            if selector.select(0.5):
+                text += os.read(proc.stdout.fileno(), 65536).decode(errors="replace")
+    finally:
+        selector.close()
     return text
+
+
+def ctrl_c_while_pending_cancels_only_its_job(slurm, cell: str, says: str) -> None:
+    """With another job holding every node, run ``cell`` in a notebook until it ``says`` its
+    allocation waits, then Ctrl-C: KeyboardInterrupt, and the queued job is cancelled while the
+    other job is left alone."""
+    blocker = hold_every_node(slurm)
+    proc = slurm.notebook(SETUP + cell)
+    try:
+        wait_for_lines(proc, says)
+        assert len(slurm.jobs()) == 2
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=120)
+        assert "KeyboardInterrupt" in err, err
+        only_the_blocker_was_left(slurm, blocker)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
 
 
 def assert_nothing_left(slurm) -> None:
@@ -240,21 +263,9 @@ print(json.dumps(notebook_launcher(train, num_processes=4, cluster=SlurmCluster(
 
 
 def test_an_interrupt_while_pending_cancels_the_queued_job(slurm):
-    blocker = hold_every_node(slurm)
-    proc = slurm.notebook(SETUP + """
+    ctrl_c_while_pending_cancels_only_its_job(slurm, """
 notebook_launcher(print, num_processes=4, cluster=SlurmCluster(nodes=2), ui="text")
-""")
-    try:
-        wait_for_lines(proc, "pending (Resources)", 1)
-        assert len(slurm.jobs()) == 2
-        proc.send_signal(signal.SIGINT)
-        _, err = proc.communicate(timeout=120)
-        assert "KeyboardInterrupt" in err, err
-        only_the_blocker_was_left(slurm, blocker)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+""", says="pending (Resources)")
 
 
 def test_the_time_limit_is_named_as_the_cause(slurm):

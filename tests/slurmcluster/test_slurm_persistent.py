@@ -8,38 +8,14 @@ either node, no srun (``assert_nothing_left``).
 from __future__ import annotations
 
 import json
-import os
 import re
-import selectors
 import signal
-import subprocess
-import time
 
 import pytest
-from test_slurm_launch import (SETUP, assert_nothing_left, hold_every_node, login_node_kernel,
-                               only_the_blocker_was_left, sigkill_kernel_leaves_nothing)
+from test_slurm_launch import (SETUP, assert_nothing_left, ctrl_c_while_pending_cancels_only_its_job, login_node_kernel,
+                               sigkill_kernel_leaves_nothing, wait_for_lines)
 
 pytestmark = pytest.mark.timeout(600)
-
-
-def wait_for_output(proc: subprocess.Popen, needle: str, count: int = 1, timeout: float = 300) -> None:
-    """Read the notebook's stdout (its fd, unbuffered: a line read ahead into a buffer would never
-    wake the selector again) until ``needle`` was printed ``count`` times; the notebook is killed if
-    it does not come, so its stderr can be shown."""
-    assert proc.stdout is not None and proc.stderr is not None
-    text, selector = "", selectors.DefaultSelector()
-    selector.register(proc.stdout.fileno(), selectors.EVENT_READ)
-    deadline = time.monotonic() + timeout
-    try:
-        while text.count(needle) < count:
-            if time.monotonic() > deadline or proc.poll() is not None:
-                proc.kill()
-                raise AssertionError(f"{needle!r} printed {text.count(needle)} of {count} times:\n{text}\n"
-                                     f"{proc.communicate()[1]}")
-            if selector.select(0.5):
-                text += os.read(proc.stdout.fileno(), 65536).decode(errors="replace")
-    finally:
-        selector.close()
 
 
 def notebook_lines(slurm, code: str, timeout: float = 480) -> tuple[list, str]:
@@ -187,7 +163,7 @@ print("OUT", json.dumps([ranks.run(fresh), ranks.restarts]), flush=True)
 ranks.close()
 """)
     try:
-        wait_for_output(proc, "] running", 2)
+        wait_for_lines(proc, "] running", 2)
         proc.send_signal(signal.SIGINT)
         out, err = proc.communicate(timeout=480)
         assert proc.returncode == 0, f"notebook failed ({proc.returncode}):\n{out}\n{err}"
@@ -231,7 +207,7 @@ print("ready", flush=True)
 time.sleep(600)
 """)
     try:
-        wait_for_output(proc, "ready")
+        wait_for_lines(proc, "ready")
         assert len(slurm.jobs()) == 1
         proc.send_signal(signal.SIGKILL)
         proc.wait()
@@ -264,19 +240,7 @@ assert ranks.run(keep) == [1000] * 4
 def test_start_ranks_says_the_job_is_pending_and_ctrl_c_cancels_it(slurm):
     """start_ranks while another job holds every node: the cell says the allocation waits (before
     any call's panel), and Ctrl-C cancels the queued job; the other job is left alone."""
-    blocker = hold_every_node(slurm)
-    proc = slurm.notebook(SETUP + """
+    ctrl_c_while_pending_cancels_only_its_job(slurm, """
 from notebook_launch import start_ranks
 start_ranks(4, cluster=SlurmCluster(nodes=2), ui="text")
-""")
-    try:
-        wait_for_output(proc, "pending (Resources); Stop or Ctrl-C cancels it")
-        assert len(slurm.jobs()) == 2
-        proc.send_signal(signal.SIGINT)
-        _, err = proc.communicate(timeout=120)
-        assert "KeyboardInterrupt" in err, err
-        only_the_blocker_was_left(slurm, blocker)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+""", says="pending (Resources); Stop or Ctrl-C cancels it")
