@@ -6,6 +6,11 @@ the step's stdout, read by one thread per node that turns it into the rank's sta
 rank's sentinel (a pipe's read end) readable. If the agent itself ends first (SLURM cancelled or
 killed its step: a time limit, a node failure, a memory kill, the notebook's own cancel), the
 ranks it had not reported end with the step's exit code, as a rank's own step did before.
+
+When SLURM kills a node's step for its memory, it kills the agent and the ranks together, in no
+set order: the rank that grew (``culprit``) must still be the one the supervisor sees end first,
+so the run's error is that rank's. The ranks that go with it are held back until its end was
+taken, both those the dying agent never reported and those it saw killed just before it died.
 """
 from __future__ import annotations
 
@@ -21,6 +26,10 @@ from ..channels.sockets import SocketPipes
 from .ranks import RemoteRank
 
 log = logging.getLogger("notebook_launch")
+# Seconds a rank the agent saw SIGKILLed waits for the agent's own end, when another rank holds the
+# most memory: SLURM killing the step for memory reaches the agent within this; a rank killed alone
+# (the kernel's OOM killer, a user's kill) is then released as it came.
+KILLED_WITH_THE_STEP_WITHIN = 5.0
 
 
 class NodeAgent:
@@ -39,6 +48,8 @@ class NodeAgent:
         self.largest: int | None = None   # the rank the agent last saw holding clearly the most memory
         self._deferred: list[int] = []   # ranks whose end waits behind the culprit's (``taken``)
         self._holder: int | None = None   # the rank whose taken end releases them
+        self._released: set[int] = set()  # ranks whose sentinel is readable (its write end closed)
+        self._taken: set[int] = set()     # ranks whose end the supervisor took
         self._reader = threading.Thread(target=self._read, daemon=True,
                                         name=f"notebook_launch-slurm-node{node_rank}")
         self._reader.start()
@@ -57,7 +68,7 @@ class NodeAgent:
                 if kind == "largest":
                     self.largest = int(rank_text)
                 else:
-                    self._ended(int(rank_text), (kind, int(value)), by_agent=True)
+                    self._ended(int(rank_text), (kind, int(value)))
             except ValueError:
                 log.debug("node %d's agent said %r", self.node_rank, line)
         code = self.popen.wait()
@@ -68,14 +79,15 @@ class NodeAgent:
         # cause before the ranks that went with it
         with self._lock:
             first = self.culprit()
-            self._holder = first if first is not None and first not in self.ends else None
+            self._holder = first if first is not None and first not in self._taken else None
             for rank in self.ranks:
                 if rank not in self.ends:
                     self.ends[rank] = (status, False)
-                    if self._holder is None or rank == self._holder:
-                        os.close(self._pipes[rank][1])
-                    else:
-                        self._deferred.append(rank)
+                    self._deferred.append(rank)
+            if self._holder is None:
+                self._release()
+            else:
+                self._release_one(self._holder)
 
     def culprit(self) -> int | None:
         """The rank the node's step was most likely killed for, when SLURM killed it for its memory:
@@ -87,20 +99,45 @@ class NodeAgent:
     def taken(self, rank: int) -> None:
         """The supervisor took ``rank``'s end: the ranks held back behind it end now."""
         with self._lock:
-            if rank == self._holder:
+            self._taken.add(rank)
+            if rank in (self._holder, self.culprit()):
                 self._release()
 
     def _release(self) -> None:
+        """(Under the lock) every held-back rank ends now."""
         deferred, self._deferred = self._deferred, []
         for rank in deferred:
+            self._release_one(rank)
+
+    def _release_one(self, rank: int) -> None:
+        """(Under the lock) ``rank``'s sentinel becomes readable, once."""
+        if rank in self._deferred:
+            self._deferred.remove(rank)
+        if rank not in self._released:
+            self._released.add(rank)
             os.close(self._pipes[rank][1])
 
-    def _ended(self, rank: int, status: WaitStatus, by_agent: bool) -> None:
+    def _ended(self, rank: int, status: WaitStatus) -> None:
+        """The agent reported ``rank``'s end. One SIGKILLed while another rank holds the most memory
+        waits behind that rank (see the module), for ``KILLED_WITH_THE_STEP_WITHIN`` seconds at most."""
         with self._lock:
             if rank not in self._pipes or rank in self.ends:
                 return
-            self.ends[rank] = (status, by_agent)
-            os.close(self._pipes[rank][1])
+            self.ends[rank] = (status, True)
+            culprit = self.culprit()
+            if status == ("signal", signal.SIGKILL) and not self.killed and culprit not in (None, rank, *self._taken):
+                self._deferred.append(rank)
+                timer = threading.Timer(KILLED_WITH_THE_STEP_WITHIN, self._release_if_held, (rank,))
+                timer.daemon = True
+                timer.start()
+                return
+            self._release_one(rank)
+
+    def _release_if_held(self, rank: int) -> None:
+        """The step did not end with the rank's kill: it was killed alone, so it ends as it came."""
+        with self._lock:
+            if self._holder is None and rank in self._deferred:
+                self._release_one(rank)
 
     def kill(self) -> None:
         """End the step (SIGTERM to srun: SLURM cancels it and SIGKILLs every process in it)."""
@@ -118,6 +155,7 @@ class NodeAgent:
         if not self._reader.is_alive() and self.popen.stdout is not None:
             self.popen.stdout.close()
         with self._lock:
+            self._holder = None
             self._release()
         for rank, (sentinel, _) in self._pipes.items():
             if rank not in self._handed:
