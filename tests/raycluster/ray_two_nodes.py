@@ -167,16 +167,28 @@ class RayTwoNodes:
             self.down()
             self.up()
             return
-        if not self.pids(1):
+        known = self.notebook.value("print(json.dumps([n['NodeID'] for n in ray.nodes()]))")
+        restarted = not self.pids(1)
+        if restarted:
             self._start_node_b()
+        # The lost node B stays Alive in Ray's list until the head's health checks give up on it
+        # (seconds to tens of seconds): wait until the two alive nodes are node A and, after a
+        # restart, a node B that was not there before. Counting alive nodes alone reads 3 while the
+        # old one lingers beside the new one, or 2 (node A and the dead one) before the new one joins.
         alive = self.notebook.value(
             "import time\n"
+            f"known, restarted = set({known!r}), {restarted!r}\n"
+            "def settled(ids):\n"
+            "    return len(ids) == 2 and (not restarted or bool(ids - known))\n"
             "deadline = time.monotonic() + 120\n"
-            "while len([n for n in ray.nodes() if n['Alive']]) < 2 and time.monotonic() < deadline:\n"
+            "ids = {n['NodeID'] for n in ray.nodes() if n['Alive']}\n"
+            "while not settled(ids) and time.monotonic() < deadline:\n"
             "    time.sleep(0.2)\n"
-            "print(json.dumps(len([n for n in ray.nodes() if n['Alive']])))")
-        if alive != 2:
-            raise RuntimeError(f"node B did not rejoin the cluster: {alive} node(s) alive")
+            "    ids = {n['NodeID'] for n in ray.nodes() if n['Alive']}\n"
+            "print(json.dumps([len(ids), settled(ids)]))")
+        if alive != [2, True]:
+            raise RuntimeError(f"node B did not rejoin the cluster within 120 s: {alive[0]} node(s) alive"
+                               + ("" if alive[1] else ", not node A and a new node B"))
 
     def start_node(self, node: int, *args: str, attempts: int = 5) -> None:
         """`ray start` on a node. Ray gives a raylet 30 s to register, which a loaded 2-core
