@@ -11,6 +11,8 @@ When SLURM kills a node's step for its memory, it kills the agent and the ranks 
 set order: the rank that grew (``culprit``) must still be the one the supervisor sees end first,
 so the run's error is that rank's. The ranks that go with it are held back until its end was
 taken, both those the dying agent never reported and those it saw killed just before it died.
+When SLURM ends the job because a node failed, the ranks of that node are seen to end before those
+of the steps SLURM cancelled on the nodes that live on (``node_failure``).
 """
 from __future__ import annotations
 
@@ -23,6 +25,7 @@ from typing import Callable
 
 from ..channels import WaitStatus
 from ..channels.sockets import SocketPipes
+from .node_failure import NodeFailureOrder
 from .ranks import RemoteRank
 
 log = logging.getLogger("notebook_launch")
@@ -34,10 +37,16 @@ KILLED_WITH_THE_STEP_WITHIN = 5.0
 
 class NodeAgent:
     """One node's step: ``popen`` is its ``srun`` (stdout a pipe: the agent's reports), ``ranks``
-    the global ranks it forks. ``ends[rank]`` is (status, said by the agent) once the rank ended."""
+    the global ranks it forks. ``ends[rank]`` is (status, said by the agent) once the rank ended.
+    ``name`` is the node's, ``said()`` what srun and the step said (its output file), and ``order``
+    is shared by the launch's agents (``node_failure``)."""
 
-    def __init__(self, node_rank: int, ranks: range, popen: subprocess.Popen) -> None:
+    def __init__(self, node_rank: int, ranks: range, popen: subprocess.Popen, *, name: str = "",
+                 said: Callable[[], str] = lambda: "", order: NodeFailureOrder | None = None) -> None:
         self.node_rank = node_rank
+        self.name = name
+        self.said = said
+        self.order = order or NodeFailureOrder()
         self.ranks = ranks
         self.popen = popen
         self.killed = False   # the notebook ended the step (every rank of it was sent SIGKILL)
@@ -72,6 +81,8 @@ class NodeAgent:
             except ValueError:
                 log.debug("node %d's agent said %r", self.node_rank, line)
         code = self.popen.wait()
+        if not self.killed:   # SLURM cancelled it because another node failed: that node's ranks first
+            self.order.wait_turn(self.said(), self.name)
         status: WaitStatus = ("signal", code - 128) if code > 128 else ("exit", code)
         # the agent died with the ranks it had not reported (SLURM ended its step): the rank that
         # held the most memory ends first (a node's step is killed for the memory of all its
@@ -98,6 +109,7 @@ class NodeAgent:
 
     def taken(self, rank: int) -> None:
         """The supervisor took ``rank``'s end: the ranks held back behind it end now."""
+        self.order.taken(self.said(), self.name)
         with self._lock:
             self._taken.add(rank)
             if rank in (self._holder, self.culprit()):
@@ -142,6 +154,7 @@ class NodeAgent:
     def kill(self) -> None:
         """End the step (SIGTERM to srun: SLURM cancels it and SIGKILLs every process in it)."""
         self.killed = True
+        self.order.open()   # the notebook ends every step: no end waits for another node's
         if self.popen.poll() is None:
             try:
                 self.popen.send_signal(signal.SIGTERM)

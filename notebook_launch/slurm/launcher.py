@@ -33,7 +33,6 @@ from __future__ import annotations
 import json
 import logging
 import pickle
-import re
 import subprocess
 import sys
 import time
@@ -50,6 +49,7 @@ from ..backends.base import Launcher, StartFailed
 from ..backends.warm_imports import TORCH_NAMES, looks_like_training, names_any
 from ..diagnose.remote_where import WhereAsker
 from .agents import AgentRank, NodeAgent, PersistentAgentRank
+from .node_failure import NODE_FAILURE, NodeFailureOrder
 from .allocation import GONE_TIMEOUT, Allocation, reap
 from .node_agent import NODE_VARIABLE
 from .ranks import RankListener
@@ -61,7 +61,6 @@ if TYPE_CHECKING:
     from .cluster import SlurmCluster
 
 log = logging.getLogger("notebook_launch")
-NODE_FAILURE = re.compile(r"Node failure on \S+")
 
 
 def master_port_for(job_id: str, attempt: int = 0) -> int:
@@ -141,10 +140,11 @@ class SlurmLauncher(Launcher):
                   "cpus_per_rank": cluster.cpus_per_rank, "persistent": self.persistent,
                   "attempt": attempt, "max_restarts": self.max_restarts}
         common["warm"] = warm_modules(job.function)
+        order = NodeFailureOrder()   # shared by the attempt's agents: a failed node's ranks end first
         for node_rank, (name, _) in enumerate(self.nodes):
             for rank in range(node_rank * per_node, (node_rank + 1) * per_node):
                 watch.placed(rank, node_rank, name)
-            self._agents.append(self._start_agent(dict(common, node_rank=node_rank), name, per_node))
+            self._agents.append(self._start_agent(dict(common, node_rank=node_rank), name, per_node, order))
         agent_of = [agent for agent in self._agents for _ in agent.ranks]
 
         def check() -> None:
@@ -183,7 +183,8 @@ class SlurmLauncher(Launcher):
             process.where_asker = asker
         return list(ranks)
 
-    def _start_agent(self, assignment: dict[str, Any], name: str, per_node: int) -> NodeAgent:
+    def _start_agent(self, assignment: dict[str, Any], name: str, per_node: int,
+                     order: NodeFailureOrder) -> NodeAgent:
         """The node's one step: its agent imports once and forks the node's ``per_node`` ranks
         (``slurm.node_agent``). srun's stdout is the agent's reports; everything else it and the
         agent say goes to the node's output file (``end_cause`` and a failed start read it)."""
@@ -196,9 +197,10 @@ class SlurmLauncher(Launcher):
             srun = subprocess.Popen(
                 scheduler.agent_srun_argv(self.cluster, self.job_id, name, self.python, per_node), env=env,
                 stdout=subprocess.PIPE, stderr=out, stdin=subprocess.DEVNULL, start_new_session=True)
-        for rank in range(node_rank * per_node, (node_rank + 1) * per_node):
+        ranks = range(node_rank * per_node, (node_rank + 1) * per_node)
+        for rank in ranks:
             self._outputs[rank] = output
-        return NodeAgent(node_rank, range(node_rank * per_node, (node_rank + 1) * per_node), srun)
+        return NodeAgent(node_rank, ranks, srun, name=name, said=lambda: read_tail(output), order=order)
 
     def end_cause(self, rank: int, code: int) -> str | None:
         """Why the scheduler ended a rank we did not stop, if it did: asked when its srun failed or said
@@ -223,12 +225,7 @@ class SlurmLauncher(Launcher):
         return cause
 
     def _srun_said(self, rank: int) -> str:
-        if rank not in self._outputs:
-            return ""
-        try:
-            return self._outputs[rank].read_text(errors="replace")[-4000:]
-        except OSError:
-            return ""
+        return read_tail(self._outputs[rank]) if rank in self._outputs else ""
 
     def end(self) -> None:
         """Leave nothing of the attempt: the listener closed, every step cancelled and gone from the
@@ -271,6 +268,14 @@ def warm_modules(function: Callable[..., Any]) -> list[str]:
         log.debug("could not read the launched function's code", exc_info=True)
         return []
     return ["torch", "torch.distributed"] + (["torch.nn.parallel", "torch._dynamo"] if training else [])
+
+
+def read_tail(output: Path) -> str:
+    """The last words of a node step's output file: what srun and the step said."""
+    try:
+        return output.read_text(errors="replace")[-4000:]
+    except OSError:
+        return ""
 
 
 def missing_hint(said: str, python: str) -> str:
