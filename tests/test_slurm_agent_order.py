@@ -140,8 +140,9 @@ def test_a_cancelled_step_waits_for_no_failed_node_that_never_says_so(node, monk
     assert time.monotonic() - ended >= 0.9
 
 
-@pytest.mark.parametrize("says", ["", FAILED.replace("node1", "node0"), "srun: error: node0: task 0: Terminated\n"],
-                         ids=["said-nothing", "its-own-node-failed", "terminated-alone"])
+@pytest.mark.parametrize("says", ["", CANCELLED + FAILED.replace("node1", "node0"),
+                                  "srun: error: node0: task 0: Terminated\n"],
+                         ids=["said-nothing", "cancelled-for-its-own-failure", "terminated-alone"])
 def test_a_step_that_was_not_cancelled_for_another_node_ends_at_once(node, says):
     """Only SLURM's cancel for another node's failure holds a node's ranks back."""
     _, ends = node([], then_exit=143, node_rank=0, says=says, pause=0, order=NodeFailureOrder())

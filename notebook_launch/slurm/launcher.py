@@ -49,9 +49,9 @@ from ..backends.base import Launcher, StartFailed
 from ..backends.warm_imports import TORCH_NAMES, looks_like_training, names_any
 from ..diagnose.remote_where import WhereAsker
 from .agents import AgentRank, NodeAgent, PersistentAgentRank
-from .node_failure import NODE_FAILURE, NodeFailureOrder
 from .allocation import GONE_TIMEOUT, Allocation, reap
 from .node_agent import NODE_VARIABLE
+from .node_failure import NODE_FAILURE, NodeFailureOrder
 from .ranks import RankListener
 from . import scheduler
 
