@@ -115,10 +115,14 @@ if os.environ["RANK"] == "1":
     raise ValueError("bad value on rank 1")
 """
 
+# wait_for_everyone(): a rank that ends right after init_process_group can make a peer still in gloo's
+# connectFullMesh fail ("Connection reset by peer"; plain torch 2.13 does so under load too), so the ranks
+# meet once before they return, as training code does in its first collective
 BODY_BF16 = """%%launch -n 2 --ui none --mixed-precision bf16 --return mp, nproc
 from accelerate import Accelerator
 acc = Accelerator()
 mp, nproc = acc.mixed_precision, acc.num_processes
+acc.wait_for_everyone()
 """
 
 GUARD = """from accelerate import PartialState
