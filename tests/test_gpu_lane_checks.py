@@ -58,6 +58,9 @@ def default_group_backend():
     import torch.distributed as dist
     dist.init_process_group()   # as the lane's NCCL test: no backend named
     try:
+        # the ranks meet once before they end: one that ends right after init_process_group can make
+        # its peer, still in gloo's connectFullMesh, fail under load (as in test_magic's bf16 launch)
+        dist.barrier()
         return {"backend": str(dist.get_backend()), "config": dist.get_backend_config()}
     finally:
         dist.destroy_process_group()
