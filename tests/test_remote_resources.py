@@ -7,8 +7,10 @@ a FAKE NVML (no GPU can exist on these machines). The real engines: tests/rayclu
 (test_ray_resources.py) and tests/slurmcluster. Every wait is for a condition."""
 from __future__ import annotations
 
+import json
 import os
 import pathlib
+import subprocess
 import sys
 import threading
 import time
@@ -30,6 +32,7 @@ from notebook_launch.supervise.resource_watch import ResourceWatch
 
 MiB = 1 << 20
 ALLOCATED = 200 * MiB
+ROOT = pathlib.Path(__file__).resolve().parents[1]
 WAIT = 120.0   # the longest any condition is waited for; the test then fails
 
 
@@ -49,23 +52,40 @@ def wait_until(condition, what: str) -> None:
 
 # --- the rank side: a process samples itself -----------------------------------------------------
 
+SAMPLES_ITSELF = f"""
+import dataclasses, json, time
+from notebook_launch.rank.resources import SelfSampler
+sampler = SelfSampler()
+first = sampler.sample()
+block = bytearray({ALLOCATED})
+block[::4096] = b"\\1" * len(range(0, {ALLOCATED}, 4096))   # every page written: resident
+spent = time.process_time()
+while time.process_time() - spent <= 0.05:   # some CPU of its own, between the two samples
+    pass
+held = sampler.sample()
+del block
+freed = sampler.sample()
+sampler.close()
+print(json.dumps([dataclasses.asdict(usage) for usage in (first, held, freed)]))
+"""
+
+
 def test_a_rank_samples_its_own_memory_cpu_and_peaks():
-    sampler = SelfSampler()
-    first = sampler.sample()
-    assert first is not None and first.rss > 0 and first.uss is not None and first.pss is not None
+    # in a fresh process, as a rank is: a pytest worker holds threads earlier tests left (a fork
+    # server's, a kernel client's), and a process one of them forks shares every page until it
+    # execs or ends: while it lives, those pages are nobody's own (a CI run saw the block grow the
+    # worker's RSS by 200 MiB and its USS by only 137)
+    done = subprocess.run([sys.executable, "-c", SAMPLES_ITSELF], capture_output=True, text=True,
+                          timeout=WAIT, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert done.returncode == 0, done.stderr
+    first, held, freed = (RankUsage(**record) for record in json.loads(done.stdout))
+    assert first.rss > 0 and first.uss is not None and first.pss is not None
     assert first.cpu_percent is None and first.gpu is None   # nothing to compare with yet; a CPU rank
-    block = touched(ALLOCATED)
-    spent = time.process_time()
-    wait_until(lambda: time.process_time() - spent > 0.05, "this process to use some CPU")
-    held = sampler.sample()
-    assert held is not None and held.uss is not None and first.uss is not None
+    assert held.uss is not None
     assert held.rss >= first.rss + ALLOCATED * 0.9 and held.uss >= first.uss + ALLOCATED * 0.9, (first, held)
     assert (held.cpu_percent or 0) > 0 and (held.cpu_average or 0) > 0
-    del block
-    freed = sampler.sample()
-    assert freed is not None and freed.rss < held.rss - ALLOCATED * 0.5   # it gave the block back
+    assert freed.rss < held.rss - ALLOCATED * 0.5   # it gave the block back
     assert freed.peak_rss == held.rss and freed.peak_uss == held.uss      # the peaks stay
-    sampler.close()
 
 
 def test_a_gpu_rank_reads_its_device_through_nvml_and_a_cpu_rank_never_opens_it(monkeypatch):
