@@ -12,7 +12,7 @@ from typing import Any, Callable
 from .. import pickling, protocol, shared_tensors
 from ..best_effort import best_effort
 from ..plan import RankSpec
-from . import display_relay, lightning_strategy, process_groups, result_pickle, stdin_relay, whereabouts
+from . import display_relay, lightning_strategy, peers_joined, process_groups, result_pickle, stdin_relay, whereabouts
 from .bootstrap import EXIT_FAILED, flush_everything
 
 log = logging.getLogger("notebook_launch")
@@ -50,6 +50,7 @@ def _install_display_relay(spec: RankSpec) -> None:
 rank_hooks.append(_install_display_relay)
 rank_hooks.append(whereabouts.install)   # the notebook can ask where this rank is, even blocked in C (issue 20)
 rank_hooks.append(lightning_strategy.install)   # Lightning's ddp_notebook etc. join the launched ranks (#25)
+rank_hooks.append(peers_joined.install)   # no rank leaves a gloo group its peers are still joining
 
 
 def flush_progress() -> None:
@@ -108,7 +109,10 @@ def run_rank(spec: RankSpec, job: Job, *, forked_from_notebook: bool = False) ->
         report_error(setup_failure(spec, exc, steps[-1] if steps else "its set-up"), writer)
         return EXIT_FAILED
     writer.send(protocol.READY, {"pid": os.getpid(), "device": spec.device})
-    return call_and_report(spec, job, writer, forked_from_notebook=forked_from_notebook)
+    code = call_and_report(spec, job, writer, forked_from_notebook=forked_from_notebook)
+    if code == 0:
+        peers_joined.before_exit()   # its gloo sockets close as it ends: not under a peer still joining
+    return code
 
 
 def prepare_rank(spec: RankSpec, steps: list[str]) -> None:
