@@ -21,6 +21,15 @@ NODE_SCRIPT = Path(__file__).with_name("node_script.py")
 PORT = 29400
 
 
+def node_port() -> int:
+    """The rendezvous port of this pytest worker's node pairs. Each namespace has its own ports, but
+    every launch on this machine claims its port in one folder of /tmp (``net.PortReservation``),
+    which the namespaces share: two pairs' node 0s on the same port, in two workers at once, would
+    find it claimed. Two ports a worker (a test also uses ``port + 1``), one worker at a time."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
+    return PORT + 2 * int(worker[2:] if worker[2:].isdigit() else 0)
+
+
 class NodeProcess(subprocess.Popen):
     """One node's notebook_launcher call: its process, the JSON file its outcome goes to, and the log
     of what it printed."""
@@ -34,7 +43,7 @@ class TwoNodes:
     def __init__(self, tmp_path: Path):
         self.namespaces, self.links, self.addresses = pair_names("nl")
         self.tmp = tmp_path
-        self.port = PORT   # each namespace has its own ports: no clash with anything outside
+        self.port = node_port()
         self.procs: list[NodeProcess] = []
 
     def create(self):
