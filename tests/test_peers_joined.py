@@ -33,32 +33,45 @@ def alive(pid: int) -> bool:
     return state not in ("Z", "X")
 
 
-def join_and_leave(folder: str, leaving: str) -> list[int] | None:
-    """Each rank joins the group and leaves at once; the last one joins slowly and returns which
-    of the others were still running when it counted itself in."""
+def join_and_leave(folder: str, leaving: str, subgroup: bool = False) -> list[int] | None:
+    """Each rank joins the group (``subgroup``: then a group of ranks 1 and 2) and leaves at once;
+    the last one joins slowly and returns which of the others were still running when it counted
+    itself in (None: it never did)."""
     import torch.distributed as dist
 
     from notebook_launch.rank import peers_joined
 
     rank = int(os.environ["RANK"])
     pathlib.Path(folder, f"pid-{rank}").write_text(str(os.getpid()))
-    seen: list[int] = []
+    seen: dict[str, list[int]] = {}   # who was still running, once the slow rank counts in
+    others = [1] if subgroup else list(range(WORLD - 1))
     if rank == WORLD - 1:
         count_in = peers_joined.count_in
 
-        def slow_count_in(*args):
+        def slow_count_in(dist, group):
+            if group.size() != (2 if subgroup else WORLD):
+                return count_in(dist, group)
             time.sleep(SLOW)
-            pids = [int(pathlib.Path(folder, f"pid-{peer}").read_text()) for peer in range(WORLD - 1)]
-            seen.extend(peer for peer, pid in enumerate(pids) if alive(pid))
-            return count_in(*args)
+            pids = {peer: int(pathlib.Path(folder, f"pid-{peer}").read_text()) for peer in others}
+            seen["running"] = [peer for peer, pid in pids.items() if alive(pid)]
+            return count_in(dist, group)
 
         peers_joined.count_in = slow_count_in
     dist.init_process_group("gloo")
+    group = dist.new_group([1, 2]) if subgroup else None
+    if subgroup and rank == 2:
+        pathlib.Path(folder, "rank-2-joined").touch()
+    if subgroup and rank == 0:   # no member; but it hosts the store the members join through
+        deadline = time.monotonic() + 60
+        while not pathlib.Path(folder, "rank-2-joined").exists():
+            assert time.monotonic() < deadline, "rank 2 did not make its group within 60 s"
+            time.sleep(0.01)
+        return None
     if leaving == "destroy":
-        dist.destroy_process_group()
+        dist.destroy_process_group(group)
     elif leaving == "destroy taken before the launch":
-        destroy_taken_before_the_launch()
-    return seen if rank == WORLD - 1 else None
+        destroy_taken_before_the_launch(group)
+    return seen.get("running") if rank == WORLD - 1 else None
 
 
 @pytest.mark.parametrize("leaving, start_method", [
@@ -66,8 +79,17 @@ def join_and_leave(folder: str, leaving: str) -> list[int] | None:
 def test_no_rank_ends_before_a_slow_peer_has_joined(tmp_path, leaving, start_method):
     results = notebook_launcher(join_and_leave, args=(str(tmp_path), leaving), num_processes=WORLD,
                                 start_method=start_method, ui="none")
-    assert results[WORLD - 1] == list(range(WORLD - 1)), (
-        f"ranks {sorted(set(range(WORLD - 1)) - set(results[WORLD - 1]))} had ended before the last rank joined")
+    assert results[WORLD - 1] == list(range(WORLD - 1)), "ranks had ended before the last rank joined"
+
+
+@pytest.mark.parametrize("leaving", ["return", "destroy"])
+def test_no_member_leaves_a_new_group_before_a_slow_member_has_joined(tmp_path, leaving):
+    """``new_group`` connects its members as init does: rank 1 neither ends nor destroys the group
+    of ranks 1 and 2 before rank 2 has joined it. (Rank 0, no member, stays until then: the members
+    join through the store it hosts, as in plain torch.)"""
+    results = notebook_launcher(join_and_leave, args=(str(tmp_path), leaving, True), num_processes=WORLD,
+                                ui="none")
+    assert results[WORLD - 1] == [1], "rank 1 had left the group of ranks 1 and 2 before rank 2 joined it"
 
 
 def never_counts_in(folder: str) -> float | None:
