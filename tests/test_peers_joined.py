@@ -122,3 +122,42 @@ def test_a_peer_that_never_counts_in_holds_a_rank_only_for_its_limit(tmp_path):
     assert results[0] is None and results[1] is not None
     # its own limit (1 s), not the default one: what is left of the default is slack for a busy machine
     assert results[1] < peers_joined.WAIT_LIMIT
+
+
+def uses_the_store_while_a_peer_joins(folder: str) -> bool | None:
+    """Rank 0 writes a key on the group's store right after its init, while rank 2 has not counted
+    itself in yet; rank 2 waits for that key before it does. A thread of ours that held rank 0's
+    store client (a client serves one request at a time) until every peer joined would hold that
+    write back until rank 2 gives up: rank 2 returns whether it saw the key."""
+    import datetime
+
+    import torch.distributed as dist
+    import torch.distributed.distributed_c10d as c10d
+
+    from notebook_launch.rank import peers_joined
+
+    peers_joined.WAIT_LIMIT = 60.0   # longer than rank 2 waits: no limit of ours ends a stall here
+    rank = int(os.environ["RANK"])
+    seen: dict[str, bool] = {}
+    if rank == WORLD - 1:
+        count_in = peers_joined.count_in
+
+        def count_in_once_rank_0_wrote(dist, group):
+            try:
+                c10d._get_default_store().wait(["rank 0 wrote"], datetime.timedelta(seconds=20))
+                seen["key"] = True
+            except Exception:
+                seen["key"] = False
+            return count_in(dist, group)
+
+        peers_joined.count_in = count_in_once_rank_0_wrote
+    dist.init_process_group("gloo")
+    if rank == 0:
+        c10d._get_default_store().set("rank 0 wrote", "1")
+    return seen.get("key") if rank == WORLD - 1 else None
+
+
+def test_a_rank_waiting_for_its_peers_leaves_its_store_free(tmp_path):
+    results = notebook_launcher(uses_the_store_while_a_peer_joins, args=(str(tmp_path),), num_processes=WORLD,
+                                ui="none")
+    assert results[WORLD - 1] is True, "rank 0's write waited for rank 2 to join: our thread held its store"

@@ -19,7 +19,6 @@ entry).
 """
 from __future__ import annotations
 
-import datetime
 import logging
 import threading
 import time
@@ -36,6 +35,8 @@ ALL_IN = "notebook_launch/all-joined"
 HEARD = "notebook_launch/heard"
 ALL_HEARD = "notebook_launch/all-heard"
 THREAD_NAME = "notebook_launch-peers-joined"
+POLL_FIRST = 0.001   # seconds between the first two looks at the store, doubling up to POLL_MOST
+POLL_MOST = 0.05
 _PATCHED = "_notebook_launch_waits_for_peers"
 _made: Counter[str] = Counter()          # groups made in this process, by name: each has keys of its own
 _joinings: dict[str, "Joining"] = {}     # the last group of each name this process joined
@@ -130,20 +131,31 @@ class Joining:
             threading.Thread(target=self._listen, args=(last,), daemon=True, name=THREAD_NAME).start()
 
     def _listen(self, last: bool) -> None:
-        limit = datetime.timedelta(seconds=WAIT_LIMIT)
+        deadline = time.monotonic() + WAIT_LIMIT
         try:
             if not last:
-                self.store.wait([self.keys[ALL_IN]], limit)
+                self._wait_for(ALL_IN, deadline)
             if self.rank != 0:
                 if self.store.add(self.keys[HEARD], 1) == self.size - 1:
                     self.store.set(self.keys[ALL_HEARD], "1")
             else:
-                self.store.wait([self.keys[ALL_HEARD]], limit)
+                self._wait_for(ALL_HEARD, deadline)
         except Exception:   # why: a peer that never joins, or the host gone: the rank leaves as it would have
             log.debug("this rank did not hear that every peer joined its group", exc_info=True)
         finally:
             self.store = None
             self.done.set()
+
+    def _wait_for(self, word: str, deadline: float) -> None:
+        """Poll, never ``store.wait``: a store client serves one request at a time and holds its
+        lock through a wait, so a waiting thread would hold back the rank's own store requests (the
+        next ``new_group``'s), and a peer's that need them: a stall until the wait gives up."""
+        pause = POLL_FIRST
+        while not self.store.check([self.keys[word]]):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"no {word} within {WAIT_LIMIT:g} s")
+            time.sleep(pause)
+            pause = min(2 * pause, POLL_MOST)
 
 
 def wait_for_peers(group: Any = None, limit: float | None = None) -> bool:
