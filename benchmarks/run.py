@@ -23,14 +23,15 @@ if __package__ in (None, ""):  # run as a script: make the repository importable
     __package__ = "benchmarks"
 
 from benchmarks import (collective_bookkeeping, companions, iteration_cost, kernel_first_launch,  # noqa: E402
-                        launch_cost, memory, persistent_cost, persistent_ray, ray_cluster, result_transfer)
+                        launch_cost, memory, persistent_cost, persistent_ray, ray_cluster, result_transfer,
+                        spawn_start)
 from benchmarks.common import REPO_ROOT, machine_description  # noqa: E402
 from benchmarks.plots import write_plots  # noqa: E402
 from benchmarks.table import render_table  # noqa: E402
 from benchmarks.worker import READY_STATES  # noqa: E402
 
 # 9 and 12: Ray cluster rows (need root for network namespaces); 11: the hang bookkeeping
-ITEMS = ("1", "2", "3", "4", "5", "6", "7", "8", "9", "10", "11", "12")
+ITEMS = ("1", "2", "3", "4", "5", "6", "7", "8", "9", "10", "11", "12", "13")
 DEFAULT_OUT = os.path.join(REPO_ROOT, "benchmarks", "RESULTS.md")
 DEFAULT_PLOTS = os.path.join(REPO_ROOT, "docs", "images", "benchmarks")
 
@@ -41,11 +42,13 @@ def make_config(quick: bool, repeats: int) -> dict:
         # launchers only (each sample is a new interpreter importing torch; the warm rows run all four)
         return dict(quick=True, repeats=repeats, trivial_ranks=[1, 2], fresh_ranks=[2], step_ranks=[2],
                     step_launchers=["ours", "accelerate", "start_processes"], step_launchers_at={},
-                    fresh_launchers=["ours", "accelerate"], tensor_mib=64, memory_ranks=2, iterations=10**4)
+                    fresh_launchers=["ours", "accelerate"], tensor_mib=64, memory_ranks=2, iterations=10**4,
+                    spawn_ranks=[2])
     return dict(quick=False, repeats=repeats, trivial_ranks=[1, 2, 4, 8], fresh_ranks=[2],
                 fresh_launchers=all_launchers,
                 step_ranks=[1, 2, 4, 8], step_launchers=["ours", "accelerate", "start_processes"],
-                step_launchers_at={2: all_launchers}, tensor_mib=1024, memory_ranks=2, iterations=10**6)
+                step_launchers_at={2: all_launchers}, tensor_mib=1024, memory_ranks=2, iterations=10**6,
+                spawn_ranks=[2, 4, 8])
 
 
 def restrict(config: dict, only: set) -> dict:
@@ -106,6 +109,8 @@ def measure(config: dict, only: set, log_dir: str, say):
         rows += collective_bookkeeping.run(config, log_dir, say)
     if "12" in only:
         rows += persistent_ray.run(config, log_dir, say)
+    if "13" in only:
+        rows += spawn_start.run(config, log_dir, say)
     order = {"fresh": 1, "kernel": 2}   # warm process, fresh process, fresh kernel
     rows.sort(key=lambda r: (r.group, order.get(r.condition, 0), int(r.ranks)))  # stable: fork before spawn
     return rows, companion_outputs

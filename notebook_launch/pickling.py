@@ -36,6 +36,25 @@ class UnsendableValueError(pickle.PicklingError):
     """A value that holds something of this process only (an open file, a socket)."""
 
 
+class DeviceTensorError(UnsendableValueError):
+    """A tensor on an accelerator (CUDA, XPU, ...) in what a fresh rank is sent: it would arrive as
+    a CPU copy, not on the rank's device (``locate(..., refuse_devices=True)``)."""
+
+
+def tensor_device(tensor: Any) -> str:
+    """The device a tensor lives on, as a string (``"cuda:0"``, ``"cpu"``)."""
+    return str(tensor.device)
+
+
+def _refuse_device_tensor(obj: Any) -> None:
+    torch = sys.modules.get("torch")
+    if torch is None or not isinstance(obj, torch.Tensor):
+        return
+    device = tensor_device(obj)
+    if device.split(":")[0] not in ("cpu", "meta"):
+        raise DeviceTensorError(f"a tensor on {device} (shape {tuple(obj.shape)}, {obj.dtype})")
+
+
 def _own_reduction(cls: type) -> bool:
     """Whether ``cls`` (a subclass of a descriptor class) says how it is pickled."""
     for klass in cls.__mro__:
@@ -128,11 +147,13 @@ class _Sink:
         return memoryview(data).nbytes   # a PickleBuffer too: the pickler writes a big one as it is
 
 
-def _probe_pickler() -> type:
+def _probe_pickler(refuse_devices: bool = False) -> type:
     base = Pickler.get()
 
     class ProbePickler(base):  # type: ignore[misc,valid-type]
         def reducer_override(self, obj: Any) -> Any:
+            if refuse_devices:
+                _refuse_device_tensor(obj)
             torch = sys.modules.get("torch")
             if torch is not None and isinstance(obj, (torch.storage.TypedStorage, torch.UntypedStorage)):
                 return bytes, ()   # a storage's bytes never decide whether a value pickles
@@ -144,11 +165,12 @@ def _probe_pickler() -> type:
     return ProbePickler
 
 
-def pickle_error(value: Any) -> Exception | None:
+def pickle_error(value: Any, refuse_devices: bool = False) -> Exception | None:
     """Why ``value`` does not pickle (as ``shared_tensors.dumps`` would), or None if it does.
-    Cheap for big tensors and numpy arrays: their bytes are not copied."""
+    Cheap for big tensors and numpy arrays: their bytes are not copied. ``refuse_devices``: a
+    tensor on an accelerator is an error too (DeviceTensorError)."""
     try:
-        _probe_pickler()(_Sink(), protocol=pickle.HIGHEST_PROTOCOL).dump(value)
+        _probe_pickler(refuse_devices)(_Sink(), protocol=pickle.HIGHEST_PROTOCOL).dump(value)
     except Exception as exc:   # why: RecursionError too
         return exc
     return None
@@ -164,10 +186,11 @@ def check(value: Any, name: str) -> None:
                                    f"pickled: {type(exc).__name__}: {exc}") from exc
 
 
-def locate(value: Any, name: str) -> tuple[str, Any, Exception] | None:
+def locate(value: Any, name: str, refuse_devices: bool = False) -> tuple[str, Any, Exception] | None:
     """(path, part, error) for the innermost part of ``value`` that does not pickle, its path
-    written from ``name`` (``name["key"][2].attribute``); None if ``value`` pickles."""
-    error = pickle_error(value)
+    written from ``name`` (``name["key"][2].attribute``); None if ``value`` pickles. With
+    ``refuse_devices``, a tensor on an accelerator counts as a part that does not pickle."""
+    error = pickle_error(value, refuse_devices)
     if error is None:
         return None
     path, current, seen = name, value, {id(value)}
@@ -175,7 +198,7 @@ def locate(value: Any, name: str) -> tuple[str, Any, Exception] | None:
         for suffix, child in _children(current):
             if id(child) in seen:
                 continue
-            child_error = pickle_error(child)
+            child_error = pickle_error(child, refuse_devices)
             if child_error is not None:
                 seen.add(id(child))
                 path, current, error = path + suffix, child, child_error
@@ -197,6 +220,16 @@ def _children(obj: Any) -> Iterator[tuple[str, Any]]:
     if isinstance(obj, (set, frozenset)):
         for item in list(obj):
             yield f" (an element {item!r:.40})", item
+        return
+    if isinstance(obj, types.FunctionType):   # what cloudpickle sends of a function by value
+        for name, cell in zip(obj.__code__.co_freevars, obj.__closure__ or ()):
+            try:
+                yield f" (its closure variable {name!r})", cell.cell_contents
+            except ValueError:   # an empty cell: nothing to send
+                continue
+        for name in obj.__code__.co_names:
+            if name in obj.__globals__:
+                yield f" (the global {name!r} it uses)", obj.__globals__[name]
         return
     torch = sys.modules.get("torch")
     state = getattr(obj, "__dict__", None)

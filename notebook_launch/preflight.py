@@ -121,6 +121,15 @@ def check_cuda_not_initialized(start_method: StartMethod, gpus: int) -> None:
     cuda_tracking.prefer_nvml_availability_check()
 
 
+def why_not_fork(gpus: int) -> str | None:
+    """Why ranks must not be forked from this notebook (its CUDA), in words; None when they may."""
+    if cuda_tracking.is_cuda_initialized():
+        return "CUDA is initialized in this notebook"
+    if gpus and cuda_tracking.fork_is_poisoned():
+        return "the CUDA runtime was already used in this notebook"
+    return None
+
+
 def where_unknown(what: str, before_tracking: bool) -> str:
     """Why the guard cannot name the line: notebook_launch records it only once its hooks are
     installed (hooks.py), which ``import notebook_launch`` alone does not do."""

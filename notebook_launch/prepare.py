@@ -7,6 +7,7 @@ launch path and persistent ranks prepare the same way and the API module is impo
 nothing of ours for its internals."""
 from __future__ import annotations
 
+import dataclasses
 import inspect
 from typing import Any, Mapping
 
@@ -53,7 +54,7 @@ def plan_launch(options: LaunchOptions) -> tuple[LaunchTarget, LaunchPlan, str]:
     """Detect, check the notebook's state, settle the port and describe this node's ranks:
     what every way of starting ranks (a launch, persistent ranks) does before starting them.
     The port stays claimed among this machine's launches until ``net.release_claims(run_id)``."""
-    target = launch_target(options.start_method, options.num_processes)
+    target = spawn_where_fork_would_be_refused(options, launch_target(options.start_method, options.num_processes))
     if options.elastic:
         validate_elastic_start_method(target.start_method)
     preflight.check_no_accelerate_state()
@@ -80,6 +81,23 @@ def plan_launch(options: LaunchOptions) -> tuple[LaunchTarget, LaunchPlan, str]:
         raise
     start_keeper_ahead()   # every check passed: ranks will start (the keeper's start runs beside what follows)
     return target, plan, run_id
+
+
+def spawn_where_fork_would_be_refused(options: LaunchOptions, target: LaunchTarget) -> LaunchTarget:
+    """A notebook that holds a CUDA context (or whose CUDA runtime a fork would carry to GPU ranks)
+    cannot fork its ranks. Where the user did not ask for fork, the ranks start from the warm start
+    process instead (``backends.start_process``: as fast, and sharing nothing of the notebook's
+    CUDA), saying so in the launch line; an explicit ``start_method="fork"`` is still refused with
+    what to do (``preflight.check_cuda_not_initialized``)."""
+    from .backends import start_process
+    if options.start_method is not None or target.start_method != "fork" or not start_process.enabled():
+        return target
+    why = preflight.why_not_fork(target.device_count)
+    if why is None:
+        return target
+    note = (f"{why}: ranks start from the warm start process (start_method='spawn'), the function and its "
+            f"arguments sent by value")
+    return dataclasses.replace(target, start_method="spawn", notes=target.notes + (note,))
 
 
 def _plan(options: LaunchOptions, target: LaunchTarget, port: int, run_id: str, notes: list[str]) -> LaunchPlan:

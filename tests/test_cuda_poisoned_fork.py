@@ -7,7 +7,6 @@ from __future__ import annotations
 import os
 import textwrap
 
-import psutil
 import pytest
 import torch
 
@@ -16,6 +15,7 @@ from helpers.cuda_tracking_reset import reset_cuda_tracking
 from notebook_launch import GuardError, LaunchError, cuda_tracking, notebook_launcher, preflight
 from notebook_launch.detect.platform import cuda_device_count
 from notebook_launch.rank import runner
+from tests.helpers.processes import children
 
 NVML = cuda_tracking.NVML_CHECK_VARIABLE
 
@@ -25,7 +25,7 @@ def noop():
 
 
 def assert_nothing_started():
-    assert psutil.Process().children(recursive=True) == []
+    assert children() == []
 
 
 @pytest.fixture
@@ -59,8 +59,8 @@ def check_cuda_in_a_notebook_cell():
 def test_is_available_in_the_notebook_is_refused_and_located(fake_cuda_build_with_two_fake_gpus):
     assert check_cuda_in_a_notebook_cell() == "cuda"
     assert fake_cuda_build_with_two_fake_gpus.poisoned and not torch.cuda.is_initialized()
-    with pytest.raises(GuardError) as info:
-        notebook_launcher(noop, num_processes=2)
+    with pytest.raises(GuardError) as info:   # asked for fork (unset, the ranks would start from the start process)
+        notebook_launcher(noop, num_processes=2, start_method="fork")
     message = str(info.value)
     assert message.startswith("The CUDA runtime was already used in this notebook")
     assert "Cannot re-initialize CUDA in forked subprocess" in message
@@ -77,7 +77,7 @@ def test_start_ranks_is_refused_too(fake_cuda_build_with_two_fake_gpus):
     from notebook_launch import start_ranks
     check_cuda_in_a_notebook_cell()
     with pytest.raises(GuardError, match="The CUDA runtime was already used"):
-        start_ranks(2, ui="none")
+        start_ranks(2, ui="none", start_method="fork")
     assert_nothing_started()
 
 
@@ -85,7 +85,7 @@ def test_without_a_known_location_it_still_says_what_to_do(fake_cuda_build_with_
     # the runtime asked past the witness (which wraps torch's function: functools.wraps sets __wrapped__)
     torch._C._cuda_getDeviceCount.__wrapped__()  # type: ignore[attr-defined]
     with pytest.raises(GuardError) as info:
-        notebook_launcher(noop, num_processes=1)
+        notebook_launcher(noop, num_processes=1, start_method="fork")
     assert "first asked" not in str(info.value)
     assert "start_method='spawn'" in str(info.value)
 
@@ -234,7 +234,7 @@ def test_the_cell_that_asked_is_named_in_a_kernel(tmp_path):
         device = "cuda" if torch.cuda.is_available() else "cpu"
         """, """
         try:
-            notebook_launcher(lambda: 1, num_processes=1)
+            notebook_launcher(lambda: 1, num_processes=1, start_method="fork")   # asked for fork: refused
         except GuardError as err:
             print("GUARD:", err)
         else:

@@ -6,12 +6,12 @@ import sys
 import textwrap
 import time
 
-import psutil
 import pytest
 
 from notebook_launch import LaunchArgumentError, LaunchError, notebook_launcher
 from notebook_launch.display import Display
 from notebook_launch.net import free_port
+from tests.helpers.processes import children
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -103,7 +103,7 @@ def test_signal_handlers_restored_and_no_processes_left(tmp_path):
     finally:
         for n, handler in previous.items():
             signal.signal(getattr(signal, n), handler)
-    assert psutil.Process().children(recursive=True) == []
+    assert children() == []
 
 
 @pytest.mark.parametrize("when", ["ranks running", "waiting for a node"])

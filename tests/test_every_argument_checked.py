@@ -7,12 +7,12 @@ import functools
 import math
 import os
 
-import psutil
 import pytest
 
 from notebook_launch import LaunchArgumentError, RayCluster, notebook_launcher, start_ranks
 from notebook_launch.net import free_port
 from notebook_launch.persistent import magic as ranks_magic_module
+from tests.helpers.processes import children
 
 
 def must_not_run(*args, **kwargs):
@@ -26,11 +26,11 @@ def train(lr, epochs=1):
 @pytest.fixture(autouse=True)
 def children_before():
     """The processes this test process had before the test (the module's pool's ranks among them)."""
-    return {p.pid for p in psutil.Process().children(recursive=True)}
+    return {p.pid for p in children()}
 
 
 def nothing_started(tmp_path, capsys, before):
-    assert {p.pid for p in psutil.Process().children(recursive=True)} <= before, "no rank may start"
+    assert {p.pid for p in children()} <= before, "no rank may start"
     assert not (tmp_path / "logs").exists(), "no run folder may be made"
     assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())
     assert "notebook_launch: " not in capsys.readouterr().out, "no launch line"

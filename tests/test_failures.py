@@ -5,10 +5,10 @@ import signal
 import threading
 import time
 
-import psutil
 import pytest
 
 from notebook_launch import LaunchError, notebook_launcher
+from tests.helpers.processes import children
 
 
 def rank() -> int:
@@ -23,9 +23,9 @@ def fail_on_rank_1_others_hang():
 
 def assert_no_children():
     deadline = time.monotonic() + 5
-    while psutil.Process().children(recursive=True) and time.monotonic() < deadline:
+    while children() and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert psutil.Process().children(recursive=True) == []
+    assert children() == []
 
 
 def test_exception_names_rank_type_message_and_traceback(log_dir):

@@ -3,7 +3,6 @@ import inspect
 import os
 import socket
 
-import psutil
 import pytest
 import torch
 
@@ -11,6 +10,7 @@ from notebook_launch import GuardError, LaunchArgumentError, LaunchError, cuda_t
 from helpers.cuda_tracking_reset import reset_cuda_tracking
 from notebook_launch.net import free_port
 from notebook_launch.options import _DefaultPort   # the marker of the default use_port (a busy one is replaced)
+from tests.helpers.processes import children
 
 
 def noop():
@@ -18,7 +18,7 @@ def noop():
 
 
 def assert_nothing_started():
-    assert psutil.Process().children(recursive=True) == []
+    assert children() == []
 
 
 @pytest.fixture
@@ -76,8 +76,8 @@ def touch_cuda_in_a_notebook_cell():
 def test_cuda_initialized_in_parent_is_refused_and_located(fake_cuda_initialized):
     cuda_tracking.install()
     touch_cuda_in_a_notebook_cell()
-    with pytest.raises(GuardError) as info:
-        notebook_launcher(noop, num_processes=2)
+    with pytest.raises(GuardError) as info:   # asked for fork: refused (unset, ranks start from the start process)
+        notebook_launcher(noop, num_processes=2, start_method="fork")
     message = str(info.value)
     assert message.startswith("CUDA is already initialized in this notebook")
     assert "CUDA was first initialized at:" in message
@@ -91,7 +91,7 @@ def test_cuda_guard_without_known_location_still_says_what_to_do(fake_cuda_initi
     the first launch does): the guard still refuses, says the line is unknown and why, and how
     to have it named next time."""
     with pytest.raises(GuardError) as info:
-        notebook_launcher(noop)
+        notebook_launcher(noop, start_method="fork")
     message = str(info.value)
     assert "restart the kernel" in message
     assert "Where CUDA was initialized is unknown: it happened before notebook_launch began recording" in message

@@ -14,6 +14,7 @@ import pytest
 from helpers.fd_helpers import fd_links
 
 from notebook_launch import LaunchError, notebook_launcher
+from tests.helpers.processes import children
 
 HANGING_LAUNCH = textwrap.dedent("""
     import os, sys, time
@@ -118,7 +119,7 @@ def test_fifty_launches_in_a_row_leak_nothing(tmp_path):
         except LaunchError as err:
             assert fn is not ok, err
     after = resources()
-    assert psutil.Process().children(recursive=True) == [], "a child or zombie is left"
+    assert children() == [], "a child or zombie is left"
     assert after["fds"] == before["fds"], \
         f"file descriptors leaked: {len(before['fds'])} -> {len(after['fds'])}: " \
         f"{sorted(set(after['fds']) ^ set(before['fds']))}"

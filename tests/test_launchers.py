@@ -59,6 +59,8 @@ NOT_RANKS = {
     "notebook_launch.slurm.watchdog": "scancel, when the notebook that started a SLURM job died",
     # ranks, but on a SLURM node: the node's half of SlurmLauncher.start, whose srun step runs it
     "notebook_launch.slurm.node_agent": "forks its node's ranks inside the srun step SlurmLauncher.start began",
+    # the warm start process: forks the ranks SpawnBackend.start asks it for (backends.start_process)
+    "notebook_launch.rank.start_server": "forks the ranks SpawnBackend.start asks the warm start process for",
 }
 # Start paths that do not go through the interface yet; each must leave this list once it does
 # (none is left: persistent ranks on Ray start through RayLauncher.start, with persistent=True).

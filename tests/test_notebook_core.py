@@ -51,7 +51,7 @@ tracking.is_cuda_initialized = lambda: FAKE_CUDA_CONTEXT[0]
 """, """
 weights = [1.0, 2.0]
 FAKE_CUDA_CONTEXT[0] = True   # what model.cuda() would do
-""", "notebook_launcher(train, args=(1,), num_processes=2, ui='text')")
+""", "notebook_launcher(train, args=(1,), num_processes=2, ui='text', start_method='fork')")
     run_notebook(nb, cwd=str(tmp_path), allow_errors=True)
     error = [o for o in nb.cells[3].outputs if o.output_type == "error"][0]
     assert error.ename == "GuardError"

@@ -25,13 +25,13 @@ import warnings
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 
-import psutil
 import pytest
 from helpers.waiting import ended, wait_for
 
 from notebook_launch import LaunchError, notebook_launcher, start_ranks
 from notebook_launch.backends import fork_thread
 from notebook_launch.net import free_port
+from tests.helpers.processes import children
 
 
 def _wait_until_ended(pid: int) -> None:
@@ -206,10 +206,10 @@ def _no_child_left_for_later_tests() -> Iterator[None]:
     """Later tests in the same process (xdist worker) check that a launch leaves no child: a
     state here that left one (as the reaping thread once did, stopping before it reaped the child
     that woke it) fails here, where it was made, not there."""
-    before = {child.pid for child in psutil.Process().children()}
+    before = {child.pid for child in children(recursive=False)}
     yield
     deadline = time.monotonic() + 5
-    while (left := [c for c in psutil.Process().children() if c.pid not in before]) and time.monotonic() < deadline:
+    while (left := [c for c in children(recursive=False) if c.pid not in before]) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert left == [], f"this test left children: {left}"
 

@@ -8,11 +8,11 @@ import signal
 import time
 import uuid
 
-import psutil
 import pytest
 
 from notebook_launch import LaunchError, notebook_launcher
 from notebook_launch.supervise import oom
+from tests.helpers.processes import children
 
 CGROUP_V1 = "/sys/fs/cgroup/memory"
 CGROUP_LIMIT = 300 << 20
@@ -25,9 +25,9 @@ def rank() -> int:
 
 def assert_no_children():
     deadline = time.monotonic() + 5
-    while psutil.Process().children(recursive=True) and time.monotonic() < deadline:
+    while children() and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert psutil.Process().children(recursive=True) == []
+    assert children() == []
 
 
 def assert_advice(text: str) -> None:

@@ -19,6 +19,7 @@ from notebook_launch.persistent import command_frames
 from notebook_launch.rank import runner
 
 from helpers.fd_helpers import fd_links
+from tests.helpers.processes import children
 
 pytestmark = pytest.mark.timeout(180)
 WAIT = 60   # seconds a condition may take on a busy machine before the test gives up
@@ -41,7 +42,7 @@ def alive(pid):
 
 
 def our_children():
-    return [p for p in psutil.Process().children(recursive=True) if p.status() != psutil.STATUS_ZOMBIE]
+    return [p for p in children() if p.status() != psutil.STATUS_ZOMBIE]
 
 
 # --- functions the ranks run (importable: they travel by reference) ------------------------

@@ -18,6 +18,7 @@ from notebook_launch import LaunchArgumentError, LaunchError, start_ranks
 from notebook_launch.net import free_port   # not 29500: on a shared machine it can be taken before rank 0 binds it
 
 from helpers.waiting import ended, wait_for, wait_until_inside
+from tests.helpers.processes import children
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -143,7 +144,7 @@ def interrupt_when_running(marker_dir, count, ranks=2):
 
 
 def our_children():
-    return [p for p in psutil.Process().children(recursive=True) if p.status() != psutil.STATUS_ZOMBIE]
+    return [p for p in children() if p.status() != psutil.STATUS_ZOMBIE]
 
 
 @pytest.fixture

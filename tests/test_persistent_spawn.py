@@ -19,6 +19,7 @@ from helpers.fake_cuda_build_standin import install_fake_cuda_build
 from helpers.cuda_tracking_reset import reset_cuda_tracking
 from notebook_launch import GuardError, LaunchError, cuda_tracking, preflight, start_ranks
 from notebook_launch.net import free_port
+from tests.helpers.processes import children, is_start_process
 
 pytestmark = pytest.mark.timeout(300)
 SPAWN_WAY_OUT = ("start_ranks(..., start_method='spawn')", "%ranks start --spawn")
@@ -51,7 +52,7 @@ def sleep_long():
 
 
 def our_children():
-    return [p for p in psutil.Process().children(recursive=True) if p.status() != psutil.STATUS_ZOMBIE]
+    return [p for p in children() if p.status() != psutil.STATUS_ZOMBIE]
 
 
 @pytest.fixture
@@ -62,15 +63,15 @@ def cuda_initialized_standin(monkeypatch):
 
 def test_after_cuda_a_fork_is_refused_naming_spawn_and_spawned_ranks_keep_their_state(cuda_initialized_standin):
     with pytest.raises(GuardError) as refused:
-        start_ranks(2, ui="none")
+        start_ranks(2, ui="none", start_method="fork")
     assert all(way in str(refused.value) for way in SPAWN_WAY_OUT), str(refused.value)
     assert our_children() == []
 
     with start_ranks(2, start_method="spawn", ui="none", use_port=free_port(), interrupt_grace=10) as ranks:
         assert ranks.run(build, args=(3,)) == [0, 1]
         pids = ranks.pids
-        for pid in pids:   # fresh interpreters, not forks of this process
-            assert "notebook_launch.rank.spawn_entry" in " ".join(psutil.Process(pid).cmdline())
+        for pid in pids:   # forks of the warm start process (never of this one), adopted as our children
+            assert is_start_process(psutil.Process(pid)) and psutil.Process(pid).ppid() == os.getpid()
         assert ranks.run(reduce_weights) == [[1.0, 1.0, 1.0]] * 2          # the group and weights live on
 
         offset = 5
@@ -105,7 +106,7 @@ def test_a_poisoned_fork_names_spawned_persistent_ranks_as_the_way_out(monkeypat
     try:
         assert torch.cuda.is_available()
         with pytest.raises(GuardError, match="The CUDA runtime was already used") as refused:
-            start_ranks(2, ui="none")
+            start_ranks(2, ui="none", start_method="fork")
         assert all(way in str(refused.value) for way in SPAWN_WAY_OUT), str(refused.value)
         assert "forks only" not in str(refused.value)
         assert our_children() == []
@@ -119,7 +120,8 @@ def test_spawned_persistent_ranks_in_a_kernel_after_cuda_was_initialized(tmp_pat
     nb = make_notebook(
         "%load_ext notebook_launch\nfrom notebook_launch import cuda_tracking\n"
         "cuda_tracking.is_cuda_initialized = lambda: True   # a stand-in: the notebook 'initialized CUDA'",
-        "from notebook_launch.net import free_port\n%ranks start -n 2 --ui text",
+        "from notebook_launch.net import free_port\nfrom notebook_launch import start_ranks\n"
+        "start_ranks(2, ui='text', start_method='fork')   # asked for fork: refused",
         "%ranks start -n 2 --spawn --ui text --port {free_port()}",
         "%%ranks\nimport torch, torch.distributed as dist\ndist.init_process_group('gloo')\n"
         "w = torch.ones(2) * dist.get_rank()\nimport os\nos.getpid()",
@@ -131,7 +133,7 @@ def test_spawned_persistent_ranks_in_a_kernel_after_cuda_was_initialized(tmp_pat
         "from notebook_launch.persistent.magic import active\nactive().run(shifted)",
         "%ranks stop",
         "import psutil; [p.pid for p in psutil.Process().children(recursive=True) "
-        "if p.status() != psutil.STATUS_ZOMBIE]",
+        "if p.status() != psutil.STATUS_ZOMBIE and 'rank.start_server' not in ' '.join(p.cmdline())]",
     )
     run_notebook(nb, cwd=str(tmp_path), allow_errors=True)
     cells = nb.cells
@@ -182,7 +184,7 @@ def test_a_spawned_rank_killed_between_calls_is_noticed_and_fresh_ranks_are_spaw
         with pytest.raises(LaunchError, match="'kept' not defined"):
             ranks.pull("kept")                         # fresh interpreters: the state is gone, as said
         for pid in ranks.pids:
-            assert "notebook_launch.rank.spawn_entry" in " ".join(psutil.Process(pid).cmdline())
+            assert is_start_process(psutil.Process(pid)) and psutil.Process(pid).ppid() == os.getpid()
     assert our_children() == []
 
 

@@ -19,11 +19,11 @@ import socket
 import sys
 import tempfile
 
-import psutil
 import pytest
 
 from notebook_launch import LaunchArgumentError, LaunchError, notebook_launcher, pickling, start_ranks
 from notebook_launch.net import free_port
+from tests.helpers.processes import children
 
 
 def descriptor_holders(tmp_path):
@@ -96,7 +96,7 @@ def test_spawn_refuses_an_open_file_argument_before_any_rank_starts(kind, tmp_pa
         message = str(caught.value)
         assert "args[0]['cfg'].sink" in message, message
         assert "file" in message or "socket" in message, message
-        assert psutil.Process().children(recursive=True) == []
+        assert children() == []
     finally:
         holder.close()
 

@@ -7,9 +7,16 @@ parent that already initialized CUDA, or when asked for.
 
 Each rank runs ``notebook_launch.rank.spawn_entry``; its stdout and stderr are
 the rank's pipes from the first byte, the events pipe is passed by number.
+
+Where it can (Linux), a rank is not a fresh interpreter but a fork of the warm start process
+(``backends.start_process``), which imported torch once and never touched an accelerator: the
+same entry, the same payload, the same fds under the same numbers, and the rank is the notebook's
+child all the same; it starts in milliseconds instead of seconds. Where the start process cannot
+serve, ranks start as fresh interpreters, as before.
 """
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import subprocess
@@ -21,12 +28,17 @@ from .. import shared_tensors
 from ..rank import spawn_context
 from ..channels import RankPipes, RankProcess, WaitStatus, reap
 from ..fork_locks import no_fork_during_exec
+from ..notebook_streams import ERR
+from . import start_process
 from .base import Launcher, start_each
+from .fork import ForkedRank
+from .warm_imports import looks_like_training
 
 if TYPE_CHECKING:
     from ..plan import LaunchPlan, RankSpec
     from ..rank.runner import Job
 
+log = logging.getLogger("notebook_launch")
 PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 # Runs in the fresh interpreter: make this notebook_launch importable even when the
@@ -80,6 +92,18 @@ class SpawnedRank(RankProcess):
         self._payload_dir.release()
 
 
+class AdoptedRank(ForkedRank):
+    """A rank forked by the start process and adopted by the notebook: our child, as a forked rank."""
+
+    def __init__(self, local_rank: int, pid: int, payload_dir: "_PayloadDir") -> None:
+        super().__init__(local_rank, pid)
+        self._payload_dir = payload_dir
+
+    def release(self) -> None:
+        super().release()
+        self._payload_dir.release()
+
+
 class _PayloadDir:
     """A private folder holding the pickled job; removed once every rank is released
     (each rank reads it at startup)."""
@@ -115,9 +139,11 @@ class SpawnBackend(Launcher):
             try:
                 with open(payload_path, "wb") as f:
                     f.write(payload)
+                warm = _warm_list(job)
+                starter = _start_process()
                 return start_each(plan, channels, lambda spec, pipes: self._start_rank(
                     spec, pipes, payload_path, payload_dir, parent_pid, job_tensors,
-                    tuple(extra_fds[spec.local_rank]) if extra_fds else ()))
+                    tuple(extra_fds[spec.local_rank]) if extra_fds else (), starter, warm))
             except BaseException:
                 payload_dir.remove()
                 raise
@@ -127,23 +153,39 @@ class SpawnBackend(Launcher):
 
     def _start_rank(self, spec: "RankSpec", pipes: RankPipes, payload_path: str, payload_dir: _PayloadDir,
                     parent_pid: int, job_tensors: int | None = None,
-                    extra_fds: tuple[int, ...] = ()) -> "SpawnedRank":
+                    extra_fds: tuple[int, ...] = (), starter: "start_process.StartProcess | None" = None,
+                    warm: list[str] | None = None) -> RankProcess:
+        env = dict(os.environ)
+        env.update(spec.env)
+        env.setdefault("PYTHONUNBUFFERED", "1")
+        args = ["--payload", payload_path, "--local-rank", str(spec.local_rank),
+                "--events-fd", str(pipes.events_w), "--parent-pid", str(parent_pid),
+                "--events-parent-fd", str(pipes.events_r), "--answers-fd", str(pipes.answers_r)]
+        for option, fd in (("--tensors-fd", pipes.tensors), ("--job-tensors-fd", job_tensors)):
+            if fd is not None:
+                args += [option, str(fd)]
+        if starter is not None:
+            fds = {1: pipes.stdout_w, 2: pipes.stderr_w}
+            fds.update((fd, fd) for fd in (pipes.events_w, pipes.answers_r, pipes.tensors, job_tensors, *extra_fds)
+                       if fd is not None)
+            try:
+                pid = starter.fork_rank(args, env, fds, warm or [])
+            except start_process.StartProcessUnavailable as exc:
+                log.debug("the start process could not fork rank %d (%s); a fresh Python instead",
+                          spec.local_rank, exc)
+            else:
+                return AdoptedRank(spec.local_rank, pid, payload_dir)
+        return self._popen_rank(spec, pipes, args, env, payload_dir, job_tensors, extra_fds)
+
+    def _popen_rank(self, spec: "RankSpec", pipes: RankPipes, args: list[str], env: dict[str, str],
+                    payload_dir: _PayloadDir, job_tensors: int | None, extra_fds: tuple[int, ...]) -> "SpawnedRank":
         exit_r = exit_w = None
         if not hasattr(os, "pidfd_open"):
             exit_r, exit_w = os.pipe()
             os.set_inheritable(exit_r, False)
-        env = dict(os.environ)
-        env.update(spec.env)
-        env.setdefault("PYTHONUNBUFFERED", "1")
-        argv = [sys.executable, "-c", BOOTSTRAP, PACKAGE_ROOT,
-                "--payload", payload_path, "--local-rank", str(spec.local_rank),
-                "--events-fd", str(pipes.events_w), "--parent-pid", str(parent_pid),
-                "--events-parent-fd", str(pipes.events_r), "--answers-fd", str(pipes.answers_r)]
+        argv = [sys.executable, "-c", BOOTSTRAP, PACKAGE_ROOT, *args]
         if exit_w is not None:
             argv += ["--exit-fd", str(exit_w)]
-        for option, fd in (("--tensors-fd", pipes.tensors), ("--job-tensors-fd", job_tensors)):
-            if fd is not None:
-                argv += [option, str(fd)]
         extra: dict[str, Any] = {"process_group": 0} if sys.version_info >= (3, 11) else {}
         try:
             with no_fork_during_exec:   # a rank forked meanwhile would hold Popen's error pipe (fork_locks)
@@ -160,3 +202,26 @@ class SpawnBackend(Launcher):
             if exit_w is not None:
                 os.close(exit_w)
         return SpawnedRank(spec.local_rank, popen, payload_dir, exit_fd=exit_r)
+
+
+def _warm_list(job: "Job") -> list[str]:
+    """What the start process imports before it forks this launch's ranks (as the fork start
+    imports it in the notebook): torch._dynamo and DDP's module when the function trains."""
+    try:
+        trains = looks_like_training(job.function)
+    except Exception:   # why: an odd callable: its ranks import what they need
+        log.debug("could not read the launched function's code", exc_info=True)
+        return []
+    return ["torch._dynamo", "torch.nn.parallel"] if trains else []
+
+
+def _start_process() -> "start_process.StartProcess | None":
+    """The warm start process, ready; None where it is off or cannot serve (fresh Pythons then)."""
+    if not start_process.enabled():
+        return None
+    try:
+        return start_process.current()
+    except (start_process.StartProcessUnavailable, OSError) as exc:
+        print(f"notebook_launch: the warm start process cannot start ranks ({exc}); "
+              f"each rank starts as a fresh Python (slower)", file=ERR)
+        return None

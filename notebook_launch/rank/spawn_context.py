@@ -41,6 +41,7 @@ def pickle_job(job: Any, tensors_fd: int | None = None) -> bytes:
     """cloudpickle the job; on failure name the part that cannot be shipped (its path inside
     the argument: ``args[0]["log"]``) and what to do. An open file or socket is refused
     (``pickling``): cloudpickle would send a read-mode text file as a copy of its contents."""
+    _refuse_device_tensors(job)
     try:
         return shared_tensors.dumps(job, tensors_fd)
     except Exception as exc:
@@ -53,12 +54,35 @@ def pickle_job(job: Any, tensors_fd: int | None = None) -> bytes:
             f"or use start_method='fork' where it is safe.") from exc
 
 
-def _unpicklable_part(job: Any, exc: Exception) -> tuple[str, str]:
-    """(the path of the innermost part that does not pickle, with its type; why)."""
+def _job_parts(job: Any) -> list[tuple[str, Any]]:
     parts = [("the function", job.function)]
     parts += [(f"args[{i}]", a) for i, a in enumerate(job.args)]
     parts += [(f"kwargs[{k!r}]", v) for k, v in (job.kwargs or {}).items()]
-    for name, value in parts:
+    return parts
+
+
+def _refuse_device_tensors(job: Any) -> None:
+    """A tensor on an accelerator in the function or its arguments would reach each rank as a CPU
+    copy (a rank cannot share the notebook's GPU memory), and a model the user put on the GPU
+    would silently train on the CPU: refuse it before anything starts, naming where it is."""
+    if "torch" not in sys.modules:
+        return
+    for name, value in _job_parts(job):
+        found = pickling.locate(value, name, refuse_devices=True)
+        if found is None or not isinstance(found[2], pickling.DeviceTensorError):
+            continue
+        path, _part, error = found
+        raise LaunchArgumentError(
+            f"{path} is {error}, but the ranks of this launch are fresh processes (start_method='spawn', "
+            f"or a notebook that holds CUDA): each would get a CPU copy, never the notebook's GPU memory. "
+            f"What to do: create it inside the launched function, or pass it on the CPU (`.cpu()`, "
+            f"`model.to('cpu')`) and move it to the rank's device there "
+            f"(`.to(f\"cuda:{{os.environ['LOCAL_RANK']}}\")`, or let an Accelerator do it).")
+
+
+def _unpicklable_part(job: Any, exc: Exception) -> tuple[str, str]:
+    """(the path of the innermost part that does not pickle, with its type; why)."""
+    for name, value in _job_parts(job):
         found = pickling.locate(value, name)
         if found is not None:
             path, part, error = found

@@ -20,7 +20,6 @@ and a rank never outlives its agent. This module is the rank side, like ``slurm.
 """
 from __future__ import annotations
 
-import importlib
 import json
 import os
 import select
@@ -29,6 +28,7 @@ from typing import Any
 
 from ..channels.process import decode_wait_status
 from ..rank.bootstrap import die_with_parent
+from ..rank.preload import warm
 from .task import run_task
 
 NODE_VARIABLE = "NOTEBOOK_LAUNCH_SLURM_NODE"
@@ -86,19 +86,6 @@ def watch(children: dict[int, int], report: int) -> None:
             if pid != largest and sizes[pid] > min(sizes.values()) + CLEARLY_MORE:
                 largest = pid
                 os.write(report, f"{children[pid]} largest {sizes[pid]}\n".encode())
-
-
-def warm(modules: list[str]) -> None:
-    """Import what every rank of this node would import after the fork. One that fails here is
-    left to the ranks, which import it themselves and report its error as the run's."""
-    from ..rank import (process_groups, progress, progress_bridge, rich_bridge,  # noqa: F401  (as warm_for does)
-                        tqdm_bridge, transformers_bridge)
-    for name in modules:
-        try:
-            importlib.import_module(name)
-        except Exception as exc:   # why: a speed-up only; the rank's own import says what is wrong
-            print(f"notebook_launch: the node agent could not import {name} ({type(exc).__name__}: {exc}); "
-                  f"each rank imports it itself", file=sys.stderr)
 
 
 def ranks_of(assignment: dict[str, Any]) -> range:

@@ -1,0 +1,308 @@
+"""The notebook's side of the warm start process (``rank.start_server``): one per notebook, started
+in the background (``prestart``: by ``%load_ext notebook_launch`` where a launch may have to avoid
+forking the notebook, or by the first such launch), from which every rank that must not be forked
+from the notebook is forked instead (``backends.spawn``). Ranks then start in milliseconds, not in
+the seconds a fresh Python and a torch import take, and still share nothing with the notebook: not
+its CUDA context, not its XLA runtime, not its OpenMP pool.
+
+What the notebook keeps in hand:
+- **Replacement.** Before every launch the start process is checked: one that ended (killed, out
+  of memory) is replaced and the launch goes on, said once in the cell; one whose imported
+  packages changed on disk since it imported them (a ``%pip install -U``) is replaced silently,
+  so ranks never run yesterday's torch.
+- **Adoption.** The start process forks each rank through a middle process that exits at once; for
+  that moment the notebook is a child subreaper (``PR_SET_CHILD_SUBREAPER``), so the rank becomes
+  the notebook's own child. The supervisor then reaps it and reads its wait status and usage as it
+  does a spawned rank's. The subreaper flag is held only while a request is in flight.
+- **An end.** The start process ends with the notebook (it watches the notebook's pidfd, so a
+  SIGKILLed kernel ends it too), with ``stop()``, and at the notebook's exit.
+
+``NOTEBOOK_LAUNCH_START_PROCESS=0`` turns it off: each rank is then a fresh Python (``spawn``).
+"""
+from __future__ import annotations
+
+import ctypes
+import json
+import logging
+import os
+import socket
+import subprocess
+import sys
+import threading
+import atexit
+from typing import Any, Mapping
+
+from ..channels import start_wire
+from ..fork_locks import no_fork_during_exec
+from ..notebook_streams import ERR
+
+log = logging.getLogger("notebook_launch")
+
+SWITCH = "NOTEBOOK_LAUNCH_START_PROCESS"     # "0": no start process; ranks start as fresh Pythons
+READY_WAIT = 300.0       # seconds the first launch waits for the start process's imports at most
+REQUEST_WAIT = 120.0     # seconds a request may take (an import of torch._dynamo on a busy machine)
+PR_SET_CHILD_SUBREAPER = 36
+PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+BOOTSTRAP = ("import json, sys; sys.path[:] = json.loads(sys.argv.pop(1)); "
+             "from notebook_launch.rank.start_server import main; sys.exit(main())")
+
+
+class StartProcessUnavailable(Exception):
+    """The start process could not start or serve; the caller starts ranks the slow way."""
+
+
+def enabled(environ: Mapping[str, str] = os.environ) -> bool:
+    """Whether launches that must not fork the notebook use the start process: Linux (pidfds, a
+    subreaper), not switched off."""
+    if environ.get(SWITCH, "").strip().lower() in ("0", "false", "no", "off"):
+        return False
+    return sys.platform.startswith("linux") and hasattr(os, "pidfd_open") and hasattr(socket, "send_fds")
+
+
+def preload_for_start() -> list[str]:
+    """What the start process imports first: torch and torch.distributed where installed (it never
+    imports the user's code); torch._dynamo comes with the first launch that trains."""
+    return ["torch", "torch.distributed"]
+
+
+class StartProcess:
+    """One running start process and the socket to it. Use through ``current()``."""
+
+    def __init__(self, popen: subprocess.Popen, sock: socket.socket) -> None:
+        self.popen, self.sock, self.pid = popen, sock, popen.pid
+        self.lock = threading.Lock()
+        self.ready: dict[str, Any] | None = None
+        self.failed: str | None = None
+
+    @classmethod
+    def start(cls) -> "StartProcess":
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            env = dict(os.environ)
+            env[start_server_variable()] = f"{theirs.fileno()} {os.getpid()}"
+            env.setdefault("PYTHONUNBUFFERED", "1")
+            path = json.dumps([PACKAGE_ROOT] + third_party_path())
+            with no_fork_during_exec:
+                popen = subprocess.Popen(
+                    [sys.executable, "-c", BOOTSTRAP, path, *preload_for_start()],
+                    stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                    pass_fds=(theirs.fileno(),), env=env, cwd="/", close_fds=True, start_new_session=True)
+        except BaseException:
+            ours.close()
+            raise
+        finally:
+            theirs.close()
+        ours.set_inheritable(False)
+        return cls(popen, ours)
+
+    def wait_ready(self, timeout: float = READY_WAIT) -> dict[str, Any]:
+        """The start process's ready message, waiting for its imports the first time."""
+        with self.lock:
+            if self.ready is None and self.failed is None:
+                try:
+                    message, fds = start_wire.receive(self.sock, timeout)
+                    for fd in fds:
+                        os.close(fd)
+                except (start_wire.WireClosed, TimeoutError, OSError) as exc:
+                    self.failed = f"it ended before it was ready ({self.describe_end() or exc})"
+                else:
+                    if "ready" in message:
+                        self.ready = message["ready"]
+                    else:
+                        self.failed = str(message.get("error", message))
+            if self.failed is not None:
+                raise StartProcessUnavailable(self.failed)
+            assert self.ready is not None
+            return self.ready
+
+    def ask(self, message: dict[str, Any], fds: list[int] | tuple[int, ...] = (),
+            timeout: float = REQUEST_WAIT) -> dict[str, Any]:
+        """Send one request and wait for its answer (one request at a time)."""
+        self.wait_ready()
+        with self.lock:
+            try:
+                start_wire.send(self.sock, message, fds)
+                answer, extra = start_wire.receive(self.sock, timeout)
+            except (start_wire.WireClosed, TimeoutError, OSError) as exc:
+                self.failed = f"it stopped answering ({self.describe_end() or exc})"
+                raise StartProcessUnavailable(self.failed) from exc
+            for fd in extra:
+                os.close(fd)
+        if "error" in answer:
+            raise StartProcessUnavailable(str(answer["error"]))
+        if "fingerprints" in answer and self.ready is not None:
+            self.ready["fingerprints"] = answer["fingerprints"]
+        return answer
+
+    def fork_rank(self, argv: list[str], env: Mapping[str, str], fds: Mapping[int, int],
+                  warm: list[str]) -> int:
+        """Fork one rank running ``rank.spawn_entry`` with ``argv``; ``fds`` maps the numbers the
+        rank's arguments name to this process's fds. Returns the rank's pid: a child of ours."""
+        request = {"rank": {"argv": argv, "env": dict(env), "cwd": _cwd(), "targets": list(fds),
+                            "warm": warm}}
+        with adopting_orphans():
+            answer = self.ask(request, list(fds.values()))
+        return int(answer["pid"])
+
+    def state(self) -> dict[str, Any]:
+        """What the start process holds (its pid, modules, memory, fds, CUDA)."""
+        return self.ask({"state": True})["state"]
+
+    def alive(self) -> bool:
+        return self.popen.poll() is None and self.failed is None
+
+    def stale(self) -> list[str]:
+        """The packages it imported that changed on disk since (empty: none)."""
+        if self.ready is None:
+            return []
+        changed = []
+        for name, (path, ino, mtime, size) in self.ready.get("fingerprints", {}).items():
+            try:
+                st = os.stat(path)
+            except OSError:
+                changed.append(name)
+                continue
+            if (st.st_ino, st.st_mtime_ns, st.st_size) != (ino, mtime, size):
+                changed.append(name)
+        return changed
+
+    def describe_end(self) -> str | None:
+        code = self.popen.poll()
+        if code is None:
+            return None
+        return f"killed by signal {-code}" if code < 0 else f"exit code {code}"
+
+    def stop(self) -> None:
+        """End it (its ranks are the notebook's children and go on)."""
+        try:
+            self.sock.close()
+        except OSError:
+            log.debug("the start process's socket was closed already")
+        if self.popen.poll() is None:
+            self.popen.kill()
+        try:
+            self.popen.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            log.debug("start process %d did not end within 10 s of SIGKILL", self.pid)
+
+
+def start_server_variable() -> str:
+    from ..rank.start_server import SOCKET_VARIABLE
+    return SOCKET_VARIABLE
+
+
+def third_party_path() -> list[str]:
+    """The notebook's sys.path without its working directory: packages, never the user's files."""
+    try:
+        cwd = os.path.realpath(os.getcwd())
+    except OSError:
+        cwd = None
+    return [p for p in sys.path if p and os.path.realpath(p) != cwd]
+
+
+def _cwd() -> str | None:
+    try:
+        return os.getcwd()
+    except OSError:
+        return None
+
+
+# --- one per notebook -------------------------------------------------------------------
+
+_lock = threading.Lock()
+_current: StartProcess | None = None
+_atexit_registered = False
+
+
+def prestart() -> bool:
+    """Start the start process in the background if none runs (returns at once); False when it is
+    switched off or cannot run here. A launch that needs it waits for its imports only if they have
+    not finished by then."""
+    if not enabled():
+        return False
+    try:
+        _running()
+    except OSError as exc:
+        log.debug("could not start the start process: %s", exc)
+        return False
+    return True
+
+
+def current() -> StartProcess:
+    """The running start process, ready: replaced first if it ended (said once in the cell) or if
+    a package it imported changed on disk. Raises StartProcessUnavailable when none can serve."""
+    global _current
+    with _lock:
+        process = _current
+        if process is not None and not process.alive():
+            print(f"notebook_launch: the warm start process (pid {process.pid}) had ended "
+                  f"({process.describe_end() or process.failed}); starting a new one", file=ERR)
+            process.stop()
+            _current = process = None
+        elif process is not None and process.ready is not None and process.stale():
+            log.debug("start process %d: packages changed on disk (%s); replacing it",
+                      process.pid, ", ".join(process.stale()))
+            process.stop()
+            _current = process = None
+    process = _running()
+    process.wait_ready()
+    return process
+
+
+def _running() -> StartProcess:
+    global _current, _atexit_registered
+    with _lock:
+        if _current is None:
+            _current = StartProcess.start()
+            if not _atexit_registered:
+                atexit.register(stop)
+                _atexit_registered = True
+        return _current
+
+
+def running() -> StartProcess | None:
+    """The start process if one was started (ready or not), without starting one."""
+    return _current
+
+
+def stop() -> None:
+    """End the start process (a kernel restart and the notebook's end do it too)."""
+    global _current
+    with _lock:
+        process, _current = _current, None
+    if process is not None:
+        process.stop()
+
+
+# --- adopting the ranks -----------------------------------------------------------------
+
+_subreaper_lock = threading.Lock()
+_subreaper_users = 0
+_libc: ctypes.CDLL | None = None
+
+
+def _set_subreaper(on: bool) -> None:
+    global _libc
+    if _libc is None:
+        _libc = ctypes.CDLL(None, use_errno=True)
+    if _libc.prctl(PR_SET_CHILD_SUBREAPER, int(on), 0, 0, 0) != 0:
+        raise StartProcessUnavailable(f"prctl(PR_SET_CHILD_SUBREAPER) failed: {os.strerror(ctypes.get_errno())}")
+
+
+class adopting_orphans:
+    """While any request is in flight, this process adopts orphaned descendants (the ranks)."""
+
+    def __enter__(self) -> None:
+        global _subreaper_users
+        with _subreaper_lock:
+            if _subreaper_users == 0:
+                _set_subreaper(True)
+            _subreaper_users += 1
+
+    def __exit__(self, *exc: object) -> None:
+        global _subreaper_users
+        with _subreaper_lock:
+            _subreaper_users -= 1
+            if _subreaper_users == 0:
+                _set_subreaper(False)
+

@@ -1,0 +1,32 @@
+"""What a process that forks ranks imports once so its ranks share it: SLURM's node agent on each
+node (``slurm.node_agent``) and the warm start process on this machine (``rank.start_server``).
+
+The module names come from the notebook, which chose them from the launched function's code
+(``backends.warm_imports``: torch when the code names it, torch._dynamo and DDP's module when it
+looks like training), as the local fork start imports them in the notebook before it forks.
+"""
+from __future__ import annotations
+
+import importlib
+import sys
+
+
+def warm(modules: list[str] | tuple[str, ...], *, quiet_if_missing: bool = False) -> list[str]:
+    """Import our rank modules and ``modules``; the names that did not import. One that fails here
+    is left to the ranks, which import it themselves and report its error as the run's; it is said
+    on stderr unless ``quiet_if_missing`` and the package is simply not installed."""
+    from . import (process_groups, progress, progress_bridge, rich_bridge,  # noqa: F401  (as warm_for does)
+                   tqdm_bridge, transformers_bridge)
+    failed = []
+    for name in modules:
+        if name in sys.modules:
+            continue
+        try:
+            importlib.import_module(name)
+        except Exception as exc:   # why: a speed-up only; the rank's own import says what is wrong
+            failed.append(name)
+            if quiet_if_missing and isinstance(exc, ModuleNotFoundError) and exc.name == name.split(".")[0]:
+                continue
+            print(f"notebook_launch: {sys.argv[0] or 'a start process'} could not import {name} "
+                  f"({type(exc).__name__}: {exc}); each rank imports it itself", file=sys.stderr)
+    return failed

@@ -1,0 +1,21 @@
+"""The test process's children, less the warm start process (``backends.start_process``): that one
+lives as long as the notebook on purpose (every later spawn-class launch forks its ranks from it),
+so "nothing is left" means no rank, no rank's child and no zombie; the start process's own end is
+tested on its own (tests/test_start_process.py)."""
+from __future__ import annotations
+
+import psutil
+
+START_SERVER = "notebook_launch.rank.start_server"
+
+
+def is_start_process(process: psutil.Process) -> bool:
+    try:
+        return any(START_SERVER in part for part in process.cmdline())
+    except psutil.Error:
+        return False
+
+
+def children(recursive: bool = True) -> list[psutil.Process]:
+    """This process's children (all descendants with ``recursive``), without the start process."""
+    return [p for p in psutil.Process().children(recursive=recursive) if not is_start_process(p)]

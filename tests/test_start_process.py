@@ -1,0 +1,312 @@
+"""The warm start process (``backends.start_process``, ``rank.start_server``): every rank that must not
+be forked from the notebook is forked from it. Real processes and gloo: the test process is the
+notebook. No GPU exists here, so "never initialises CUDA" is read from the start process itself
+(torch.cuda.is_initialized() there) rather than from a device."""
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import psutil
+import pytest
+
+from notebook_launch import LaunchError, notebook_launcher
+from notebook_launch.backends import start_process
+from notebook_launch.net import free_port
+from tests.helpers.processes import is_start_process
+
+pytestmark = pytest.mark.timeout(300)
+LAUNCH_TIMEOUT = 240
+
+
+def spawn(fn, tmp_path, n=2, **kwargs):
+    return notebook_launcher(fn, num_processes=n, start_method="spawn", ui="none", timeout=LAUNCH_TIMEOUT,
+                             log_dir=str(tmp_path / f"logs-{time.monotonic_ns()}"), use_port=free_port(),
+                             **kwargs)
+
+
+def who_am_i():
+    import os
+    import psutil
+    return {"pid": os.getpid(), "ppid": os.getppid(), "cmdline": psutil.Process().cmdline(),
+            "var": os.environ.get("NL_TEST_LAUNCH_VAR"), "cwd": os.getcwd()}
+
+
+def wait_gone(pid, timeout=30.0):
+    deadline = time.monotonic() + timeout
+    while psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.02)
+    return True
+
+
+def test_spawned_ranks_are_forks_of_the_start_process_adopted_as_our_children(tmp_path):
+    ranks = spawn(who_am_i, tmp_path)
+    starter = start_process.running()
+    assert starter is not None and starter.alive()
+    for rank in ranks:
+        assert rank["ppid"] == os.getpid()                      # the notebook reaps it, as a spawned rank
+        assert any("rank.start_server" in part for part in rank["cmdline"])   # forked there, not here
+    state = starter.state()
+    assert state["cuda_initialized"] is False                   # it never holds an accelerator runtime
+    assert "torch" in state["modules"] and "torch.distributed" in state["modules"]
+    assert state["cwd"] == "/"
+
+
+def test_ranks_see_the_notebook_as_it_is_at_the_launch_not_as_when_the_start_process_began(tmp_path, monkeypatch):
+    start_process.prestart()
+    start_process.current()                                     # started and ready before what follows
+    modules = tmp_path / "my_modules"
+    modules.mkdir()
+    (modules / "nl_user_module_for_start_test.py").write_text("VALUE = 'first'\n")
+    monkeypatch.syspath_prepend(str(modules))
+    monkeypatch.setenv("NL_TEST_LAUNCH_VAR", "set after the start process began")
+    workdir = tmp_path / "work"
+    workdir.mkdir()
+    monkeypatch.chdir(workdir)
+
+    def read_module():
+        import importlib
+        import os
+        module = importlib.import_module("nl_user_module_for_start_test")
+        return module.VALUE, os.environ.get("NL_TEST_LAUNCH_VAR"), os.getcwd()
+
+    assert spawn(read_module, tmp_path) == [("first", "set after the start process began", str(workdir))] * 2
+    # The user edits the module on disk and changes the environment between two launches.
+    (modules / "nl_user_module_for_start_test.py").write_text("VALUE = 'edited on disk'\n")
+    monkeypatch.setenv("NL_TEST_LAUNCH_VAR", "changed")
+    assert spawn(read_module, tmp_path) == [("edited on disk", "changed", str(workdir))] * 2
+    # Nothing the user wrote was ever imported into the start process.
+    assert "nl_user_module_for_start_test" not in start_process.running().state()["modules"]
+
+
+def test_a_start_process_that_died_is_replaced_and_the_launch_goes_on_said_once(tmp_path, capfd):
+    spawn(who_am_i, tmp_path)
+    first = start_process.running()
+    os.kill(first.pid, signal.SIGKILL)
+    first.popen.wait(timeout=30)
+    capfd.readouterr()
+    ranks = spawn(who_am_i, tmp_path)
+    said = capfd.readouterr()
+    assert f"the warm start process (pid {first.pid}) had ended (killed by signal 9); starting a new one" in \
+        said.err + said.out
+    second = start_process.running()
+    assert second.pid != first.pid and second.alive()
+    assert all(any("rank.start_server" in p for p in r["cmdline"]) for r in ranks)
+    spawn(who_am_i, tmp_path)
+    said = capfd.readouterr()
+    assert "had ended" not in said.err + said.out                # said once, not at every launch
+
+
+def test_a_package_that_changed_on_disk_gets_a_fresh_start_process(tmp_path, monkeypatch):
+    """A ``%pip install -U`` replaces a package's files: the next launch must not fork from a
+    process that holds the old one. A small package in a folder on sys.path stands for it."""
+    site = tmp_path / "site"
+    (site / "nl_third_party_for_start_test").mkdir(parents=True)
+    init = site / "nl_third_party_for_start_test" / "__init__.py"
+    init.write_text("VERSION = 1\n")
+    monkeypatch.syspath_prepend(str(site))
+    start_process.stop()                                        # one that sees the folder on its path
+    starter = start_process.current()
+    assert starter.ask({"warm": ["nl_third_party_for_start_test"]})["warmed"] == ["nl_third_party_for_start_test"]
+
+    def version():
+        import nl_third_party_for_start_test
+        return nl_third_party_for_start_test.VERSION
+
+    assert spawn(version, tmp_path) == [1, 1]
+    assert start_process.running() is starter                  # unchanged: kept
+    init.write_text("VERSION = 2  # upgraded\n")
+    assert spawn(version, tmp_path) == [2, 2]
+    assert start_process.running() is not starter and not starter.alive()
+
+
+def test_the_start_process_keeps_no_fd_of_a_run_and_the_notebook_adopts_only_while_it_asks(tmp_path):
+    spawn(who_am_i, tmp_path)
+    starter = start_process.running()
+    before = starter.state()["fds"]
+
+    def hold():
+        return "done"
+
+    spawn(hold, tmp_path, n=3)
+    assert starter.state()["fds"] == before                     # the rank's pipes went with the rank
+    libc = ctypes.CDLL(None, use_errno=True)
+    flag = ctypes.c_int(-1)
+    assert libc.prctl(37, ctypes.byref(flag), 0, 0, 0) == 0    # PR_GET_CHILD_SUBREAPER
+    assert flag.value == 0                                      # not a subreaper between launches
+
+
+def test_exit_codes_and_signals_of_adopted_ranks_are_read_as_a_spawned_ranks(tmp_path):
+    def end_badly():
+        import os
+        import signal
+        import torch.distributed as dist
+        if int(os.environ["RANK"]) == 1:
+            os.kill(os.getpid(), signal.SIGSEGV)
+        dist.init_process_group("gloo")
+        return "never"
+
+    with pytest.raises(LaunchError) as failed:
+        spawn(end_badly, tmp_path)
+    assert "SIGSEGV" in str(failed.value) and "rank 1" in str(failed.value)
+
+    def exit_3():
+        import os
+        os._exit(3 if os.environ["RANK"] == "0" else 0)
+
+    with pytest.raises(LaunchError) as failed:
+        spawn(exit_3, tmp_path)
+    assert "exit code 3" in str(failed.value) and "rank 0" in str(failed.value)
+
+
+def test_switched_off_ranks_are_fresh_interpreters(tmp_path, monkeypatch):
+    monkeypatch.setenv(start_process.SWITCH, "0")
+    for rank in spawn(who_am_i, tmp_path):
+        assert any("rank.spawn_entry" in part for part in rank["cmdline"])
+        assert not any("rank.start_server" in part for part in rank["cmdline"])
+
+
+NOTEBOOK = textwrap.dedent("""
+    import json, os, sys, time
+    from notebook_launch import notebook_launcher
+    from notebook_launch.backends import start_process
+
+    def sleeper():
+        import time
+        time.sleep(600)
+
+    import threading
+    threading.Thread(target=lambda: notebook_launcher(sleeper, num_processes=2, start_method="spawn",
+                                                      ui="none", log_dir={log_dir!r}), daemon=True).start()
+    import psutil
+    deadline = time.monotonic() + 200
+    while time.monotonic() < deadline:
+        ranks = [p.pid for p in psutil.Process().children() if "rank.start_server" in " ".join(p.cmdline())
+                 and p.pid != getattr(start_process.running(), "pid", None)]
+        if len(ranks) == 2:
+            break
+        time.sleep(0.05)
+    print("STARTED", json.dumps({{"start_process": start_process.running().pid, "ranks": ranks}}), flush=True)
+    time.sleep(600)
+""")
+
+
+@pytest.mark.parametrize("how", ["SIGKILL", "SIGTERM"])
+def test_the_start_process_and_its_ranks_end_with_the_notebook_however_it_dies(tmp_path, how):
+    notebook = subprocess.Popen([sys.executable, "-c", NOTEBOOK.format(log_dir=str(tmp_path / "logs"))],
+                                stdout=subprocess.PIPE, text=True)
+    try:
+        line = notebook.stdout.readline()
+        while line and not line.startswith("STARTED "):   # the launch line and its notes come first
+            line = notebook.stdout.readline()
+        started = json.loads(line.removeprefix("STARTED "))
+        assert len(started["ranks"]) == 2, line
+        os.kill(notebook.pid, getattr(signal, how))
+        notebook.wait(timeout=60)
+        for pid in [started["start_process"], *started["ranks"]]:
+            assert wait_gone(pid), f"process {pid} outlived the notebook"
+    finally:
+        if notebook.poll() is None:
+            notebook.kill()
+            notebook.wait()
+
+
+def test_is_start_process_helper_sees_the_start_process():
+    start_process.prestart()
+    assert is_start_process(psutil.Process(start_process.running().pid))
+
+
+# --- the CUDA guard, softer: a notebook that holds CUDA launches from the start process -------
+
+@pytest.fixture
+def cuda_initialized_standin(monkeypatch):
+    """The notebook 'initialized CUDA' (a stand-in: no GPU here), as tests/test_guards.py does."""
+    from notebook_launch import cuda_tracking
+    monkeypatch.setattr(cuda_tracking, "is_cuda_initialized", lambda: True, raising=True)
+
+
+def test_a_notebook_holding_cuda_launches_from_the_start_process_unasked(tmp_path, capfd, cuda_initialized_standin):
+    ranks = notebook_launcher(who_am_i, num_processes=2, ui="none", use_port=free_port(),
+                              log_dir=str(tmp_path / "logs"), timeout=LAUNCH_TIMEOUT)
+    assert all(any("rank.start_server" in p for p in r["cmdline"]) and r["ppid"] == os.getpid() for r in ranks)
+    said = capfd.readouterr()
+    assert ("CUDA is initialized in this notebook: ranks start from the warm start process "
+            "(start_method='spawn')") in said.out + said.err
+
+
+def test_persistent_ranks_after_cuda_start_from_the_start_process_unasked(tmp_path, cuda_initialized_standin):
+    from notebook_launch import start_ranks
+    with start_ranks(2, ui="none", use_port=free_port(), log_dir=str(tmp_path / "logs")) as ranks:
+        for pid in ranks.pids:
+            assert is_start_process(psutil.Process(pid)) and psutil.Process(pid).ppid() == os.getpid()
+        assert ranks.run(lambda: 1) == [1, 1]
+
+
+def test_a_poisoned_fork_with_gpus_plans_the_start_process(monkeypatch):
+    """A FAKE CUDA build seeing two FAKE GPUs, asked is_available(): the plan starts its ranks from
+    the start process (no rank is started: a fake GPU could not run one)."""
+    import torch
+    from helpers.cuda_tracking_reset import reset_cuda_tracking
+    from helpers.fake_cuda_build_standin import install_fake_cuda_build
+    from notebook_launch import cuda_tracking, net
+    from notebook_launch.options import launch_options
+    from notebook_launch.prepare import plan_launch
+    monkeypatch.delenv(cuda_tracking.NVML_CHECK_VARIABLE, raising=False)
+    install_fake_cuda_build(monkeypatch, gpus=2, nvml_gpus=2)
+    reset_cuda_tracking()
+    cuda_tracking.install()
+    try:
+        assert torch.cuda.is_available()
+        target, plan, run_id = plan_launch(launch_options(function=who_am_i, num_processes=2, use_port=free_port()))
+        net.release_claims(run_id)
+        assert target.start_method == plan.start_method == "spawn" and target.device_kind == "cuda"
+        assert any("the CUDA runtime was already used in this notebook: ranks start from the warm start process"
+                   in note for note in plan.notes)
+    finally:
+        reset_cuda_tracking()
+
+
+def test_with_the_start_process_off_a_notebook_holding_cuda_is_still_refused(monkeypatch, cuda_initialized_standin):
+    from notebook_launch import GuardError
+    monkeypatch.setenv(start_process.SWITCH, "0")
+    with pytest.raises(GuardError, match="CUDA is already initialized"):
+        notebook_launcher(who_am_i, num_processes=2, ui="none")
+
+
+def test_a_cuda_tensor_in_the_job_is_named_before_anything_starts(monkeypatch, tmp_path):
+    """A tensor on the notebook's GPU would reach a fresh rank as a CPU copy: refused, naming where
+    it is. No GPU here: ``tensor_device`` is told that marked CPU tensors are on cuda:0 (FAKE)."""
+    import torch
+
+    from notebook_launch import LaunchArgumentError, pickling
+    model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Linear(2, 1))
+    fake_cuda_tensors = {id(model[1].weight)}   # the model outlives the test's launches: ids stay its own
+    real = pickling.tensor_device
+    monkeypatch.setattr(pickling, "tensor_device",
+                        lambda t: "cuda:0" if id(t) in fake_cuda_tensors else real(t))
+    start_process.stop()
+
+    def train(m, lr=0.1):
+        return lr
+
+    with pytest.raises(LaunchArgumentError) as refused:
+        spawn(train, tmp_path, args=(model,))
+    message = str(refused.value)
+    assert message.startswith("args[0][1].weight is a tensor on cuda:0 (shape (1, 2), torch.float32)"), message
+    assert "create it inside the launched function" in message and ".cpu()" in message
+
+    def closes_over():
+        return model
+
+    with pytest.raises(LaunchArgumentError,
+                       match=r"the function \(its closure variable 'model'\)\[1\].weight is a tensor on cuda:0"):
+        spawn(closes_over, tmp_path)
+    assert start_process.running() is None   # refused before the start process was even asked for ranks
