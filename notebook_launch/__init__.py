@@ -28,16 +28,33 @@ def install_hooks() -> None:
     install(by="notebook_launch.install_hooks()")
 
 
+def prestart() -> bool:
+    """Start the warm start process now, in the background (returns at once): launches that must not
+    fork the notebook (after CUDA was initialized in it, ``start_method="spawn"``, persistent ranks
+    started that way) fork their ranks from it, in milliseconds instead of seconds. The first such
+    launch starts it otherwise, and waits for its imports; ``%load_ext notebook_launch`` starts it
+    where such launches are likely (a GPU or TPU, Python 3.14). False where it is switched off
+    (``NOTEBOOK_LAUNCH_START_PROCESS=0``) or cannot run (not Linux)."""
+    from .backends import start_process
+    return start_process.prestart()
+
+
 def load_ipython_extension(ipython: Any) -> None:
-    """``%load_ext notebook_launch``: track where CUDA gets initialized; add ``%%launch`` and ``%ranks``/``%%ranks``."""
+    """``%load_ext notebook_launch``: track where CUDA gets initialized; add ``%%launch`` and ``%ranks``/``%%ranks``;
+    start the warm start process where launches will likely need it (``prestart``)."""
+    from .detect.platform import inside_launched_rank
     from .hooks import install
     from .magic import load_ipython_extension as _load
     from .persistent.magic import register as _register_ranks
     install(by="%load_ext notebook_launch", shell=ipython)
     _load(ipython)
     _register_ranks(ipython)
+    if not inside_launched_rank():
+        from .backends import start_process
+        if start_process.why_start_early() is not None:
+            start_process.prestart()
 
 
 __all__ = ["notebook_launcher", "RayCluster", "SlurmCluster", "start_ranks", "Ranks", "progress", "load_metrics",
            "find_executable_batch_size", "NotebookLaunchError", "LaunchError", "GuardError", "LaunchArgumentError",
-           "load_ipython_extension", "install_hooks", "__version__"]
+           "load_ipython_extension", "install_hooks", "prestart", "__version__"]

@@ -8,6 +8,7 @@ Why a module of its own, below both sides: the notebook reads its local ranks th
 from __future__ import annotations
 
 import os
+from typing import Mapping
 
 from .resources import MachineMemory
 
@@ -60,12 +61,15 @@ def cpu_times(pid: int) -> tuple[float, float] | None:
     return used, age
 
 
-def machine_memory() -> MachineMemory | None:
-    """/proc/meminfo's MemTotal and MemAvailable."""
+def machine_memory(helpers: Mapping[str, int] | None = None) -> MachineMemory | None:
+    """/proc/meminfo's MemTotal and MemAvailable, and the resident memory of ``helpers`` (name -> pid)."""
     found = {}
     for line in (read_text("/proc/meminfo") or "").splitlines():
         key, _, value = line.partition(":")
         parts = value.split()
         if key in ("MemTotal", "MemAvailable") and parts and parts[0].isdigit():
             found[key] = int(parts[0]) * 1024
-    return MachineMemory(found["MemTotal"], found.get("MemAvailable")) if "MemTotal" in found else None
+    if "MemTotal" not in found:
+        return None
+    held = tuple((name, size) for name, pid in (helpers or {}).items() if (size := resident(pid)) is not None)
+    return MachineMemory(found["MemTotal"], found.get("MemAvailable"), held)

@@ -67,9 +67,28 @@ def usage_from_record(record: Mapping[str, Any]) -> RankUsage:
 
 @dataclass(frozen=True)
 class MachineMemory:
-    """The machine's memory (/proc/meminfo): MemTotal and MemAvailable, in bytes."""
+    """The machine's memory (/proc/meminfo): MemTotal and MemAvailable, in bytes; and what our
+    helpers hold beside the ranks (``helpers``: name -> resident bytes, e.g. the warm start process)."""
     total: int
     available: int | None
+    helpers: tuple[tuple[str, int], ...] = ()
+
+
+# Processes of ours that are not ranks but hold memory a user should see beside the machine's (the
+# warm start process: ``backends.start_process`` registers it while it runs): name -> pid.
+_helpers: dict[str, int] = {}
+
+
+def register_helper(name: str, pid: int | None) -> None:
+    """Show ``pid``'s resident memory beside the machine's as ``name`` (None: no longer)."""
+    if pid is None:
+        _helpers.pop(name, None)
+    else:
+        _helpers[name] = pid
+
+
+def helper_pids() -> dict[str, int]:
+    return dict(_helpers)
 
 
 # --- in words: the one wording every display, the final picture and the rank logs share ---------
@@ -125,4 +144,5 @@ def usage_log_text(usage: RankUsage) -> str:
 def machine_memory_text(machine: MachineMemory) -> str:
     """'memory 24.0 GiB, 12.3 GiB available'."""
     available = f", {size_text(machine.available)} available" if machine.available is not None else ""
-    return f"memory {size_text(machine.total)}{available}"
+    helpers = "".join(f", {name} {size_text(size)}" for name, size in machine.helpers)
+    return f"memory {size_text(machine.total)}{available}{helpers}"

@@ -15,7 +15,7 @@ from helpers.cuda_tracking_reset import reset_cuda_tracking
 from notebook_launch import GuardError, LaunchError, cuda_tracking, notebook_launcher, preflight
 from notebook_launch.detect.platform import cuda_device_count
 from notebook_launch.rank import runner
-from tests.helpers.processes import children
+from helpers.processes import children
 
 NVML = cuda_tracking.NVML_CHECK_VARIABLE
 

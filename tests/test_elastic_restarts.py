@@ -11,7 +11,7 @@ import pytest
 from notebook_launch import LaunchArgumentError, LaunchError, notebook_launcher
 from notebook_launch.display import Display
 from notebook_launch.net import free_port
-from tests.helpers.processes import children
+from helpers.processes import children
 
 pytestmark = pytest.mark.timeout(180)
 

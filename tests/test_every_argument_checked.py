@@ -12,7 +12,7 @@ import pytest
 from notebook_launch import LaunchArgumentError, RayCluster, notebook_launcher, start_ranks
 from notebook_launch.net import free_port
 from notebook_launch.persistent import magic as ranks_magic_module
-from tests.helpers.processes import children
+from helpers.processes import children
 
 
 def must_not_run(*args, **kwargs):

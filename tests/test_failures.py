@@ -8,7 +8,7 @@ import time
 import pytest
 
 from notebook_launch import LaunchError, notebook_launcher
-from tests.helpers.processes import children
+from helpers.processes import children
 
 
 def rank() -> int:

@@ -10,7 +10,7 @@ from notebook_launch import GuardError, LaunchArgumentError, LaunchError, cuda_t
 from helpers.cuda_tracking_reset import reset_cuda_tracking
 from notebook_launch.net import free_port
 from notebook_launch.options import _DefaultPort   # the marker of the default use_port (a busy one is replaced)
-from tests.helpers.processes import children
+from helpers.processes import children
 
 
 def noop():

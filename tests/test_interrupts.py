@@ -14,7 +14,7 @@ import pytest
 from helpers.fd_helpers import fd_links
 
 from notebook_launch import LaunchError, notebook_launcher
-from tests.helpers.processes import children
+from helpers.processes import children
 
 HANGING_LAUNCH = textwrap.dedent("""
     import os, sys, time

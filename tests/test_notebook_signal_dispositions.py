@@ -31,7 +31,7 @@ from helpers.waiting import ended, wait_for
 from notebook_launch import LaunchError, notebook_launcher, start_ranks
 from notebook_launch.backends import fork_thread
 from notebook_launch.net import free_port
-from tests.helpers.processes import children
+from helpers.processes import children
 
 
 def _wait_until_ended(pid: int) -> None:

@@ -12,7 +12,7 @@ import pytest
 
 from notebook_launch import LaunchError, notebook_launcher
 from notebook_launch.supervise import oom
-from tests.helpers.processes import children
+from helpers.processes import children
 
 CGROUP_V1 = "/sys/fs/cgroup/memory"
 CGROUP_LIMIT = 300 << 20

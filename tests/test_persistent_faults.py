@@ -19,7 +19,7 @@ from notebook_launch.persistent import command_frames
 from notebook_launch.rank import runner
 
 from helpers.fd_helpers import fd_links
-from tests.helpers.processes import children
+from helpers.processes import children
 
 pytestmark = pytest.mark.timeout(180)
 WAIT = 60   # seconds a condition may take on a busy machine before the test gives up

@@ -18,7 +18,7 @@ from notebook_launch import LaunchArgumentError, LaunchError, start_ranks
 from notebook_launch.net import free_port   # not 29500: on a shared machine it can be taken before rank 0 binds it
 
 from helpers.waiting import ended, wait_for, wait_until_inside
-from tests.helpers.processes import children
+from helpers.processes import children
 
 pytestmark = pytest.mark.timeout(120)
 

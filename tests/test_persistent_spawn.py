@@ -19,7 +19,7 @@ from helpers.fake_cuda_build_standin import install_fake_cuda_build
 from helpers.cuda_tracking_reset import reset_cuda_tracking
 from notebook_launch import GuardError, LaunchError, cuda_tracking, preflight, start_ranks
 from notebook_launch.net import free_port
-from tests.helpers.processes import children, is_start_process
+from helpers.processes import children, is_start_process
 
 pytestmark = pytest.mark.timeout(300)
 SPAWN_WAY_OUT = ("start_ranks(..., start_method='spawn')", "%ranks start --spawn")

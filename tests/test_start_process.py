@@ -19,7 +19,7 @@ import pytest
 from notebook_launch import LaunchError, notebook_launcher
 from notebook_launch.backends import start_process
 from notebook_launch.net import free_port
-from tests.helpers.processes import is_start_process
+from helpers.processes import is_start_process
 
 pytestmark = pytest.mark.timeout(300)
 LAUNCH_TIMEOUT = 240
@@ -310,3 +310,77 @@ def test_a_cuda_tensor_in_the_job_is_named_before_anything_starts(monkeypatch, t
                        match=r"the function \(its closure variable 'model'\)\[1\].weight is a tensor on cuda:0"):
         spawn(closes_over, tmp_path)
     assert start_process.running() is None   # refused before the start process was even asked for ranks
+
+
+# --- when it starts: %load_ext where launches will likely need it, the first such launch otherwise ---
+
+@pytest.mark.parametrize("devices, environ, version, expected", [
+    ((), {}, (3, 11), None),                                           # a CPU machine: the first launch starts it
+    (("nvidia0", "nvidiactl"), {}, (3, 11), "an NVIDIA GPU"),
+    (("nvidiactl",), {}, (3, 11), None),                              # a driver without a device
+    (("kfd",), {}, (3, 11), "an AMD GPU (ROCm)"),
+    (("accel0",), {}, (3, 11), "a TPU"),
+    (("vfio/0",), {}, (3, 11), "a TPU"),
+    ((), {}, (3, 14), "Python 3.14 (forkserver by default)"),
+    ((), {"NOTEBOOK_LAUNCH_START_PROCESS": "1"}, (3, 11), "NOTEBOOK_LAUNCH_START_PROCESS=1"),
+    (("nvidia0",), {"NOTEBOOK_LAUNCH_START_PROCESS": "0"}, (3, 11), None),   # switched off
+])
+def test_why_start_early_reads_the_machine(tmp_path, devices, environ, version, expected):
+    """A FAKE /dev tree (device nodes stand in as plain files)."""
+    (tmp_path / "dev").mkdir()
+    for name in devices:
+        (tmp_path / "dev" / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / "dev" / name).write_text("")
+    assert start_process.why_start_early(environ, root=str(tmp_path), version=version) == expected
+
+
+LOAD_EXT_CELLS = (
+    "%load_ext notebook_launch",
+    "from notebook_launch.backends import start_process\n"
+    "started = start_process.running()\n"
+    "print('STARTED' if started is not None else 'NOT STARTED')\n"
+    "if started is not None:\n"
+    "    print('READY', sorted(started.wait_ready()))",
+)
+
+
+@pytest.mark.parametrize("switch, expected", [("1", "STARTED"), ("", "NOT STARTED")])
+def test_load_ext_starts_it_where_it_will_likely_be_needed(tmp_path, monkeypatch, switch, expected):
+    from helpers.nbutil import cell_text, make_notebook, run_notebook
+    monkeypatch.setenv(start_process.SWITCH, switch)   # this machine has no GPU: "1" stands for one
+    nb = run_notebook(make_notebook(*LOAD_EXT_CELLS), cwd=str(tmp_path), timeout=300)
+    text = cell_text(nb.cells[1])
+    assert text.splitlines()[0] == expected, text
+    if expected == "STARTED":
+        assert "READY ['fingerprints', 'pid']" in text, text
+
+
+def test_a_launch_with_more_fds_than_one_message_carries_goes_in_several_requests():
+    """SCM_RIGHTS carries at most 253 fds a message; a rank brings up to 7."""
+    ranks = [start_process.RankRequest(["--local-rank", str(i)], {}, {n: n for n in range(7)}) for i in range(80)]
+    batches = start_process._batches(ranks)
+    assert [len(b) for b in batches] == [36, 36, 8]
+    assert [r for b in batches for r in b] == ranks
+
+
+def test_the_panel_header_shows_the_start_process_memory(tmp_path):
+    from notebook_launch.proc_usage import machine_memory
+    from notebook_launch.resources import helper_pids, machine_memory_text
+    start_process.prestart()
+    starter = start_process.current()
+    assert helper_pids()[start_process.HELPER_NAME] == starter.pid
+    text = machine_memory_text(machine_memory(helper_pids()))
+    assert ", start process " in text and "MiB" in text.split(", start process ")[1], text
+    start_process.stop()
+    assert start_process.HELPER_NAME not in helper_pids()
+
+
+def test_spawn_entry_reads_only_its_launchers_arguments():
+    from notebook_launch.rank.spawn_entry import parse_args
+    args = parse_args(["--payload", "/x/job.pkl", "--local-rank", "1", "--events-fd", "7", "--parent-pid", "9",
+                       "--tensors-fd", "12"])
+    assert (args.payload, args.local_rank, args.events_fd, args.parent_pid, args.tensors_fd, args.answers_fd) == \
+        ("/x/job.pkl", 1, 7, 9, 12, None)
+    for bad in (["--payload"], ["--bogus", "1", "--payload", "p"], ["--local-rank", "1"]):
+        with pytest.raises(SystemExit):
+            parse_args(bad)

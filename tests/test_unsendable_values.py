@@ -23,7 +23,7 @@ import pytest
 
 from notebook_launch import LaunchArgumentError, LaunchError, notebook_launcher, pickling, start_ranks
 from notebook_launch.net import free_port
-from tests.helpers.processes import children
+from helpers.processes import children
 
 
 def descriptor_holders(tmp_path):

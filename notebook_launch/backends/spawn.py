@@ -19,6 +19,7 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -28,7 +29,7 @@ from .. import shared_tensors
 from ..rank import spawn_context
 from ..channels import RankPipes, RankProcess, WaitStatus, reap
 from ..fork_locks import no_fork_during_exec
-from ..notebook_streams import ERR
+from ..notebook_streams import ERR, OUT
 from . import start_process
 from .base import Launcher, start_each
 from .fork import ForkedRank
@@ -139,11 +140,26 @@ class SpawnBackend(Launcher):
             try:
                 with open(payload_path, "wb") as f:
                     f.write(payload)
-                warm = _warm_list(job)
                 starter = _start_process()
-                return start_each(plan, channels, lambda spec, pipes: self._start_rank(
-                    spec, pipes, payload_path, payload_dir, parent_pid, job_tensors,
-                    tuple(extra_fds[spec.local_rank]) if extra_fds else (), starter, warm))
+                args = {spec.local_rank: _entry_args(spec, channels[spec.local_rank], payload_path, parent_pid,
+                                                     job_tensors) for spec in plan.ranks}
+                envs = {spec.local_rank: _rank_env(spec) for spec in plan.ranks}
+                forked = self._fork_from(starter, plan, channels, args, envs, job_tensors, extra_fds, job)
+
+                def start_one(spec: "RankSpec", pipes: RankPipes) -> RankProcess:
+                    pid = forked.pop(spec.local_rank, None)
+                    if pid is not None:
+                        return AdoptedRank(spec.local_rank, pid, payload_dir)
+                    extra = tuple(extra_fds[spec.local_rank]) if extra_fds else ()
+                    env = dict(os.environ, **envs[spec.local_rank])
+                    return self._popen_rank(spec, pipes, args[spec.local_rank], env, payload_dir, job_tensors, extra)
+
+                try:
+                    return start_each(plan, channels, start_one)
+                except BaseException:
+                    for pid in forked.values():   # forked, never handed to start_each: ours to end
+                        _kill_and_reap(pid)
+                    raise
             except BaseException:
                 payload_dir.remove()
                 raise
@@ -151,34 +167,34 @@ class SpawnBackend(Launcher):
             if job_tensors is not None:
                 os.close(job_tensors)
 
-    def _start_rank(self, spec: "RankSpec", pipes: RankPipes, payload_path: str, payload_dir: _PayloadDir,
-                    parent_pid: int, job_tensors: int | None = None,
-                    extra_fds: tuple[int, ...] = (), starter: "start_process.StartProcess | None" = None,
-                    warm: list[str] | None = None) -> RankProcess:
-        env = dict(os.environ)
-        env.update(spec.env)
-        env.setdefault("PYTHONUNBUFFERED", "1")
-        args = ["--payload", payload_path, "--local-rank", str(spec.local_rank),
-                "--events-fd", str(pipes.events_w), "--parent-pid", str(parent_pid),
-                "--events-parent-fd", str(pipes.events_r), "--answers-fd", str(pipes.answers_r)]
-        for option, fd in (("--tensors-fd", pipes.tensors), ("--job-tensors-fd", job_tensors)):
-            if fd is not None:
-                args += [option, str(fd)]
-        if starter is not None:
+    def _fork_from(self, starter: "start_process.StartProcess | None", plan: "LaunchPlan",
+                   channels: Sequence[RankPipes], args: dict[int, list[str]], envs: dict[int, dict[str, str]],
+                   job_tensors: int | None, extra_fds: Sequence[Sequence[int]], job: "Job") -> dict[int, int]:
+        """Local rank -> pid of the ranks the start process forked (all of them, usually; none
+        without one; those it could not fork start as fresh Pythons)."""
+        if starter is None:
+            return {}
+        OUT.flush()   # what the notebook printed shows before the ranks' lines (as start_each does)
+        ERR.flush()
+        requests = []
+        for spec in plan.ranks:
+            pipes = channels[spec.local_rank]
             fds = {1: pipes.stdout_w, 2: pipes.stderr_w}
-            fds.update((fd, fd) for fd in (pipes.events_w, pipes.answers_r, pipes.tensors, job_tensors, *extra_fds)
+            extra = tuple(extra_fds[spec.local_rank]) if extra_fds else ()
+            fds.update((fd, fd) for fd in (pipes.events_w, pipes.answers_r, pipes.tensors, job_tensors, *extra)
                        if fd is not None)
-            try:
-                pid = starter.fork_rank(args, env, fds, warm or [])
-            except start_process.StartProcessUnavailable as exc:
-                log.debug("the start process could not fork rank %d (%s); a fresh Python instead",
-                          spec.local_rank, exc)
-            else:
-                return AdoptedRank(spec.local_rank, pid, payload_dir)
-        return self._popen_rank(spec, pipes, args, env, payload_dir, job_tensors, extra_fds)
+            requests.append(start_process.RankRequest(args[spec.local_rank], envs[spec.local_rank], fds))
+        try:
+            pids = starter.fork_ranks(requests, _warm_list(job))
+        except start_process.StartProcessUnavailable as exc:
+            print(f"notebook_launch: the warm start process could not start the ranks ({exc}); "
+                  f"each rank starts as a fresh Python (slower)", file=ERR)
+            return {}
+        return {spec.local_rank: pid for spec, pid in zip(plan.ranks, pids)}
 
     def _popen_rank(self, spec: "RankSpec", pipes: RankPipes, args: list[str], env: dict[str, str],
                     payload_dir: _PayloadDir, job_tensors: int | None, extra_fds: tuple[int, ...]) -> "SpawnedRank":
+        """A fresh Python (``spawn_entry``): where the start process is off or could not serve."""
         exit_r = exit_w = None
         if not hasattr(os, "pidfd_open"):
             exit_r, exit_w = os.pipe()
@@ -225,3 +241,30 @@ def _start_process() -> "start_process.StartProcess | None":
         print(f"notebook_launch: the warm start process cannot start ranks ({exc}); "
               f"each rank starts as a fresh Python (slower)", file=ERR)
         return None
+
+
+def _entry_args(spec: "RankSpec", pipes: RankPipes, payload_path: str, parent_pid: int,
+                job_tensors: int | None) -> list[str]:
+    """``rank.spawn_entry``'s arguments for one rank (whichever way it starts)."""
+    args = ["--payload", payload_path, "--local-rank", str(spec.local_rank),
+            "--events-fd", str(pipes.events_w), "--parent-pid", str(parent_pid),
+            "--events-parent-fd", str(pipes.events_r), "--answers-fd", str(pipes.answers_r)]
+    for option, fd in (("--tensors-fd", pipes.tensors), ("--job-tensors-fd", job_tensors)):
+        if fd is not None:
+            args += [option, str(fd)]
+    return args
+
+
+def _rank_env(spec: "RankSpec") -> dict[str, str]:
+    """What of a rank's environment is its own, over the notebook's."""
+    env = dict(spec.env)
+    env.setdefault("PYTHONUNBUFFERED", os.environ.get("PYTHONUNBUFFERED", "1"))
+    return env
+
+
+def _kill_and_reap(pid: int) -> None:
+    try:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+    except (ProcessLookupError, ChildProcessError):
+        log.debug("rank process %d was already gone", pid)

@@ -29,12 +29,14 @@ import socket
 import subprocess
 import sys
 import threading
+from dataclasses import dataclass
 import atexit
 from typing import Any, Mapping
 
 from ..channels import start_wire
 from ..fork_locks import no_fork_during_exec
 from ..notebook_streams import ERR
+from ..resources import helper_pids, register_helper
 
 log = logging.getLogger("notebook_launch")
 
@@ -42,13 +44,55 @@ SWITCH = "NOTEBOOK_LAUNCH_START_PROCESS"     # "0": no start process; ranks star
 READY_WAIT = 300.0       # seconds the first launch waits for the start process's imports at most
 REQUEST_WAIT = 120.0     # seconds a request may take (an import of torch._dynamo on a busy machine)
 PR_SET_CHILD_SUBREAPER = 36
+HELPER_NAME = "start process"   # how the panel's header names its memory
 PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 BOOTSTRAP = ("import json, sys; sys.path[:] = json.loads(sys.argv.pop(1)); "
              "from notebook_launch.rank.start_server import main; sys.exit(main())")
 
 
+@dataclass(frozen=True)
+class RankRequest:
+    """One rank the start process is asked for: its ``spawn_entry`` arguments, what of the
+    environment is its own, and its fds (number in its arguments -> this process's fd)."""
+    argv: list[str]
+    env: Mapping[str, str]
+    fds: Mapping[int, int]
+
+
 class StartProcessUnavailable(Exception):
     """The start process could not start or serve; the caller starts ranks the slow way."""
+
+
+def forced(environ: Mapping[str, str] = os.environ) -> bool:
+    """``NOTEBOOK_LAUNCH_START_PROCESS=1``: start it on ``%load_ext`` whatever the machine."""
+    return environ.get(SWITCH, "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def why_start_early(environ: Mapping[str, str] = os.environ, root: str = "/",
+                    version: tuple[int, int] = sys.version_info[:2]) -> str | None:
+    """Why ``%load_ext`` should start the start process before any launch (None: not worth its
+    memory here, the first launch that needs it starts it). Where launches cannot fork the
+    notebook once it has touched the device, or ever: an NVIDIA or AMD GPU, a TPU, Python 3.14's
+    forkserver default; or asked for."""
+    if not enabled(environ):
+        return None
+    if forced(environ):
+        return f"{SWITCH}=1"
+    dev = os.path.join(root, "dev")
+    try:
+        names = os.listdir(dev)
+    except OSError:
+        names = []
+    if any(n.startswith("nvidia") and n[len("nvidia"):].isdigit() for n in names):
+        return "an NVIDIA GPU"
+    if "kfd" in names:
+        return "an AMD GPU (ROCm)"
+    if any(n.startswith("accel") for n in names) or os.path.isdir(os.path.join(dev, "vfio")) and any(
+            n.isdigit() for n in os.listdir(os.path.join(dev, "vfio"))):
+        return "a TPU"
+    if version >= (3, 14):
+        return "Python 3.14 (forkserver by default)"
+    return None
 
 
 def enabled(environ: Mapping[str, str] = os.environ) -> bool:
@@ -93,6 +137,7 @@ class StartProcess:
         finally:
             theirs.close()
         ours.set_inheritable(False)
+        register_helper(HELPER_NAME, popen.pid)   # its memory shows beside the machine's in the panel
         return cls(popen, ours)
 
     def wait_ready(self, timeout: float = READY_WAIT) -> dict[str, Any]:
@@ -134,15 +179,23 @@ class StartProcess:
             self.ready["fingerprints"] = answer["fingerprints"]
         return answer
 
-    def fork_rank(self, argv: list[str], env: Mapping[str, str], fds: Mapping[int, int],
-                  warm: list[str]) -> int:
-        """Fork one rank running ``rank.spawn_entry`` with ``argv``; ``fds`` maps the numbers the
-        rank's arguments name to this process's fds. Returns the rank's pid: a child of ours."""
-        request = {"rank": {"argv": argv, "env": dict(env), "cwd": _cwd(), "targets": list(fds),
-                            "warm": warm}}
-        with adopting_orphans():
-            answer = self.ask(request, list(fds.values()))
-        return int(answer["pid"])
+    def fork_ranks(self, ranks: list["RankRequest"], warm: list[str]) -> list[int]:
+        """Fork a launch's ranks, each running ``rank.spawn_entry`` with its ``argv``, its ``fds``
+        (the numbers its arguments name -> this process's fds) and the notebook's environment with
+        its ``env`` over it. Returns their pids, children of ours; a rank that could not be forked
+        (the machine out of processes) ends the list early, with the others' pids."""
+        pids: list[int] = []
+        for batch in _batches(ranks):
+            request = {"ranks": {"env": dict(os.environ), "cwd": _cwd(), "warm": warm,
+                                 "ranks": [{"argv": r.argv, "env": dict(r.env), "targets": list(r.fds)}
+                                           for r in batch]}}
+            with adopting_orphans():
+                answer = self.ask(request, [fd for r in batch for fd in r.fds.values()])
+            forked = [pid for pid in (int(p) for p in answer["pids"]) if pid > 0]
+            pids += forked
+            if len(forked) < len(batch):
+                break
+        return pids
 
     def state(self) -> dict[str, Any]:
         """What the start process holds (its pid, modules, memory, fds, CUDA)."""
@@ -174,6 +227,8 @@ class StartProcess:
 
     def stop(self) -> None:
         """End it (its ranks are the notebook's children and go on)."""
+        if helper_pids().get(HELPER_NAME) == self.pid:
+            register_helper(HELPER_NAME, None)
         try:
             self.sock.close()
         except OSError:
@@ -184,6 +239,16 @@ class StartProcess:
             self.popen.wait(timeout=10)
         except subprocess.TimeoutExpired:
             log.debug("start process %d did not end within 10 s of SIGKILL", self.pid)
+
+
+def _batches(ranks: list[RankRequest]) -> list[list[RankRequest]]:
+    """The ranks in as few requests as their fds allow (SCM_RIGHTS carries 253 fds a message)."""
+    batches: list[list[RankRequest]] = [[]]
+    for rank in ranks:
+        if batches[-1] and sum(len(r.fds) for r in batches[-1]) + len(rank.fds) > start_wire.MAX_FDS:
+            batches.append([])
+        batches[-1].append(rank)
+    return [batch for batch in batches if batch]
 
 
 def start_server_variable() -> str:
@@ -217,7 +282,7 @@ _atexit_registered = False
 def prestart() -> bool:
     """Start the start process in the background if none runs (returns at once); False when it is
     switched off or cannot run here. A launch that needs it waits for its imports only if they have
-    not finished by then."""
+    not finished by then. Public as ``notebook_launch.prestart()``."""
     if not enabled():
         return False
     try:

@@ -18,7 +18,7 @@ import time
 from typing import Any
 
 HEADER = struct.Struct("!I")
-MAX_FDS = 32              # a rank's pipes, its result file, the job's tensors, persistent ranks' two more
+MAX_FDS = 253             # SCM_RIGHTS' own limit: a launch's ranks' fds ride on one message (7 each at most)
 MAX_MESSAGE = 64 << 20    # bytes; a message past it is a broken peer, not a request
 
 

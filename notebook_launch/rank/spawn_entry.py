@@ -7,10 +7,10 @@ a fresh interpreter), the rank reports an ERROR that says what to do.
 """
 from __future__ import annotations
 
-import argparse
 import os
 import pickle
 import sys
+from dataclasses import dataclass
 from typing import Any
 
 from .. import protocol, shared_tensors
@@ -20,18 +20,39 @@ from .bootstrap import EXIT_FAILED, capture_output, detach_from_parent, exit_wit
 from .runner import report_error, run_rank, setup_failure
 
 
-def parse_args(argv: list[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="notebook_launch.rank.spawn_entry")
-    parser.add_argument("--payload", required=True)
-    parser.add_argument("--local-rank", type=int, required=True)
-    parser.add_argument("--events-fd", type=int, required=True)
-    parser.add_argument("--parent-pid", type=int, required=True)
-    parser.add_argument("--events-parent-fd", type=int, default=None)   # to reopen a pipe the function closed
-    parser.add_argument("--answers-fd", type=int, default=None)   # the notebook's answers to prompts
-    parser.add_argument("--exit-fd", type=int, default=None)
-    parser.add_argument("--tensors-fd", type=int, default=None)       # this rank's result file
-    parser.add_argument("--job-tensors-fd", type=int, default=None)   # the job's tensors
-    return parser.parse_args(argv)
+@dataclass
+class EntryArgs:
+    """What the launcher passes (``backends.spawn._entry_args``)."""
+    payload: str = ""
+    local_rank: int = -1
+    events_fd: int = -1
+    parent_pid: int = -1
+    events_parent_fd: int | None = None   # to reopen a pipe the function closed
+    answers_fd: int | None = None         # the notebook's answers to prompts
+    exit_fd: int | None = None
+    tensors_fd: int | None = None         # this rank's result file
+    job_tensors_fd: int | None = None     # the job's tensors
+
+
+REQUIRED = ("payload", "local_rank", "events_fd", "parent_pid")
+
+
+def parse_args(argv: list[str]) -> EntryArgs:
+    """``--name value`` pairs, as our launcher writes them. Not argparse: building its parser took
+    5 of a rank's 6 ms of start-up here (its regular expressions and gettext), and only our own
+    launcher ever calls this entry."""
+    args = EntryArgs()
+    if len(argv) % 2:
+        raise SystemExit(f"spawn_entry: arguments come in --name value pairs: {argv}")
+    for option, value in zip(argv[::2], argv[1::2]):
+        name = option.removeprefix("--").replace("-", "_")
+        if not option.startswith("--") or name not in EntryArgs.__dataclass_fields__:
+            raise SystemExit(f"spawn_entry: unknown argument {option}")
+        setattr(args, name, value if name == "payload" else int(value))
+    missing = [name for name in REQUIRED if getattr(args, name) in ("", -1)]
+    if missing:
+        raise SystemExit(f"spawn_entry: missing {', '.join('--' + m.replace('_', '-') for m in missing)}")
+    return args
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -20,8 +20,8 @@ What keeps it as safe as a fresh interpreter:
 - It holds nothing of a run: the fds a request brings are closed here once the rank has them.
   It ends when the notebook ends (a pidfd on the notebook: SIGKILL included) or closes the socket.
 
-Messages (``channels.start_wire``): the notebook sends ``{"rank": {...}}`` with the rank's fds and
-gets ``{"pid": N}`` or ``{"error": text}``; ``{"warm": [...]}`` imports more; ``{"state": True}``
+Messages (``channels.start_wire``): the notebook sends ``{"ranks": {...}}`` with every rank's fds
+and gets ``{"pids": [...]}`` or ``{"error": text}``; ``{"warm": [...]}`` imports more; ``{"state": True}``
 answers what this process holds (for tests and the docs' numbers). At start it sends ``{"ready":
 ...}`` with the files of the packages it imported (``fingerprints``), so the notebook can tell when
 a ``%pip install -U`` replaced one and start a fresh start process.
@@ -56,6 +56,8 @@ def main() -> int:
         return 0
     preload = sys.argv[1:]
     warm(preload, quiet_if_missing=True)
+    from . import spawn_entry  # noqa: F401  (what every rank runs: imported once here, not in each)
+    warm(["cloudpickle", "numpy"], quiet_if_missing=True)
     problem = accelerator_initialized()
     if problem:
         start_wire.send(sock, {"error": f"the start process would hold {problem} after its imports"})
@@ -67,7 +69,7 @@ def main() -> int:
 
 def serve(sock: socket.socket, notebook_fd: int, notebook: int) -> None:
     while True:
-        ready, _, _ = select.select([sock, notebook_fd], [], [])
+        ready, _, _ = select.select([sock.fileno(), notebook_fd], [], [])
         if notebook_fd in ready:
             return
         try:
@@ -94,37 +96,49 @@ def handle(message: dict[str, Any], fds: list[int], sock: socket.socket, noteboo
         return {"warmed": [m for m in message["warm"] if m not in failed], "fingerprints": fingerprints()}
     if "state" in message:
         return {"state": state()}
-    request = message["rank"]
+    request = message["ranks"]
     warm(request.get("warm", ()), quiet_if_missing=True)
-    if len(fds) != len(request["targets"]):
-        return {"error": f"{len(fds)} fds came with a request for {len(request['targets'])}"}
-    return {"pid": fork_rank(request, fds, (sock.fileno(), notebook_fd), notebook)}
+    if len(fds) != sum(len(rank["targets"]) for rank in request["ranks"]):
+        return {"error": f"{len(fds)} fds came with a request for other numbers"}
+    return {"pids": fork_ranks(request, fds, (sock.fileno(), notebook_fd), notebook)}
 
 
-def fork_rank(request: dict[str, Any], fds: list[int], ours: tuple[int, ...], notebook: int) -> int:
-    """Fork the rank through a middle process that exits at once, so the notebook (a subreaper
-    meanwhile) adopts it; returns its pid once it has been orphaned."""
+def fork_ranks(request: dict[str, Any], fds: list[int], ours: tuple[int, ...], notebook: int) -> list[int]:
+    """Fork a launch's ranks through one middle process that forks them all and exits, so the
+    notebook (a subreaper meanwhile) adopts them; their pids, once they have been orphaned. One
+    middle per launch, not per rank: each fork and each exit of a process that imported torch
+    costs milliseconds (about 3 and 5 here). A rank the middle could not fork (EAGAIN) is -errno."""
     read_end, write_end = os.pipe()
     middle = os.fork()
     if middle == 0:
         try:
             os.close(read_end)
-            rank = os.fork()
-            if rank == 0:
-                os.close(write_end)
-                become_rank(request, fds, ours, notebook)   # never returns
-            os.write(write_end, struct.pack("!i", rank))
+            first = 0
+            for rank in request["ranks"]:
+                mine = fds[first:first + len(rank["targets"])]
+                first += len(rank["targets"])
+                try:
+                    pid = os.fork()
+                except OSError as exc:
+                    os.write(write_end, struct.pack("!i", -(exc.errno or 1)))
+                    break
+                if pid == 0:
+                    os.close(write_end)
+                    others = [fd for fd in fds if fd not in mine]
+                    become_rank(dict(rank, env={**request["env"], **rank["env"]}, cwd=request.get("cwd")),
+                                mine, ours + tuple(others), notebook)   # never returns
+                os.write(write_end, struct.pack("!i", pid))
         finally:
             os._exit(0)
     os.close(write_end)
     try:
-        os.waitpid(middle, 0)   # the rank is the notebook's child once this returns
-        data = os.read(read_end, 4)
+        os.waitpid(middle, 0)   # the ranks are the notebook's children once this returns
+        data = b""
+        while chunk := os.read(read_end, 4096):
+            data += chunk
     finally:
         os.close(read_end)
-    if len(data) != 4:
-        raise OSError("the middle process ended without forking the rank")
-    return struct.unpack("!i", data)[0]
+    return [struct.unpack_from("!i", data, offset)[0] for offset in range(0, len(data) - len(data) % 4, 4)]
 
 
 def become_rank(request: dict[str, Any], fds: list[int], ours: tuple[int, ...], notebook: int) -> None:

@@ -25,7 +25,7 @@ import time
 from typing import TYPE_CHECKING, Any, Mapping
 
 from ..proc_usage import cpu_times, machine_memory, own_memory, resident
-from ..resources import MachineMemory, RankUsage, usage_from_record, usage_log_text
+from ..resources import MachineMemory, RankUsage, helper_pids, usage_from_record, usage_log_text
 
 if TYPE_CHECKING:
     from ..logs import LogWriter
@@ -80,7 +80,7 @@ class ResourceSampler:
         if self.rounds == 0:   # a supervision's first round (each call on persistent ranks has one): cheap only
             self.next_detail = now + SAMPLE_EVERY
         self.read_own_memory({local: pids[local] for local in self.updated}, now)
-        self.machine = machine_memory() or self.machine
+        self.machine = machine_memory(helper_pids()) or self.machine
         self.cpu_spent += time.thread_time() - spent
         self.rounds += 1
         self.next_round = now + SAMPLE_EVERY
