@@ -38,6 +38,13 @@ def who_am_i():
             "var": os.environ.get("NL_TEST_LAUNCH_VAR"), "cwd": os.getcwd()}
 
 
+def running() -> start_process.StartProcess:
+    """The start process this test process has (one must have been started)."""
+    process = start_process.running()
+    assert process is not None, "no start process was started"
+    return process
+
+
 def wait_gone(pid, timeout=30.0):
     deadline = time.monotonic() + timeout
     while psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
@@ -49,7 +56,7 @@ def wait_gone(pid, timeout=30.0):
 
 def test_spawned_ranks_are_forks_of_the_start_process_adopted_as_our_children(tmp_path):
     ranks = spawn(who_am_i, tmp_path)
-    starter = start_process.running()
+    starter = running()
     assert starter is not None and starter.alive()
     for rank in ranks:
         assert rank["ppid"] == os.getpid()                      # the notebook reaps it, as a spawned rank
@@ -84,12 +91,12 @@ def test_ranks_see_the_notebook_as_it_is_at_the_launch_not_as_when_the_start_pro
     monkeypatch.setenv("NL_TEST_LAUNCH_VAR", "changed")
     assert spawn(read_module, tmp_path) == [("edited on disk", "changed", str(workdir))] * 2
     # Nothing the user wrote was ever imported into the start process.
-    assert "nl_user_module_for_start_test" not in start_process.running().state()["modules"]
+    assert "nl_user_module_for_start_test" not in running().state()["modules"]
 
 
 def test_a_start_process_that_died_is_replaced_and_the_launch_goes_on_said_once(tmp_path, capfd):
     spawn(who_am_i, tmp_path)
-    first = start_process.running()
+    first = running()
     os.kill(first.pid, signal.SIGKILL)
     first.popen.wait(timeout=30)
     capfd.readouterr()
@@ -97,7 +104,7 @@ def test_a_start_process_that_died_is_replaced_and_the_launch_goes_on_said_once(
     said = capfd.readouterr()
     assert f"the warm start process (pid {first.pid}) had ended (killed by signal 9); starting a new one" in \
         said.err + said.out
-    second = start_process.running()
+    second = running()
     assert second.pid != first.pid and second.alive()
     assert all(any("rank.start_server" in p for p in r["cmdline"]) for r in ranks)
     spawn(who_am_i, tmp_path)
@@ -130,7 +137,7 @@ def test_a_package_that_changed_on_disk_gets_a_fresh_start_process(tmp_path, mon
 
 def test_the_start_process_keeps_no_fd_of_a_run_and_the_notebook_adopts_only_while_it_asks(tmp_path):
     spawn(who_am_i, tmp_path)
-    starter = start_process.running()
+    starter = running()
     before = starter.state()["fds"]
 
     def hold():
@@ -194,7 +201,7 @@ NOTEBOOK = textwrap.dedent("""
         if len(ranks) == 2:
             break
         time.sleep(0.05)
-    print("STARTED", json.dumps({{"start_process": start_process.running().pid, "ranks": ranks}}), flush=True)
+    print("STARTED", json.dumps({{"start_process": running().pid, "ranks": ranks}}), flush=True)
     time.sleep(600)
 """)
 
@@ -203,6 +210,7 @@ NOTEBOOK = textwrap.dedent("""
 def test_the_start_process_and_its_ranks_end_with_the_notebook_however_it_dies(tmp_path, how):
     notebook = subprocess.Popen([sys.executable, "-c", NOTEBOOK.format(log_dir=str(tmp_path / "logs"))],
                                 stdout=subprocess.PIPE, text=True)
+    assert notebook.stdout is not None
     try:
         line = notebook.stdout.readline()
         while line and not line.startswith("STARTED "):   # the launch line and its notes come first
@@ -221,7 +229,7 @@ def test_the_start_process_and_its_ranks_end_with_the_notebook_however_it_dies(t
 
 def test_is_start_process_helper_sees_the_start_process():
     start_process.prestart()
-    assert is_start_process(psutil.Process(start_process.running().pid))
+    assert is_start_process(psutil.Process(running().pid))
 
 
 # --- the CUDA guard, softer: a notebook that holds CUDA launches from the start process -------
@@ -369,7 +377,9 @@ def test_the_panel_header_shows_the_start_process_memory(tmp_path):
     start_process.prestart()
     starter = start_process.current()
     assert helper_pids()[start_process.HELPER_NAME] == starter.pid
-    text = machine_memory_text(machine_memory(helper_pids()))
+    memory = machine_memory(helper_pids())
+    assert memory is not None
+    text = machine_memory_text(memory)
     assert ", start process " in text and "MiB" in text.split(", start process ")[1], text
     start_process.stop()
     assert start_process.HELPER_NAME not in helper_pids()
