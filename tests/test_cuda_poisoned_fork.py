@@ -10,7 +10,7 @@ import textwrap
 import pytest
 import torch
 
-from helpers.fake_cuda_build_standin import install_fake_cuda_build
+from helpers.fake_cuda_build_standin import fake_gpus_tracked, install_fake_cuda_build
 from helpers.cuda_tracking_reset import reset_cuda_tracking
 from notebook_launch import GuardError, LaunchError, cuda_tracking, notebook_launcher, preflight
 from notebook_launch.detect.platform import cuda_device_count
@@ -44,12 +44,8 @@ def fake_cuda_build(monkeypatch):
 def fake_cuda_build_with_two_fake_gpus(monkeypatch):
     """The same FAKE CUDA build, seeing two FAKE GPUs (NVML and the runtime count 2), so a launch
     plans CUDA ranks: only refusals are tested with it (no rank could use a fake GPU)."""
-    monkeypatch.delenv(NVML, raising=False)
-    fake = install_fake_cuda_build(monkeypatch, gpus=2, nvml_gpus=2)
-    reset_cuda_tracking()
-    cuda_tracking.install()
-    yield fake
-    reset_cuda_tracking()
+    with fake_gpus_tracked(monkeypatch) as fake:
+        yield fake
 
 
 def check_cuda_in_a_notebook_cell():

@@ -15,8 +15,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from helpers.fake_cuda_build_standin import install_fake_cuda_build
-from helpers.cuda_tracking_reset import reset_cuda_tracking
+from helpers.fake_cuda_build_standin import fake_gpus_tracked
 from notebook_launch import GuardError, LaunchError, cuda_tracking, preflight, start_ranks
 from notebook_launch.net import free_port
 from helpers.processes import children, is_start_process
@@ -99,11 +98,7 @@ def test_a_poisoned_fork_names_spawned_persistent_ranks_as_the_way_out(monkeypat
     """A FAKE CUDA build with two FAKE GPUs, asked is_available(): a fork is refused, and the
     advice names the spawned persistent ranks; spawn passes the check (no rank is started:
     a fake GPU could not run one)."""
-    monkeypatch.delenv(cuda_tracking.NVML_CHECK_VARIABLE, raising=False)
-    install_fake_cuda_build(monkeypatch, gpus=2, nvml_gpus=2)
-    reset_cuda_tracking()
-    cuda_tracking.install()
-    try:
+    with fake_gpus_tracked(monkeypatch):
         assert torch.cuda.is_available()
         with pytest.raises(GuardError, match="The CUDA runtime was already used") as refused:
             start_ranks(2, ui="none", start_method="fork")
@@ -111,8 +106,6 @@ def test_a_poisoned_fork_names_spawned_persistent_ranks_as_the_way_out(monkeypat
         assert "forks only" not in str(refused.value)
         assert our_children() == []
         preflight.check_cuda_not_initialized("spawn", 2)
-    finally:
-        reset_cuda_tracking()
 
 
 def test_spawned_persistent_ranks_in_a_kernel_after_cuda_was_initialized(tmp_path):

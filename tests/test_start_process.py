@@ -262,24 +262,17 @@ def test_a_poisoned_fork_with_gpus_plans_the_start_process(monkeypatch):
     """A FAKE CUDA build seeing two FAKE GPUs, asked is_available(): the plan starts its ranks from
     the start process (no rank is started: a fake GPU could not run one)."""
     import torch
-    from helpers.cuda_tracking_reset import reset_cuda_tracking
-    from helpers.fake_cuda_build_standin import install_fake_cuda_build
-    from notebook_launch import cuda_tracking, net
+    from helpers.fake_cuda_build_standin import fake_gpus_tracked
+    from notebook_launch import net
     from notebook_launch.options import launch_options
     from notebook_launch.prepare import plan_launch
-    monkeypatch.delenv(cuda_tracking.NVML_CHECK_VARIABLE, raising=False)
-    install_fake_cuda_build(monkeypatch, gpus=2, nvml_gpus=2)
-    reset_cuda_tracking()
-    cuda_tracking.install()
-    try:
+    with fake_gpus_tracked(monkeypatch):
         assert torch.cuda.is_available()
         target, plan, run_id = plan_launch(launch_options(function=who_am_i, num_processes=2, use_port=free_port()))
         net.release_claims(run_id)
         assert target.start_method == plan.start_method == "spawn" and target.device_kind == "cuda"
         assert any("the CUDA runtime was already used in this notebook: ranks start from the warm start process"
                    in note for note in plan.notes)
-    finally:
-        reset_cuda_tracking()
 
 
 def test_with_the_start_process_off_a_notebook_holding_cuda_is_still_refused(monkeypatch, cuda_initialized_standin):

@@ -11,7 +11,9 @@ unless ``nvml_gpus`` is given.
 """
 from __future__ import annotations
 
+import contextlib
 import os
+from typing import Iterator
 
 import torch
 
@@ -64,3 +66,20 @@ def install_in_kernel(gpus: int = 0) -> FakeCudaBuildStandIn:
     torch.cuda._is_in_bad_fork = FAKE.is_in_bad_fork
     torch.cuda._device_count_nvml = lambda: -1
     return FAKE
+
+
+@contextlib.contextmanager
+def fake_gpus_tracked(monkeypatch, gpus: int = 2) -> Iterator[FakeCudaBuildStandIn]:
+    """The FAKE CUDA build with ``gpus`` FAKE GPUs (NVML and the runtime count alike), in a notebook
+    whose CUDA tracker has witnessed nothing yet and wraps the fake (as it wraps torch's), without
+    the NVML check variable; the tracker forgets the fake again afterwards."""
+    from helpers.cuda_tracking_reset import reset_cuda_tracking
+    from notebook_launch import cuda_tracking
+    monkeypatch.delenv(cuda_tracking.NVML_CHECK_VARIABLE, raising=False)
+    fake = install_fake_cuda_build(monkeypatch, gpus=gpus, nvml_gpus=gpus)
+    reset_cuda_tracking()
+    cuda_tracking.install()
+    try:
+        yield fake
+    finally:
+        reset_cuda_tracking()
