@@ -17,6 +17,7 @@ import torch.distributed as dist
 
 from helpers.fake_cuda_build_standin import fake_gpus_tracked
 from notebook_launch import GuardError, LaunchError, cuda_tracking, preflight, start_ranks
+from notebook_launch.backends import start_process
 from notebook_launch.net import free_port
 from helpers.processes import children, is_start_process
 
@@ -70,7 +71,8 @@ def test_after_cuda_a_fork_is_refused_naming_spawn_and_spawned_ranks_keep_their_
         assert ranks.run(build, args=(3,)) == [0, 1]
         pids = ranks.pids
         for pid in pids:   # forks of the warm start process (never of this one), adopted as our children
-            assert is_start_process(psutil.Process(pid)) and psutil.Process(pid).ppid() == os.getpid()
+            assert is_start_process(psutil.Process(pid))
+            assert psutil.Process(pid).ppid() == getattr(start_process.running(), "pid", None)
         assert ranks.run(reduce_weights) == [[1.0, 1.0, 1.0]] * 2          # the group and weights live on
 
         offset = 5
@@ -177,7 +179,8 @@ def test_a_spawned_rank_killed_between_calls_is_noticed_and_fresh_ranks_are_spaw
         with pytest.raises(LaunchError, match="'kept' not defined"):
             ranks.pull("kept")                         # fresh interpreters: the state is gone, as said
         for pid in ranks.pids:
-            assert is_start_process(psutil.Process(pid)) and psutil.Process(pid).ppid() == os.getpid()
+            assert is_start_process(psutil.Process(pid))
+            assert psutil.Process(pid).ppid() == getattr(start_process.running(), "pid", None)
     assert our_children() == []
 
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import os
+import select
 import shutil
 import signal
 import subprocess
@@ -27,12 +28,11 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 from .. import shared_tensors
 from ..rank import spawn_context
-from ..channels import RankPipes, RankProcess, WaitStatus, reap
+from ..channels import LOST, RankPipes, RankProcess, WaitStatus, reap
 from ..fork_locks import no_fork_during_exec
 from ..notebook_streams import ERR, OUT
 from . import start_process
 from .base import Launcher, start_each
-from .fork import ForkedRank
 from .warm_imports import looks_like_training
 
 if TYPE_CHECKING:
@@ -93,16 +93,48 @@ class SpawnedRank(RankProcess):
         self._payload_dir.release()
 
 
-class AdoptedRank(ForkedRank):
-    """A rank forked by the start process and adopted by the notebook: our child, as a forked rank."""
+REPORT_WAIT = 0.1   # seconds a rank that ended waits for the start process's word on how, per poll
 
-    def __init__(self, local_rank: int, pid: int, payload_dir: "_PayloadDir") -> None:
-        super().__init__(local_rank, pid)
+
+class StartedRank(RankProcess):
+    """A rank forked by the warm start process, its child: its pidfd says when it ended, the start
+    process how (``StartProcess.ended``: the exit code or signal, its peak memory and CPU time)."""
+
+    def __init__(self, local_rank: int, pid: int, starter: "start_process.StartProcess",
+                 payload_dir: "_PayloadDir") -> None:
+        self.local_rank, self.pid, self.starter = local_rank, pid, starter
         self._payload_dir = payload_dir
+        self._status: WaitStatus | None = None
+        self.sentinel = os.pidfd_open(pid)
+
+    def poll(self) -> WaitStatus | None:
+        if self._status is not None:
+            return self._status
+        # Once its pidfd says it ended, the start process reaps it and reports within milliseconds.
+        ended = self.starter.ended(self.pid, wait=REPORT_WAIT if self._gone() else 0.0)
+        if ended is not None:
+            self._status, self.end_usage = ended
+        elif not self.starter.alive() and self._gone():
+            # The start process died and took its ranks with it (PR_SET_PDEATHSIG): no one reaped
+            # this one who could say how it ended.
+            self._status = LOST
+            self.end_note = (f"ended with the warm start process (pid {self.starter.pid}, "
+                             f"{self.starter.describe_end() or 'gone'}), which its ranks die with")
+        return self._status
+
+    def _gone(self) -> bool:
+        return self.sentinel is None or bool(select.select([self.sentinel], [], [], 0)[0])
+
+    @property
+    def reaped(self) -> bool:
+        return self._status is not None
 
     def release(self) -> None:
-        super().release()
-        self._payload_dir.release()
+        if self.sentinel is not None:
+            os.close(self.sentinel)
+            self.sentinel = None
+            self.starter.released()
+            self._payload_dir.release()
 
 
 class _PayloadDir:
@@ -148,8 +180,8 @@ class SpawnBackend(Launcher):
 
                 def start_one(spec: "RankSpec", pipes: RankPipes) -> RankProcess:
                     pid = forked.pop(spec.local_rank, None)
-                    if pid is not None:
-                        return AdoptedRank(spec.local_rank, pid, payload_dir)
+                    if pid is not None and starter is not None:
+                        return StartedRank(spec.local_rank, pid, starter, payload_dir)
                     extra = tuple(extra_fds[spec.local_rank]) if extra_fds else ()
                     env = dict(os.environ, **envs[spec.local_rank])
                     return self._popen_rank(spec, pipes, args[spec.local_rank], env, payload_dir, job_tensors, extra)
@@ -158,7 +190,7 @@ class SpawnBackend(Launcher):
                     return start_each(plan, channels, start_one)
                 except BaseException:
                     for pid in forked.values():   # forked, never handed to start_each: ours to end
-                        _kill_and_reap(pid)
+                        _kill(pid)
                     raise
             except BaseException:
                 payload_dir.remove()
@@ -183,7 +215,8 @@ class SpawnBackend(Launcher):
             extra = tuple(extra_fds[spec.local_rank]) if extra_fds else ()
             fds.update((fd, fd) for fd in (pipes.events_w, pipes.answers_r, pipes.tensors, job_tensors, *extra)
                        if fd is not None)
-            requests.append(start_process.RankRequest(args[spec.local_rank], envs[spec.local_rank], fds))
+            argv = args[spec.local_rank] + ["--forked-by", str(starter.pid)]
+            requests.append(start_process.RankRequest(argv, envs[spec.local_rank], fds))
         try:
             pids = starter.fork_ranks(requests, _warm_list(job))
         except start_process.StartProcessUnavailable as exc:
@@ -262,9 +295,9 @@ def _rank_env(spec: "RankSpec") -> dict[str, str]:
     return env
 
 
-def _kill_and_reap(pid: int) -> None:
+def _kill(pid: int) -> None:
+    """End a rank the start process forked (it reaps it)."""
     try:
         os.kill(pid, signal.SIGKILL)
-        os.waitpid(pid, 0)
-    except (ProcessLookupError, ChildProcessError):
+    except ProcessLookupError:
         log.debug("rank process %d was already gone", pid)

@@ -10,30 +10,33 @@ What the notebook keeps in hand:
   of memory) is replaced and the launch goes on, said once in the cell; one whose imported
   packages changed on disk since it imported them (a ``%pip install -U``) is replaced silently,
   so ranks never run yesterday's torch.
-- **Adoption.** The start process forks each rank through a middle process that exits at once; for
-  that moment the notebook is a child subreaper (``PR_SET_CHILD_SUBREAPER``), so the rank becomes
-  the notebook's own child. The supervisor then reaps it and reads its wait status and usage as it
-  does a spawned rank's. The subreaper flag is held only while a request is in flight.
+- **Its ranks' ends.** The ranks are the start process's children: it reaps each one and writes
+  how it ended and what the kernel counted of it on a pipe only the notebook reads (``ended``), so
+  the supervisor reads a status and a peak memory as it does for a rank of its own, and no SIGCHLD
+  policy of the notebook (ignored, a handler that reaps every child) can take it.
 - **An end.** The start process ends with the notebook (it watches the notebook's pidfd, so a
-  SIGKILLed kernel ends it too), with ``stop()``, and at the notebook's exit.
+  SIGKILLed kernel ends it too), and its ranks with it; with ``stop()``, and at the notebook's exit.
+  One replaced because its packages changed is retired: it forks nothing more and ends once its
+  last rank (persistent ranks may live on) has ended.
 
 ``NOTEBOOK_LAUNCH_START_PROCESS=0`` turns it off: each rank is then a fresh Python (``spawn``).
 """
 from __future__ import annotations
 
-import ctypes
 import json
 import logging
 import os
 import socket
+import select
 import subprocess
 import sys
 import threading
+import time
 from dataclasses import dataclass
 import atexit
 from typing import Any, Mapping
 
-from ..channels import start_wire
+from ..channels import EndUsage, WaitStatus, start_wire
 from ..fork_locks import no_fork_during_exec
 from ..notebook_streams import ERR
 from ..resources import helper_pids, register_helper
@@ -43,7 +46,6 @@ log = logging.getLogger("notebook_launch")
 SWITCH = "NOTEBOOK_LAUNCH_START_PROCESS"     # "0": no start process; ranks start as fresh Pythons
 READY_WAIT = 300.0       # seconds the first launch waits for the start process's imports at most
 REQUEST_WAIT = 120.0     # seconds a request may take (an import of torch._dynamo on a busy machine)
-PR_SET_CHILD_SUBREAPER = 36
 HELPER_NAME = "start process"   # how the panel's header names its memory
 PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 BOOTSTRAP = ("import json, sys; sys.path[:] = json.loads(sys.argv.pop(1)); "
@@ -96,8 +98,8 @@ def why_start_early(environ: Mapping[str, str] = os.environ, root: str = "/",
 
 
 def enabled(environ: Mapping[str, str] = os.environ) -> bool:
-    """Whether launches that must not fork the notebook use the start process: Linux (pidfds, a
-    subreaper), not switched off."""
+    """Whether launches that must not fork the notebook use the start process: Linux (pidfds,
+    fds passed over a socket), not switched off."""
     if environ.get(SWITCH, "").strip().lower() in ("0", "false", "no", "off"):
         return False
     return sys.platform.startswith("linux") and hasattr(os, "pidfd_open") and hasattr(socket, "send_fds")
@@ -112,33 +114,43 @@ def preload_for_start() -> list[str]:
 class StartProcess:
     """One running start process and the socket to it. Use through ``current()``."""
 
-    def __init__(self, popen: subprocess.Popen, sock: socket.socket) -> None:
+    def __init__(self, popen: subprocess.Popen, sock: socket.socket, reports: int) -> None:
         self.popen, self.sock, self.pid = popen, sock, popen.pid
         self.lock = threading.Lock()
         self.ready: dict[str, Any] | None = None
         self.failed: str | None = None
+        self.reports = reports                 # the read end of the ranks' ends (``start_wire.REPORT`` records)
+        self.reports_lock = threading.Lock()
+        self.ends: dict[int, tuple[WaitStatus, EndUsage]] = {}   # pid -> how it ended, not yet taken
+        self.holders = 0                       # ranks of it not yet released
+        self.retired = False
 
     @classmethod
     def start(cls) -> "StartProcess":
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        reports_r, reports_w = os.pipe()
+        os.set_blocking(reports_r, False)
         try:
             env = dict(os.environ)
-            env[start_server_variable()] = f"{theirs.fileno()} {os.getpid()}"
+            env[start_server_variable()] = f"{theirs.fileno()} {reports_w} {os.getpid()}"
             env.setdefault("PYTHONUNBUFFERED", "1")
             path = json.dumps([PACKAGE_ROOT] + third_party_path())
             with no_fork_during_exec:
                 popen = subprocess.Popen(
                     [sys.executable, "-c", BOOTSTRAP, path, *preload_for_start()],
                     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                    pass_fds=(theirs.fileno(),), env=env, cwd="/", close_fds=True, start_new_session=True)
+                    pass_fds=(theirs.fileno(), reports_w), env=env, cwd="/", close_fds=True,
+                    start_new_session=True)
         except BaseException:
             ours.close()
+            os.close(reports_r)
             raise
         finally:
             theirs.close()
+            os.close(reports_w)
         ours.set_inheritable(False)
         register_helper(HELPER_NAME, popen.pid)   # its memory shows beside the machine's in the panel
-        return cls(popen, ours)
+        return cls(popen, ours, reports_r)
 
     def wait_ready(self, timeout: float = READY_WAIT) -> dict[str, Any]:
         """The start process's ready message, waiting for its imports the first time."""
@@ -189,9 +201,9 @@ class StartProcess:
             request = {"ranks": {"env": dict(os.environ), "cwd": _cwd(), "warm": warm,
                                  "ranks": [{"argv": r.argv, "env": dict(r.env), "targets": list(r.fds)}
                                            for r in batch]}}
-            with adopting_orphans():
-                answer = self.ask(request, [fd for r in batch for fd in r.fds.values()])
-            forked = [pid for pid in (int(p) for p in answer["pids"]) if pid > 0]
+            answer = self.ask(request, [fd for r in batch for fd in r.fds.values()])
+            forked = [int(pid) for pid in answer["pids"]]
+            self.holders += len(forked)
             pids += forked
             if len(forked) < len(batch):
                 break
@@ -205,18 +217,19 @@ class StartProcess:
         return self.popen.poll() is None and self.failed is None
 
     def stale(self) -> list[str]:
-        """The packages it imported that changed on disk since (empty: none)."""
+        """The folders of packages it imported that changed since (a package installed, upgraded
+        or removed there; empty: none)."""
         if self.ready is None:
             return []
         changed = []
-        for name, (path, ino, mtime, size) in self.ready.get("fingerprints", {}).items():
+        for folder, (ino, mtime) in self.ready.get("fingerprints", {}).items():
             try:
-                st = os.stat(path)
+                st = os.stat(folder)
             except OSError:
-                changed.append(name)
+                changed.append(folder)
                 continue
-            if (st.st_ino, st.st_mtime_ns, st.st_size) != (ino, mtime, size):
-                changed.append(name)
+            if (st.st_ino, st.st_mtime_ns) != (ino, mtime):
+                changed.append(folder)
         return changed
 
     def describe_end(self) -> str | None:
@@ -225,20 +238,76 @@ class StartProcess:
             return None
         return f"killed by signal {-code}" if code < 0 else f"exit code {code}"
 
+    def ended(self, pid: int, wait: float = 0.0) -> tuple[WaitStatus, EndUsage] | None:
+        """How rank ``pid`` ended and what the kernel counted of it, once the start process reaped
+        it (None until then; up to ``wait`` seconds for its report); taken once."""
+        deadline = time.monotonic() + wait
+        while True:
+            found = self._take(pid)
+            left = deadline - time.monotonic()
+            if found is not None or left <= 0 or self.reports < 0:
+                return found
+            select.select([self.reports], [], [], left)
+
+    def _take(self, pid: int) -> tuple[WaitStatus, EndUsage] | None:
+        with self.reports_lock:
+            if self.reports >= 0:
+                while True:
+                    try:
+                        data = os.read(self.reports, start_wire.REPORT.size * 64)
+                    except BlockingIOError:
+                        break
+                    if not data:
+                        break
+                    for offset in range(0, len(data) - len(data) % start_wire.REPORT.size, start_wire.REPORT.size):
+                        ended, signalled, value, peak, cpu = start_wire.REPORT.unpack_from(data, offset)
+                        status: WaitStatus = ("signal", value) if signalled else ("exit", value)
+                        self.ends[ended] = (status, EndUsage(peak, cpu))
+            return self.ends.pop(pid, None)
+
+    def released(self) -> None:
+        """One of its ranks was released; a retired start process ends after its last one."""
+        self.holders -= 1
+        if self.retired and self.holders <= 0:
+            self._finish()
+
+    def retire(self) -> None:
+        """Fork nothing more; end once every rank of it ended (at once if none is left)."""
+        self.retired = True
+        self._unregister()
+        try:
+            self.sock.close()   # the start process serves its ranks' ends, then ends
+        except OSError:
+            log.debug("the start process's socket was closed already")
+        if self.holders <= 0:
+            self._finish()
+
     def stop(self) -> None:
-        """End it (its ranks are the notebook's children and go on)."""
-        if helper_pids().get(HELPER_NAME) == self.pid:
-            register_helper(HELPER_NAME, None)
+        """End it now, and every rank it forked with it (they die with it)."""
+        self.retired = True
+        self._unregister()
         try:
             self.sock.close()
         except OSError:
             log.debug("the start process's socket was closed already")
         if self.popen.poll() is None:
             self.popen.kill()
+        self._finish()
+
+    def _finish(self) -> None:
         try:
-            self.popen.wait(timeout=10)
+            self.popen.wait(timeout=30)
         except subprocess.TimeoutExpired:
-            log.debug("start process %d did not end within 10 s of SIGKILL", self.pid)
+            log.debug("start process %d did not end within 30 s", self.pid)
+            return
+        with self.reports_lock:
+            if self.reports >= 0 and not self.holders > 0:
+                os.close(self.reports)
+                self.reports = -1
+
+    def _unregister(self) -> None:
+        if helper_pids().get(HELPER_NAME) == self.pid:
+            register_helper(HELPER_NAME, None)
 
 
 def _batches(ranks: list[RankRequest]) -> list[list[RankRequest]]:
@@ -254,6 +323,7 @@ def _batches(ranks: list[RankRequest]) -> list[list[RankRequest]]:
 def start_server_variable() -> str:
     from ..rank.start_server import SOCKET_VARIABLE
     return SOCKET_VARIABLE
+
 
 
 def third_party_path() -> list[str]:
@@ -307,7 +377,7 @@ def current() -> StartProcess:
         elif process is not None and process.ready is not None and process.stale():
             log.debug("start process %d: packages changed on disk (%s); replacing it",
                       process.pid, ", ".join(process.stale()))
-            process.stop()
+            process.retire()   # its persistent ranks, if any, live on; it ends after them
             _current = process = None
     process = _running()
     process.wait_ready()
@@ -337,37 +407,3 @@ def stop() -> None:
         process, _current = _current, None
     if process is not None:
         process.stop()
-
-
-# --- adopting the ranks -----------------------------------------------------------------
-
-_subreaper_lock = threading.Lock()
-_subreaper_users = 0
-_libc: ctypes.CDLL | None = None
-
-
-def _set_subreaper(on: bool) -> None:
-    global _libc
-    if _libc is None:
-        _libc = ctypes.CDLL(None, use_errno=True)
-    if _libc.prctl(PR_SET_CHILD_SUBREAPER, int(on), 0, 0, 0) != 0:
-        raise StartProcessUnavailable(f"prctl(PR_SET_CHILD_SUBREAPER) failed: {os.strerror(ctypes.get_errno())}")
-
-
-class adopting_orphans:
-    """While any request is in flight, this process adopts orphaned descendants (the ranks)."""
-
-    def __enter__(self) -> None:
-        global _subreaper_users
-        with _subreaper_lock:
-            if _subreaper_users == 0:
-                _set_subreaper(True)
-            _subreaper_users += 1
-
-    def __exit__(self, *exc: object) -> None:
-        global _subreaper_users
-        with _subreaper_lock:
-            _subreaper_users -= 1
-            if _subreaper_users == 0:
-                _set_subreaper(False)
-

@@ -22,6 +22,12 @@ MAX_FDS = 253             # SCM_RIGHTS' own limit: a launch's ranks' fds ride on
 MAX_MESSAGE = 64 << 20    # bytes; a message past it is a broken peer, not a request
 
 
+# One record per rank that ended, on the start process's reports pipe: pid, 0 (exit code) or 1
+# (signal), the code or signal, peak resident memory in bytes, CPU seconds. Under PIPE_BUF, so each
+# write arrives whole.
+REPORT = struct.Struct("!iBiqd")
+
+
 class WireClosed(EOFError):
     """The other end closed the socket (its process ended) or sent something that is not a message."""
 

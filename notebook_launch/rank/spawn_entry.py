@@ -32,6 +32,7 @@ class EntryArgs:
     exit_fd: int | None = None
     tensors_fd: int | None = None         # this rank's result file
     job_tensors_fd: int | None = None     # the job's tensors
+    forked_by: int | None = None          # the warm start process that forked it: it dies with that one
 
 
 REQUIRED = ("payload", "local_rank", "events_fd", "parent_pid")
@@ -60,7 +61,8 @@ def main(argv: list[str] | None = None) -> None:
     def body() -> int:
         args = parse_args(sys.argv[1:] if argv is None else argv)
         debug_logging_from_environment()   # a forked rank inherits the notebook's handler; a spawned one its variable
-        detach_from_parent(args.parent_pid)
+        # Its parent: the notebook, or the warm start process that forked it (which ends with the notebook).
+        detach_from_parent(args.forked_by if args.forked_by is not None else args.parent_pid)
         for fd in (args.events_fd, args.answers_fd, args.exit_fd, args.tensors_fd, args.job_tensors_fd):
             if fd is not None:  # the user's own subprocesses must not hold them
                 os.set_inheritable(fd, False)

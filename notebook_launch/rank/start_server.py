@@ -13,18 +13,19 @@ What keeps it as safe as a fresh interpreter:
   environment and working directory, and the rank then runs ``rank.spawn_entry`` exactly as a
   spawned rank does (the notebook's ``sys.path``, cells and random states from the payload; the
   job unpickled there, so the user's modules are imported fresh, as edited on disk).
-- The rank becomes the notebook's own child: the start process forks a short-lived middle process,
-  which forks the rank and exits; the notebook, a child subreaper for that moment, adopts the
-  orphan. So the notebook reaps it, reads its exit status and its usage, and the rank dies with
-  the notebook (PR_SET_PDEATHSIG, set once adopted), exactly as a spawned rank.
-- It holds nothing of a run: the fds a request brings are closed here once the rank has them.
-  It ends when the notebook ends (a pidfd on the notebook: SIGKILL included) or closes the socket.
+- Its ranks are its children: it reaps each one as it ends and tells the notebook how it ended
+  and what the kernel counted of it (``start_wire.REPORT``: pid, exit code or signal, peak memory, CPU time)
+  on a pipe of their own, so the notebook's SIGCHLD handling never takes a status. A rank dies
+  with this process (PR_SET_PDEATHSIG), and this process with the notebook.
+- It holds nothing of a run: the fds a request brings are closed here once the ranks have them.
+  It ends when the notebook ends (a pidfd on the notebook: SIGKILL included); when the notebook
+  closes the socket (a start process retired because a package changed), once its last rank ended.
 
 Messages (``channels.start_wire``): the notebook sends ``{"ranks": {...}}`` with every rank's fds
-and gets ``{"pids": [...]}`` or ``{"error": text}``; ``{"warm": [...]}`` imports more; ``{"state": True}``
-answers what this process holds (for tests and the docs' numbers). At start it sends ``{"ready":
-...}`` with the files of the packages it imported (``fingerprints``), so the notebook can tell when
-a ``%pip install -U`` replaced one and start a fresh start process.
+and gets ``{"pids": [...]}`` or ``{"error": text}``; ``{"warm": [...]}`` imports more; ``{"state":
+True}`` answers what this process holds (for tests and the docs' numbers). At start it sends
+``{"ready": ...}`` with the files of the packages it imported (``fingerprints``), so the notebook can
+tell when a ``%pip install -U`` replaced one and start a fresh start process.
 """
 from __future__ import annotations
 
@@ -33,29 +34,25 @@ import os
 import select
 import signal
 import socket
-import struct
 import sys
 import threading
-import time
 from typing import Any
 
 from ..channels import start_wire
 from .preload import warm
 
-SOCKET_VARIABLE = "NOTEBOOK_LAUNCH_START_SOCKET"     # "<socket fd> <notebook pid>"
-ADOPTION_WAIT = 10.0     # seconds a rank waits to be adopted by the notebook before it gives up
+SOCKET_VARIABLE = "NOTEBOOK_LAUNCH_START_SOCKET"     # "<socket fd> <reports fd> <notebook pid>"
 
 
 def main() -> int:
-    fd, notebook = (int(x) for x in os.environ.pop(SOCKET_VARIABLE).split())
+    fd, reports, notebook = (int(x) for x in os.environ.pop(SOCKET_VARIABLE).split())
     sock = socket.socket(fileno=fd)
     signal.signal(signal.SIGINT, signal.SIG_IGN)   # the notebook's Ctrl-C is for the ranks, not for us
     try:
         notebook_fd = os.pidfd_open(notebook)
     except ProcessLookupError:
         return 0
-    preload = sys.argv[1:]
-    warm(preload, quiet_if_missing=True)
+    warm(sys.argv[1:], quiet_if_missing=True)
     from . import spawn_entry  # noqa: F401  (what every rank runs: imported once here, not in each)
     warm(["cloudpickle", "numpy"], quiet_if_missing=True)
     problem = accelerator_initialized()
@@ -63,87 +60,98 @@ def main() -> int:
         start_wire.send(sock, {"error": f"the start process would hold {problem} after its imports"})
         return 1
     start_wire.send(sock, {"ready": {"pid": os.getpid(), "fingerprints": fingerprints()}})
-    serve(sock, notebook_fd, notebook)
+    Server(sock, reports, notebook_fd).serve()
     return 0
 
 
-def serve(sock: socket.socket, notebook_fd: int, notebook: int) -> None:
-    while True:
-        ready, _, _ = select.select([sock.fileno(), notebook_fd], [], [])
-        if notebook_fd in ready:
-            return
+class Server:
+    """The loop: requests on the socket, the ranks' ends on their pidfds, the notebook's on its own."""
+
+    def __init__(self, sock: socket.socket, reports: int, notebook_fd: int) -> None:
+        self.sock, self.reports, self.notebook_fd = sock, reports, notebook_fd
+        self.children: dict[int, int] = {}    # pidfd -> pid of each rank still running
+        self.open = True                      # the notebook still sends requests
+
+    def serve(self) -> None:
+        while self.open or self.children:
+            watched = [self.notebook_fd, *self.children] + ([self.sock.fileno()] if self.open else [])
+            ready, _, _ = select.select(watched, [], [])
+            if self.notebook_fd in ready:
+                return   # the ranks die with this process (PR_SET_PDEATHSIG)
+            for fd in ready:
+                if fd in self.children:
+                    self.reap(fd)
+            if self.open and self.sock.fileno() in ready:
+                self.answer()
+
+    def answer(self) -> None:
         try:
-            message, fds = start_wire.receive(sock)
+            message, fds = start_wire.receive(self.sock)
         except start_wire.WireClosed:
+            self.open = False   # retired: serve the ranks' ends until the last one, then end
             return
         try:
-            answer = handle(message, fds, sock, notebook_fd, notebook)
+            answer = self.handle(message, fds)
         except Exception as exc:   # why: a request that failed here is the notebook's error to raise
             answer = {"error": f"{type(exc).__name__}: {exc}"}
         finally:
             for fd in fds:
                 os.close(fd)
         try:
-            start_wire.send(sock, answer)
+            start_wire.send(self.sock, answer)
         except start_wire.WireClosed:
-            return
+            self.open = False
 
+    def handle(self, message: dict[str, Any], fds: list[int]) -> dict[str, Any]:
+        if "warm" in message:
+            failed = warm(message["warm"], quiet_if_missing=True)
+            return {"warmed": [m for m in message["warm"] if m not in failed], "fingerprints": fingerprints()}
+        if "state" in message:
+            return {"state": state()}
+        request = message["ranks"]
+        warm(request.get("warm", ()), quiet_if_missing=True)
+        if len(fds) != sum(len(rank["targets"]) for rank in request["ranks"]):
+            return {"error": f"{len(fds)} fds came with a request for other numbers"}
+        return {"pids": self.fork_ranks(request, fds)}
 
-def handle(message: dict[str, Any], fds: list[int], sock: socket.socket, notebook_fd: int,
-           notebook: int) -> dict[str, Any]:
-    if "warm" in message:
-        failed = warm(message["warm"], quiet_if_missing=True)
-        return {"warmed": [m for m in message["warm"] if m not in failed], "fingerprints": fingerprints()}
-    if "state" in message:
-        return {"state": state()}
-    request = message["ranks"]
-    warm(request.get("warm", ()), quiet_if_missing=True)
-    if len(fds) != sum(len(rank["targets"]) for rank in request["ranks"]):
-        return {"error": f"{len(fds)} fds came with a request for other numbers"}
-    return {"pids": fork_ranks(request, fds, (sock.fileno(), notebook_fd), notebook)}
+    def fork_ranks(self, request: dict[str, Any], fds: list[int]) -> list[int]:
+        """Fork each rank of the request; their pids (a rank that could not be forked, EAGAIN,
+        ends the list: the notebook starts that one and the rest as fresh Pythons)."""
+        pids = []
+        first = 0
+        ours = (self.sock.fileno(), self.reports, self.notebook_fd)
+        for rank in request["ranks"]:
+            mine = fds[first:first + len(rank["targets"])]
+            first += len(rank["targets"])
+            try:
+                pid = os.fork()
+            except OSError:
+                break
+            if pid == 0:
+                others = [fd for fd in fds if fd not in mine]
+                become_rank(dict(rank, env={**request["env"], **rank["env"]}, cwd=request.get("cwd")),
+                            mine, ours + tuple(others) + tuple(self.children))   # never returns
+            self.children[os.pidfd_open(pid)] = pid
+            pids.append(pid)
+        return pids
 
-
-def fork_ranks(request: dict[str, Any], fds: list[int], ours: tuple[int, ...], notebook: int) -> list[int]:
-    """Fork a launch's ranks through one middle process that forks them all and exits, so the
-    notebook (a subreaper meanwhile) adopts them; their pids, once they have been orphaned. One
-    middle per launch, not per rank: each fork and each exit of a process that imported torch
-    costs milliseconds (about 3 and 5 here). A rank the middle could not fork (EAGAIN) is -errno."""
-    read_end, write_end = os.pipe()
-    middle = os.fork()
-    if middle == 0:
+    def reap(self, pidfd: int) -> None:
+        pid = self.children.pop(pidfd)
+        os.close(pidfd)
+        _, status, usage = os.wait4(pid, 0)
+        signalled = os.WIFSIGNALED(status)
+        value = os.WTERMSIG(status) if signalled else os.waitstatus_to_exitcode(status)
+        cpu = usage.ru_utime + usage.ru_stime
+        report = start_wire.REPORT.pack(pid, int(signalled), value, usage.ru_maxrss * 1024, cpu)
         try:
-            os.close(read_end)
-            first = 0
-            for rank in request["ranks"]:
-                mine = fds[first:first + len(rank["targets"])]
-                first += len(rank["targets"])
-                try:
-                    pid = os.fork()
-                except OSError as exc:
-                    os.write(write_end, struct.pack("!i", -(exc.errno or 1)))
-                    break
-                if pid == 0:
-                    os.close(write_end)
-                    others = [fd for fd in fds if fd not in mine]
-                    become_rank(dict(rank, env={**request["env"], **rank["env"]}, cwd=request.get("cwd")),
-                                mine, ours + tuple(others), notebook)   # never returns
-                os.write(write_end, struct.pack("!i", pid))
-        finally:
-            os._exit(0)
-    os.close(write_end)
-    try:
-        os.waitpid(middle, 0)   # the ranks are the notebook's children once this returns
-        data = b""
-        while chunk := os.read(read_end, 4096):
-            data += chunk
-    finally:
-        os.close(read_end)
-    return [struct.unpack_from("!i", data, offset)[0] for offset in range(0, len(data) - len(data) % 4, 4)]
+            os.write(self.reports, report)
+        except BrokenPipeError:   # the notebook let go of its end: nobody waits for this rank
+            pass
 
 
-def become_rank(request: dict[str, Any], fds: list[int], ours: tuple[int, ...], notebook: int) -> None:
+def become_rank(request: dict[str, Any], fds: list[int], ours: tuple[int, ...]) -> None:
     """In the rank: take the notebook's fds under their numbers, its environment and working
-    directory, wait to be the notebook's child, then run ``spawn_entry`` as a spawned rank does."""
+    directory, then run ``spawn_entry`` as a spawned rank does."""
     code = 1
     try:
         gc.freeze()   # the start process's objects stay shared pages, never collected here
@@ -158,11 +166,6 @@ def become_rank(request: dict[str, Any], fds: list[int], ours: tuple[int, ...], 
                 os.chdir(request["cwd"])
             except OSError:   # why: spawn_entry restores it from the payload again, and says nothing either
                 pass
-        deadline = time.monotonic() + ADOPTION_WAIT
-        while os.getppid() != notebook:
-            if time.monotonic() > deadline:
-                os._exit(code)
-            time.sleep(0.0002)
         sys.argv = ["-c"]
         from .spawn_entry import main as spawn_main
         spawn_main(request["argv"])   # never returns
@@ -195,19 +198,28 @@ def accelerator_initialized() -> str | None:
     return None
 
 
-def fingerprints() -> dict[str, tuple[str, int, int, int]]:
-    """Each imported top-level package's file: (path, inode, mtime in ns, size). A package that
-    pip replaced has another inode or time; the notebook compares before every launch."""
-    found = {}
+def fingerprints() -> dict[str, tuple[int, int]]:
+    """The folders the imported packages were found in (site-packages, the standard library's),
+    each as (inode, mtime in ns). pip installing, upgrading or removing any package there adds and
+    removes entries of that folder (``torch``, ``torch-2.13.0.dist-info``), which changes its
+    mtime; the notebook compares these few before every launch (a stat of each of a few hundred
+    modules took 2 ms a launch here)."""
+    folders = set()
     for name, module in list(sys.modules.items()):
         path = getattr(module, "__file__", None)
         if "." in name or not isinstance(path, str) or name == "__main__":
             continue
+        folder = os.path.dirname(path)
+        if os.path.basename(path).startswith("__init__."):
+            folder = os.path.dirname(folder)
+        folders.add(folder)
+    found = {}
+    for folder in folders:
         try:
-            st = os.stat(path)
+            st = os.stat(folder)
         except OSError:
             continue
-        found[name] = (path, st.st_ino, st.st_mtime_ns, st.st_size)
+        found[folder] = (st.st_ino, st.st_mtime_ns)
     return found
 
 
