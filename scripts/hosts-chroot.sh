@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# Python 3.13 for the hosted-notebook lanes (scripts/test-colab.sh, scripts/test-kaggle.sh): a Debian trixie
-# chroot, since this machine's Debian (bookworm) has Python 3.11 only and Colab runs 3.13.
+# A newer Python than this machine's Debian (bookworm: 3.11) has, in a Debian chroot: Python 3.13 from trixie for
+# the Colab lane (scripts/test-colab.sh; Colab runs 3.13), Python 3.14 from sid for the Python 3.14 lane
+# (scripts/test-py314.sh; 3.14 starts multiprocessing with forkserver by default). HOSTS_SUITE (default trixie)
+# and HOSTS_PYTHON_PACKAGES (default python3,python3-venv,python3-dev) choose; set them before sourcing.
 # Sourced, not run: it defines the functions below for scripts/test-host.sh.
 #
 #   hosts_chroot_build   debootstrap the chroot once (about 2 minutes), cached at $HOSTS_ROOT outside the clone
@@ -17,9 +19,11 @@
 set -euo pipefail
 
 HOSTS_CACHE=${NOTEBOOK_LAUNCH_HOSTS_CACHE:-/var/cache/notebook_launch}
-HOSTS_ROOT=$HOSTS_CACHE/trixie
+HOSTS_SUITE=${HOSTS_SUITE:-trixie}
+HOSTS_PYTHON_PACKAGES=${HOSTS_PYTHON_PACKAGES:-python3,python3-venv,python3-dev}
+HOSTS_ROOT=$HOSTS_CACHE/$HOSTS_SUITE
 # Bump when the package list or the mirror changes: the chroot is rebuilt.
-HOSTS_CHROOT_RECIPE="trixie minbase python3 python3-venv python3-dev ca-certificates v1"
+HOSTS_CHROOT_RECIPE="$HOSTS_SUITE minbase ${HOSTS_PYTHON_PACKAGES//,/ } ca-certificates v1"
 HOSTS_MOUNTED=()
 
 _hosts_mirror() {
@@ -32,7 +36,7 @@ _hosts_mirror() {
 
 hosts_chroot_build() {
   if [ "$(id -u)" != 0 ]; then
-    echo "hosts-chroot: the Python 3.13 chroot needs root (debootstrap, mount, chroot)" >&2
+    echo "hosts-chroot: the $HOSTS_SUITE chroot needs root (debootstrap, mount, chroot)" >&2
     return 1
   fi
   mkdir -p "$HOSTS_CACHE"
@@ -44,16 +48,16 @@ hosts_chroot_build() {
   local tmp=$HOSTS_ROOT.building mirror
   mirror=$(_hosts_mirror)
   rm -rf "$tmp"
-  echo "hosts-chroot: debootstrap trixie from $mirror (about 2 minutes, once)" >&2
-  local attempt
+  echo "hosts-chroot: debootstrap $HOSTS_SUITE from $mirror (about 2 minutes, once)" >&2
+  local attempt log=$HOSTS_CACHE/debootstrap-$HOSTS_SUITE.log
   for attempt in 1 2 3; do
-    if debootstrap --variant=minbase --include=python3,python3-venv,python3-dev,ca-certificates \
-         trixie "$tmp" "$mirror" >"$HOSTS_CACHE/debootstrap.log" 2>&1; then
+    if debootstrap --variant=minbase --include="$HOSTS_PYTHON_PACKAGES,ca-certificates" \
+         "$HOSTS_SUITE" "$tmp" "$mirror" >"$log" 2>&1; then
       break
     fi
     if [ "$attempt" = 3 ]; then
-      echo "hosts-chroot: debootstrap failed 3 times; the end of $HOSTS_CACHE/debootstrap.log:" >&2
-      tail -n 20 "$HOSTS_CACHE/debootstrap.log" >&2
+      echo "hosts-chroot: debootstrap failed 3 times; the end of $log:" >&2
+      tail -n 20 "$log" >&2
       return 1
     fi
     echo "hosts-chroot: debootstrap try $attempt failed; again in $((attempt * 30)) s" >&2
@@ -76,7 +80,7 @@ _hosts_bind() {  # _hosts_bind SOURCE TARGET [ro]
 
 hosts_chroot_mount() {
   local repo=$1
-  exec 8>"$HOSTS_CACHE/chroot.lock"
+  exec 8>"$HOSTS_CACHE/chroot-$HOSTS_SUITE.lock"   # two chroots never share a mount
   flock 8
   trap hosts_chroot_umount EXIT
   trap 'exit 130' INT

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One hosted-notebook lane: the kernel-facing tests on a hosted notebook's own Python and package versions.
-# Usage: scripts/test-host.sh colab|kaggle [--build-only | pytest arguments or test paths]
+# Usage: scripts/test-host.sh colab|kaggle|py314 [--build-only | pytest arguments or test paths]
 #   --build-only   build (or check) the lane's cached venvs and stop: scripts/test.sh starts every lane's build
 #                  this way at its start, so the downloads overlap the main suite, and runs the tests later.
 # (scripts/test-colab.sh and scripts/test-kaggle.sh call it; scripts/test.sh runs both, so .ci/run does.)
@@ -8,6 +8,8 @@
 #   colab   Python 3.13 (Colab's) in a Debian trixie chroot (scripts/hosts-chroot.sh), hosts/colab.txt.
 #   kaggle  Python 3.12 (Kaggle's), the one pyenv keeps on this kind of machine, hosts/kaggle.txt; no chroot
 #           (Debian ships no 3.12). Without it the lane falls back to the Python running this script and says so.
+#   py314   not a host: Python 3.14 (multiprocessing's default start method is forkserver there) in a Debian sid
+#           chroot, hosts/py314.txt (torch 2.13); the launch and persistent-rank tests (PY314_TESTS below).
 #
 # The hosts/<host>.txt file is the whole pinned environment (every line `name==version`). Two venvs, cached
 # outside the clone under /var/cache/notebook_launch (CI clones afresh on the same machine), keyed by a hash
@@ -27,7 +29,7 @@
 # One junit file per lane: test-artifacts/junit-<host>.xml, totalled by scripts/junit_total.py.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-host=${1:?usage: scripts/test-host.sh colab|kaggle [--build-only | pytest args]}
+host=${1:?usage: scripts/test-host.sh colab|kaggle|py314 [--build-only | pytest args]}
 shift
 build_only=
 if [ "${1:-}" = --build-only ]; then
@@ -52,11 +54,29 @@ TESTS=(
   tests/test_notebooks.py tests/test_kaggle_notebook.py tests/test_notebook_core.py tests/test_spawn_notebook.py
   tests/hosts
 )
+# The Python 3.14 lane: launches (fork, spawn from the warm start process) and persistent ranks.
+PY314_TESTS=(
+  tests/test_launch.py tests/test_spawn.py tests/test_start_process.py
+  tests/test_persistent_ranks.py tests/test_persistent_spawn.py
+)
+if [ "$host" = py314 ]; then
+  TESTS=("${PY314_TESTS[@]}")
+fi
 if [ $# -gt 0 ]; then
   TESTS=()   # what the caller named instead
 fi
 
 case $host in
+  py314)
+    HOSTS_SUITE=sid HOSTS_PYTHON_PACKAGES=python3.14,python3.14-venv,python3.14-dev
+    source scripts/hosts-chroot.sh
+    hosts_chroot_build
+    hosts_chroot_mount "$PWD"
+    inside=/srv/$host-$key
+    outside=$HOSTS_ROOT$inside
+    run() { hosts_chroot_run "$@"; }
+    python=python3.14
+    ;;
   colab)
     source scripts/hosts-chroot.sh
     hosts_chroot_build
@@ -84,7 +104,7 @@ case $host in
     inside=$CACHE/venvs/$host-$key
     outside=$inside
     ;;
-  *) echo "test-host: unknown host $host (colab or kaggle)" >&2; exit 2 ;;
+  *) echo "test-host: unknown host $host (colab, kaggle or py314)" >&2; exit 2 ;;
 esac
 
 if [ ! -f "$outside/.ready" ]; then

@@ -32,6 +32,7 @@ status=0
 lanes=()
 [ -z "${NOTEBOOK_LAUNCH_SKIP_HOSTS:-}" ] && lanes+=(colab kaggle)   # skip: never in CI
 [ -z "${NOTEBOOK_LAUNCH_SKIP_XLA:-}" ] && lanes+=(xla)              # skip: never in CI
+[ -z "${NOTEBOOK_LAUNCH_SKIP_PY314:-}" ] && lanes+=(py314)          # skip: never in CI
 declare -A build_pid lane_pid lane_took
 fresh=
 mmss() { printf '%d:%02d' $(($1 / 60)) $(($1 % 60)); }
@@ -84,6 +85,8 @@ echo "=== docs (mkdocs build --strict)"; cat test-artifacts/docs.log
 # Kaggle: Python 3.12 (pyenv's on this kind of machine; Debian ships none), IPython 7.34.0, ipykernel 6.17.1,
 # ipywidgets 8.1.5, torch 2.10.0. The Colab lane needs root (chroot).
 # The torch_xla lane (the TPU backend on PJRT_DEVICE=CPU): .venv-xla (torch 2.9.0 + torch_xla 2.9.0).
+# The Python 3.14 lane: launches and persistent ranks on Python 3.14 (forkserver is multiprocessing's default
+# there) in a Debian sid chroot, torch 2.13.0 (hosts/py314.txt). Needs root (chroot).
 for lane in "${lanes[@]}"; do
   if ! wait "${build_pid[$lane]}"; then
     echo "=== the $lane lane: its venv could not be built (the lines marked [$lane lane build] above say why)"

@@ -116,19 +116,30 @@ RANK_REPORT = """
 """
 
 
-@pytest.mark.parametrize("start_method", ["fork", "spawn"])
+@pytest.mark.parametrize("start_method", ["fork", "spawn", "spawn, start process off"])
 def test_a_launch_imports_nothing_heavy_where_the_function_needs_nothing(start_method, tmp_path):
+    """The notebook imports nothing heavy for a launch that needs nothing. Forked ranks import
+    nothing either; ranks forked from the warm start process find what it imported once (torch,
+    shared with it, at no cost to them); fresh Pythons (the start process off) import nothing."""
+    switch = "os.environ['NOTEBOOK_LAUNCH_START_PROCESS'] = '0'" if "off" in start_method else "pass"
+    method = start_method.split(",")[0]
     out = run_fresh(RANK_REPORT + f"""
     if __name__ == "__main__":
-        ranks = notebook_launcher(rank_heavy, num_processes=2, ui="none", start_method={start_method!r})
+        {switch}
+        ranks = notebook_launcher(rank_heavy, num_processes=2, ui="none", start_method={method!r})
         print("ranks:", ranks, "notebook:", heavy())
         print("torch ranks:", notebook_launcher(names_torch, num_processes=2, ui="none",
-                                                start_method={start_method!r}))
+                                                start_method={method!r}))
         print("notebook after torch ranks:", heavy())
     """, tmp_path)
-    assert "ranks: [[], []] notebook: []" in out, out
     torch_ranks = out.split("torch ranks:")[1].splitlines()[0]
     after = out.split("notebook after torch ranks:")[1]
+    if start_method == "spawn":   # the start process's imports: in the ranks, never in the notebook
+        assert "'torch'" in out.split("ranks: ")[1].split(" notebook: ")[0] and " notebook: []" in out, out
+        assert torch_ranks.strip() == "[(True, 1.0), (True, 1.0)]", out
+        assert after.strip() == "[]", out
+        return
+    assert "ranks: [[], []] notebook: []" in out, out
     if start_method == "fork":
         # code that names torch: the notebook imports it once before forking, the ranks inherit it
         assert torch_ranks.strip() == "[(True, 1.0), (True, 1.0)]", out

@@ -100,12 +100,12 @@ class StartedRank(RankProcess):
     """A rank forked by the warm start process, its child: its pidfd says when it ended, the start
     process how (``StartProcess.ended``: the exit code or signal, its peak memory and CPU time)."""
 
-    def __init__(self, local_rank: int, pid: int, starter: "start_process.StartProcess",
+    def __init__(self, local_rank: int, pid: int, pidfd: int, starter: "start_process.StartProcess",
                  payload_dir: "_PayloadDir") -> None:
         self.local_rank, self.pid, self.starter = local_rank, pid, starter
         self._payload_dir = payload_dir
         self._status: WaitStatus | None = None
-        self.sentinel = os.pidfd_open(pid)
+        self.sentinel: int | None = pidfd   # the start process's, passed on: valid even if it already ended
 
     def poll(self) -> WaitStatus | None:
         if self._status is not None:
@@ -179,9 +179,9 @@ class SpawnBackend(Launcher):
                 forked = self._fork_from(starter, plan, channels, args, envs, job_tensors, extra_fds, job)
 
                 def start_one(spec: "RankSpec", pipes: RankPipes) -> RankProcess:
-                    pid = forked.pop(spec.local_rank, None)
-                    if pid is not None and starter is not None:
-                        return StartedRank(spec.local_rank, pid, starter, payload_dir)
+                    started = forked.pop(spec.local_rank, None)
+                    if started is not None and starter is not None:
+                        return StartedRank(spec.local_rank, *started, starter, payload_dir)
                     extra = tuple(extra_fds[spec.local_rank]) if extra_fds else ()
                     env = dict(os.environ, **envs[spec.local_rank])
                     return self._popen_rank(spec, pipes, args[spec.local_rank], env, payload_dir, job_tensors, extra)
@@ -189,8 +189,9 @@ class SpawnBackend(Launcher):
                 try:
                     return start_each(plan, channels, start_one)
                 except BaseException:
-                    for pid in forked.values():   # forked, never handed to start_each: ours to end
+                    for pid, pidfd in forked.values():   # forked, never handed to start_each: ours to end
                         _kill(pid)
+                        os.close(pidfd)
                     raise
             except BaseException:
                 payload_dir.remove()
@@ -201,9 +202,10 @@ class SpawnBackend(Launcher):
 
     def _fork_from(self, starter: "start_process.StartProcess | None", plan: "LaunchPlan",
                    channels: Sequence[RankPipes], args: dict[int, list[str]], envs: dict[int, dict[str, str]],
-                   job_tensors: int | None, extra_fds: Sequence[Sequence[int]], job: "Job") -> dict[int, int]:
-        """Local rank -> pid of the ranks the start process forked (all of them, usually; none
-        without one; those it could not fork start as fresh Pythons)."""
+                   job_tensors: int | None, extra_fds: Sequence[Sequence[int]],
+                   job: "Job") -> dict[int, tuple[int, int]]:
+        """Local rank -> (pid, pidfd) of the ranks the start process forked (all of them, usually;
+        none without one; those it could not fork start as fresh Pythons)."""
         if starter is None:
             return {}
         OUT.flush()   # what the notebook printed shows before the ranks' lines (as start_each does)

@@ -36,8 +36,8 @@ from dataclasses import dataclass
 import atexit
 from typing import Any, Mapping
 
-from ..channels import EndUsage, WaitStatus, start_wire
-from ..fork_locks import no_fork_during_exec
+from ..channels import LOST, EndUsage, WaitStatus, start_wire
+from ..fork_locks import ForkRenewedLock, no_fork_during_exec
 from ..notebook_streams import ERR
 from ..resources import helper_pids, register_helper
 
@@ -174,7 +174,16 @@ class StartProcess:
 
     def ask(self, message: dict[str, Any], fds: list[int] | tuple[int, ...] = (),
             timeout: float = REQUEST_WAIT) -> dict[str, Any]:
-        """Send one request and wait for its answer (one request at a time)."""
+        """Send one request and wait for its answer (one request at a time); fds that came with it
+        are closed (``ask_with_fds`` keeps them)."""
+        answer, extra = self.ask_with_fds(message, fds, timeout)
+        for fd in extra:
+            os.close(fd)
+        return answer
+
+    def ask_with_fds(self, message: dict[str, Any], fds: list[int] | tuple[int, ...] = (),
+                     timeout: float = REQUEST_WAIT) -> tuple[dict[str, Any], list[int]]:
+        """``ask``, with the fds the answer brought (the caller's to close)."""
         self.wait_ready()
         with self.lock:
             try:
@@ -183,26 +192,27 @@ class StartProcess:
             except (start_wire.WireClosed, TimeoutError, OSError) as exc:
                 self.failed = f"it stopped answering ({self.describe_end() or exc})"
                 raise StartProcessUnavailable(self.failed) from exc
+        if "error" in answer:
             for fd in extra:
                 os.close(fd)
-        if "error" in answer:
             raise StartProcessUnavailable(str(answer["error"]))
         if "fingerprints" in answer and self.ready is not None:
             self.ready["fingerprints"] = answer["fingerprints"]
-        return answer
+        return answer, extra
 
-    def fork_ranks(self, ranks: list["RankRequest"], warm: list[str]) -> list[int]:
+    def fork_ranks(self, ranks: list["RankRequest"], warm: list[str]) -> list[tuple[int, int]]:
         """Fork a launch's ranks, each running ``rank.spawn_entry`` with its ``argv``, its ``fds``
         (the numbers its arguments name -> this process's fds) and the notebook's environment with
-        its ``env`` over it. Returns their pids, children of ours; a rank that could not be forked
-        (the machine out of processes) ends the list early, with the others' pids."""
-        pids: list[int] = []
+        its ``env`` over it. Returns (pid, pidfd) of each (the start process's children: ``ended``
+        says how each ended; the pidfd is the caller's); a rank that could not be forked (the
+        machine out of processes) ends the list early."""
+        pids: list[tuple[int, int]] = []
         for batch in _batches(ranks):
             request = {"ranks": {"env": dict(os.environ), "cwd": _cwd(), "warm": warm,
                                  "ranks": [{"argv": r.argv, "env": dict(r.env), "targets": list(r.fds)}
                                            for r in batch]}}
-            answer = self.ask(request, [fd for r in batch for fd in r.fds.values()])
-            forked = [int(pid) for pid in answer["pids"]]
+            answer, pidfds = self.ask_with_fds(request, [fd for r in batch for fd in r.fds.values()])
+            forked = list(zip((int(pid) for pid in answer["pids"]), pidfds))
             self.holders += len(forked)
             pids += forked
             if len(forked) < len(batch):
@@ -260,8 +270,9 @@ class StartProcess:
                     if not data:
                         break
                     for offset in range(0, len(data) - len(data) % start_wire.REPORT.size, start_wire.REPORT.size):
-                        ended, signalled, value, peak, cpu = start_wire.REPORT.unpack_from(data, offset)
-                        status: WaitStatus = ("signal", value) if signalled else ("exit", value)
+                        ended, kind, value, peak, cpu = start_wire.REPORT.unpack_from(data, offset)
+                        status: WaitStatus = (LOST if kind == start_wire.LOST_KIND else
+                                              ("signal", value) if kind else ("exit", value))
                         self.ends[ended] = (status, EndUsage(peak, cpu))
             return self.ends.pop(pid, None)
 
@@ -344,7 +355,7 @@ def _cwd() -> str | None:
 
 # --- one per notebook -------------------------------------------------------------------
 
-_lock = threading.Lock()
+_lock = ForkRenewedLock()
 _current: StartProcess | None = None
 _atexit_registered = False
 

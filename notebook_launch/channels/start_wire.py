@@ -26,6 +26,7 @@ MAX_MESSAGE = 64 << 20    # bytes; a message past it is a broken peer, not a req
 # (signal), the code or signal, peak resident memory in bytes, CPU seconds. Under PIPE_BUF, so each
 # write arrives whole.
 REPORT = struct.Struct("!iBiqd")
+LOST_KIND = 2   # in place of 0 or 1: it ended, but how is unknown
 
 
 class WireClosed(EOFError):

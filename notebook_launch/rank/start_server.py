@@ -48,6 +48,10 @@ def main() -> int:
     fd, reports, notebook = (int(x) for x in os.environ.pop(SOCKET_VARIABLE).split())
     sock = socket.socket(fileno=fd)
     signal.signal(signal.SIGINT, signal.SIG_IGN)   # the notebook's Ctrl-C is for the ranks, not for us
+    # A notebook that ignores SIGCHLD hands that on through exec: the kernel would then reap the ranks
+    # itself and their statuses would be gone. Ours to keep: the default, and it unblocked.
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGCHLD])
     try:
         notebook_fd = os.pidfd_open(notebook)
     except ProcessLookupError:
@@ -90,34 +94,38 @@ class Server:
         except start_wire.WireClosed:
             self.open = False   # retired: serve the ranks' ends until the last one, then end
             return
+        sent: list[int] = []
         try:
-            answer = self.handle(message, fds)
+            answer, sent = self.handle(message, fds)
         except Exception as exc:   # why: a request that failed here is the notebook's error to raise
             answer = {"error": f"{type(exc).__name__}: {exc}"}
         finally:
             for fd in fds:
                 os.close(fd)
         try:
-            start_wire.send(self.sock, answer)
+            start_wire.send(self.sock, answer, sent)
         except start_wire.WireClosed:
             self.open = False
 
-    def handle(self, message: dict[str, Any], fds: list[int]) -> dict[str, Any]:
+    def handle(self, message: dict[str, Any], fds: list[int]) -> tuple[dict[str, Any], list[int]]:
+        """The answer to one request, and the fds that go with it (a pidfd per rank forked: the
+        notebook's sentinel, valid even when the rank ends and is reaped before it arrives)."""
         if "warm" in message:
             failed = warm(message["warm"], quiet_if_missing=True)
-            return {"warmed": [m for m in message["warm"] if m not in failed], "fingerprints": fingerprints()}
+            return {"warmed": [m for m in message["warm"] if m not in failed], "fingerprints": fingerprints()}, []
         if "state" in message:
-            return {"state": state()}
+            return {"state": state()}, []
         request = message["ranks"]
         warm(request.get("warm", ()), quiet_if_missing=True)
         if len(fds) != sum(len(rank["targets"]) for rank in request["ranks"]):
-            return {"error": f"{len(fds)} fds came with a request for other numbers"}
-        return {"pids": self.fork_ranks(request, fds)}
+            return {"error": f"{len(fds)} fds came with a request for other numbers"}, []
+        pidfds = self.fork_ranks(request, fds)
+        return {"pids": [self.children[fd] for fd in pidfds]}, pidfds
 
     def fork_ranks(self, request: dict[str, Any], fds: list[int]) -> list[int]:
-        """Fork each rank of the request; their pids (a rank that could not be forked, EAGAIN,
+        """Fork each rank of the request; their pidfds (a rank that could not be forked, EAGAIN,
         ends the list: the notebook starts that one and the rest as fresh Pythons)."""
-        pids = []
+        pidfds = []
         first = 0
         ours = (self.sock.fileno(), self.reports, self.notebook_fd)
         for rank in request["ranks"]:
@@ -131,18 +139,23 @@ class Server:
                 others = [fd for fd in fds if fd not in mine]
                 become_rank(dict(rank, env={**request["env"], **rank["env"]}, cwd=request.get("cwd")),
                             mine, ours + tuple(others) + tuple(self.children))   # never returns
-            self.children[os.pidfd_open(pid)] = pid
-            pids.append(pid)
-        return pids
+            pidfd = os.pidfd_open(pid)   # before this loop can reap it: always its own
+            self.children[pidfd] = pid
+            pidfds.append(pidfd)
+        return pidfds
 
     def reap(self, pidfd: int) -> None:
         pid = self.children.pop(pidfd)
         os.close(pidfd)
-        _, status, usage = os.wait4(pid, 0)
-        signalled = os.WIFSIGNALED(status)
-        value = os.WTERMSIG(status) if signalled else os.waitstatus_to_exitcode(status)
-        cpu = usage.ru_utime + usage.ru_stime
-        report = start_wire.REPORT.pack(pid, int(signalled), value, usage.ru_maxrss * 1024, cpu)
+        try:
+            _, status, usage = os.wait4(pid, 0)
+        except ChildProcessError:   # taken by someone else after all (SIGCHLD is ours to set: not expected)
+            report = start_wire.REPORT.pack(pid, start_wire.LOST_KIND, -1, 0, 0.0)
+        else:
+            signalled = os.WIFSIGNALED(status)
+            value = os.WTERMSIG(status) if signalled else os.waitstatus_to_exitcode(status)
+            cpu = usage.ru_utime + usage.ru_stime
+            report = start_wire.REPORT.pack(pid, int(signalled), value, usage.ru_maxrss * 1024, cpu)
         try:
             os.write(self.reports, report)
         except BrokenPipeError:   # the notebook let go of its end: nobody waits for this rank
