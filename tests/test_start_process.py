@@ -352,10 +352,12 @@ LOAD_EXT_CELLS = (
 )
 
 
-@pytest.mark.parametrize("switch, expected", [("1", "STARTED"), ("", "NOT STARTED")])
-def test_load_ext_starts_it_where_it_will_likely_be_needed(tmp_path, monkeypatch, switch, expected):
+@pytest.mark.parametrize("switch", ["1", ""])
+def test_load_ext_starts_it_where_it_will_likely_be_needed(tmp_path, monkeypatch, switch):
     from helpers.nbutil import cell_text, make_notebook, run_notebook
-    monkeypatch.setenv(start_process.SWITCH, switch)   # this machine has no GPU: "1" stands for one
+    monkeypatch.setenv(start_process.SWITCH, switch)   # no GPU here: "1" stands for one (or Python 3.14)
+    expected = "STARTED" if start_process.why_start_early() else "NOT STARTED"
+    assert expected == "STARTED" or switch == ""
     nb = run_notebook(make_notebook(*LOAD_EXT_CELLS), cwd=str(tmp_path), timeout=300)
     text = cell_text(nb.cells[1])
     assert text.splitlines()[0] == expected, text
