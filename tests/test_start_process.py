@@ -199,11 +199,18 @@ NOTEBOOK = textwrap.dedent("""
     threading.Thread(target=lambda: notebook_launcher(sleeper, num_processes=2, start_method="spawn",
                                                       ui="none", log_dir={log_dir!r}), daemon=True).start()
     import psutil
+
+    def cmdline(process):
+        try:
+            return " ".join(process.cmdline())
+        except psutil.Error:   # listed, then gone (the keeper's first process exits at once)
+            return ""
+
     deadline = time.monotonic() + 200
     while time.monotonic() < deadline:
         starter = getattr(start_process.running(), "pid", None)
         ranks = [p.pid for p in psutil.Process().children(recursive=True)
-                 if "rank.start_server" in " ".join(p.cmdline()) and p.pid != starter]
+                 if "rank.start_server" in cmdline(p) and p.pid != starter]
         if len(ranks) == 2:
             break
         time.sleep(0.05)
@@ -215,14 +222,15 @@ NOTEBOOK = textwrap.dedent("""
 @pytest.mark.parametrize("how", ["SIGKILL", "SIGTERM"])
 def test_the_start_process_and_its_ranks_end_with_the_notebook_however_it_dies(tmp_path, how):
     notebook = subprocess.Popen([sys.executable, "-c", NOTEBOOK.format(log_dir=str(tmp_path / "logs"))],
-                                stdout=subprocess.PIPE, text=True)
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     assert notebook.stdout is not None
     try:
-        line = notebook.stdout.readline()
-        while line and not line.startswith("STARTED "):   # the launch line and its notes come first
-            line = notebook.stdout.readline()
-        started = json.loads(line.removeprefix("STARTED "))
-        assert len(started["ranks"]) == 2, line
+        seen = [notebook.stdout.readline()]
+        while seen[-1] and not seen[-1].startswith("STARTED "):   # the launch line and its notes come first
+            seen.append(notebook.stdout.readline())
+        assert seen[-1], "the notebook ended before its ranks started:\n" + "".join(seen)
+        started = json.loads(seen[-1].removeprefix("STARTED "))
+        assert len(started["ranks"]) == 2, seen[-1]
         os.kill(notebook.pid, getattr(signal, how))
         notebook.wait(timeout=60)
         for pid in [started["start_process"], *started["ranks"]]:

@@ -116,7 +116,7 @@ def test_cuda_guard_names_the_line_that_initialized_cuda_in_a_kernel(tmp_path):
         def f():
             return 1
         try:
-            notebook_launcher(f, num_processes=1)
+            notebook_launcher(f, num_processes=1, start_method="fork")   # asked for fork: refused
         except GuardError as err:
             print("GUARD:", err)
         else:
@@ -138,7 +138,7 @@ def test_cuda_guard_without_the_hooks_refuses_and_says_the_line_is_unknown(tmp_p
         def f():
             return 1
         try:
-            notebook_launcher(f, num_processes=1)
+            notebook_launcher(f, num_processes=1, start_method="fork")   # asked for fork: refused
         except GuardError as err:
             print("GUARD:", err)
         else:
@@ -165,6 +165,38 @@ def test_spawn_after_cuda_was_initialized_in_the_notebook(tmp_path):
         """)
     expected = [(rank, rank, 6.0, "cpu") for rank in range(gpus)]
     assert f"RESULTS {expected}" in text, text
+
+
+def test_a_notebook_holding_cuda_launches_from_the_start_process_each_rank_on_its_gpu(tmp_path):
+    """Issue 41: CUDA initialized in the notebook no longer refuses a launch that did not ask for fork:
+    the ranks are forked from the warm start process, which never initialized CUDA, each on its own
+    GPU; a CUDA tensor passed to them is refused before anything starts, naming it."""
+    gpus = cuda_devices()
+    text = _run_cells(tmp_path, """
+        %load_ext notebook_launch
+        import torch
+        from notebook_launch import notebook_launcher, LaunchArgumentError
+        from notebook_launch.backends import start_process
+        y = torch.ones(2).cuda() * 2          # CUDA is initialized in the notebook
+        """, f"""
+        def f():
+            import os, torch
+            torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+            return torch.cuda.current_device(), (torch.ones(2, device="cuda") * 3).sum().item()
+        print("RESULTS", notebook_launcher(f, num_processes={gpus}))
+        print("START PROCESS CUDA", start_process.running().state()["cuda_initialized"])
+        """, """
+        def g(t):
+            return t.sum().item()
+        try:
+            notebook_launcher(g, args=(y,), num_processes=1)
+        except LaunchArgumentError as err:
+            print("REFUSED:", err)
+        """)
+    assert f"RESULTS {[(rank, 6.0) for rank in range(gpus)]}" in text, text
+    assert "CUDA is initialized in this notebook: ranks start from the warm start process" in text, text
+    assert "START PROCESS CUDA False" in text, text
+    assert "REFUSED: args[0] is a tensor on cuda:0" in text, text
 
 
 def test_kaggle_2xT4_notebook_end_to_end(tmp_path):
@@ -205,15 +237,18 @@ def test_is_available_in_a_kernel_is_refused_then_spawn_launches(tmp_path):
             import torch
             return torch.ones(2, device="cuda").sum().item()
         try:
-            notebook_launcher(f, num_processes={gpus})
+            notebook_launcher(f, num_processes={gpus}, start_method="fork")
         except GuardError as err:
             print("GUARD:", err)
         print("SPAWN", notebook_launcher(f, num_processes={gpus}, start_method="spawn"))
+        print("UNSET", notebook_launcher(f, num_processes={gpus}))   # from the warm start process, unasked
         """)
     assert "INITIALIZED False" in text, text
     assert "GUARD: The CUDA runtime was already used in this notebook" in text, text
     assert 'device = "cuda" if torch.cuda.is_available() else "cpu"' in text, text
     assert f"SPAWN {[2.0] * gpus}" in text, text
+    assert f"UNSET {[2.0] * gpus}" in text, text
+    assert "the CUDA runtime was already used in this notebook: ranks start from the warm start process" in text
 
 
 def test_with_the_nvml_check_is_available_leaves_fork_usable(tmp_path):
