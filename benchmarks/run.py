@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shlex
 import sys
 import tempfile
 import time
@@ -244,7 +245,9 @@ def main(argv=None) -> int:
     with tempfile.TemporaryDirectory(prefix="notebook-launch-bench-") as log_dir:
         rows, companion_outputs = measure(config, args.only, log_dir, say)
     elapsed = time.monotonic() - started
-    command = "python benchmarks/run.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    # quoted as a shell takes it: `--plots ""` (no plots) must read back as a command that runs
+    given = argv if argv is not None else sys.argv[1:]
+    command = "python benchmarks/run.py " + " ".join(shlex.quote(a) for a in given)
     plots = write_plots(rows, args.plots, plot_footer(machine, config)) if args.plots else []
     text = render(machine, config, rows, companion_outputs, elapsed, command.strip(), plots, args.out)
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
