@@ -23,17 +23,17 @@ What the notebook keeps in hand:
 """
 from __future__ import annotations
 
+import atexit
 import json
 import logging
 import os
-import socket
 import select
+import socket
 import subprocess
 import sys
 import threading
 import time
 from dataclasses import dataclass
-import atexit
 from typing import Any, Mapping
 
 from ..channels import LOST, EndUsage, WaitStatus, start_wire
