@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING, NoReturn, Sequence
 
-from ..channels import RankPipes, RankProcess, WaitStatus, reap
+from ..channels import PidfdRank, RankPipes, RankProcess, WaitStatus, reap
 from .base import Launcher, start_each
 from .fork_thread import fork_from_clean_thread
 from .warm_imports import warm_for
@@ -16,7 +16,7 @@ if TYPE_CHECKING:
     from ..rank.runner import Job
 
 
-class ForkedRank(RankProcess):
+class ForkedRank(PidfdRank):
     def __init__(self, local_rank: int, pid: int) -> None:
         self.local_rank = local_rank
         self.pid = pid
@@ -29,15 +29,6 @@ class ForkedRank(RankProcess):
             if ended is not None:
                 self._status, self.end_usage = ended
         return self._status
-
-    @property
-    def reaped(self) -> bool:
-        return self._status is not None
-
-    def release(self) -> None:
-        if self.sentinel is not None:
-            os.close(self.sentinel)
-            self.sentinel = None
 
 
 class ForkBackend(Launcher):

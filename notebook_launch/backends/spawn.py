@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 from .. import shared_tensors
 from ..rank import spawn_context
-from ..channels import LOST, RankPipes, RankProcess, WaitStatus, reap
+from ..channels import LOST, PidfdRank, RankPipes, RankProcess, WaitStatus, reap
 from ..fork_locks import no_fork_during_exec
 from ..notebook_streams import ERR, OUT
 from . import start_process
@@ -96,7 +96,7 @@ class SpawnedRank(RankProcess):
 REPORT_WAIT = 0.1   # seconds a rank that ended waits for the start process's word on how, per poll
 
 
-class StartedRank(RankProcess):
+class StartedRank(PidfdRank):
     """A rank forked by the warm start process, its child: its pidfd says when it ended, the start
     process how (``StartProcess.ended``: the exit code or signal, its peak memory and CPU time)."""
 
@@ -125,16 +125,9 @@ class StartedRank(RankProcess):
     def _gone(self) -> bool:
         return self.sentinel is None or bool(select.select([self.sentinel], [], [], 0)[0])
 
-    @property
-    def reaped(self) -> bool:
-        return self._status is not None
-
-    def release(self) -> None:
-        if self.sentinel is not None:
-            os.close(self.sentinel)
-            self.sentinel = None
-            self.starter.released()
-            self._payload_dir.release()
+    def released(self) -> None:
+        self.starter.released()
+        self._payload_dir.release()
 
 
 class _PayloadDir:

@@ -15,7 +15,8 @@ for a persistent rank on another machine).
 from __future__ import annotations
 
 from .pipes import RankPipes, create_memfd, read_ready
-from .process import LOST, STUCK, WAIT_LIMIT, EndUsage, RankProcess, WaitStatus, ended_status, reap, stuck_note
+from .process import (LOST, STUCK, WAIT_LIMIT, EndUsage, PidfdRank, RankProcess, WaitStatus, ended_status, reap,
+                      stuck_note)
 
-__all__ = ["EndUsage", "LOST", "RankPipes", "RankProcess", "STUCK", "WAIT_LIMIT", "WaitStatus", "create_memfd",
-           "ended_status", "read_ready", "reap", "stuck_note"]
+__all__ = ["EndUsage", "LOST", "PidfdRank", "RankPipes", "RankProcess", "STUCK", "WAIT_LIMIT", "WaitStatus",
+           "create_memfd", "ended_status", "read_ready", "reap", "stuck_note"]

@@ -101,6 +101,26 @@ class RankProcess(abc.ABC):
         """Free the sentinel and any other resource once the process is reaped."""
 
 
+class PidfdRank(RankProcess):
+    """A rank watched through a pidfd this handle owns (``sentinel``): a forked rank, or one the warm
+    start process forked. ``release`` closes it once, then calls ``released`` for what else to free."""
+
+    _status: WaitStatus | None = None
+
+    @property
+    def reaped(self) -> bool:
+        return self._status is not None
+
+    def release(self) -> None:
+        if self.sentinel is not None:
+            os.close(self.sentinel)
+            self.sentinel = None
+            self.released()
+
+    def released(self) -> None:  # noqa: B027  (a hook: most ranks have nothing more to free)
+        """Once, after the pidfd was closed."""
+
+
 def stuck_note(pid: int, limit: float) -> str:
     return (f"did not end within {limit:g} s of being killed: process {pid} is stuck in the kernel "
             f"(uninterruptible sleep, usually a GPU/TPU driver) and was left behind; if the device stays "
