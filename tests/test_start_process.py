@@ -404,3 +404,32 @@ def test_spawn_entry_reads_only_its_launchers_arguments():
     for bad in (["--payload"], ["--bogus", "1", "--payload", "p"], ["--local-rank", "1"]):
         with pytest.raises(SystemExit):
             parse_args(bad)
+
+
+def test_a_request_that_fails_part_way_leaves_no_rank_of_the_earlier_part_running(tmp_path, monkeypatch, capfd):
+    """A launch whose ranks go in two requests, the second failing: the ranks of the first are ended
+    (every rank then starts as a fresh Python; none may run twice)."""
+    start_process.prestart()
+    starter = start_process.current()
+    monkeypatch.setattr(start_process, "_batches", lambda ranks: [[rank] for rank in ranks])   # one rank a request
+    real, calls, first = starter.ask_with_fds, [], []
+
+    def second_fails(message, fds=(), timeout=start_process.REQUEST_WAIT):
+        calls.append(message)
+        if "ranks" in message and sum("ranks" in m for m in calls) == 2:
+            raise start_process.StartProcessUnavailable("the second request failed (a stand-in)")
+        answer, pidfds = real(message, fds, timeout)
+        first.extend(answer.get("pids", []))
+        return answer, pidfds
+
+    def forks_of_the_start_process_hang():
+        import time
+        if any("rank.start_server" in part for part in who_am_i()["cmdline"]):
+            time.sleep(600)   # a rank left running would stay
+        return who_am_i()
+
+    monkeypatch.setattr(starter, "ask_with_fds", second_fails)
+    ranks = spawn(forks_of_the_start_process_hang, tmp_path)
+    assert all(any("rank.spawn_entry" in part for part in r["cmdline"]) for r in ranks)   # fresh Pythons
+    assert len(first) == 1 and wait_gone(first[0], timeout=10), "the first request's rank was left running"
+    assert "could not start the ranks (the second request failed" in capfd.readouterr().err

@@ -10,9 +10,9 @@ the rank's pipes from the first byte, the events pipe is passed by number.
 
 Where it can (Linux), a rank is not a fresh interpreter but a fork of the warm start process
 (``backends.start_process``), which imported torch once and never touched an accelerator: the
-same entry, the same payload, the same fds under the same numbers, and the rank is the notebook's
-child all the same; it starts in milliseconds instead of seconds. Where the start process cannot
-serve, ranks start as fresh interpreters, as before.
+same entry, the same payload, the same fds under the same numbers; the start process reaps it and
+says how it ended (``StartedRank``). It starts in milliseconds instead of seconds. Where the start
+process cannot serve, ranks start as fresh interpreters, as before.
 """
 from __future__ import annotations
 
@@ -33,7 +33,7 @@ from ..fork_locks import no_fork_during_exec
 from ..notebook_streams import ERR, OUT
 from . import start_process
 from .base import Launcher, start_each
-from .warm_imports import looks_like_training
+from .warm_imports import TRAINING_MODULES, looks_like_training
 
 if TYPE_CHECKING:
     from ..plan import LaunchPlan, RankSpec
@@ -256,7 +256,7 @@ def _warm_list(job: "Job") -> list[str]:
     except Exception:   # why: an odd callable: its ranks import what they need
         log.debug("could not read the launched function's code", exc_info=True)
         return []
-    return ["torch._dynamo", "torch.nn.parallel"] if trains else []
+    return list(TRAINING_MODULES) if trains else []
 
 
 def _start_process() -> "start_process.StartProcess | None":

@@ -28,6 +28,7 @@ import json
 import logging
 import os
 import select
+import signal
 import socket
 import subprocess
 import sys
@@ -207,16 +208,29 @@ class StartProcess:
         says how each ended; the pidfd is the caller's); a rank that could not be forked (the
         machine out of processes) ends the list early."""
         pids: list[tuple[int, int]] = []
-        for batch in _batches(ranks):
-            request = {"ranks": {"env": dict(os.environ), "cwd": _cwd(), "warm": warm,
-                                 "ranks": [{"argv": r.argv, "env": dict(r.env), "targets": list(r.fds)}
-                                           for r in batch]}}
-            answer, pidfds = self.ask_with_fds(request, [fd for r in batch for fd in r.fds.values()])
-            forked = list(zip((int(pid) for pid in answer["pids"]), pidfds))
-            self.holders += len(forked)
-            pids += forked
-            if len(forked) < len(batch):
-                break
+        env, cwd = dict(os.environ), _cwd()
+        try:
+            for batch in _batches(ranks):
+                request = {"ranks": {"env": env, "cwd": cwd, "warm": warm,
+                                     "ranks": [{"argv": r.argv, "env": dict(r.env), "targets": list(r.fds)}
+                                               for r in batch]}}
+                answer, pidfds = self.ask_with_fds(request, [fd for r in batch for fd in r.fds.values()])
+                forked = list(zip((int(pid) for pid in answer["pids"]), pidfds))
+                self.holders += len(forked)
+                pids += forked
+                if len(forked) < len(batch):
+                    break
+        except BaseException:
+            # A later batch failed: the caller starts every rank again as a fresh Python, so the
+            # ranks of earlier batches must not run beside them (they die here; it reaps them).
+            for pid, pidfd in pids:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    log.debug("rank process %d had ended already", pid)
+                os.close(pidfd)
+                self.holders -= 1
+            raise
         return pids
 
     def state(self) -> dict[str, Any]:
@@ -385,9 +399,9 @@ def current() -> StartProcess:
                   f"({process.describe_end() or process.failed}); starting a new one", file=ERR)
             process.stop()
             _current = process = None
-        elif process is not None and process.ready is not None and process.stale():
+        elif process is not None and process.ready is not None and (changed := process.stale()):
             log.debug("start process %d: packages changed on disk (%s); replacing it",
-                      process.pid, ", ".join(process.stale()))
+                      process.pid, ", ".join(changed))
             process.retire()   # its persistent ranks, if any, live on; it ends after them
             _current = process = None
     process = _running()

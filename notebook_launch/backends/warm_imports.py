@@ -29,6 +29,7 @@ share one import; a launch of code that never names it imports nothing heavy.
 from __future__ import annotations
 
 import functools
+import importlib
 import logging
 import os
 import sys
@@ -143,11 +144,16 @@ def _import_torch_for(function: Callable[..., Any]) -> bool:
     return True
 
 
+# What a training rank imports lazily (DDP's constructor, an optimizer's step): imported once before
+# the ranks start, here before a fork, in the warm start process before it forks (backends.spawn).
+TRAINING_MODULES = ("torch._dynamo", "torch.nn.parallel")
+
+
 def import_training_modules() -> None:
     """torch._dynamo and DDP's module: what a training rank would import after the fork."""
     with best_effort("warming torch._dynamo failed; ranks import it themselves"):
-        import torch._dynamo
-        import torch.nn.parallel  # noqa: F401
+        for name in TRAINING_MODULES:
+            importlib.import_module(name)
 
 
 # --- between cells, in a Jupyter kernel -------------------------------------------------
