@@ -172,7 +172,10 @@ def test_exit_codes_and_signals_of_adopted_ranks_are_read_as_a_spawned_ranks(tmp
 
     def exit_3():
         import os
-        os._exit(3 if os.environ["RANK"] == "0" else 0)
+        import time
+        if os.environ["RANK"] == "0":
+            os._exit(3)
+        time.sleep(60)        # stopped after rank 0 fails (an os._exit(0) here raced it to be the failure named)
 
     with pytest.raises(LaunchError) as failed:
         spawn(exit_3, tmp_path)
