@@ -44,7 +44,7 @@ def make_config(quick: bool, repeats: int) -> dict:
         return dict(quick=True, repeats=repeats, trivial_ranks=[1, 2], fresh_ranks=[2], step_ranks=[2],
                     step_launchers=["ours", "accelerate", "start_processes"], step_launchers_at={},
                     fresh_launchers=["ours", "accelerate"], tensor_mib=64, memory_ranks=2, iterations=10**4,
-                    spawn_ranks=[2])
+                    spawn_ranks=[2], spawn_step_launchers=["ours", "ours_spawn"], spawn_fresh_workloads=["trivial"])
     return dict(quick=False, repeats=repeats, trivial_ranks=[1, 2, 4, 8], fresh_ranks=[2],
                 fresh_launchers=all_launchers,
                 step_ranks=[1, 2, 4, 8], step_launchers=["ours", "accelerate", "start_processes"],

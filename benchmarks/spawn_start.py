@@ -81,8 +81,10 @@ def start_process_memory(workers) -> Cell:
 def run(config, log_dir, say=print):
     rows = []
     repeats = config["repeats"]
-    launchers = list(SPAWN_CLASS)
     for workload in ("trivial", "first_step"):
+        # Quick mode (a harness check): every launcher runs in the trivial rows; the first step and the
+        # fresh processes for ours only (each launch of the others starts Pythons that import torch).
+        launchers = list(SPAWN_CLASS) if workload == "trivial" else config.get("spawn_step_launchers", SPAWN_CLASS)
         for ranks in config["spawn_ranks"]:
             say(f"item 13: {workload}, spawn-class starts, warm processes, {ranks} ranks")
             workers = start_workers(launchers, log_dir)
@@ -93,7 +95,7 @@ def run(config, log_dir, say=print):
             finally:
                 close_workers(workers)
             rows.append(make_row(workload, "warm", ranks, cells))
-    for workload in ("trivial", "first_step"):
+    for workload in config.get("spawn_fresh_workloads", ("trivial", "first_step")):
         say(f"item 13: {workload}, spawn-class starts, fresh processes, 2 ranks")
         cells = measure_fresh(["ours", "ours_spawn", "ours_fresh_spawn"], workload, 2, repeats, log_dir)
         cells.pop("floor", None)

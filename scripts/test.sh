@@ -14,7 +14,8 @@
 #     one pytest process of its own (one cluster, not one per worker), beside the lanes (its Ray actors
 #     start slowly beside four busy workers); tests/slurmcluster (one two-node SLURM) likewise, in a second
 #     process beside it (each cluster in namespaces of its own: they share nothing);
-#   - the three lanes' tests run side by side once their venvs are ready, each printed whole when it ends.
+#   - the lanes' tests run side by side once their venvs are ready and the Ray cluster is up (beside four lanes
+#     starting their kernels it took 212 s to come up, not 30), each printed whole when it ends.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/system-packages.sh
@@ -66,9 +67,12 @@ main_took=$((SECONDS - main_start))
 # The two clusters' tests: one pytest process each (one cluster each), side by side.
 declare -A cluster_pid
 clusters=(raycluster slurmcluster)
+ray_started=test-artifacts/raycluster.started
+rm -f "$ray_started"
 for cluster in "${clusters[@]}"; do
   ( start=$SECONDS; rc=0
-    .venv/bin/python -m pytest -p no:cacheprovider --durations=10 --junitxml="test-artifacts/junit-$cluster.xml" \
+    NOTEBOOK_LAUNCH_TEST_RAY_STARTED=$PWD/$ray_started .venv/bin/python -m pytest -p no:cacheprovider \
+      --durations=10 --junitxml="test-artifacts/junit-$cluster.xml" \
       "tests/$cluster" >"test-artifacts/$cluster.log" 2>&1 || rc=$?
     echo "$((SECONDS - start))" >"test-artifacts/$cluster.seconds"; exit $rc ) &
   cluster_pid[$cluster]=$!
@@ -87,6 +91,13 @@ echo "=== docs (mkdocs build --strict)"; cat test-artifacts/docs.log
 # The torch_xla lane (the TPU backend on PJRT_DEVICE=CPU): .venv-xla (torch 2.9.0 + torch_xla 2.9.0).
 # The Python 3.14 lane: launches and persistent ranks on Python 3.14 (forkserver is multiprocessing's default
 # there) in a Debian sid chroot, torch 2.13.0 (hosts/py314.txt). Needs root (chroot).
+# The lanes start once the Ray cluster is up (tests/raycluster/conftest.py touches the file; at most 3
+# minutes): Ray gives each raylet a fixed 30 s to register, which it missed beside four lanes starting
+# their kernels (the cluster took 212 s to come up in one CI run instead of about 30).
+for _ in $(seq 180); do
+  [ -e "$ray_started" ] || ! kill -0 "${cluster_pid[raycluster]}" 2>/dev/null && break
+  sleep 1
+done
 for lane in "${lanes[@]}"; do
   if ! wait "${build_pid[$lane]}"; then
     echo "=== the $lane lane: its venv could not be built (the lines marked [$lane lane build] above say why)"

@@ -23,12 +23,13 @@ def test_spawn_class_rows_put_the_start_process_beside_fork_and_torchs_spawn(qui
     spawn and elastic's spawn, warm and fresh, and the start process's memory; no cell failed."""
     rows = [cells for cells in table_rows(quick_results) if cells[0] == "13"]
     timed = [cells for cells in rows if "call to return" in cells[1] or "first trained step" in cells[1]]
-    assert len(timed) == 4, quick_results   # trivial and first step, warm and fresh, 2 ranks
+    # trivial warm and fresh, first step warm (quick mode leaves out the first step in fresh processes)
+    assert len(timed) == 3, quick_results
     for cells in timed:
-        assert "n=1" in cells[3], cells
-        for label in ("ours, fork:", "ours, spawn as fresh Pythons (start process off):"):
-            assert label in cells[7], cells
+        assert "n=1" in cells[3] and "ours, fork:" in cells[7], cells
         assert "ours spawn-class/ours fork" in cells[8] and cells[10] in ("yes", "**NO (missed)**", "—"), cells
+        if "trivial" in cells[1]:
+            assert "ours, spawn as fresh Pythons (start process off):" in cells[7], cells
     warm_trivial = next(c for c in timed if "warm process" in c[1] and "trivial" in c[1])
     assert "torch start_processes (spawn):" in warm_trivial[7] and "elastic_launch (spawn):" in warm_trivial[7]
     assert warm_trivial[9] == "ours/fork ≤ 1.5x and torch spawn/ours ≥ 20x"
