@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import enum
 import inspect
+import logging
 import math
 import numbers
 import operator
@@ -17,6 +18,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Mapping, Sequence, get_args
 
+from . import fd_budget
 from .display import NOTEBOOK_LINES_PER_SECOND, UI_CHOICES, Display
 from .errors import LaunchArgumentError
 from .line_prefix import parse_line_prefix
@@ -29,6 +31,7 @@ START_METHODS: tuple[StartMethod, ...] = get_args(StartMethod)
 RDZV_BACKENDS = ("static", "c10d", "etcd", "etcd-v2")
 DEFAULT_RDZV_TIMEOUT = 900.0      # seconds, as torch.distributed.launcher.api.LaunchConfig
 DEFAULT_LINES_PER_SECOND = NOTEBOOK_LINES_PER_SECOND   # per rank in the cell (the displays' budget)
+MAX_WORLD_SIZE = 2**31 - 1   # torch numbers ranks and sizes its TCPStore with C ints
 
 
 class _DefaultPort(str):
@@ -37,6 +40,7 @@ class _DefaultPort(str):
 
 
 DEFAULT_USE_PORT = _DefaultPort(str(DEFAULT_PORT))
+log = logging.getLogger("notebook_launch")
 
 
 @dataclass(frozen=True)
@@ -108,7 +112,9 @@ def launch_options(*, function: Any, args: Any = (), num_processes: Any = None, 
     start_method = validate_start_method(start_method)
     validate_ui(ui)
     validate_choice("rdzv_backend", rdzv_backend, RDZV_BACKENDS)
-    num_nodes = validate_int("num_nodes", num_nodes, 1)
+    num_nodes = validate_int("num_nodes", num_nodes, 1, MAX_WORLD_SIZE)
+    if num_processes is not None:
+        check_world_size(num_processes, num_nodes)
     node_rank = validate_int("node_rank", node_rank, 0, num_nodes - 1)
     max_restarts = validate_int("max_restarts", max_restarts, 0)
     timeout = validate_timeout(timeout)
@@ -260,6 +266,16 @@ def validate_num_processes(num_processes: object, device_kind: DeviceKind, devic
             f"num_processes={count} is more than the {device_count} CUDA GPU(s) visible here; "
             f"use num_processes between 1 and {device_count} (or None for all of them)")
     return count
+
+
+def check_world_size(num_processes: int, num_nodes: int) -> None:
+    """Every rank of every node: torch's process groups and TCPStore count them in a C int, and
+    a larger world failed inside TCPStore's constructor (num_nodes=2**40 was accepted)."""
+    if num_processes * num_nodes > MAX_WORLD_SIZE:
+        raise LaunchArgumentError(
+            f"num_processes={num_processes} on each of num_nodes={num_nodes} makes "
+            f"{num_processes * num_nodes} ranks, more than torch.distributed can number ({MAX_WORLD_SIZE}); "
+            f"pass the number of machines as num_nodes and the ranks on each as num_processes")
 
 
 def validate_int(name: str, value: object, minimum: int, maximum: int | None = None) -> int:
@@ -460,8 +476,9 @@ def validate_cluster_type(cluster: object, cluster_type: type | tuple[type, ...]
 
 
 def validate_cluster_launch(options: LaunchOptions) -> int:
-    """The notebook_launcher arguments that a launch on a cluster cannot honour; returns the
-    number of ranks (num_processes is the world size there)."""
+    """The notebook_launcher arguments that a launch on a cluster cannot honour, and room in this
+    process for the connections every rank makes back; returns the number of ranks (num_processes
+    is the world size there)."""
     if options.num_nodes != 1 or options.node_rank != 0 or options.rdzv_endpoint:
         raise LaunchArgumentError(
             "with cluster=RayCluster(...) or SlurmCluster(...) the cluster places the ranks on its nodes: "
@@ -476,4 +493,8 @@ def validate_cluster_launch(options: LaunchOptions) -> int:
         raise LaunchArgumentError(
             f"with cluster=, num_processes must be the total number of ranks (a whole number >= 1); "
             f"got {count!r}")
+    check_world_size(count, 1)
+    note = fd_budget.ensure_fd_budget(fd_budget.cluster_need(count))   # every rank connects back here
+    if note:
+        log.info("notebook_launch: %s", note)
     return count

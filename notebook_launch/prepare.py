@@ -14,7 +14,8 @@ from typing import Any, Mapping
 from . import fd_budget, net, preflight
 from .errors import LaunchArgumentError
 from .logs import make_run_id
-from .options import LaunchOptions, check_display_ranks_exist, launch_options, validate_elastic_start_method
+from .options import (LaunchOptions, check_display_ranks_exist, check_world_size, launch_options,
+                      validate_elastic_start_method)
 from .plan import LaunchPlan, build_plan
 from .leftovers import start_keeper_ahead
 from .target import LaunchTarget, launch_target
@@ -62,8 +63,10 @@ def plan_launch(options: LaunchOptions) -> tuple[LaunchTarget, LaunchPlan, str]:
     if target.start_method == "xla":
         preflight.check_runtime_not_initialized()
 
+    check_world_size(target.num_processes, options.num_nodes)   # num_processes=None: known only now
     notes = list(target.notes)
-    raised_limit = fd_budget.ensure_fd_budget(target.num_processes)   # before any pipe or log file opens
+    raised_limit = fd_budget.ensure_fd_budget(   # before any pipe or log file opens
+        fd_budget.local_need(target.num_processes, num_nodes=options.num_nodes, node_rank=options.node_rank))
     if raised_limit:
         notes.append(raised_limit)
     port = options.port

@@ -67,6 +67,22 @@ def _check_address(address: object) -> None:
         raise LaunchArgumentError(
             f"RayCluster(address=...) must be 'auto', 'host:port', 'ray://host:port' or None "
             f"(the Ray this notebook already initialized), without spaces or control characters; got {address!r}")
+    port = _address_port(address)
+    if port is not None and not (port.isascii() and port.isdigit() and 1 <= int(port) <= 65535):
+        raise LaunchArgumentError(
+            f"RayCluster(address={address!r}): the port after the last ':' must be a TCP port number between 1 "
+            f"and 65535 (the head's: 6379 for its GCS unless `ray start --head --port` said otherwise, 10001 for ray://); got {port!r}")
+
+
+def _address_port(address: str | None) -> str | None:
+    """The port of 'host:port' or 'ray://host:port'; None for 'auto', None and a bare host."""
+    if address is None or address == "auto":
+        return None
+    host_port = address.split("://", 1)[-1]
+    if host_port.startswith("[") and "]" in host_port:    # [IPv6]:port
+        rest = host_port.split("]", 1)[1]
+        return rest[1:] if rest.startswith(":") else None
+    return host_port.rsplit(":", 1)[1] if ":" in host_port else None
 
 
 def _check_placement(placement: object) -> None:
