@@ -18,8 +18,8 @@ from typing import IO, Callable, Iterable, Protocol
 from .metrics import MetricsFile
 from .notebook_streams import OUT
 from .errors import LaunchArgumentError
-from .run_folders import (LiveRunFolder, Pruning, Retention, default_log_root, fallback_log_root,
-                          prune_as_a_run_starts, retention_from_environment)
+from .run_folders import (PRIVATE_FOLDER, LiveRunFolder, Pruning, Retention, default_log_root, fallback_log_root,
+                          private_open, prune_as_a_run_starts, retention_from_environment)
 
 __all__ = ["LogSection", "LogWriter", "RunLogs", "default_log_root", "fallback_log_root", "make_run_id"]
 
@@ -107,7 +107,15 @@ class RunLogs:
             self.notes.append(f"cannot write logs under {root} ({_reason(exc)}); this run's logs go to "
                               f"{fallback / run_id} (set NOTEBOOK_LAUNCH_LOG_DIR or log_dir= to choose)")
             self.path = fallback / run_id
-            self._open_live(fallback, run_id, names, retention)
+            try:
+                self._open_live(fallback, run_id, names, retention)
+            except OSError as second:
+                if second.errno in (errno.EMFILE, errno.ENFILE):
+                    raise
+                raise LaunchArgumentError(
+                    f"cannot write this run's logs under {root} ({_reason(exc)}) nor under {fallback} "
+                    f"({_reason(second)}). Set NOTEBOOK_LAUNCH_LOG_DIR, or pass log_dir=, naming a folder "
+                    f"you can write to.") from None
 
     def _open_live(self, root: Path, run_id: str, names: dict[int, str], retention: Retention) -> None:
         """Make this run's folder, live until ``close``, and bound the earlier runs' folders
@@ -124,10 +132,10 @@ class RunLogs:
     def _open(self, names: dict[int, str]) -> None:
         """Create the folder and every rank's file; on failure close what was opened."""
         try:
-            self.path.mkdir(parents=True, exist_ok=True)
+            self.path.mkdir(mode=PRIVATE_FOLDER, parents=True, exist_ok=True)
             for local, name in names.items():
-                self._files[local] = open(self.path / name, "w", encoding="utf-8", errors="replace",
-                                          buffering=1 << 16)
+                self._files[local] = private_open(self.path / name, "w", encoding="utf-8", errors="replace",
+                                                  buffering=1 << 16)
         except OSError:
             self._close_files()
             raise

@@ -24,6 +24,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import IO, Any
 
+from .run_folders import private_open
+
 log = logging.getLogger("notebook_launch")
 
 CAPACITY = 512            # buckets per series; even, so pairs always merge evenly
@@ -144,7 +146,7 @@ class MetricsFile:
         if not series:
             return
         if self._file is None:
-            self._file = open(self.path, "a", encoding="utf-8", buffering=1 << 16)  # noqa: SIM115 (open for the run)
+            self._file = private_open(self.path, "a", encoding="utf-8", buffering=1 << 16)
         lines = []
         for name, values in series.items():
             key = (rank, name)

@@ -28,12 +28,13 @@ import logging
 import os
 import re
 import shutil
+import stat
 import tempfile
 import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Iterable
+from typing import IO, Any, Iterable
 
 from .best_effort import best_effort
 from .errors import LaunchArgumentError
@@ -60,9 +61,42 @@ def default_log_root() -> Path:
 
 
 def fallback_log_root() -> Path:
-    """Where logs go when the default root cannot be written: a per-user folder in the temp dir."""
+    """Where logs go when the default root cannot be written: a per-user folder in the temp dir
+    (shared by every user of the machine: made ours alone, see ``private_folder``)."""
     user = os.getuid() if hasattr(os, "getuid") else os.getpid()
     return Path(tempfile.gettempdir()) / f"notebook_launch-{user}" / "runs"
+
+
+PRIVATE_FOLDER = 0o700   # what a run writes (its output, the pickled job, metrics) is its user's alone
+PRIVATE_FILE = 0o600
+
+
+def private_folder(path: Path) -> None:
+    """Make ``path`` (and missing parents) readable by this user only, as a run's folders are. In
+    the shared temp dir each folder on the way is checked before anything goes in it: a real folder
+    of ours (another user could have made it first, or left a link to somewhere else), closed to
+    others if an older version made it with the usual umask."""
+    temp = Path(tempfile.gettempdir())
+    if temp not in path.parents:
+        path.mkdir(mode=PRIVATE_FOLDER, parents=True, exist_ok=True)
+        return
+    folder = temp
+    for part in path.relative_to(temp).parts:
+        folder = folder / part
+        try:
+            folder.mkdir(mode=PRIVATE_FOLDER)
+        except FileExistsError:
+            pass
+        info = os.lstat(folder)
+        if not stat.S_ISDIR(info.st_mode) or (hasattr(os, "getuid") and info.st_uid != os.getuid()):
+            raise OSError(errno.EACCES, f"{folder} in the shared temp folder is not this user's own folder")
+        if info.st_mode & 0o077:
+            os.chmod(folder, PRIVATE_FOLDER)
+
+
+def private_open(path: Path, mode: str = "w", **kwargs: Any) -> IO[Any]:
+    """``open`` for a file of the run: created readable by this user only."""
+    return open(path, mode, opener=lambda name, flags: os.open(name, flags, PRIVATE_FILE), **kwargs)
 
 
 @dataclass(frozen=True)
@@ -258,11 +292,11 @@ class LiveRunFolder:
     def __init__(self, root: Path, run_id: str) -> None:
         self.path = root / run_id
         starting = root / f"{STARTING_PREFIX}{run_id}"
-        root.mkdir(parents=True, exist_ok=True)
-        starting.mkdir()
+        private_folder(root)
+        starting.mkdir(mode=PRIVATE_FOLDER)
         self._file: IO[str] | None = None
         try:
-            self._file = open(starting / LIVE_FILE, "w", encoding="ascii")
+            self._file = private_open(starting / LIVE_FILE, "w", encoding="ascii")
             fcntl.flock(self._file.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
             self._file.write(f"{os.getpid()}\n")
             self._file.flush()

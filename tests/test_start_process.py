@@ -400,11 +400,11 @@ def test_the_panel_header_shows_the_start_process_memory(tmp_path):
 
 def test_spawn_entry_reads_only_its_launchers_arguments():
     from notebook_launch.rank.spawn_entry import parse_args
-    args = parse_args(["--payload", "/x/job.pkl", "--local-rank", "1", "--events-fd", "7", "--parent-pid", "9",
+    args = parse_args(["--payload-fd", "5", "--local-rank", "1", "--events-fd", "7", "--parent-pid", "9",
                        "--tensors-fd", "12"])
-    assert (args.payload, args.local_rank, args.events_fd, args.parent_pid, args.tensors_fd, args.answers_fd) == \
-        ("/x/job.pkl", 1, 7, 9, 12, None)
-    for bad in (["--payload"], ["--bogus", "1", "--payload", "p"], ["--local-rank", "1"]):
+    assert (args.payload_fd, args.local_rank, args.events_fd, args.parent_pid, args.tensors_fd, args.answers_fd) == \
+        (5, 1, 7, 9, 12, None)
+    for bad in (["--payload-fd"], ["--bogus", "1", "--payload-fd", "5"], ["--local-rank", "1"]):
         with pytest.raises(SystemExit):
             parse_args(bad)
 

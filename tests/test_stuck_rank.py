@@ -79,9 +79,9 @@ def test_a_spawned_rank_that_does_not_end_is_waited_for_a_bounded_time():
     import subprocess
     import sys
 
-    from notebook_launch.backends.spawn import SpawnedRank, _PayloadDir
+    from notebook_launch.backends.spawn import SpawnedRank
     popen = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
-    rank = SpawnedRank(0, popen, _PayloadDir(1))
+    rank = SpawnedRank(0, popen)
     rank.wait_limit = 0.3
     try:
         assert rank.wait() == channels.STUCK

@@ -19,7 +19,6 @@ from __future__ import annotations
 import logging
 import os
 import select
-import shutil
 import signal
 import subprocess
 import sys
@@ -49,12 +48,10 @@ BOOTSTRAP = ("import sys; sys.path.insert(0, sys.argv.pop(1)); "
 
 
 class SpawnedRank(RankProcess):
-    def __init__(self, local_rank: int, popen: subprocess.Popen, payload_dir: "_PayloadDir",
-                 exit_fd: int | None = None) -> None:
+    def __init__(self, local_rank: int, popen: subprocess.Popen, exit_fd: int | None = None) -> None:
         self.local_rank = local_rank
         self.popen = popen
         self.pid = popen.pid
-        self._payload_dir = payload_dir
         self._status: WaitStatus | None = None
         self._sentinel_is_pidfd = exit_fd is None
         if exit_fd is not None:       # no pidfd (macOS): a pipe only the child holds
@@ -90,7 +87,6 @@ class SpawnedRank(RankProcess):
             except OSError:
                 pass  # the sentinel was ours alone; nothing else can hold its number
             self.sentinel = None
-        self._payload_dir.release()
 
 
 REPORT_WAIT = 0.1   # seconds a rank that ended waits for the start process's word on how, per poll
@@ -100,10 +96,8 @@ class StartedRank(PidfdRank):
     """A rank forked by the warm start process, its child: its pidfd says when it ended, the start
     process how (``StartProcess.ended``: the exit code or signal, its peak memory and CPU time)."""
 
-    def __init__(self, local_rank: int, pid: int, pidfd: int, starter: "start_process.StartProcess",
-                 payload_dir: "_PayloadDir") -> None:
+    def __init__(self, local_rank: int, pid: int, pidfd: int, starter: "start_process.StartProcess") -> None:
         self.local_rank, self.pid, self.starter = local_rank, pid, starter
-        self._payload_dir = payload_dir
         self._status: WaitStatus | None = None
         self.sentinel: int | None = pidfd   # the start process's, passed on: valid even if it already ended
 
@@ -127,24 +121,25 @@ class StartedRank(PidfdRank):
 
     def released(self) -> None:
         self.starter.released()
-        self._payload_dir.release()
 
 
-class _PayloadDir:
-    """A private folder holding the pickled job; removed once every rank is released
-    (each rank reads it at startup)."""
-
-    def __init__(self, users: int) -> None:
-        self.path = tempfile.mkdtemp(prefix="notebook_launch-spawn-")
-        self.users = users
-
-    def release(self) -> None:
-        self.users -= 1
-        if self.users <= 0:
-            self.remove()
-
-    def remove(self) -> None:
-        shutil.rmtree(self.path, ignore_errors=True)
+def _payload_file(payload: bytes) -> int:
+    """The pickled job in a file with no name, which every rank reads from its fd: nothing of it is
+    ever in a folder, so nothing stays behind when the notebook is killed (a ``job.pkl`` in a shared
+    temp folder outlived a SIGKILLed kernel, and it can hold secrets the function closes over)."""
+    if hasattr(os, "memfd_create"):
+        fd = os.memfd_create("notebook_launch-job", os.MFD_CLOEXEC)
+    else:   # no memfd (macOS): a private temp file, unlinked at once
+        fd, path = tempfile.mkstemp(prefix="notebook_launch-job-")
+        os.unlink(path)
+    try:
+        view = memoryview(payload)
+        while view:
+            view = view[os.write(fd, view):]
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
 
 
 class SpawnBackend(Launcher):
@@ -158,26 +153,23 @@ class SpawnBackend(Launcher):
         # parent lets go of it once the ranks hold it (it dies with its last holder).
         job_tensors = shared_tensors.create_file()
         try:
-            payload = spawn_context.build_payload(job, plan.ranks, job_tensors)
-            payload_dir = _PayloadDir(len(plan.ranks))
-            payload_path = os.path.join(payload_dir.path, "job.pkl")
-            parent_pid = os.getpid()
+            job_file = _payload_file(spawn_context.build_payload(job, plan.ranks, job_tensors))
             try:
-                with open(payload_path, "wb") as f:
-                    f.write(payload)
+                # The job's files go to every rank under the same numbers: ``shared`` is what each inherits.
+                shared = (job_file, job_tensors)
                 starter = _start_process()
-                args = {spec.local_rank: _entry_args(spec, channels[spec.local_rank], payload_path, parent_pid,
+                args = {spec.local_rank: _entry_args(spec, channels[spec.local_rank], job_file, os.getpid(),
                                                      job_tensors) for spec in plan.ranks}
                 envs = {spec.local_rank: _rank_env(spec) for spec in plan.ranks}
-                forked = self._fork_from(starter, plan, channels, args, envs, job_tensors, extra_fds, job)
+                forked = self._fork_from(starter, plan, channels, args, envs, shared, extra_fds, job)
 
                 def start_one(spec: "RankSpec", pipes: RankPipes) -> RankProcess:
                     started = forked.pop(spec.local_rank, None)
                     if started is not None and starter is not None:
-                        return StartedRank(spec.local_rank, *started, starter, payload_dir)
+                        return StartedRank(spec.local_rank, *started, starter)
                     extra = tuple(extra_fds[spec.local_rank]) if extra_fds else ()
                     env = dict(os.environ, **envs[spec.local_rank])
-                    return self._popen_rank(spec, pipes, args[spec.local_rank], env, payload_dir, job_tensors, extra)
+                    return self._popen_rank(spec, pipes, args[spec.local_rank], env, shared, extra)
 
                 try:
                     return start_each(plan, channels, start_one)
@@ -186,16 +178,15 @@ class SpawnBackend(Launcher):
                         _kill(pid)
                         os.close(pidfd)
                     raise
-            except BaseException:
-                payload_dir.remove()
-                raise
+            finally:   # the ranks hold their own copies of the fd
+                os.close(job_file)
         finally:
             if job_tensors is not None:
                 os.close(job_tensors)
 
     def _fork_from(self, starter: "start_process.StartProcess | None", plan: "LaunchPlan",
                    channels: Sequence[RankPipes], args: dict[int, list[str]], envs: dict[int, dict[str, str]],
-                   job_tensors: int | None, extra_fds: Sequence[Sequence[int]],
+                   shared: tuple[int | None, ...], extra_fds: Sequence[Sequence[int]],
                    job: "Job") -> dict[int, tuple[int, int]]:
         """Local rank -> (pid, pidfd) of the ranks the start process forked (all of them, usually;
         none without one; those it could not fork start as fresh Pythons)."""
@@ -208,7 +199,7 @@ class SpawnBackend(Launcher):
             pipes = channels[spec.local_rank]
             fds = {1: pipes.stdout_w, 2: pipes.stderr_w}
             extra = tuple(extra_fds[spec.local_rank]) if extra_fds else ()
-            fds.update((fd, fd) for fd in (pipes.events_w, pipes.answers_r, pipes.tensors, job_tensors, *extra)
+            fds.update((fd, fd) for fd in (pipes.events_w, pipes.answers_r, pipes.tensors, *shared, *extra)
                        if fd is not None)
             argv = args[spec.local_rank] + ["--forked-by", str(starter.pid)]
             requests.append(start_process.RankRequest(argv, envs[spec.local_rank], fds))
@@ -221,7 +212,7 @@ class SpawnBackend(Launcher):
         return {spec.local_rank: pid for spec, pid in zip(plan.ranks, pids)}
 
     def _popen_rank(self, spec: "RankSpec", pipes: RankPipes, args: list[str], env: dict[str, str],
-                    payload_dir: _PayloadDir, job_tensors: int | None, extra_fds: tuple[int, ...]) -> "SpawnedRank":
+                    shared: tuple[int | None, ...], extra_fds: tuple[int, ...]) -> "SpawnedRank":
         """A fresh Python (``spawn_entry``): where the start process is off or could not serve."""
         exit_r = exit_w = None
         if not hasattr(os, "pidfd_open"):
@@ -235,7 +226,7 @@ class SpawnBackend(Launcher):
             with no_fork_during_exec:   # a rank forked meanwhile would hold Popen's error pipe (fork_locks)
                 popen = subprocess.Popen(
                     argv, stdin=subprocess.DEVNULL, stdout=pipes.stdout_w, stderr=pipes.stderr_w,
-                    pass_fds=tuple(fd for fd in (pipes.events_w, pipes.answers_r, exit_w, pipes.tensors, job_tensors)
+                    pass_fds=tuple(fd for fd in (pipes.events_w, pipes.answers_r, exit_w, pipes.tensors, *shared)
                                    if fd is not None) + extra_fds,
                     env=env, close_fds=True, **extra)
         except BaseException:
@@ -245,7 +236,7 @@ class SpawnBackend(Launcher):
         finally:
             if exit_w is not None:
                 os.close(exit_w)
-        return SpawnedRank(spec.local_rank, popen, payload_dir, exit_fd=exit_r)
+        return SpawnedRank(spec.local_rank, popen, exit_fd=exit_r)
 
 
 def _warm_list(job: "Job") -> list[str]:
@@ -271,10 +262,10 @@ def _start_process() -> "start_process.StartProcess | None":
         return None
 
 
-def _entry_args(spec: "RankSpec", pipes: RankPipes, payload_path: str, parent_pid: int,
+def _entry_args(spec: "RankSpec", pipes: RankPipes, job_file: int, parent_pid: int,
                 job_tensors: int | None) -> list[str]:
     """``rank.spawn_entry``'s arguments for one rank (whichever way it starts)."""
-    args = ["--payload", payload_path, "--local-rank", str(spec.local_rank),
+    args = ["--payload-fd", str(job_file), "--local-rank", str(spec.local_rank),
             "--events-fd", str(pipes.events_w), "--parent-pid", str(parent_pid),
             "--events-parent-fd", str(pipes.events_r), "--answers-fd", str(pipes.answers_r)]
     for option, fd in (("--tensors-fd", pipes.tensors), ("--job-tensors-fd", job_tensors)):

@@ -7,6 +7,7 @@ a fresh interpreter), the rank reports an ERROR that says what to do.
 """
 from __future__ import annotations
 
+import mmap
 import os
 import pickle
 import sys
@@ -23,7 +24,7 @@ from .runner import report_error, run_rank, setup_failure
 @dataclass
 class EntryArgs:
     """What the launcher passes (``backends.spawn._entry_args``)."""
-    payload: str = ""
+    payload_fd: int = -1                  # the pickled job, in a file with no name
     local_rank: int = -1
     events_fd: int = -1
     parent_pid: int = -1
@@ -35,7 +36,7 @@ class EntryArgs:
     forked_by: int | None = None          # the warm start process that forked it: it dies with that one
 
 
-REQUIRED = ("payload", "local_rank", "events_fd", "parent_pid")
+REQUIRED = ("payload_fd", "local_rank", "events_fd", "parent_pid")
 
 
 def parse_args(argv: list[str]) -> EntryArgs:
@@ -49,8 +50,8 @@ def parse_args(argv: list[str]) -> EntryArgs:
         name = option.removeprefix("--").replace("-", "_")
         if not option.startswith("--") or name not in EntryArgs.__dataclass_fields__:
             raise SystemExit(f"spawn_entry: unknown argument {option}")
-        setattr(args, name, value if name == "payload" else int(value))
-    missing = [name for name in REQUIRED if getattr(args, name) in ("", -1)]
+        setattr(args, name, int(value))
+    missing = [name for name in REQUIRED if getattr(args, name) == -1]
     if missing:
         raise SystemExit(f"spawn_entry: missing {', '.join('--' + m.replace('_', '-') for m in missing)}")
     return args
@@ -63,7 +64,8 @@ def main(argv: list[str] | None = None) -> None:
         debug_logging_from_environment()   # a forked rank inherits the notebook's handler; a spawned one its variable
         # Its parent: the notebook, or the warm start process that forked it (which ends with the notebook).
         detach_from_parent(args.forked_by if args.forked_by is not None else args.parent_pid)
-        for fd in (args.events_fd, args.answers_fd, args.exit_fd, args.tensors_fd, args.job_tensors_fd):
+        for fd in (args.events_fd, args.answers_fd, args.exit_fd, args.tensors_fd, args.job_tensors_fd,
+                   args.payload_fd):
             if fd is not None:  # the user's own subprocesses must not hold them
                 os.set_inheritable(fd, False)
         capture_output(1, 2)
@@ -73,10 +75,11 @@ def main(argv: list[str] | None = None) -> None:
                                       tensors_fd=args.tensors_fd)
         protocol.install(writer)
         try:
-            loaded = load_job(args.payload, args.local_rank, writer, args.job_tensors_fd)
-        finally:   # the job's tensors map its pages; the fd itself is not needed any more
-            if args.job_tensors_fd is not None:
-                os.close(args.job_tensors_fd)
+            loaded = load_job(args.payload_fd, args.local_rank, writer, args.job_tensors_fd)
+        finally:   # the job's tensors map its pages; the fds themselves are not needed any more
+            for fd in (args.payload_fd, args.job_tensors_fd):
+                if fd is not None:
+                    os.close(fd)
         if loaded is None:
             return EXIT_FAILED
         spec, job, context = loaded
@@ -90,12 +93,13 @@ def main(argv: list[str] | None = None) -> None:
     exit_with(body)
 
 
-def load_job(path: str, local_rank: int, writer: protocol.EventWriter,
+def load_job(payload_fd: int, local_rank: int, writer: protocol.EventWriter,
              tensors_fd: int | None = None) -> tuple[Any, Any, dict] | None:
-    """(spec, job, context), or None after reporting why the job cannot run here.
+    """(spec, job, context), or None after reporting why the job cannot run here. The payload is
+    read through a mapping of its file (every rank shares the fd's offset, so not ``read``).
     The job's tensors map the pages of ``tensors_fd`` copy-on-write (see shared_tensors)."""
-    with open(path, "rb") as f:
-        payload = pickle.load(f)
+    with mmap.mmap(payload_fd, 0, access=mmap.ACCESS_READ) as mapped:
+        payload = pickle.loads(mapped)
     spec = payload["specs"][local_rank]
     context = payload["context"]
     spawn_context.restore_paths(context)

@@ -71,7 +71,8 @@ def _check_address(address: object) -> None:
     if port is not None and not (port.isascii() and port.isdigit() and 1 <= int(port) <= 65535):
         raise LaunchArgumentError(
             f"RayCluster(address={address!r}): the port after the last ':' must be a TCP port number between 1 "
-            f"and 65535 (the head's: 6379 for its GCS unless `ray start --head --port` said otherwise, 10001 for ray://); got {port!r}")
+            f"and 65535 (the head's: 6379 for its GCS unless `ray start --head --port` said otherwise, 10001 "
+            f"for ray://); got {port!r}")
 
 
 def _address_port(address: str | None) -> str | None:

@@ -14,7 +14,10 @@ import os
 import sys
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
+
+from ..run_folders import private_open
 
 log = logging.getLogger("notebook_launch")
 NOT_AVAILABLE = "<N/A>"
@@ -48,7 +51,7 @@ def write_error_file(folder: str | None, facts: RankFailureFacts) -> str:
     data = {"message": {"message": facts.headline,
                         "extraInfo": {"py_callstack": facts.traceback, "timestamp": str(int(time.time()))}}}
     try:
-        with open(path, "w", encoding="utf-8") as f:
+        with private_open(Path(path), "w", encoding="utf-8") as f:
             json.dump(data, f)
     except OSError as exc:
         log.debug("could not write the torch error file %s: %s", path, exc)
