@@ -15,6 +15,7 @@ import logging
 import os
 from dataclasses import dataclass
 
+from .display.words import counted
 from .errors import LaunchArgumentError
 
 log = logging.getLogger("notebook_launch")
@@ -90,7 +91,7 @@ def ensure_fd_budget(need: FileNeed | int) -> str | None:
             log.debug("could not raise RLIMIT_NOFILE from %d to %d: %s", soft, target, exc)
         else:
             return (f"raised this process's open-file limit (ulimit -n) from {soft} to {target} "
-                    f"for {need.ranks} ranks")
+                    f"for {counted(need.ranks, 'rank')}")
     limit = soft if hard == resource.RLIM_INFINITY else max(soft, hard)
     raise LaunchArgumentError(too_few_files_text(need, needed=needed, in_use=fixed - FDS_SPARE - need.fixed,
                                                  soft=soft, hard=hard, fits=(limit - fixed) // need.per_rank))

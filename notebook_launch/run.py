@@ -19,6 +19,7 @@ from .backends.base import Launcher, StartFailed, StartWatch
 from .channels import RankPipes
 from .display.base import Display
 from .display.display_relay import RankDisplays
+from .display.words import counted
 from .errors import LaunchError
 from .logs import RunLogs
 from .notebook_streams import OUT
@@ -154,5 +155,5 @@ def run_with_scaffold(plan: LaunchPlan, body: Callable[[RunContext], T], options
                             platform=platform, extra_lines=extra_lines) as session:
         results = body(RunContext(plan, launcher, session.logs, session.state, session.display, options,
                                   session.rank_displays))
-        session.finish(f"{plan.num_processes} ranks finished in {session.state.elapsed:.1f} s")
+        session.finish(f"{counted(plan.num_processes, 'rank')} finished in {session.state.elapsed:.1f} s")
         return results

@@ -6,7 +6,7 @@ saved and put back exactly, interrupts guarded while it ends, and its finish.
     session = Session.for_launch(plan, options, run_id=run_id, backend="fork")   # prints the launch line
     with session:
         results = supervise(session.state, session.display, session.logs, ...)
-        session.finish(f"{len(results)} ranks finished")
+        session.finish(f"{counted(len(results), 'rank')} finished")
 
 Inside the ``with``: the first interrupt raises KeyboardInterrupt, a second one cannot cut
 the teardown short. Leaving it, whatever happens: a LaunchError finishes the state FAILED
@@ -34,7 +34,7 @@ from .notebook_streams import OUT
 from .signal_handlers import restore_signal_handlers, save_signal_handlers
 from .state import DONE, FAILED, RUNNING, STARTING, STOPPED, RankState, RunState
 from .supervise import interrupts
-from .supervise.outcome import error_summary
+from .supervise.outcome import error_summary, stop_cause
 
 if TYPE_CHECKING:
     from .channels import RankProcess
@@ -60,6 +60,7 @@ class Session(Generic[W]):
         self.display = display
         self.rank_displays = RankDisplays(display_ranks, state.run_id) if in_ipython_kernel() else None
         self._presenting: contextlib.AbstractContextManager[None] | None = None
+        self._ended_by: BaseException | None = None   # what ended the session unfinished, for its summary
 
     @classmethod
     def for_launch(cls, plan: LaunchPlan, options: LaunchOptions, *, run_id: str, backend: str,
@@ -127,6 +128,9 @@ class Session(Generic[W]):
                 except LaunchError as error:
                     self.fail(error)
                     raise
+                except BaseException as error:   # an interrupt, or the notebook's own exception
+                    self._ended_by = error
+                    raise
                 finally:
                     with interrupts.tearing_down():
                         self._end()
@@ -134,8 +138,10 @@ class Session(Generic[W]):
             restore_signal_handlers(saved)
 
     def _end(self) -> None:
-        if self.state.ended_at is None:
-            self.state.finish(STOPPED, "interrupted")
+        if self.state.ended_at is None:   # "stopped after TimeoutError raised in the notebook", not "interrupted"
+            cause = self._ended_by
+            self.state.finish(STOPPED, "interrupted" if cause is None or isinstance(cause, KeyboardInterrupt)
+                              else f"stopped after {stop_cause(cause)}")
         try:
             if self.rank_displays is not None:
                 self.rank_displays.close()

@@ -182,11 +182,13 @@ def _ratio(ratio: float | None) -> str:
 
 
 def row_text(pace: RankPace | None) -> str:
-    """A rank's pace in a few words for its row: '12.5 all_reduce/s, 44% waiting'."""
+    """A rank's pace in a few words for its row: '12.5 all_reduce/s, 44% waiting'; a rate only
+    over ``MIN_CALLS`` calls of its step in ``MIN_SECONDS`` (one barrier read "752.6 barrier/s,
+    100% waiting", one final all_gather "371 all_gather/s": not a pace, one call's length)."""
     if pace is None or pace.seconds <= 0:
         return ""
     rate, step = pace.step_rate, pace.step
-    if rate is None or step is None:
+    if rate is None or step is None or pace.steps < MIN_CALLS or pace.seconds < MIN_SECONDS:
         return f"in {pace.inside}" if pace.inside else ""
     speed = f"{rate:.1f} {step}/s" if rate >= 1 else f"{1 / rate:.2f} s/{step}"
     return f"{speed}, {round(pace.share * 100)}% waiting"

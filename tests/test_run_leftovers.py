@@ -48,7 +48,8 @@ def test_a_killed_notebook_leaves_nothing_of_its_spawned_runs_in_the_temp_folder
     env.pop("NOTEBOOK_LAUNCH_LOG_DIR", None)
     notebook = subprocess.Popen([sys.executable, "-c", NOTEBOOK], env=env, stdout=subprocess.PIPE, text=True)
     try:
-        lines = []
+        lines: list[str] = []
+        assert notebook.stdout is not None
         while not (lines and lines[-1].startswith("PIDS")):
             lines.append(notebook.stdout.readline())
             assert lines[-1], f"the notebook ended: {lines}"

@@ -135,6 +135,21 @@ def test_a_rank_row_says_its_step_rate_and_waiting_share():
     assert slow_rank.row_text(first) == "in barrier" and slow_rank.row_text(None) == ""
 
 
+def test_a_handful_of_calls_is_not_shown_as_a_rate():
+    """One barrier read "752.6 barrier/s, 100% waiting", one final all_gather "371 all_gather/s":
+    a rate needs MIN_CALLS calls of the step over MIN_SECONDS."""
+    one_barrier = RankPace(rank=0, seconds=0.0013, ops={"barrier": (1, 0.0013)})
+    one_gather_in_a_long_run = RankPace(rank=0, seconds=30.0, ops={"all_gather": (1, 0.01)})
+    two_in_a_second = RankPace(rank=0, seconds=1.5, ops={"all_reduce": (2, 0.1)})
+    quick_ones = RankPace(rank=0, seconds=0.5, ops={"all_reduce": (50, 0.1)})
+    for pace in (one_barrier, one_gather_in_a_long_run, two_in_a_second, quick_ones):
+        assert slow_rank.row_text(pace) == "", pace
+    assert slow_rank.row_text(RankPace(rank=0, seconds=1.5, ops={"all_reduce": (2, 0.1)}, inside="barrier")) == \
+        "in barrier"
+    enough = RankPace(rank=0, seconds=1.0, ops={"all_reduce": (slow_rank.MIN_CALLS, 0.5)})
+    assert slow_rank.row_text(enough) == "3.0 all_reduce/s, 50% waiting"
+
+
 # --- the samples a rank sends, folded ---------------------------------------------------------
 
 def sample(at, calls, seconds, inside=None, first=False, since=100.0, op="all_reduce", moved=True):

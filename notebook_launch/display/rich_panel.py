@@ -9,6 +9,7 @@ from . import format as fmt
 from . import pace
 from ..state import DONE, FAILED, STOPPED, Bar, RunState
 from .base import Display
+from .words import counted
 
 REDRAWS_PER_SECOND = 4
 
@@ -104,7 +105,7 @@ def render(state: RunState) -> Any:
         status = Text(fmt.rank_status(rs), style="bold yellow" if stalled else style)
         table.add_row(f"rank {rs.rank}", fmt.placement(rs), status, drawn,
                       progress, fmt.metrics(rs, limit=3, sparklines=True), Text(fmt.resources(rs), style="dim"), last)
-    title = (f"notebook_launch {state.run_id} · {state.world_size} ranks · {state.backend} · "
+    title = (f"notebook_launch {state.run_id} · {counted(state.world_size, 'rank')} · {state.backend} · "
              f"{fmt.run_status(state)} · {fmt.duration(state.elapsed)}"
              + (f" · machine {fmt.machine(state)}" if state.machine is not None else ""))
     subtitle = f"logs: {state.log_dir}"

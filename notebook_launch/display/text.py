@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 
 from ..notebook_streams import ERR, OUT, notebook_stream
 from .base import Display
+from .words import counted
 from ..state import DONE
 
 if TYPE_CHECKING:
@@ -65,7 +66,7 @@ class TextDisplay(Display):
 
     def _report_suppressed(self) -> None:
         if self._suppressed:
-            OUT.write(f"[notebook_launch] {self._suppressed} lines not shown here "
+            OUT.write(f"[notebook_launch] {counted(self._suppressed, 'line')} not shown here "
                              f"(more than {self.budget} a second from a rank, too fast for the notebook); "
                              f"every line is in the log folder, a rank's recent lines in the panel's \"recent lines\", "
                              f"and notebook_launcher(..., lines_per_second=\"all\") shows them all here\n")

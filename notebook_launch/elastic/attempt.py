@@ -60,8 +60,8 @@ class AttemptSupervisor(Supervisor):
             return Step.FINISHED
         try:
             status = super().step(wait)
-        except BaseException:
-            self.stop("an interrupt")
+        except BaseException as exc:
+            self.stop(outcome.stop_cause(exc))
             raise
         if status is Step.FINISHED:
             results = self.load_results()

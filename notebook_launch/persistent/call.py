@@ -139,7 +139,7 @@ class CallSupervisor(Supervisor):
                     raise KeyboardInterrupt("notebook_launch: interrupted twice")
         except KeyboardInterrupt:
             self.lost = "a second interrupt (or Stop) came while they were being interrupted"
-            self.stop_all(f"a second interrupt after {reason}")
+            self.stop_all(outcome.after(reason, "a second interrupt"))
             raise
         not_back = [w for w in running if not reported(w)]
         if not_back and self.lost is None:
@@ -183,7 +183,7 @@ class CallSupervisor(Supervisor):
         if kind is protocol.EventKind.ERROR and watch.stopped_by_us is not None \
                 and payload.get("type") == "KeyboardInterrupt":
             watch.error = payload   # it answered the interrupt: alive, with its state
-            self.state.on_exit(local, STOPPED, f"interrupted after {watch.stop_reason} (alive, state kept)")
+            self.state.on_exit(local, STOPPED, f"{outcome.after(watch.stop_reason, 'interrupted')} (alive, state kept)")
             return
         super().on_event(watch, kind, payload)
         if kind is protocol.EventKind.RESULT:

@@ -32,6 +32,7 @@ from typing import Any, TypeVar
 
 from .. import protocol
 from ..channels import RankProcess
+from ..display.words import counted
 from ..errors import LaunchArgumentError, LaunchError, NotebookLaunchError, user_interrupt
 from ..notebook_streams import OUT
 from ..logs import RunLogs
@@ -275,7 +276,8 @@ class Ranks:
         if self.closed:
             return "<Ranks: closed>"
         how = "alive" if self.alive else f"to be restarted ({self._life.lost})"
-        return f"<Ranks: {len(self.transport.processes)} ranks {how}, {self.calls} calls, logs {self.log_dir}>"
+        return (f"<Ranks: {counted(len(self.transport.processes), 'rank')} {how}, {counted(self.calls, 'call')}, "
+                f"logs {self.log_dir}>")
 
     # --- starting, calling, stopping ----------------------------------------------------
     def _timeout(self, timeout: float | None) -> float | None:
@@ -353,7 +355,7 @@ class Ranks:
                 if supervisor.lost is not None:
                     self._life.lost = supervisor.lost
                     self._life.stop(graceful=False)
-            session.finish(f"{len(results)} ranks returned in {state.elapsed:.2f} s")
+            session.finish(f"{counted(len(results), 'rank')} returned in {state.elapsed:.2f} s")
             return results
 
 

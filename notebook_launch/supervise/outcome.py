@@ -335,10 +335,30 @@ def with_note(error: LaunchError, note: str) -> LaunchError:
     return error
 
 
+INTERRUPT = "an interrupt"   # a stop's reason when the user interrupted (Ctrl-C, the kernel's interrupt)
+
+
+def stop_cause(exc: BaseException) -> str:
+    """What ended the notebook's wait, in the words every stop message uses ("... after {cause}"):
+    the user's own exception (an alarm handler's TimeoutError, a SystemExit) is named as itself,
+    not called an interrupt."""
+    if isinstance(exc, KeyboardInterrupt):
+        return INTERRUPT
+    if isinstance(exc, SystemExit):
+        return "sys.exit() in the notebook"
+    return f"{type(exc).__name__} raised in the notebook"
+
+
+def after(reason: str, what: str) -> str:
+    """``what`` after ``reason``; only ``what`` when the reason is an interrupt and ``what`` says so
+    already ("interrupted after an interrupt", "the interrupt after an interrupt")."""
+    return what if reason == INTERRUPT else f"{what} after {reason}"
+
+
 def ranks_not_back(not_back: Sequence[int], grace: float, cause: str) -> str:
     """Why persistent ranks were stopped: they did not answer the interrupt."""
     who = ", ".join(f"rank {r}" for r in not_back)
-    return (f"{who} did not come back within {grace:g} s of the interrupt after {cause} (code waiting "
+    return (f"{who} did not come back within {grace:g} s of {after(cause, 'the interrupt')} (code waiting "
             f"in C, e.g. a gloo collective or barrier, does not return to Python on an interrupt)")
 
 

@@ -92,19 +92,19 @@ class Supervisor:
                     break
         except KeyboardInterrupt as interrupt:
             if self._stopped or interrupt.args:   # the Stop button's, which says where the ranks were
-                self.stop("an interrupt")
+                self.stop(outcome.INTERRUPT)
                 raise
             with interrupts.tearing_down():   # a run interrupted by hand is often a hung one: say where
                 stalled, verdict, detail = self.hangs.at_stop("when the run was interrupted")
-            self.stop("an interrupt")
+            self.stop(outcome.INTERRUPT)
             if verdict is None:
                 raise
             if not stalled:
                 raise KeyboardInterrupt(f"notebook_launch: interrupted; where the ranks were: {verdict}") from None
             # the user ended a hang: a LaunchError that says where the ranks were, as a timeout's does
-            self.fail(outcome.stopped_stall_failure("an interrupt", verdict, detail))
-        except BaseException:
-            self.stop("an interrupt")
+            self.fail(outcome.stopped_stall_failure(outcome.INTERRUPT, verdict, detail))
+        except BaseException as exc:   # the notebook's own exception (an alarm handler's, a SystemExit)
+            self.stop(outcome.stop_cause(exc))
             raise
         finally:
             self.close()
