@@ -39,6 +39,10 @@ SEND_INTERVAL = 1.0 / MAX_SENDS_PER_SECOND
 CHECK_TARGET = 0.02      # aim to publish a bar's count about every 20 ms of loop time
 MAX_CHECK_EVERY = 1 << 20
 STALE_AFTER = 0.5        # a bar silent this long gets checked on its very next step
+# A rate is measured over at least this long: the Trainer's first update moves its bar 0 -> 2 in one
+# call, and a send microseconds later divided 2 by microseconds (7,378 step/s for 43), which the
+# smoothing carried to the end of a short run.
+RATE_SPAN = 0.5
 
 _monotonic = time.monotonic
 
@@ -271,6 +275,7 @@ class Progress:
         self._reporter = rep if rep is not None and rep.draws_bars else None
         self._id: str = self._reporter.register(self) if self._reporter is not None else ""
         self._rate: float | None = None
+        self._initial = initial
         self._last_n = initial
         self._last_t = self._started
 
@@ -320,9 +325,10 @@ class Progress:
             self._reporter.touch(self)
 
     def _publish(self, now: float) -> None:
-        """Called by the flusher: fold the rate (smoothed, like tqdm) from the last published count."""
+        """Called by the flusher: fold the rate (smoothed, like tqdm) from the last published count,
+        over ``RATE_SPAN`` at least."""
         dt = self._checked_at - self._last_t
-        if dt > 0 and self.n != self._last_n:
+        if dt >= RATE_SPAN and self.n != self._last_n:
             instant = (self.n - self._last_n) / dt
             self._rate = instant if self._rate is None else 0.3 * instant + 0.7 * self._rate
             self._last_n, self._last_t = self.n, self._checked_at
@@ -354,7 +360,7 @@ class Progress:
 
     def reset(self, total: float | None = None) -> None:
         self.n = 0
-        self._last_n = 0
+        self._initial = self._last_n = 0
         self._rate = None
         self._finished_at = None
         self._started = self._last_t = self._checked_at = _monotonic()
@@ -372,8 +378,8 @@ class Progress:
         self._closed_at = self._checked_at = _monotonic()
         self._publish(self._closed_at)
         done_at = self._finished_at or self._closed_at
-        if self._rate is None and done_at > self._started and self.n:
-            self._rate = self.n / (done_at - self._started)
+        if self._rate is None and done_at > self._started and self.n != self._initial:   # shorter than RATE_SPAN
+            self._rate = (self.n - self._initial) / (done_at - self._started)
         self.closed = True
         if self._reporter is not None:
             self._reporter.closed(self)
