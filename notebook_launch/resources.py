@@ -112,16 +112,17 @@ def gpu_text(gpu: GpuUsage) -> str:
     return f"GPU {gpu.index} {size_text(gpu.used)} of {size_text(gpu.total)}{own}{busy}"
 
 
-def usage_text(usage: RankUsage, ended: bool = False) -> str:
+def usage_text(usage: RankUsage, ended: bool = False, own: bool = True) -> str:
     """A rank's row: 'cpu 97% · 820.0 MiB own of 1.2 GiB resident · GPU 0 ...'. A rank that ended
-    (the final picture) shows its CPU on average over its life and its peak memory."""
+    (the final picture) shows its CPU on average over its life and its peak memory; ``own=False``:
+    resident memory only (the form of every row where some rank's own pages were not read)."""
     parts = []
     cpu = usage.cpu_average if ended or usage.cpu_percent is None else usage.cpu_percent
     if cpu is not None:
         parts.append(("avg " if ended else "") + f"cpu {cpu:.0f}%")
     rss, uss = (usage.peak_rss, usage.peak_uss) if ended else (usage.rss, usage.uss)
     peak = "peak " if ended else ""
-    parts.append(f"{peak}{size_text(uss)} own of {size_text(rss)} resident" if uss is not None
+    parts.append(f"{peak}{size_text(uss)} own of {size_text(rss)} resident" if uss is not None and own
                  else f"{peak}{size_text(rss)} resident")
     if usage.gpu is not None:
         parts.append(gpu_text(usage.gpu))

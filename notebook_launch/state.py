@@ -98,6 +98,7 @@ class RankState:
     stalled_since: float | None = None    # monotonic time of its last sign of progress, while stalled
     pace: PaceHistory = field(default_factory=PaceHistory)   # its collectives' calls and waits (slow_rank)
     resources: RankUsage | None = None    # its CPU, memory and GPU as last sampled (by itself on another machine)
+    own_memory_shown: bool = True   # every row says memory one way: own of resident only when all ranks' own is known
 
     @property
     def last_line(self) -> str:
@@ -203,6 +204,11 @@ class RunState:
         """A sampling round (``supervise.resources``): local rank -> its usage, and the machine's memory."""
         for local_rank, found in usage.items():
             self.ranks[local_rank].resources = found
+        # One form for every row: "own of resident" only when every sampled rank's own pages were read
+        # (a rank whose were not read yet once said "327.3 MiB resident" beside "17.6 MiB own of ...").
+        own = all(rs.resources.peak_uss is not None for rs in self.ranks if rs.resources is not None)
+        for rs in self.ranks:
+            rs.own_memory_shown = own
         if machine is not None:
             self.machine = machine
 

@@ -4,6 +4,7 @@ exist on these machines; the real one in tests/gpu), the machine's memory in the
 picture and the rank logs. Real ranks; every wait is for a condition the notebook side saw."""
 from __future__ import annotations
 
+import dataclasses
 import os
 import pathlib
 import re
@@ -269,7 +270,8 @@ def test_a_rank_on_another_machine_shows_no_resources_until_it_reports_them():
 
 
 def test_own_memory_reads_take_turns_within_their_cpu_budget(monkeypatch):
-    """smaps_rollup costs what the kernel's page-table walk costs: a round reads it for the stalest
+    """smaps_rollup costs what the kernel's page-table walk costs: a round reads it for every rank
+    not read yet (once each: every row of a picture says memory one way), then for the stalest
     ranks only while the batch is within budget (one rank at least), and the next batch waits in
     proportion to what this one cost; resident memory and CPU are read every round. (The share of
     a core is measured in benchmarks/resource_sampling.py, never timed here.)"""
@@ -282,13 +284,17 @@ def test_own_memory_reads_take_turns_within_their_cpu_budget(monkeypatch):
         assert sampler.sample(pids, {}, now=1.0)   # the first round reads only the cheap files
         assert sampler.usage[0].uss is None and sampler.usage[0].rss > 0
         assert sampler.sample(pids, {}, now=2.0)
-        assert sampler.usage[0].uss is not None and sampler.usage[1].uss is None   # one read, then over budget
+        assert sampler.usage[0].uss is not None and sampler.usage[1].uss is not None   # each once, budget or not
         assert sampler.next_detail > 1e6
+        read_at = dict(sampler._own_at)
         assert sampler.sample(pids, {}, now=3.0)
-        assert sampler.usage[1].uss is None and sampler.usage[1].rss > 0 and sampler.usage[1].cpu_percent is not None
-        sampler.next_detail = 0.0    # the wait is over: the stalest rank's turn
+        assert sampler._own_at == read_at and sampler.usage[1].cpu_percent is not None   # waiting: none read
+        sampler.next_detail = 0.0    # the wait is over: the stalest rank's turn, and over budget after it
         assert sampler.sample(pids, {}, now=4.0)
-        assert sampler.usage[1].uss is not None
+        assert sampler._own_at == {0: 4.0, 1: read_at[1]}
+        sampler.next_detail = 0.0
+        assert sampler.sample(pids, {}, now=5.0)
+        assert sampler._own_at == {0: 4.0, 1: 5.0}   # then the other's
         assert not sampler.sample(pids, {}, now=4.5)   # rounds: at most one every SAMPLE_EVERY
     finally:
         for child in children:
@@ -340,3 +346,20 @@ def test_the_panel_in_a_real_kernel_shows_each_ranks_memory(tmp_path):
     rank0 = page.split("class='nl-resources'")[1].split("</span>")[0]   # rows come in rank order
     assert " MiB own of " in rank0 and float(rank0.split(" MiB own")[0].rsplit("peak ", 1)[1]) >= 200, rank0
     assert "peak " in summary and "machine memory " in summary, summary
+
+
+def test_every_row_of_one_picture_says_memory_the_same_way():
+    """One rank's own pages were read, the other's not yet (the detail reads take turns): the rows
+    once read "17.6 MiB own of 321.7 MiB resident" beside "327.3 MiB resident". Until every rank's
+    own pages are known every row says resident memory; then every row says own of resident."""
+    ranks = [RankState(0, 0, status=DONE), RankState(1, 1, status=DONE)]
+    state = RunState("r", 2, "fork", "/tmp/logs", ranks)
+    read = RankUsage(rss=320 * MiB, uss=18 * MiB, pss=100 * MiB, cpu_average=50.0, peak_rss=322 * MiB,
+                     peak_uss=18 * MiB)
+    unread = RankUsage(rss=327 * MiB, cpu_average=50.0, peak_rss=327 * MiB)
+    state.on_resources({0: read, 1: unread}, None)
+    rows = [fmt.resources(rs) for rs in state.ranks]
+    assert rows == ["avg cpu 50% · peak 322.0 MiB resident", "avg cpu 50% · peak 327.0 MiB resident"], rows
+    state.on_resources({1: dataclasses.replace(unread, uss=20 * MiB, peak_uss=20 * MiB)}, None)
+    rows = [fmt.resources(rs) for rs in state.ranks]
+    assert all(" own of " in row for row in rows), rows

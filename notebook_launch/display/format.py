@@ -185,7 +185,8 @@ def resources(rank_state: RankState) -> str:
     on another machine)."""
     if rank_state.resources is None:
         return ""
-    return usage_text(rank_state.resources, ended=rank_state.status not in (RUNNING, STARTING))
+    return usage_text(rank_state.resources, ended=rank_state.status not in (RUNNING, STARTING),
+                      own=rank_state.own_memory_shown)
 
 
 def machine(state: RunState) -> str:

@@ -77,7 +77,7 @@ class ResourceWatch:
         usage = watch.process.end_usage
         if usage is None or shared:
             return
-        self.memory.resources.ended(watch.local_rank, usage.peak_rss)
+        self.memory.resources.ended(watch.local_rank, usage.peak_rss, usage.cpu_seconds)
         with best_effort("could not show a rank's resources"):
             self.memory.resources.publish(self.state, self.logs)
 

@@ -54,6 +54,7 @@ class ResourceSampler:
         self.cpu_spent = 0.0          # CPU seconds the rounds took, in this thread
         self._pids: dict[int, int] = {}                        # local rank -> the pid sampled
         self._cpu_before: dict[int, tuple[float, float]] = {}   # local rank -> (CPU seconds, when)
+        self._born: dict[int, float] = {}   # local rank -> when its process started (monotonic clock)
         self._gpu: "GpuWatch | None" = None
         self._gpu_tried = False
         self._published = 0           # the round the run state last got
@@ -88,11 +89,15 @@ class ResourceSampler:
 
     def read_own_memory(self, pids: Mapping[int, int], now: float) -> None:
         """USS and PSS of the stalest ranks, while this batch costs under DETAIL_BUDGET of a
-        core's SAMPLE_EVERY (one rank at least); then a wait that keeps their share in budget."""
+        core's SAMPLE_EVERY (one rank at least, and every rank not read yet: a picture whose rows
+        say memory one way needs each rank's own pages once); then a wait that keeps their share
+        in budget."""
         if now < self.next_detail or not pids:
             return
         spent = 0.0
         for local in sorted(pids, key=lambda local: self._own_at.get(local, float("-inf"))):
+            if spent >= DETAIL_BUDGET * SAMPLE_EVERY and local in self._own_at:
+                break
             started = time.thread_time()
             own = self._own[local] = own_memory(pids[local])
             self._own_at[local] = now
@@ -102,8 +107,6 @@ class ResourceSampler:
                 peak = uss if usage.peak_uss is None else max(uss, usage.peak_uss)
                 self.usage[local] = dataclasses.replace(usage, uss=uss, pss=pss, peak_uss=peak)
             spent += time.thread_time() - started
-            if spent >= DETAIL_BUDGET * SAMPLE_EVERY:
-                break
         self.next_detail = now + spent / DETAIL_BUDGET
 
     def sample_one(self, local: int, pid: int, now: float, gpus: "GpuWatch | None", device: str) -> None:
@@ -120,6 +123,7 @@ class ResourceSampler:
         if times is not None:
             used, age = times
             average = 100.0 * used / age if age > 0 else None
+            self._born[local] = now - age
             before = self._cpu_before.get(local)
             if previous is not None and before is not None and now > before[1]:
                 percent = max(0.0, 100.0 * (used - before[0]) / (now - before[1]))
@@ -131,17 +135,24 @@ class ResourceSampler:
                                       peak_rss=peak_rss, peak_uss=peak_uss, gpu=gpu)
         self.updated.add(local)
 
-    def ended(self, local: int, peak_rss: int) -> None:
+    def ended(self, local: int, peak_rss: int, cpu_seconds: float | None = None,
+              now: float | None = None) -> None:
         """A local rank reaped, with what the kernel counted of its whole life (``channels.EndUsage``):
         its peak resident memory replaces the sampled peak where it is higher (samples come once a
-        second; the kernel saw every page). A rank that ended before its first sample (a run of a
-        fraction of a second: it was once missing from the final picture) gets its row from it
-        alone: its peak (no CPU average: its start time was never read)."""
+        second; the kernel saw every page), and its CPU time over its whole life gives its average
+        (the last sample's was its average up to then: a rank sampled early in a run of a second or
+        two read "avg cpu 0%" for work it did after). A rank that ended before its first sample (a
+        run of a fraction of a second: it was once missing from the final picture) gets its row from
+        it alone: its peak (no CPU average: its start time was never read)."""
         usage = self.usage.get(local)
         if usage is None:
             usage = RankUsage(rss=peak_rss, peak_rss=peak_rss)
         elif peak_rss > usage.peak_rss:
             usage = dataclasses.replace(usage, peak_rss=peak_rss)
+        born = self._born.get(local)
+        life = (time.monotonic() if now is None else now) - born if born is not None else 0.0
+        if cpu_seconds is not None and life > 0:
+            usage = dataclasses.replace(usage, cpu_average=100.0 * cpu_seconds / life)
         self.usage[local] = usage
         self._reported.add(local)   # the next publish shows it
 

@@ -1,0 +1,68 @@
+"""A rank's CPU average in the final picture is over its whole life (issue 47, part 3): rows read
+"avg cpu 0%" for ranks that clearly worked in runs of a second or two, because the last sample's
+average (its CPU time over its age when sampled) stayed once the rank ended; a rank sampled early
+and then busy said 0%. Now the kernel's count at the reap (wait4: its whole CPU time) over its
+whole life replaces it."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+from notebook_launch import notebook_launcher
+from notebook_launch.display.base import Display
+from notebook_launch.supervise.resources import ResourceSampler
+
+IDLE_THEN_BUSY = "import time; time.sleep(0.5); end = time.process_time() + 1.0\nwhile time.process_time() < end: pass"
+
+
+def test_a_rank_sampled_while_idle_and_busy_after_gets_its_lifes_average():
+    child = subprocess.Popen([sys.executable, "-c", IDLE_THEN_BUSY])
+    sampler = ResourceSampler()
+    time.sleep(0.3)
+    sampler.sample({0: child.pid}, {0: "cpu"})
+    early = sampler.usage[0].cpu_average
+    _, status, rusage = os.wait4(child.pid, 0)
+    child.returncode = 0   # reaped here (Popen must not wait again)
+    assert status == 0
+    cpu = rusage.ru_utime + rusage.ru_stime
+    sampler.ended(0, rusage.ru_maxrss * 1024, cpu)
+    average = sampler.usage[0].cpu_average
+    assert early is not None and average is not None
+    assert cpu >= 0.9, cpu                      # it did a second of work
+    assert average > early + 20, (early, average)   # no longer the idle start's figure
+    assert average <= 100 * cpu / 1.0 + 1       # its life was over a second: not more than that
+
+
+class LastPicture(Display):
+    name = "last picture"
+
+    def close(self, state) -> None:
+        self.averages = {rs.rank: rs.resources.cpu_average if rs.resources else None for rs in state.ranks}
+
+
+def idle_then_busy():
+    """Return this process's own CPU time and age as it returns, from its side."""
+    import os
+    import time
+    time.sleep(0.5)
+    end = time.process_time() + 1.0
+    while time.process_time() < end:
+        pass
+    ticks = os.sysconf("SC_CLK_TCK")
+    with open(f"/proc/{os.getpid()}/stat") as f:
+        started = int(f.read().rpartition(")")[2].split()[19]) / ticks
+    with open("/proc/uptime") as f:
+        age = float(f.read().split()[0]) - started
+    return time.process_time(), age
+
+
+def test_the_final_picture_shows_each_ranks_average_as_the_rank_itself_counts_it(tmp_path):
+    display = LastPicture()
+    results = notebook_launcher(idle_then_busy, num_processes=2, ui=display, log_dir=str(tmp_path))
+    for rank, (cpu, age) in enumerate(results):
+        shown = display.averages[rank]
+        own = 100 * cpu / age
+        # the notebook's life of the rank ends at the reap, a little after the return: a bit lower
+        assert shown is not None and 0.6 * own <= shown <= own * 1.05 + 1, (rank, shown, own)
