@@ -22,6 +22,7 @@ import errno
 import fcntl
 import os
 import pickle
+import resource
 import struct
 import threading
 import traceback as traceback_module
@@ -30,6 +31,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, TypedDict
 
 from .fork_locks import ForkRenewedLock
+from .memory_errors import out_of_memory_type
 
 # A frame's length: 64 bits, so no payload is too big for its header (a result's big parts
 # travel in its result file, but where there is none, a frame holds all of it).
@@ -93,6 +95,8 @@ class _ErrorPayloadKeys(TypedDict):
 
 class ErrorPayload(_ErrorPayloadKeys, total=False):
     resident: int      # bytes the process held when it made the payload (an exception's), where readable
+    peak: int          # the process's own peak resident bytes so far, its children's not counted
+    out_of_memory: str   # the exception's class when it is an allocation failure (``memory_errors``)
 
 
 class FailureKind(str, enum.Enum):
@@ -138,7 +142,20 @@ def error_payload(exc: BaseException | None = None, *, kind: str = FailureKind.E
     held = _own_resident() if exc is not None else None
     if held is not None:
         payload["resident"] = held
+    if exc is not None:
+        payload["peak"] = _own_peak()
+        out_of_memory = out_of_memory_type(exc)
+        if out_of_memory is not None:
+            payload["out_of_memory"] = out_of_memory
     return payload
+
+
+def _own_peak() -> int:
+    """This process's own peak resident bytes: what the notebook shows as the rank's peak once it
+    ended. The kernel's count at the rank's end (``wait4``) is the largest of the rank's and of
+    every child it reaped (a DataLoader worker the OOM killer took), so a rank that reports this
+    is not shown holding what its worker held."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024   # KiB on Linux
 
 
 def _own_resident() -> int | None:

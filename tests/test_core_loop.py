@@ -184,7 +184,7 @@ def test_timeout_stops_everyone_and_names_the_ranks_still_running(tmp_path):
     (exits(0), "exit", "exited with code 0 without returning"),
     (exits(3), "exit", "exit code 3 without raising a Python exception"),
     (killed_by(signal.SIGSEGV), "signal", "killed by SIGSEGV, segmentation fault"),
-    (killed_by(signal.SIGKILL), "signal", "killed by SIGKILL, not from the kernel's out-of-memory killer"),
+    (killed_by(signal.SIGKILL), "signal", "killed by SIGKILL (not by the kernel's out-of-memory killer: "),
 ])
 def test_how_a_rank_ended_is_classified(tmp_path, body, kind, words):
     sup, state, _, logs = supervise(tmp_path, [body])

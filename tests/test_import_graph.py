@@ -192,13 +192,15 @@ def test_the_package_check_finds_a_back_edge():
 def test_channels_and_protocol_depend_on_nothing_of_ours():
     """The types every side shares import only each other: the bottom of the graph. Below them
     there is only fork_locks (locks renewed in forked children, the protocol's send lock among
-    them), which imports nothing of ours."""
+    them) and memory_errors (which exceptions are allocation failures, decided as an ERROR is
+    made), which import nothing of ours."""
     graph = import_graph()
     assert graph["notebook_launch.fork_locks"] == set()
+    assert graph["notebook_launch.memory_errors"] == set()
     for name, targets in graph.items():
         if name.startswith("notebook_launch.channels"):
             assert all(t.startswith("notebook_launch.channels") for t in targets), (name, targets)
-    assert graph["notebook_launch.protocol"] <= {"notebook_launch.fork_locks"}
+    assert graph["notebook_launch.protocol"] <= {"notebook_launch.fork_locks", "notebook_launch.memory_errors"}
 
 
 def test_the_rank_side_imports_no_launcher_supervisor_or_api():

@@ -6,15 +6,15 @@ import re
 import resource
 import signal
 import time
-import uuid
 
 import pytest
 
-from notebook_launch import LaunchError, notebook_launcher
-from notebook_launch.supervise import oom
+from notebook_launch import LaunchError, notebook_launcher, protocol
+from notebook_launch.memory_errors import out_of_memory_type
+from notebook_launch.supervise import allocation_failure, kernel_oom, oom
+from helpers.memory_cgroup import CGROUP_V1, memory_cgroup as make_memory_cgroup
 from helpers.processes import children
 
-CGROUP_V1 = "/sys/fs/cgroup/memory"
 CGROUP_LIMIT = 300 << 20
 OOM_NAMED = re.compile(r"rank 1 was (probably )?killed by the kernel's out-of-memory killer")
 
@@ -38,31 +38,9 @@ def assert_advice(text: str) -> None:
 
 @pytest.fixture
 def memory_cgroup():
-    """A v1 memory cgroup of CGROUP_LIMIT bytes (no swap), below this process's own memory cgroup
-    (so it stays inside whatever limits this process has); removed afterwards, failed or not."""
-    parent = oom.memory_cgroup_of(os.getpid())
-    if os.geteuid() != 0 or parent is None or not parent.startswith(CGROUP_V1) \
-            or not os.path.exists(f"{parent}/memory.limit_in_bytes"):
-        pytest.skip("needs root and the cgroup v1 memory controller")
-    path = f"{parent}/notebook-launch-oom-test-{uuid.uuid4().hex[:8]}"
-    os.mkdir(path)
-    try:
-        with open(f"{path}/memory.limit_in_bytes", "w") as file:
-            file.write(str(CGROUP_LIMIT))
-        if os.path.exists(f"{path}/memory.memsw.limit_in_bytes"):   # no swapping out instead of the kill
-            with open(f"{path}/memory.memsw.limit_in_bytes", "w") as file:
-                file.write(str(CGROUP_LIMIT))
+    """A v1 memory cgroup of CGROUP_LIMIT bytes (``helpers.memory_cgroup``)."""
+    with make_memory_cgroup(CGROUP_LIMIT) as path:
         yield path
-    finally:
-        deadline = time.monotonic() + 10
-        while True:
-            try:
-                os.rmdir(path)
-                break
-            except OSError:   # a task still in it: the launch ends every rank, so it is leaving
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.1)
 
 
 def oom_in_cgroup(cgroup: str) -> None:
@@ -79,8 +57,8 @@ def oom_in_cgroup(cgroup: str) -> None:
 @pytest.mark.parametrize("kernel_log", ["readable", "unreadable"])
 def test_rank_killed_by_the_oom_killer_is_named(log_dir, memory_cgroup, kernel_log, monkeypatch):
     if kernel_log == "unreadable":   # as in most containers: the counters alone decide
-        monkeypatch.setattr(oom, "kernel_log_kills", lambda since: None)
-    elif oom.kernel_log_kills(time.monotonic()) is None:
+        monkeypatch.setattr(kernel_oom, "kernel_log_kills", lambda since: None)
+    elif kernel_oom.kernel_log_kills(time.monotonic()) is None:
         pytest.skip("the kernel log cannot be read here")
     with pytest.raises(LaunchError) as info:
         notebook_launcher(oom_in_cgroup, args=(memory_cgroup,), num_processes=2, log_dir=log_dir)
@@ -119,7 +97,7 @@ def test_plain_sigkill_is_not_called_out_of_memory(log_dir):
     first = text.splitlines()[0]
     # where another process on the machine was OOM-killed during the run and the kernel log cannot be
     # read, only "probably" can be said: never a certain OOM kill
-    assert first.startswith("rank 1 failed: killed by SIGKILL, not from the kernel's out-of-memory killer") \
+    assert first.startswith("rank 1 failed: killed by SIGKILL (not by the kernel's out-of-memory killer: ") \
         or first.startswith("rank 1 failed: probably killed by the kernel's out-of-memory killer")
     assert info.value.kind == "signal"
     assert_no_children()
@@ -161,6 +139,21 @@ def test_allocation_failure_names_rank_and_size(log_dir, allocator):
     assert_no_children()
 
 
+def raise_value_error_quoting_torchs_allocator() -> None:
+    if rank() == 1:
+        raise ValueError("batch of 4294967296 rows refused: you tried to allocate 4294967296 bytes")
+    time.sleep(120)
+
+
+def test_a_value_error_that_quotes_torchs_allocator_is_not_called_out_of_memory(log_dir):
+    with pytest.raises(LaunchError) as info:
+        notebook_launcher(raise_value_error_quoting_torchs_allocator, num_processes=2, log_dir=log_dir)
+    text = str(info.value)
+    assert text.startswith("rank 1 failed: ValueError: batch of 4294967296 rows refused")
+    assert "ran out of memory" not in text and "What to do" not in text
+    assert_no_children()
+
+
 # torch's CUDA out-of-memory message (c10/cuda/CUDACachingAllocator.cpp), as torch 2.1+ and torch
 # before 2.1 word it: no GPU here, so a rank raises the real exception type with that text
 CUDA_MESSAGE = ("CUDA out of memory. Tried to allocate 2.00 GiB. GPU 1 has a total capacity of 14.75 GiB of "
@@ -193,15 +186,55 @@ def test_cuda_out_of_memory_named_from_a_fake_gpu_message(log_dir):
 
 
 def test_older_torch_cuda_message_is_read():
-    text = oom.allocation_text("OutOfMemoryError", OLD_CUDA_MESSAGE, 3, "")
+    text = allocation_failure.allocation_text("torch.OutOfMemoryError", OLD_CUDA_MESSAGE, 3, "")
     assert text is not None
     assert text.startswith("rank 3 ran out of GPU memory: it asked for 20.00 MiB; GPU 0 has 15.78 GiB in all, "
                            "3.75 MiB free; PyTorch had 14.50 GiB allocated, 14.70 GiB reserved.")
 
 
-def test_other_exceptions_are_not_called_out_of_memory():
-    assert oom.allocation_text("ValueError", "you asked for too much", 0, "it held 1 GiB") is None
-    assert oom.allocation_text("RuntimeError", "Expected all tensors to be on the same device", 0, "") is None
+# TensorFlow cannot be installed beside these tests' torch: a class of its module and name stands in
+# for its ResourceExhaustedError (known by module and name, never imported)
+FakeTensorflowResourceExhausted = type("ResourceExhaustedError", (Exception,),
+                                       {"__module__": "tensorflow.python.framework.errors_impl"})
+
+
+class UsersOwnError(RuntimeError):
+    pass
+
+
+def test_an_exception_is_out_of_memory_by_its_type_never_by_its_text():
+    import numpy
+    import torch
+    cpu_text = ("[enforce fail at alloc_cpu.cpp:127] err == 0. DefaultCPUAllocator: can't allocate memory: you "
+                "tried to allocate 4294967296 bytes. Error code 12 (Cannot allocate memory)")
+    assert out_of_memory_type(MemoryError()) == "MemoryError"
+    assert out_of_memory_type(torch.OutOfMemoryError("CUDA out of memory.")) == "torch.OutOfMemoryError"
+    assert out_of_memory_type(torch.cuda.OutOfMemoryError("x")) == "torch.OutOfMemoryError"
+    assert out_of_memory_type(RuntimeError(cpu_text)) == "RuntimeError"   # torch's CPU allocator: a bare RuntimeError
+    assert out_of_memory_type(FakeTensorflowResourceExhausted("OOM when allocating tensor")) == \
+        "tensorflow.python.framework.errors_impl.ResourceExhaustedError"
+    try:
+        numpy.ones(1 << 62, dtype=numpy.uint8)
+    except MemoryError as exc:
+        assert out_of_memory_type(exc) == f"{type(exc).__module__}._ArrayMemoryError"
+    # the same words in other types are not: a user's check, a library's validation
+    assert out_of_memory_type(ValueError(cpu_text)) is None
+    assert out_of_memory_type(ValueError("you tried to allocate 4294967296 bytes")) is None
+    assert out_of_memory_type(UsersOwnError(cpu_text)) is None
+    assert out_of_memory_type(RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB")) is None
+    assert out_of_memory_type(KeyError("Unable to allocate 4.00 GiB for an array with shape (4,)")) is None
+    assert allocation_failure.allocation_text(None, cpu_text, 0, "it held 1 GiB") is None
+
+
+def test_torchs_out_of_memory_is_named_as_itself_not_as_pythons_memory_error():
+    import torch
+    payload = protocol.error_payload(torch.OutOfMemoryError("XPU out of memory."))
+    assert payload["out_of_memory"] == "torch.OutOfMemoryError"
+    failure = protocol.Failure.from_payload(0, payload)
+    named = oom.MemoryWatch([(0, 1)]).name_failure(failure, 0, None, payload)
+    assert "rank 1 ran out of memory: the size asked is not in the message (torch.OutOfMemoryError does not " \
+           "say it)" in named.memory
+    assert "Python's MemoryError" not in named.memory
 
 
 # A notebook (a Python process running a launch) inside a memory cgroup of CGROUP_LIMIT bytes: its
@@ -273,5 +306,5 @@ def test_a_rank_read_after_it_ended_or_on_another_machine_says_what_it_held_as_i
     assert watch.rank_holding(0, None) == ""   # never sampled, nothing said: no figure made up
     failure = protocol.Failure.from_payload(0, {"kind": "exception", "type": "MemoryError", "message": "",
                                                 "traceback": "", "resident": 300 << 20})
-    named = watch.name_allocation_failure(failure, 0, None, 300 << 20)
+    named = watch.name_failure(failure, 0, None, {"resident": 300 << 20, "out_of_memory": "MemoryError"})
     assert "rank 1 ran out of memory" in named.memory and "it held 300.0 MiB resident when it raised" in named.memory

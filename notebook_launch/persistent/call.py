@@ -198,9 +198,10 @@ class CallSupervisor(Supervisor):
             return   # stopped (and reaped) by stop_all already
         super().on_process_exit(process)
         for watch in self.watcher.watches_of(process):   # interrupted or not: a rank that ends is lost
-            if self.lost is None:
+            if self.lost is None:   # in the words of its end (a SIGKILL as the kernel's records say it)
+                said = self.state.ranks[watch.local_rank].exit_description
                 self.lost = (f"rank {self.global_rank(watch.local_rank)} died "
-                             f"({outcome.describe_status(watch.exit or ('exit', -1))})")
+                             f"({said or outcome.describe_status(watch.exit or ('exit', -1))})")
 
 
 def reported(watch: RankWatch) -> bool:

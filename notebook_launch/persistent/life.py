@@ -65,6 +65,7 @@ class RankLife:
     def start_idle(self, events: dict[int, protocol.EventReader]) -> None:
         """Hand the ranks' pipes to the between-calls reader (started with the ranks);
         ``events``: the call's readers of event frames (a frame may have begun)."""
+        self.transport.idle_begins()
         if self._idle is not None:
             self._idle.resume(events)
             return

@@ -12,6 +12,7 @@ and what left the group is swept when the ranks stop (``leftovers``).
 from __future__ import annotations
 
 import logging
+import signal
 import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING
@@ -29,6 +30,7 @@ from ..rank.runner import Job
 from ..rank.serve import serve_calls
 from ..session import launch_line
 from ..supervise import outcome
+from ..supervise.kernel_oom import OomBaseline, sigkill_words
 from . import command_frames
 from .transport import STOP_GRACE, LogsFor, LostBetweenCalls, RankTransport, exited, wait_for_ends
 
@@ -52,6 +54,7 @@ class LocalTransport(RankTransport):
         self._commands: list[commands.CommandPipe] = []
         self._run_mark = ""                # NOTEBOOK_LAUNCH_RUN_ID of the current ranks (leftovers.sweep)
         self._reaping = threading.Lock()   # a rank's group is ended before it is reaped, by one thread
+        self._idle_oom: OomBaseline | None = None   # the kernel's OOM counts as the ranks last went idle
 
     def start(self, logs_for: LogsFor) -> LaunchPlan:
         target, plan, run_id = plan_launch(self.options)
@@ -121,11 +124,20 @@ class LocalTransport(RankTransport):
             if not process.reaped:
                 leftovers.end_rank_group(process.pid)
 
+    def idle_begins(self) -> None:
+        """The kernel's OOM counts and each live rank's memory cgroup now: a rank SIGKILLed before
+        the next call is said as the OOM killer's only where the kernel counted it since."""
+        self._idle_oom = OomBaseline((p.pid for p in self.processes if not exited(p)),
+                                     during="since the ranks last went idle")
+
     def lost_between_calls(self, gone: list[RankProcess], logs: RunLogs, num_processes: int) -> LostBetweenCalls:
-        """The first rank found ended: the next call runs on fresh ranks (saying so)."""
+        """The first rank found ended: the next call runs on fresh ranks (saying so), a SIGKILL in
+        the words of the kernel's records (``kernel_oom``), as a death during a call is."""
         status = end_and_reap(gone[0], self._reaping)
-        return LostBetweenCalls(f"local rank {gone[0].local_rank} ended between calls "
-                                f"({outcome.describe_status(status)})")
+        how = outcome.describe_status(status)
+        if status == ("signal", signal.SIGKILL) and self._idle_oom is not None:
+            how = sigkill_words(self._idle_oom.verdict(gone[0].pid))
+        return LostBetweenCalls(f"local rank {gone[0].local_rank} ended between calls ({how})")
 
     def stop(self, graceful: bool, before_kill: Callable[[], object]) -> None:
         stop_processes(self.processes, self.pipes, self._commands, graceful, self._reaping,

@@ -98,6 +98,10 @@ class RankTransport(abc.ABC):
     def tag(self, plan: LaunchPlan, template: str | None) -> Callable[[int], str]:
         """Local rank -> the prefix of its lines between calls (``template``: the line prefix)."""
 
+    def idle_begins(self) -> None:  # noqa: B027  (a rank of another machine: its end is its engine's to say)
+        """The ranks go idle (started, or a call is over): note what naming a death between calls
+        needs from the ranks alive now (their memory cgroups, the kernel's OOM counts)."""
+
     def on_exit(self, process: RankProcess) -> None:  # noqa: B027  (a rank of another machine: nothing here)
         """A rank ended between calls (the between-calls reader saw it): end what it started."""
 

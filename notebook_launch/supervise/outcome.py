@@ -29,8 +29,9 @@ TRACEBACK_LIMIT = 32_000  # characters of a traceback in a LaunchError; the rank
 TERM_GRACE = 2.0          # seconds between SIGTERM and SIGKILL at teardown
 log = logging.getLogger("notebook_launch")
 
+# No hint for SIGKILL: the OOM killer's and a hand ``kill -9`` look alike, and only the kernel's
+# records tell them apart (``kernel_oom.OomBaseline.verdict``, asked where the process ran)
 SIGNAL_HINTS: dict[int, str] = {
-    signal.SIGKILL: "possibly out of memory (the kernel's OOM killer sends SIGKILL)",
     signal.SIGSEGV: "segmentation fault in native code",
     signal.SIGABRT: "aborted (a C++ assertion or std::terminate)",
     signal.SIGBUS: "bus error (often shared memory /dev/shm too small)",

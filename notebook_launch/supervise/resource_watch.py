@@ -65,10 +65,12 @@ class ResourceWatch:
         """A rank on another machine sampled itself (``rank.resources``): its RESOURCES event."""
         self.memory.resources.reported(local_rank, record)
 
-    def name_allocation_failure(self, failure: Failure, watch: RankWatch, held_when_raised: int | None) -> Failure:
-        """``failure`` (the rank's ERROR) with what ran out said, when an allocation failed."""
+    def name_failure(self, failure: Failure, watch: RankWatch, payload: Mapping[str, Any]) -> Failure:
+        """``failure`` (the rank's ERROR, ``payload``) with what ran out said: an allocation that
+        failed, or a child the error names that the OOM killer killed (only a rank of this machine
+        can be asked about: a remote rank's pids mean nothing here)."""
         pid = watch.process.pid if watch.process.on_this_machine else None
-        return self.memory.name_allocation_failure(failure, watch.local_rank, pid, held_when_raised)
+        return self.memory.name_failure(failure, watch.local_rank, pid, payload)
 
     def ended(self, watch: RankWatch, shared: bool) -> None:
         """A rank of this machine reaped: what the kernel counted of its life (its peak resident
@@ -77,7 +79,11 @@ class ResourceWatch:
         usage = watch.process.end_usage
         if usage is None or shared:
             return
-        self.memory.resources.ended(watch.local_rank, usage.peak_rss, usage.cpu_seconds)
+        # The kernel's count is the largest of the rank's and of every child it reaped (a DataLoader
+        # worker the OOM killer took): a rank that reported its own peak with its error is shown that
+        own = watch.error.get("peak") if watch.error is not None else None
+        self.memory.resources.ended(watch.local_rank, own if isinstance(own, int) and own > 0 else usage.peak_rss,
+                                    usage.cpu_seconds)
         with best_effort("could not show a rank's resources"):
             self.memory.resources.publish(self.state, self.logs)
 

@@ -202,8 +202,7 @@ class Supervisor:
             if watch.stopped_by_us is not None:   # what our SIGTERM made it raise: it was stopped
                 watch.error_after_stop = True
                 return
-            self.fail(self.resources.name_allocation_failure(Failure.from_payload(local, payload), watch,
-                                                             payload.get("resident")))
+            self.fail(self.resources.name_failure(Failure.from_payload(local, payload), watch, payload))
         elif kind is protocol.EventKind.DISPLAY and self.rank_displays is not None:
             self.rank_displays.on_event(self.global_rank(local), payload)
         elif kind is protocol.EventKind.INPUT_REQUEST:
