@@ -25,6 +25,7 @@ import pickle
 import struct
 import threading
 import traceback as traceback_module
+import types
 import weakref
 from dataclasses import asdict, dataclass
 from typing import Any, TypedDict
@@ -120,7 +121,8 @@ def error_payload(exc: BaseException | None = None, *, kind: str = FailureKind.E
     """The ERROR payload for ``exc`` (or for a failure described by ``exc_type``/``message``).
 
     ``skip_frames`` drops our own frames from the top of the traceback, so it
-    starts at the user's code."""
+    starts at the user's code; frames that set ``__tracebackhide__`` (as IPython and pytest
+    read it: a decorator of ours around the user's function) are left out too."""
     if traceback is None:
         traceback = ""
         if exc is not None:
@@ -128,7 +130,7 @@ def error_payload(exc: BaseException | None = None, *, kind: str = FailureKind.E
             for _ in range(skip_frames):
                 if tb is not None and tb.tb_next is not None:
                     tb = tb.tb_next
-            traceback = "".join(traceback_module.format_exception(type(exc), exc, tb))
+            traceback = "".join(traceback_module.format_exception(type(exc), exc, without_hidden_frames(tb)))
     payload: ErrorPayload = {
         "kind": str(FailureKind(kind).value),
         "type": exc_type or (type(exc).__qualname__ if exc is not None else "RuntimeError"),
@@ -139,6 +141,20 @@ def error_payload(exc: BaseException | None = None, *, kind: str = FailureKind.E
     if held is not None:
         payload["resident"] = held
     return payload
+
+
+def without_hidden_frames(tb: types.TracebackType | None) -> types.TracebackType | None:
+    """``tb`` without the frames whose locals set ``__tracebackhide__`` (a new chain: the
+    exception's own traceback is left as it is)."""
+    kept = []
+    while tb is not None:
+        if not tb.tb_frame.f_locals.get("__tracebackhide__"):
+            kept.append(tb)
+        tb = tb.tb_next
+    chain: types.TracebackType | None = None
+    for entry in reversed(kept):
+        chain = types.TracebackType(chain, entry.tb_frame, entry.tb_lasti, entry.tb_lineno)
+    return chain
 
 
 def _own_resident() -> int | None:
