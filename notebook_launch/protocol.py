@@ -26,6 +26,7 @@ import resource
 import struct
 import threading
 import traceback as traceback_module
+import types
 import weakref
 from dataclasses import asdict, dataclass
 from typing import Any, TypedDict
@@ -124,7 +125,8 @@ def error_payload(exc: BaseException | None = None, *, kind: str = FailureKind.E
     """The ERROR payload for ``exc`` (or for a failure described by ``exc_type``/``message``).
 
     ``skip_frames`` drops our own frames from the top of the traceback, so it
-    starts at the user's code."""
+    starts at the user's code; frames that set ``__tracebackhide__`` (as IPython and pytest
+    read it: a decorator of ours around the user's function) are left out too."""
     if traceback is None:
         traceback = ""
         if exc is not None:
@@ -132,7 +134,7 @@ def error_payload(exc: BaseException | None = None, *, kind: str = FailureKind.E
             for _ in range(skip_frames):
                 if tb is not None and tb.tb_next is not None:
                     tb = tb.tb_next
-            traceback = "".join(traceback_module.format_exception(type(exc), exc, tb))
+            traceback = "".join(traceback_module.format_exception(type(exc), exc, without_hidden_frames(tb)))
     payload: ErrorPayload = {
         "kind": str(FailureKind(kind).value),
         "type": exc_type or (type(exc).__qualname__ if exc is not None else "RuntimeError"),
@@ -156,6 +158,20 @@ def _own_peak() -> int:
     every child it reaped (a DataLoader worker the OOM killer took), so a rank that reports this
     is not shown holding what its worker held."""
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024   # KiB on Linux
+
+
+def without_hidden_frames(tb: types.TracebackType | None) -> types.TracebackType | None:
+    """``tb`` without the frames whose locals set ``__tracebackhide__`` (a new chain: the
+    exception's own traceback is left as it is)."""
+    kept = []
+    while tb is not None:
+        if not tb.tb_frame.f_locals.get("__tracebackhide__"):
+            kept.append(tb)
+        tb = tb.tb_next
+    chain: types.TracebackType | None = None
+    for entry in reversed(kept):
+        chain = types.TracebackType(chain, entry.tb_frame, entry.tb_lasti, entry.tb_lineno)
+    return chain
 
 
 def _own_resident() -> int | None:

@@ -6,8 +6,23 @@ off while its peers go on, and the group ends up waiting in collectives that no 
 peer sits in DDP's backward all_reduce that the backing-off rank never joins). Lightning's finder
 refuses several ranks for the same reason (Lightning-AI issue 19789).
 
-Here, inside an initialized process group of more than one rank, each call is a series of
-attempts, all ranks together:
+Who is in a call: a call may be made on every rank or on some only (an evaluation under
+``if rank == 0:``), and no rank can tell a peer that is late from one that will never call. So no
+rank ever waits for a peer that has not called (``batch_size_call`` keeps who joined each call in
+the rendezvous store): a call on some ranks only backs off on each of them alone, as
+Accelerate's does, and returns at once. Once every rank of the group has joined the call (a
+function with a collective, DDP's construction or an all_reduce, has every rank in before any
+rank finishes an attempt), the ranks agree as below; a rank that ran out of memory before any
+peer had called moves the call on to the next size, where a late peer starts. (A function with
+no collective at all, called on every rank, may so run alone on a rank that finished before the
+others called: no wait, as Accelerate's, but the sizes may then differ.) Ranks must then
+start from the same ``starting_batch_size``: different ones (``[128, 100]``) raise a
+``ValueError`` naming each rank's, on every rank, rather than one size chosen silently, since
+each rank's batch is the user's stated share of the global batch and a rank-local start (free
+memory) is usually a mistake the user wants to hear of. A second call (or a call of the same
+function from another line) is a new agreement; a nested call is one of its own.
+
+Every rank of the group in the call, each call is a series of attempts, all ranks together:
 
 1. Every rank runs the function with the same batch size.
 2. A rank that runs out of memory writes its proposal (the next, smaller batch size) in the group's
@@ -27,7 +42,11 @@ attempts, all ranks together:
    hold it are not either, and ``gc.get_referrers`` does not see them.
 3. A rank whose attempt fails otherwise looks in the store: if some rank reported out of memory in
    this attempt, its failure is that rank leaving (it frees its own group the same way, so ranks
-   waiting on *it* fail in turn); if none did, the error is the user's and is raised as usual.
+   waiting on *it* fail in turn); if none did, the error is the user's: the rank writes it in the
+   store and raises it at once (its process ending releases peers in a collective with it, and
+   a launch names it as the failing rank); each peer, at the end of its attempt, raises a
+   ``RuntimeError`` naming that rank and its error instead of waiting (also when the failing
+   rank caught its error and went on).
 4. Every rank then writes how its attempt ended and waits for all the others (a barrier in the
    store, which outlives the process groups): the attempt's result is returned only when every rank
    finished it, so no rank goes on alone. Otherwise all take the smallest proposal, re-create the
@@ -40,21 +59,25 @@ group, and the peer then waits for the group's timeout; a warning in the rank's 
 
 Outside a process group (or with one rank) it is Accelerate's loop, in one process. torch is
 imported only inside the functions: importing notebook_launch imports nothing heavy.
+
+What the user sees of an error raised inside: their own frames. The decorator's frame sets
+``__tracebackhide__`` (IPython and pytest leave it out, and so does a rank's reported
+traceback, ``protocol.error_payload``), and the frames of this module and its two helpers
+(``batch_size_call``, ``batch_size_group``) are cut out of the error's traceback before it
+leaves the decorator.
 """
 from __future__ import annotations
 
 import functools
-import gc
 import inspect
-import itertools
 import logging
 import sys
-import traceback
 import types
-import weakref
-from datetime import timedelta
-from typing import Any, Callable, Optional
-from ..best_effort import best_effort
+from typing import Any, Callable, Optional, Union
+
+from .batch_size_call import (CLOSED, FAILED, CallRecord, Phase, call_key, peer_failed, wait_for_ends,
+                              wait_for_reads)
+from .batch_size_group import default_timeout, forget, free_device_memory, leave_group
 
 log = logging.getLogger("notebook_launch")
 
@@ -65,7 +88,7 @@ _OUT_OF_MEMORY_TEXTS = (
     "DefaultCPUAllocator: can't allocate memory",         # CPU
     "FATAL ERROR :: MODULE:PT_DEVMEM Allocation failed",  # HPU
 )
-_calls = itertools.count()   # every rank decorates and calls in the same order: one key space per call
+Ran = tuple[str, Any, Optional[BaseException]]   # ("ok", result, None), ("oom", None, None), ("error", None, error)
 
 
 def should_reduce_batch_size(exception: BaseException) -> bool:
@@ -78,43 +101,49 @@ def should_reduce_batch_size(exception: BaseException) -> bool:
     return False
 
 
+class _Sizes:
+    """The decorated function's batch size: kept from call to call, as Accelerate's decorator does."""
+
+    def __init__(self, start: int, reduce: Optional[Callable[[], int]]) -> None:
+        self.size = start
+        self.reduce = reduce if reduce is not None else (lambda: int(self.size * 0.9))
+
+    def next(self) -> int:
+        self.size = int(self.reduce())
+        return self.size
+
+
 def find_executable_batch_size(function: Optional[Callable[..., Any]] = None, starting_batch_size: int = 128,
                                reduce_batch_size_fn: Optional[Callable[[], int]] = None) -> Any:
     """Call ``function(batch_size, *args, **kwargs)``, with a smaller batch size after each
     out-of-memory failure, the same on every rank (Accelerate's decorator, same signature).
 
-    Inside a launch with a process group, a rank running out of memory makes every rank back off,
-    and an attempt's result is returned only when every rank finished it; the next batch size is
-    the smallest any rank proposed. ``reduce_batch_size_fn`` (no arguments, returns the next size)
-    defaults to 90% of the current one, as in Accelerate. Use it as
-    ``@find_executable_batch_size(starting_batch_size=64)`` on a function that builds (or
-    ``prepare``s) its model inside, so that a failed attempt's model goes with it.
+    Called on every rank of a launch with a process group, a rank running out of memory makes
+    every rank back off, and an attempt's result is returned only when every rank finished it;
+    the next batch size is the smallest any rank proposed, and every rank must start from the
+    same ``starting_batch_size``. Called on some ranks only (an evaluation under
+    ``if rank == 0:``), each of them backs off alone, as Accelerate's does, and never waits for
+    the others. ``reduce_batch_size_fn`` (no arguments, returns the next size) defaults to 90%
+    of the current one, as in Accelerate. Use it as ``@find_executable_batch_size(starting_batch_size=64)``
+    on a function that builds (or ``prepare``s) its model inside, so that a failed attempt's model
+    goes with it.
     """
     if function is None:
         return functools.partial(find_executable_batch_size, starting_batch_size=starting_batch_size,
                                  reduce_batch_size_fn=reduce_batch_size_fn)
-    batch_size = starting_batch_size
-    if reduce_batch_size_fn is None:
-        def reduce_batch_size_fn() -> int:
-            return int(batch_size * 0.9)
-
-    def next_size() -> int:
-        nonlocal batch_size
-        assert reduce_batch_size_fn is not None
-        batch_size = int(reduce_batch_size_fn())
-        return batch_size
-
-    def set_size(size: int) -> None:
-        nonlocal batch_size
-        batch_size = size
+    sizes = _Sizes(starting_batch_size, reduce_batch_size_fn)
 
     @functools.wraps(function)
     def decorator(*args: Any, **kwargs: Any) -> Any:
-        _check_arguments(function, args)
-        _free_device_memory()
-        if not _in_a_group():   # (holds no reference to the group: a failed attempt's must be freed)
-            return _alone(function, args, kwargs, lambda: batch_size, next_size)
-        return _together(function, args, kwargs, lambda: batch_size, next_size, set_size)
+        __tracebackhide__ = True  # noqa: F841  (IPython, pytest and a rank's reported traceback leave it out)
+        try:
+            _check_arguments(function, args)
+            free_device_memory()
+            if not _in_a_group():   # (holds no reference to the group: a failed attempt's must be freed)
+                return _alone(function, args, kwargs, sizes)
+            return _in_the_group(function, args, kwargs, sizes, sys._getframe(1))
+        except BaseException as error:   # why: the user sees their frames, not ours, whatever was raised
+            raise error.with_traceback(_without_our_frames(error))  # noqa: B904  (the same error, not a new one)
 
     return decorator
 
@@ -136,179 +165,203 @@ def _in_a_group() -> bool:
     return bool(dist.get_world_size() > 1)
 
 
-def _alone(function: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
-           current: Callable[[], int], next_size: Callable[[], int]) -> Any:
-    """One process: Accelerate's loop."""
+def _run(function: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], size: int) -> Ran:
+    """One attempt on this rank. Out of memory, the error (and through its frames the attempt's
+    model, batch and perhaps process group) is forgotten here."""
+    if size <= 0:
+        raise RuntimeError("No executable batch size found, reached zero.")
+    try:
+        return "ok", function(size, *args, **kwargs), None
+    except Exception as error:   # why: the user's function failed: out of memory backs off, any other is theirs
+        if not should_reduce_batch_size(error):
+            return "error", None, error
+        forget(error)
+    return "oom", None, None
+
+
+def _alone(function: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], sizes: _Sizes,
+           ran: Optional[Ran] = None) -> Any:
+    """One process: Accelerate's loop (from ``ran``, an attempt that already ran, if given)."""
     while True:
-        if current() <= 0:
-            raise RuntimeError("No executable batch size found, reached zero.")
-        try:
-            return function(current(), *args, **kwargs)
-        except Exception as error:
-            if not should_reduce_batch_size(error):
-                raise
-            _forget(error)
-        _free_device_memory()
-        next_size()
+        kind, result, error = ran if ran is not None else _run(function, args, kwargs, sizes.size)
+        ran = None
+        if kind == "ok":
+            return result
+        if error is not None:
+            raise error
+        free_device_memory()
+        sizes.next()
 
 
-def _together(function: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
-              current: Callable[[], int], next_size: Callable[[], int], set_size: Callable[[int], None]) -> Any:
-    """The attempts of the whole group (the module docstring says how they stay in step)."""
+def _in_the_group(function: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], sizes: _Sizes,
+                  caller: Optional[types.FrameType]) -> Any:
+    """Join this call's record (``batch_size_call``); run attempts until every rank of the group
+    is in it (then they agree), or until it ran without some (then each goes on alone)."""
+    import torch.distributed as dist
+    store = dist.distributed_c10d._get_default_store()   # outlives every group re-created later
+    record = CallRecord(store, call_key(function, caller), dist.get_rank(), dist.get_world_size())
+    try:
+        phase = record.join(sizes.size)
+    except RuntimeError as error:   # the store's host (rank 0) is gone: there is no one to agree with
+        log.info("find_executable_batch_size: the rendezvous store cannot be reached (%s); this rank goes on "
+                 "alone", error)
+        return _alone(function, args, kwargs, sizes)
+    if phase == FAILED:
+        raise RuntimeError(record.failure())
+    if phase == CLOSED:
+        return _alone(function, args, kwargs, sizes)
+    while True:
+        assert isinstance(phase, Phase)
+        sizes.size = phase.size
+        if record.everyone(phase):
+            return _together(function, args, kwargs, sizes, record, phase.attempt)
+        ran = _run(function, args, kwargs, sizes.size)
+        settled = _settle(record, phase, ran, sizes)
+        if settled == "together":
+            return _together(function, args, kwargs, sizes, record, phase.attempt, ran)
+        if settled == "alone":
+            return _alone(function, args, kwargs, sizes, ran)
+        phase = settled
+
+
+def _settle(record: CallRecord, phase: Phase, ran: Ran, sizes: _Sizes) -> Union[str, Phase]:
+    """After an attempt that began before every rank had joined: ``together`` when every rank
+    has joined by now; the next attempt's phase when this rank is alone in the call and ran out
+    of memory (a rank joining later starts there); else the call is closed (``alone``)."""
+    kind, _, error = ran
+    while True:
+        seen = record.state()
+        now = Phase.parse(seen)
+        if seen == FAILED and error is None:   # a rank in the call failed: so does this one, with its note
+            raise RuntimeError(record.failure())
+        if now is None:
+            return "alone"
+        if record.everyone(now):
+            return "together"
+        if error is not None:
+            record.fail(error)
+            return "alone"
+        if kind == "oom" and now.members == (record.rank,):
+            retry = Phase(phase.attempt + 1, sizes.next(), (record.rank,))
+            if record.change(seen, retry.text()):
+                free_device_memory()
+                return retry
+            sizes.size = phase.size   # someone joined meanwhile: look again
+        elif record.change(seen, CLOSED):
+            return "alone"
+
+
+def _together(function: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], sizes: _Sizes,
+              record: CallRecord, attempt: int, ran: Optional[Ran] = None) -> Any:
+    """Every rank of the group is in the call: the attempts of the whole group, from ``attempt``
+    (whose run is ``ran`` when it already ran); the module docstring says how they stay in step."""
     import torch.distributed as dist
     from torch.distributed import PrefixStore
-
-    c10d = dist.distributed_c10d
-    store = c10d._get_default_store()   # outlives every group re-created below
-    rank, world_size = dist.get_rank(), dist.get_world_size()
-    backend = dist.get_backend()
-    call = next(_calls)
-    for attempt in itertools.count():
-        if current() <= 0:
-            raise RuntimeError("No executable batch size found, reached zero.")
-        keys = PrefixStore(f"nl-bs/{call}/{attempt}/", store)
-        outcome, result, user_error = _attempt(function, args, kwargs, current(), keys, next_size)
-        if user_error is not None:
-            keys.set(f"end/{rank}", "error")
-            raise user_error
-        keys.set(f"end/{rank}", outcome)
-        ends = _wait_for_all(keys, rank, world_size)
-        failed = [r for r, end in enumerate(ends) if end == "error"]
+    different = record.different_starts()
+    if different is not None:
+        raise ValueError(different)
+    rank, world_size, backend = record.rank, record.world_size, dist.get_backend()
+    while True:
+        ran = ran if ran is not None else _run(function, args, kwargs, sizes.size)
+        keys = record.attempt_keys(attempt)
+        result = _end_attempt(keys, record, ran, sizes)
+        ran = None
+        ends = _ends(keys, rank, world_size, sizes.size)
+        failed = [(r, end) for r, end in enumerate(ends) if end.startswith("error ")]
         if failed:
-            _leave_group()
-            raise RuntimeError(f"rank {failed[0]} failed with an error that is not out of memory while every "
-                               f"rank tried batch size {current()}; its own traceback says why")
+            leave_group()
+            raise RuntimeError(peer_failed(failed[0][0], failed[0][1][len("error "):]))
         proposals = [int(end.split()[1]) for end in ends if end.startswith("oom ")]
         if not proposals:
             return result
         result = None
-        smallest = min(proposals)
-        log.info("find_executable_batch_size: rank(s) %s ran out of memory at batch size %d; every rank "
-                 "goes on with %d", [r for r, end in enumerate(ends) if end.startswith("oom ")], current(),
-                 smallest)
-        set_size(smallest)
-        _leave_group()
-        _free_device_memory()
-        dist.init_process_group(backend, store=PrefixStore(f"nl-bs-group/{call}/{attempt + 1}", store),
-                                rank=rank, world_size=world_size, timeout=_default_timeout(backend))
-    raise AssertionError("unreachable")
+        log.info("find_executable_batch_size: rank(s) %s ran out of memory at batch size %d; every rank goes "
+                 "on with %d", [r for r, end in enumerate(ends) if end.startswith("oom ")], sizes.size,
+                 min(proposals))
+        sizes.size = min(proposals)
+        leave_group()
+        free_device_memory()
+        attempt += 1
+        dist.init_process_group(backend, store=PrefixStore(f"nl-bs-group/{attempt}", record.keys),
+                                rank=rank, world_size=world_size, timeout=default_timeout(backend))
 
 
-def _attempt(function: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], size: int,
-             keys: Any, next_size: Callable[[], int]) -> tuple[str, Any, Optional[BaseException]]:
-    """Run one attempt on this rank: ("ok", result, None), ("oom N", None, None) with this rank's
-    proposal N, ("peer", None, None) for a failure caused by another rank's backing off, or the
-    user's own error to raise."""
-    import torch.distributed as dist
-    rank = dist.get_rank()
-    try:
-        return "ok", function(size, *args, **kwargs), None
-    except Exception as error:   # why: the user's function failed: out of memory backs off, any other is reported
-        if should_reduce_batch_size(error):
-            proposal = next_size()
-            keys.set(f"oom/{rank}", str(proposal))   # before leaving: a peer that fails looks here
-            outcome = f"oom {proposal}"
-        elif _someone_ran_out(keys, dist.get_world_size()):
-            log.info("find_executable_batch_size: rank %d's attempt at batch size %d failed because another "
-                     "rank ran out of memory (%s)", rank, size, error)
-            outcome = "peer"
-        else:
-            return "error", None, error
-        _forget(error)
-    # out of the except block, where the exception (and through it the attempt's frames) is gone
-    _leave_group()
-    return outcome, None, None
-
-
-def _someone_ran_out(keys: Any, world_size: int) -> bool:
-    return any(keys.check([f"oom/{r}"]) for r in range(world_size))
-
-
-def _wait_for_all(keys: Any, rank: int, world_size: int) -> list[str]:
-    """Every rank's end of this attempt, in rank order (blocks until all wrote theirs)."""
-    names = [f"end/{r}" for r in range(world_size)]
-    keys.wait(names, timedelta(days=365))   # a rank that dies is the launcher's to report, not a timeout's
-    ends = [keys.get(name).decode() for name in names]
-    # Rank 0 hosts the store (torch's rule for MASTER_ADDR/MASTER_PORT): it must not go on (and
-    # perhaps end its process) while another rank is still reading, so the others say they read.
-    if rank == 0:
-        keys.wait([f"read/{r}" for r in range(1, world_size)], timedelta(days=365))
+def _end_attempt(keys: Any, record: CallRecord, ran: Ran, sizes: _Sizes) -> Any:
+    """Write how this rank's attempt ended (leaving the group first if the attempt failed, so that
+    peers blocked in a collective with this rank fail at once); the result when it fit. A failure
+    that is not out of memory and not caused by a peer's is raised (``_raise_own``)."""
+    kind, result, error = ran
+    rank = record.rank
+    if kind == "oom":
+        proposal = sizes.next()
+        keys.set(f"oom/{rank}", str(proposal))   # before leaving: a peer that fails looks here
+        end = f"oom {proposal}"
+    elif error is not None and _caused_by_a_peer(keys, record.world_size):
+        log.info("find_executable_batch_size: rank %d's attempt at batch size %d failed because another rank "
+                 "ran out of memory or failed (%s)", rank, sizes.size, error)
+        forget(error)
+        end = "peer"
+    elif error is not None:
+        _raise_own(keys, record, error)
     else:
-        keys.set(f"read/{rank}", "1")
-    return ends
+        keys.set(f"end/{rank}", "ok")
+        return result
+    del error, ran
+    leave_group()
+    keys.set(f"end/{rank}", end)
+    return None
 
 
-def _forget(error: BaseException) -> None:
-    """Clear the frames of a failed attempt's traceback (and of its causes): they hold its model,
-    optimizer and batch, and through a DDP model the process group that must be freed."""
+def _caused_by_a_peer(keys: Any, world_size: int) -> bool:
+    """Whether a peer ran out of memory, or raised an error of its own, in this attempt."""
+    for r in range(world_size):
+        if keys.check([f"oom/{r}"]):
+            return True
+        if keys.check([f"end/{r}"]) and keys.get(f"end/{r}").decode().startswith("error "):
+            return True
+    return False
+
+
+def _raise_own(keys: Any, record: CallRecord, error: BaseException) -> None:
+    """Raise the user's error; the peers read it in the store first. A rank other than 0 raises
+    at once: its error reaches the launch first, and its process ending releases a peer blocked
+    in a collective with it. Rank 0 holds the store, and a peer must still read the error there
+    (also when rank 0 catches its error and ends): it leaves its group, so that peers blocked with
+    it fail, and waits until every peer has read the error."""
+    keys.set(f"end/{record.rank}", f"error {type(error).__qualname__}: {error}")
+    if record.rank == 0:
+        leave_group()
+        wait_for_reads(keys, record.world_size)
+    raise error
+
+
+def _ends(keys: Any, rank: int, world_size: int, size: int) -> list[str]:
+    """Every rank's end of the attempt (``wait_for_ends``); a store that went away is said plainly."""
+    try:
+        return wait_for_ends(keys, rank, world_size)
+    except RuntimeError as error:   # DistStoreError / DistNetworkError: rank 0, the store's host, ended
+        raise RuntimeError(f"find_executable_batch_size: the rendezvous store went away while this rank waited "
+                           f"for the other ranks to finish the attempt at batch size {size}: rank 0, which holds "
+                           f"it, ended or failed (its own error says why): {error}") from None
+
+
+def _without_our_frames(error: BaseException) -> Optional[types.TracebackType]:
+    """``error``'s traceback without the frames of the batch-size finder (also in the errors it
+    chains to): what the user sees starts and ends in their own code."""
+    from . import batch_size_call, batch_size_group
+    ours = {__file__, batch_size_call.__file__, batch_size_group.__file__}
     seen: set[int] = set()
-    while error is not None and id(error) not in seen:
-        seen.add(id(error))
-        if error.__traceback__ is not None:
-            traceback.clear_frames(error.__traceback__)
-            error.__traceback__ = None
-        error = error.__cause__ or error.__context__  # type: ignore[assignment]
-
-
-def _leave_group() -> None:
-    """Destroy this rank's default group and free it now, so that its gloo connections close
-    and peers blocked in a collective with this rank fail instead of waiting for the timeout.
-
-    Order matters (rank/process_groups.py says why): a DDP Reducer must never be the last owner of
-    a gloo group, so DDP models still on the group are disarmed while our own reference keeps the
-    group, and that reference (whose destructor releases the GIL) goes last."""
-    import torch.distributed as dist
-    from . import process_groups
-    if not dist.is_initialized():
-        return
-    group = dist.distributed_c10d._get_default_group()
-    gone = weakref.ref(group)
-    backend = dist.get_backend()
-    if backend == "nccl" and hasattr(group, "abort"):
-        with best_effort("abort of the NCCL group failed"):
-            group.abort()   # NCCL: peers' kernels waiting on this rank are released only by an abort
-    dist.destroy_process_group()
-    gc.collect()
-    if gone() is not None:
-        _drop_references_to(group)
-    del group
-    process_groups.release_destroyed_groups()
-    gc.collect()
-    if gone() is not None:
-        log.warning("find_executable_batch_size: the failed attempt's process group is still referenced (%s); "
-                    "peers waiting in a collective with this rank wait for the process group's timeout",
-                    ", ".join(type(r).__name__ for r in gc.get_referrers(gone()) if r is not None)[:200])
-
-
-def _drop_references_to(group: Any) -> None:
-    """What of the failed attempt still holds its group, which only that attempt used: DDP
-    models (in an Accelerator's list, a global) lose their reducer and group; functions whose
-    default arguments were evaluated while the group existed (``group=dist.group.WORLD``) get
-    ``None`` in its place, which means the default group, as if defined before any group."""
-    from torch.nn.parallel import DistributedDataParallel
-    for obj in gc.get_objects():
-        if isinstance(obj, DistributedDataParallel) and getattr(obj, "process_group", None) is group:
-            for name in ("reducer", "logger", "process_group"):
-                obj.__dict__.pop(name, None)
-        elif isinstance(obj, types.FunctionType):
-            defaults = obj.__defaults__
-            if defaults is not None and any(value is group for value in defaults):
-                obj.__defaults__ = tuple(None if value is group else value for value in defaults)
-            keyword_defaults = obj.__kwdefaults__
-            if keyword_defaults is not None:
-                for name, value in keyword_defaults.items():
-                    if value is group:
-                        keyword_defaults[name] = None
-
-
-def _default_timeout(backend: str) -> timedelta:
-    import torch.distributed.distributed_c10d as c10d
-    return c10d._get_default_timeout(c10d.Backend(backend))
-
-
-def _free_device_memory() -> None:
-    """gc, and the CUDA cache when CUDA is already in use (never the call that starts CUDA)."""
-    gc.collect()
-    torch = sys.modules.get("torch")
-    if torch is not None and torch.cuda.is_initialized():
-        torch.cuda.empty_cache()
+    chained: Optional[BaseException] = error
+    while chained is not None and id(chained) not in seen:
+        seen.add(id(chained))
+        kept = []
+        traceback = chained.__traceback__
+        while traceback is not None:
+            if traceback.tb_frame.f_code.co_filename not in ours:
+                kept.append(traceback)
+            traceback = traceback.tb_next
+        for entry, following in zip(kept, kept[1:] + [None]):
+            entry.tb_next = following
+        chained.__traceback__ = kept[0] if kept else None
+        chained = chained.__cause__ or chained.__context__
+    return error.__traceback__
