@@ -115,19 +115,22 @@ def allocate_beyond_rlimit(allocator: str) -> None:
             torch.empty(4 << 30, dtype=torch.uint8)
         elif allocator == "numpy":
             numpy.empty(4 << 30, dtype=numpy.uint8)
+        elif allocator == "numpy-2d":   # a shape with a space in its text: it was cut at it
+            numpy.empty((1 << 16, 1 << 15), dtype=numpy.float16)
         else:
             bytearray(4 << 30)
     time.sleep(120)
 
 
-@pytest.mark.parametrize("allocator", ["torch", "numpy", "python"])
+@pytest.mark.parametrize("allocator", ["torch", "numpy", "numpy-2d", "python"])
 def test_allocation_failure_names_rank_and_size(log_dir, allocator):
     with pytest.raises(LaunchError) as info:
         notebook_launcher(allocate_beyond_rlimit, args=(allocator,), num_processes=2, log_dir=log_dir)
     text = str(info.value)
     assert text.startswith("rank 1 failed: ")
     asked = {"torch": "it asked for 4.0 GiB (4,294,967,296 bytes)",
-             "numpy": "it asked for 4.00 GiB (an array of shape (4294967296,))",
+             "numpy": "it asked for 4.00 GiB (an array of shape (4294967296,) of uint8)",
+             "numpy-2d": "it asked for 4.00 GiB (an array of shape (65536, 32768) of float16)",
              "python": "the size asked is not in the message (Python's MemoryError does not say it)"}[allocator]
     assert f"rank 1 ran out of memory: {asked}" in text
     # what it held when its error was read, or (it ended first) when last sampled

@@ -29,7 +29,9 @@ CUDA_TORCH = re.compile(r"([\d.]+ [KMGT]?i?B) is allocated by PyTorch, and ([\d.
 CUDA_OLD = re.compile(r"\(GPU (\d+); ([\d.]+ [KMGT]?i?B) total capacity; ([\d.]+ [KMGT]?i?B) already allocated; "
                       r"([\d.]+ [KMGT]?i?B) free; ([\d.]+ [KMGT]?i?B) reserved in total by PyTorch")
 CPU_ASKED = re.compile(r"you tried to allocate (\d+) bytes")
-NUMPY_ASKED = re.compile(r"Unable to allocate ([\d.]+ [KMGTPE]?i?B) for an array with shape (\S+)")
+# the whole shape ("(65536, 65536)": it was cut at its first space, "(65536,") and the dtype
+NUMPY_ASKED = re.compile(r"Unable to allocate ([\d.]+ [KMGTPE]?i?B) for an array with shape (\([^)]*\))"
+                         r"(?: and data type (\w+))?")
 
 
 def machine_text() -> str:
@@ -53,7 +55,8 @@ def allocation_text(out_of_memory: str | None, message: str, rank: int, holding:
     if cpu:
         asked = f"it asked for {size_text(int(cpu.group(1)))} ({int(cpu.group(1)):,} bytes)"
     elif array:
-        asked = f"it asked for {array.group(1)} (an array of shape {array.group(2)})"
+        dtype = f" of {array.group(3)}" if array.group(3) else ""
+        asked = f"it asked for {array.group(1)} (an array of shape {array.group(2)}{dtype})"
     elif is_python_memory_error(out_of_memory):
         asked = "the size asked is not in the message (Python's MemoryError does not say it)"
     else:
