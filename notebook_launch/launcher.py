@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping
 from . import net, preflight
 from .target import LaunchTarget
 from .errors import LaunchError, NotebookLaunchError, user_interrupt
+from .display.cell_budget import DEFAULT_CELL_OUTPUT
 from .options import (DEFAULT_LINES_PER_SECOND, DEFAULT_USE_PORT, LaunchOptions, validate_cluster_launch,
                       validate_cluster_type)
 from .plan import LaunchPlan, StartMethod
@@ -35,7 +36,8 @@ def notebook_launcher(function: Callable[..., Any], args: tuple | list = (), num
                       display_ranks: int | Iterable[int] | str | None = None,
                       cluster: "RayCluster | SlurmCluster | None" = None,
                       stall_after: float | None = DEFAULT_STALL_AFTER,
-                      lines_per_second: int | str = DEFAULT_LINES_PER_SECOND) -> list[Any]:
+                      lines_per_second: int | str = DEFAULT_LINES_PER_SECOND,
+                      cell_output: int | str = DEFAULT_CELL_OUTPUT) -> list[Any]:
     """Run ``function(*args, **kwargs)`` on ``num_processes`` ranks and return every rank's result.
 
     The first fourteen parameters are Hugging Face Accelerate's ``notebook_launcher``'s, in the same
@@ -98,6 +100,11 @@ def notebook_launcher(function: Callable[..., Any], args: tuple | list = (), num
         lines_per_second: How many output lines a second of each rank the cell shows (a flood of
             prints would otherwise slow the kernel and bury the panel); the rest are in the rank's
             log file. ``"all"``: every line.
+        cell_output: How many bytes of the ranks' output lines the cell keeps over the whole run
+            (default 200,000), so that a run of hours leaves a cell and a saved notebook a browser can
+            open: each rank's first lines, then a rolling tail replaced in place, saying how many lines
+            are only in the log files. Lines every rank prints alike show once (``[ranks 0-7] ...``).
+            ``"all"``: every line in the cell.
 
     Returns:
         Each local rank's return value, in rank order (tensors moved to the CPU).

@@ -20,6 +20,7 @@ from typing import Any, Callable, Iterable, Mapping, Sequence, get_args
 
 from . import fd_budget
 from .display import NOTEBOOK_LINES_PER_SECOND, UI_CHOICES, Display
+from .display.cell_budget import DEFAULT_CELL_OUTPUT, MIN_CELL_OUTPUT
 from .errors import LaunchArgumentError
 from .line_prefix import parse_line_prefix
 from .net import DEFAULT_PORT
@@ -77,6 +78,7 @@ class LaunchOptions:
     stall_after: float | None = DEFAULT_STALL_AFTER   # seconds without a sign of progress: stalled
     rendezvous_timeout: float = DEFAULT_RDZV_TIMEOUT   # resolved: rdzv_timeout, rdzv_conf's, else 900 s
     lines_per_second: int | None = DEFAULT_LINES_PER_SECOND   # per rank, in the cell; None: every line
+    cell_output: int | None = DEFAULT_CELL_OUTPUT   # bytes of lines the run leaves in the cell; None: all
 
     @property
     def elastic(self) -> bool:
@@ -92,7 +94,8 @@ def launch_options(*, function: Any, args: Any = (), num_processes: Any = None, 
                    start_method: Any = None, timeout: Any = None, log_dir: Any = None, ui: Any = "auto",
                    rdzv_timeout: Any = None, display_ranks: Any = None,
                    stall_after: Any = DEFAULT_STALL_AFTER,
-                   lines_per_second: Any = DEFAULT_LINES_PER_SECOND, called_as_given: Any = True) -> LaunchOptions:
+                   lines_per_second: Any = DEFAULT_LINES_PER_SECOND, cell_output: Any = DEFAULT_CELL_OUTPUT,
+                   called_as_given: Any = True) -> LaunchOptions:
     """Check every argument of ``notebook_launcher`` (each defaults to notebook_launcher's
     default; ``use_port=None`` means its default port) and resolve what depends on several
     of them; raise LaunchArgumentError naming the first bad one. Runs once per launch:
@@ -134,6 +137,7 @@ def launch_options(*, function: Any, args: Any = (), num_processes: Any = None, 
         rdzv_backend=rdzv_backend, rdzv_endpoint=rdzv_endpoint, rdzv_conf=rdzv_conf, rdzv_id=rdzv_id,
         rdzv_timeout=rdzv_timeout, full=elastic)
     lines_per_second = validate_lines_per_second(lines_per_second)
+    cell_output = validate_cell_output(cell_output)
     display_ranks = validate_display_ranks(display_ranks)
     if called_as_given:   # last: a bad value of a parameter of ours is named before the function's arguments
         validate_call(function, args, kwargs)
@@ -145,7 +149,19 @@ def launch_options(*, function: Any, args: Any = (), num_processes: Any = None, 
         poll_interval=min(float(monitor_interval), 0.1), line_prefix=log_line_prefix_template,
         start_method=start_method, timeout=timeout, log_dir=log_dir, ui=ui, rdzv_timeout=rdzv_timeout,
         display_ranks=display_ranks, stall_after=stall_after,
-        rendezvous_timeout=rendezvous_timeout, lines_per_second=lines_per_second)
+        rendezvous_timeout=rendezvous_timeout, lines_per_second=lines_per_second, cell_output=cell_output)
+
+
+def validate_cell_output(value: object) -> int | None:
+    """``cell_output``: the bytes of output lines a run leaves in its cell (``display.cell_budget``;
+    the rest are in the ranks' log files); "all" keeps every line there (returned as None)."""
+    if value == "all" and isinstance(value, str):
+        return None
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or int(value) < MIN_CELL_OUTPUT:
+        raise LaunchArgumentError(
+            f"cell_output must be a whole number of bytes >= {MIN_CELL_OUTPUT:,} (what the run's output lines "
+            f"may take in the cell; the rest are in the ranks' log files) or 'all' for every line; got {value!r:.80}")
+    return int(value)
 
 
 def validate_lines_per_second(value: object) -> int | None:

@@ -72,7 +72,7 @@ class Session(Generic[W]):
         try:
             state = plan_state(plan, run_id, backend, logs.path, max_restarts=options.max_restarts)
             display = choose_display(options.ui, line_prefix=options.line_prefix,
-                                     lines_per_second=options.lines_per_second)
+                                     lines_per_second=options.lines_per_second, cell_output=options.cell_output)
             print(launch_line(plan, backend, logs, display=display.name, platform=platform,
                               extra_lines=extra_lines), file=OUT, flush=True)
             return Session(state, logs, display, options.display_ranks)
@@ -86,7 +86,7 @@ class Session(Generic[W]):
         """One call on persistent ranks: its section of the pool's logs (under ``title``) and a
         display of its own (``quiet``: none, only an error if one comes)."""
         display = choose_display("none" if quiet else options.ui, line_prefix=options.line_prefix,
-                                 lines_per_second=lines_per_second, call=True)
+                                 lines_per_second=lines_per_second, call=True, cell_output=options.cell_output)
         return Session(state, logs.section(title), display, options.display_ranks)
 
     # --- the finish -------------------------------------------------------------------------

@@ -6,6 +6,7 @@ import logging
 import sys
 
 from .base import Display
+from .cell_budget import DEFAULT_CELL_OUTPUT
 from .text import NOTEBOOK_LINES_PER_SECOND, SUMMARY_EVERY, TextDisplay
 
 log = logging.getLogger("notebook_launch")
@@ -13,13 +14,15 @@ UI_CHOICES = ("auto", "widget", "html", "rich", "text", "none")
 
 
 def choose_display(ui: str | Display = "auto", *, line_prefix: str | None = None,
-                   lines_per_second: int | None = NOTEBOOK_LINES_PER_SECOND, call: bool = False) -> Display:
+                   lines_per_second: int | None = NOTEBOOK_LINES_PER_SECOND, call: bool = False,
+                   cell_output: int | None = DEFAULT_CELL_OUTPUT) -> Display:
     """A ``Display`` the caller made (``ui=`` given one: a display of their own) is that display,
     as it is: it was made with its own settings. auto: the widget panel in a Jupyter kernel with
     ipywidgets, a rich panel in a terminal, plain text (with periodic summaries) otherwise, e.g. in CI logs.
     ``lines_per_second``: how many lines a second of each rank the cell shows (the rest are
     counted in a note; every line is in the logs); None shows every line. Only a notebook cell has
-    a budget: a terminal or a CI log takes every line. ``call``: one call on persistent ranks, whose
+    a budget: a terminal or a CI log takes every line. ``cell_output``: the bytes of lines a run leaves
+    in a cell (``cell_budget``; None: not bounded). ``call``: one call on persistent ranks, whose
     text ends on one line when it went well (a call may take no time: four lines would be noise)."""
     # options.validate_lines_per_second checked the user's value: this is our own contract
     assert lines_per_second is None or lines_per_second >= 1, lines_per_second
@@ -31,17 +34,17 @@ def choose_display(ui: str | Display = "auto", *, line_prefix: str | None = None
         ui = _auto_choice()
     if ui == "widget":
         from .widget import WidgetDisplay
-        return WidgetDisplay(line_prefix=line_prefix, lines_per_second=lines_per_second)
+        return WidgetDisplay(line_prefix=line_prefix, lines_per_second=lines_per_second, cell_output=cell_output)
     if ui == "html":
         from .html import HtmlDisplay
-        return HtmlDisplay(line_prefix=line_prefix, lines_per_second=lines_per_second)
+        return HtmlDisplay(line_prefix=line_prefix, lines_per_second=lines_per_second, cell_output=cell_output)
     if ui == "rich":
         from .rich_panel import RichDisplay
         return RichDisplay(line_prefix=line_prefix)
     notebook = _in_notebook()
     return TextDisplay(line_prefix=line_prefix, stream_is_notebook=notebook,
                        summary_every=None if _is_terminal() else SUMMARY_EVERY,
-                       lines_per_second=lines_per_second, brief_when_done=call)
+                       lines_per_second=lines_per_second, brief_when_done=call, cell_output=cell_output)
 
 
 def _auto_choice() -> str:

@@ -19,6 +19,7 @@ from ..state import DONE, FAILED, RunState
 from .curves import curves_html
 from .fragments import BAR_WIDTH, LABEL_WIDTH, ONE_LINE, header_html, info_html, label_html, where_html
 from .pace import verdict_html
+from .cell_budget import DEFAULT_CELL_OUTPUT
 from .text import NOTEBOOK_LINES_PER_SECOND
 
 REDRAWS_PER_SECOND = 2
@@ -27,10 +28,11 @@ REDRAWS_PER_SECOND = 2
 class HtmlDisplay(Display):
     name = "html"  # what ui= selects it, shown in the launch line
     def __init__(self, line_prefix: str | None = None, print_lines: bool = True,
-                 lines_per_second: int | None = NOTEBOOK_LINES_PER_SECOND) -> None:
+                 lines_per_second: int | None = NOTEBOOK_LINES_PER_SECOND,
+                 cell_output: int | None = DEFAULT_CELL_OUTPUT) -> None:
         super().__init__(line_prefix)
-        self.lines = TextDisplay(line_prefix, stream_is_notebook=True,
-                                 lines_per_second=lines_per_second) if print_lines else None
+        self.lines = TextDisplay(line_prefix, stream_is_notebook=True, lines_per_second=lines_per_second,
+                                 cell_output=cell_output) if print_lines else None
         self.handle: Any = None
         self._last = 0.0
         self._last_html: str | None = None
@@ -47,6 +49,8 @@ class HtmlDisplay(Display):
             self.lines.line(state, local_rank, stream, text)
 
     def refresh(self, state: RunState, final: bool = False) -> None:
+        if self.lines is not None and not final:
+            self.lines.pump(state)   # merged lines due, the rolling tail (cell_budget)
         now = time.monotonic()
         if self.handle is None or (not final and now - self._last < 1.0 / REDRAWS_PER_SECOND):
             return

@@ -39,6 +39,7 @@ from .curves import curves_html
 from .html import render
 from .base import Display
 from .kernel_poll import CommPoller
+from .cell_budget import DEFAULT_CELL_OUTPUT
 from .text import NOTEBOOK_LINES_PER_SECOND, TextDisplay
 from ..notebook_streams import flushable_streams
 from ..state import DONE, RECENT_LINES, RankState, RunState
@@ -54,12 +55,13 @@ class WidgetDisplay(Display):
     name = "widget"  # what ui= selects it, shown in the launch line
 
     def __init__(self, line_prefix: str | None = None, print_lines: bool = True,
-                 poll_kernel: bool = True, lines_per_second: int | None = NOTEBOOK_LINES_PER_SECOND) -> None:
+                 poll_kernel: bool = True, lines_per_second: int | None = NOTEBOOK_LINES_PER_SECOND,
+                 cell_output: int | None = DEFAULT_CELL_OUTPUT) -> None:
         super().__init__(line_prefix)
         import ipywidgets
         self.widgets = ipywidgets
-        self.lines = TextDisplay(line_prefix, stream_is_notebook=True,
-                                 lines_per_second=lines_per_second) if print_lines else None
+        self.lines = TextDisplay(line_prefix, stream_is_notebook=True, lines_per_second=lines_per_second,
+                                 cell_output=cell_output) if print_lines else None
         self.poller = CommPoller() if poll_kernel else None
         self.sent: dict[tuple[int, str], Any] = {}   # (id(widget), trait) -> last value sent
         self.window: collections.deque[tuple[float, int]] = collections.deque()   # (time, messages), last second
@@ -130,6 +132,8 @@ class WidgetDisplay(Display):
             self.lines.line(state, local_rank, stream, text)
 
     def refresh(self, state: RunState) -> None:
+        if self.lines is not None:
+            self.lines.pump(state)   # merged lines due, the rolling tail (cell_budget)
         if self.poller is not None:
             self.poller.poll()
         if state.stop_requested and self.panel is not None and not self._stop_shown:

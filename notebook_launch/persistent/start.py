@@ -9,6 +9,7 @@ import os
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
+from ..display.cell_budget import DEFAULT_CELL_OUTPUT
 from ..errors import LaunchArgumentError
 from ..options import DEFAULT_LINES_PER_SECOND, DEFAULT_USE_PORT, validate_interrupt_grace
 from ..preflight import check_not_inside_rank
@@ -34,7 +35,8 @@ def start_ranks(num_processes: int | None = None, mixed_precision: str = "no",
                 interrupt_grace: float = DEFAULT_GRACE,
                 display_ranks: int | Iterable[int] | str | None = None,
                 cluster: "RayCluster | SlurmCluster | None" = None, stall_after: float | None = DEFAULT_STALL_AFTER,
-                lines_per_second: int | str = DEFAULT_LINES_PER_SECOND) -> Ranks:
+                lines_per_second: int | str = DEFAULT_LINES_PER_SECOND,
+                cell_output: int | str = DEFAULT_CELL_OUTPUT) -> Ranks:
     """Fork ``num_processes`` ranks now and keep them: each ``run()`` then calls a function
     on the same processes, whose namespace (models, data, an initialized process group)
     lives on between calls. Options mean what they mean for ``notebook_launcher``;
@@ -50,7 +52,8 @@ def start_ranks(num_processes: int | None = None, mixed_precision: str = "no",
     ``stall_after``: seconds a call's ranks may all show no sign of progress before they are
     marked stalled (nothing is stopped; see ``diagnose.stall``), the default of each call;
     None: not watched. ``lines_per_second``: each rank's output lines a second a call's cell
-    shows ("all": every line), the default of each call. ``ranks.stacks()`` says where every
+    shows ("all": every line), the default of each call. ``cell_output``: the bytes of output lines
+    each call leaves in its cell (as for ``notebook_launcher``). ``ranks.stacks()`` says where every
     rank is, during a call (from another thread) or between calls. ``cluster``: a ``RayCluster``
     (the ranks are Ray actors) or a ``SlurmCluster`` (srun steps of one SLURM job, held until
     ``close()``); ``num_processes`` is then the total number of ranks.
