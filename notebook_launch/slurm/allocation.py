@@ -4,10 +4,11 @@ steps in it.
 
 ``ask`` runs ``salloc --no-shell`` (no batch script, no shell) and waits while the job is queued:
 its ``StartWatch`` is told, so every rank's row and the cell say "pending (Resources)", and ticked,
-so Stop cancels it. Before it, the watchdog (``slurm.watchdog``) starts: it cancels the job if the
-notebook dies. A launch with ``max_restarts`` runs every attempt in the one job (``ended`` says
-when the scheduler ended it, so no attempt can run in it again); ``release`` scancels it, waits
-until SLURM holds nothing of it and lets the watchdog go.
+so Stop cancels it; a pending reason that never ends (``feasibility``) or the launch's ``timeout=``
+running out in the queue ends it, saying so. Before it, the watchdog (``slurm.watchdog``) starts:
+it cancels the job if the notebook dies. A launch with ``max_restarts`` runs every attempt in the
+one job (``ended`` says when the scheduler ended it, so no attempt can run in it again); ``release``
+scancels it, waits until SLURM holds nothing of it and lets the watchdog go.
 """
 from __future__ import annotations
 
@@ -22,7 +23,9 @@ from typing import IO, TYPE_CHECKING
 
 from ..backends.base import StartFailed, StartWatch
 from ..errors import GuardError
+from ..protocol import FailureKind
 from . import scheduler
+from .feasibility import never_starting_reason, reason_words
 
 if TYPE_CHECKING:
     from .cluster import SlurmCluster
@@ -48,18 +51,23 @@ class Allocation:
         self._salloc: subprocess.Popen | None = None
         self._watchdog: subprocess.Popen | None = None
         self._cancelled = False    # the job was cancelled and waited for
+        self.queued = 0.0          # seconds the job waited in the queue before it was granted
 
-    def ask(self, watch: StartWatch, per_node: int, folder: Path) -> None:
+    def ask(self, watch: StartWatch, per_node: int, folder: Path, timeout: float | None = None) -> None:
         """salloc, waiting while the job is queued: the watch is ticked (the panel stays live), told
         why the job waits ("pending (Resources)": every rank's row, and once in the cell), and Stop
-        or an interrupt cancels it (the launcher's ``end``, then ``release``)."""
+        or an interrupt cancels it (the launcher's ``end``, then ``release``). A job whose pending
+        reason says it can never start (``feasibility.never_starting_reason``), or still pending
+        ``timeout`` seconds after it was submitted, ends the start (StartFailed); ``queued`` is
+        how long it waited."""
         self._watchdog = start_watchdog(self.job_name)
         said_path = folder / "salloc.out"
         with open(said_path, "wb") as out:
             self._salloc = salloc = subprocess.Popen(
                 scheduler.salloc_argv(self.cluster, per_node, self.job_name), env=scheduler.slurm_environment(),
                 stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
-        shown, asked = "", 0.0
+        submitted = time.monotonic()
+        shown, asked, reason = "", 0.0, ""
         while True:
             said = said_path.read_text(errors="replace")
             found = ALLOCATION.search(said)
@@ -72,13 +80,23 @@ class Allocation:
             if self.job_id and time.monotonic() - asked > STATE_EVERY:
                 asked = time.monotonic()
                 info = scheduler.job_info(self.job_id)
-                news = f"pending ({info.reason})" if info.state == "PENDING" else info.state.lower()
+                reason = info.reason if info.state == "PENDING" else ""
+                if reason:
+                    self._check_reason(reason, per_node)
+                news = f"pending ({reason})" if reason else info.state.lower()
                 if news != shown:
                     shown = news
                     watch.waiting_for(f"SLURM job {self.job_id} {news}")
                     watch.announce(f"SLURM job {self.job_id} {news}"
-                                   + ("; Stop or Ctrl-C cancels it" if info.state == "PENDING" else ""))
+                                   + ("; Stop or Ctrl-C cancels it" if reason else ""))
+            if timeout is not None and time.monotonic() - submitted > timeout and (reason or not self.job_id):
+                raise StartFailed(still_pending(timeout, self.job_id, reason), kind=FailureKind.TIMEOUT)
             time.sleep(TICK)
+        self.queued = time.monotonic() - submitted
+        self._granted(code, said, watch)
+
+    def _granted(self, code: int, said: str, watch: StartWatch) -> None:
+        """salloc ended with ``code``: the job runs (its nodes are read) or the start fails, saying why."""
         if code or not self.job_id:
             refused = self.refusal_cause()
             raise StartFailed(
@@ -89,6 +107,16 @@ class Allocation:
             raise StartFailed(f"SLURM job {self.job_id} is {job.state} right after it was granted ({job.reason})")
         watch.announce(f"SLURM job {self.job_id} runs on {job.node_list}, time limit {job.time_limit or 'UNLIMITED'}")
         self.nodes = scheduler.node_addresses(job.node_list)
+
+    def _check_reason(self, reason: str, per_node: int) -> None:
+        """End the wait of a job whose pending ``reason`` says it can never start, with what the
+        cluster has (``feasibility``), where scontrol says it."""
+        meaning = never_starting_reason(reason)
+        if meaning is None:
+            return
+        why = scheduler.why_never_starts(self.cluster, per_node * self.cluster.nodes)
+        raise StartFailed(f"SLURM job {self.job_id} can never start: it is pending ({reason}): {meaning}"
+                          + (f"; {why}" if why else "") + ". The job was cancelled.")
 
     def refusal_cause(self) -> str | None:
         """What the scheduler's record says ended a job that was queued but never granted (salloc
@@ -162,6 +190,17 @@ class Allocation:
             if self._watchdog is not None:
                 stop_watchdog(self._watchdog)
                 self._watchdog = None
+
+
+def still_pending(timeout: float, job_id: str | None, reason: str) -> str:
+    """The error of a ``timeout`` that ran out while the job waited in the queue for ``reason``
+    (its pending reason; "" before scontrol said one)."""
+    where = (f"SLURM job {job_id} was still pending in the queue after {timeout:g} s"
+             + (f": reason {reason_words(reason)}" if reason else "") if job_id
+             else f"salloc had not queued the job after {timeout:g} s")
+    return (f"timeout={timeout:g} s ran out before the ranks started: {where}. No rank ran; the job was "
+            f"cancelled. timeout= counts the wait in SLURM's queue too: give one with room for it, or "
+            f"timeout=None to wait as long as the queue takes")
 
 
 def cancel_and_wait(job_id: str) -> None:
