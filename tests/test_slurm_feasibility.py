@@ -5,9 +5,9 @@ on the real one."""
 from __future__ import annotations
 
 import pytest
-from helpers.scontrol_text import DOWN_NODE, NODES, PARTITIONS
+from helpers.scontrol_text import COMPLETING_ON_A_SILENT_NODE, DOWN_NODE, NODES, PARTITIONS
 
-from notebook_launch.slurm.allocation import still_pending
+from notebook_launch.slurm.allocation import GONE_TIMEOUT, SAY_AFTER, end_wait, still_pending
 from notebook_launch.slurm.cluster import SlurmCluster
 from notebook_launch.slurm.feasibility import Request, never_starting_reason, never_starts
 from notebook_launch.slurm.records import fields, gpus_of, megabytes_of, parse_nodes, parse_partitions, seconds_of
@@ -124,6 +124,32 @@ def test_a_timeout_in_the_queue_says_the_job_was_still_pending_and_why():
         "timeout=30 s ran out before the ranks started: SLURM job 12 was still pending in the queue after 30 s: "
         "reason Resources (the nodes it needs are busy with other jobs). No rank ran")
     assert "salloc had not queued the job after 2 s" in still_pending(2, None, "")
+
+
+def test_a_cancelled_job_is_not_waited_for_on_a_node_whose_slurmd_does_not_answer():
+    """The node1 line of a job completing there after its slurmd died: the wait ends at once,
+    saying so; while another node of the job still answers (its end is near), it goes on."""
+    silent = [node for node in parse_nodes(COMPLETING_ON_A_SILENT_NODE) if node.name == "node1"]
+    done, said = end_wait("23", True, "node1", silent, 0.5, False)
+    assert done
+    assert said == ("SLURM job 23 is cancelled but not yet ended on node1, whose slurmd does not answer "
+                    "(node1: IDLE+COMPLETING+NOT_RESPONDING): not waiting for it (SLURM ends the job there once "
+                    "the node answers again or is marked DOWN)")
+    both = parse_nodes(COMPLETING_ON_A_SILENT_NODE.replace("State=IDLE ", "State=IDLE+COMPLETING ", 1))
+    assert end_wait("23", True, "node[0-1]", both, 0.5, False) == (False, "")
+    assert end_wait("23", True, "node1", parse_nodes(DOWN_NODE), 0.5, False)[0]
+
+
+def test_a_long_wait_for_a_cancelled_jobs_end_is_said_once_and_bounded():
+    answering = parse_nodes(NODES.replace("State=IDLE", "State=IDLE+COMPLETING"))
+    assert end_wait("23", True, "node[0-1]", answering, SAY_AFTER / 2, False) == (False, "")
+    done, said = end_wait("23", True, "node[0-1]", answering, SAY_AFTER + 1, False)
+    assert not done and said.startswith(
+        "waiting for SLURM to end job 23 on node[0-1] (COMPLETING: its processes there are being ended), ")
+    assert end_wait("23", True, "node[0-1]", answering, SAY_AFTER + 2, True) == (False, "")
+    done, said = end_wait("23", True, "node[0-1]", answering, GONE_TIMEOUT + 1, True)
+    assert done and "still not ended" in said
+    assert end_wait("23", False, "", [], 0.1, False) == (True, "")
 
 
 @pytest.mark.parametrize("limit, seconds", [("30", 1800), ("5:30", 330), ("2:00:00", 7200), ("1-12", 129600),

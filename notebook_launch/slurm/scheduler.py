@@ -158,12 +158,6 @@ def job_info(job_id: str) -> JobInfo:
                    fields.get("TimeLimit", ""))
 
 
-def job_completing(job_id: str) -> bool:
-    """Whether SLURM is still ending the job's processes on its nodes (state COMPLETING)."""
-    result = run("squeue", "-h", "-j", job_id, "-t", "COMPLETING", "-o", "%i")
-    return result.returncode == 0 and bool(result.stdout.strip())
-
-
 def node_addresses(node_list: str) -> list[tuple[str, str]]:
     """(name, address) of each node of a hostlist such as ``gpu[01-02]``, in the list's order."""
     names = run("scontrol", "show", "hostnames", node_list)
@@ -215,3 +209,15 @@ def check_can_start(cluster: "SlurmCluster", world_size: int) -> None:
         raise GuardError(f"SLURM could never start this job: {why}. Nothing was submitted.")
 
 
+
+def completing_on(job_id: str) -> str:
+    """The nodes (a hostlist, "node[0-1]") where SLURM still ends the job's processes (state
+    COMPLETING); "" once it is not completing."""
+    result = run("squeue", "-h", "-j", job_id, "-t", "COMPLETING", "-o", "%N")
+    return result.stdout.strip() if result.returncode == 0 else ""
+
+
+def nodes_of(hostlist: str) -> list[Node]:
+    """What scontrol says of the nodes of ``hostlist`` (their state: does their slurmd answer?)."""
+    result = run("scontrol", "-o", "show", "node", hostlist)
+    return parse_nodes(result.stdout) if result.returncode == 0 else []
