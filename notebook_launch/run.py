@@ -72,9 +72,11 @@ def supervise_ranks(ctx: RunContext, job: Job, launcher: Launcher | None = None)
             processes = launcher.start(ctx.plan, job, channels)
         except StartFailed as failed:
             raise outcome.cluster_error(failed.text, ctx.state, rank=failed.rank, kind=failed.kind) from None
-        return Supervisor(processes, channels, ctx.state, ctx.display, ctx.logs,
-                          timeout=options.timeout, poll_interval=options.poll_interval,
-                          rank_displays=ctx.rank_displays, stall_after=options.stall_after).run()
+        supervisor = Supervisor(processes, channels, ctx.state, ctx.display, ctx.logs,
+                                timeout=options.timeout, poll_interval=options.poll_interval,
+                                rank_displays=ctx.rank_displays, stall_after=options.stall_after)
+        supervisor.timeout_spent, supervisor.timeout_note = launcher.timeout_spent, launcher.timeout_note
+        return supervisor.run()
     finally:
         try:
             for pipes in channels:

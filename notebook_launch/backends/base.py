@@ -75,6 +75,10 @@ class Launcher(abc.ABC):
 
     name = "base"
     start_watch = StartWatch()   # who sees a start that waits; the caller sets its own (watch_start)
+    # seconds of timeout= the last start used (SLURM's: the job's wait in the queue, then its start),
+    # and the words the timeout's error says it with ("(20 s of it pending in SLURM's queue, ...)")
+    timeout_spent = 0.0
+    timeout_note = ""
 
     def watch_start(self, watch: StartWatch) -> None:
         """Who sees this launcher's next starts wait (the run's panel, and its Stop button)."""

@@ -74,6 +74,7 @@ def start_slurm_ranks(cluster: "SlurmCluster", parameters: Mapping[str, Any], gr
     world_size = validate_cluster_launch(options)
     check_layout(world_size, cluster)
     scheduler.check_commands()
+    scheduler.check_can_start(cluster, world_size)   # a job SLURM would queue and never start is not submitted
     ranks = SlurmRanks(options, grace, SlurmTransport(options, cluster))
     ranks._start()
     return ranks

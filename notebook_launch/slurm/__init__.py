@@ -7,6 +7,7 @@ outcome and results as a local launch.
 connected back over TCP as Ray ranks' are: ``channels.sockets``), ``agents`` (a node's step and
 each rank its agent forked, as the supervisor's process handles), ``ranks`` (the listener, and a rank
 that is its own srun step), ``scheduler`` (the SLURM commands and what the scheduler says of a job),
+``records`` and ``feasibility`` (the partitions' and nodes' records, and whether a job can ever start),
 ``watchdog`` (the process that cancels the job if the notebook dies), ``node_agent`` (the node's
 side, run by srun: imports torch once and forks the node's ranks) and ``task`` (the rank's side; both
 import only the rank side). Nothing here is imported until a launch names ``SlurmCluster``.

@@ -4,10 +4,12 @@ steps in it.
 
 ``ask`` runs ``salloc --no-shell`` (no batch script, no shell) and waits while the job is queued:
 its ``StartWatch`` is told, so every rank's row and the cell say "pending (Resources)", and ticked,
-so Stop cancels it. Before it, the watchdog (``slurm.watchdog``) starts: it cancels the job if the
-notebook dies. A launch with ``max_restarts`` runs every attempt in the one job (``ended`` says
-when the scheduler ended it, so no attempt can run in it again); ``release`` scancels it, waits
-until SLURM holds nothing of it and lets the watchdog go.
+so Stop cancels it; a pending reason that never ends (``feasibility``) or the launch's ``timeout=``
+running out in the queue ends it, saying so. Before it, the watchdog (``slurm.watchdog``) starts:
+it cancels the job if the notebook dies. A launch with ``max_restarts`` runs every attempt in the
+one job (``ended`` says when the scheduler ended it, so no attempt can run in it again); ``release``
+scancels it, waits until SLURM holds nothing of it (``end_wait``: the cell is told what it waits
+for, and a node whose slurmd does not answer is not waited for) and lets the watchdog go.
 """
 from __future__ import annotations
 
@@ -18,11 +20,14 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import IO, TYPE_CHECKING
+from typing import IO, TYPE_CHECKING, Callable
 
 from ..backends.base import StartFailed, StartWatch
 from ..errors import GuardError
+from ..protocol import FailureKind
 from . import scheduler
+from .feasibility import never_starting_reason, reason_words
+from .records import Node
 
 if TYPE_CHECKING:
     from .cluster import SlurmCluster
@@ -31,6 +36,7 @@ log = logging.getLogger("notebook_launch")
 TICK = 0.1            # seconds between looks at salloc and the panel while the job waits
 STATE_EVERY = 1.0     # seconds between questions to the scheduler while it waits
 GONE_TIMEOUT = 60.0   # seconds for SLURM to end a cancelled job's processes
+SAY_AFTER = 5.0      # seconds a cancelled job may take to end before the cell is told what it waits for
 END_RECORDED = 5.0    # seconds scontrol may take to record the end of a job whose rank SLURM killed
 ALLOCATION = re.compile(r"job allocation (\d+)")
 
@@ -48,18 +54,25 @@ class Allocation:
         self._salloc: subprocess.Popen | None = None
         self._watchdog: subprocess.Popen | None = None
         self._cancelled = False    # the job was cancelled and waited for
+        self.queued = 0.0          # seconds the job waited in the queue before it was granted
+        self.say: Callable[[str], None] = lambda text: None   # the cell, once ``ask`` was given a watch
 
-    def ask(self, watch: StartWatch, per_node: int, folder: Path) -> None:
+    def ask(self, watch: StartWatch, per_node: int, folder: Path, timeout: float | None = None) -> None:
         """salloc, waiting while the job is queued: the watch is ticked (the panel stays live), told
         why the job waits ("pending (Resources)": every rank's row, and once in the cell), and Stop
-        or an interrupt cancels it (the launcher's ``end``, then ``release``)."""
+        or an interrupt cancels it (the launcher's ``end``, then ``release``). A job whose pending
+        reason says it can never start (``feasibility.never_starting_reason``), or still pending
+        ``timeout`` seconds after it was submitted, ends the start (StartFailed); ``queued`` is
+        how long it waited."""
+        self.say = watch.announce
         self._watchdog = start_watchdog(self.job_name)
         said_path = folder / "salloc.out"
         with open(said_path, "wb") as out:
             self._salloc = salloc = subprocess.Popen(
                 scheduler.salloc_argv(self.cluster, per_node, self.job_name), env=scheduler.slurm_environment(),
                 stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
-        shown, asked = "", 0.0
+        submitted = time.monotonic()
+        shown, asked, reason = "", 0.0, ""
         while True:
             said = said_path.read_text(errors="replace")
             found = ALLOCATION.search(said)
@@ -72,13 +85,23 @@ class Allocation:
             if self.job_id and time.monotonic() - asked > STATE_EVERY:
                 asked = time.monotonic()
                 info = scheduler.job_info(self.job_id)
-                news = f"pending ({info.reason})" if info.state == "PENDING" else info.state.lower()
+                reason = info.reason if info.state == "PENDING" else ""
+                if reason:
+                    self._check_reason(reason, per_node)
+                news = f"pending ({reason})" if reason else info.state.lower()
                 if news != shown:
                     shown = news
                     watch.waiting_for(f"SLURM job {self.job_id} {news}")
                     watch.announce(f"SLURM job {self.job_id} {news}"
-                                   + ("; Stop or Ctrl-C cancels it" if info.state == "PENDING" else ""))
+                                   + ("; Stop or Ctrl-C cancels it" if reason else ""))
+            if timeout is not None and time.monotonic() - submitted > timeout and (reason or not self.job_id):
+                raise StartFailed(still_pending(timeout, self.job_id, reason), kind=FailureKind.TIMEOUT)
             time.sleep(TICK)
+        self.queued = time.monotonic() - submitted
+        self._granted(code, said, watch)
+
+    def _granted(self, code: int, said: str, watch: StartWatch) -> None:
+        """salloc ended with ``code``: the job runs (its nodes are read) or the start fails, saying why."""
         if code or not self.job_id:
             refused = self.refusal_cause()
             raise StartFailed(
@@ -89,6 +112,16 @@ class Allocation:
             raise StartFailed(f"SLURM job {self.job_id} is {job.state} right after it was granted ({job.reason})")
         watch.announce(f"SLURM job {self.job_id} runs on {job.node_list}, time limit {job.time_limit or 'UNLIMITED'}")
         self.nodes = scheduler.node_addresses(job.node_list)
+
+    def _check_reason(self, reason: str, per_node: int) -> None:
+        """End the wait of a job whose pending ``reason`` says it can never start, with what the
+        cluster has (``feasibility``), where scontrol says it."""
+        meaning = never_starting_reason(reason)
+        if meaning is None:
+            return
+        why = scheduler.why_never_starts(self.cluster, per_node * self.cluster.nodes)
+        raise StartFailed(f"SLURM job {self.job_id} can never start: it is pending ({reason}): {meaning}"
+                          + (f"; {why}" if why else "") + ". The job was cancelled.")
 
     def refusal_cause(self) -> str | None:
         """What the scheduler's record says ended a job that was queued but never granted (salloc
@@ -143,7 +176,7 @@ class Allocation:
             return
         if self.job_id is not None:
             self._cancelled = True
-            cancel_and_wait(self.job_id)
+            cancel_and_wait(self.job_id, self.say)
         elif self._salloc is not None and self._salloc.poll() is None:
             self._salloc.send_signal(signal.SIGTERM)   # not queued yet: salloc gives the request up
 
@@ -164,20 +197,65 @@ class Allocation:
                 self._watchdog = None
 
 
-def cancel_and_wait(job_id: str) -> None:
-    """scancel, then until SLURM holds nothing of the job (its processes on every node ended),
-    GONE_TIMEOUT at most. A scheduler that does not answer is logged, never raised: the run's own
-    error must reach the cell (and the watchdog cancels the job again when it is let go)."""
-    deadline = time.monotonic() + GONE_TIMEOUT
+def still_pending(timeout: float, job_id: str | None, reason: str) -> str:
+    """The error of a ``timeout`` that ran out while the job waited in the queue for ``reason``
+    (its pending reason; "" before scontrol said one)."""
+    where = (f"SLURM job {job_id} was still pending in the queue after {timeout:g} s"
+             + (f": reason {reason_words(reason)}" if reason else "") if job_id
+             else f"salloc had not queued the job after {timeout:g} s")
+    return (f"timeout={timeout:g} s ran out before the ranks started: {where}. No rank ran; the job was "
+            f"cancelled. timeout= counts the wait in SLURM's queue too: give one with room for it, or "
+            f"timeout=None to wait as long as the queue takes")
+
+
+def cancel_and_wait(job_id: str, say: Callable[[str], None] = lambda text: None) -> None:
+    """scancel, then until SLURM holds nothing of the job (its processes on every node ended), as
+    ``end_wait`` decides: GONE_TIMEOUT at most, the cell told (``say``) what it waits for once it
+    takes SAY_AFTER seconds, and no wait for nodes whose slurmd does not answer. A scheduler that
+    does not answer is logged, never raised: the run's own error must reach the cell (and the
+    watchdog cancels the job again when it is let go)."""
+    start, said = time.monotonic(), False
     try:
         scheduler.cancel(job_id)
-        while scheduler.job_info(job_id).live or scheduler.job_completing(job_id):
-            if time.monotonic() > deadline:
-                log.debug("SLURM job %s still not ended %g s after scancel", job_id, GONE_TIMEOUT)
+        while True:
+            completing = scheduler.completing_on(job_id)
+            live = bool(completing) or scheduler.job_info(job_id).live
+            nodes = scheduler.nodes_of(completing) if completing else []
+            done, text = end_wait(job_id, live, completing, nodes, time.monotonic() - start, said)
+            if text:
+                say(text)
+                said = True
+            if done:
                 return
-            time.sleep(0.1)
+            time.sleep(0.1 if time.monotonic() - start < SAY_AFTER else 0.5)
     except (GuardError, OSError, subprocess.SubprocessError):
         log.debug("could not cancel SLURM job %s or see it end", job_id, exc_info=True)
+
+
+def end_wait(job_id: str, live: bool, completing: str, nodes: list[Node], waited: float,
+             said: bool) -> tuple[bool, str]:
+    """The wait for a cancelled job's end, after ``waited`` seconds: whether it is over, and what
+    to tell the cell now. ``live``: SLURM still holds the job; ``completing``: the nodes (a
+    hostlist) where it still ends the job's processes, and ``nodes`` what scontrol says of them.
+    Nodes whose slurmd does not answer (NOT_RESPONDING, DOWN) are not waited for: SLURM ends the
+    job there only once they answer again or are marked DOWN, minutes later on most clusters
+    (SlurmdTimeout), while every rank's result may be in already."""
+    if not live:
+        return True, ""
+    silent = [node for node in nodes if not node.answers]
+    if completing and silent and len(silent) == len(nodes):
+        states = ", ".join(f"{node.name}: {node.state}" for node in silent)
+        return True, (f"SLURM job {job_id} is cancelled but not yet ended on {completing}, whose slurmd does not "
+                      f"answer ({states}): not waiting for it (SLURM ends the job there once the node answers "
+                      f"again or is marked DOWN)")
+    if waited > GONE_TIMEOUT:
+        return True, (f"SLURM job {job_id} is still not ended {GONE_TIMEOUT:g} s after scancel"
+                      + (f" (completing on {completing})" if completing else "") + "; not waiting longer")
+    if waited > SAY_AFTER and not said:
+        return False, (f"waiting for SLURM to end job {job_id}"
+                       + (f" on {completing} (COMPLETING: its processes there are being ended)" if completing else "")
+                       + f", {GONE_TIMEOUT - waited:.0f} s more at most")
+    return False, ""
 
 
 def reap(process: subprocess.Popen) -> None:

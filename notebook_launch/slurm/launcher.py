@@ -77,7 +77,10 @@ class SlurmLauncher(Launcher):
     name = "slurm"
 
     def __init__(self, cluster: "SlurmCluster", *, run_id: str, mixed_precision: str,
-                 rendezvous_timeout: float, persistent: bool = False, max_restarts: int = 0) -> None:
+                 rendezvous_timeout: float, persistent: bool = False, max_restarts: int = 0,
+                 timeout: float | None = None) -> None:
+        """``timeout``: the launch's ``timeout=``, which counts the job's wait in the queue too (None:
+        none; persistent ranks' calls have their own)."""
         self.cluster = cluster
         self.persistent = persistent   # the ranks serve calls until told to stop (persistent ranks)
         self.run_id = run_id
@@ -86,6 +89,7 @@ class SlurmLauncher(Launcher):
         self.rendezvous_timeout = rendezvous_timeout   # for the ranks' connections back, once granted
         self.python = cluster.python or sys.executable
         self.max_restarts = max_restarts
+        self.timeout = timeout
         self.attempts = 0          # starts so far: each start is one attempt
         self.hold_job = False      # end() keeps the job for the next attempt; allocation.release() ends it
         # the run's folder, set by the run that made it before it starts: salloc's and each srun's
@@ -121,8 +125,10 @@ class SlurmLauncher(Launcher):
         per_node = world_size // cluster.nodes
         attempt = self.attempts
         self.attempts += 1
-        if self.job_id is None:   # a restart runs in the job its first attempt was granted
-            self.allocation.ask(watch, per_node, folder)
+        began, asked = time.monotonic(), self.job_id is None
+        self.timeout_spent, self.timeout_note = 0.0, ""
+        if asked:   # a restart runs in the job its first attempt was granted
+            self.allocation.ask(watch, per_node, folder, self.timeout)
             self.nodes = self.allocation.nodes
         assert self.job_id is not None
         host = source_address_toward(self.nodes[0][1])
@@ -181,6 +187,10 @@ class SlurmLauncher(Launcher):
         asker = WhereAsker(ranks)
         for process in ranks:
             process.where_asker = asker
+        if asked:   # timeout= counts from the job's submission: its wait in the queue, then the start
+            self.timeout_spent = time.monotonic() - began
+            self.timeout_note = (f" ({self.allocation.queued:.0f} s of it pending in SLURM's queue, the rest "
+                                 f"starting and running the ranks)")
         return list(ranks)
 
     def _start_agent(self, assignment: dict[str, Any], name: str, per_node: int,

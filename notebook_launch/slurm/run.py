@@ -35,9 +35,11 @@ def run_on_slurm(options: "LaunchOptions", cluster: "SlurmCluster", world_size: 
     """Ask for the allocation, run the ranks on it inside the run scaffold, and end the job."""
     check_layout(world_size, cluster)
     scheduler.check_commands()
+    scheduler.check_can_start(cluster, world_size)   # a job SLURM would queue and never start is not submitted
     run_id = make_run_id()
     launcher = SlurmLauncher(cluster, run_id=run_id, mixed_precision=options.mixed_precision,
-                             rendezvous_timeout=options.rendezvous_timeout, max_restarts=options.max_restarts)
+                             rendezvous_timeout=options.rendezvous_timeout, max_restarts=options.max_restarts,
+                             timeout=options.timeout)
     launcher.hold_job = options.max_restarts > 0   # each attempt's end keeps the job for the next
     plan = cluster_plan(world_size, cluster.device_kind, options.mixed_precision, "slurm")
     job = Job(options.function, options.args, options.kwargs)

@@ -18,6 +18,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ..errors import GuardError
+from .feasibility import Request, never_starts
+from .records import Node, Partition, parse_nodes, parse_partitions
 
 if TYPE_CHECKING:
     from .cluster import SlurmCluster
@@ -156,12 +158,6 @@ def job_info(job_id: str) -> JobInfo:
                    fields.get("TimeLimit", ""))
 
 
-def job_completing(job_id: str) -> bool:
-    """Whether SLURM is still ending the job's processes on its nodes (state COMPLETING)."""
-    result = run("squeue", "-h", "-j", job_id, "-t", "COMPLETING", "-o", "%i")
-    return result.returncode == 0 and bool(result.stdout.strip())
-
-
 def node_addresses(node_list: str) -> list[tuple[str, str]]:
     """(name, address) of each node of a hostlist such as ``gpu[01-02]``, in the list's order."""
     names = run("scontrol", "show", "hostnames", node_list)
@@ -181,3 +177,47 @@ def cancel(job_id: str) -> None:
     result = run("scancel", job_id)
     if result.returncode:
         log.debug("scancel %s: %s", job_id, result.stderr.strip())
+
+
+def cluster_records() -> tuple[list[Partition], list[Node]] | None:
+    """Every partition's limits and every node's size and state, as scontrol says them; None if it
+    does not answer (the check it serves is then skipped, never the launch)."""
+    try:
+        partitions = run("scontrol", "-o", "show", "partition")
+        nodes = run("scontrol", "-o", "show", "node")
+    except (OSError, subprocess.SubprocessError):
+        log.debug("could not ask SLURM for its partitions and nodes", exc_info=True)
+        return None
+    if partitions.returncode or nodes.returncode:
+        log.debug("scontrol show partition/node failed: %s %s", partitions.stderr.strip(), nodes.stderr.strip())
+        return None
+    return parse_partitions(partitions.stdout), parse_nodes(nodes.stdout)
+
+
+def why_never_starts(cluster: "SlurmCluster", world_size: int) -> str | None:
+    """Why SLURM could never start the job of a launch of ``world_size`` ranks on ``cluster``
+    (``feasibility.never_starts`` on what scontrol says now), or None."""
+    records = cluster_records()
+    return None if records is None else never_starts(Request.of(cluster, world_size), *records)
+
+
+def check_can_start(cluster: "SlurmCluster", world_size: int) -> None:
+    """Refuse, before anything is submitted, a job SLURM would queue and never start (pending
+    "PartitionConfig" forever) or refuse with a terse salloc error."""
+    why = why_never_starts(cluster, world_size)
+    if why:
+        raise GuardError(f"SLURM could never start this job: {why}. Nothing was submitted.")
+
+
+
+def completing_on(job_id: str) -> str:
+    """The nodes (a hostlist, "node[0-1]") where SLURM still ends the job's processes (state
+    COMPLETING); "" once it is not completing."""
+    result = run("squeue", "-h", "-j", job_id, "-t", "COMPLETING", "-o", "%N")
+    return result.stdout.strip() if result.returncode == 0 else ""
+
+
+def nodes_of(hostlist: str) -> list[Node]:
+    """What scontrol says of the nodes of ``hostlist`` (their state: does their slurmd answer?)."""
+    result = run("scontrol", "-o", "show", "node", hostlist)
+    return parse_nodes(result.stdout) if result.returncode == 0 else []

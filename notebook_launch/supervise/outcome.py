@@ -114,14 +114,15 @@ def stopped_description(stop_reason: str, status: "WaitStatus", hurried: bool = 
 
 
 def timeout_failure(timeout: float, running_ranks: Sequence[int], verdict: str | None = None,
-                    detail: str = "") -> Failure:
+                    detail: str = "", spent: str = "") -> Failure:
     """The timeout: with ``verdict`` (``hang_verdict``: where the ranks are) its first line says
     where the ranks are, and ``detail`` (each rank's collective and stacks) follows; without one,
-    the running ranks are named and ``detail`` says why they could not say where they were."""
+    the running ranks are named and ``detail`` says why they could not say where they were.
+    ``spent``: what of it went before the ranks ran (" (20 s of it pending in SLURM's queue, ...)")."""
     if verdict is None:
-        return Failure(None, FailureKind.TIMEOUT, f"timed out after {timeout:g} s; ranks still running: "
+        return Failure(None, FailureKind.TIMEOUT, f"timed out after {timeout:g} s{spent}; ranks still running: "
                        + ", ".join(map(str, running_ranks)), detail=detail)
-    return Failure(None, FailureKind.TIMEOUT, f"timed out after {timeout:g} s: {verdict}", detail=detail)
+    return Failure(None, FailureKind.TIMEOUT, f"timed out after {timeout:g} s{spent}: {verdict}", detail=detail)
 
 
 def stopped_stall_failure(how: str, verdict: str, detail: str) -> Failure:

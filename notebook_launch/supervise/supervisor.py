@@ -60,6 +60,10 @@ class Supervisor:
         self.display = display
         self.logs = logs
         self.timeout = timeout
+        # seconds of the timeout its start used already (a SLURM job's wait in the queue), and the
+        # words its error says that with (``Launcher.timeout_spent``)
+        self.timeout_spent = 0.0
+        self.timeout_note = ""
         self.poll_interval = poll_interval
         self.processes = list(processes)
         self.watcher = self.watcher_class(self.processes, pipes_by_rank, self)
@@ -79,7 +83,7 @@ class Supervisor:
     # --- the loop ----------------------------------------------------------
     def run(self) -> list[Any]:
         """Return the results by local rank, or raise LaunchError / KeyboardInterrupt."""
-        deadline = None if self.timeout is None else time.monotonic() + self.timeout
+        deadline = None if self.timeout is None else time.monotonic() + self.timeout - self.timeout_spent
         try:
             while True:
                 wait = self.poll_interval
@@ -159,7 +163,7 @@ class Supervisor:
             verdict, detail = self.hangs.where_they_are("at the timeout")
             if verdict is None:   # say why not, so that a blind timeout can be looked into
                 detail = self.hangs.nobody_could_say()
-            self.first_failure = outcome.timeout_failure(self.timeout, running, verdict, detail)
+            self.first_failure = outcome.timeout_failure(self.timeout, running, verdict, detail, self.timeout_note)
         self.stop("the timeout")
 
     def whereabouts(self, native: bool = True) -> list[RankWhereabouts]:
