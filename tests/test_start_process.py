@@ -246,6 +246,7 @@ def test_the_start_process_and_its_ranks_end_with_the_notebook_however_it_dies(t
 
 def test_is_start_process_helper_sees_the_start_process():
     start_process.prestart()
+    start_process.current()   # ready: it has exec'd (just forked, it still had pytest's command line)
     assert is_start_process(psutil.Process(running().pid))
 
 

@@ -29,6 +29,7 @@ tell when a ``%pip install -U`` replaced one and start a fresh start process.
 """
 from __future__ import annotations
 
+import functools
 import gc
 import os
 import select
@@ -39,6 +40,7 @@ import threading
 from typing import Any
 
 from ..channels import start_wire
+from . import forking
 from .preload import warm
 
 SOCKET_VARIABLE = "NOTEBOOK_LAUNCH_START_SOCKET"     # "<socket fd> <reports fd> <notebook pid>"
@@ -131,15 +133,14 @@ class Server:
         for rank in request["ranks"]:
             mine = fds[first:first + len(rank["targets"])]
             first += len(rank["targets"])
+            others = [fd for fd in fds if fd not in mine]
             try:
-                pid = os.fork()
+                pid, pidfd = forking.fork_child(
+                    functools.partial(become_rank, dict(rank, env={**request["env"], **rank["env"]},
+                                                        cwd=request.get("cwd")), mine),
+                    close=ours + tuple(others) + tuple(self.children))
             except OSError:
                 break
-            if pid == 0:
-                others = [fd for fd in fds if fd not in mine]
-                become_rank(dict(rank, env={**request["env"], **rank["env"]}, cwd=request.get("cwd")),
-                            mine, ours + tuple(others) + tuple(self.children))   # never returns
-            pidfd = os.pidfd_open(pid)   # before this loop can reap it: always its own
             self.children[pidfd] = pid
             pidfds.append(pidfd)
         return pidfds
@@ -147,30 +148,26 @@ class Server:
     def reap(self, pidfd: int) -> None:
         pid = self.children.pop(pidfd)
         os.close(pidfd)
-        try:
-            _, status, usage = os.wait4(pid, 0)
-        except ChildProcessError:   # taken by someone else after all (SIGCHLD is ours to set: not expected)
+        ended = forking.reap(pid)
+        if ended.status is None:   # taken by someone else after all (SIGCHLD is ours to set: not expected)
             report = start_wire.REPORT.pack(pid, start_wire.LOST_KIND, -1, 0, 0.0)
         else:
-            signalled = os.WIFSIGNALED(status)
-            value = os.WTERMSIG(status) if signalled else os.waitstatus_to_exitcode(status)
-            cpu = usage.ru_utime + usage.ru_stime
-            report = start_wire.REPORT.pack(pid, int(signalled), value, usage.ru_maxrss * 1024, cpu)
+            kind, value = ended.status
+            report = start_wire.REPORT.pack(pid, int(kind == "signal"), value, ended.peak_rss, ended.cpu_seconds)
         try:
             os.write(self.reports, report)
         except BrokenPipeError:   # the notebook let go of its end: nobody waits for this rank
             pass
 
 
-def become_rank(request: dict[str, Any], fds: list[int], ours: tuple[int, ...]) -> None:
-    """In the rank: take the notebook's fds under their numbers, its environment and working
-    directory, then run ``spawn_entry`` as a spawned rank does."""
+def become_rank(request: dict[str, Any], fds: list[int]) -> None:
+    """In the rank (forked: the start process's own fds closed): take the notebook's fds under
+    their numbers, its environment and working directory, then run ``spawn_entry`` as a spawned
+    rank does."""
     code = 1
     try:
         gc.freeze()   # the start process's objects stay shared pages, never collected here
         threading.current_thread().name = "MainThread"
-        for fd in ours:
-            os.close(fd)
         place_fds(fds, request["targets"])
         os.environ.clear()
         os.environ.update(request["env"])

@@ -20,14 +20,15 @@ and a rank never outlives its agent. This module is the rank side, like ``slurm.
 """
 from __future__ import annotations
 
+import functools
 import json
 import os
 import select
 import sys
 from typing import Any
 
-from ..channels.process import decode_wait_status
 from ..rank.bootstrap import die_with_parent
+from ..rank.forking import fork_child, reap
 from ..rank.preload import warm
 from .task import run_task
 
@@ -44,25 +45,28 @@ def main() -> int:
     warm(assignment.pop("warm"))
     agent = os.getpid()
     children: dict[int, int] = {}
+    pidfds: dict[int, int] = {}
     for local_rank, rank in enumerate(ranks_of(assignment)):
-        pid = os.fork()
-        if pid == 0:
-            os.close(report)
-            die_with_parent(agent)
-            run_task(dict(assignment, global_rank=rank, local_rank=local_rank))   # never returns
-            os._exit(1)
+        task = dict(assignment, global_rank=rank, local_rank=local_rank)
+        pid, pidfd = fork_child(functools.partial(become_task, agent, task), close=[report, *pidfds])
         children[pid] = rank
-    watch(children, report)
+        pidfds[pidfd] = pid
+    watch(children, pidfds, report)
     return 0
 
 
-def watch(children: dict[int, int], report: int) -> None:
+def become_task(agent: int, task: dict[str, Any]) -> None:
+    """In the forked child: die with the agent, then run the rank as its own step would."""
+    die_with_parent(agent)
+    run_task(task)   # never returns
+
+
+def watch(children: dict[int, int], pidfds: dict[int, int], report: int) -> None:
     """Report each child's end as it is reaped, and which rank holds the most memory whenever that
     changes (``<rank> largest <bytes>``): SLURM kills the whole step when the node's ranks together
     pass the job's memory, and the agent dies with them, so the notebook names the rank that grew
     from the last word it had. Samples every ``SAMPLE_EVERY`` seconds, one pread of each child's
     statm: a rank's last sample before a kill must come after it started to grow."""
-    pidfds = {os.pidfd_open(pid): pid for pid in children}
     statm = {pid: os.open(f"/proc/{pid}/statm", os.O_RDONLY) for pid in children}
     largest: int | None = None
     page = os.sysconf("SC_PAGE_SIZE")
@@ -72,8 +76,7 @@ def watch(children: dict[int, int], report: int) -> None:
             pid = pidfds.pop(fd)
             os.close(fd)
             os.close(statm.pop(pid))
-            _, status = os.waitpid(pid, 0)
-            kind, value = decode_wait_status(status)
+            kind, value = reap(pid).status or ("lost", -1)
             os.write(report, f"{children[pid]} {kind} {value}\n".encode())
         sizes = {}
         for pid, fd in statm.items():
