@@ -66,3 +66,12 @@ def test_the_final_picture_shows_each_ranks_average_as_the_rank_itself_counts_it
         own = 100 * cpu / age
         # the notebook's life of the rank ends at the reap, a little after the return: a bit lower
         assert shown is not None and 0.6 * own <= shown <= own * 1.05 + 1, (rank, shown, own)
+
+
+def test_ranks_that_end_before_their_first_sample_still_get_their_average(tmp_path):
+    """A launch of a function that returns at once: its ranks ended before a sampling round read
+    their start time, and one row read "peak 19.7 MiB resident" beside "avg cpu 56% · ..."."""
+    display = LastPicture()
+    for attempt in range(3):
+        notebook_launcher(print, num_processes=2, ui=display, log_dir=str(tmp_path / str(attempt)))
+        assert all(average is not None for average in display.averages.values()), (attempt, display.averages)

@@ -32,6 +32,8 @@ class ResourceWatch:
         self.logs = logs
         # the OOM counters at the start, each rank's memory as last sampled (an OOM death named)
         self.memory = oom.MemoryWatch((rs.local_rank, rs.rank) for rs in state.ranks)
+        with best_effort("could not read when the ranks started"):
+            self.memory.resources.note_births(self.sampled_pids())
 
     def sampled_pids(self) -> dict[int, int]:
         """Local rank -> pid of each live rank whose memory can be read here (its own process, on

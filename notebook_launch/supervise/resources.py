@@ -135,6 +135,16 @@ class ResourceSampler:
                                       peak_rss=peak_rss, peak_uss=peak_uss, gpu=gpu)
         self.updated.add(local)
 
+    def note_births(self, pids: Mapping[int, int], now: float | None = None) -> None:
+        """When each rank's process started, read as the run begins: a rank that ends before its
+        first sample still gets its life's CPU average (one row of a quick run had none beside
+        the other's "avg cpu 56%")."""
+        now = time.monotonic() if now is None else now
+        for local, pid in pids.items():
+            times = cpu_times(pid)
+            if times is not None and local not in self._born:
+                self._born[local] = now - times[1]
+
     def ended(self, local: int, peak_rss: int, cpu_seconds: float | None = None,
               now: float | None = None) -> None:
         """A local rank reaped, with what the kernel counted of its whole life (``channels.EndUsage``):
