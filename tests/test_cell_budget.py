@@ -126,3 +126,35 @@ def test_a_loud_run_leaves_a_bounded_cell_and_every_line_in_the_logs(tmp_path):
         assert "Some weights of the model were not initialized" in log   # every rank keeps its own
     saved = len(json.dumps(nb.cells[0].outputs))
     assert saved < 200_000, saved   # the panel's picture and the tail included
+
+
+MANY = textwrap.dedent("""
+    from notebook_launch import notebook_launcher, progress
+
+    def many():
+        import os, sys
+        rank = int(os.environ["RANK"])
+        print("Some weights of the model were not initialized", file=sys.stderr, flush=True)
+        for step in progress(range(3000), desc="train"):
+            progress.log(loss=1.0 / (step + 1) + rank * 1e-3, lr=1e-3)
+            if step % 10 == 0:
+                print(f"rank {{rank}} step {{step}} loss {{1.0 / (step + 1):.6f}}", flush=True)
+        return rank
+
+    results = notebook_launcher(many, num_processes=32, log_dir={log_dir!r})
+    assert results == list(range(32))
+""")
+
+
+@pytest.mark.timeout(600)
+def test_a_saved_notebook_of_a_32_rank_run_stays_small(tmp_path):
+    """Issue 43, part 4: the cell's lines, the final picture (rows, curves) and the widget state a
+    32-rank run leaves make a saved notebook under about 2 MB."""
+    import nbformat
+    from helpers.nbutil import make_notebook, run_notebook
+    nb = run_notebook(make_notebook(MANY.format(log_dir=str(tmp_path / "logs"))), timeout=540)
+    path = tmp_path / "saved.ipynb"
+    nbformat.write(nb, str(path))
+    assert path.stat().st_size < 2_000_000, path.stat().st_size
+    text = "".join(o.get("text", "") for o in nb.cells[0].outputs if o.output_type == "stream")
+    assert text.count("Some weights of the model were not initialized") == 1, text[:2000]
