@@ -13,15 +13,17 @@ from notebook_launch.display import html as html_display
 from notebook_launch.display import pace as pace_display
 from notebook_launch.display.rich_panel import render as rich_render
 from notebook_launch.rank import pace as rank_pace
-from notebook_launch.slow_rank import PaceHistory, RankPace, verdict
+from notebook_launch.slow_rank import PaceHistory, RankPace, Spread, verdict
 from notebook_launch.state import DONE, FAILED, RankState, RunState
 
 
 def steady(rank, waiting_share, seconds=10.0, steps=100, op="all_reduce", extra=None):
-    """A rank that called ``op`` ``steps`` times in ``seconds`` and spent ``waiting_share`` of it inside."""
+    """A rank that called ``op`` ``steps`` times in ``seconds`` and spent ``waiting_share`` of it
+    inside, alike in each of its stretches (one a second)."""
     ops = {op: (steps, waiting_share * seconds)}
     ops.update(extra or {})
-    return RankPace(rank=rank, seconds=seconds, ops=ops)
+    pace = RankPace(rank=rank, seconds=seconds, ops=ops)
+    return RankPace(rank=rank, seconds=seconds, ops=ops, spread=Spread.of([pace.share] * int(seconds)))
 
 
 def named(paces):

@@ -1,7 +1,9 @@
 """The slow rank named in real launches (issue 34 item 4): 4 gloo ranks, each sleeping before
 every all_reduce (its "work"), one of them longer. The panel (live, while the run goes) and the
 final summary name it and how long the others wait for it; a balanced run names nobody; a rank
-that has not reached its first collective is named while the others wait in it.
+that has not reached its first collective is named while the others wait in it. Two ranks doing
+the same work as a real loop does it (random work per step, rank 0 preparing the data while
+rank 1 waits, rank 0 alone evaluating now and then) name nobody (issue 47).
 
 Nothing here waits for a time: a run ends after its steps, and the rank that has not reached
 its collective is let go by the test the moment the panel names it. The verdict's arithmetic
@@ -18,13 +20,14 @@ from helpers.watching import WatchingDisplay
 from notebook_launch import notebook_launcher
 from notebook_launch.display import pace as pace_display
 from notebook_launch.net import free_port
+from notebook_launch.state import RunState
 
 torch = pytest.importorskip("torch")
 dist = pytest.importorskip("torch.distributed")
 
 WORK = 0.05        # seconds each rank "works" (sleeps) before each all_reduce
 SLOWER_BY = 0.10   # what the slow rank adds: 3x the others' work
-STEPS = 30
+STEPS = 50         # 7.5 s for the slow rank: the verdict needs slow_rank.MIN_STRETCHES (about a second each)
 
 
 def sleeps_before_each_all_reduce(slow_rank: int, steps: int):
@@ -34,6 +37,35 @@ def sleeps_before_each_all_reduce(slow_rank: int, steps: int):
     t = torch.ones(1)
     for _ in range(steps):
         time.sleep(WORK + (SLOWER_BY if rank == slow_rank else 0.0))
+        dist.all_reduce(t)
+    dist.destroy_process_group()
+    return rank
+
+
+PREPARE = 2.0      # seconds rank 0 prepares the data while rank 1 waits in a barrier (main_process_first)
+EVAL = 0.5         # seconds of an evaluation rank 0 alone runs...
+EVAL_EVERY = 50    # ...every this many steps
+NOISY_STEPS = 150  # each 20-60 ms of work on both ranks: about 8 s
+
+
+def the_same_work_with_noise(steps: int):
+    """What a real loop does on two ranks with the same work (see PREPARE, EVAL)."""
+    import random
+    import time
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    draw = random.Random(0)
+    works = [draw.uniform(0.02, 0.06) for _ in range(steps)]
+    random.Random(rank + 1).shuffle(works)   # the same work on both ranks, each step's another
+    t = torch.ones(1)
+    dist.barrier()
+    if rank == 0:
+        time.sleep(PREPARE)
+    dist.barrier()
+    for step, work in enumerate(works, start=1):
+        time.sleep(work)
+        if rank == 0 and step % EVAL_EVERY == 0:
+            time.sleep(EVAL)
         dist.all_reduce(t)
     dist.destroy_process_group()
     return rank
@@ -100,6 +132,23 @@ def test_a_balanced_run_names_nobody(log_dir, capsys):
     out = capsys.readouterr().out
     assert "pace: " not in out and "slowest" not in out, out
     assert len(re.findall(r"\([\d.]+ all_reduce/s, \d+% waiting\)", out)) == 4, out
+
+
+def test_the_same_work_on_two_noisy_ranks_names_nobody(log_dir, capsys):
+    """Rank 1 waits for rank 0 a third of its time in all (the whole run's totals named 'rank 0 is
+    the slowest (1.4x)'), but in a few stretches only: the final picture names nobody, from a run
+    long enough to judge (each rank has the stretches a verdict needs)."""
+    seen: list[RunState] = []
+    display = WatchingDisplay(on_refresh=lambda state: seen.append(state) if not seen else None)
+    assert notebook_launcher(the_same_work_with_noise, (NOISY_STEPS,), num_processes=2, log_dir=log_dir,
+                             ui=display, use_port=str(free_port()), timeout=240) == [0, 1]
+    out = capsys.readouterr().out
+    assert "pace: " not in out and "slowest" not in out, out
+    [state] = seen
+    assert state.status == "done" and pace_display.verdict(state) is None
+    for rs in state.ranks:
+        whole = rs.pace.whole_run(rs.rank)
+        assert whole is not None and whole.measured(), (rs.rank, whole)
 
 
 def test_a_rank_that_has_not_reached_its_collective_is_named_while_the_others_wait(log_dir, tmp_path,

@@ -3,10 +3,11 @@
 the rows ("rank 2 is the slowest (1.8x); ranks 0, 1, 3 spend 44% of their time waiting for it
 in all_reduce"). What is measured and how the verdict is reached: ``slow_rank``.
 
-While the run goes, the last ``slow_rank.WINDOW`` seconds of each rank are compared (the panel
-follows what the ranks do now); once it ended well, the whole run (the final picture and
-summary). A run that failed or was stopped says nothing of pace: its ranks' last waits were
-for the rank that failed, which its error names already."""
+While the run goes, the last ``slow_rank.WINDOW`` seconds of each rank are compared (at least
+its last ``slow_rank.MIN_STRETCHES`` stretches: the panel follows what the ranks do now); once it
+ended well, the whole run (the final picture and summary). A run that failed or was stopped
+says nothing of pace: its ranks' last waits were for the rank that failed, which its error names
+already."""
 from __future__ import annotations
 
 from .. import slow_rank
