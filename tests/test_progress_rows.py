@@ -2,6 +2,7 @@
 cell's line budget, in every display (issues 25 and 20). The states are built with the
 RunState methods the supervisor calls; the widgets are real ipywidgets over a recording comm."""
 import io
+import re
 import sys
 import time
 
@@ -11,7 +12,7 @@ from notebook_launch.errors import LaunchArgumentError
 from notebook_launch.options import launch_options
 from notebook_launch.display import TextDisplay, choose_display
 from notebook_launch.display import format as fmt
-from notebook_launch.display import fragments
+from notebook_launch.display import fragments, rows
 from notebook_launch.display import html as html_display
 from notebook_launch.display.rich_panel import render as rich_render
 from notebook_launch.state import DONE, RankState, RunState
@@ -63,7 +64,7 @@ def test_nested_loops_show_the_inner_bar_while_running_and_the_outer_one_at_the_
     state.on_progress(0, {"bars": {"b0": {"desc": "epoch", "n": 0, "total": 3, "nested": 1},
                                    "b1": {"desc": "step", "n": 5, "total": 20}}})
     assert rs.main_bar.desc == "step" and "also epoch 0%" in fmt.other_bars(rs)
-    assert "also epoch 0%" in fragments.info_html(rs)
+    assert "also epoch 0%" in rows.row_html(rs)
     state.on_progress(0, {"bars": {"b1": {"n": 20, "closed": True}, "b0": {"n": 1, "nested": 2},
                                    "b2": {"desc": "step", "n": 0, "total": 20}}})
     assert rs.main_bar.id == "b2"                  # the new inner loop, though the epoch moved too
@@ -90,8 +91,8 @@ def test_stalled_ranks_are_marked_with_how_long_in_every_display():
     assert "rank 1 [cpu] running" in text and ", stalled," in fmt.header(state)
     page = html_display.render(state)
     assert page.count("nl-stalled") == 2 * 2                 # the row and its status badge, twice
-    assert "stalled 01:1" in fragments.label_html(state.ranks[0])
-    assert "stalled" not in fragments.label_html(state.ranks[1])
+    assert "stalled 01:1" in rows.label_html(state.ranks[0])
+    assert "stalled" not in rows.label_html(state.ranks[1])
     from rich.console import Console
     drawn_to = io.StringIO()
     console = Console(file=drawn_to, width=160, color_system=None)
@@ -178,9 +179,10 @@ def test_the_where_button_asks_and_the_panel_draws_the_answer(widget_panel):
     display._redraw(state, now=time.monotonic() + 20)
     assert not display.where_button.disabled and display.where_button.description == "Where are they?"
     assert "ranks 0, 2 wait in all_reduce #57" in display.where.value
-    rows = [row for row, *_ in display.rows]
-    assert ["nl-stalled" in row._dom_classes for row in rows] == [True, False, True]
-    assert "stalled 01:1" in display.rows[0][1].value
+    row_classes = re.findall(r"<tr class='nl-rank ([^']*)'", display.rows.value)
+    assert ["nl-stalled" in classes.split() for classes in row_classes] == [True, False, True]
+    assert "stalled 01:1" in rows.label_html(state.ranks[0])
+    assert "stalled 01:1" in display.rows.value
 
 
 def test_a_ranks_recent_lines_are_sent_when_its_row_is_opened(widget_panel):
