@@ -15,7 +15,7 @@ from notebook_launch.display import format as fmt
 from notebook_launch.display import fragments, rows
 from notebook_launch.display import html as html_display
 from notebook_launch.display.rich_panel import render as rich_render
-from notebook_launch.state import DONE, RankState, RunState
+from notebook_launch.state import DONE, STOPPED, RankState, RunState
 
 
 def make_state(world=2):
@@ -230,3 +230,31 @@ def test_the_cell_line_budget_is_per_rank_chosen_or_all(monkeypatch):
         with pytest.raises(LaunchArgumentError, match="lines_per_second"):
             launch_options(function=print, lines_per_second=bad)
     assert launch_options(function=print, lines_per_second="all").lines_per_second is None
+
+
+def test_a_stalled_row_says_how_long_it_has_not_moved_and_no_rate():
+    """Issue 47: a stalled rank's pace over the last window only decays while it waits ('1.40
+    s/all_reduce'), a speed it does not have: no display shows a rate, an ETA or a pace for it,
+    only its status with how long it has not moved. A rank that ended is never called stalled,
+    in its row or in a stop's report (``RunState.stalled_for``)."""
+    state = RunState(run_id="r", world_size=1, backend="fork", log_dir="/tmp/r",
+                     ranks=[RankState(rank=0, local_rank=0)])
+    state.on_ready(0, {"pid": 1})
+    state.on_progress(0, {"bars": {"b": {"desc": "train", "n": 10, "total": 100, "rate": 5.0}}})
+    for second in range(31):   # 10 all_reduce a second, 72% of the time waiting in them
+        state.on_progress(0, {"pace": {"since": 100.0, "at": 100.0 + second, "waiting": 0.72 * second,
+                                       "ops": {"all_reduce": [10 * second, 0.72 * second]}, "inside": None,
+                                       "first": second == 0, "moved": True}})
+    assert "10.0 all_reduce/s, 72% waiting" in fmt.rank_line(state.ranks[0])   # while it moves
+    state.on_stalled(0, time.monotonic() - 19)
+    texts = [fmt.rank_line(state.ranks[0]), re.sub(r"<[^>]+>", " ", rows.row_html(state.ranks[0]))]
+    out = io.StringIO()
+    from rich.console import Console
+    Console(file=out, width=200, color_system=None).print(rich_render(state))
+    texts.append(out.getvalue())
+    for text in texts:
+        assert "stalled 00:19" in text or "stalled 00:2" in text, text
+        assert "/s" not in text and " s/" not in text and "eta" not in text and "waiting" not in text, text
+    assert state.stalled_for(0) is not None
+    state.on_exit(0, STOPPED, "stopped by notebook_launch")
+    assert state.stalled_for(0) is None and fmt.stalled_for(state.ranks[0]) is None
