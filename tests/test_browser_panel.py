@@ -481,7 +481,7 @@ def run_scenario(page, lab):
     assert "rate exceeded" not in Path(lab["log"]).read_text()
 
 
-LIVE_BARS = ".widget-hprogress .progress-bar"    # the widget panel while its run goes
+LIVE_BARS = ".jupyter-widgets .nl-bar"           # the widget panel while its run goes (display/rows.py)
 PICTURE_BARS = ".nl-panel .nl-bar"                 # its picture once the run ended (display/html.py)
 
 
