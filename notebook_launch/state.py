@@ -99,6 +99,15 @@ class RankState:
     pace: PaceHistory = field(default_factory=PaceHistory)   # its collectives' calls and waits (slow_rank)
     resources: RankUsage | None = None    # its CPU, memory and GPU as last sampled (by itself on another machine)
     own_memory_shown: bool = True   # every row says memory one way: own of resident only when all ranks' own is known
+    phase: str = ""                 # what it does while it starts ('importing torch'), said by the notebook or the rank
+
+    def stalled_for(self, now: float | None = None) -> float | None:
+        """Seconds this rank has shown no sign of progress while it still runs, or None: the one
+        answer the panel's row, its status and a stop's report give (a rank that ended is never
+        stalled, whatever mark the last stall check left)."""
+        if self.stalled_since is None or self.status not in (RUNNING, STARTING):
+            return None
+        return max(0.0, (time.monotonic() if now is None else now) - self.stalled_since)
 
     @property
     def last_line(self) -> str:
@@ -225,9 +234,13 @@ class RunState:
             self.where_report, self.where_report_is_stall = None, False
 
     def stalled_for(self, local_rank: int) -> float | None:
-        """Seconds the rank has been stalled, or None."""
-        since = self.ranks[local_rank].stalled_since
-        return None if since is None else time.monotonic() - since
+        """Seconds the rank has been stalled, or None (``RankState.stalled_for``)."""
+        return self.ranks[local_rank].stalled_for()
+
+    def on_phase(self, local_rank: int | None, text: str) -> None:
+        """What rank ``local_rank`` (None: every rank) does while it starts; '' when it is done with it."""
+        for rs in self.ranks if local_rank is None else [self.ranks[local_rank]]:
+            rs.phase = text
 
     def on_where_report(self, text: str) -> None:
         """The supervisor's answer to "Where are they?" (or to a stall): the panels draw it.
@@ -248,6 +261,7 @@ class RunState:
     def on_exit(self, local_rank: int, status: Status, description: str, error: str | None = None) -> None:
         rs = self.ranks[local_rank]
         rs.status = status
+        rs.phase = ""
         rs.exit_description = description
         if error is not None:
             rs.error = error
@@ -274,6 +288,7 @@ class RunState:
             rs.pace = PaceHistory()
             rs.exit_description = rs.error = None
             rs.resources = None
+            rs.phase = ""
 
 
 def _prune_closed_bars(bars: dict[str, Bar]) -> None:

@@ -80,7 +80,7 @@ notebook_launcher(train_stalls, args=(10_000,), num_processes=2,
                   stall_after=3, timeout=60)'''
 
 CELLS = [SETUP, RUNNING, FAILED, STALLED]
-LIVE_BARS = ".widget-hprogress .progress-bar"    # the widget panel while its run goes
+LIVE_BARS = ".jupyter-widgets .nl-bar"           # the widget panel while its run goes (display/rows.py)
 PICTURE_BARS = ".nl-panel .nl-bar"                 # its picture once the run ended
 
 

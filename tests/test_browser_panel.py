@@ -152,6 +152,25 @@ notebook_launcher(hangs, num_processes=2, stall_after=2)''',
 ]
 
 
+# A third notebook (issue 47): the panel's layout as a person sees it, measured in the page. Two ranks
+# whose rows differ (a longer description, long output lines): the bars must still line up.
+LAYOUT_CELLS = [
+    '''from notebook_launch import notebook_launcher, progress
+
+def layout_run(steps):
+    import os, time
+    rank = int(os.environ["RANK"])
+    for step in progress(range(steps), desc="train" if rank == 0 else "train, the longer description"):
+        time.sleep(0.05)
+        progress.log(loss=1.0 / (step + 1), learning_rate=0.001 * (rank + 1))
+        if step % 20 == 0:
+            print(f"rank {rank} step {step} " + "a long line of output " * 5 * rank)
+    return rank
+
+print("LAYOUT", notebook_launcher(layout_run, args=(400,), num_processes=2))''',
+]
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -175,6 +194,7 @@ def lab(tmp_path):
     root.mkdir()
     write_notebook(root / "panel.ipynb")
     write_notebook(root / "libraries.ipynb", LIBRARY_CELLS)
+    write_notebook(root / "layout.ipynb", LAYOUT_CELLS)
     env = dict(os.environ, JUPYTER_CONFIG_DIR=str(tmp_path / "config"),
                JUPYTER_RUNTIME_DIR=str(tmp_path / "runtime"),
                JUPYTERLAB_SETTINGS_DIR=str(tmp_path / "settings"),
@@ -237,14 +257,70 @@ def test_lightning_and_a_stalled_run_in_jupyterlab(lab):
     in_browser(lab, run_library_scenario)
 
 
-def in_browser(lab, scenario):
+def test_panel_layout_in_jupyterlab(lab):
+    """Issue 47: at 1280x800 with the file browser open and at ~700 px of output, live and as its
+    final picture, every row's bar lines up, rows take one or two lines, no figure is cut, and the
+    picture is as high as the live panel was."""
+    in_browser(lab, run_layout_scenario, viewport={"width": 1280, "height": 800})
+
+
+# Records the panel's height every 100 ms while the cell runs: its last live height is compared
+# with its picture's.
+RECORD_HEIGHTS = """(index) => { window.nlHeights = []; setInterval(() => {
+  const cell = [...document.querySelectorAll('.jp-CodeCell')][index];
+  const panel = cell && cell.querySelector('.nl-panel');
+  if (panel) window.nlHeights.push({live: cell.querySelectorAll('.jupyter-widgets').length > 0,
+                                    h: panel.getBoundingClientRect().height});
+}, 100); }"""
+
+
+def run_layout_scenario(page, lab):
+    from helpers.panel_layout import assert_rows_laid_out, assert_same_height, measure
+    open_notebook(page, lab, "layout.ipynb")
+    page.evaluate("window.jupyterapp.commands.execute('filebrowser:activate')")
+    page.locator(".jp-FileBrowser").first.wait_for(timeout=30_000)
+    page.evaluate(RECORD_HEIGHTS, 0)
+    run_cell(page, 0)
+    live = cell(page, 0)
+    live.locator(".jupyter-widgets .nl-rank .nl-resources").nth(1).wait_for(timeout=240_000)
+    live.locator(".jupyter-widgets .nl-rank .nl-metrics").nth(1).wait_for(timeout=60_000)
+    wide = measure(page, 0)
+    live.screenshot(path=str(ARTIFACTS / "panel-layout-1280.png"))
+    assert wide["live"], wide
+    assert_rows_laid_out(wide, "live, 1280x800 with the file browser open")
+    narrow_width = round(1280 - (wide["output"]["w"] - 700))
+    page.set_viewport_size({"width": narrow_width, "height": 800})
+    page.wait_for_timeout(1500)   # a redraw or two at the new width
+    narrow = measure(page, 0)
+    live.screenshot(path=str(ARTIFACTS / "panel-layout-700.png"))
+    assert narrow["live"] and 650 <= narrow["output"]["w"] <= 750, narrow
+    # a row too long for one line wraps under its bar, whole figures on each line: the bar and its
+    # counts, the metrics, the resources (and a long description on a line of its own)
+    assert_rows_laid_out(narrow, f"live, {narrow['output']['w']:.0f} px of output", max_lines=4)
+    page.set_viewport_size({"width": 1280, "height": 800})
+    wait_for_text(page, 0, "LAYOUT [0, 1]", 240)
+    assert_ended_as_a_picture(page, 0)
+    heights = page.evaluate("window.nlHeights")
+    last_live = [h["h"] for h in heights if h["live"]][-1]
+    picture = measure(page, 0)
+    live.screenshot(path=str(ARTIFACTS / "panel-layout-picture.png"))
+    assert not picture["live"], picture
+    assert_same_height(last_live, picture["panel"]["h"])
+    assert_rows_laid_out(picture, "the final picture, 1280x800")
+    page.set_viewport_size({"width": narrow_width, "height": 800})
+    page.wait_for_timeout(500)
+    live.screenshot(path=str(ARTIFACTS / "panel-layout-picture-700.png"))
+    assert_rows_laid_out(measure(page, 0), "the final picture, ~700 px of output", max_lines=4)
+
+
+def in_browser(lab, scenario, viewport=None):
     from playwright.sync_api import sync_playwright
     ARTIFACTS.mkdir(exist_ok=True)
     with sync_playwright() as pw:
         browser = pw.chromium.launch(executable_path=CHROMIUM, args=[
             "--no-sandbox", "--disable-gpu", "--disable-background-networking",
             "--disable-component-update", "--disable-sync", "--no-first-run"])
-        page = browser.new_page(viewport={"width": 1500, "height": 1100})
+        page = browser.new_page(viewport=viewport or {"width": 1500, "height": 1100})   # type: ignore[arg-type]
         try:
             scenario(page, lab)
             shut_down_kernels(lab)   # its stderr (a zmq abort at exit, say) reaches the log now
@@ -405,7 +481,7 @@ def run_scenario(page, lab):
     assert "rate exceeded" not in Path(lab["log"]).read_text()
 
 
-LIVE_BARS = ".widget-hprogress .progress-bar"    # the widget panel while its run goes
+LIVE_BARS = ".jupyter-widgets .nl-bar"           # the widget panel while its run goes (display/rows.py)
 PICTURE_BARS = ".nl-panel .nl-bar"                 # its picture once the run ended (display/html.py)
 
 

@@ -90,27 +90,27 @@ def test_a_call_that_went_well_ends_on_one_line_and_a_failed_one_on_the_summary(
     assert "notebook_launch run r9: 2 ranks, fork, failed" in out and "rank 1 [cpu] failed" in out
 
 
-def test_the_panel_keeps_its_columns_and_lines_when_the_run_ends():
-    """The live widget rows and the final picture (the HTML table) give the label and the bar the
-    same widths and keep a rank's info on one line: the bar column does not jump right, nor does
-    the text wrap, when the run ends (issue 35)."""
+def test_the_live_rows_are_the_final_pictures_rows_and_cut_no_figure():
+    """The live widget panel draws every rank's row with the final picture's markup (one table:
+    the bars line up, the panel keeps its shape when the run ends; issues 35 and 47), and no
+    figure is cut with an ellipsis: a row too long for the output wraps between whole figures.
+    Only a rank's last output line may be shortened (its whole text is in "recent lines")."""
     pytest.importorskip("ipywidgets")
     import re
+    from notebook_launch.display import rows
     from notebook_launch.display.widget import WidgetDisplay, close_widgets
     state = finished_state()
-    state.ranks[1].error = "ValueError: " + "a long message " * 20
+    state.ranks[1].error = "ValueError: " + "a long message " * 12   # wraps over lines, whole
     display = WidgetDisplay(print_lines=False, poll_kernel=False)
     display.start(state)
     try:
-        _row, label, bar, info = display.rows[0]
-        page = html_display.render(state)
-        columns = re.search(r"<colgroup>(.*?)</colgroup>", page)
-        assert columns, page
-        widths = re.findall(r"<col class='nl-col-(\w+)'(?: style='width:([^']+)')?>", columns.group(1))
-        assert widths == [("label", label.layout.width), ("bar", bar.layout.width), ("info", "")], widths
-        assert "table-layout:fixed" in page
-        one_line = "white-space:nowrap;overflow:hidden;text-overflow:ellipsis"
-        assert page.count(f"<div class='nl-info' style='{one_line}'>") == 2
-        assert one_line in info.value
+        assert display.rows.value == rows.rows_html(state)
+        assert rows.rows_html(state) in html_display.render(state)
     finally:
         close_widgets(display.widgets_made())
+    page = html_display.render(state)
+    clipped = re.findall(r"<(\w+) class='([\w -]+)'[^>]*text-overflow", page)
+    assert [cls for _tag, cls in clipped] == ["nl-last-line"], clipped
+    assert "…" not in re.sub(r"<[^>]+>", "", page) and state.ranks[1].error.strip() in page
+    figures = re.findall(r"<span style='white-space:nowrap'>([^<]*)</span>", rows.row_html(state.ranks[0]))
+    assert figures[:3] == ["train 100%", "100/100", "50.0 it/s"], figures

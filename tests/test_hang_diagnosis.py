@@ -683,3 +683,38 @@ def test_detail_leaves_out_our_threads_and_frames_and_says_how_many():
     whole = detail([rank], cells, whole=True)
     assert "_run() at progress.py:140" in whole and "interruptible() at serve.py:98" in whole
     assert verdict([rank], cells) == "rank 0 is in train() at Cell In[5], line 12"
+
+
+def test_what_answering_where_they_are_costs_the_ranks_is_no_sign_of_progress():
+    """Issue 47: a stalled run flipped back to "running" about once in three runs, then was marked
+    stalled again with younger ages than its report said: each stack sample, and each answer to
+    "Where are they?", costs the asked ranks CPU time (their where-thread walks every stack), which
+    on a loaded machine crossed BUSY_SHARE and read as work. The time spent answering is not judged;
+    work after it still is."""
+    from notebook_launch.diagnose.stall import STACK_GAP, StallWatch
+    cpu = {1: 0.0, 2: 0.0}
+
+    def sample(pids):   # answering costs each rank 0.3 s of CPU: well over BUSY_SHARE of a second
+        for pid in pids.values():
+            cpu[pid] += 0.3
+        return {local: "waits" for local in pids}
+
+    watch = StallWatch(5, now=0.0, cpu=lambda pid: cpu[pid], stack=sample, waited=lambda pid: 0.0)
+    live = [(0, 1), (1, 2)]
+    found: dict[int, float | None] = {}
+    second = 0.0
+    while not found or None in found.values():
+        second += 1.0
+        found = watch.check_all(live, second)
+        assert second < 20, "never stalled"
+    stalled = dict(found)
+    for _ in range(10):   # asked where they are every second ("Where are they?", a report)
+        second += 1.0
+        sample({0: 1, 1: 2})
+        watch.asked(second)
+        assert watch.check_all(live, second) == stalled, second
+    second += STACK_GAP
+    cpu[1] += 0.9         # rank 0 computes again: that is a sign
+    assert watch.check_all(live, second + 1.0) == stalled    # the first read after an answer sets a baseline
+    cpu[1] += 0.9
+    assert watch.check_all(live, second + 2.0) == {0: None, 1: None}

@@ -68,14 +68,14 @@ def test_a_stalled_row_shows_neither_its_old_rate_nor_an_eta():
     import io
     import time
     from rich.console import Console
-    from notebook_launch.display import fragments
+    from notebook_launch.display import rows
     from notebook_launch.display.rich_panel import RichDisplay
     state = make_state(1)
     state.on_ready(0, {"pid": 11})
     state.on_progress(0, {"bars": {"b0": {"desc": "train", "n": 100, "total": 1000, "rate": 9.0}}})
     assert "9.0 it/s eta 01:40" in fmt.summary(state)
     state.on_stalled(0, time.monotonic() - 130)
-    texts = {"summary": fmt.summary(state), "html": fragments.info_html(state.ranks[0])}
+    texts = {"summary": fmt.summary(state), "html": rows.row_html(state.ranks[0])}
     out = io.StringIO()
     rich = RichDisplay(console=Console(file=out, width=200, force_terminal=False, color_system=None))
     rich.start(state)

@@ -2,6 +2,7 @@
 cell's line budget, in every display (issues 25 and 20). The states are built with the
 RunState methods the supervisor calls; the widgets are real ipywidgets over a recording comm."""
 import io
+import re
 import sys
 import time
 
@@ -11,10 +12,10 @@ from notebook_launch.errors import LaunchArgumentError
 from notebook_launch.options import launch_options
 from notebook_launch.display import TextDisplay, choose_display
 from notebook_launch.display import format as fmt
-from notebook_launch.display import fragments
+from notebook_launch.display import fragments, rows
 from notebook_launch.display import html as html_display
 from notebook_launch.display.rich_panel import render as rich_render
-from notebook_launch.state import DONE, RankState, RunState
+from notebook_launch.state import DONE, STOPPED, RankState, RunState
 
 
 def make_state(world=2):
@@ -63,7 +64,7 @@ def test_nested_loops_show_the_inner_bar_while_running_and_the_outer_one_at_the_
     state.on_progress(0, {"bars": {"b0": {"desc": "epoch", "n": 0, "total": 3, "nested": 1},
                                    "b1": {"desc": "step", "n": 5, "total": 20}}})
     assert rs.main_bar.desc == "step" and "also epoch 0%" in fmt.other_bars(rs)
-    assert "also epoch 0%" in fragments.info_html(rs)
+    assert "also epoch 0%" in rows.row_html(rs)
     state.on_progress(0, {"bars": {"b1": {"n": 20, "closed": True}, "b0": {"n": 1, "nested": 2},
                                    "b2": {"desc": "step", "n": 0, "total": 20}}})
     assert rs.main_bar.id == "b2"                  # the new inner loop, though the epoch moved too
@@ -90,8 +91,8 @@ def test_stalled_ranks_are_marked_with_how_long_in_every_display():
     assert "rank 1 [cpu] running" in text and ", stalled," in fmt.header(state)
     page = html_display.render(state)
     assert page.count("nl-stalled") == 2 * 2                 # the row and its status badge, twice
-    assert "stalled 01:1" in fragments.label_html(state.ranks[0])
-    assert "stalled" not in fragments.label_html(state.ranks[1])
+    assert "stalled 01:1" in rows.label_html(state.ranks[0])
+    assert "stalled" not in rows.label_html(state.ranks[1])
     from rich.console import Console
     drawn_to = io.StringIO()
     console = Console(file=drawn_to, width=160, color_system=None)
@@ -178,9 +179,10 @@ def test_the_where_button_asks_and_the_panel_draws_the_answer(widget_panel):
     display._redraw(state, now=time.monotonic() + 20)
     assert not display.where_button.disabled and display.where_button.description == "Where are they?"
     assert "ranks 0, 2 wait in all_reduce #57" in display.where.value
-    rows = [row for row, *_ in display.rows]
-    assert ["nl-stalled" in row._dom_classes for row in rows] == [True, False, True]
-    assert "stalled 01:1" in display.rows[0][1].value
+    row_classes = re.findall(r"<tr class='nl-rank ([^']*)'", display.rows.value)
+    assert ["nl-stalled" in classes.split() for classes in row_classes] == [True, False, True]
+    assert "stalled 01:1" in rows.label_html(state.ranks[0])
+    assert "stalled 01:1" in display.rows.value
 
 
 def test_a_ranks_recent_lines_are_sent_when_its_row_is_opened(widget_panel):
@@ -228,3 +230,31 @@ def test_the_cell_line_budget_is_per_rank_chosen_or_all(monkeypatch):
         with pytest.raises(LaunchArgumentError, match="lines_per_second"):
             launch_options(function=print, lines_per_second=bad)
     assert launch_options(function=print, lines_per_second="all").lines_per_second is None
+
+
+def test_a_stalled_row_says_how_long_it_has_not_moved_and_no_rate():
+    """Issue 47: a stalled rank's pace over the last window only decays while it waits ('1.40
+    s/all_reduce'), a speed it does not have: no display shows a rate, an ETA or a pace for it,
+    only its status with how long it has not moved. A rank that ended is never called stalled,
+    in its row or in a stop's report (``RunState.stalled_for``)."""
+    state = RunState(run_id="r", world_size=1, backend="fork", log_dir="/tmp/r",
+                     ranks=[RankState(rank=0, local_rank=0)])
+    state.on_ready(0, {"pid": 1})
+    state.on_progress(0, {"bars": {"b": {"desc": "train", "n": 10, "total": 100, "rate": 5.0}}})
+    for second in range(31):   # 10 all_reduce a second, 72% of the time waiting in them
+        state.on_progress(0, {"pace": {"since": 100.0, "at": 100.0 + second, "waiting": 0.72 * second,
+                                       "ops": {"all_reduce": [10 * second, 0.72 * second]}, "inside": None,
+                                       "first": second == 0, "moved": True}})
+    assert "10.0 all_reduce/s, 72% waiting" in fmt.rank_line(state.ranks[0])   # while it moves
+    state.on_stalled(0, time.monotonic() - 19)
+    texts = [fmt.rank_line(state.ranks[0]), re.sub(r"<[^>]+>", " ", rows.row_html(state.ranks[0]))]
+    out = io.StringIO()
+    from rich.console import Console
+    Console(file=out, width=200, color_system=None).print(rich_render(state))
+    texts.append(out.getvalue())
+    for text in texts:
+        assert "stalled 00:19" in text or "stalled 00:2" in text, text
+        assert "/s" not in text and " s/" not in text and "eta" not in text and "waiting" not in text, text
+    assert state.stalled_for(0) is not None
+    state.on_exit(0, STOPPED, "stopped by notebook_launch")
+    assert state.stalled_for(0) is None and fmt.stalled_for(state.ranks[0]) is None

@@ -18,7 +18,7 @@ from helpers.panel_helpers import KeepStateDisplay
 
 from notebook_launch import notebook_launcher
 from notebook_launch.display import format as fmt
-from notebook_launch.display import fragments
+from notebook_launch.display import fragments, rows
 from notebook_launch.display.rich_panel import render
 from notebook_launch.resources import GpuUsage, MachineMemory, RankUsage, size_text
 from notebook_launch.state import DONE, RUNNING, RankState, RunState
@@ -251,7 +251,7 @@ def test_every_display_shows_the_same_words():
     assert fmt.resources(state.ranks[0]) == words
     assert words in fmt.rank_line(state.ranks[0])
     assert "machine memory 24.0 GiB, 12.0 GiB available" in fmt.header(state)
-    row = fragments.info_html(state.ranks[0])
+    row = rows.row_html(state.ranks[0])
     assert "nl-resources" in row and "820.0 MiB own" in row
     assert "machine memory 24.0 GiB, 12.0 GiB available" in fragments.header_html(state)
     from rich.console import Console
@@ -343,7 +343,8 @@ def test_the_panel_in_a_real_kernel_shows_each_ranks_memory(tmp_path):
                  if o.output_type == "display_data" and "nl-panel" in o.data.get("text/html", "")]
     page, summary = picture.data["text/html"], picture.data["text/plain"]
     assert page.count("class='nl-resources'") == 2 and "class='nl-machine'>machine memory " in page, page
-    rank0 = page.split("class='nl-resources'")[1].split("</span>")[0]   # rows come in rank order
+    # rows come in rank order; the item's figures are spans of their own
+    rank0 = re.sub(r"<[^>]+>", "", page.split("class='nl-resources'")[1].split("</span></span>")[0].split(">", 1)[1])
     assert " MiB own of " in rank0 and float(rank0.split(" MiB own")[0].rsplit("peak ", 1)[1]) >= 200, rank0
     assert "peak " in summary and "machine memory " in summary, summary
 

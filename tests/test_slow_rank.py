@@ -8,7 +8,7 @@ import pytest
 
 from notebook_launch import slow_rank
 from notebook_launch.display import format as fmt
-from notebook_launch.display import fragments
+from notebook_launch.display import rows
 from notebook_launch.display import html as html_display
 from notebook_launch.display import pace as pace_display
 from notebook_launch.display.rich_panel import render as rich_render
@@ -298,7 +298,7 @@ def test_the_html_panel_and_the_final_picture_name_the_slow_rank():
         page = html_display.render(state)
         assert "class='nl-slow-rank'" in page and VERDICT in page
         assert page.count("class='nl-pace'") == 4
-        assert "10.0 all_reduce/s, 2% waiting" in fragments.info_html(state.ranks[2])
+        assert "10.0 all_reduce/s, 2% waiting" in rows.row_html(state.ranks[2])
     assert "nl-slow-rank" not in html_display.render(balanced_state())
 
 
@@ -330,5 +330,5 @@ def test_the_widget_panel_has_a_line_for_the_slow_rank(monkeypatch):
     display = WidgetDisplay(print_lines=False, poll_kernel=False)
     display.start(state)
     assert VERDICT in display.slow_rank.value and display.slow_rank in display.panel.children
-    assert "2% waiting" in display.rows[2][3].value
+    assert "2% waiting" in rows.row_html(state.ranks[2]) and rows.row_html(state.ranks[2]) in display.rows.value
     display.close(state)

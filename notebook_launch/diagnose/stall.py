@@ -137,6 +137,14 @@ class StallWatch:
         self.started = now
         self.samples: tuple[float, dict[int, Fingerprint]] | None = None   # the first stack sample of a candidate stall
         self.stalled = False      # the run is stalled (confirmed), until a rank moves
+        self.asked_at = float("-inf")   # when the notebook last asked the ranks where they are (``asked``)
+
+    def asked(self, now: float) -> None:
+        """The notebook asked the ranks where they are and has their answers: the CPU time each spent
+        answering (its where-thread walking every stack) is ours, not a sign that it moves. Without
+        this a stalled run flipped back to running after a stack sample or a "Where are they?" on a
+        loaded machine, and was marked stalled again later with younger ages than its report's."""
+        self.asked_at = now
 
     def saw(self, local_rank: int, now: float) -> None:
         """The rank showed a sign (an event, an output line, a prompt it waits on)."""
@@ -168,7 +176,9 @@ class StallWatch:
             spent = self.cpu(pid)
             if spent is not None:
                 waited = self.waited(pid)
-                if sampled is not None and _busy(spent - sampled[1], waited - sampled[2], now - sampled[0]):
+                # judged only over a span that holds no answer of ours (``asked``)
+                if sampled is not None and sampled[0] > self.asked_at and \
+                        _busy(spent - sampled[1], waited - sampled[2], now - sampled[0]):
                     sign = self.last_sign[local_rank] = max(sign, now)
                 self.last_cpu[local_rank] = (now, spent, waited)
         return sign
@@ -191,11 +201,13 @@ class StallWatch:
             if self.stack is not None and pids:
                 if self.samples is None:
                     self.samples = (now, self.stack(pids))
+                    self.asked(now)
                     return {local: None for local in quiet}
                 if now - self.samples[0] < STACK_GAP:
                     return {local: None for local in quiet}
                 first, second = self.samples[1], self.stack(pids)
                 self.samples = None
+                self.asked(now)
                 moved = [local for local in pids
                          if first.get(local) is not None and first.get(local) != second.get(local)]
                 if moved:   # its stack changed: it works without showing it

@@ -2,7 +2,6 @@
 widget, the HTML table, the rich panel, text summaries and the text repr."""
 from __future__ import annotations
 
-import time
 from typing import Any
 
 from ..resources import machine_memory_text, usage_text
@@ -63,9 +62,13 @@ def bar_percent(bar: Bar) -> str:
 def bar_details(bar: Bar, running: bool = True, stalled: bool = False) -> str:
     """'1,000/5,000 120.0 it/s eta 00:33' -- counts, rate, then ETA while the rank runs. A
     ``stalled`` rank's row has neither: its last rate is not its speed now, nor is there an ETA."""
+    return " ".join(_bar_figures(bar, running, stalled))
+
+
+def _bar_figures(bar: Bar, running: bool, stalled: bool) -> list[str]:
     parts = [bar_counts(bar)]
     if stalled:
-        return parts[0]
+        return parts
     speed = rate(bar)
     if speed:
         parts.append(speed)
@@ -73,13 +76,25 @@ def bar_details(bar: Bar, running: bool = True, stalled: bool = False) -> str:
         parts.append(f"eta {duration(bar.eta)}")
     elif bar.elapsed:
         parts.append(f"in {duration(bar.elapsed)}")
-    return " ".join(parts)
+    return parts
+
+
+def bar_words(bar: Bar, running: bool = True, stalled: bool = False) -> list[str]:
+    """``bar_summary`` as its figures, each whole: ['train 40%', '400/1,000', '120.0 it/s',
+    'eta 00:05'] (a row that must wrap breaks between them, never inside one)."""
+    head = f"{bar.desc} {bar_percent(bar).strip()}".strip()
+    return ([head] if head else []) + _bar_figures(bar, running, stalled)
 
 
 def metric_value(value: Any) -> str:
     if isinstance(value, float):
         return f"{value:.4g}"
     return str(value)
+
+
+def metric_words(rank_state: RankState, limit: int = 6) -> list[str]:
+    """['loss=0.123', 'lr=0.001']: ``metrics``, one figure each."""
+    return [f"{k}={metric_value(v)}" for k, v in list(rank_state.metrics.items())[-limit:]]
 
 
 def metrics(rank_state: RankState, limit: int = 6, sparklines: bool = False) -> str:
@@ -111,11 +126,16 @@ def placement(rank_state: RankState) -> str:
 
 
 def stalled_for(rank_state: RankState) -> float | None:
-    """Seconds a still-running rank has shown no sign of progress, or None (the supervisor
-    sets ``stalled_since``; a finished rank is never called stalled)."""
-    if rank_state.stalled_since is None or rank_state.status not in (RUNNING, STARTING):
-        return None
-    return max(0.0, time.monotonic() - rank_state.stalled_since)
+    """Seconds a still-running rank has shown no sign of progress, or None (``RankState.stalled_for``)."""
+    return rank_state.stalled_for()
+
+
+def phase(rank_state: RankState) -> str:
+    """What a rank does while it starts ('importing torch', 'joining the process group'), until its
+    row has something of its own to show (a bar); '' once it has, or when it ended."""
+    if rank_state.status not in (RUNNING, STARTING) or not rank_state.phase or rank_state.main_bar is not None:
+        return ""
+    return rank_state.phase
 
 
 def row_bar_details(rank_state: RankState, bar: Bar) -> str:
@@ -157,6 +177,9 @@ def rank_line(rank_state: RankState, width: int = 60) -> str:
     parts = [f"rank {rank_state.rank}", f"[{placement(rank_state)}]"]
     if not outcome.startswith(status):   # 'stopped by notebook_launch ...' says it already
         parts.append(status)
+    starting = phase(rank_state)
+    if starting:
+        parts.append(f"({starting})")
     bar = rank_state.main_bar
     if bar is not None:
         parts.append(bar_summary(bar, running=rank_state.status == RUNNING,

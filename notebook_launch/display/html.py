@@ -15,9 +15,10 @@ from . import format as fmt
 from .base import Display
 from .text import TextDisplay
 from ..notebook_streams import flushable_streams
-from ..state import DONE, FAILED, RunState
+from ..state import RunState
 from .curves import curves_html
-from .fragments import BAR_WIDTH, LABEL_WIDTH, ONE_LINE, header_html, info_html, label_html, where_html
+from .fragments import FONT, footer_html, header_html, where_html
+from .rows import rows_html
 from .pace import verdict_html
 from .cell_budget import DEFAULT_CELL_OUTPUT
 from .text import NOTEBOOK_LINES_PER_SECOND
@@ -68,26 +69,26 @@ class HtmlDisplay(Display):
 
 
 def render(state: RunState) -> str:
-    rows = []
+    """The panel as HTML: the live panel's pieces in its order, with the same markup for the rows
+    (``rows``), each rank's recent lines folded where the live panel has its "recent lines"
+    sections, and the run's outcome on the line where it had its buttons."""
+    return (f"<div class='nl-panel' style='{FONT}'>{header_html(state)}{curves_html(state)}"
+            f"{rows_html(state)}{verdict_html(state)}{where_html(state)}{recent_lines_html(state)}"
+            f"{footer_html(state)}</div>")
+
+
+# Like the live panel's sections (ipywidgets' Accordion): one folded block per rank, as tall.
+SECTION = ("border:1px solid #e0e0e0;background:#eeeeee;padding:6px 12px;margin-top:4px;cursor:pointer;"
+           "font-weight:bold;line-height:26px")
+
+
+def recent_lines_html(state: RunState) -> str:
+    """Each rank's last lines, folded, one section per rank as in the live panel."""
+    sections = []
     for rs in state.ranks:
-        bar = rs.main_bar
-        fraction = 1.0 if (bar is None or bar.fraction is None) and rs.status == DONE else (
-            (bar.fraction or 0.0) if bar is not None else 0.0)
-        color = fmt.STATUS_COLORS.get(rs.status, "#2563eb")
-        background = "#fee2e2" if rs.status == FAILED else "transparent"
         recent = "\n".join(line for _, line in list(rs.lines)[-20:])
-        stalled = " nl-stalled" if fmt.stalled_for(rs) is not None else ""
-        rows.append(
-            f"<tr class='nl-rank nl-status-{rs.status}{stalled}' style='background:{background}'>"
-            f"<td style='text-align:left;white-space:nowrap;overflow:hidden'>{label_html(rs)}</td>"
-            f"<td><div style='background:#e5e7eb;height:12px;border-radius:3px'>"
-            f"<div class='nl-bar' style='width:{fraction * 100:.1f}%;background:{color};height:12px;"
-            f"border-radius:3px'></div></div></td>"
-            f"<td style='text-align:left'><div class='nl-info' style='{ONE_LINE}'>{info_html(rs)}</div>"
-            + (f"<details><summary>recent lines</summary><pre>{html.escape(recent)}</pre></details>"
-               if recent else "") + "</td></tr>")
-    return (f"<div class='nl-panel'>{header_html(state)}{curves_html(state)}"
-            f"<table style='width:100%;border-collapse:collapse;table-layout:fixed'>"
-            f"<colgroup><col class='nl-col-label' style='width:{LABEL_WIDTH}'>"
-            f"<col class='nl-col-bar' style='width:{BAR_WIDTH}'><col class='nl-col-info'></colgroup>"
-            f"{''.join(rows)}</table>{verdict_html(state)}{where_html(state)}</div>")
+        body = (f"<pre style='margin:0;padding:6px 12px;max-height:20em;overflow:auto'>{html.escape(recent)}</pre>"
+                if recent else "<i style='padding:6px 12px;display:block'>no output</i>")
+        sections.append(f"<details class='nl-recent-lines'><summary style='{SECTION}'>rank {rs.rank}: recent log lines"
+                        f"</summary>{body}</details>")
+    return f"<div class='nl-recent'>{''.join(sections)}</div>"

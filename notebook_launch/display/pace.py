@@ -33,7 +33,11 @@ def rank_pace(rs: RankState, status: str | None = None) -> slow_rank.RankPace | 
 
 
 def rank_text(rs: RankState) -> str:
-    """'12.5 all_reduce/s, 44% waiting', or '' for a rank with no pace (no collective yet)."""
+    """'12.5 all_reduce/s, 44% waiting', or '' for a rank with no pace (no collective yet). A
+    stalled rank has none: its rate over the last window only decays while it waits ('1.40
+    s/all_reduce'), a speed it does not have; its row says how long it has not moved."""
+    if rs.stalled_for() is not None:
+        return ""
     return slow_rank.row_text(rank_pace(rs))
 
 
@@ -51,5 +55,5 @@ def verdict_html(state: RunState) -> str:
     text = verdict(state)
     if text is None:
         return ""
-    return (f"<div class='nl-slow-rank' style='border-left:4px solid {VERDICT_COLOR};padding:2px 8px;"
-            f"margin:4px 0'><b>Pace:</b> {escape(text)}</div>")
+    return (f"<div class='nl-slow-rank' style='font-size:13px;line-height:20px;"
+            f"border-left:4px solid {VERDICT_COLOR};padding:2px 8px;margin:4px 0'><b>Pace:</b> {escape(text)}</div>")

@@ -37,12 +37,13 @@ from . import fragments
 from .pace import verdict_html
 from .curves import curves_html
 from .html import render
+from .rows import rows_html
 from .base import Display
 from .kernel_poll import CommPoller
 from .cell_budget import DEFAULT_CELL_OUTPUT
 from .text import NOTEBOOK_LINES_PER_SECOND, TextDisplay
 from ..notebook_streams import flushable_streams
-from ..state import DONE, RECENT_LINES, RankState, RunState
+from ..state import RECENT_LINES, RankState, RunState
 
 MAX_REDRAWS_PER_SECOND = 5
 MESSAGES_PER_SECOND = 50       # comm messages per second, under a notebook's IOPub limit
@@ -80,14 +81,10 @@ class WidgetDisplay(Display):
         self.curves = w.HTML()      # the logged metrics as SVG charts (display/curves.py)
         self.curves.add_class("nl-curves-box")
         self._last_curves = 0.0
-        self.rows = []
-        for _rs in state.ranks:
-            label = w.HTML(layout=w.Layout(width=fragments.LABEL_WIDTH))
-            bar = w.FloatProgress(min=0.0, max=1.0, value=0.0, layout=w.Layout(width=fragments.BAR_WIDTH))
-            info = w.HTML(layout=w.Layout(width="auto"))
-            row = w.HBox([label, bar, info])
-            row.add_class("nl-rank")
-            self.rows.append((row, label, bar, info))
+        # Every rank's row in one widget, the final picture's markup (display/rows.py): the bars line
+        # up whatever the labels and figures, and the panel keeps its shape when the run ends.
+        self.rows = w.HTML()
+        self.rows.add_class("nl-rows-box")
         self.logs = [w.HTML() for _ in state.ranks]
         self.accordion = w.Accordion(children=self.logs, selected_index=None)
         for i, rs in enumerate(state.ranks):
@@ -102,8 +99,8 @@ class WidgetDisplay(Display):
         self.where = w.HTML()       # the answer: verdict, then the stacks (fragments.where_html)
         self.slow_rank = w.HTML()   # the rank that holds the others back, when one does (display/pace.py)
         self.buttons = w.HBox([self.stop_button, self.where_button])
-        self.panel = _Panel([self.header, self.curves] + [r[0] for r in self.rows]
-                            + [self.slow_rank, self.where, self.accordion, self.buttons])
+        self.panel = _Panel([self.header, self.curves, self.rows, self.slow_rank, self.where, self.accordion,
+                             self.buttons])
         self.panel.state = state
         self.panel.add_class("nl-panel")
         self.handle = _show(self.panel, fmt.summary(state))
@@ -160,11 +157,9 @@ class WidgetDisplay(Display):
 
     def widgets_made(self) -> list[Any]:
         """Every widget of the panel, containers first."""
-        made = [self.panel, self.accordion, self.buttons] + [row[0] for row in self.rows]
-        made += [self.header, self.curves, self.where, self.stop_button, self.where_button] + self.logs
+        made = [self.panel, self.accordion, self.buttons]
+        made += [self.header, self.curves, self.rows, self.where, self.stop_button, self.where_button] + self.logs
         made.append(self.slow_rank)
-        for _row, label, bar, info in self.rows:
-            made += [label, bar, info]
         return made
 
     # --- drawing -----------------------------------------------------------
@@ -189,15 +184,7 @@ class WidgetDisplay(Display):
 
     def _changes(self, state: RunState, now: float) -> list[tuple[Any, dict[str, Any]]]:
         wanted: list[tuple[Any, dict[str, Any]]] = [(self.header, {"value": fragments.header_html(state)})]
-        for rs, (row, label, bar, info) in zip(state.ranks, self.rows):
-            wanted.append((label, {"value": fragments.label_html(rs)}))
-            wanted.append((bar, _bar_traits(rs)))
-            wanted.append((info, {"value": f"<div style='{fragments.ONE_LINE}'>{fragments.info_html(rs)}</div>"}))
-            classes = [c for c in row._dom_classes if not c.startswith("nl-status-") and c != "nl-stalled"]
-            classes.append(f"nl-status-{rs.status}")
-            if fmt.stalled_for(rs) is not None:
-                classes.append("nl-stalled")
-            wanted.append((row, {"_dom_classes": tuple(classes)}))
+        wanted.append((self.rows, {"value": rows_html(state)}))
         wanted.append((self.slow_rank, {"value": verdict_html(state)}))
         wanted.append((self.where, {"value": fragments.where_html(state)}))
         if not self._where_unavailable:
@@ -278,17 +265,6 @@ def _show(panel: Any, text: str) -> Any:
     from IPython.display import display
     with flushable_streams():
         return display(_bundle(panel, text), raw=True, display_id=True)
-
-
-def _bar_traits(rs: RankState) -> dict[str, Any]:
-    bar = rs.main_bar
-    if bar is None:
-        value = 1.0 if rs.status == DONE else 0.0
-    elif bar.fraction is None:
-        value = 1.0 if bar.closed or rs.status == DONE else 0.0
-    else:
-        value = round(bar.fraction, 4)
-    return {"value": value, "bar_style": fmt.BAR_STYLES.get(rs.status, "")}
 
 
 def _log_html(rs: RankState, count: int = LOG_LINES_SHOWN) -> str:

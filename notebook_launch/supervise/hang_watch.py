@@ -120,6 +120,8 @@ class HangWatch:
         ``native``: add native frames where py-spy is installed (seconds: not on an interrupt)."""
         try:
             found = self.last_found = self.ask(native)
+            if self.stalls is not None:   # what answering cost the ranks is no sign of progress
+                self.stalls.asked(time.monotonic())
         except Exception as exc:   # why: a diagnosis must never stand in the way of the stop
             log.debug("could not collect the ranks' whereabouts", exc_info=True)
             self.where_problem = f"asking them failed ({type(exc).__name__}: {exc})"

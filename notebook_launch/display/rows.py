@@ -1,0 +1,122 @@
+"""The ranks' rows, one markup for the live widget panel (one HTML widget holds them all) and for
+its final picture (``html.render``), so the panel keeps its shape when the run ends (issue 47).
+
+A table of two columns: the label ('rank 0 cpu [running]', never wrapped: the label column is as
+wide as the widest label, so every row's bar starts at the same x) and the row's body, a wrapping
+line of items: the bar first (the same width in every row: a share of the one body column), then
+the figures. Each figure is one item that never breaks inside ('50,000/50,000', 'cpu 97%',
+'820.0 MiB own of 1.2 GiB resident'): where the output is too narrow for the whole row, the next
+figure goes to a second line that starts under the bar, whole, and nothing is cut with '...'.
+The rank's last output line is the one thing that yields: it takes the room left on the line and
+is shortened there; its whole text is one click away in "recent lines".
+
+Everything is styled inline: the widget's HTML and a notebook's rendered HTML (which right-aligns
+table cells, pads them and sets its own font size and line height) then draw the same thing.
+"""
+from __future__ import annotations
+
+import html
+
+from ..state import DONE, FAILED, STOPPED, RankState, RunState
+from . import format as fmt
+from .pace import rank_text as pace_text
+
+FONT = "font-size:13px;line-height:20px"
+# The bar: a share of the body column, bounded so a wide output keeps room for the figures and a
+# narrow one a bar worth reading.
+BAR = "flex:none;width:25%;min-width:100px;max-width:260px;height:12px;background:#e5e7eb;border-radius:3px"
+CELL = "padding:2px 10px 2px 0;border:none;text-align:left;line-height:20px;background:inherit"
+ITEM = "white-space:nowrap"
+GAP = 10   # px between two items of a row
+MUTED = "color:#6b7280"
+BADGE_WIDTH = "6.6em"   # 'stalled 00:06' fits: a badge that grows as a stall ages moves no bar
+
+
+def rows_html(state: RunState) -> str:
+    """Every rank's row, as one table."""
+    rows = "".join(row_html(rs) for rs in state.ranks)
+    return (f"<table class='nl-rows' style='width:100%;border-collapse:collapse;table-layout:auto;margin:0;"
+            f"{FONT}'><tbody>{rows}</tbody></table>")
+
+
+def row_html(rs: RankState) -> str:
+    background = "#fee2e2" if rs.status == FAILED else "transparent"
+    stalled = " nl-stalled" if fmt.stalled_for(rs) is not None else ""
+    return (f"<tr class='nl-rank nl-status-{rs.status}{stalled}' style='background:{background}'>"
+            f"<td class='nl-label-cell' style='{CELL};width:1px;white-space:nowrap;vertical-align:top'>"
+            f"{label_html(rs)}</td>"
+            f"<td class='nl-body' style='{CELL};vertical-align:top;padding-right:0'>"
+            f"<div class='nl-items' style='display:flex;flex-wrap:wrap;align-items:center;column-gap:{GAP}px'>"
+            f"{bar_html(rs)}{''.join(items(rs))}</div></td></tr>")
+
+
+def label_html(rs: RankState) -> str:
+    """'rank 3 cpu [running]'; a rank waiting with no sign of progress reads '[stalled 02:13]', in amber."""
+    stalled = fmt.stalled_for(rs) is not None
+    color = fmt.STALLED_COLOR if stalled else fmt.STATUS_COLORS.get(rs.status, "#6b7280")
+    kind = "nl-status nl-stalled" if stalled else "nl-status"
+    return (f"<span class='nl-label'><b>rank {rs.rank}</b> <small>{html.escape(fmt.placement(rs))}</small> "
+            f"<span class='{kind}' style='display:inline-block;min-width:{BADGE_WIDTH};text-align:center;"
+            f"background:{color};color:white;border-radius:3px;padding:0 4px;line-height:18px'>"
+            f"{html.escape(fmt.rank_status(rs))}</span></span>")
+
+
+def bar_fraction(rs: RankState) -> float:
+    bar = rs.main_bar
+    if bar is None or bar.fraction is None:
+        return 1.0 if rs.status == DONE or (bar is not None and bar.closed) else 0.0
+    return bar.fraction
+
+
+def bar_html(rs: RankState) -> str:
+    color = fmt.STATUS_COLORS.get(rs.status, "#2563eb")
+    return (f"<div class='nl-bar-track' style='{BAR}'><div class='nl-bar' style='width:{bar_fraction(rs) * 100:.1f}%;"
+            f"background:{color};height:12px;border-radius:3px'></div></div>")
+
+
+def figures(cls: str, parts: list[str], style: str = "", joiner: str = " ", title: str = "") -> str:
+    """One item of several figures: the line may break between two of them, never inside one."""
+    inner = html.escape(joiner).join(f"<span style='{ITEM}'>{html.escape(p)}</span>" for p in parts if p)
+    hint = f" title='{html.escape(title)}'" if title else ""
+    return f"<span class='{cls}' style='{style}'{hint}>{inner}</span>"
+
+
+def items(rs: RankState) -> list[str]:
+    """The row's figures after its bar, in the order a person reads them."""
+    found = []
+    phase = fmt.phase(rs)
+    if phase:
+        found.append(f"<span class='nl-phase' style='{ITEM};font-style:italic;{MUTED}'>{html.escape(phase)}</span>")
+    bar = rs.main_bar
+    if bar is not None:
+        found.append(figures("nl-bar-text", fmt.bar_words(bar, running=rs.status == "running",
+                                                          stalled=fmt.stalled_for(rs) is not None)))
+        others = fmt.other_bars(rs)
+        if others:
+            found.append(f"<span class='nl-other-bars' style='{ITEM};{MUTED}'>{html.escape(others)}</span>")
+    if rs.metrics:
+        found.append("<code class='nl-metrics' style='font-size:12px;background:none;padding:0'>"
+                     + " ".join(f"<span style='{ITEM}'>{html.escape(m)}</span>" for m in fmt.metric_words(rs))
+                     + "</code>")
+    pace = pace_text(rs)
+    if pace:
+        found.append(f"<span class='nl-pace' style='{ITEM};{MUTED}'>{html.escape(pace)}</span>")
+    used = fmt.resources(rs)
+    if used:
+        found.append(figures("nl-resources", used.split(" · "), "color:#4b5563", joiner=" · ",
+                             title="own: pages only this rank holds (USS); resident counts those it shares, "
+                                   "for a forked rank the notebook's"))
+    outcome = fmt.rank_outcome(rs)
+    if outcome:
+        color = fmt.STATUS_COLORS[FAILED] if rs.status == FAILED else fmt.STATUS_COLORS[STOPPED]
+        found.append(f"<span class='nl-error' style='color:{color};font-weight:bold'>"
+                     f"{html.escape(fmt.shorten(outcome, 300))}</span>")
+    elif rs.last_line:
+        # no size of its own (a width of 0, the gap before it taken back by its margin, the space shown
+        # inside it): it never takes a line of its own, nor widens the row; it shows in the room the
+        # figures left on their last line
+        found.append(f"<span class='nl-last-line' style='flex:1 1 0;width:0;min-width:0;margin-left:-{GAP}px;"
+                     f"white-space:nowrap;overflow:hidden;text-overflow:ellipsis;{MUTED}' "
+                     f"title='{html.escape(fmt.shorten(rs.last_line, 300))}'><span style='padding-left:{GAP}px'>"
+                     f"{html.escape(fmt.shorten(rs.last_line, 200))}</span></span>")
+    return found
