@@ -7,7 +7,8 @@ parent keeps two things:
 
 - ``Series``: what the panel draws. At most ``CAPACITY`` buckets per metric and
   rank, whatever the number of points: when full, neighbouring buckets merge in
-  pairs (keeping count, sum, min and max), so a million points cost 512 buckets.
+  pairs (keeping count, sum, min and max and the steps of those two), so a million
+  points cost 512 buckets; the first and the latest value are kept as they were.
 - ``metrics.jsonl`` in the run folder: one line per logged value
   (``{"rank": 0, "metric": "loss", "step": 12, "value": 0.5}``), every point at
   full resolution. ``load_metrics(run_dir)`` reads it back for plotting.
@@ -41,11 +42,15 @@ class Series:
 
     Point k (the k-th value logged) lands in bucket ``k // width``; when a new
     bucket would exceed the capacity, every pair of full buckets merges into one
-    and the width doubles. Memory and drawing cost stay constant; min and max
-    survive every merge, so spikes stay visible.
+    and the width doubles. Memory and drawing cost stay constant; each bucket's
+    min and max, and the step each was logged at, survive every merge, so spikes
+    stay visible where they happened; the first and the latest value are kept
+    exactly (a falling loss's first, highest value is the top of its chart for
+    the whole run, not the mean of a bucket that widens as the run goes on).
     """
 
-    __slots__ = ("counts", "last", "maxs", "mins", "sums", "total", "width")
+    __slots__ = ("counts", "first", "last", "latest", "max_steps", "maxs", "min_steps", "mins", "sums", "total",
+                 "width")
 
     def __init__(self) -> None:
         self.width = 1
@@ -54,7 +59,11 @@ class Series:
         self.sums: list[float] = []
         self.mins: list[float] = []
         self.maxs: list[float] = []
-        self.last: float | None = None
+        self.min_steps: list[int] = []   # the step of each bucket's min (the first, on ties)
+        self.max_steps: list[int] = []   # and of its max
+        self.last: float | None = None   # the latest value logged, NaN included (the chart's title)
+        self.first: tuple[int, float] | None = None    # (step, value) of the first value that is no NaN
+        self.latest: tuple[int, float] | None = None   # and of the latest
 
     def add(self, value: float) -> None:
         self.extend((value,))
@@ -73,29 +82,51 @@ class Series:
             room = (index + 1) * self.width - self.total
             chunk = values[start:start + room]
             start += len(chunk)
+            step = self.total
             self.total += len(chunk)
             self.last = chunk[-1]
-            if any(math.isnan(v) for v in chunk):   # NaN: counted as a step, left out of the values
-                chunk = [v for v in chunk if not math.isnan(v)]
-                if not chunk:
-                    continue
-            self.counts[index] += len(chunk)
-            self.sums[index] += sum(chunk)
-            self.mins[index] = min(self.mins[index], min(chunk))
-            self.maxs[index] = max(self.maxs[index], max(chunk))
+            self._fold(index, step, chunk)
+
+    def _fold(self, index: int, step: int, chunk: list[float]) -> None:
+        """Add ``chunk`` (logged from ``step`` on) to bucket ``index``. NaN: counted as a step
+        (``total``), left out of the values."""
+        values = [v for v in chunk if not math.isnan(v)] if any(math.isnan(v) for v in chunk) else chunk
+        if not values:
+            return
+        low, high = min(values), max(values)
+        if self.first is None:
+            self.first = (step + chunk.index(values[0]), values[0])
+        last_at = len(chunk) - 1
+        while math.isnan(chunk[last_at]):
+            last_at -= 1
+        self.latest = (step + last_at, values[-1])
+        empty = not self.counts[index]
+        if empty or low < self.mins[index]:
+            self.mins[index], self.min_steps[index] = low, step + chunk.index(low)
+        if empty or high > self.maxs[index]:
+            self.maxs[index], self.max_steps[index] = high, step + chunk.index(high)
+        self.counts[index] += len(values)
+        self.sums[index] += sum(values)
 
     def _open_bucket(self) -> None:
         self.counts.append(0)
         self.sums.append(0.0)
         self.mins.append(math.inf)
         self.maxs.append(-math.inf)
+        self.min_steps.append(-1)
+        self.max_steps.append(-1)
 
     def _merge_pairs(self) -> None:
         half = len(self.counts) // 2
+        # of a pair, the later bucket's min (max) wins only when lower (higher), or the earlier is empty
+        later_min = [not self.counts[2 * i] or self.mins[2 * i + 1] < self.mins[2 * i] for i in range(half)]
+        later_max = [not self.counts[2 * i] or self.maxs[2 * i + 1] > self.maxs[2 * i] for i in range(half)]
+        self.mins = [self.mins[2 * i + later_min[i]] for i in range(half)]
+        self.min_steps = [self.min_steps[2 * i + later_min[i]] for i in range(half)]
+        self.maxs = [self.maxs[2 * i + later_max[i]] for i in range(half)]
+        self.max_steps = [self.max_steps[2 * i + later_max[i]] for i in range(half)]
         self.counts = [self.counts[2 * i] + self.counts[2 * i + 1] for i in range(half)]
         self.sums = [self.sums[2 * i] + self.sums[2 * i + 1] for i in range(half)]
-        self.mins = [min(self.mins[2 * i], self.mins[2 * i + 1]) for i in range(half)]
-        self.maxs = [max(self.maxs[2 * i], self.maxs[2 * i + 1]) for i in range(half)]
         self.width *= 2
 
     def __len__(self) -> int:
@@ -110,6 +141,21 @@ class Series:
                 end = min(first + self.width, self.total)
                 out.append(((first + end - 1) / 2, self.sums[i] / count, self.mins[i], self.maxs[i]))
         return out
+
+    def extremes(self) -> list[tuple[int, float]]:
+        """(step, value) of real logged points, in step order: the first value, each bucket's
+        min and max where they were logged, the latest value (at most 2 * CAPACITY + 2). A line
+        through them is the min-max decimation of every value logged (``display/curves.py``)."""
+        found: dict[int, float] = {}
+        if self.first is not None:
+            found[self.first[0]] = self.first[1]
+        for i, count in enumerate(self.counts):
+            if count:
+                found[self.min_steps[i]] = self.mins[i]
+                found[self.max_steps[i]] = self.maxs[i]
+        if self.latest is not None:
+            found[self.latest[0]] = self.latest[1]
+        return sorted(found.items())
 
 
 def fold_series(curves: dict[str, Series], series: dict[str, list[int | float]]) -> None:

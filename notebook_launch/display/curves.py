@@ -4,28 +4,36 @@ a one-line sparkline for the rich and text displays. No plotting library.
 One chart per metric (the first ``MAX_CHARTS`` metrics logged, counters such as
 ``step`` or ``epoch`` left out), one line per rank in that rank's colour (a line
 per rank shows a straggler or a diverging rank at a glance; ranks that agree
-overlap). Each point is a bucket's mean; the first rank's (usually rank 0's)
-min-max band, what that averaging hides, is shaded behind the lines. Each chart has
-its scale: the value axis labelled with the lowest and highest value drawn, the step
-axis (the values logged, counted from 0) with its first and last step.
+overlap). A line has at most ``MAX_POINTS`` points however long the run: its first
+and last logged points, and between them the lowest and the highest point of each
+bucket of steps (min-max decimation: a spike on any rank stays on its line, and the
+line looks as the whole series would). Each chart has its scale: the value axis
+labelled with the lowest and highest value logged (logarithmic, marked 'log', for
+values all positive that span more than two decades), the step axis (the values
+logged, counted from 0) with its first and last step.
 """
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, TypeVar
 
 from ..metrics import Series
 
 if TYPE_CHECKING:
     from ..state import RunState
 
-Point = tuple[float, float, float, float]    # (step, mean, min, max) of a bucket
+Point = tuple[float, float, float, float]    # (step, mean, min, max) of a bucket (sparklines)
+LinePoint = tuple[float, float]              # (step, value) of a logged point (charts)
+P = TypeVar("P", Point, LinePoint)
 
 MAX_CHARTS = 4
 WIDTH, HEIGHT = 260, 64          # px of one chart's plot area
 AXIS_LEFT, AXIS_BOTTOM = 44, 13   # px beside and under it for the axes' labels
 AXIS_FONT = "font-size='9' fill='#6b7280' font-family='sans-serif'"
 MAX_POINTS = WIDTH // 2          # per line: a point every 2 px is as fine as the eye sees here
+LOG_SPAN = 100.0                 # values all positive spanning more than this factor: a log axis
+MAX_DECADE_LINES = 12            # powers of ten marked across a log chart at most
 RANK_COLORS = ("#2563eb", "#dc2626", "#16a34a", "#d97706", "#7c3aed", "#0891b2", "#db2777", "#4b5563")
 SPARK = "▁▂▃▄▅▆▇█"
 SPARK_WIDTH = 12
@@ -51,7 +59,7 @@ def metric_names(state: RunState) -> list[str]:
 
 
 def _resample(points: list[Point], limit: int) -> list[Point]:
-    """At most ``limit`` (step, mean, min, max) points: neighbours averaged, extremes kept."""
+    """At most ``limit`` (step, mean, min, max) points: neighbours averaged, extremes kept (sparklines)."""
     if len(points) <= limit:
         return points
     out = []
@@ -62,51 +70,78 @@ def _resample(points: list[Point], limit: int) -> list[Point]:
     return out
 
 
-def _finite(points: list[Point]) -> list[Point]:
+def _finite(points: Sequence[P]) -> list[P]:
+    """The points with no infinite (or NaN) coordinate: no place on a chart."""
     return [p for p in points if all(math.isfinite(v) for v in p)]
+
+
+def _value(point: LinePoint) -> float:
+    return point[1]
+
+
+def min_max_points(points: Sequence[LinePoint], limit: int) -> list[LinePoint]:
+    """At most ``limit`` of ``points`` ((step, value) in step order), drawn as the whole line
+    would be: the first and the last point kept, and the m points between split into
+    k = (limit - 2) // 2 buckets of neighbours (bucket b: those ``[b * m // k, (b + 1) * m // k)``),
+    each giving its lowest and its highest point in step order, so a single spike stays on the
+    line and the scale's ends are the real lowest and highest values."""
+    if len(points) <= limit:
+        return list(points)
+    inner, buckets = points[1:-1], max(1, (limit - 2) // 2)
+    out = [points[0]]
+    for b in range(buckets):
+        chunk = inner[b * len(inner) // buckets:(b + 1) * len(inner) // buckets]
+        low, high = min(chunk, key=_value), max(chunk, key=_value)
+        out.extend((low,) if low == high else sorted((low, high)))
+    out.append(points[-1])
+    return out
+
+
+def log_axis(low: float, high: float) -> bool:
+    """A log value axis for values all positive that span more than two decades: on a linear one
+    a loss falling from 4.3 to 6e-8 is a flat line at the bottom after its first steps. Values
+    at or below 0 (no logarithm) or within two decades keep the linear axis."""
+    return 0 < low and high > low * LOG_SPAN
 
 
 def chart_svg(name: str, series_by_rank: list[tuple[int, Series]]) -> str:
     """One metric: ``series_by_rank`` is [(rank, Series)] of the ranks that logged it."""
-    lines = [(rank, _finite(_resample(series.points(), MAX_POINTS))) for rank, series in series_by_rank]
+    lines = [(rank, min_max_points(_finite(series.extremes()), MAX_POINTS)) for rank, series in series_by_rank]
     lines = [(rank, pts) for rank, pts in lines if pts]
     if not lines:
         return ""
-    means = [p[1] for _, pts in lines for p in pts]
-    low, high = min(means), max(means)
+    values = [value for _, pts in lines for _, value in pts]
+    low, high = min(values), max(values)
+    log = log_axis(low, high)
     if _flat(low, high):
         low, high = low - 0.5, high + 0.5
+    bottom, top = (math.log10(low), math.log10(high)) if log else (low, high)
     last_step = max(max(series.total for _, series in series_by_rank) - 1, max(pts[-1][0] for _, pts in lines), 1)
 
     def xy(step: float, value: float) -> str:
         x = AXIS_LEFT + step / last_step * (WIDTH - 2) + 1
-        y = HEIGHT - 1 - (min(max(value, low), high) - low) / (high - low) * (HEIGHT - 2)
+        scaled = math.log10(value) if log else value
+        y = HEIGHT - 1 - (min(max(scaled, bottom), top) - bottom) / (top - bottom) * (HEIGHT - 2)
         return f"{x:.1f},{y:.1f}"
 
     parts = []
-    band_rank, band = lines[0]
-    if len(band) > 1:
-        upper = " L".join(xy(s, hi) for s, _, _, hi in band)
-        lower = " L".join(xy(s, lo) for s, _, lo, _ in reversed(band))
-        parts.append(f"<path class='nl-curve-band' d='M{upper} L{lower} Z' "
-                     f"fill='{_color(band_rank)}' fill-opacity='0.12' stroke='none'/>")
     for rank, pts in lines:
         if len(pts) == 1:
             pts = pts * 2
-        path = "M" + " L".join(xy(s, m) for s, m, _, _ in pts)
+        path = "M" + " L".join(xy(s, v) for s, v in pts)
         parts.append(f"<path class='nl-curve nl-curve-rank{rank}' d='{path}' fill='none' "
                      f"stroke='{_color(rank)}' stroke-width='1.5'><title>rank {rank}</title></path>")
     first_rank, first = series_by_rank[0]
     latest = "" if first.last is None else f" {first.last:.4g}"
     title = (f"<div class='nl-curve-title' style='font-size:11px;color:#374151'><b>{_escape(name)}</b>"
              f"{_escape(latest)} <span style='color:#9ca3af'>rank {first_rank} · "
-             f"{first.total} pts · {low:.4g}…{high:.4g}</span></div>")
+             f"{first.total} pts · {low:.4g}…{high:.4g}{' · log scale' if log else ''}</span></div>")
     width, height = AXIS_LEFT + WIDTH, HEIGHT + AXIS_BOTTOM
     return (f"<div class='nl-chart' data-metric='{_escape(name)}' style='display:inline-block;"
             f"margin:0 12px 4px 0;vertical-align:top'>{title}"
             f"<svg class='nl-curves-svg' width='{width}' height='{height}' viewBox='0 0 {width} {height}'>"
             f"<rect x='{AXIS_LEFT}' y='0' width='{WIDTH}' height='{HEIGHT}' fill='#f9fafb' stroke='#e5e7eb'/>"
-            f"{''.join(parts)}{_axes(low, high, last_step)}</svg></div>")
+            f"{''.join(parts)}{_axes(low, high, last_step)}{_decades(bottom, top) if log else ''}</svg></div>")
 
 
 def _axes(low: float, high: float, last_step: float) -> str:
@@ -127,13 +162,26 @@ def _axes(low: float, high: float, last_step: float) -> str:
             f"{_tick(last_step)}</text></g>")
 
 
+def _decades(bottom: float, top: float) -> str:
+    """A log axis says so: 'log' beside it, and a faint line across at each power of ten
+    between its ends (every n-th when there are over ``MAX_DECADE_LINES``)."""
+    first, last = math.ceil(bottom), math.floor(top)
+    every = max(1, math.ceil((last - first + 1) / MAX_DECADE_LINES))
+    ys = [HEIGHT - 1 - (e - bottom) / (top - bottom) * (HEIGHT - 2) for e in range(first, last + 1, every)]
+    grid = "".join(f"M{AXIS_LEFT},{y:.1f}h{WIDTH}" for y in ys)
+    return (f"<path class='nl-axis-decades' d='{grid or 'M0,0'}' stroke='#e5e7eb' stroke-width='0.5' fill='none'>"
+            f"<title>powers of ten</title></path>"
+            f"<text class='nl-axis-scale' x='{AXIS_LEFT - 4}' y='{HEIGHT // 2 + 3}' text-anchor='end' "
+            f"font-style='italic' {AXIS_FONT}>log</text>")
+
+
 def _tick(value: float) -> str:
     """A scale label: whole numbers as they are, others to 4 significant digits."""
     return _escape(f"{value:.0f}" if float(value).is_integer() else f"{value:.4g}")
 
 
 def _flat(low: float, high: float) -> bool:
-    """A constant metric (its bucket means differ only by rounding) draws as a flat line."""
+    """A constant metric (its values, or its bucket means, differ only by rounding) draws as a flat line."""
     return high - low <= 1e-9 * max(abs(low), abs(high), 1e-300)
 
 
@@ -158,11 +206,14 @@ def curves_html(state: RunState) -> str:
 
 
 def sparkline(series: Series, width: int = SPARK_WIDTH) -> str:
-    """'▇▅▄▃▂▁▁' -- the curve's shape in a few characters (the means of ``width`` slices)."""
+    """'▇▅▄▃▂▁▁' -- the curve's shape in a few characters (the means of ``width`` slices), on
+    the chart's scale: logarithmic for values all positive spanning more than two decades."""
     points = _finite(_resample(series.points(), width))
     if not points:
         return ""
     means = [p[1] for p in points]
+    if log_axis(min(p[2] for p in points), max(p[3] for p in points)):
+        means = [math.log10(v) for v in means]
     low, high = min(means), max(means)
     if _flat(low, high):
         return SPARK[0] * len(means)
