@@ -138,6 +138,10 @@ class PanelStartWatch(StartWatch):
     def placed(self, rank: int, node_rank: int, address: str) -> None:
         self.state.on_placed(rank, node_rank, address)
 
+    def phase(self, text: str) -> None:
+        self.state.on_phase(None, text)
+        self.display.refresh(self.state)
+
     def tick(self) -> None:
         self.display.refresh(self.state)
         if self.state.stop_requested:

@@ -55,6 +55,9 @@ class StartWatch:
     def placed(self, rank: int, node_rank: int, address: str) -> None:
         """Rank ``rank`` (global) was placed on node ``node_rank``, at ``address``."""
 
+    def phase(self, text: str) -> None:
+        """What the start does now for every rank, while it takes seconds ("importing torch")."""
+
     def tick(self) -> None:
         """Called on every turn of a wait; raises to end the start (KeyboardInterrupt on Stop)."""
 

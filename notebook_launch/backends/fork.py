@@ -37,7 +37,9 @@ class ForkBackend(Launcher):
     def start(self, plan: "LaunchPlan", job: "Job", channels: Sequence[RankPipes]) -> list[RankProcess]:
         from ..rank.fork_entry import run_forked_rank
 
-        warm_for(job.function)   # what the ranks would import after the fork (torch._dynamo for training)
+        # what the ranks would import after the fork (torch._dynamo for training), said in their rows
+        warm_for(job.function, say=self.start_watch.phase)
+        self.start_watch.phase("")
 
         parent_pid = os.getpid()
 

@@ -108,12 +108,16 @@ def names_any(function: Callable[..., Any], names: frozenset[str]) -> bool:
     return False
 
 
-def warm_for(function: Callable[..., Any]) -> None:
-    """Import in the parent what the ranks of this launch would import after the fork."""
+def warm_for(function: Callable[..., Any], say: Callable[[str], None] = lambda text: None) -> None:
+    """Import in the parent what the ranks of this launch would import after the fork; ``say``
+    is told what takes the time (the panel's rows say it while they start: a first run sat at
+    "starting" for seconds with nothing said)."""
+    if _background is not None and _background.is_alive():
+        say("importing torch._dynamo for training (once, for every rank)")
     wait_for_background_import()
     from ..rank import (process_groups, progress, progress_bridge, rich_bridge,  # noqa: F401  (ours: ms per rank)
                         tqdm_bridge, transformers_bridge)
-    if "torch" not in sys.modules and not _import_torch_for(function):
+    if "torch" not in sys.modules and not _import_torch_for(function, say):
         return
     if "torch._dynamo" in sys.modules:
         return
@@ -121,10 +125,11 @@ def warm_for(function: Callable[..., Any]) -> None:
     with best_effort("could not read the launched function's code"):
         if not looks_like_training(function):
             return
+    say("importing torch._dynamo for training (once, for every rank)")
     import_training_modules()
 
 
-def _import_torch_for(function: Callable[..., Any]) -> bool:
+def _import_torch_for(function: Callable[..., Any], say: Callable[[str], None] = lambda text: None) -> bool:
     """Import torch here when the launched code names it, so the forked ranks share one import
     (about a second and a thousand modules each otherwise); True when it did. Code that never
     names torch does not pay for it: ``import notebook_launch`` and a launch import nothing
@@ -135,6 +140,7 @@ def _import_torch_for(function: Callable[..., Any]) -> bool:
     except Exception:   # why: an odd callable: its ranks import what they need
         log.debug("could not read the launched function's code", exc_info=True)
         return False
+    say("importing torch (once, for every rank)")
     try:
         import torch  # noqa: F401
     except Exception:   # why: warming is a speed-up: a torch that fails here fails in the rank, reported there

@@ -103,7 +103,9 @@ if __name__ == "__main__":
     a = ap.parse_args()
     if a.variant == "ours-nowarm":
         import notebook_launch.backends.fork as fk
-        fk.warm_for = lambda function: None
+        def no_warm(function, say=lambda text: None) -> None:
+            pass
+        fk.warm_for = no_warm
     if a.variant in ("tmp-dynamo", "accel-dynamo"):
         import torch._dynamo  # noqa
         import torch.nn.parallel  # noqa
