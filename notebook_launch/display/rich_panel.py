@@ -70,41 +70,51 @@ class RichDisplay(Display):
             self.live = None
 
 
+NARROW = 120   # columns: below this a row's figures wrap under its rank, status and bar
+
+
+class _Picture:
+    """The panel, laid out for the width it is drawn at (rich asks with the console's options)."""
+
+    def __init__(self, state: RunState) -> None:
+        self.state = state
+
+    def __rich_console__(self, console: Any, options: Any) -> Any:
+        yield _panel(self.state, narrow=options.max_width < NARROW)
+
+
 def render(state: RunState) -> Any:
+    """The panel as rich draws it: one line per rank where there is room; below ``NARROW``
+    columns each rank's figures wrap under its name, status and bar (at 80 columns rich squeezed
+    whole columns away: the demo's final rows lost "rank N" and their status)."""
+    return _Picture(state)
+
+
+def _panel(state: RunState, narrow: bool) -> Any:
     from rich.console import Group
     from rich.panel import Panel
-    from rich.progress_bar import ProgressBar
     from rich.table import Table
     from rich.text import Text
 
     table = Table.grid(padding=(0, 1), expand=True)
-    for column in ("rank", "device", "status", "bar", "progress", "metrics", "resources", "last"):
-        table.add_column(column, no_wrap=True, ratio=3 if column in ("bar", "last") else None,
-                         min_width=12 if column == "bar" else None)
+    if narrow:
+        for column in ("rank", "status", "bar", "details"):
+            table.add_column(column, no_wrap=column != "details", ratio=2 if column == "details" else
+                             (1 if column == "bar" else None), min_width=8 if column == "bar" else None)
+    else:
+        for column in ("rank", "device", "status", "bar", "progress", "metrics", "resources", "last"):
+            table.add_column(column, no_wrap=True, ratio=3 if column in ("bar", "last") else None,
+                             min_width=12 if column == "bar" else None)
     for rs in state.ranks:
-        style = fmt.RICH_STYLES.get(rs.status, "")
-        stalled = fmt.stalled_for(rs) is not None
-        bar = rs.main_bar
-        if bar is not None and bar.total:
-            drawn = ProgressBar(total=float(bar.total), completed=float(min(bar.n, bar.total)),
-                                complete_style=style or "blue", finished_style="green")
-            progress = f"{bar.desc + ' ' if bar.desc else ''}{bar_text(bar, rs.status == 'running', stalled)}"
+        cells = _row(rs)
+        if narrow:
+            details = " · ".join(part for part in (fmt.placement(rs), cells["progress"], cells["metrics"],
+                                                   cells["resources"]) if part)
+            table.add_row(f"rank {rs.rank}", cells["status"], cells["bar"],
+                          Text.assemble(details, ("  " if details else ""), cells["last"]))
         else:
-            drawn = ProgressBar(total=None if rs.status != DONE else 1.0,
-                                completed=1.0 if rs.status == DONE else 0.0)
-            progress = bar_text(bar, stalled=stalled) if bar is not None else ""
-        others = fmt.other_bars(rs)
-        if others:
-            progress += f" ({others})"
-        speed = pace.rank_text(rs)
-        if speed:
-            progress += f" ({speed})"
-        outcome = fmt.rank_outcome(rs)
-        last = Text(fmt.shorten(outcome, 120), style="bold red") if outcome else \
-            Text(fmt.shorten(rs.last_line, 80), style="dim")
-        status = Text(fmt.rank_status(rs), style="bold yellow" if stalled else style)
-        table.add_row(f"rank {rs.rank}", fmt.placement(rs), status, drawn,
-                      progress, fmt.metrics(rs, limit=3, sparklines=True), Text(fmt.resources(rs), style="dim"), last)
+            table.add_row(f"rank {rs.rank}", fmt.placement(rs), cells["status"], cells["bar"], cells["progress"],
+                          cells["metrics"], Text(cells["resources"], style="dim"), cells["last"])
     title = (f"notebook_launch {state.run_id} · {counted(state.world_size, 'rank')} · {state.backend} · "
              f"{fmt.run_status(state)} · {fmt.duration(state.elapsed)}"
              + (f" · machine {fmt.machine(state)}" if state.machine is not None else ""))
@@ -117,6 +127,35 @@ def render(state: RunState) -> Any:
         notes.append(Text(f"where are they: {verdict}", style="bold yellow"))
     body: Any = Group(table, *notes) if notes else table
     return Panel(body, title=title, subtitle=subtitle, border_style=border)
+
+
+def _row(rs: Any) -> dict[str, Any]:
+    """One rank's cells: its bar drawn, status, progress words, metrics, resources, last line."""
+    from rich.progress_bar import ProgressBar
+    from rich.text import Text
+    style = fmt.RICH_STYLES.get(rs.status, "")
+    stalled = fmt.stalled_for(rs) is not None
+    bar = rs.main_bar
+    if bar is not None and bar.total:
+        drawn = ProgressBar(total=float(bar.total), completed=float(min(bar.n, bar.total)),
+                            complete_style=style or "blue", finished_style="green")
+        progress = f"{bar.desc + ' ' if bar.desc else ''}{bar_text(bar, rs.status == 'running', stalled)}"
+    else:
+        drawn = ProgressBar(total=None if rs.status != DONE else 1.0,
+                            completed=1.0 if rs.status == DONE else 0.0)
+        progress = bar_text(bar, stalled=stalled) if bar is not None else ""
+    others = fmt.other_bars(rs)
+    if others:
+        progress += f" ({others})"
+    speed = pace.rank_text(rs)
+    if speed:
+        progress += f" ({speed})"
+    outcome = fmt.rank_outcome(rs)
+    last = Text(fmt.shorten(outcome, 120), style="bold red") if outcome else \
+        Text(fmt.shorten(rs.last_line, 80), style="dim")
+    return {"bar": drawn, "status": Text(fmt.rank_status(rs), style="bold yellow" if stalled else style),
+            "progress": progress, "metrics": fmt.metrics(rs, limit=3, sparklines=True),
+            "resources": fmt.resources(rs), "last": last}
 
 
 def bar_text(bar: Bar, running: bool = True, stalled: bool = False) -> str:
