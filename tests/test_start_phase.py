@@ -9,6 +9,8 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
 from notebook_launch.display import format as fmt
 from notebook_launch.state import RUNNING, STARTING, RankState, RunState
 
@@ -31,18 +33,21 @@ FIRST_LAUNCH = textwrap.dedent("""
 
     assert "torch" not in sys.modules
     display = Phases()
-    notebook_launcher(uses_torch, num_processes=2, ui=display, log_dir=sys.argv[1])
+    notebook_launcher(uses_torch, num_processes=2, ui=display, log_dir=sys.argv[1], start_method=sys.argv[2])
     print("PHASES " + json.dumps({"seen": sorted(set(display.seen)), "final": display.final}))
 """)
 
 
-def test_the_rows_say_torch_is_being_imported_while_they_start(tmp_path):
-    done = subprocess.run([sys.executable, "-c", FIRST_LAUNCH, str(tmp_path)], capture_output=True, text=True,
-                          timeout=240)
+@pytest.mark.parametrize("start_method,said", [
+    ("fork", "importing torch (once, for every rank)"),
+    ("spawn", "waiting for the warm start process to import torch")])
+def test_the_rows_say_torch_is_being_imported_while_they_start(tmp_path, start_method, said):
+    done = subprocess.run([sys.executable, "-c", FIRST_LAUNCH, str(tmp_path), start_method], capture_output=True,
+                          text=True, timeout=240)
     line = [x for x in done.stdout.splitlines() if x.startswith("PHASES ")]
     assert line, done.stdout + done.stderr
     phases = json.loads(line[-1][len("PHASES "):])
-    assert "importing torch (once, for every rank)" in phases["seen"], phases
+    assert said in phases["seen"], phases
     assert phases["final"] == ["", ""], phases
 
 

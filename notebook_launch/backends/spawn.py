@@ -157,7 +157,12 @@ class SpawnBackend(Launcher):
             try:
                 # The job's files go to every rank under the same numbers: ``shared`` is what each inherits.
                 shared = (job_file, job_tensors)
+                waiting = start_process.enabled() and not _start_process_ready()
+                if waiting:   # said in the rows: a first launch waits seconds for its imports
+                    self.start_watch.phase("waiting for the warm start process to import torch")
                 starter = _start_process()
+                if waiting:
+                    self.start_watch.phase("")
                 args = {spec.local_rank: _entry_args(spec, channels[spec.local_rank], job_file, os.getpid(),
                                                      job_tensors) for spec in plan.ranks}
                 envs = {spec.local_rank: _rank_env(spec) for spec in plan.ranks}
@@ -248,6 +253,12 @@ def _warm_list(job: "Job") -> list[str]:
         log.debug("could not read the launched function's code", exc_info=True)
         return []
     return list(TRAINING_MODULES) if trains else []
+
+
+def _start_process_ready() -> bool:
+    """Whether the warm start process runs and finished its imports (a launch then waits for nothing)."""
+    process = start_process.running()
+    return process is not None and process.ready is not None
 
 
 def _start_process() -> "start_process.StartProcess | None":
