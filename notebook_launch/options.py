@@ -115,9 +115,8 @@ def launch_options(*, function: Any, args: Any = (), num_processes: Any = None, 
     start_method = validate_start_method(start_method)
     validate_ui(ui)
     validate_choice("rdzv_backend", rdzv_backend, RDZV_BACKENDS)
-    num_nodes = validate_int("num_nodes", num_nodes, 1, MAX_WORLD_SIZE)
-    if num_processes is not None:
-        check_world_size(num_processes, num_nodes)
+    num_nodes = validate_int("num_nodes", num_nodes, 1)
+    check_world_size(num_processes or 1, num_nodes)
     node_rank = validate_int("node_rank", node_rank, 0, num_nodes - 1)
     max_restarts = validate_int("max_restarts", max_restarts, 0)
     timeout = validate_timeout(timeout)
