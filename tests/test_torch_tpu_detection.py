@@ -1,12 +1,16 @@
-"""TorchTPU (torch_tpu) detection and the launch decision, without torch_tpu and without a
+"""TorchTPU (torch_tpu) detection, the launch decision and the guard, without torch_tpu and without a
 TPU: each machine is a FAKE root (tests/helpers/fake_tpu_machine.py) and the installed version is a
 parameter. The lane with the real torch_tpu 0.2.0 is tests/tpu/ (scripts/test-tpu-lane.sh)."""
 from __future__ import annotations
 
+import sys
+import types
+
 import pytest
 from helpers.fake_tpu_machine import V3, V5E, V6E, V7, fake_tpu_root
 
-from notebook_launch import LaunchArgumentError
+from notebook_launch import GuardError, LaunchArgumentError, preflight
+from notebook_launch.backends.start_process import withhold_device_backends
 from notebook_launch.detect import torch_tpu
 from notebook_launch.detect.platform import Probe
 from notebook_launch.plan import build_plan
@@ -121,3 +125,38 @@ def test_every_rank_has_the_same_torch_tpu_variables_and_its_own_local_rank(tmp_
     assert all(r.env.items() >= shared.items() and r.device == "tpu" for r in plan.ranks)
     assert plan.dist_backend == "tpu" and "PJRT_LOCAL_PROCESS_RANK" not in plan.ranks[0].env
     assert "ACCELERATE_USE_CPU" not in plan.ranks[0].env
+
+
+# --- the warm start process -----------------------------------------------------------------------
+def test_the_start_process_withholds_device_backends_only_where_torch_tpu_has_devices(tmp_path):
+    withheld = withhold_device_backends({}, fake_tpu_root(tmp_path, V6E, 4), "0.2.0")
+    assert withheld == {"TORCH_DEVICE_BACKEND_AUTOLOAD": "0", "NOTEBOOK_LAUNCH_DEVICE_BACKENDS_WITHHELD": "1"}
+    assert withhold_device_backends({}, fake_tpu_root(tmp_path), "0.2.0") == {}
+    assert withhold_device_backends({}, fake_tpu_root(tmp_path, V6E, 4), None) == {}
+    off = {"TORCH_DEVICE_BACKEND_AUTOLOAD": "0"}
+    assert withhold_device_backends(off, fake_tpu_root(tmp_path, V6E, 4), "0.2.0") == {}
+
+
+# --- the guard -----------------------------------------------------------------------------------
+class FakeTorchTpuModuleStandIn(types.ModuleType):
+    """A FAKE ``torch.tpu`` (torch_tpu's public module): only ``is_initialized``, as it answers."""
+
+    def __init__(self, initialized):
+        super().__init__("torch.tpu")
+        self.is_initialized = lambda: initialized
+
+
+@pytest.mark.parametrize("initialized", [True, False])
+def test_a_notebook_holding_torch_tpus_runtime_is_refused(monkeypatch, initialized):
+    monkeypatch.setitem(sys.modules, "torch_tpu", types.ModuleType("torch_tpu"))
+    monkeypatch.setitem(sys.modules, "torch.tpu", FakeTorchTpuModuleStandIn(initialized))
+    assert torch_tpu.runtime_initialized() is initialized
+    if not initialized:
+        preflight.check_runtime_not_initialized()
+        return
+    with pytest.raises(GuardError, match=r"TorchTPU's runtime is already initialized .* restart the kernel"):
+        preflight.check_runtime_not_initialized()
+
+
+def test_without_torch_tpu_imported_nothing_is_asked():
+    assert not torch_tpu.runtime_initialized({"torch.tpu": FakeTorchTpuModuleStandIn(True)})
