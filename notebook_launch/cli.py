@@ -22,7 +22,8 @@ from .errors import LaunchArgumentError, NotebookLaunchError
 if TYPE_CHECKING:
     from .plan import StartMethod
 
-VERSIONED = ("torch", "accelerate", "ipywidgets", "ipykernel", "torch_xla", "lightning", "cloudpickle")
+VERSIONED = ("torch", "accelerate", "ipywidgets", "ipykernel", "torch_xla", "torch_tpu", "libtpu", "lightning",
+             "cloudpickle")
 
 
 # --- env -----------------------------------------------------------------------
@@ -44,12 +45,25 @@ def launch_preview() -> dict[str, Any]:
     except NotebookLaunchError as exc:   # e.g. a TPU whose layout is unknown
         from .detect.platform import detect
         where = detect()
-        return _preview(where, where.describe(), "?", f"? ({exc})", "?")
+        preview = _preview(where, where.describe(), "?", f"? ({exc})", "?")
+        preview["tpu_stack"] = _tpu_stacks("?")
+        return preview
     where = target.where
     gpus = target.device_count
     device = (f"{gpus} CUDA GPU(s)" if target.device_kind == "cuda"
-              else "XLA" if target.device_kind == "xla" else "CPU")
-    return _preview(where, device, target.dist_backend, target.num_processes, target.start_method)
+              else "XLA" if target.device_kind == "xla" else "TPU (TorchTPU)" if target.device_kind == "tpu"
+              else "CPU")
+    preview = _preview(where, device, target.dist_backend, target.num_processes, target.start_method)
+    preview["tpu_stack"] = _tpu_stacks(target.device_kind)
+    return preview
+
+
+def _tpu_stacks(device_kind: str) -> str:
+    """Which TPU stack is installed (torch_tpu, torch_xla), and which a launch here would use."""
+    from .detect import torch_tpu
+    xla = package_version("torch_xla")
+    return torch_tpu.describe_stacks(torch_tpu.detect_torch_tpu(), None if xla == "not installed" else xla,
+                                     device_kind)
 
 
 def _preview(where: Any, device: str, backend: str, ranks: Any, start: str) -> dict[str, Any]:
@@ -84,6 +98,7 @@ def cmd_env(args: argparse.Namespace) -> int:
         ("cuda gpus", ", ".join(f"{name} (driver {drv})" for name, drv in gpus) if gpus
          else preview["device"] if "CUDA" in preview["device"] else "none"),
         ("tpu", "yes" if preview["tpu"] else "none"),
+        ("tpu stack", preview["tpu_stack"]),
     ]
     if preview["evidence"]:
         rows.insert(2, ("evidence", preview["evidence"]))

@@ -50,7 +50,8 @@ def notebook_launcher(function: Callable[..., Any], args: tuple | list = (), num
         num_processes: Ranks on this machine: any whole number (``int``, NumPy's ``int64``, ...).
             ``None``: one per visible CUDA GPU, else 1. On GPUs at most the number visible; on CPU up
             to 8 per core (at least 64; they share the cores). With ``start_method="xla"`` it counts
-            XLA devices: ``None`` or all of them, or 1.
+            XLA devices: ``None`` or all of them, or 1. With TorchTPU (torch_tpu and TPU devices it
+            drives) one rank per TPU device: ``None`` or a device count it has a layout for.
         mixed_precision: ``"no"``, ``"fp16"``, ``"bf16"`` or ``"fp8"``; exported as
             ``ACCELERATE_MIXED_PRECISION``, so ``Accelerator()`` in each rank uses it.
         use_port: Rendezvous TCP port on ``master_addr``. Left at the default and busy, a free port is
@@ -74,7 +75,8 @@ def notebook_launcher(function: Callable[..., Any], args: tuple | list = (), num
         start_method: ``"fork"`` (default where safe: fast, the notebook's globals are inherited),
             ``"spawn"`` (fresh interpreters; the function and arguments travel with cloudpickle;
             needed after CUDA was initialized in the notebook) or ``"xla"`` (torch_xla's xmp.spawn;
-            the default when a TPU or ``PJRT_DEVICE`` is found).
+            the default when a TPU or ``PJRT_DEVICE`` is found). TorchTPU ranks start with ``None``
+            or ``"spawn"`` (docs/guides/tpu.md; ``NOTEBOOK_LAUNCH_DEVICE=tpu`` or ``cpu`` chooses).
         timeout: Seconds (> 0; ``float("inf")`` means none, like ``None``); past it every rank is
             stopped and ``LaunchError`` says where each rank was.
         log_dir: Folder for the ``rank<N>.log`` files; default a new folder per run under

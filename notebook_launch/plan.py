@@ -14,13 +14,15 @@ log = logging.getLogger("notebook_launch")
 
 LOOPBACK_ADDRESSES = ("127.0.0.1", "localhost", "::1")
 
-# What the ranks compute on, decided once by detect/ (CUDA GPUs, TPU chips through XLA, or CPU) and
-# compared as a string everywhere after: the alias lets mypy catch a misspelt kind ("gpu", "tpu").
-DeviceKind = Literal["cpu", "cuda", "xla"]
-# The torch.distributed backend a device kind's ranks use (dist_backend_for).
-DistBackend = Literal["gloo", "nccl", "xla"]
+# What the ranks compute on, decided once by detect/ (CUDA GPUs, TPU chips through torch_xla ("xla"),
+# TPU devices through TorchTPU ("tpu": torch_tpu's PrivateUse1 device, one rank per device, started by
+# "spawn"), or CPU) and compared as a string everywhere after: the alias lets mypy catch a misspelt kind.
+DeviceKind = Literal["cpu", "cuda", "xla", "tpu"]
+# The torch.distributed backend a device kind's ranks use (dist_backend_for); "tpu" is the process
+# group backend torch_tpu registers for its device.
+DistBackend = Literal["gloo", "nccl", "xla", "tpu"]
 # How ranks start on this machine (``backends.get_backend``): fork (the notebook's globals are
-# inherited), spawn (fresh interpreters) or xla (torch_xla's xmp.spawn). The user's start_method
+# inherited), spawn (fresh interpreters; TorchTPU's ranks too) or xla (torch_xla's xmp.spawn). The user's start_method
 # becomes one in options; a Ray launch (cluster=) has no start method, and its plan says "ray".
 StartMethod = Literal["fork", "spawn", "xla"]
 # How a plan's ranks start: a start method, "ray" (Ray actors, which only ray.run can start) or
@@ -32,7 +34,7 @@ PlanStartMethod = Literal[StartMethod, "ray", "slurm"]
 class RankSpec:
     global_rank: int
     local_rank: int
-    device: str                 # "cpu", "cuda:0", "xla"
+    device: str                 # "cpu", "cuda:0", "xla", "tpu" (each TorchTPU rank sees its own device only)
     env: dict[str, str]         # variables this rank adds to the inherited environment
 
 
@@ -78,7 +80,7 @@ SOCKET_IFNAME_VARIABLES = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
 
 def dist_backend_for(device_kind: DeviceKind) -> DistBackend:
     """The torch.distributed backend ranks of this device kind use (what init_process_group() picks)."""
-    backends: dict[DeviceKind, DistBackend] = {"cpu": "gloo", "cuda": "nccl", "xla": "xla"}
+    backends: dict[DeviceKind, DistBackend] = {"cpu": "gloo", "cuda": "nccl", "xla": "xla", "tpu": "tpu"}
     return backends[device_kind]
 
 
@@ -181,21 +183,24 @@ def build_plan(*, num_processes: int, num_nodes: int, node_rank: int, master_add
                master_port: int, device_kind: DeviceKind, mixed_precision: str, start_method: StartMethod,
                run_id: str, user_env: Mapping[str, str] | None = None, cpu_count: int | None = None,
                gpu_names: Sequence[str] = (), driver_version: str | None = None,
-               notes: Sequence[str] = ()) -> LaunchPlan:
-    """Describe the ranks of this node. Arguments are assumed validated (see options)."""
+               notes: Sequence[str] = (), device_env: Mapping[str, str] | None = None) -> LaunchPlan:
+    """Describe the ranks of this node. Arguments are assumed validated (see options).
+    ``device_env``: variables every rank has alike that its device's runtime reads (TorchTPU's
+    slicebuilder addresses and topology, ``detect.torch_tpu.launch_environment``)."""
     user_env = dict(os.environ if user_env is None else user_env)
     cpu_count = cpu_count or available_cpus()
     world_size = num_processes * num_nodes
     ranks: list[RankSpec] = []
     for local_rank in range(num_processes):
         global_rank = node_rank * num_processes + local_rank
-        device = {"cpu": "cpu", "cuda": f"cuda:{local_rank}", "xla": "xla"}[device_kind]
-        env = rank_environment(
+        device = {"cpu": "cpu", "cuda": f"cuda:{local_rank}", "xla": "xla", "tpu": "tpu"}[device_kind]
+        env = dict(device_env or {})
+        env.update(rank_environment(
             global_rank=global_rank, local_rank=local_rank, num_processes=num_processes,
             num_nodes=num_nodes, node_rank=node_rank, world_size=world_size,
             master_addr=master_addr, master_port=master_port, device_kind=device_kind,
             mixed_precision=mixed_precision, run_id=run_id, user_env=user_env,
-            cpu_count=cpu_count, gpu_names=gpu_names, driver_version=driver_version)
+            cpu_count=cpu_count, gpu_names=gpu_names, driver_version=driver_version))
         ranks.append(RankSpec(global_rank, local_rank, device, env))
     return LaunchPlan(
         num_processes=num_processes, num_nodes=num_nodes, node_rank=node_rank,

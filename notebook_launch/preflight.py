@@ -10,6 +10,7 @@ import sys
 from . import cuda_tracking
 from .accelerate_state import find_origin, reset_for_training_arguments
 from .detect.platform import inside_launched_rank
+from .detect import torch_tpu
 from .detect.xla import runtime_initialized
 from .errors import GuardError, LaunchArgumentError
 from .hooks import installed_by
@@ -70,7 +71,7 @@ def check_no_accelerate_state() -> None:
 
 def _nothing_but_the_state_was_started() -> bool:
     """A reset is safe only while the state is all there is: no CUDA, no XLA runtime, no process group."""
-    if cuda_tracking.is_cuda_initialized() or runtime_initialized():
+    if cuda_tracking.is_cuda_initialized() or runtime_initialized() or torch_tpu.runtime_initialized():
         return False
     dist = getattr(sys.modules.get("torch"), "distributed", None)
     try:
@@ -152,8 +153,10 @@ NVML_ADVICE = (
 
 
 def check_runtime_not_initialized() -> None:
-    """xmp.spawn refuses to run once this process started the XLA runtime, and
-    forked replicas could not use it anyway: refuse first, saying what to do."""
+    """Ranks on TPUs (torch_xla's xmp.spawn, TorchTPU's spawned ranks) cannot start once this
+    notebook started a TPU runtime: xmp.spawn refuses ("Runtime is already initialized"), forked
+    replicas could not use it, and the PJRT client of either stack holds the TPU devices, which no
+    rank could then claim. Refuse first, saying which stack and what to do."""
     if runtime_initialized():
         raise GuardError(
             "The XLA runtime is already initialized in this notebook (something called "
@@ -161,6 +164,13 @@ def check_runtime_not_initialized() -> None:
             "launched function), so torch_xla cannot start replicas from it. What to do: restart "
             "the kernel and keep every XLA call (xm.xla_device(), torch_xla.device(), .to(device), "
             "an Accelerator) inside the function you pass to notebook_launcher.")
+    if torch_tpu.runtime_initialized():
+        raise GuardError(
+            "TorchTPU's runtime is already initialized in this notebook (torch.tpu.is_initialized() is "
+            "True: a tensor was put on the 'tpu' device, or a torch.tpu call started it, outside the "
+            "launched function), and it holds this machine's TPU devices, so no rank could claim its "
+            "own. What to do: restart the kernel and keep every TPU call (torch.device('tpu'), "
+            ".to('tpu'), model.tpu(), torch.tpu.*) inside the function you pass to notebook_launcher.")
 
 
 def resolve_port(port: int, *, explicit: bool, node_rank: int, notes: list[str],

@@ -12,6 +12,7 @@ import inspect
 from typing import Any, Mapping
 
 from . import fd_budget, net, preflight
+from .detect import torch_tpu
 from .errors import LaunchArgumentError
 from .logs import make_run_id
 from .options import (LaunchOptions, check_display_ranks_exist, check_world_size, launch_options,
@@ -60,8 +61,13 @@ def plan_launch(options: LaunchOptions) -> tuple[LaunchTarget, LaunchPlan, str]:
         validate_elastic_start_method(target.start_method)
     preflight.check_no_accelerate_state()
     preflight.check_cuda_not_initialized(target.start_method, target.device_count)
-    if target.start_method == "xla":
+    if target.start_method == "xla" or target.device_kind == "tpu":
         preflight.check_runtime_not_initialized()
+    if target.device_kind == "tpu" and options.elastic:
+        raise LaunchArgumentError(
+            "TorchTPU ranks run on one machine without restarts here: num_nodes > 1 and max_restarts > 0 "
+            "are not supported with TPU devices yet. Launch with num_nodes=1 and max_restarts=0, or set "
+            "NOTEBOOK_LAUNCH_DEVICE=cpu for CPU ranks.")
 
     check_world_size(target.num_processes, options.num_nodes)   # num_processes=None: known only now
     notes = list(target.notes)
@@ -78,7 +84,8 @@ def plan_launch(options: LaunchOptions) -> tuple[LaunchTarget, LaunchPlan, str]:
         net.hold_claim(run_id, claim)
         port = claim.port
     try:
-        plan = _plan(options, target, port, run_id, notes)
+        device_env = _device_environment(target, run_id)
+        plan = _plan(options, target, port, run_id, notes, device_env)
     except BaseException:
         net.release_claims(run_id)
         raise
@@ -103,12 +110,27 @@ def spawn_where_fork_would_be_refused(options: LaunchOptions, target: LaunchTarg
     return dataclasses.replace(target, start_method="spawn", notes=target.notes + (note,))
 
 
-def _plan(options: LaunchOptions, target: LaunchTarget, port: int, run_id: str, notes: list[str]) -> LaunchPlan:
+def _device_environment(target: LaunchTarget, run_id: str) -> dict[str, str]:
+    """What every rank's device runtime reads alike: for TorchTPU, one slicebuilder port per rank,
+    claimed among this machine's launches until the run ends (as the rendezvous port is)."""
+    if target.device_kind != "tpu" or target.torch_tpu is None:
+        return {}
+    ports = []
+    for _ in range(target.num_processes):
+        claim = net.claim_any_free_port()
+        net.hold_claim(run_id, claim)
+        ports.append(claim.port)
+    return torch_tpu.launch_environment(target.num_processes, ports, target.torch_tpu)
+
+
+def _plan(options: LaunchOptions, target: LaunchTarget, port: int, run_id: str, notes: list[str],
+          device_env: dict[str, str]) -> LaunchPlan:
     gpus = target.gpus()
     plan = build_plan(
         num_processes=target.num_processes, num_nodes=options.num_nodes, node_rank=options.node_rank,
         master_addr=options.master_addr, master_port=port, device_kind=target.device_kind,
         mixed_precision=options.mixed_precision, start_method=target.start_method, run_id=run_id,
-        gpu_names=[g[0] for g in gpus], driver_version=gpus[0][1] if gpus else None, notes=notes)
+        gpu_names=[g[0] for g in gpus], driver_version=gpus[0][1] if gpus else None, notes=notes,
+        device_env=device_env)
     check_display_ranks_exist(options.display_ranks, plan.world_size)
     return plan

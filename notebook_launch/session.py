@@ -181,7 +181,7 @@ def launch_summary(plan: LaunchPlan, backend_name: str, log_path: str | Path, pl
                    display: str | None = None) -> str:
     """One line that says what the launcher chose and why it matters: where, on what, how; after
     the plan's notes, which explain a choice it shows (a busy default port replaced)."""
-    what = {"cpu": "CPU", "cuda": "CUDA GPU", "xla": "XLA"}[plan.device_kind]
+    what = {"cpu": "CPU", "cuda": "CUDA GPU", "xla": "XLA", "tpu": "TPU (TorchTPU)"}[plan.device_kind]
     nodes = f" on node {plan.node_rank} of {plan.num_nodes}" if plan.num_nodes > 1 else ""
     where = f" on {platform}" if platform else ""
     shown = f", display {display}" if display else ""

@@ -329,12 +329,14 @@ class _PiecedStream(io.RawIOBase):
 def rebuilds_off_cpu(torch: Any, tensor: Any) -> bool:
     """torch would pickle ``tensor`` as a rebuild onto its own device, not through a storage
     (``Tensor._reduce_ex_internal``: XLA, MAIA, MTIA, a storage-less private backend): unpickled
-    in the notebook, an XLA tensor would start the XLA runtime there. Storage-backed tensors
-    (CUDA) need nothing here: their storages come back as CPU storages (``_reduce_storage``)."""
+    in the notebook, an XLA tensor would start the XLA runtime there, and a TorchTPU one ("tpu")
+    TorchTPU's, whose client would take the TPU devices from the next launch's ranks: always
+    copied. Storage-backed tensors (CUDA) need nothing here: their storages come back as CPU
+    storages (``_reduce_storage``)."""
     device = tensor.device.type
     if device in ("cpu", "meta"):
         return False
-    if device in ("xla", "maia", "mtia"):
+    if device in ("xla", "maia", "mtia", "tpu"):
         return True
     try:
         return not torch._C._has_storage(tensor)

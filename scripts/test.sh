@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# Run the whole test suite on a fresh machine: system packages, the venvs, then four pytest lanes.
-# With no arguments (CI, .ci/run): the main suite, the Colab lane, the Kaggle lane, the torch_xla lane, then
-# one total line over all lanes and the run's time against its goal. With pytest arguments: the main suite
-# only, with those arguments (add `-n 4` for workers). The quick loop for a contributor: scripts/test-quick.sh.
+# Run the whole test suite on a fresh machine: system packages, the venvs, then the pytest lanes.
+# With no arguments (CI, .ci/run): the main suite, the Colab lane, the Kaggle lane, the torch_xla lane, the
+# TorchTPU lane, then one total line over all lanes and the run's time against its goal. With pytest
+# arguments: the main suite only, with those arguments (add `-n 4` for workers). The quick loop for a
+# contributor: scripts/test-quick.sh.
 #
 # What runs at the same time, and why (the run is mostly waiting, not computing: kernels and clusters
 # starting, ranks meeting, verdicts awaited):
@@ -33,16 +34,18 @@ status=0
 lanes=()
 [ -z "${NOTEBOOK_LAUNCH_SKIP_HOSTS:-}" ] && lanes+=(colab kaggle)   # skip: never in CI
 [ -z "${NOTEBOOK_LAUNCH_SKIP_XLA:-}" ] && lanes+=(xla)              # skip: never in CI
+[ -z "${NOTEBOOK_LAUNCH_SKIP_TPU:-}" ] && lanes+=(tpu)              # skip: never in CI
 [ -z "${NOTEBOOK_LAUNCH_SKIP_PY314:-}" ] && lanes+=(py314)          # skip: never in CI
 declare -A build_pid lane_pid lane_took
 fresh=
 mmss() { printf '%d:%02d' $(($1 / 60)) $(($1 % 60)); }
 
-# The lanes' venvs (scripts/test-host.sh, scripts/setup-xla.sh): seconds when cached, minutes of downloads
-# the first time. A build that fails fails the run, naming its lane; its tests then do not run.
+# The lanes' venvs (scripts/test-host.sh, scripts/setup-xla.sh, scripts/setup-tpu.sh): seconds when cached,
+# minutes of downloads the first time. A build that fails fails the run, naming its lane; its tests then do not run.
 for lane in "${lanes[@]}"; do
   case $lane in
     xla) cmd=(bash scripts/setup-xla.sh) ;;
+    tpu) cmd=(bash scripts/setup-tpu.sh) ;;
     *) cmd=(bash scripts/test-host.sh "$lane" --build-only) ;;
   esac
   ( "${cmd[@]}" 2>&1 | tee "test-artifacts/build-$lane.log" | sed -u "s/^/[$lane lane build] /" >&2
@@ -89,6 +92,8 @@ echo "=== docs (mkdocs build --strict)"; cat test-artifacts/docs.log
 # Kaggle: Python 3.12 (pyenv's on this kind of machine; Debian ships none), IPython 7.34.0, ipykernel 6.17.1,
 # ipywidgets 8.1.5, torch 2.10.0. The Colab lane needs root (chroot).
 # The torch_xla lane (the TPU backend on PJRT_DEVICE=CPU): .venv-xla (torch 2.9.0 + torch_xla 2.9.0).
+# The TorchTPU lane (torch_tpu without a chip: detection, the ranks' environment against torch_tpu's own code,
+# CPU launches beside it): .venv-tpu (torch 2.13.0 + torch_tpu 0.2.0 + libtpu); the chip tests skip there.
 # The Python 3.14 lane: launches and persistent ranks on Python 3.14 (forkserver is multiprocessing's default
 # there) in a Debian sid chroot, torch 2.13.0 (hosts/py314.txt). Needs root (chroot).
 # The lanes start once the Ray cluster is up (tests/raycluster/conftest.py touches the file; at most 3
@@ -105,11 +110,13 @@ for lane in "${lanes[@]}"; do
     continue
   fi
   # The build scripts say when they download and install (not cached): the run is then a fresh machine's.
-  if grep -q -e "building the $lane venvs" -e "installing torch 2.9.0" "test-artifacts/build-$lane.log"; then
+  if grep -q -e "building the $lane venvs" -e "installing torch 2.9.0" -e "installing torch 2.13.0, torch_tpu" \
+      "test-artifacts/build-$lane.log"; then
     fresh=1
   fi
   case $lane in
     xla) cmd=(bash scripts/test-xla.sh --junitxml=test-artifacts/junit-xla.xml) ;;
+    tpu) cmd=(bash scripts/test-tpu-lane.sh --durations=5 --junitxml=test-artifacts/junit-tpu.xml) ;;
     *) cmd=(bash "scripts/test-$lane.sh") ;;
   esac
   ( start=$SECONDS; rc=0; "${cmd[@]}" >"test-artifacts/lane-$lane.log" 2>&1 || rc=$?   # (set -e: not a bare call)

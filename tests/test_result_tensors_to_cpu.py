@@ -117,3 +117,28 @@ def test_cpu_tensors_are_not_copied_by_the_walk():
     assert not shared_tensors.rebuilds_off_cpu(torch, t)
     assert not shared_tensors.rebuilds_off_cpu(torch, torch.empty(2, device="meta"))
     assert shared_tensors.rebuilds_off_cpu(torch, fake_xla(t))
+
+
+class FakeTpuDevice:
+    """A FAKE TorchTPU device (``torch.device("tpu")`` exists only where torch_tpu renamed
+    PrivateUse1 on a machine with TPU devices): what the rank's pickling reads of a device."""
+    type = "tpu"
+    index = 0
+
+
+class FakeTpuTensorStandIn(torch.Tensor):
+    """A FAKE TorchTPU tensor: CPU data with a storage, but ``device`` says tpu."""
+    __torch_function__ = torch._C._disabled_torch_function_impl  # type: ignore[assignment]
+
+    @property
+    def device(self):  # type: ignore[override]  # as FakeXlaTensorStandIn.device
+        return FakeTpuDevice()
+
+
+def test_torch_tpu_tensors_are_copied_even_with_a_storage():
+    """A TorchTPU tensor must never be unpickled as one in the notebook (its runtime would start there
+    and hold the TPU devices the next launch's ranks need), storage or not."""
+    t = torch.Tensor._make_subclass(FakeTpuTensorStandIn, torch.arange(3.0))
+    assert shared_tensors.rebuilds_off_cpu(torch, t)
+    [back] = round_trip([t])
+    assert_plain_cpu(back) and back.tolist() == [0.0, 1.0, 2.0]

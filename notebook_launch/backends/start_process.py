@@ -106,6 +106,25 @@ def enabled(environ: Mapping[str, str] = os.environ) -> bool:
     return sys.platform.startswith("linux") and hasattr(os, "pidfd_open") and hasattr(socket, "send_fds")
 
 
+AUTOLOAD = "TORCH_DEVICE_BACKEND_AUTOLOAD"   # torch's switch for its device backends' entry points
+
+
+def withhold_device_backends(environ: Mapping[str, str], root: str | None = "/",
+                             torch_tpu_version: str | None | bool = True) -> dict[str, str]:
+    """What of the start process's environment keeps its ``import torch`` from loading the device
+    backends, where they would set up a TPU: torch_tpu installed and TPU devices it drives here
+    (``rank.device_backends`` says why; each rank then loads them with its own environment).
+    Elsewhere nothing: torch_tpu on a machine without its devices sets nothing up, and its ranks
+    keep it from the start process instead of loading it (seconds) each."""
+    if environ.get(AUTOLOAD, "1") != "1":
+        return {}   # off in the notebook: its fresh Pythons do not load them either
+    from ..detect.torch_tpu import detect_torch_tpu
+    from ..rank.start_server import WITHHELD_VARIABLE
+    if not detect_torch_tpu(root, torch_tpu_version).can_launch:
+        return {}
+    return {AUTOLOAD: "0", WITHHELD_VARIABLE: "1"}
+
+
 def preload_for_start() -> list[str]:
     """What the start process imports first: torch and torch.distributed where installed (it never
     imports the user's code); torch._dynamo comes with the first launch that trains."""
@@ -133,6 +152,7 @@ class StartProcess:
         os.set_blocking(reports_r, False)
         try:
             env = dict(os.environ)
+            env.update(withhold_device_backends(env))
             env[start_server_variable()] = f"{theirs.fileno()} {reports_w} {os.getpid()}"
             env.setdefault("PYTHONUNBUFFERED", "1")
             path = json.dumps([PACKAGE_ROOT] + third_party_path())

@@ -16,7 +16,7 @@ from typing import Any
 
 from .. import protocol, shared_tensors
 from ..debug_logging import debug_logging_from_environment
-from . import spawn_context
+from . import device_backends, spawn_context
 from .bootstrap import EXIT_FAILED, capture_output, detach_from_parent, exit_with
 from .runner import report_error, run_rank, setup_failure
 
@@ -34,6 +34,7 @@ class EntryArgs:
     tensors_fd: int | None = None         # this rank's result file
     job_tensors_fd: int | None = None     # the job's tensors
     forked_by: int | None = None          # the warm start process that forked it: it dies with that one
+    load_device_backends: int | None = None   # 1: that process imported torch without them (rank.device_backends)
 
 
 REQUIRED = ("payload_fd", "local_rank", "events_fd", "parent_pid")
@@ -75,7 +76,9 @@ def main(argv: list[str] | None = None) -> None:
                                       tensors_fd=args.tensors_fd)
         protocol.install(writer)
         try:
-            loaded = load_job(args.payload_fd, args.local_rank, writer, args.job_tensors_fd)
+            loaded = None
+            if not args.load_device_backends or device_backends.load(writer):
+                loaded = load_job(args.payload_fd, args.local_rank, writer, args.job_tensors_fd)
         finally:   # the job's tensors map its pages; the fds themselves are not needed any more
             for fd in (args.payload_fd, args.job_tensors_fd):
                 if fd is not None:

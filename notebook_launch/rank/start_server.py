@@ -44,10 +44,16 @@ from . import forking
 from .preload import warm
 
 SOCKET_VARIABLE = "NOTEBOOK_LAUNCH_START_SOCKET"     # "<socket fd> <reports fd> <notebook pid>"
+# "1": torch was imported here without its device backends (backends.start_process.withhold_device_backends):
+# every rank forked from here loads them itself (rank.device_backends)
+WITHHELD_VARIABLE = "NOTEBOOK_LAUNCH_DEVICE_BACKENDS_WITHHELD"
+backends_withheld = False
 
 
 def main() -> int:
     fd, reports, notebook = (int(x) for x in os.environ.pop(SOCKET_VARIABLE).split())
+    global backends_withheld
+    backends_withheld = os.environ.pop(WITHHELD_VARIABLE, "") == "1"
     sock = socket.socket(fileno=fd)
     signal.signal(signal.SIGINT, signal.SIG_IGN)   # the notebook's Ctrl-C is for the ranks, not for us
     # A notebook that ignores SIGCHLD hands that on through exec: the kernel would then reap the ranks
@@ -178,7 +184,8 @@ def become_rank(request: dict[str, Any], fds: list[int]) -> None:
                 pass
         sys.argv = ["-c"]
         from .spawn_entry import main as spawn_main
-        spawn_main(request["argv"])   # never returns
+        from .device_backends import FLAG
+        spawn_main(request["argv"] + ([FLAG, "1"] if backends_withheld else []))   # never returns
     finally:
         os._exit(code)
 
@@ -205,6 +212,10 @@ def accelerator_initialized() -> str | None:
         from ..detect.xla import runtime_initialized
         if runtime_initialized():
             return "the XLA runtime"
+    if "torch_tpu" in sys.modules:
+        from ..detect import torch_tpu
+        if torch_tpu.runtime_initialized():
+            return "TorchTPU's runtime"
     return None
 
 
