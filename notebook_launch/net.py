@@ -194,11 +194,16 @@ class PortReservation:
         self._fd = fd
 
     @classmethod
+    def path(cls, port: int) -> str:
+        """The file whose flock is the claim on ``port``."""
+        return os.path.join(cls.FOLDER, f"{port}.lock")
+
+    @classmethod
     def claim(cls, port: int) -> "PortReservation | None":
         """The claim, or None when another launch on this machine holds this port."""
         try:
             os.makedirs(cls.FOLDER, mode=0o1777, exist_ok=True)
-            fd = os.open(os.path.join(cls.FOLDER, f"{port}.lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
+            fd = os.open(cls.path(port), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
         except OSError:   # an unwritable temp folder: launch as before, unclaimed
             log.debug("cannot claim port %d; launching without a claim", port, exc_info=True)
             return cls(port, -1)

@@ -5,9 +5,10 @@ what happened and what to do about it."""
 from __future__ import annotations
 
 import logging
+import os
 import sys
 
-from . import cuda_tracking
+from . import cuda_tracking, port_holders
 from .accelerate_state import find_origin, reset_for_training_arguments
 from .detect.platform import inside_launched_rank
 from .detect import torch_tpu
@@ -178,7 +179,8 @@ def resolve_port(port: int, *, explicit: bool, node_rank: int, notes: list[str],
     """Only the node that hosts the rendezvous store (node 0) needs the port free, and claims it
     among this machine's launches until the run ends (``net.PortReservation``), so two launches
     started at the same instant never both pick it. A busy default port is replaced by a free one
-    (said in ``notes``); a busy port the user chose, or one the other nodes were told, is an error."""
+    (``notes`` says who holds it, unless this notebook's own ranks or runs do: port_holders); a busy
+    port the user chose, or one the other nodes were told, is an error."""
     if node_rank != 0:
         return PortReservation(port, -1)   # nothing binds it here: node 0 hosts the store
     claim = claim_free_port(port)
@@ -193,5 +195,8 @@ def resolve_port(port: int, *, explicit: bool, node_rank: int, notes: list[str],
             f"use_port={port} is already in use on this machine (another launch, or a process "
             f"still holding it). Pass another port, or leave use_port at its default to pick a free one.")
     chosen = claim_any_free_port()
-    notes.append(f"port {port} is busy; using port {chosen.port} instead")
+    holders = port_holders.find_holders(port, PortReservation.path(port), os.getpid())
+    said = port_holders.note(port, chosen.port, holders, os.getpid())
+    if said:   # nothing to say where the port is this notebook's own (its runs' ranks or claims) or no one's
+        notes.append(said)
     return chosen

@@ -189,5 +189,6 @@ def launch_summary(plan: LaunchPlan, backend_name: str, log_path: str | Path, pl
     line = (f"notebook_launch: {plan.num_processes} rank{'s' if plan.num_processes != 1 else ''}{where} "
             f"({what}, {plan.dist_backend}, {backend_name}){nodes}{port}{shown}; "
             f"logs: {log_path}")
-    # the plan's notes first: they say why the line reads as it does ("port 29500 is busy; using 29501")
+    # the plan's notes first: they say why the line reads as it does ("port 29500 is held by pid 4242
+    # (...); using port 29501 instead")
     return "".join(f"notebook_launch: {note}\n" for note in plan.notes) + line

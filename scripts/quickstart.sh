@@ -3,7 +3,8 @@
 # cloudpickle, rich, ipywidgets, ipython; no test tools), then a small real training on 2 CPU ranks
 # (examples/train_cpu.py: DDP over gloo). Idempotent: a second run only trains.
 #
-# Which torch it installs, said before it installs it (torch 2.13.0, the version CI runs; any torch >= 2.8
+# Which torch it installs, said before it installs it (scripts/torch-version.txt: 2.13.0, the version CI runs,
+# which the shipped notebooks' first cells pin too; any torch >= 2.8
 # works, installed first the way your machine needs it: pip keeps a torch that is already there):
 #   - no NVIDIA GPU here: PyTorch's CPU wheels, from PyTorch's own index ($TORCH_CPU_INDEX, default
 #     https://download.pytorch.org/whl/cpu; about 200 MB to download, 1 GB installed). When that index cannot
@@ -12,16 +13,17 @@
 #   - an NVIDIA GPU here (nvidia-smi lists one): PyPI's torch, the CUDA build, with its size.
 # After the install it says which build it got and the venv's size.
 #
-# Usage: bash scripts/quickstart.sh           set up (if needed) and train
-#        bash scripts/quickstart.sh --plan    say which torch it would install, and from where; change nothing
+# Usage: bash scripts/quickstart.sh            set up (if needed) and train
+#        bash scripts/quickstart.sh --plan     say which torch it would install, and from where; change nothing
+#        bash scripts/quickstart.sh --install  set up (if needed), without the training (scripts/setup.sh's start)
 # Variables: NOTEBOOK_LAUNCH_VENV (the venv's folder, default .venv in the clone), PYTHON (the Python that
 # creates it, default python3), TORCH_CPU_INDEX, TORCH_INDEX_TIMEOUT (seconds to wait for that index, default 10).
-# scripts/setup.sh adds the test tools to the same .venv (scripts/test.sh runs it).
+# scripts/setup.sh adds the test tools to the same .venv (scripts/test.sh runs it; scripts/test-quick.sh says to).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 VENV=${NOTEBOOK_LAUNCH_VENV:-.venv}
-TORCH_SPEC="torch==2.13.0"
+TORCH_SPEC="torch==$(<scripts/torch-version.txt)"
 CPU_INDEX=${TORCH_CPU_INDEX:-https://download.pytorch.org/whl/cpu}
 INDEX_TIMEOUT=${TORCH_INDEX_TIMEOUT:-10}
 
@@ -91,12 +93,16 @@ if [ ! -x "$VENV/bin/python" ]; then
   "$PY" -m venv "$VENV"
 fi
 "$VENV/bin/python" -m pip install -q --upgrade pip
+# numpy before anything imports torch: torch's wheels do not require it, and an `import torch` without it
+# (report_torch's, right after torch's install, once printed it) warns "Failed to initialize NumPy"
+bash scripts/pip-install.sh "$VENV/bin/python" numpy
 if ! "$VENV/bin/python" -c "import torch" 2>/dev/null; then
   choose_torch
   bash scripts/pip-install.sh "$VENV/bin/python" "${TORCH_PIP_ARGS[@]}"
   report_torch
 fi
-# numpy beside torch (torch's wheels do not require it, and without it `import torch` warns
-# "Failed to initialize NumPy")
-bash scripts/pip-install.sh "$VENV/bin/python" -e . numpy
+bash scripts/pip-install.sh "$VENV/bin/python" -e .
+if [ "${1:-}" = "--install" ]; then
+  exit 0
+fi
 exec "$VENV/bin/python" examples/train_cpu.py

@@ -8,6 +8,19 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 [ -x .venv/bin/python ] || bash scripts/setup.sh
+# A .venv that scripts/quickstart.sh made has notebook_launch's run-time packages only: say the one command
+# that adds the test tools rather than fail on them one raw error at a time.
+mapfile -t missing < <(.venv/bin/python scripts/missing_test_tools.py)
+if [ "${#missing[@]}" -gt 0 ]; then
+  named=$(printf '%s, ' "${missing[@]:0:4}")
+  named=${named%, }
+  [ "${#missing[@]}" -le 4 ] || named="$named and $((${#missing[@]} - 4)) more"
+  echo "quick loop: .venv lacks the test tools ($named): scripts/quickstart.sh installs only what" \
+       "notebook_launch needs at run time. Add them once with" >&2
+  echo "    bash scripts/setup.sh" >&2
+  echo "then run bash scripts/test-quick.sh again." >&2
+  exit 2
+fi
 QUICK=(
   tests/test_plan.py tests/test_rendezvous_settings.py tests/test_environment.py tests/test_session.py
   tests/test_line_prefix.py tests/test_argument_edges.py tests/test_guards.py tests/test_xla_detection.py

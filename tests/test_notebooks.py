@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import importlib.util
+import os
 import re
 from pathlib import Path
 
@@ -188,3 +189,55 @@ def test_every_page_names_the_same_wheel_path(where):
         for found in re.findall(re.escape(where) + r"[\w./-]*\.whl", page.read_text(encoding="utf-8")):
             paths.setdefault(found, []).append(page.name)
     assert len(paths) == 1, paths
+
+
+# The notebooks that install torch where it is missing (Colab's TPU notebook never installs torch: torch_xla
+# must match the torch that is there).
+INSTALL_TORCH = [n for n in ALL if n != "colab_tpu.ipynb"]
+PROJECT_TORCH = "torch==" + (REPO / "scripts" / "torch-version.txt").read_text().strip()
+
+
+@pytest.mark.parametrize("name", INSTALL_TORCH)
+def test_the_setup_cell_pins_the_projects_torch(name):
+    """Their first cell asked pip for an unpinned `torch`: torch 2.15 and 17 nvidia packages on a CPU machine.
+    A notebook reads nothing from the repository (on Colab and Kaggle there is none), so it pins the version
+    itself, and this keeps it the one scripts/quickstart.sh and scripts/setup.sh install."""
+    source = _setup_cell(nbformat.read(str(NOTEBOOKS / name), as_version=4)).source
+    assert f'TORCH = "{PROJECT_TORCH}"' in source, name
+    assert '"torch": TORCH' in source and '"numpy": "numpy"' in source, name
+    assert '"torch": "torch"' not in source, name
+
+
+def _fake_nvidia_smi(folder: Path, gpus: int) -> None:
+    """Stands in for the NVIDIA driver's nvidia-smi (there is no GPU on this machine)."""
+    folder.mkdir()
+    lines = "".join(f"echo 'GPU {i}: Tesla T4 (UUID: GPU-fake-{i})'\n" for i in range(gpus))
+    script = folder / "nvidia-smi"
+    script.write_text("#!/bin/sh\n" + (lines or "echo 'No devices were found'; exit 6\n"))
+    script.chmod(0o755)
+
+
+@pytest.mark.parametrize("gpus", [0, 2])
+@pytest.mark.parametrize("name", INSTALL_TORCH)
+def test_a_missing_torch_is_the_cpu_build_without_a_gpu(name, gpus, tmp_path, monkeypatch):
+    """torch missing (its module name changed in the cell: torch itself is here), installs allowed: the cell
+    asks pip for the project's torch, from PyTorch's CPU index ($TORCH_CPU_INDEX) where nvidia-smi lists no GPU,
+    from pip's own index (the CUDA build) where it lists one. torch==<that version> is installed here, so pip
+    only finds it satisfied; no index is read (PIP_NO_INDEX, no pip configuration)."""
+    monkeypatch.delenv("NOTEBOOK_LAUNCH_NO_INSTALL")
+    _fake_nvidia_smi(tmp_path / "bin", gpus)
+    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}:{os.environ['PATH']}")
+    index = "http://127.0.0.1:1/cpu-index-standin"
+    monkeypatch.setenv("TORCH_CPU_INDEX", index)
+    monkeypatch.setenv("PIP_NO_INDEX", "1")
+    monkeypatch.setenv("PIP_CONFIG_FILE", os.devnull)
+    nb = nbformat.read(str(NOTEBOOKS / name), as_version=4)
+    setup = _setup_cell(nb)
+    head, tail = setup.source.split("missing = [", 1)
+    setup.source = f'{head}NEEDS = {{"no_such_module_47": NEEDS["torch"]}}\nmissing = [{tail}'
+    nb.cells = [setup]
+    run_notebook(nb, cwd=str(NOTEBOOKS))
+    text = cell_text(nb.cells[0])
+    where = "" if gpus else f" --index-url {index}"
+    assert f"installing: {PROJECT_TORCH}{where}\n" in text, text
+    assert f"installed now: ['{PROJECT_TORCH}']" in text, text
