@@ -170,7 +170,7 @@ def draw_timelines(rows, path: str, footer: str = "") -> None:
                 axes.plot([t / 60 for t, _ in timeline.points], [v for _, v in timeline.points], marker="o",
                           markersize=3, linewidth=1.5)
                 axes.axvline(timeline.settle_s / 60, linestyle="--", color="#888888", linewidth=1)
-                axes.set_ylim(bottom=0)
+                axes.set_ylim(0, max(v for _, v in timeline.points) * 1.15 or 1)   # room above the line
                 axes.set_title(timeline.label, fontsize=9)
                 axes.grid(True, alpha=0.3)
             panels[-1, 0].set_xlabel("minutes since the launch cell ran")
