@@ -6,6 +6,8 @@ numbers the table shows: each point is a cell's median, its bar the cell's min t
 A series with no measured point is left out (a cell that failed or was not measured has
 no samples). Written as SVG with matplotlib, byte-stable for the same numbers
 (no date, fixed ids), so a rerun that changes nothing changes no file.
+Rows with a timeline (item 14's soak: ``Row.timeline``) are drawn apart, each series against
+time in a panel of one picture (soak.svg).
 """
 from __future__ import annotations
 
@@ -146,11 +148,52 @@ def draw(series: list[Series], ticks: dict, curve: Curve, path: str, footer: str
             pyplot.close(figure)
 
 
+TIMELINES_FILE = "soak.svg"
+TIMELINES_TITLE = "Soak (item 14): each series over the run"
+
+
+def draw_timelines(rows, path: str, footer: str = "") -> None:
+    """One SVG of stacked panels, one per row with a timeline (item 14): its values against minutes
+    since the launch, the end of the settling time a dashed line (the goal checks growth after it)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    from matplotlib import pyplot
+    caption = "; ".join(p for p in ("dashed: where the settling time (the first minute) ends", footer) if p)
+    lines = caption_lines(caption, CAPTION_CHARS)
+    caption_inches = (len(lines) * CAPTION_POINTS * 1.3 + 8) / 72
+    height = 1.7 * len(rows) + 0.6 + caption_inches
+    with matplotlib.rc_context({"svg.hashsalt": "notebook_launch", "svg.fonttype": "none", "font.size": 9}):
+        figure, panels = pyplot.subplots(len(rows), 1, figsize=(PLOT_WIDTH, height), sharex=True, squeeze=False)
+        try:
+            for axes, row in zip(panels[:, 0], rows):
+                timeline = row.timeline
+                axes.plot([t / 60 for t, _ in timeline.points], [v for _, v in timeline.points], marker="o",
+                          markersize=3, linewidth=1.5)
+                axes.axvline(timeline.settle_s / 60, linestyle="--", color="#888888", linewidth=1)
+                axes.set_ylim(0, max(v for _, v in timeline.points) * 1.15 or 1)   # room above the line
+                axes.set_title(timeline.label, fontsize=9)
+                axes.grid(True, alpha=0.3)
+            panels[-1, 0].set_xlabel("minutes since the launch cell ran")
+            figure.suptitle(TIMELINES_TITLE)
+            figure.text(0.01, 4 / 72 / height, "\n".join(lines), fontsize=CAPTION_POINTS, color=CAPTION_COLOR,
+                        va="bottom", gid="caption")
+            figure.tight_layout(rect=(0, caption_inches / height, 1, 1))
+            figure.savefig(path, format="svg", metadata={"Date": None})
+        finally:
+            pyplot.close(figure)
+
+
 def write_plots(rows, out_dir: str, footer: str = "") -> list[str]:
     """Draw every curve the rows hold into ``out_dir``; returns the paths written. A curve
     with nothing to draw (its items not run, or every cell failed) writes no file, so a run
     of some items leaves the other pictures as they were."""
     written = []
+    timelines = [row for row in rows if row.timeline is not None and row.timeline.points]
+    if timelines:
+        os.makedirs(out_dir, exist_ok=True)
+        path = os.path.join(out_dir, TIMELINES_FILE)
+        draw_timelines(timelines, path, footer)
+        written.append(path)
     for name, curve in CURVES.items():
         series, ticks = collect(rows, name)
         if not series:

@@ -8,7 +8,7 @@ with min and max. --quick shrinks sizes (2 ranks, a 64 MiB tensor, 10^4
 iterations) to check that the harness works, not to quote. The same run draws the
 plots of the docs' benchmark page from the table's rows (benchmarks/plots.py):
 launch cost and the first DDP step against rank count (items 1, 2 and 6), result
-transfer against size (item 8).
+transfer against size (item 8), the soak's series over time (item 14).
 """
 from __future__ import annotations
 
@@ -25,14 +25,19 @@ if __package__ in (None, ""):  # run as a script: make the repository importable
 
 from benchmarks import (collective_bookkeeping, companions, iteration_cost, kernel_first_launch,  # noqa: E402
                         launch_cost, memory, persistent_cost, persistent_ray, ray_cluster, result_transfer,
-                        spawn_start)
+                        soak, spawn_start)
 from benchmarks.common import REPO_ROOT, machine_description  # noqa: E402
 from benchmarks.plots import write_plots  # noqa: E402
 from benchmarks.table import render_table  # noqa: E402
 from benchmarks.worker import READY_STATES  # noqa: E402
 
-# 9 and 12: Ray cluster rows (need root for network namespaces); 11: the hang bookkeeping
-ITEMS = ("1", "2", "3", "4", "5", "6", "7", "8", "9", "10", "11", "12", "13")
+# 9 and 12: Ray cluster rows (need root for network namespaces); 11: the hang bookkeeping; 14: the soak
+ITEMS = ("1", "2", "3", "4", "5", "6", "7", "8", "9", "10", "11", "12", "13", "14")
+# Item 14 (benchmarks/soak.py): a compressed day in JupyterLab, and a rank filling its log folder's disk
+SOAK_FULL = dict(soak_ranks=8, soak_seconds=360, soak_sample_seconds=10, soak_settle_seconds=60,
+                 soak_disk_mb=64, soak_keep_mb=32, soak_log_mb=1000)
+SOAK_QUICK = dict(soak_ranks=2, soak_seconds=45, soak_sample_seconds=5, soak_settle_seconds=15,
+                  soak_disk_mb=16, soak_keep_mb=8, soak_log_mb=64)
 DEFAULT_OUT = os.path.join(REPO_ROOT, "benchmarks", "RESULTS.md")
 DEFAULT_PLOTS = os.path.join(REPO_ROOT, "docs", "images", "benchmarks")
 
@@ -44,12 +49,13 @@ def make_config(quick: bool, repeats: int) -> dict:
         return dict(quick=True, repeats=repeats, trivial_ranks=[1, 2], fresh_ranks=[2], step_ranks=[2],
                     step_launchers=["ours", "accelerate", "start_processes"], step_launchers_at={},
                     fresh_launchers=["ours", "accelerate"], tensor_mib=64, memory_ranks=2, iterations=10**4,
-                    spawn_ranks=[2], spawn_step_launchers=["ours", "ours_spawn"], spawn_fresh_workloads=["trivial"])
+                    spawn_ranks=[2], spawn_step_launchers=["ours", "ours_spawn"], spawn_fresh_workloads=["trivial"],
+                    **SOAK_QUICK)
     return dict(quick=False, repeats=repeats, trivial_ranks=[1, 2, 4, 8], fresh_ranks=[2],
                 fresh_launchers=all_launchers,
                 step_ranks=[1, 2, 4, 8], step_launchers=["ours", "accelerate", "start_processes"],
                 step_launchers_at={2: all_launchers}, tensor_mib=1024, memory_ranks=2, iterations=10**6,
-                spawn_ranks=[2, 4, 8])
+                spawn_ranks=[2, 4, 8], **SOAK_FULL)
 
 
 def restrict(config: dict, only: set) -> dict:
@@ -112,6 +118,8 @@ def measure(config: dict, only: set, log_dir: str, say):
         rows += persistent_ray.run(config, log_dir, say)
     if "13" in only:
         rows += spawn_start.run(config, log_dir, say)
+    if "14" in only:
+        rows += soak.run(config, log_dir, say)
     order = {"fresh": 1, "kernel": 2}   # warm process, fresh process, fresh kernel
     rows.sort(key=lambda r: (r.group, order.get(r.condition, 0), int(r.ranks)))  # stable: fork before spawn
     return rows, companion_outputs
@@ -198,6 +206,7 @@ def notes(config: dict, elapsed: float) -> list:
         "notebook and a numpy.copy; numpy arrays come back over the ranks' pages as tensors do, a bytes "
         "object is read once from them into the notebook's own memory.",
         collective_bookkeeping.NOTE,
+        soak.NOTE,
         f"Whole run: {elapsed:.0f} s.",
     ]
     if config["quick"]:

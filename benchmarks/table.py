@@ -27,6 +27,15 @@ class Cell:
 
 
 @dataclass
+class Timeline:
+    """A row's values over time (item 14's soak), drawn by benchmarks/plots.py: (seconds, value)
+    points, and when the settling time ends (the growth after it is what the row's goal checks)."""
+    points: list = field(default_factory=list)
+    settle_s: float = 0.0
+    label: str = ""
+
+
+@dataclass
 class Row:
     item: str
     measurement: str
@@ -44,6 +53,7 @@ class Row:
     x: float = 0.0
     x_tick: str = ""
     series: dict = field(default_factory=dict)
+    timeline: Timeline | None = None     # a series over time instead (benchmarks/soak.py)
 
     def cell(self, column: str) -> Cell:
         return self.cells.setdefault(column, Cell())

@@ -11,6 +11,8 @@ bounds. A count alone let one chatty run keep 160 MB for a hundred runs.
 A run applies the rule in a thread of its own (``Pruning``), started once its folder is made and
 waited for when its logs close: measuring and removing a hundred folders took ~15 ms, which the
 first launch of a kernel paid before any rank started (later launches measure only new folders).
+On a disk nearly full (less than ``LOW_DISK_BYTES`` free) the run waits for it before its ranks
+write: the earlier runs' folders may hold the room its logs need.
 
 The folder of a run that is still going is never removed, whatever the bounds. A live run
 holds an exclusive ``flock`` on the ``.live`` file in its folder (its pid written inside, for
@@ -271,14 +273,39 @@ def prune_as_a_run_starts(root: Path, retention: Retention, spare: str) -> None:
         prune(root, retention, spare=spare)
 
 
+# Less free space than this under the log root, and a starting run bounds the earlier runs' folders
+# before its ranks write: a run that came after one that filled the disk lost every line of its log
+# (its first writes met 'No space left on device' while the thread was still removing that folder;
+# item 14 of the benchmarks saw it with a 1 GB run on a 64 MB disk).
+LOW_DISK_BYTES = 256 * MEGABYTE
+
+
+def free_bytes(root: Path) -> int | None:
+    """Bytes an unprivileged writer can still use on ``root``'s disk (None: not known, no root yet)."""
+    try:
+        status = os.statvfs(root)
+    except OSError:
+        return None
+    return status.f_bavail * status.f_frsize
+
+
+def prune_first(free: int | None) -> bool:
+    """Whether the earlier runs' folders must be bounded before this run writes a line: only on a disk
+    nearly full, where they may hold the room its logs need (elsewhere it goes on beside the ranks)."""
+    return free is not None and free < LOW_DISK_BYTES
+
+
 class Pruning:
     """``prune_as_a_run_starts`` in a thread of its own: the ranks start without waiting for it
-    (``wait`` when the run's logs close, so a run still leaves the folders bounded when it returns)."""
+    (``wait`` when the run's logs close, so a run still leaves the folders bounded when it returns).
+    On a disk nearly full (``prune_first``) it runs before returning instead, as the run starts."""
 
     def __init__(self, root: Path, retention: Retention, spare: str) -> None:
         self._thread = threading.Thread(target=prune_as_a_run_starts, args=(root, retention, spare),
                                         name="notebook_launch-prune", daemon=True)
         self._thread.start()
+        if prune_first(free_bytes(root)):
+            self._thread.join()
 
     def wait(self) -> None:
         self._thread.join()

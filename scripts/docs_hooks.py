@@ -29,6 +29,7 @@ TITLES = {
     "launch_cost": "Launch cost of a trivial function against rank count",
     "first_step": "Time to the first trained DDP step against rank count",
     "result_transfer": "A rank returns a state_dict: time against size, with the memcpy floor",
+    "soak": "Soak (item 14): what a long, loud run leaves, over time",
 }
 
 

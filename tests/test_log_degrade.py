@@ -120,3 +120,61 @@ def test_an_unwritable_log_dir_you_chose_is_an_argument_error(tmp_path):
     blocker.write_text("")
     with pytest.raises(LaunchArgumentError, match="log_dir=.* cannot be used"):
         notebook_launcher(chatty, args=(1,), num_processes=1, log_dir=str(blocker / "logs"))
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 4 MiB tmpfs (needs root and mount)."""
+    mount_point = tmp_path / "small"
+    mount_point.mkdir()
+    proc = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mount_point)],
+                          capture_output=True, text=True)
+    if proc.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here ({proc.stderr.strip() or proc.returncode})")
+    try:
+        yield mount_point
+    finally:
+        subprocess.run(["umount", "-l", str(mount_point)], check=False)
+
+
+def earlier_runs_left(root):
+    return sum(1 for name in os.listdir(root) if name.startswith("20260101-"))
+
+
+def test_a_run_after_one_that_filled_the_disk_logs_every_line(small_disk, monkeypatch, capsys):
+    """Issue 43 part 6 (the soak benchmark saw it: a 1 GB run on a 64 MB disk, then a small run): the
+    earlier runs filled the disk, so retention must free their room before this run's ranks write. It
+    ran beside the ranks, whose first writes met 'No space left on device': the logging stopped and
+    the log of the run that came after kept nothing. Now the ranks find the earlier folders gone."""
+    root = small_disk / "runs"
+    for i in range(300):   # many folders: removing them takes longer than a rank takes to start
+        (root / f"20260101-000000-{i:010d}").mkdir(parents=True)
+        (root / f"20260101-000000-{i:010d}" / "rank0.log").write_text("x")
+    with open(root / "20260101-000000-0000000000" / "rank0.log", "ab", buffering=0) as log:
+        with pytest.raises(OSError) as full:
+            while True:
+                log.write(b"x" * 4096)
+    assert full.value.errno == errno.ENOSPC   # as a run that filled it left it: its last lines unwritten
+    filler = root / "20260101-000000-0000000000" / "rank0.log"
+    os.truncate(filler, filler.stat().st_size - 32 * 1024)   # room for a new folder, not for its lines
+    monkeypatch.setenv("NOTEBOOK_LAUNCH_LOG_DIR", str(root))
+    monkeypatch.setenv("NOTEBOOK_LAUNCH_KEEP_RUNS", "0")
+
+    def count_then_print(lines):
+        left = earlier_runs_left(root)
+        chatty(lines)
+        return left
+
+    assert notebook_launcher(count_then_print, args=(3000,), num_processes=1, ui="text") == [0], \
+        "every earlier run's folder was removed before the rank ran"
+    out = capsys.readouterr()
+    assert "stopped writing the logs" not in out.out + out.err, out.out[-2000:]
+    (folder,) = [p for p in root.iterdir() if not p.name.startswith(".")]
+    assert (folder / "rank0.log").read_text().count("\n") == 3000
+
+
+def test_only_a_disk_nearly_full_waits_for_the_rule():
+    """Elsewhere the ranks start beside it (test_run_folders: test_the_ranks_start_without_waiting_for_the_rule)."""
+    from notebook_launch.run_folders import LOW_DISK_BYTES, prune_first
+    assert prune_first(0) and prune_first(LOW_DISK_BYTES - 1)
+    assert not prune_first(LOW_DISK_BYTES) and not prune_first(None)
