@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import multiprocessing
 import queue
+import re
 import sys
 import time
 
@@ -49,7 +50,8 @@ def one_stop(kc, timeout=300) -> str:
                 stop_comm = content["comm_id"]
         elif msg["msg_type"] == "comm_msg":
             state = content["data"].get("state", {})
-            if isinstance(state.get("value"), float) and state["value"] > 0:
+            value = state.get("value")   # the rows' HTML (display/rows.py): a bar moved
+            if isinstance(value, str) and re.search(r"class='nl-bar' style='width:(?!0\.0%)[\d.]+%", value):
                 progressed = True
     if not stop_comm:
         return "no Stop button"

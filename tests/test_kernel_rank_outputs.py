@@ -6,7 +6,7 @@ import os
 import pytest
 from helpers.nbutil import cell_text, make_notebook, run_notebook
 
-PANEL = "<div class='nl-panel'>"   # the widget panel's output once the run ended (display/widget.py)
+PANEL = "<div class='nl-panel'"   # the widget panel's output once the run ended (display/widget.py)
 
 
 def test_logging_set_up_in_the_notebook_is_tagged_logged_and_rate_limited(tmp_path):

@@ -61,6 +61,8 @@ NOT_RANKS = {
     "notebook_launch.slurm.node_agent": "forks its node's ranks inside the srun step SlurmLauncher.start began",
     # the warm start process: forks the ranks SpawnBackend.start asks it for (backends.start_process)
     "notebook_launch.rank.start_server": "forks the ranks SpawnBackend.start asks the warm start process for",
+    # the fork loop those two share (the start process and SLURM's node agent call it, nothing else)
+    "notebook_launch.rank.forking": "the fork of rank.start_server and slurm.node_agent, written once",
 }
 # Start paths that do not go through the interface yet; each must leave this list once it does
 # (none is left: persistent ranks on Ray start through RayLauncher.start, with persistent=True).

@@ -3,6 +3,7 @@ a comm_msg {"method": "custom", "content": {"event": "click"}} on the shell chan
 while the cell is still running. Also checks that a cell queued during the run
 (as "Run All" queues them) still runs afterwards, in order."""
 import queue
+import re
 import time
 
 import pytest
@@ -46,8 +47,10 @@ def test_stop_button_click_interrupts_the_run_and_later_cells_still_run(tmp_path
                         stop_comm = content["comm_id"]
                 elif msg["msg_type"] == "comm_msg":
                     state = content["data"].get("state", {})
-                    if isinstance(state.get("value"), float) and state["value"] > 0:
-                        progressed = True                       # a bar moved: the run is under way
+                    value = state.get("value")
+                    # a bar moved (the rows' HTML: display/rows.py): the run is under way
+                    if isinstance(value, str) and re.search(r"class='nl-bar' style='width:(?!0\.0%)[\d.]+%", value):
+                        progressed = True
             assert stop_comm, "the panel showed no Stop button"
             click = kc.session.msg("comm_msg", {"comm_id": stop_comm, "data": {
                 "method": "custom", "content": {"event": "click"}}})

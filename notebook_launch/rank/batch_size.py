@@ -72,6 +72,7 @@ import functools
 import inspect
 import logging
 import sys
+import time
 import types
 from typing import Any, Callable, Optional, Union
 
@@ -90,6 +91,18 @@ _OUT_OF_MEMORY_TEXTS = (
 )
 Ran = tuple[str, Any, Optional[BaseException]]   # ("ok", result, None), ("oom", None, None), ("error", None, error)
 
+
+
+FOLLOW_ON_DELAY = 2.0   # seconds a peer waits before raising the failed rank's error as its own
+
+
+def follow_on(text: str) -> RuntimeError:
+    """The error a peer raises when another rank failed inside the call, after FOLLOW_ON_DELAY: the
+    failed rank's own error (its traceback) then reaches the notebook first and the launch stops this
+    rank, instead of naming the peer's follow-on error (once in CI it was); a rank that caught its
+    error leaves its peers raising this after the delay."""
+    time.sleep(FOLLOW_ON_DELAY)
+    return RuntimeError(text)
 
 def should_reduce_batch_size(exception: BaseException) -> bool:
     """Accelerate's test (the same messages), plus Python's own ``MemoryError``: a rank whose
@@ -207,7 +220,7 @@ def _in_the_group(function: Callable[..., Any], args: tuple[Any, ...], kwargs: d
                  "alone", error)
         return _alone(function, args, kwargs, sizes)
     if phase == FAILED:
-        raise RuntimeError(record.failure())
+        raise follow_on(record.failure())
     if phase == CLOSED:
         return _alone(function, args, kwargs, sizes)
     while True:
@@ -233,7 +246,7 @@ def _settle(record: CallRecord, phase: Phase, ran: Ran, sizes: _Sizes) -> Union[
         seen = record.state()
         now = Phase.parse(seen)
         if seen == FAILED and error is None:   # a rank in the call failed: so does this one, with its note
-            raise RuntimeError(record.failure())
+            raise follow_on(record.failure())
         if now is None:
             return "alone"
         if record.everyone(now):
@@ -270,7 +283,7 @@ def _together(function: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[
         failed = [(r, end) for r, end in enumerate(ends) if end.startswith("error ")]
         if failed:
             leave_group()
-            raise RuntimeError(peer_failed(failed[0][0], failed[0][1][len("error "):]))
+            raise follow_on(peer_failed(failed[0][0], failed[0][1][len("error "):]))
         proposals = [int(end.split()[1]) for end in ends if end.startswith("oom ")]
         if not proposals:
             return result
