@@ -111,7 +111,8 @@ def _socket_pids(inodes: set[int], proc: str, deadline: float) -> dict[int, set[
 
 
 def _holder(pid: int, proc: str, own_pid: int, self_is_ours: bool = False) -> Holder:
-    raw = _read(os.path.join(proc, str(pid), "cmdline")).replace("\0", " ").strip()
+    # one line whatever the arguments hold (a `python -c` program spans lines: it broke the message in two)
+    raw = " ".join(_read(os.path.join(proc, str(pid), "cmdline")).replace("\0", " ").split())
     command = raw if len(raw) <= 80 else raw[:79] + "…"
     ours = self_is_ours if pid == own_pid else own_pid in _ancestors(pid, proc)
     return Holder(pid, command, ours=ours)

@@ -51,6 +51,18 @@ def test_another_process_listening_is_named_with_its_command():
         assert said == f"port {port} is held by pid {listener.pid} ({found[0].command}); using port 40001 instead"
 
 
+def test_a_holder_whose_command_spans_lines_is_named_on_one_line():
+    """A `python -c` program of several lines (a notebook's helper, a test's script) once broke the note in
+    two, and the line after it read as a rank's output."""
+    program = "import socket, sys, time\ns = socket.socket(); s.bind(('', 0)); s.listen()\n" \
+              "print(s.getsockname()[1], flush=True)\ntime.sleep(600)"
+    with process(program) as (listener, port), process(SIBLING) as (sibling, _):
+        found = holders(int(port), sibling.pid)
+        assert [h.pid for h in found] == [listener.pid], found
+        said = port_holders.note(int(port), 40001, found, sibling.pid)
+        assert said is not None and "\n" not in said and "-c import socket, sys, time s = socket" in said, said
+
+
 def test_a_port_our_own_child_holds_says_nothing(capsys):
     """A process this one started (as a run's ranks are) holds the port: the launch takes another one and
     says nothing about it."""
