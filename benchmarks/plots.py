@@ -140,12 +140,17 @@ def draw(series: list[Series], ticks: dict, curve: Curve, path: str, footer: str
             axes.set_ylabel(curve.ylabel)
             axes.grid(True, which="major", alpha=0.3)
             axes.legend(loc="best", fontsize=8)
-            figure.text(0.01, 4 / 72 / height, "\n".join(lines), fontsize=CAPTION_POINTS, color=CAPTION_COLOR,
-                        va="bottom", gid="caption")
-            figure.tight_layout(rect=(0, caption_inches / height, 1, 1))
-            figure.savefig(path, format="svg", metadata={"Date": None})
+            _caption_and_save(figure, path, lines, height, caption_inches)
         finally:
             pyplot.close(figure)
+
+
+def _caption_and_save(figure, path: str, lines: list[str], height: float, caption_inches: float) -> None:
+    """The caption under the panels (where and how it was measured), then the SVG, dated by nothing."""
+    figure.text(0.01, 4 / 72 / height, "\n".join(lines), fontsize=CAPTION_POINTS, color=CAPTION_COLOR,
+                va="bottom", gid="caption")
+    figure.tight_layout(rect=(0, caption_inches / height, 1, 1))
+    figure.savefig(path, format="svg", metadata={"Date": None})
 
 
 TIMELINES_FILE = "soak.svg"
@@ -175,10 +180,7 @@ def draw_timelines(rows, path: str, footer: str = "") -> None:
                 axes.grid(True, alpha=0.3)
             panels[-1, 0].set_xlabel("minutes since the launch cell ran")
             figure.suptitle(TIMELINES_TITLE)
-            figure.text(0.01, 4 / 72 / height, "\n".join(lines), fontsize=CAPTION_POINTS, color=CAPTION_COLOR,
-                        va="bottom", gid="caption")
-            figure.tight_layout(rect=(0, caption_inches / height, 1, 1))
-            figure.savefig(path, format="svg", metadata={"Date": None})
+            _caption_and_save(figure, path, lines, height, caption_inches)
         finally:
             pyplot.close(figure)
 
