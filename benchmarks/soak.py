@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from . import soak_disk, soak_lab
+from . import soak_disk, lab_driver
 from .common import fmt_value
 from .table import Cell, Row, Timeline
 
@@ -109,7 +109,7 @@ def run(config: dict, log_dir: str, say=print) -> list[Row]:
 
 
 def soak_rows(config: dict, say) -> list[Row]:
-    why = soak_lab.missing_tools()
+    why = lab_driver.missing_tools()
     if why:
         return [failed_row(config, series, f"not measured: {why}") for series in SERIES]
     with tempfile.TemporaryDirectory(prefix="notebook-launch-soak-") as folder:
@@ -135,16 +135,16 @@ def soak(config: dict, folder: Path, say) -> tuple[list[Sample], dict]:
     """Run the soak notebook in JupyterLab; the samples taken while it ran, and what it left after."""
     (folder / "root").mkdir()
     write_notebook(folder / "root" / NOTEBOOK, config)
-    with soak_lab.jupyterlab(folder, {"NOTEBOOK_LAUNCH_LOG_DIR": str(folder / "runs")}) as lab, \
-            soak_lab.chromium_page(lab) as page:
-        counter = soak_lab.MessageCounter()
+    with lab_driver.jupyterlab(folder, {"NOTEBOOK_LAUNCH_LOG_DIR": str(folder / "runs")}) as lab, \
+            lab_driver.chromium_page() as page:
+        counter = lab_driver.MessageCounter()
         counter.watch(page)
         session = page.context.new_cdp_session(page)
-        soak_lab.open_notebook(page, lab, NOTEBOOK)
+        lab_driver.open_notebook(page, lab, NOTEBOOK)
         say(f"item 14: {config['soak_ranks']} ranks at {LINES_PER_SECOND} lines/s each for "
             f"{config['soak_seconds']} s in JupyterLab, sampled every {config['soak_sample_seconds']} s")
         started = time.monotonic()
-        soak_lab.run_cell(page, 0)
+        lab_driver.run_cell(page, 0)
         samples: list[Sample] = []
         limit = config["soak_seconds"] * 3 + 120     # a busy machine runs late, never this late
         while True:
@@ -157,7 +157,7 @@ def soak(config: dict, folder: Path, say) -> tuple[list[Sample], dict]:
             samples.append(sample)
             if sample.t > limit:
                 raise TimeoutError(f"the soak cell still runs after {sample.t:.0f} s")
-        text = soak_lab.cell_text(page, 0)
+        text = lab_driver.cell_text(page, 0)
         if DONE not in text:
             raise RuntimeError(f"the soak cell ended without '{DONE}': {text[-500:]!r}")
         rate_limited = "rate exceeded" in lab.log.read_text() or "rate exceeded" in text
@@ -174,15 +174,15 @@ def run_ended(page: Any) -> bool:
             && window.jupyterapp.shell.currentWidget.content.widgets[0].model.executionCount != null); }}""")
 
 
-def take_sample(page: Any, session: Any, lab: soak_lab.Lab, counter: soak_lab.MessageCounter, t: float) -> Sample:
-    soak_lab.save_notebook(page)
+def take_sample(page: Any, session: Any, lab: lab_driver.Lab, counter: lab_driver.MessageCounter, t: float) -> Sample:
+    lab_driver.save_notebook(page)
     path = lab.root / NOTEBOOK
     saved = json.loads(path.read_text())
     kernels = lab.kernel_processes()
     return Sample(t=t, cell_bytes=len(json.dumps(saved["cells"][0].get("outputs", []))),
                   notebook_bytes=path.stat().st_size, comm_messages=counter.total("comm_msg"),
                   all_messages=counter.total(), kernel_rss=sum(k.memory_info().rss for k in kernels),
-                  js_heap=soak_lab.js_heap_bytes(session))
+                  js_heap=lab_driver.js_heap_bytes(session))
 
 
 def points(samples: list[Sample], series: Series) -> list[tuple[float, float]]:

@@ -3,10 +3,9 @@
     .venv/bin/python scripts/panel_pictures.py            # about 3 minutes on 2 cores
     .venv/bin/python scripts/panel_pictures.py --out /tmp/pictures --only running,failed
 
-It does what tests/test_browser_panel.py does (that file drives the same JupyterLab and headless Debian
-chromium; the few lines that start the server and run a cell are copied from it, so that its tests
-and these pictures change independently): a JupyterLab server with a notebook of real launches, opened
-in Chromium, and a screenshot of each cell's panel at the moment the guide describes:
+It drives JupyterLab and headless Debian chromium as tests/test_browser_panel.py and the soak benchmark
+do (benchmarks/lab_driver.py, one driver for the three): a JupyterLab server with a notebook of real
+launches, opened in Chromium, and a screenshot of each cell's panel at the moment the guide describes:
 
 - running.png: 4 ranks training, live, bars part way, the loss logged as metrics;
 - curves.png: the curves of that run, one line per rank, in the panel's final picture;
@@ -22,19 +21,17 @@ from __future__ import annotations
 
 import argparse
 import os
-import shutil
-import signal
-import socket
-import subprocess
 import sys
 import tempfile
-import time
-import urllib.request
 from pathlib import Path
 from typing import Any, Callable
 
 REPO = Path(__file__).resolve().parent.parent
-CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+sys.path.insert(0, str(REPO))   # for benchmarks.lab_driver, run as a script
+from benchmarks.lab_driver import (  # noqa: E402
+    CHROMIUM, cell, chromium_page, jupyterlab, open_notebook, run_cell, wait_for_bars, wait_for_text,
+    wait_ended,
+)
 
 SETUP = '''import time
 from notebook_launch import notebook_launcher, progress'''
@@ -80,92 +77,6 @@ notebook_launcher(train_stalls, args=(10_000,), num_processes=2,
                   stall_after=3, timeout=60)'''
 
 CELLS = [SETUP, RUNNING, FAILED, STALLED]
-LIVE_BARS = ".jupyter-widgets .nl-bar"           # the widget panel while its run goes (display/rows.py)
-PICTURE_BARS = ".nl-panel .nl-bar"                 # its picture once the run ended
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def write_notebook(path: Path) -> None:
-    import nbformat
-    nb = nbformat.v4.new_notebook()
-    nb.cells = [nbformat.v4.new_code_cell(src) for src in CELLS]
-    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
-    nbformat.write(nb, str(path))
-
-
-def start_lab(workdir: Path) -> tuple[subprocess.Popen, str, str]:
-    """A JupyterLab server on 127.0.0.1 with a token, in its own config dirs (as the browser test's)."""
-    root = workdir / "root"
-    root.mkdir()
-    write_notebook(root / "panel.ipynb")
-    env = dict(os.environ, JUPYTER_CONFIG_DIR=str(workdir / "config"), JUPYTER_RUNTIME_DIR=str(workdir / "runtime"),
-               JUPYTERLAB_SETTINGS_DIR=str(workdir / "settings"),
-               JUPYTERLAB_WORKSPACES_DIR=str(workdir / "workspaces"), NOTEBOOK_LAUNCH_LOG_DIR=str(workdir / "runs"))
-    bin_dir = Path(sys.executable).parent
-    subprocess.run([str(bin_dir / "jupyter"), "labextension", "disable",
-                    "@jupyterlab/apputils-extension:announcements"], env=env, check=True, capture_output=True)
-    port, token = free_port(), "panel-pictures-token"
-    log = open(workdir / "lab.log", "w")
-    server = subprocess.Popen(
-        [str(bin_dir / "jupyter"), "lab", "--allow-root", "--no-browser", "--ip=127.0.0.1", f"--port={port}",
-         f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={root}", "--LabApp.expose_app_in_browser=True"],
-        env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    base = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 240
-    while True:
-        try:
-            urllib.request.urlopen(f"{base}/api/status?token={token}", timeout=5)
-            return server, base, token
-        except Exception:
-            if server.poll() is not None or time.monotonic() > deadline:
-                raise SystemExit("jupyter lab did not start:\n" + (workdir / "lab.log").read_text()[-3000:]) from None
-            time.sleep(0.5)
-
-
-def stop_lab(server: subprocess.Popen) -> None:
-    os.killpg(server.pid, signal.SIGTERM)
-    try:
-        server.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        os.killpg(server.pid, signal.SIGKILL)
-        server.wait()
-
-
-def cell(page: Any, index: int) -> Any:
-    return page.locator(".jp-Notebook .jp-CodeCell").nth(index)
-
-
-def run_cell(page: Any, index: int) -> None:
-    page.evaluate(f"""() => {{
-        const panel = window.jupyterapp.shell.currentWidget;
-        panel.content.activeCellIndex = {index};
-        window.jupyterapp.commands.execute('notebook:run-cell');
-    }}""")
-
-
-def wait_for_text(page: Any, index: int, text: str, timeout_s: float) -> None:
-    cell(page, index).locator(".jp-OutputArea").get_by_text(text, exact=False).first.wait_for(
-        timeout=timeout_s * 1000)
-
-
-def wait_for_bars(page: Any, index: int, count: int, each: str, timeout_s: float, selector: str = LIVE_BARS) -> None:
-    page.wait_for_function(
-        f"() => {{ const bars = [...document.querySelectorAll('.jp-CodeCell')][{index}]"
-        f".querySelectorAll('{selector}');"
-        f" return bars.length == {count} && [...bars].every(b => {each}); }}", timeout=timeout_s * 1000)
-
-
-def wait_ended(page: Any, index: int) -> None:
-    """The run of cell ``index`` ended: its panel is the static picture (no widget left)."""
-    cell(page, index).locator(PICTURE_BARS).first.wait_for(state="attached", timeout=120_000)
-    page.wait_for_function(
-        f"() => [...document.querySelectorAll('.jp-CodeCell')][{index}]"
-        ".querySelectorAll('.jupyter-widgets, .widget-hprogress').length == 0", timeout=120_000)
 
 
 def scene_running(page: Any, out: Path) -> list[str]:
@@ -220,41 +131,22 @@ def main(argv: list[str] | None = None) -> int:
     if not os.path.exists(CHROMIUM):
         print("panel_pictures: needs Debian's chromium (bash scripts/system-packages.sh)", file=sys.stderr)
         return 1
-    from playwright.sync_api import sync_playwright
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     failures: list[str] = []
-    with tempfile.TemporaryDirectory(prefix="panel-pictures-") as tmp:
-        server, base, token = start_lab(Path(tmp))
-        try:
-            with sync_playwright() as pw:
-                browser = pw.chromium.launch(executable_path=CHROMIUM, args=[
-                    "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                    "--disable-component-update", "--disable-sync", "--no-first-run"])
-                try:
-                    page = browser.new_page(viewport={"width": 1100, "height": 1800}, device_scale_factor=1)
-                    page.goto(f"{base}/lab/tree/panel.ipynb?reset&token={token}")
-                    page.locator(".jp-Notebook .jp-CodeCell").first.wait_for(timeout=120_000)
-                    page.wait_for_function("window.jupyterapp && window.jupyterapp.commands.hasCommand("
-                                           "'notebook:run-cell')", timeout=60_000)
-                    page.wait_for_function(
-                        "() => { const w = window.jupyterapp.shell.currentWidget;"
-                        " return w && w.sessionContext && w.sessionContext.session"
-                        " && w.sessionContext.session.kernel"
-                        " && w.sessionContext.session.kernel.status == 'idle'; }", timeout=120_000)
-                    run_cell(page, 0)
-                    page.wait_for_timeout(3000)
-                    for name in only:
-                        try:
-                            written = SCENES[name](page, out)
-                            print(f"panel_pictures: {name}: wrote " + ", ".join(str(out / f) for f in written))
-                        except Exception as err:   # one scene's failure keeps the others' pictures
-                            failures.append(f"{name}: {err}")
-                            print(f"panel_pictures: {name}: FAILED, its old picture is kept: {err}", file=sys.stderr)
-                finally:
-                    browser.close()
-        finally:
-            stop_lab(server)
+    with tempfile.TemporaryDirectory(prefix="panel-pictures-") as tmp, \
+            jupyterlab(Path(tmp), {"NOTEBOOK_LAUNCH_LOG_DIR": f"{tmp}/runs"}, {"panel.ipynb": CELLS}) as lab, \
+            chromium_page(1100, 1800, scale=1) as page:
+        open_notebook(page, lab, "panel.ipynb")
+        run_cell(page, 0)
+        page.wait_for_timeout(3000)
+        for name in only:
+            try:
+                written = SCENES[name](page, out)
+                print(f"panel_pictures: {name}: wrote " + ", ".join(str(out / f) for f in written))
+            except Exception as err:   # one scene's failure keeps the others' pictures
+                failures.append(f"{name}: {err}")
+                print(f"panel_pictures: {name}: FAILED, its old picture is kept: {err}", file=sys.stderr)
     return 1 if failures else 0
 
 

@@ -23,21 +23,17 @@ Needs Debian's chromium (scripts/system-packages.sh installs it) and the
 """
 from __future__ import annotations
 
-import json
 import os
 import re
 import shutil
-import signal
-import socket
-import subprocess
-import sys
-import time
-import urllib.request
 from pathlib import Path
 
 import pytest
 
-CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+from benchmarks.lab_driver import (
+    CHROMIUM, PICTURE_BARS, cell, chromium_page, jupyterlab, open_notebook, run_cell, shut_down_kernels,
+    wait_for_bars, wait_for_text, wait_ended,
+)
 ARTIFACTS = Path(__file__).resolve().parent.parent / "test-artifacts"
 
 pytestmark = [
@@ -171,68 +167,19 @@ print("LAYOUT", notebook_launcher(layout_run, args=(400,), num_processes=2))''',
 ]
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def write_notebook(path: Path, cells: list[str] = CELLS) -> None:
-    import nbformat
-    nb = nbformat.v4.new_notebook()
-    nb.cells = [nbformat.v4.new_code_cell(src) for src in cells]
-    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
-    nbformat.write(nb, str(path))
-
-
 @pytest.fixture
 def lab(tmp_path):
-    """A JupyterLab server on 127.0.0.1 with a token, in its own config dirs."""
+    """A JupyterLab server on 127.0.0.1 with a token, in its own config dirs (benchmarks/lab_driver.py)."""
     pytest.importorskip("playwright")
     pytest.importorskip("jupyterlab")
-    root = tmp_path / "root"
-    root.mkdir()
-    write_notebook(root / "panel.ipynb")
-    write_notebook(root / "libraries.ipynb", LIBRARY_CELLS)
-    write_notebook(root / "layout.ipynb", LAYOUT_CELLS)
-    env = dict(os.environ, JUPYTER_CONFIG_DIR=str(tmp_path / "config"),
-               JUPYTER_RUNTIME_DIR=str(tmp_path / "runtime"),
-               JUPYTERLAB_SETTINGS_DIR=str(tmp_path / "settings"),
-               JUPYTERLAB_WORKSPACES_DIR=str(tmp_path / "workspaces"),
-               NOTEBOOK_LAUNCH_LOG_DIR=str(tmp_path / "runs"))
-    bin_dir = Path(sys.executable).parent
-    subprocess.run([str(bin_dir / "jupyter"), "labextension", "disable",
-                    "@jupyterlab/apputils-extension:announcements"], env=env, check=True,
-                   capture_output=True)
-    port, token = free_port(), "panel-test-token"
-    log = open(tmp_path / "lab.log", "w")
-    server = subprocess.Popen(
-        [str(bin_dir / "jupyter"), "lab", "--allow-root", "--no-browser", "--ip=127.0.0.1",
-         f"--port={port}", f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={root}",
-         "--LabApp.expose_app_in_browser=True"],
-        env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    base = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 240
-    while True:
-        try:
-            urllib.request.urlopen(f"{base}/api/status?token={token}", timeout=5)
-            break
-        except Exception:
-            if server.poll() is not None or time.monotonic() > deadline:
-                log.close()
-                pytest.fail("jupyter lab did not start:\n" + (tmp_path / "lab.log").read_text()[-3000:])
-            time.sleep(0.5)
+    notebooks = {"panel.ipynb": CELLS, "libraries.ipynb": LIBRARY_CELLS, "layout.ipynb": LAYOUT_CELLS}
     try:
-        yield {"base": base, "token": token, "log": tmp_path / "lab.log"}
+        with jupyterlab(tmp_path, {"NOTEBOOK_LAUNCH_LOG_DIR": str(tmp_path / "runs")}, notebooks) as server:
+            yield server
     finally:
-        os.killpg(server.pid, signal.SIGTERM)
-        try:
-            server.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(server.pid, signal.SIGKILL)
-        log.close()
-        ARTIFACTS.mkdir(exist_ok=True)
-        shutil.copyfile(tmp_path / "lab.log", ARTIFACTS / "jupyter-server.log")
+        if (tmp_path / "lab.log").exists():
+            ARTIFACTS.mkdir(exist_ok=True)
+            shutil.copyfile(tmp_path / "lab.log", ARTIFACTS / "jupyter-server.log")
 
 
 # In the server's log, what a dying kernel leaves: libzmq's abort on an fd
@@ -240,13 +187,8 @@ def lab(tmp_path):
 KERNEL_DEATH_SIGNS = ("Bad file descriptor", "signaler.cpp", "restarting kernel", "Kernel restarted")
 
 
-def cell(page, index):
-    return page.locator(".jp-Notebook .jp-CodeCell").nth(index)
 
 
-def wait_for_text(page, index, text, timeout_s):
-    cell(page, index).locator(".jp-OutputArea").get_by_text(text, exact=False).first.wait_for(
-        timeout=timeout_s * 1000)
 
 
 def test_panel_in_jupyterlab(lab):
@@ -299,7 +241,7 @@ def run_layout_scenario(page, lab):
     assert_rows_laid_out(narrow, f"live, {narrow['output']['w']:.0f} px of output", max_lines=4)
     page.set_viewport_size({"width": 1280, "height": 800})
     wait_for_text(page, 0, "LAYOUT [0, 1]", 240)
-    assert_ended_as_a_picture(page, 0)
+    wait_ended(page, 0)
     heights = page.evaluate("window.nlHeights")
     last_live = [h["h"] for h in heights if h["live"]][-1]
     picture = measure(page, 0)
@@ -314,17 +256,13 @@ def run_layout_scenario(page, lab):
 
 
 def in_browser(lab, scenario, viewport=None):
-    from playwright.sync_api import sync_playwright
     ARTIFACTS.mkdir(exist_ok=True)
-    with sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=CHROMIUM, args=[
-            "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-            "--disable-component-update", "--disable-sync", "--no-first-run"])
-        page = browser.new_page(viewport=viewport or {"width": 1500, "height": 1100})   # type: ignore[arg-type]
+    size = viewport or {"width": 1500, "height": 1100}
+    with chromium_page(size["width"], size["height"]) as page:
         try:
             scenario(page, lab)
             shut_down_kernels(lab)   # its stderr (a zmq abort at exit, say) reaches the log now
-            log = Path(lab["log"]).read_text()
+            log = lab.log.read_text()
             signs = [sign for sign in KERNEL_DEATH_SIGNS if sign in log]
             assert not signs, f"the kernel died or aborted ({signs}):\n{log[-4000:]}"
         except BaseException:
@@ -333,29 +271,12 @@ def in_browser(lab, scenario, viewport=None):
             except Exception as shot_failed:   # the page may be gone with the browser: the log matters more
                 print(f"(no failure screenshot: {shot_failed})")
             print("---- jupyter server log (tail; whole log: test-artifacts/jupyter-server.log) ----")
-            print(Path(lab["log"]).read_text()[-6000:])
+            print(lab.log.read_text()[-6000:])
             raise
-        finally:
-            browser.close()
 
 
-def shut_down_kernels(lab):
-    """Shut the notebook's kernel down through the REST API, as the server does at exit."""
-    headers = {"Authorization": f"token {lab['token']}"}
-    with urllib.request.urlopen(urllib.request.Request(
-            f"{lab['base']}/api/kernels", headers=headers), timeout=60) as reply:
-        kernels = json.load(reply)
-    for kernel in kernels:
-        urllib.request.urlopen(urllib.request.Request(
-            f"{lab['base']}/api/kernels/{kernel['id']}", method="DELETE", headers=headers), timeout=120)
 
 
-def open_notebook(page, lab, name):
-    page.goto(f"{lab['base']}/lab/tree/{name}?reset&token={lab['token']}")
-    page.locator(".jp-Notebook .jp-CodeCell").first.wait_for(timeout=120_000)
-    page.wait_for_function("window.jupyterapp && window.jupyterapp.commands.hasCommand("
-                           "'notebook:run-all-cells')", timeout=60_000)
-    wait_kernel_idle(page)
 
 
 def run_library_scenario(page, lab):
@@ -364,7 +285,7 @@ def run_library_scenario(page, lab):
     # 1. Lightning's default (rich) bar: rank 0's row ends on the training bar, every epoch counted
     run_cell(page, 0)
     wait_for_text(page, 0, "LIGHTNING ['RichProgressBar', 'RichProgressBar']", 600)
-    assert_ended_as_a_picture(page, 0)
+    wait_ended(page, 0)
     first_row = cell(page, 0).locator(".nl-rank").nth(0).inner_text()
     assert "Epoch 2" in first_row and "16/16" in first_row and "Sanity" not in first_row, first_row
     output_text = cell(page, 0).locator(".jp-OutputArea").inner_text()
@@ -392,7 +313,7 @@ def run_library_scenario(page, lab):
     live.screenshot(path=str(ARTIFACTS / "panel-where-are-they.png"))
     live.locator(".nl-panel button", has_text="Stop").click()
     wait_for_text(page, 1, "stopped with the Stop button", 180)
-    assert_ended_as_a_picture(page, 1)
+    wait_ended(page, 1)
     assert "rank 1 never reached it" in live.locator(".nl-panel .nl-where-verdict").inner_text()
     live.screenshot(path=str(ARTIFACTS / "panel-stalled-stopped.png"))
 
@@ -404,7 +325,7 @@ def run_scenario(page, lab):
     # 1. every rank's bar reaches 100% and the run returns every result; the panel ends as a picture
     wait_for_text(page, 0, "RESULTS [0, 1, 2, 3]", 360)
     wait_for_bars(page, 0, 4, "b.style.width == '100%'", 90, PICTURE_BARS)
-    assert_ended_as_a_picture(page, 0)
+    wait_ended(page, 0)
     rows = cell(page, 0).locator(".nl-rank.nl-status-done")
     assert rows.count() == 4
     panel_text = cell(page, 0).locator(".nl-panel").inner_text()
@@ -432,7 +353,7 @@ def run_scenario(page, lab):
     assert not re.search(r"notebook_launch/[\w/]*\.py", output_text), output_text
     color = failed.first.locator(".nl-status").evaluate("e => getComputedStyle(e).backgroundColor")
     assert color == "rgb(220, 38, 38)", color
-    assert_ended_as_a_picture(page, 1)
+    wait_ended(page, 1)
     cell(page, 1).screenshot(path=str(ARTIFACTS / "panel-failed-rank.png"))
 
     # 3. Stop ends the run like an interrupt; the next cell still runs afterwards
@@ -446,7 +367,7 @@ def run_scenario(page, lab):
     stop.click()
     wait_for_text(page, 2, "KeyboardInterrupt", 180)
     cell(page, 2).locator(".nl-rank.nl-status-stopped").nth(1).wait_for(timeout=90_000)
-    assert_ended_as_a_picture(page, 2)
+    wait_ended(page, 2)
     cell(page, 2).screenshot(path=str(ARTIFACTS / "panel-stopped.png"))
     run_cell(page, 3)
     wait_for_text(page, 3, "AFTER STOP CELL RAN", 180)
@@ -457,7 +378,7 @@ def run_scenario(page, lab):
     run_cell(page, 5)
     wait_for_text(page, 5, "persistent rank 1 counted 2000", 240)
     wait_for_bars(page, 5, 2, "b.style.width == '100%'", 90, PICTURE_BARS)
-    assert_ended_as_a_picture(page, 5)
+    wait_ended(page, 5)
     assert cell(page, 5).locator(".nl-rank.nl-status-done").count() == 2
     cell(page, 5).screenshot(path=str(ARTIFACTS / "panel-ranks-cell.png"))
     run_cell(page, 6)
@@ -468,7 +389,7 @@ def run_scenario(page, lab):
     wait_for_text(page, 6, "KeyboardInterrupt", 180)
     cell(page, 6).locator(".nl-rank.nl-status-stopped").nth(1).wait_for(timeout=90_000)
     assert "alive, state kept" in cell(page, 6).locator(".nl-panel").inner_text()
-    assert_ended_as_a_picture(page, 6)
+    wait_ended(page, 6)
     cell(page, 6).screenshot(path=str(ARTIFACTS / "panel-ranks-stopped.png"))
     run_cell(page, 7)
     wait_for_text(page, 7, "PULLED [2000, 2000]", 180)
@@ -478,41 +399,11 @@ def run_scenario(page, lab):
     assert "IOPub message rate exceeded" not in body
     assert "IOPub data rate exceeded" not in body
     page.screenshot(path=str(ARTIFACTS / "panel-notebook.png"), full_page=True)
-    assert "rate exceeded" not in Path(lab["log"]).read_text()
+    assert "rate exceeded" not in lab.log.read_text()
 
 
-LIVE_BARS = ".jupyter-widgets .nl-bar"           # the widget panel while its run goes (display/rows.py)
-PICTURE_BARS = ".nl-panel .nl-bar"                 # its picture once the run ended (display/html.py)
 
 
-def wait_for_bars(page, index, count, each, timeout_s, selector=LIVE_BARS):
-    """Wait until cell ``index`` shows ``count`` bars and ``each`` (JS, of bar ``b``) holds for all."""
-    page.wait_for_function(
-        f"() => {{ const bars = [...document.querySelectorAll('.jp-CodeCell')][{index}]"
-        f".querySelectorAll('{selector}');"
-        f" return bars.length == {count} && [...bars].every(b => {each}); }}", timeout=timeout_s * 1000)
 
 
-def assert_ended_as_a_picture(page, index):
-    """The run of cell ``index`` ended: its panel is static HTML, no widget and no Stop button left."""
-    cell(page, index).locator(PICTURE_BARS).first.wait_for(state="attached", timeout=90_000)   # 0% is 0 px wide
-    page.wait_for_function(
-        f"() => [...document.querySelectorAll('.jp-CodeCell')][{index}]"
-        ".querySelectorAll('.jupyter-widgets, .widget-hprogress, .nl-panel button').length == 0",
-        timeout=90_000)
 
-
-def run_cell(page, index):
-    """Run one cell (Run All would skip the cells after the expected failure)."""
-    page.evaluate(f"""() => {{
-        const panel = window.jupyterapp.shell.currentWidget;
-        panel.content.activeCellIndex = {index};
-        window.jupyterapp.commands.execute('notebook:run-cell');   // not awaited: it resolves at the end
-    }}""")
-
-
-def wait_kernel_idle(page):
-    page.wait_for_function(
-        "() => { const w = window.jupyterapp.shell.currentWidget;"
-        " return w && w.sessionContext && w.sessionContext.session && w.sessionContext.session.kernel"
-        " && w.sessionContext.session.kernel.status == 'idle'; }", timeout=120_000)
