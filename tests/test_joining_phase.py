@@ -11,6 +11,7 @@ import os
 from notebook_launch import notebook_launcher
 from notebook_launch.display import format as fmt
 from notebook_launch.display.base import Display
+from notebook_launch.display.rich_panel import _row as rich_row
 from notebook_launch.display.rows import row_html
 
 LATE = 2
@@ -27,6 +28,7 @@ class WatchingJoins(Display):
         self.seen: dict[int, set[str]] = {}
         self.lines: list[str] = []
         self.rows: list[str] = []
+        self.rich: list[str] = []
         self.final: list[tuple[str, str]] = []
 
     def refresh(self, state) -> None:
@@ -36,6 +38,7 @@ class WatchingJoins(Display):
                 self.seen.setdefault(rs.rank, set()).add(shown)
                 self.lines.append(fmt.rank_line(rs, width=200))
                 self.rows.append(row_html(rs))
+                self.rich.append(rich_row(rs)["progress"])
         waiting = [rs for rs in state.ranks if rs.rank != LATE and fmt.phase(rs) == WAITING]
         if len(waiting) == len(state.ranks) - 1 and not os.path.exists(self.go):
             with open(self.go, "w"):
@@ -71,5 +74,6 @@ def test_a_rank_row_says_it_joins_the_group_and_which_peer_it_waits_for(tmp_path
         assert WAITING in display.seen[rank], display.seen
     assert any(f"(joining the process group, waiting for rank {LATE})" in line for line in display.lines), \
         display.lines[-5:]
-    assert any("joining the process group, waiting for rank 2" in row for row in display.rows)
+    assert any(WAITING in row for row in display.rows)    # the widget's row
+    assert WAITING in display.rich                            # the rich panel's progress column
     assert display.final == [("", "joined")] * 3, display.final
