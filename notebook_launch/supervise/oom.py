@@ -299,9 +299,10 @@ class MemoryWatch:
 
     def unnamed_children_killed(self, local: int, named: list[int]) -> list[tuple[int, KillVerdict, str]]:
         """The processes seen below the rank, ended now, that the OOM killer killed for certain: the
-        kernel log names the pid, or (where it cannot be read) the memory cgroup the process was in
-        counted an OOM kill during the run. The machine's count alone is no evidence here: it would
-        name every child that ended, killed or not."""
+        kernel log names the pid, or (where it cannot be read) the memory cgroup the process was in,
+        one of its own (not a rank's or the notebook's: theirs count their kills too), counted an OOM
+        kill during the run. The machine's count alone is no evidence here: it would name every
+        child that ended, killed or not."""
         gone = {child: command for child, command in self.descendants.get(local, {}).items()
                 if child not in named and resident(child) is None}
         if not gone:
@@ -313,6 +314,8 @@ class MemoryWatch:
             time.sleep(0.1)
             kills = kernel_oom.kernel_log_kills(self.baseline.started)
         found: list[tuple[int, KillVerdict, str]] = []
+        # A count is per cgroup, not per process: one the ranks or the notebook share counts their kills too
+        shared = {sample.cgroup for sample in self.samples.values()} | {self.notebook_cgroup}
         for child, command in reversed(gone.items()):   # the newest first
             which = f"{command}, a process the rank started; its error names no pid"
             if kills is not None:
@@ -321,6 +324,7 @@ class MemoryWatch:
                                                             f"(pid {child})", kills[child]), which))
             else:
                 folder = self.baseline.cgroups.get(child)
+                folder = None if folder in shared else folder
                 before = None if folder is None else self.baseline.cgroup_kills.get(folder)
                 now_kills = None if folder is None else cgroup_oom_kills(folder)
                 if before is not None and now_kills is not None and now_kills > before:
