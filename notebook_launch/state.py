@@ -12,6 +12,7 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Sequence
 
+from . import group_join
 from .metrics import Series, fold_series
 from .slow_rank import PaceHistory
 from .resources import MachineMemory, RankUsage
@@ -100,6 +101,7 @@ class RankState:
     resources: RankUsage | None = None    # its CPU, memory and GPU as last sampled (by itself on another machine)
     own_memory_shown: bool = True   # every row says memory one way: own of resident only when all ranks' own is known
     phase: str = ""                 # what it does while it starts ('importing torch'), said by the notebook or the rank
+    group_join: str = ""            # '', 'joining', 'joined': its init_process_group (group_join.py)
 
     def stalled_for(self, now: float | None = None) -> float | None:
         """Seconds this rank has shown no sign of progress while it still runs, or None: the one
@@ -203,6 +205,9 @@ class RunState:
             fold_series(rs.curves, payload["series"])
         if payload.get("pace"):
             rs.pace.add(payload["pace"])
+        if "phase" in payload:   # the rank's own: joining the process group (rank.joining)
+            group_join.step(rs, payload["phase"])
+            group_join.name_missing(self.ranks, self.world_size, [r.status in (STARTING, RUNNING) for r in self.ranks])
         if len(rs.bars) > MAX_BARS:
             _prune_closed_bars(rs.bars)
         rs.updates += 1
@@ -289,6 +294,7 @@ class RunState:
             rs.exit_description = rs.error = None
             rs.resources = None
             rs.phase = ""
+            rs.group_join = group_join.NOT_YET
 
 
 def _prune_closed_bars(bars: dict[str, Bar]) -> None:

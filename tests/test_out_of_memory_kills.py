@@ -125,6 +125,86 @@ def test_a_dataloader_worker_killed_by_hand_is_not_called_out_of_memory(log_dir)
     assert_no_children()
 
 
+# --- a rank's child its error does not name -------------------------------------------------
+
+# The child joins the cgroup, waits until the notebook's sampler has seen it there (``seen``: what
+# each walk of the ranks' trees found, written by the test), then fills the cgroup.
+OOM_CHILD = """
+import os, sys, time
+cgroup, seen, pid_file, mode = sys.argv[1:]
+with open(pid_file, "w") as file:
+    file.write(str(os.getpid()))
+with open(f"{cgroup}/cgroup.procs", "w") as file:
+    file.write(str(os.getpid()))
+start = os.path.getsize(seen)
+deadline = time.monotonic() + 120
+while time.monotonic() < deadline:
+    with open(seen) as file:
+        file.seek(start)
+        if f" {os.getpid()} " in file.read():
+            break
+    time.sleep(0.05)
+if mode == "by hand":
+    os.kill(os.getpid(), 9)
+hog = []
+while True:
+    hog.append(b"\\x01" * (8 << 20))
+"""
+
+
+def child_killed(cgroup: str, seen: str, pid_file: str, mode: str) -> None:
+    if rank() == 1:
+        import subprocess
+        import sys
+        subprocess.run([sys.executable, "-c", OOM_CHILD, cgroup, seen, pid_file, mode], check=True)
+    time.sleep(120)
+
+
+def launch_with_a_child_killed(tmp_path, log_dir, cgroup, mode, monkeypatch) -> tuple[str, int]:
+    """The launch's error, and the child's pid; every walk of the ranks' trees noted in ``seen``."""
+    from notebook_launch.supervise import oom
+    seen, pid_file = tmp_path / "seen", tmp_path / "child.pid"
+    seen.write_text("")
+    walk = oom.descendants
+
+    def noting(pid: int) -> dict[int, str]:
+        found = walk(pid)
+        with open(seen, "a") as file:
+            file.write(" " + " ".join(map(str, found)) + " \n")
+        return found
+
+    monkeypatch.setattr(oom, "descendants", noting)
+    with pytest.raises(LaunchError) as info:
+        notebook_launcher(child_killed, args=(cgroup, str(seen), str(pid_file), mode), num_processes=2,
+                          log_dir=log_dir)
+    return str(info.value), int(pid_file.read_text())
+
+
+def test_a_child_the_oom_killer_killed_is_named_though_the_error_names_no_pid(tmp_path, log_dir, small_cgroup,
+                                                                                kernel_log, monkeypatch):
+    """``subprocess.run``'s CalledProcessError carries no pid: the child is known as the rank's from
+    the sampler's walks of its tree, and named with its command (issue 44)."""
+    text, child = launch_with_a_child_killed(tmp_path, log_dir, small_cgroup, "fill", monkeypatch)
+    assert text.startswith("rank 1 failed: CalledProcessError: Command"), text
+    assert re.search(rf"rank 1's process {child} \(python[\d.]*, a process the rank started; "
+                     r"its error names no pid\) was killed by the kernel's out-of-memory killer: ", text), text
+    if kernel_log == "readable":
+        assert f"the kernel log records the kill of its process (pid {child}); the limit was its memory cgroup's" \
+            in text
+    else:
+        assert f"its memory cgroup ({small_cgroup}) counted 1 OOM kill(s)" in text
+    assert "What held memory" in text
+    assert_no_children()
+
+
+def test_a_child_killed_by_hand_whose_pid_the_error_does_not_name_is_not_called_out_of_memory(
+        tmp_path, log_dir, small_cgroup, monkeypatch):
+    text, child = launch_with_a_child_killed(tmp_path, log_dir, small_cgroup, "by hand", monkeypatch)
+    assert text.startswith("rank 1 failed: CalledProcessError: Command"), text
+    assert "out-of-memory killer" not in text and str(child) not in text.split("Traceback")[0], text
+    assert_no_children()
+
+
 # --- a rank's peak is its own ----------------------------------------------------------------
 
 def kill_a_big_child_then_raise(figures: str) -> None:

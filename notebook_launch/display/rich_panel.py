@@ -143,7 +143,7 @@ def _row(rs: Any) -> dict[str, Any]:
     else:
         drawn = ProgressBar(total=None if rs.status != DONE else 1.0,
                             completed=1.0 if rs.status == DONE else 0.0)
-        progress = bar_text(bar, stalled=stalled) if bar is not None else ""
+        progress = bar_text(bar, stalled=stalled) if bar is not None else fmt.phase(rs)   # 'joining the ...'
     others = fmt.other_bars(rs)
     if others:
         progress += f" ({others})"

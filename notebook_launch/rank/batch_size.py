@@ -13,9 +13,14 @@ the rendezvous store): a call on some ranks only backs off on each of them alone
 Accelerate's does, and returns at once. Once every rank of the group has joined the call (a
 function with a collective, DDP's construction or an all_reduce, has every rank in before any
 rank finishes an attempt), the ranks agree as below; a rank that ran out of memory before any
-peer had called moves the call on to the next size, where a late peer starts. (A function with
-no collective at all, called on every rank, may so run alone on a rank that finished before the
-others called: no wait, as Accelerate's, but the sizes may then differ.) Ranks must then
+peer had called moves the call on to the next size, where a late peer starts. A call that ran
+without some ranks (a function with no collective at all; a rank out of memory before its first
+collective while only some peers had joined, with 3 ranks or more) is closed: each rank goes on
+alone, but from the call's lowest size in the store (the smallest any rank of it ended at or
+backed off to; ``_alone``), and a rank whose attempt fit above it runs again at it, so the ranks
+end at one size. Not when a rank calling after the others returned runs out of memory below
+their size: it ends smaller (they cannot be called back). A collective at the top of the function
+(a barrier) makes every call the whole group's. Ranks must then
 start from the same ``starting_batch_size``: different ones (``[128, 100]``) raise a
 ``ValueError`` naming each rank's, on every rank, rather than one size chosen silently, since
 each rank's batch is the user's stated share of the global batch and a rank-local start (free
@@ -193,17 +198,42 @@ def _run(function: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, 
 
 
 def _alone(function: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], sizes: _Sizes,
-           ran: Optional[Ran] = None) -> Any:
-    """One process: Accelerate's loop (from ``ran``, an attempt that already ran, if given)."""
+           ran: Optional[Ran] = None, record: Optional[CallRecord] = None) -> Any:
+    """One process: Accelerate's loop (from ``ran``, an attempt that already ran, if given). In a
+    closed call (``record``) the ranks still end at one size: each attempt starts at most at the
+    call's ``lowest``, each back-off lowers it, and a success above it runs again at it."""
     while True:
+        lowest = _lowest(record)
+        if ran is None and lowest is not None and lowest < sizes.size:
+            sizes.size = lowest
         kind, result, error = ran if ran is not None else _run(function, args, kwargs, sizes.size)
         ran = None
-        if kind == "ok":
+        lowest = _lowest(record, sizes.size if kind == "ok" else None)
+        if kind == "ok" and (lowest is None or lowest >= sizes.size):
             return result
         if error is not None:
             raise error
+        result = None
         free_device_memory()
-        sizes.next()
+        if kind == "oom":
+            _lowest(record, sizes.next())
+        else:   # a peer of the call ended smaller after a success here: this rank goes there too
+            log.info("find_executable_batch_size: another rank ended this call at batch size %s; this rank, done at "
+                     "%d, runs again at that size", lowest, sizes.size)
+
+
+def _lowest(record: Optional[CallRecord], size: Optional[int] = None) -> Optional[int]:
+    """The closed call's lowest size, after lowering it to ``size`` if given; None outside a call or
+    where the store is gone (rank 0, its host, ended: there is no one left to agree with)."""
+    if record is None:
+        return None
+    try:
+        if size is not None:
+            record.lower(size)
+        return record.lowest()
+    except RuntimeError:   # DistStoreError / DistNetworkError
+        log.debug("find_executable_batch_size: the call's lowest size cannot be read", exc_info=True)
+        return None
 
 
 def _in_the_group(function: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], sizes: _Sizes,
@@ -222,7 +252,7 @@ def _in_the_group(function: Callable[..., Any], args: tuple[Any, ...], kwargs: d
     if phase == FAILED:
         raise follow_on(record.failure())
     if phase == CLOSED:
-        return _alone(function, args, kwargs, sizes)
+        return _alone(function, args, kwargs, sizes, record=record)
     while True:
         assert isinstance(phase, Phase)
         sizes.size = phase.size
@@ -233,7 +263,7 @@ def _in_the_group(function: Callable[..., Any], args: tuple[Any, ...], kwargs: d
         if settled == "together":
             return _together(function, args, kwargs, sizes, record, phase.attempt, ran)
         if settled == "alone":
-            return _alone(function, args, kwargs, sizes, ran)
+            return _alone(function, args, kwargs, sizes, ran, record)
         phase = settled
 
 

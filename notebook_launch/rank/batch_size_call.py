@@ -11,7 +11,8 @@ changed only by ``compare_set`` (so a join and a close never cross):
 - Once M is every rank of the group, the call is the whole group's: every attempt's result is
   returned only when every rank finished it (``batch_size``), and the starting sizes must match.
 - ``closed``: a rank finished an attempt while some rank of the group had not joined: the call
-  ran without them, and each rank in it (or calling later) goes on alone, as Accelerate's does.
+  ran without them, and each rank in it (or calling later) goes on alone, as Accelerate's does,
+  but never above ``lowest``: the smallest size a rank of the call ended at or backed off to.
 - ``failed``: a rank in it raised an error that is not out of memory (``failure`` says which);
   a rank that calls later raises that error's note at once.
 
@@ -105,6 +106,23 @@ class CallRecord:
         return (f"find_executable_batch_size was called with a different starting_batch_size on each rank "
                 f"({listed}); the ranks must run with one batch size, so pass the same starting_batch_size "
                 f"on every rank (for example the smallest, agreed on before the call)")
+
+    def lowest(self) -> Optional[int]:
+        """The smallest batch size a rank of this call ended at or backed off to, once the call
+        closed (``lower``); None before any did."""
+        if not self.keys.check(["lowest"]):
+            return None
+        return int(self.keys.get("lowest"))
+
+    def lower(self, size: int) -> None:
+        """Record ``size`` as the call's lowest if it is below the one recorded (``compare_set``:
+        two ranks lowering it at once keep the smaller)."""
+        seen = self.keys.get("lowest").decode() if self.keys.check(["lowest"]) else ""
+        while not seen or int(seen) > size:
+            now = self.keys.compare_set("lowest", seen, str(size)).decode()
+            if now == str(size):
+                return
+            seen = now
 
     def fail(self, error: BaseException) -> None:
         """Say that this rank raised ``error`` (not out of memory) in the call; later callers read it."""

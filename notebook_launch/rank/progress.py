@@ -307,7 +307,9 @@ class Progress:
             self._finished_at = _monotonic()   # a task done before its Progress stops (rich) ended here
         if metrics:
             log(**metrics)
-        if self.n >= self._next_check:
+        # A count that moved back (a mirrored library bar set lower: the Trainer's 9/8 corrected to 8/8)
+        # is published now: waiting for the next threshold would leave the higher count the last one sent.
+        if self.n >= self._next_check or n < 0:
             self._check()
 
     # --- off the hot path ------------------------------------------------

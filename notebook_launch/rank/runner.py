@@ -12,7 +12,8 @@ from typing import Any, Callable
 from .. import pickling, protocol, shared_tensors
 from ..best_effort import best_effort
 from ..plan import RankSpec
-from . import display_relay, lightning_strategy, peers_joined, process_groups, result_pickle, stdin_relay, whereabouts
+from . import (display_relay, joining, lightning_strategy, peers_joined, process_groups, result_pickle, stdin_relay,
+               whereabouts)
 from .bootstrap import EXIT_FAILED, flush_everything
 
 log = logging.getLogger("notebook_launch")
@@ -51,6 +52,7 @@ rank_hooks.append(_install_display_relay)
 rank_hooks.append(whereabouts.install)   # the notebook can ask where this rank is, even blocked in C (issue 20)
 rank_hooks.append(lightning_strategy.install)   # Lightning's ddp_notebook etc. join the launched ranks (#25)
 rank_hooks.append(peers_joined.install)   # no rank leaves a gloo group its peers are still joining
+rank_hooks.append(joining.install)   # its row says "joining the process group" while init_process_group runs
 
 
 def flush_progress() -> None:

@@ -36,7 +36,7 @@ def _bridge(module: ModuleType) -> None:
         desc = self.prefix or ("evaluation" if self.parent is not None else _training_desc(self))
         if mirror is None:
             mirror = self.__dict__[_MIRROR_ATTR] = Mirror(desc, self.total, unit="step")
-        mirror.sync(desc, self.value or 0, self.total)
+        mirror.sync(desc, _shown(self), self.total)
 
     def close(self: Any) -> None:
         _close(self)
@@ -51,6 +51,14 @@ def _bridge(module: ModuleType) -> None:
     update.__doc__, close.__doc__ = original_update.__doc__, original_close.__doc__
     cls.update, cls.close, tracker.remove_child = update, close, remove_child
     setattr(cls, _PATCHED_ATTR, True)
+
+
+def _shown(bar: Any) -> int:
+    """The count the bar draws. Its ``value`` can pass its total: the Trainer's ``on_step_end`` passes
+    ``global_step + 1``, so after the last step ``value`` is 9 of 8 until ``on_train_end`` sets 8 (the
+    bar clamps what it draws, not ``value``); a send between the two showed 9/8 at the end."""
+    value = bar.value or 0
+    return min(value, bar.total) if bar.total else value
 
 
 def _training_desc(bar: Any) -> str:

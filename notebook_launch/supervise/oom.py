@@ -28,15 +28,17 @@ from typing import TYPE_CHECKING, Iterable, Mapping
 
 from ..protocol import Failure
 from ..resources import size_text
-from ..proc_usage import machine_memory, read_text, resident
+from ..proc_usage import descendants, machine_memory, read_text, resident
+from . import kernel_oom
 from .allocation_failure import ADVICE, allocation_text, machine_text
-from .kernel_oom import CGROUP_ROOT, KernelKill, KillVerdict, OomBaseline, cgroup_limit, counter, \
-    memory_cgroup_of, sigkill_words
+from .kernel_oom import CGROUP_ROOT, KERNEL_LOG_RETRIES, KernelKill, KillVerdict, OomBaseline, cgroup_limit, \
+    cgroup_oom_kills, counter, memory_cgroup_of, sigkill_words
 from .resources import ResourceSampler
 
 if TYPE_CHECKING:
     from .outcome import RankEnd
 
+MAX_REMEMBERED_DESCENDANTS = 1024   # processes remembered below each rank (a run may start many)
 LOW_HEADROOM = 0.10       # below this share of the memory left, the notebook is warned (once a run)
 MAX_NAMED_CHILDREN = 8    # pids named in a rank's error that are looked up in the kernel's records
 # the pids a rank's error names: torch's "DataLoader worker (pid 1234) is killed by signal: Killed."
@@ -124,6 +126,7 @@ class MemoryWatch:
         self.samples: dict[int, Sample] = {}            # local rank -> its last sample
         self.names = dict(rank_names)                    # local rank -> global rank
         self.resources = ResourceSampler()              # the reads, and what the panel shows of them
+        self.descendants: dict[int, dict[int, str]] = {}   # local rank -> {pid: command} of each process seen below it
         self.notebook_cgroup = memory_cgroup_of(os.getpid())
         self.warned = False
         self.baseline.see_cgroup(self.notebook_cgroup)
@@ -140,6 +143,7 @@ class MemoryWatch:
             usage = self.resources.usage.get(local)
             fresh = local in self.resources.updated and usage is not None
             self.sample_one(local, pid, now, held=usage.rss if fresh and usage is not None else None)
+            self.see_descendants(local, pid)
         try:
             return self.notebook_at_risk(pids)
         except Exception:   # why: a warning is an extra: the run goes on without it
@@ -185,6 +189,17 @@ class MemoryWatch:
         if held is None:   # ended already: keep what it held before
             return
         self.samples[local] = Sample(held, now, self.baseline.see_process(pid))
+
+    def see_descendants(self, local: int, pid: int) -> None:
+        """Note the processes below a rank (``subprocess.run``'s child, a DataLoader worker) and
+        their memory cgroups, while they live: an error that names no pid (``CalledProcessError``
+        of a child the OOM killer took) is then still linked to its rank (``unnamed_children_killed``)."""
+        seen = self.descendants.setdefault(local, {})
+        for child, command in descendants(pid).items():
+            if child not in seen and len(seen) >= MAX_REMEMBERED_DESCENDANTS:
+                del seen[next(iter(seen))]   # the oldest: likely long gone
+            seen[child] = command
+            self.baseline.see_process(child)   # its cgroup as last seen alive (it may have moved to another)
 
     # --- a SIGKILL --------------------------------------------------------------------------
     def name_kill(self, end: "RankEnd", local: int, pid: int, live: dict[int, int]) -> "RankEnd":
@@ -255,31 +270,70 @@ class MemoryWatch:
         return failure if memory is None else dataclasses.replace(failure, memory=memory)
 
     def children_killed(self, local: int, pid: int | None, text: str) -> str | None:
-        """What the kernel says of the processes a rank's error names (torch: "DataLoader worker
-        (pid 1234) is killed by signal: Killed."): the paragraph for those the OOM killer killed,
-        None where it killed none of them (a hand ``kill -9``, a crash: the error says enough)."""
-        children = [child for child in named_pids(text) if child != pid][:MAX_NAMED_CHILDREN]
-        if not children:
-            return None
+        """What the kernel says of the rank's children the OOM killer killed: those its error names
+        (torch: "DataLoader worker (pid 1234) is killed by signal: Killed."), else those seen below
+        it (``see_descendants``: ``subprocess.run``'s ``CalledProcessError`` names none). The
+        paragraph for them, None where it killed none (a hand ``kill -9``, a crash: the error says
+        enough)."""
+        named = [child for child in named_pids(text) if child != pid][:MAX_NAMED_CHILDREN]
         sample = self.samples.get(local)
-        killed: list[tuple[int, KillVerdict]] = []
-        for child in children:
+        killed: list[tuple[int, KillVerdict, str]] = []
+        for child in named:
             verdict = self.baseline.verdict(child, None if sample is None else sample.cgroup)
             if verdict.verdict in ("yes", "probably"):
-                killed.append((child, verdict))
+                killed.append((child, verdict, "named in its error: a DataLoader worker or another process it started"))
+        if not killed:
+            killed = self.unnamed_children_killed(local, named)
         if not killed:
             return None
         rank = self.names.get(local, local)
         lines = []
-        for child, verdict in killed:
+        for child, verdict, which in killed:
             probably = "probably " if verdict.verdict == "probably" else ""
             held = "" if verdict.kill is None or verdict.kill.held is None else \
                 f" It held {size_text(verdict.kill.held)} when it was killed (the kernel log)."
-            lines.append(f"rank {rank}'s process {child} (named in its error: a DataLoader worker or another "
-                         f"process it started) was {probably}killed by the kernel's out-of-memory killer: "
-                         f"{verdict.because}{limit_text(verdict.kill)}.{held}")
+            lines.append(f"rank {rank}'s process {child} ({which}) was {probably}killed by the kernel's "
+                         f"out-of-memory killer: {verdict.because}{limit_text(verdict.kill)}.{held}")
         now = time.monotonic()
         return "\n".join(lines) + "\n" + self.held_text(None, now, None) + "\n" + CHILD_ADVICE
+
+    def unnamed_children_killed(self, local: int, named: list[int]) -> list[tuple[int, KillVerdict, str]]:
+        """The processes seen below the rank, ended now, that the OOM killer killed for certain: the
+        kernel log names the pid, or (where it cannot be read) the memory cgroup the process was in,
+        one of its own (not a rank's or the notebook's: theirs count their kills too), counted an OOM
+        kill during the run. The machine's count alone is no evidence here: it would name every
+        child that ended, killed or not."""
+        gone = {child: command for child, command in self.descendants.get(local, {}).items()
+                if child not in named and resident(child) is None}
+        if not gone:
+            return []
+        kills = kernel_oom.kernel_log_kills(self.baseline.started)
+        for _ in range(KERNEL_LOG_RETRIES):   # the OOM killer writes its record just after its SIGKILL
+            if kills is None or gone.keys() & kills.keys() or not self.baseline.machine_counted_kills():
+                break
+            time.sleep(0.1)
+            kills = kernel_oom.kernel_log_kills(self.baseline.started)
+        found: list[tuple[int, KillVerdict, str]] = []
+        # A count is per cgroup, not per process: one the ranks or the notebook share counts their kills too
+        shared = {sample.cgroup for sample in self.samples.values()} | {self.notebook_cgroup}
+        for child, command in reversed(gone.items()):   # the newest first
+            which = f"{command}, a process the rank started; its error names no pid"
+            if kills is not None:
+                if child in kills:
+                    found.append((child, KillVerdict("yes", f"the kernel log records the kill of its process "
+                                                            f"(pid {child})", kills[child]), which))
+            else:
+                folder = self.baseline.cgroups.get(child)
+                folder = None if folder in shared else folder
+                before = None if folder is None else self.baseline.cgroup_kills.get(folder)
+                now_kills = None if folder is None else cgroup_oom_kills(folder)
+                if before is not None and now_kills is not None and now_kills > before:
+                    found.append((child, KillVerdict("yes", f"its memory cgroup ({folder}) counted "
+                                                            f"{now_kills - before} OOM kill(s) {self.baseline.during}"),
+                                  which))
+            if len(found) >= MAX_NAMED_CHILDREN:
+                break
+        return found
 
     def rank_holding(self, local: int, pid: int | None, held_when_raised: int | None = None) -> str:
         """What the rank holds now (it may have ended: then what it said it held as it raised, or
