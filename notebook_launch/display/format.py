@@ -224,9 +224,20 @@ def outcome(state: RunState) -> str | None:
     return state.summary
 
 
+def whole(state: RunState) -> str:
+    """What the header adds when the rows are grouped (``grouping``): the ranks by status and the
+    nodes, ' (29 running, 1 stalled, 1 done, 1 failed; 4 nodes)'; '' with a row per rank."""
+    from .grouping import GROUP_ABOVE, group_rows
+    if len(state.ranks) <= GROUP_ABOVE:
+        return ""
+    grouping = group_rows(state)
+    nodes = f"; {grouping.nodes} nodes" if grouping.nodes > 1 else ""
+    return f" ({grouping.counts_text()}{nodes})"
+
+
 def header(state: RunState) -> str:
     return (f"notebook_launch run {state.run_id}: {state.world_size} rank"
-            f"{'s' if state.world_size != 1 else ''}, {state.backend}, {run_status(state)}, "
+            f"{'s' if state.world_size != 1 else ''}{whole(state)}, {state.backend}, {run_status(state)}, "
             f"{duration(state.elapsed)} elapsed, "
             + (f"machine {machine(state)}, " if state.machine is not None else "") + f"logs: {state.log_dir}")
 
@@ -234,7 +245,7 @@ def header(state: RunState) -> str:
 def summary(state: RunState) -> str:
     """Multi-line plain text: header, one line per rank, the slow rank when one holds the others
     back (``pace``), the verdict of "Where are they?" (its first line) and the outcome when known."""
-    lines = [header(state)] + ["  " + rank_line(rs) for rs in state.ranks]
+    lines = [header(state)] + ["  " + line for line in row_lines(state)]
     slow = pace_verdict(state)
     if slow:
         lines.append(f"pace: {slow}")
@@ -245,6 +256,21 @@ def summary(state: RunState) -> str:
     if ending:
         lines.append(ending)
     return "\n".join(lines)
+
+
+def row_lines(state: RunState) -> list[str]:
+    """A line per row of the panel: a rank's (``rank_line``), or a group's when there are many
+    ranks (``grouping``: the failed, stalled and slowest ranks keep their own)."""
+    from .group_figures import group_line
+    from .grouping import group_rows
+    found = []
+    for row in group_rows(state).rows:
+        if row.single:
+            rs = state.ranks[row.members[0]]
+            found.append(rank_line(rs) + (" (the slowest)" if row.why == "slowest" else ""))
+        else:
+            found.append(group_line(state, row))
+    return found
 
 
 def where_verdict(state: RunState) -> str | None:

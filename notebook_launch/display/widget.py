@@ -38,6 +38,7 @@ from .pace import verdict_html
 from .curves import curves_html
 from .html import render
 from .rows import rows_html
+from .grouping import GROUP_ABOVE, group_rows
 from .base import Display
 from .kernel_poll import CommPoller
 from .cell_budget import DEFAULT_CELL_OUTPUT
@@ -85,10 +86,7 @@ class WidgetDisplay(Display):
         # up whatever the labels and figures, and the panel keeps its shape when the run ends.
         self.rows = w.HTML()
         self.rows.add_class("nl-rows-box")
-        self.logs = [w.HTML() for _ in state.ranks]
-        self.accordion = w.Accordion(children=self.logs, selected_index=None)
-        for i, rs in enumerate(state.ranks):
-            self.accordion.set_title(i, f"rank {rs.rank}: recent log lines")
+        self._build_logs(state)
         self.stop_button = w.Button(description="Stop", button_style="danger", icon="stop",
                                     tooltip="Stop every rank (like an interrupt)")
         self.stop_button.on_click(lambda _button: setattr(state, "stop_requested", True))
@@ -113,8 +111,35 @@ class WidgetDisplay(Display):
                                   + ("use the notebook's interrupt (stop) button instead"
                                      if button is self.stop_button else "the verdict comes on a stall or timeout"))
         self._lines_on_demand = self.poller is not None and self.poller.watch(self.accordion)
+        self._rank_chosen = self.choice is not None and self.poller is not None and self.poller.watch(self.choice)
         self._shown_log: int | None = None
         self._redraw(state, now=time.monotonic())
+
+    def _build_logs(self, state: RunState) -> None:
+        """A section per rank ("rank 3: recent log lines"); with many ranks (``grouping.GROUP_ABOVE``)
+        one section and a menu of the ranks: 256 sections would be a page of their own, and three
+        widget models each (the section, its layout and style) sent before the run could start."""
+        w = self.widgets
+        self.choice: Any = None
+        if len(state.ranks) <= GROUP_ABOVE:
+            self.logs = [w.HTML() for _ in state.ranks]
+            self.accordion = w.Accordion(children=self.logs, selected_index=None)
+            for i, rs in enumerate(state.ranks):
+                self.accordion.set_title(i, f"rank {rs.rank}: recent log lines")
+            return
+        self.choice = w.Dropdown(options=[(f"rank {rs.rank}", i) for i, rs in enumerate(state.ranks)], value=0,
+                                 description="rank")
+        self.logs = [w.HTML()]
+        self.log_box = w.VBox([self.choice, self.logs[0]])
+        self.accordion = w.Accordion(children=[self.log_box], selected_index=None)
+        self.accordion.set_title(0, "recent log lines (choose a rank)")
+
+    def _chosen_rank(self, state: RunState) -> int:
+        """The rank the menu shows: the one chosen where the kernel delivers the choice during the
+        run, else the first row's (a failed, stalled or slowest rank when there is one)."""
+        if self._rank_chosen and self.choice is not None and isinstance(self.choice.value, int):
+            return self.choice.value
+        return group_rows(state).rows[0].members[0]
 
     def _show_stopping(self) -> None:
         """The click arrives on another thread (it only sets the flag); the button changes here."""
@@ -158,6 +183,8 @@ class WidgetDisplay(Display):
     def widgets_made(self) -> list[Any]:
         """Every widget of the panel, containers first."""
         made = [self.panel, self.accordion, self.buttons]
+        if self.choice is not None:
+            made += [self.log_box, self.choice]
         made += [self.header, self.curves, self.rows, self.where, self.stop_button, self.where_button] + self.logs
         made.append(self.slow_rank)
         return made
@@ -204,6 +231,8 @@ class WidgetDisplay(Display):
     def _log_changes(self, state: RunState, now: float) -> list[tuple[Any, dict[str, Any]]]:
         """A rank's recent lines: on demand (only the opened rank, at once when opened) where
         the panel's clicks reach the kernel, else every rank's last lines every few seconds."""
+        if self.choice is not None:
+            return self._chosen_log_changes(state, now)
         if self._lines_on_demand:
             opened = self.accordion.selected_index
             if opened is None or not 0 <= opened < len(self.logs):
@@ -217,6 +246,20 @@ class WidgetDisplay(Display):
             return []
         self._last_logs = now
         return [(log, {"value": _log_html(rs)}) for rs, log in zip(state.ranks, self.logs)]
+
+
+    def _chosen_log_changes(self, state: RunState, now: float) -> list[tuple[Any, dict[str, Any]]]:
+        """Many ranks: the chosen rank's lines, while its section is open (or every few seconds
+        where the section's opening does not reach the kernel)."""
+        if self._lines_on_demand and self.accordion.selected_index is None:
+            self._shown_log = None
+            return []
+        chosen = self._chosen_rank(state)
+        if chosen == self._shown_log and now - self._last_logs < LOG_REFRESH_SECONDS:
+            return []
+        self._shown_log, self._last_logs = chosen, now
+        count = RECENT_LINES if self._lines_on_demand else LOG_LINES_SHOWN
+        return [(self.logs[0], {"value": _log_html(state.ranks[chosen], count)})]
 
 
 _UNSET = object()
