@@ -8,9 +8,9 @@ lost, so:
 
 - **The ranks that matter keep a row of their own**, at the top: every failed rank, every stalled
   rank, and the slowest (the ranks the pace verdict names, ``display.pace``, and the rank furthest
-  behind on the bar most ranks share, when it is behind). At most ``MAX_SINGLES`` of them: past
-  that (a failure that took every rank with it) the rest join rows of ranks that failed alike
-  (the same error) or stalled alike, which name every rank they hold.
+  behind on the bar most ranks share, when it is more than ``BEHIND`` of the bar behind). At most
+  ``MAX_SINGLES`` of them: past that (a failure that took every rank with it) the rest join rows
+  of ranks that failed alike (the same error) or stalled alike, which name every rank they hold.
 - **The other ranks are grouped by what they look alike in**: the same status, the same bar
   (its description and total) or the same start-up phase, on the same node when the ranks span
   nodes (a cluster launch). A group's row says its ranks ('ranks 0-4, 6-31'), how far they got
@@ -35,6 +35,7 @@ from .pace import slow_ranks
 GROUP_ABOVE = 16    # more ranks than this: their rows are grouped
 MAX_SINGLES = 8     # ranks with a row of their own at most (failed first, then stalled, then the slowest)
 MAX_GROUPS = 12     # group rows at most before nodes merge (then: one row per status)
+BEHIND = 0.05       # a rank this share of its bar's total (or of the median step) behind the median is the slowest
 STALLED = "stalled"
 KINDS = (STARTING, RUNNING, STALLED, DONE, FAILED, STOPPED)   # the header's order
 
@@ -80,10 +81,11 @@ def group_rows(state: RunState, group_above: int = GROUP_ABOVE) -> Grouping:
     counts = tuple((k, tally[k]) for k in KINDS if tally[k])
     nodes = sorted({node_of(state, rs) for rs in ranks})
     if len(ranks) <= group_above:
-        rows = tuple(Row((i,), "rank", (node_of(state, rs),)) for i, rs in enumerate(ranks))
-        return Grouping(rows, False, counts, len(nodes))
+        each = tuple(Row((i,), "rank", (node_of(state, rs),)) for i, rs in enumerate(ranks))
+        return Grouping(each, False, counts, len(nodes))
     singles = _standouts(state)
-    rest = [i for i in range(len(ranks)) if i not in {i for i, _ in singles}]
+    alone = {i for i, _ in singles}
+    rest = [i for i in range(len(ranks)) if i not in alone]
     rows = [Row((i,), why, (node_of(state, ranks[i]),)) for i, why in singles] + _groups(state, rest, len(nodes) > 1)
     return Grouping(tuple(rows), any(not row.single for row in rows), counts, len(nodes))
 
@@ -103,17 +105,18 @@ def _standouts(state: RunState) -> list[tuple[int, str]]:
 
 def _slowest(state: RunState) -> list[int]:
     """The ranks the pace verdict names, then the running rank furthest behind on the bar most
-    running ranks share, when it is behind the others on it."""
+    running ranks share, when it is more than ``BEHIND`` of the bar behind their median (ranks a
+    step or two apart are alike: which is last changes every moment)."""
     by_rank = {rs.rank: i for i, rs in enumerate(state.ranks)}
     slow = [by_rank[rank] for rank in slow_ranks(state) if rank in by_rank]
     running = [(i, rs.main_bar) for i, rs in enumerate(state.ranks) if kind(rs) == RUNNING]
     bars = [(i, bar) for i, bar in running if bar is not None and not bar.closed]
     if bars:
         common = collections.Counter((bar.desc, bar.total) for _, bar in bars).most_common(1)[0][0]
-        alike = [(bar.n, i) for i, bar in bars if (bar.desc, bar.total) == common]
-        lowest, highest = min(alike), max(n for n, _ in alike)
-        if len(alike) > 1 and lowest[0] < highest:
-            slow.append(lowest[1])
+        alike = sorted((bar.n, i) for i, bar in bars if (bar.desc, bar.total) == common)
+        median = alike[len(alike) // 2][0]
+        if len(alike) > 1 and median - alike[0][0] > BEHIND * (common[1] or median):
+            slow.append(alike[0][1])
     return slow
 
 

@@ -96,7 +96,8 @@ def recent_lines_html(state: RunState) -> str:
     return f"<div class='nl-recent'>{''.join(sections)}</div>"
 
 
-RECENT_LINE_CHARS = 400   # a line of the picture's recent lines is cut past this (whole in the log file)
+RECENT_LINE_CHARS = 1000   # a line of the recent lines (the picture's, the panel's) is cut past this: a rank's
+                           # line may be 64 kB (line_splitter.MAX_LINE); it is whole in the log file
 
 
 def recent_sections(state: RunState) -> list[tuple[RankState, str]]:

@@ -9,8 +9,7 @@ from . import format as fmt
 from . import pace
 from ..state import DONE, FAILED, STOPPED, Bar, RunState
 from .base import Display
-from .group_figures import bar_words as group_bar_words
-from .group_figures import group_figures, metric_words, resource_words
+from .group_figures import group_figures
 from .grouping import Row, group_rows, row_label
 from .words import counted
 
@@ -147,9 +146,9 @@ def _add_group(table: Any, state: RunState, row: Row, narrow: bool) -> None:
     style = "bold yellow" if figures.kind == "stalled" else fmt.RICH_STYLES.get(figures.kind, "")
     low = figures.fraction.low if figures.fraction else 0.0
     drawn = ProgressBar(total=1.0, completed=low, complete_style=style or "blue", finished_style="green")
-    progress = " ".join(([figures.phase] if figures.phase else []) + group_bar_words(figures))
-    metrics = " ".join(metric_words(figures))
-    used = " · ".join(resource_words(figures))
+    progress = " ".join(([figures.phase] if figures.phase else []) + fmt.group_bar_words(figures))
+    metrics = " ".join(fmt.group_metric_words(figures))
+    used = " · ".join(fmt.group_resource_words(figures))
     last = Text(fmt.shorten(figures.outcome, 120), style="bold red" if figures.kind == FAILED else "dim")
     label = f"{row_label(state, row)} ×{len(row.members)}"
     if narrow:

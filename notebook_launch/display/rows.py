@@ -17,9 +17,9 @@ from __future__ import annotations
 
 import html
 
-from ..state import DONE, FAILED, STOPPED, RankState, RunState
+from ..state import FAILED, STOPPED, RankState, RunState
 from . import format as fmt
-from .group_figures import bar_words, group_figures, metric_words, resource_words
+from .group_figures import bar_fraction, group_figures
 from .grouping import Row, group_rows, row_label
 from .pace import rank_text as pace_text
 
@@ -76,12 +76,13 @@ def group_html(state: RunState, row: Row) -> str:
     if figures.phase:
         found.append(f"<span class='nl-phase' style='{ITEM};font-style:italic;{MUTED}'>"
                      f"{html.escape(figures.phase)}</span>")
-    words = bar_words(figures)
+    words = fmt.group_bar_words(figures)
     if words:
         found.append(figures_item("nl-bar-text", words))
     if figures.metrics:
-        found.append(figures_item("nl-metrics", metric_words(figures), "font-size:12px;font-family:monospace"))
-    used = resource_words(figures)
+        found.append(figures_item("nl-metrics", fmt.group_metric_words(figures),
+                                  "font-size:12px;font-family:monospace"))
+    used = fmt.group_resource_words(figures)
     if used:
         found.append(figures_item("nl-resources", used, "color:#4b5563", joiner=" · "))
     if figures.outcome:
@@ -103,13 +104,6 @@ def label_html(rs: RankState) -> str:
             f"<span class='{kind}' style='display:inline-block;min-width:{BADGE_WIDTH};text-align:center;"
             f"background:{color};color:white;border-radius:3px;padding:0 4px;line-height:18px'>"
             f"{html.escape(fmt.rank_status(rs))}</span></span>")
-
-
-def bar_fraction(rs: RankState) -> float:
-    bar = rs.main_bar
-    if bar is None or bar.fraction is None:
-        return 1.0 if rs.status == DONE or (bar is not None and bar.closed) else 0.0
-    return bar.fraction
 
 
 def bar_html(rs: RankState) -> str:

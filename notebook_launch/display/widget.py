@@ -36,13 +36,14 @@ from . import format as fmt
 from . import fragments
 from .pace import verdict_html
 from .curves import curves_html
-from .html import render
+from .html import RECENT_LINE_CHARS, render
 from .rows import rows_html
 from .grouping import GROUP_ABOVE, group_rows
 from .base import Display
 from .kernel_poll import CommPoller
 from .cell_budget import DEFAULT_CELL_OUTPUT
 from .text import NOTEBOOK_LINES_PER_SECOND, TextDisplay
+from ..best_effort import best_effort
 from ..notebook_streams import flushable_streams
 from ..state import RECENT_LINES, RankState, RunState
 
@@ -176,9 +177,20 @@ class WidgetDisplay(Display):
                         self.handle.update({"text/html": render(state), "text/plain": fmt.summary(state)},
                                            raw=True)
             finally:
+                self._empty_values()
                 close_widgets(self.widgets_made())
         if self.lines is not None:
             self.lines.close(state)
+
+    def _empty_values(self) -> None:
+        """Empty the panel's HTML before its widgets close (the picture has replaced their view):
+        a notebook saved by nbclient, nbconvert --execute or papermill keeps every widget model's
+        last state, closed ones too, and 100 launches left 100 panels' rows, curves and recent lines
+        in its metadata that nothing shows."""
+        for widget in [self.header, self.curves, self.rows, self.where, self.slow_rank] + self.logs:
+            if getattr(widget, "comm", None) is not None and widget.value:
+                with best_effort("emptying a closing widget failed"):
+                    widget.value = ""
 
     def widgets_made(self) -> list[Any]:
         """Every widget of the panel, containers first."""
@@ -314,5 +326,6 @@ def _log_html(rs: RankState, count: int = LOG_LINES_SHOWN) -> str:
     recent = list(rs.lines)[-count:]
     if not recent:
         return "<i>no output yet</i>"
-    text = "\n".join(("[stderr] " if stream == "stderr" else "") + line for stream, line in recent)
+    text = "\n".join(("[stderr] " if stream == "stderr" else "") + fmt.shorten(line, RECENT_LINE_CHARS)
+                     for stream, line in recent)
     return f"<pre style='margin:0;max-height:20em;overflow:auto'>{html.escape(text)}</pre>"
