@@ -37,6 +37,8 @@ def test_32_ranks_end_as_grouped_rows_with_the_failed_rank_alone():
     cell = nb.cells[0]
     text = cell_text(cell)
     assert "rank 13 failed: ValueError: rank 13 gives up" in text, text[-3000:]
+    other = text.split("Other ranks:")[1].split("Logs:")[0].strip().splitlines()
+    assert 1 <= len(other) <= 3 and all(line.lstrip().startswith(("rank", "ranks")) for line in other), other
     assert not [o for o in cell.outputs if o.output_type == "display_data" and WIDGET_VIEW in o.data]
     [picture] = pictures(cell)
     page = picture.data["text/html"]
