@@ -168,3 +168,28 @@ def test_rank_ranges_are_short():
     assert rank_ranges([3, 0, 1, 2, 5]) == "0-3, 5"
     assert rank_ranges(list(range(0, 40, 2))) == "0, 2, 4, … (20 ranks)"
     assert isinstance(group_rows(make_state(2, troubles=False)), Grouping)
+
+
+def test_the_widget_has_one_recent_lines_section_with_a_menu_of_the_ranks(monkeypatch):
+    """Past GROUP_ABOVE ranks the live panel's recent lines are one section and a menu, not a
+    section per rank (3 widget models each); where the kernel cannot deliver the menu's choice
+    during the run it shows the first row's rank: the failed one."""
+    pytest.importorskip("ipywidgets")
+    from helpers.widget_comms import recording_comms
+
+    from notebook_launch.display.widget import WidgetDisplay
+    sent = recording_comms(monkeypatch)
+    state = make_state(64)
+    for i in (0, FAILED_RANK):
+        state.on_line(i, "stdout", f"a line of rank {i}")
+    display = WidgetDisplay(print_lines=False, poll_kernel=False)
+    display.start(state)
+    assert len(display.accordion.children) == 1 and len(display.choice.options) == 64
+    assert len([m for m in sent if m["type"] == "comm_open"]) < 40   # not 3 per rank
+    assert f"a line of rank {FAILED_RANK}" in display.logs[0].value
+    display._rank_chosen, display.choice.value = True, 0   # as a choice the kernel delivered
+    display._redraw(state, now=time.monotonic() + 60)
+    assert "a line of rank 0" in display.logs[0].value
+    display.close(state)
+    assert sorted(m["comm_id"] for m in sent if m["type"] == "comm_close") == \
+        sorted(m["comm_id"] for m in sent if m["type"] == "comm_open")
