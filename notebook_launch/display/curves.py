@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, TypeVar
 from ..metrics import Series
 
 if TYPE_CHECKING:
-    from ..state import RunState
+    from ..state import RankState, RunState
 
 Point = tuple[float, float, float, float]    # (step, mean, min, max) of a bucket (sparklines)
 LinePoint = tuple[float, float]              # (step, value) of a logged point (charts)
@@ -189,19 +189,36 @@ def _color(rank: int) -> str:
     return RANK_COLORS[rank % len(RANK_COLORS)]
 
 
+def drawn_ranks(state: RunState) -> list[tuple[RankState, str]]:
+    """The ranks with a line, and what the legend calls each: every rank ('rank 3'); with many
+    ranks (``grouping``) one line per row of the panel: each rank with a row of its own (failed,
+    stalled, slowest), and for each group its first rank ('rank 0 for ranks 0-4, 6-31'): 256 lines
+    on a 260 px chart say nothing, and would cost the widget hundreds of kB a redraw."""
+    from .grouping import GROUP_ABOVE, group_rows, row_label
+    if len(state.ranks) <= GROUP_ABOVE:
+        return [(rs, f"rank {rs.rank}") for rs in state.ranks]
+    drawn = []
+    for row in group_rows(state).rows:
+        rs = state.ranks[row.members[0]]
+        drawn.append((rs, f"rank {rs.rank}" if row.single else f"rank {rs.rank} for {row_label(state, row)}"))
+    return drawn[:GROUP_ABOVE]
+
+
 def curves_html(state: RunState) -> str:
     """Every chart in one block (empty when nothing numeric was logged)."""
     charts = []
+    drawn = drawn_ranks(state)
     for name in metric_names(state):
-        series = [(rs.rank, rs.curves[name]) for rs in state.ranks if name in rs.curves]
-        charts.append(chart_svg(name, series))
+        series = [(rs.rank, rs.curves[name]) for rs, _ in drawn if name in rs.curves]
+        if series:
+            charts.append(chart_svg(name, series))
     charts = [c for c in charts if c]
     if not charts:
         return ""
     legend = ""
-    if len(state.ranks) > 1:
+    if len(drawn) > 1:
         legend = "<div class='nl-curve-legend' style='font-size:11px'>" + " ".join(
-            f"<span style='color:{_color(rs.rank)}'>━ rank {rs.rank}</span>" for rs in state.ranks) + "</div>"
+            f"<span style='color:{_color(rs.rank)}'>━ {_escape(name)}</span>" for rs, name in drawn) + "</div>"
     return f"<div class='nl-curves'>{''.join(charts)}{legend}</div>"
 
 

@@ -4,16 +4,18 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..resources import machine_memory_text, usage_text
+from ..resources import machine_memory_text, size_text, usage_text
 from ..state import DONE, FAILED, RUNNING, STARTING, STOPPED, Bar, RankState, RunState
 from .curves import sparkline
+from .group_figures import GroupFigures, Span
+from .grouping import GROUP_ABOVE, Row, group_rows, row_label
 from .pace import rank_text as pace_text
 from .pace import verdict as pace_verdict
 
 STATUS_COLORS: dict[str, str] = {STARTING: "#6b7280", RUNNING: "#2563eb", DONE: "#16a34a",
                  FAILED: "#dc2626", STOPPED: "#d97706"}
 STALLED_COLOR = "#b45309"   # amber: waiting, not failed; the user decides what to do
-RICH_STYLES = {STARTING: "dim", RUNNING: "blue", DONE: "green", FAILED: "bold red", STOPPED: "yellow"}
+RICH_STYLES: dict[str, str] = {STARTING: "dim", RUNNING: "blue", DONE: "green", FAILED: "bold red", STOPPED: "yellow"}
 BAR_STYLES: dict[str, str] = {DONE: "success", FAILED: "danger", STOPPED: "warning"}   # ipywidgets bar_style
 
 
@@ -224,9 +226,19 @@ def outcome(state: RunState) -> str | None:
     return state.summary
 
 
+def whole(state: RunState) -> str:
+    """What the header adds when the rows are grouped (``grouping``): the ranks by status and the
+    nodes, ' (29 running, 1 stalled, 1 done, 1 failed; 4 nodes)'; '' with a row per rank."""
+    if len(state.ranks) <= GROUP_ABOVE:
+        return ""
+    grouping = group_rows(state)
+    nodes = f"; {grouping.nodes} nodes" if grouping.nodes > 1 else ""
+    return f" ({grouping.counts_text()}{nodes})"
+
+
 def header(state: RunState) -> str:
     return (f"notebook_launch run {state.run_id}: {state.world_size} rank"
-            f"{'s' if state.world_size != 1 else ''}, {state.backend}, {run_status(state)}, "
+            f"{'s' if state.world_size != 1 else ''}{whole(state)}, {state.backend}, {run_status(state)}, "
             f"{duration(state.elapsed)} elapsed, "
             + (f"machine {machine(state)}, " if state.machine is not None else "") + f"logs: {state.log_dir}")
 
@@ -234,7 +246,7 @@ def header(state: RunState) -> str:
 def summary(state: RunState) -> str:
     """Multi-line plain text: header, one line per rank, the slow rank when one holds the others
     back (``pace``), the verdict of "Where are they?" (its first line) and the outcome when known."""
-    lines = [header(state)] + ["  " + rank_line(rs) for rs in state.ranks]
+    lines = [header(state)] + ["  " + line for line in row_lines(state)]
     slow = pace_verdict(state)
     if slow:
         lines.append(f"pace: {slow}")
@@ -245,6 +257,19 @@ def summary(state: RunState) -> str:
     if ending:
         lines.append(ending)
     return "\n".join(lines)
+
+
+def row_lines(state: RunState) -> list[str]:
+    """A line per row of the panel: a rank's (``rank_line``), or a group's when there are many
+    ranks (``grouping``: the failed, stalled and slowest ranks keep their own)."""
+    found = []
+    for row in group_rows(state).rows:
+        if row.single:
+            rs = state.ranks[row.members[0]]
+            found.append(rank_line(rs) + (" (the slowest)" if row.why == "slowest" else ""))
+        else:
+            found.append(group_line(state, row))
+    return found
 
 
 def where_verdict(state: RunState) -> str | None:
@@ -280,3 +305,60 @@ def run_status(state: RunState) -> str:
     if all(rs.status == DONE for rs in state.ranks):
         return DONE
     return RUNNING
+
+
+# --- a group of ranks that look alike (many ranks: ``grouping``, ``group_figures``) ---
+
+def _span_text(span: Span, show: Any) -> str:
+    low, high = show(span.low), show(span.high)
+    return low if low == high else f"{low}-{high}"
+
+
+def group_bar_words(figures: GroupFigures) -> list[str]:
+    """['train 40-42%', '400-420/1000', '118-121 it/s', 'eta 00:05']: each figure whole."""
+    words = []
+    percent = _span_text(figures.fraction, lambda v: f"{v * 100:.0f}") + "%" if figures.total and figures.fraction \
+        else ""
+    head = f"{figures.desc} {percent}".strip()
+    if head:
+        words.append(head)
+    if figures.n is not None:
+        words.append(_span_text(figures.n, count) + (f"/{count(figures.total)}" if figures.total else ""))
+    if figures.rate is not None and figures.kind != "stalled":
+        words.append(_span_text(figures.rate, lambda v: f"{v:,.1f}" if v < 100 else f"{v:,.0f}")
+                     + f" {figures.unit}/s")
+    if figures.eta is not None:
+        words.append(f"eta {duration(figures.eta)}")
+    return words
+
+
+def group_metric_words(figures: GroupFigures) -> list[str]:
+    return [f"{name}={value}" for name, value in figures.metrics]
+
+
+def group_resource_words(figures: GroupFigures) -> list[str]:
+    """['cpu 95-99%', '0.8-1.2 GiB resident'] per rank; a rank that ended: its average and peak."""
+    ended = figures.kind not in (RUNNING, STARTING, "stalled")
+    words = []
+    if figures.cpu is not None:
+        words.append(("avg " if ended else "") + "cpu " + _span_text(figures.cpu, lambda v: f"{v:.0f}") + "%")
+    if figures.memory is not None:
+        words.append(("peak " if ended else "") + _span_text(figures.memory, lambda v: size_text(int(v)))
+                     + " resident each")
+    return words
+
+
+def group_line(state: RunState, row: Row) -> str:
+    """A group row as one line of plain text (summaries, the text repr)."""
+    from .group_figures import group_figures
+    figures = group_figures(state, row)
+    parts = [row_label(state, row), figures.kind]
+    if figures.phase:
+        parts.append(f"({figures.phase})")
+    parts += group_bar_words(figures) + group_metric_words(figures)
+    used = group_resource_words(figures)
+    if used:
+        parts.append("[" + " · ".join(used) + "]")
+    if figures.outcome and figures.outcome != figures.kind:
+        parts.append(figures.outcome)
+    return " ".join(parts)

@@ -18,10 +18,12 @@ CODE = "font-size:12px;background:none;padding:0"
 def header_html(state: RunState) -> str:
     status = fmt.run_status(state)
     color = fmt.STATUS_COLORS.get(status, "#2563eb" if status == RUNNING else "#d97706")
+    whole = fmt.whole(state)   # many ranks: how many run, are done, failed... (the rows are grouped)
     return (f"<div class='nl-header' style='{FONT}'><b>notebook_launch</b> run "
             f"<code style='{CODE}'>{html.escape(state.run_id)}</code>"
             f" &middot; {state.world_size} rank{'s' if state.world_size != 1 else ''}"
-            f" &middot; {html.escape(state.backend)}"
+            + (f"<span class='nl-whole'>{html.escape(whole)}</span>" if whole else "")
+            + f" &middot; {html.escape(state.backend)}"
             f" &middot; <span style='color:{color};font-weight:bold'>{html.escape(status)}</span>"
             f" &middot; {fmt.duration(state.elapsed)}"
             + (f" &middot; <span class='nl-machine'>machine {html.escape(fmt.machine(state))}</span>"

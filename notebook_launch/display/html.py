@@ -15,7 +15,7 @@ from . import format as fmt
 from .base import Display
 from .text import TextDisplay
 from ..notebook_streams import flushable_streams
-from ..state import RunState
+from ..state import RankState, RunState
 from .curves import curves_html
 from .fragments import FONT, footer_html, header_html, where_html
 from .rows import rows_html
@@ -83,12 +83,30 @@ SECTION = ("border:1px solid #e0e0e0;background:#eeeeee;padding:6px 12px;margin-
 
 
 def recent_lines_html(state: RunState) -> str:
-    """Each rank's last lines, folded, one section per rank as in the live panel."""
+    """Each rank's last lines, folded, one section per rank as in the live panel; with many ranks
+    (``grouping``) one per row: each rank with a row of its own, and a group's first rank (every
+    rank's lines are in its log file): 256 sections would be a page of their own."""
     sections = []
-    for rs in state.ranks:
-        recent = "\n".join(line for _, line in list(rs.lines)[-20:])
+    for rs, name in recent_sections(state):
+        recent = "\n".join(fmt.shorten(line, RECENT_LINE_CHARS) for _, line in list(rs.lines)[-20:])
         body = (f"<pre style='margin:0;padding:6px 12px;max-height:20em;overflow:auto'>{html.escape(recent)}</pre>"
                 if recent else "<i style='padding:6px 12px;display:block'>no output</i>")
-        sections.append(f"<details class='nl-recent-lines'><summary style='{SECTION}'>rank {rs.rank}: recent log lines"
-                        f"</summary>{body}</details>")
+        sections.append(f"<details class='nl-recent-lines'><summary style='{SECTION}'>{html.escape(name)}: "
+                        f"recent log lines</summary>{body}</details>")
     return f"<div class='nl-recent'>{''.join(sections)}</div>"
+
+
+RECENT_LINE_CHARS = 1000   # a line of the recent lines (the picture's, the panel's) is cut past this: a rank's
+                           # line may be 64 kB (line_splitter.MAX_LINE); it is whole in the log file
+
+
+def recent_sections(state: RunState) -> list[tuple[RankState, str]]:
+    """The ranks whose recent lines the picture folds in, and what each section is called."""
+    from .grouping import GROUP_ABOVE, group_rows, row_label
+    if len(state.ranks) <= GROUP_ABOVE:
+        return [(rs, f"rank {rs.rank}") for rs in state.ranks]
+    found = []
+    for row in group_rows(state).rows:
+        rs = state.ranks[row.members[0]]
+        found.append((rs, f"rank {rs.rank}" if row.single else f"rank {rs.rank} (of {row_label(state, row)})"))
+    return found

@@ -41,12 +41,22 @@ def rank_text(rs: RankState) -> str:
     return slow_rank.row_text(rank_pace(rs))
 
 
-def verdict(state: RunState) -> str | None:
-    """The slow rank named, or None when no rank holds the others back."""
+def _found(state: RunState) -> slow_rank.SlowVerdict | None:
     if _whole_run(state.status) is None:
         return None
-    found = slow_rank.verdict({rs.rank: rank_pace(rs, state.status) for rs in state.ranks})
+    return slow_rank.verdict({rs.rank: rank_pace(rs, state.status) for rs in state.ranks})
+
+
+def verdict(state: RunState) -> str | None:
+    """The slow rank named, or None when no rank holds the others back."""
+    found = _found(state)
     return None if found is None else found.text
+
+
+def slow_ranks(state: RunState) -> list[int]:
+    """The global ranks the verdict names as holding the others back (the grouped rows keep them)."""
+    found = _found(state)
+    return [] if found is None else [rank for rank, _ in found.slow]
 
 
 def verdict_html(state: RunState) -> str:

@@ -9,6 +9,8 @@ from . import format as fmt
 from . import pace
 from ..state import DONE, FAILED, STOPPED, Bar, RunState
 from .base import Display
+from .group_figures import group_figures
+from .grouping import Row, group_rows, row_label
 from .words import counted
 
 REDRAWS_PER_SECOND = 4
@@ -105,8 +107,14 @@ def _panel(state: RunState, narrow: bool) -> Any:
         for column in ("rank", "device", "status", "bar", "progress", "metrics", "resources", "last"):
             table.add_column(column, no_wrap=True, ratio=3 if column in ("bar", "last") else None,
                              min_width=12 if column == "bar" else None)
-    for rs in state.ranks:
+    for row in group_rows(state).rows:
+        if not row.single:
+            _add_group(table, state, row, narrow)
+            continue
+        rs = state.ranks[row.members[0]]
         cells = _row(rs)
+        if row.why == "slowest":
+            cells["progress"] += " (slowest)"
         if narrow:
             details = " · ".join(part for part in (fmt.placement(rs), cells["progress"], cells["metrics"],
                                                    cells["resources"]) if part)
@@ -115,7 +123,8 @@ def _panel(state: RunState, narrow: bool) -> Any:
         else:
             table.add_row(f"rank {rs.rank}", fmt.placement(rs), cells["status"], cells["bar"], cells["progress"],
                           cells["metrics"], Text(cells["resources"], style="dim"), cells["last"])
-    title = (f"notebook_launch {state.run_id} · {counted(state.world_size, 'rank')} · {state.backend} · "
+    title = (f"notebook_launch {state.run_id} · {counted(state.world_size, 'rank')}{fmt.whole(state)} · "
+             f"{state.backend} · "
              f"{fmt.run_status(state)} · {fmt.duration(state.elapsed)}"
              + (f" · machine {fmt.machine(state)}" if state.machine is not None else ""))
     subtitle = f"logs: {state.log_dir}"
@@ -127,6 +136,27 @@ def _panel(state: RunState, narrow: bool) -> Any:
         notes.append(Text(f"where are they: {verdict}", style="bold yellow"))
     body: Any = Group(table, *notes) if notes else table
     return Panel(body, title=title, subtitle=subtitle, border_style=border)
+
+
+def _add_group(table: Any, state: RunState, row: Row, narrow: bool) -> None:
+    """A group of ranks that look alike (``grouping``), in the rank rows' columns: figures as ranges."""
+    from rich.progress_bar import ProgressBar
+    from rich.text import Text
+    figures = group_figures(state, row)
+    style = "bold yellow" if figures.kind == "stalled" else fmt.RICH_STYLES.get(figures.kind, "")
+    low = figures.fraction.low if figures.fraction else 0.0
+    drawn = ProgressBar(total=1.0, completed=low, complete_style=style or "blue", finished_style="green")
+    progress = " ".join(([figures.phase] if figures.phase else []) + fmt.group_bar_words(figures))
+    metrics = " ".join(fmt.group_metric_words(figures))
+    used = " · ".join(fmt.group_resource_words(figures))
+    last = Text(fmt.shorten(figures.outcome, 120), style="bold red" if figures.kind == FAILED else "dim")
+    label = f"{row_label(state, row)} ×{len(row.members)}"
+    if narrow:
+        details = " · ".join(part for part in (progress, metrics, used) if part)
+        table.add_row(label, Text(figures.kind, style=style), drawn, Text.assemble(details, "  ", last))
+    else:
+        table.add_row(label, "", Text(figures.kind, style=style), drawn, progress, metrics, Text(used, style="dim"),
+                      last)
 
 
 def _row(rs: Any) -> dict[str, Any]:

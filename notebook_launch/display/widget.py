@@ -36,12 +36,14 @@ from . import format as fmt
 from . import fragments
 from .pace import verdict_html
 from .curves import curves_html
-from .html import render
+from .html import RECENT_LINE_CHARS, render
 from .rows import rows_html
+from .grouping import GROUP_ABOVE, group_rows
 from .base import Display
 from .kernel_poll import CommPoller
 from .cell_budget import DEFAULT_CELL_OUTPUT
 from .text import NOTEBOOK_LINES_PER_SECOND, TextDisplay
+from ..best_effort import best_effort
 from ..notebook_streams import flushable_streams
 from ..state import RECENT_LINES, RankState, RunState
 
@@ -85,10 +87,7 @@ class WidgetDisplay(Display):
         # up whatever the labels and figures, and the panel keeps its shape when the run ends.
         self.rows = w.HTML()
         self.rows.add_class("nl-rows-box")
-        self.logs = [w.HTML() for _ in state.ranks]
-        self.accordion = w.Accordion(children=self.logs, selected_index=None)
-        for i, rs in enumerate(state.ranks):
-            self.accordion.set_title(i, f"rank {rs.rank}: recent log lines")
+        self._build_logs(state)
         self.stop_button = w.Button(description="Stop", button_style="danger", icon="stop",
                                     tooltip="Stop every rank (like an interrupt)")
         self.stop_button.on_click(lambda _button: setattr(state, "stop_requested", True))
@@ -113,8 +112,35 @@ class WidgetDisplay(Display):
                                   + ("use the notebook's interrupt (stop) button instead"
                                      if button is self.stop_button else "the verdict comes on a stall or timeout"))
         self._lines_on_demand = self.poller is not None and self.poller.watch(self.accordion)
+        self._rank_chosen = self.choice is not None and self.poller is not None and self.poller.watch(self.choice)
         self._shown_log: int | None = None
         self._redraw(state, now=time.monotonic())
+
+    def _build_logs(self, state: RunState) -> None:
+        """A section per rank ("rank 3: recent log lines"); with many ranks (``grouping.GROUP_ABOVE``)
+        one section and a menu of the ranks: 256 sections would be a page of their own, and three
+        widget models each (the section, its layout and style) sent before the run could start."""
+        w = self.widgets
+        self.choice: Any = None
+        if len(state.ranks) <= GROUP_ABOVE:
+            self.logs = [w.HTML() for _ in state.ranks]
+            self.accordion = w.Accordion(children=self.logs, selected_index=None)
+            for i, rs in enumerate(state.ranks):
+                self.accordion.set_title(i, f"rank {rs.rank}: recent log lines")
+            return
+        self.choice = w.Dropdown(options=[(f"rank {rs.rank}", i) for i, rs in enumerate(state.ranks)], value=0,
+                                 description="rank")
+        self.logs = [w.HTML()]
+        self.log_box = w.VBox([self.choice, self.logs[0]])
+        self.accordion = w.Accordion(children=[self.log_box], selected_index=None)
+        self.accordion.set_title(0, "recent log lines (choose a rank)")
+
+    def _chosen_rank(self, state: RunState) -> int:
+        """The rank the menu shows: the one chosen where the kernel delivers the choice during the
+        run, else the first row's (a failed, stalled or slowest rank when there is one)."""
+        if self._rank_chosen and self.choice is not None and isinstance(self.choice.value, int):
+            return self.choice.value
+        return group_rows(state).rows[0].members[0]
 
     def _show_stopping(self) -> None:
         """The click arrives on another thread (it only sets the flag); the button changes here."""
@@ -151,13 +177,26 @@ class WidgetDisplay(Display):
                         self.handle.update({"text/html": render(state), "text/plain": fmt.summary(state)},
                                            raw=True)
             finally:
+                self._empty_values()
                 close_widgets(self.widgets_made())
         if self.lines is not None:
             self.lines.close(state)
 
+    def _empty_values(self) -> None:
+        """Empty the panel's HTML before its widgets close (the picture has replaced their view):
+        a notebook saved by nbclient, nbconvert --execute or papermill keeps every widget model's
+        last state, closed ones too, and 100 launches left 100 panels' rows, curves and recent lines
+        in its metadata that nothing shows."""
+        for widget in [self.header, self.curves, self.rows, self.where, self.slow_rank] + self.logs:
+            if getattr(widget, "comm", None) is not None and widget.value:
+                with best_effort("emptying a closing widget failed"):
+                    widget.value = ""
+
     def widgets_made(self) -> list[Any]:
         """Every widget of the panel, containers first."""
         made = [self.panel, self.accordion, self.buttons]
+        if self.choice is not None:
+            made += [self.log_box, self.choice]
         made += [self.header, self.curves, self.rows, self.where, self.stop_button, self.where_button] + self.logs
         made.append(self.slow_rank)
         return made
@@ -204,6 +243,8 @@ class WidgetDisplay(Display):
     def _log_changes(self, state: RunState, now: float) -> list[tuple[Any, dict[str, Any]]]:
         """A rank's recent lines: on demand (only the opened rank, at once when opened) where
         the panel's clicks reach the kernel, else every rank's last lines every few seconds."""
+        if self.choice is not None:
+            return self._chosen_log_changes(state, now)
         if self._lines_on_demand:
             opened = self.accordion.selected_index
             if opened is None or not 0 <= opened < len(self.logs):
@@ -217,6 +258,20 @@ class WidgetDisplay(Display):
             return []
         self._last_logs = now
         return [(log, {"value": _log_html(rs)}) for rs, log in zip(state.ranks, self.logs)]
+
+
+    def _chosen_log_changes(self, state: RunState, now: float) -> list[tuple[Any, dict[str, Any]]]:
+        """Many ranks: the chosen rank's lines, while its section is open (or every few seconds
+        where the section's opening does not reach the kernel)."""
+        if self._lines_on_demand and self.accordion.selected_index is None:
+            self._shown_log = None
+            return []
+        chosen = self._chosen_rank(state)
+        if chosen == self._shown_log and now - self._last_logs < LOG_REFRESH_SECONDS:
+            return []
+        self._shown_log, self._last_logs = chosen, now
+        count = RECENT_LINES if self._lines_on_demand else LOG_LINES_SHOWN
+        return [(self.logs[0], {"value": _log_html(state.ranks[chosen], count)})]
 
 
 _UNSET = object()
@@ -271,5 +326,6 @@ def _log_html(rs: RankState, count: int = LOG_LINES_SHOWN) -> str:
     recent = list(rs.lines)[-count:]
     if not recent:
         return "<i>no output yet</i>"
-    text = "\n".join(("[stderr] " if stream == "stderr" else "") + line for stream, line in recent)
+    text = "\n".join(("[stderr] " if stream == "stderr" else "") + fmt.shorten(line, RECENT_LINE_CHARS)
+                     for stream, line in recent)
     return f"<pre style='margin:0;max-height:20em;overflow:auto'>{html.escape(text)}</pre>"

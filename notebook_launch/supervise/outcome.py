@@ -17,6 +17,7 @@ from ..errors import LaunchError
 from ..protocol import Failure, FailureKind, headline_of
 from ..state import DONE, FAILED, STOPPED, RunState, Status
 from ..diagnose import hang_verdict
+from ..display.grouping import GROUP_ABOVE, rank_ranges
 from .child_failed import RankFailureFacts, exitcode_of, process_failures
 
 if TYPE_CHECKING:
@@ -262,14 +263,15 @@ def launch_error(failure: Failure, results: list[Any], state: RunState,
         recent = crash_report_lines([text for _, text in state.ranks[failure.local_rank].lines])
         lines += ["", f"Last output of rank {rank}:"] + [f"  {text}" for text in recent]
     lines += ["", "Other ranks:" if rank is not None else "Ranks:"]
+    fates = []
     for rs in state.ranks:
         if rs.rank == rank:
             continue
         fate = rs.exit_description or rs.status
         if rs.status == FAILED and rs.error:
             fate = f"also failed: {rs.error}"
-        where = f" ({rs.node})" if rs.node else ""
-        lines.append(f"  rank {rs.rank}{where}: {fate}")
+        fates.append((rs.rank, f" ({rs.node})" if rs.node else "", str(fate)))
+    lines += fate_lines(fates)
     lines.append(f"Logs: {state.log_dir}")
     exc_message = None if failure.exc_message is None else clip_middle(failure.exc_message, MESSAGE_LIMIT, where)
     return LaunchError("\n".join(lines), rank=rank, kind=failure.kind, exc_type=failure.exc_type,
@@ -278,6 +280,19 @@ def launch_error(failure: Failure, results: list[Any], state: RunState,
                        log_dir=state.log_dir, results=results,
                        node_rank=node_rank_of(failure, state),
                        failures=process_failures(list(facts), state.log_dir))
+
+
+def fate_lines(fates: Sequence[tuple[int, str, str]]) -> list[str]:
+    """'  rank 3 (node 1 (10.0.0.2)): finished' for each (rank, where, fate); past
+    ``grouping.GROUP_ABOVE`` ranks, as the panel's rows are, ranks that ended alike share a line
+    ('  ranks 0-4, 6-31: finished'): the error of a 256-rank run stays a few lines."""
+    if len(fates) <= GROUP_ABOVE:
+        return [f"  rank {rank}{where}: {fate}" for rank, where, fate in fates]
+    alike: dict[str, list[int]] = {}
+    for rank, _, fate in fates:
+        alike.setdefault(fate, []).append(rank)
+    return [f"  rank {ranks[0]}: {fate}" if len(ranks) == 1 else f"  ranks {rank_ranges(ranks, most=12)}: {fate}"
+            for fate, ranks in alike.items()]
 
 
 def node_rank_of(failure: Failure, state: RunState) -> int | None:
@@ -306,8 +321,7 @@ def remote_error(record: Failure, state: RunState) -> LaunchError:
     if record.detail:   # a hang diagnosed on that node: where every rank of the run was
         lines += ["", "Where each rank was:", clip_middle(record.detail, TRACEBACK_LIMIT, f"node {node}'s logs")]
     lines += ["", f"Ranks on this node (node {state.node_rank}):"]
-    for rs in state.ranks:
-        lines.append(f"  rank {rs.rank}: {rs.exit_description or rs.status}")
+    lines += fate_lines([(rs.rank, "", str(rs.exit_description or rs.status)) for rs in state.ranks])
     lines.append(f"Logs of this node: {state.log_dir} (node {node} has its own)")
     # another node's rank: its pid and local rank are not known here (-1); exit code 1
     facts = [] if rank is None else [RankFailureFacts(rank=rank, local_rank=-1, pid=-1, exitcode=1,
