@@ -75,7 +75,7 @@ def probe(anchor: str, *args: object, log_dir: str) -> dict:
     python = venv_python(anchor)
     if python is None:
         raise FileNotFoundError(f".venv-{anchor} is missing: run `bash scripts/setup-anchors.sh {anchor}`")
-    env = dict(os.environ, PYTHONPATH=REPO_ROOT)
+    env = dict(os.environ, PYTHONPATH=REPO_ROOT, TORCHRUNX_LOG_DIR=os.path.join(log_dir, "torchrunx"))
     with open(os.path.join(log_dir, f"{anchor}.stderr"), "ab") as errors:
         done = subprocess.run([python, "-m", "benchmarks.anchor_probe", anchor, *map(str, args)], cwd=REPO_ROOT,
                               env=env, stdout=subprocess.PIPE, stderr=errors, timeout=PROBE_TIMEOUT)

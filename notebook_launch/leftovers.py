@@ -72,10 +72,8 @@ def birth_mark() -> tuple[int, int] | None:
 
 
 def _born_since(since: tuple[int, int] | None, pids: list[int]) -> list[int]:
-    """The pids of ``pids`` that can have been handed out since ``since`` (``birth_mark``): the
-    pids from the counter's place then to its place now, going round at pid_max. All of them
-    where the counter may have gone round once (forks and the pids in use, which it skips, could
-    make a whole turn) or /proc does not say."""
+    """The pids of ``pids`` that can have been handed out since ``since`` (``birth_mark``), or
+    all of them where /proc does not say (``born_between``)."""
     now = birth_mark()
     if since is None or now is None:
         return pids
@@ -84,6 +82,14 @@ def _born_since(since: tuple[int, int] | None, pids: list[int]) -> list[int]:
             pid_max = int(f.read())
     except (OSError, ValueError):
         return pids
+    return born_between(since, now, pid_max, pids)
+
+
+def born_between(since: tuple[int, int], now: tuple[int, int], pid_max: int, pids: list[int]) -> list[int]:
+    """The pids of ``pids`` from the kernel's pid counter's place at ``since`` to its place at ``now``
+    (each ``(last pid, forks since boot)``), going round at ``pid_max``. All of them where the counter
+    may have made a whole turn: it moved by the forks since, plus the pids in use it skipped (at most
+    as many as exist), so ``pid_max // 2`` of the two together is the bound."""
     (first, forks_then), (last, forks_now) = since, now
     if forks_now - forks_then + len(pids) >= pid_max // 2:
         return pids
