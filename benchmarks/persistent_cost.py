@@ -85,7 +85,9 @@ def measure_in_worker(repeats: int, width: int) -> dict:
     """The whole item in one process (the 'ours' worker: fd 1 is /dev/null)."""
     from notebook_launch import notebook_launcher, start_ranks
 
+    from .anchors import notebook_function
     from .common import free_port
+    trivial = notebook_function()   # a notebook's function (__main__, cloudpickled by value), as a user's is
     samples: dict = {"persistent": [], "launch": [], "ipyparallel": [], "new_run": [], "inside": []}
     view, cluster, not_available = None, None, None
     try:

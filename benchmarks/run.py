@@ -23,7 +23,7 @@ if __package__ in (None, ""):  # run as a script: make the repository importable
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     __package__ = "benchmarks"
 
-from benchmarks import (collective_bookkeeping, companions, iteration_cost, kernel_first_launch,  # noqa: E402
+from benchmarks import (anchors, collective_bookkeeping, companions, iteration_cost, kernel_first_launch,  # noqa: E402
                         launch_cost, memory, persistent_cost, persistent_ray, ray_cluster, result_transfer,
                         soak, spawn_start)
 from benchmarks.common import REPO_ROOT, machine_description  # noqa: E402
@@ -32,7 +32,8 @@ from benchmarks.table import render_table  # noqa: E402
 from benchmarks.worker import READY_STATES  # noqa: E402
 
 # 9 and 12: Ray cluster rows (need root for network namespaces); 11: the hang bookkeeping; 14: the soak
-ITEMS = ("1", "2", "3", "4", "5", "6", "7", "8", "9", "10", "11", "12", "13", "14")
+# 15: Monarch beside persistent ranks and torchrunx beside launches, in their venvs (scripts/setup-anchors.sh)
+ITEMS = ("1", "2", "3", "4", "5", "6", "7", "8", "9", "10", "11", "12", "13", "14", "15")
 # Item 14 (benchmarks/soak.py): a compressed day in JupyterLab, and a rank filling its log folder's disk
 SOAK_FULL = dict(soak_ranks=8, soak_seconds=360, soak_sample_seconds=10, soak_settle_seconds=60,
                  soak_disk_mb=64, soak_keep_mb=32, soak_log_mb=1000)
@@ -120,6 +121,8 @@ def measure(config: dict, only: set, log_dir: str, say):
         rows += spawn_start.run(config, log_dir, say)
     if "14" in only:
         rows += soak.run(config, log_dir, say)
+    if "15" in only:
+        rows += anchors.run(config, log_dir, say)
     order = {"fresh": 1, "kernel": 2}   # warm process, fresh process, fresh kernel
     rows.sort(key=lambda r: (r.group, order.get(r.condition, 0), int(r.ranks)))  # stable: fork before spawn
     return rows, companion_outputs
@@ -185,7 +188,9 @@ def notes(config: dict, elapsed: float) -> list:
         "a progress event and a log line every millisecond (100x what a rank sends, since ranks batch "
         "to 10 events/s whatever their step rate) and refresh() every millisecond; a recording comm "
         "counts comm messages (benchmarks/widget_traffic.py).",
-        "Item 7 (persistent ranks, `start_ranks`): one 'ours' worker runs every column: "
+        "Item 7 (persistent ranks, `start_ranks`): the function is defined in `__main__`, as a notebook "
+        "cell's (cloudpickled by value; until issue 45 it was a module's function, pickled by reference, which "
+        "made a call look 5x cheaper than a user's); one 'ours' worker runs every column: "
         f"{persistent_cost.CALLS_PER_REPEAT} trivial `ranks.run` calls, one fresh `notebook_launcher` launch "
         f"and {persistent_cost.CALLS_PER_REPEAT} ipyparallel `view.apply_sync` calls (2 engines of "
         "`ipyparallel.Cluster(n=2)`) per repeat, in rotating order; ui left at its default as for every "
@@ -207,6 +212,7 @@ def notes(config: dict, elapsed: float) -> list:
         "object is read once from them into the notebook's own memory.",
         collective_bookkeeping.NOTE,
         soak.NOTE,
+        anchors.NOTE,
         f"Whole run: {elapsed:.0f} s.",
     ]
     if config["quick"]:

@@ -138,6 +138,9 @@ def handle(launcher: str, command: dict, tensors: dict) -> dict:
     if op == "persistent":
         from .persistent_cost import measure_in_worker as measure_persistent
         return measure_persistent(command["repeats"], command["width"])
+    if op == "anchor_persistent":   # item 15: start_ranks and warm calls, beside Monarch
+        from .anchors import persistent_in_worker
+        return persistent_in_worker(command["calls"])
     if op == "transfer":
         from .result_transfer import measure_in_worker as measure_transfer
         return measure_transfer(command, lambda fn, ranks: launchers.launch(launcher, fn, ranks))

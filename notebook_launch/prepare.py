@@ -18,7 +18,7 @@ from .logs import make_run_id
 from .options import (LaunchOptions, check_display_ranks_exist, check_world_size, launch_options,
                       validate_elastic_start_method)
 from .plan import LaunchPlan, build_plan
-from .leftovers import start_keeper_ahead
+from .leftovers import note_start, start_keeper_ahead
 from .target import LaunchTarget, launch_target
 
 # Parameters an entry point has that are not launch options: each entry point uses them itself
@@ -89,6 +89,7 @@ def plan_launch(options: LaunchOptions) -> tuple[LaunchTarget, LaunchPlan, str]:
     except BaseException:
         net.release_claims(run_id)
         raise
+    note_start(run_id)     # where the pid counter stands: the run's sweep reads only processes started since
     start_keeper_ahead()   # every check passed: ranks will start (the keeper's start runs beside what follows)
     return target, plan, run_id
 

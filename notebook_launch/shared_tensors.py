@@ -50,12 +50,14 @@ from __future__ import annotations
 
 import ctypes
 import errno
+import functools
 import io
 import logging
 import mmap
 import os
 import pickle
 import sys
+from collections.abc import Callable
 from typing import Any
 
 from . import pickling
@@ -94,6 +96,7 @@ def _rebuild_storage(index: int, dtype: Any, place: Any = None) -> Any:
                                  "notebook_launch's shared_tensors.loads and the file it came with")
 
 
+@functools.lru_cache(maxsize=None)
 def pickler_class(base: type) -> type:
     """``base`` (a pickle.Pickler subclass such as cloudpickle's) that sends storages to a memfd,
     and refuses open files and sockets (``pickling.reduce_handle``) whatever ``base`` would do.
@@ -189,9 +192,29 @@ class Appender:
     do not exist, or once the file reached RLIMIT_FSIZE (``ulimit -f`` caps a memfd too); the
     parts then travel in the stream."""
 
-    def __init__(self, fd: int | None) -> None:
-        self.fd = fd
-        self.size = _align(os.fstat(fd).st_size) if fd is not None else 0
+    def __init__(self, fd: "int | None | Callable[[], int | None]") -> None:
+        """``fd``: the file, or a function that gives one (a launch's, or a fresh one), called the first time
+        a part goes to the file: a pickle with nothing big (a call on persistent ranks and its
+        result, most of the time) then makes no memfd at all (issue 45: one per call each way)."""
+        self._make: Callable[[], int | None] | None = None
+        self._fd: int | None = None
+        if callable(fd):
+            self._make, self.size = fd, 0
+        else:
+            self._fd = fd
+            self.size = _align(os.fstat(fd).st_size) if fd is not None else 0
+
+    @property
+    def fd(self) -> int | None:
+        if self._make is not None:
+            make, self._make = self._make, None
+            self._fd = make()
+            self.size = _align(os.fstat(self._fd).st_size) if self._fd is not None else 0
+        return self._fd
+
+    @fd.setter
+    def fd(self, fd: int | None) -> None:
+        self._make, self._fd = None, fd
 
     def append(self, view: memoryview) -> tuple[int, int] | None:
         """(offset, length) of ``view``'s bytes written to the file, or None: keep them inline."""
@@ -367,9 +390,10 @@ def _write_at(fd: int, view: memoryview, offset: int) -> None:
         done += os.pwrite(fd, view[done:], offset + done)
 
 
-def dumps(value: Any, fd: int | None, base: type | None = None) -> bytes:
-    """Pickle ``value``; big storages' and arrays' bytes go to ``fd`` (appended), and so does a
-    big stream (then the returned bytes only say where its pieces are)."""
+def dumps(value: Any, fd: "int | None | Callable[[], int | None]", base: type | None = None) -> bytes:
+    """Pickle ``value``; big storages' and arrays' bytes go to ``fd`` (appended; a function: it
+    makes the file when the first such part comes, see ``Appender``), and so does a big stream
+    (then the returned bytes only say where its pieces are)."""
     if base is None:
         import cloudpickle
         base = cloudpickle.Pickler

@@ -1,13 +1,14 @@
 """32 ranks in JupyterLab in headless Chromium (issue 43, part 5): the live panel and its final
 picture show a few grouped rows, every row's bar starts at the same x, the failed rank has its own
-row, and the header says the whole. Reuses test_browser_panel's server and browser helpers;
+row, and the header says the whole. Reuses test_browser_panel's server fixture and benchmarks/lab_driver.py;
 screenshots go to test-artifacts/ (panel-many-live.png, panel-many-picture.png)."""
 from __future__ import annotations
 
 import pytest
 from test_browser_panel import lab  # noqa: F401  # the JupyterLab server fixture
-from test_browser_panel import (ARTIFACTS, CHROMIUM, assert_ended_as_a_picture, cell, in_browser, open_notebook,
-                                run_cell, wait_for_text, write_notebook)
+from test_browser_panel import ARTIFACTS, in_browser
+
+from benchmarks.lab_driver import CHROMIUM, cell, open_notebook, run_cell, wait_ended, wait_for_text, write_notebook
 
 pytestmark = [
     pytest.mark.skipif(not __import__("os").path.exists(CHROMIUM),
@@ -51,7 +52,7 @@ def run_many(page, server):
     check_rows(live, "live")
     assert live["live"] and "32 ranks" in live["header"], live["header"]
     wait_for_text(page, 0, "rank 13 gives up at the end", 300)
-    assert_ended_as_a_picture(page, 0)
+    wait_ended(page, 0)
     picture = page.evaluate(ROWS, 0)
     cell(page, 0).screenshot(path=str(ARTIFACTS / "panel-many-picture.png"))
     check_rows(picture, "the final picture")

@@ -24,7 +24,6 @@ parameters so tests describe other machines with fakes.
 """
 from __future__ import annotations
 
-import glob
 import logging
 import os
 import sys
@@ -35,6 +34,7 @@ from importlib import metadata
 from typing import Mapping, Sequence
 
 from ..errors import LaunchArgumentError
+from . import pci
 
 log = logging.getLogger("notebook_launch")
 
@@ -107,10 +107,7 @@ def detect_torch_tpu(root: str | None = "/", version: str | None | bool = True) 
     devices, name, others = 0, None, []
     topologies: dict[int, str] = {}
     if root is not None:
-        for path in sorted(glob.glob(os.path.join(root, "sys/bus/pci/devices/*"))):
-            device_id = _google_device_id(path)
-            if device_id is None:
-                continue
+        for path, device_id in pci.google_functions(root):
             if device_id not in TORCH_TPU_CHIPS:
                 others.append(device_id)
                 continue
@@ -126,15 +123,6 @@ def detect_torch_tpu(root: str | None = "/", version: str | None | bool = True) 
                         evidence=tuple(evidence))
 
 
-def _google_device_id(path: str) -> str | None:
-    try:
-        if _read(os.path.join(path, "vendor")) != GOOGLE_PCI_VENDOR:
-            return None
-        return _read(os.path.join(path, "device"))
-    except OSError:
-        return None
-
-
 def _exposed_through_vfio(path: str, root: str) -> bool:
     """The device's IOMMU group (a link whose name is the group's number) is a file in /dev/vfio."""
     try:
@@ -142,11 +130,6 @@ def _exposed_through_vfio(path: str, root: str) -> bool:
     except OSError:
         return False
     return os.path.exists(os.path.join(root, "dev/vfio", group))
-
-
-def _read(path: str) -> str:
-    with open(path, encoding="ascii", errors="replace") as f:
-        return f.read().strip().lower()
 
 
 def requested_device(environ: Mapping[str, str]) -> str | None:

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Collection, Mapping
 
 from ..errors import LaunchArgumentError
+from . import pci
 from ..plan import StartMethod
 from .hosted import hosted_service
 
@@ -282,17 +283,7 @@ def describe(info: XlaInfo) -> str:
 
 def _pci_tpu_chips(root: str) -> list[int]:
     """TPU generations of the Google TPU chips on PCI (sysfs), one entry per chip."""
-    chips = []
-    for vendor_path in glob.glob(os.path.join(root, "sys/bus/pci/devices/*/vendor")):
-        try:
-            if _read(vendor_path) != GOOGLE_PCI_VENDOR:
-                continue
-            device = _read(os.path.join(os.path.dirname(vendor_path), "device"))
-        except OSError:
-            continue
-        if device in TPU_PCI_DEVICES:
-            chips.append(TPU_PCI_DEVICES[device])
-    return chips
+    return [TPU_PCI_DEVICES[device] for _, device in pci.google_functions(root) if device in TPU_PCI_DEVICES]
 
 
 def _numbered(root: str, pattern: str) -> list[str]:

@@ -14,12 +14,16 @@ from typing import TYPE_CHECKING, Any
 from .. import protocol
 from ..state import DONE, FAILED, STOPPED
 from ..supervise import interrupts, outcome
+from ..supervise.oom import MemoryWatch
+from ..supervise.resource_watch import ResourceWatch
 from ..supervise.supervisor import Step, Supervisor
 from ..supervise.watch import RankWatch, Watcher
 from ..channels import commands
 
 if TYPE_CHECKING:
     from ..channels import RankProcess
+    from ..logs import LogWriter
+    from ..state import RunState
     from .transport import CallInterrupts
 
 log = logging.getLogger("notebook_launch")
@@ -55,7 +59,8 @@ class CallSupervisor(Supervisor):
     def __init__(self, *args: Any, grace: float, slot: CallInterrupts, call_number: int,
                  send: Callable[[], None], events: dict[int, protocol.EventReader] | None = None,
                  command_fds: list[int] | None = None, idle_ranks: frozenset[int] = frozenset(),
-                 **kwargs: Any) -> None:
+                 memory: MemoryWatch | None = None, **kwargs: Any) -> None:
+        self.memory = memory   # the pool's, kept across calls (resource_watch)
         super().__init__(*args, **kwargs)
         self.idle_ranks = idle_ranks   # global ranks this call does not run on (%%ranks --ranks)
         self.grace = grace
@@ -67,6 +72,9 @@ class CallSupervisor(Supervisor):
         for watch in self.watches:   # the between-calls reader may hold the start of a frame
             if events is not None and watch.local_rank in events:
                 watch.events = events[watch.local_rank]
+
+    def resource_watch(self, state: RunState, logs: LogWriter) -> ResourceWatch:
+        return ResourceWatch(self.watches, state, logs, memory=self.memory)
 
     def step(self, wait: float) -> Step:
         if self._send is not None:

@@ -16,13 +16,21 @@ def encode(command: Command, payload: Any) -> Frame:
     """One frame; encode once and send the same frame to every rank. Big tensors' bytes go
     to a fresh memfd (one copy, at memory speed), the rest into the bytes."""
     import cloudpickle
-    fd = shared_tensors.create_file()
+    made: list[int | None] = []   # the memfd, made when the first big part comes (most calls: none)
+
+    def make() -> int | None:
+        made.append(shared_tensors.create_file())
+        return made[0]
+
+    fd: int | None = None
     try:
-        data = shared_tensors.dumps((Command(command).value, payload), fd, base=cloudpickle.Pickler)
+        data = shared_tensors.dumps((Command(command).value, payload), make, base=cloudpickle.Pickler)
+        fd = made[0] if made else None
         if fd is not None and os.fstat(fd).st_size == 0:
             close_fd(fd)
             fd = None
     except BaseException:
+        fd = made[0] if made else None
         if fd is not None:
             close_fd(fd)
         raise

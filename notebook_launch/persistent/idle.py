@@ -15,9 +15,10 @@ handed over both ways, so no frame is ever read by halves.
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
-import selectors
+import select
 import threading
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
@@ -70,7 +71,14 @@ class CellWatch:
 
 class IdleReader:
     """The ranks' one reader between calls: a daemon thread for the life of the ranks;
-    ``pause`` hands the pipes to a call, ``resume`` takes them back, ``stop`` ends it."""
+    ``pause`` hands the pipes to a call, ``resume`` takes them back, ``stop`` ends it.
+
+    Why two epolls: the ranks' fds are in an inner epoll, and the thread waits on an outer one
+    that holds the inner's fd (ready when any rank fd is) and a wake pipe. ``pause`` takes the
+    inner out of the outer and ``resume`` puts it back (one epoll_ctl each, legal while the thread
+    waits), so during a call the thread sleeps on: the rank's RESULT that wakes the call's
+    supervisor does not also wake this thread, and no GIL handoff to it is on a call's path (with
+    one epoll the thread woke at every call, once for the result and once at the resume)."""
 
     def __init__(self, processes: Sequence[RankProcess], pipes: Sequence[RankPipes], logs: RunLogs,
                  tag: Callable[[int], str], events: dict[int, protocol.EventReader],
@@ -84,34 +92,44 @@ class IdleReader:
         self.show = show            # whether lines go to the notebook now
         self.splitters = {(local, what): LineSplitter() for local in range(len(self.pipes)) for what in STREAMS}
         self._wake_r, self._wake_w = os.pipe()
-        self._selector = selectors.DefaultSelector()
+        self._keys: dict[int, tuple[int, str]] = {}   # fd in the inner epoll -> (local rank or index, what)
+        self._inner = select.epoll()
+        self._outer = select.epoll()
         for local, rank_pipes in enumerate(self.pipes):
             for fd, what in ((rank_pipes.events_r, "events"), (rank_pipes.stdout_r, "stdout"),
                              (rank_pipes.stderr_r, "stderr")):
                 if fd not in rank_pipes.closed:
                     os.set_blocking(fd, False)
-                    self._selector.register(fd, selectors.EVENT_READ, (local, what))
+                    self._watch(fd, local, what)
         for index, process in enumerate(self.processes):
             if process.sentinel is not None:
-                self._selector.register(process.sentinel, selectors.EVENT_READ, (index, "exit"))
-        self._selector.register(self._wake_r, selectors.EVENT_READ, (-1, "wake"))
+                self._watch(process.sentinel, index, "exit")
+        self._outer.register(self._wake_r, select.EPOLLIN)
+        self._outer.register(self._inner.fileno(), select.EPOLLIN)
         self._closing = False
-        self._paused = False                  # set by pause, under no lock: the thread reads it under _batch
-        self._batch = threading.Lock()        # held by the thread while it handles what one select returned
-        self._resumed = threading.Event()     # the thread waits on it while paused
-        self._resumed.set()
+        self._paused = False                  # set by pause; the thread reads it under _batch
+        self._batch = threading.Lock()        # held by the thread while it handles what one wait returned
         self._thread = threading.Thread(target=self._loop, name="notebook_launch-ranks-between-calls",
                                         daemon=True)
         self._thread.start()
+
+    def _watch(self, fd: int, local: int, what: str) -> None:
+        self._inner.register(fd, select.EPOLLIN)
+        self._keys[fd] = (local, what)
+
+    def _unwatch(self, fd: int) -> None:
+        if self._keys.pop(fd, None) is not None:
+            with contextlib.suppress(OSError):   # closed already: the kernel dropped it
+                self._inner.unregister(fd)
 
     def pause(self) -> dict[int, protocol.EventReader]:
         """Stop reading until ``resume`` and return the event readers, which may hold the start
         of a frame. Cheap: the thread is not woken; a batch it is handling is finished first,
         and from then on it reads nothing (it checks under the same lock)."""
-        self._resumed.clear()
-        self._paused = True
         with self._batch:
-            pass
+            if not self._paused:
+                self._paused = True
+                self._outer.unregister(self._inner.fileno())
         for (local, what), splitter in self.splitters.items():   # a line cut by the call's start
             for text in splitter.flush():
                 self._line(local, what, text)
@@ -122,19 +140,19 @@ class IdleReader:
         """Read again after a call; ``events``: the call's readers (a frame may have begun)."""
         for local, reader in events.items():
             self.events[local] = reader
-        for key in list(self._selector.get_map().values()):   # what the call closed (a rank's EOF)
-            local, what = key.data
-            if what in ("events", *STREAMS) and key.fd in self.pipes[local].closed:
-                self._selector.unregister(key.fd)
-        self._paused = False
-        self._resumed.set()
+        for fd, (local, what) in list(self._keys.items()):   # what the call closed (a rank's EOF)
+            if what in ("events", *STREAMS) and fd in self.pipes[local].closed:
+                self._unwatch(fd)
+        with self._batch:
+            if self._paused:
+                self._paused = False
+                self._outer.register(self._inner.fileno(), select.EPOLLIN)
 
     def stop(self) -> dict[int, protocol.EventReader]:
         """End the thread, read what the pipes hold (the ranks' last lines), free its fds."""
         events = self.pause()
         self._closing = True
         os.write(self._wake_w, b"x")
-        self._resumed.set()
         self._thread.join()
         with best_effort("the ranks' last output was not read"):
             self._drain()
@@ -142,7 +160,8 @@ class IdleReader:
             for text in splitter.flush():
                 self._line(local, what, text)
         self.logs.flush()
-        self._selector.close()
+        self._inner.close()
+        self._outer.close()
         os.close(self._wake_r)
         os.close(self._wake_w)
         return events
@@ -150,38 +169,33 @@ class IdleReader:
     # --- the thread -----------------------------------------------------------------------
     def _loop(self) -> None:
         while not self._closing:
-            ready = self._selector.select()
+            self._outer.poll()
             with self._batch:
                 if self._closing:
                     return
-                paused = self._paused
-                if not paused:
+                if not self._paused:   # paused: the inner is out of the outer; the next wait sleeps
                     # a logging problem: say so, and keep the pipes flowing
                     with best_effort("the between-calls reader of the ranks failed on a batch"):
-                        self._handle(ready)
-            if paused:   # a call reads the pipes now: wait for it to end (woken once per call at most)
-                self._resumed.wait()
+                        self._handle(self._inner.poll(0))
 
-    def _handle(self, ready: list[tuple[selectors.SelectorKey, int]]) -> None:
-        for key, _ in ready:
-            if self._selector.get_map().get(key.fd) is not key:
+    def _handle(self, ready: list[tuple[int, int]]) -> None:
+        for fd, _ in ready:
+            key = self._keys.get(fd)
+            if key is None:
                 continue   # unregistered meanwhile (an end of file earlier in this batch)
-            local, what = key.data
-            if what == "wake":
-                os.read(self._wake_r, 64)
-            elif what == "exit":
-                self._selector.unregister(key.fd)
+            local, what = key
+            if what == "exit":
+                self._unwatch(fd)
                 self.on_exit(self.processes[local])
             else:
-                self._read(key.fd, local, what)
+                self._read(fd, local, what)
         self.logs.flush()
 
     def _drain(self) -> None:
         """Read what is already in the pipes, without waiting for more."""
-        for key in list(self._selector.get_map().values()):
-            local, what = key.data
+        for fd, (local, what) in list(self._keys.items()):
             if what in ("events", *STREAMS):
-                while self._read(key.fd, local, what):
+                while self._read(fd, local, what):
                     pass
 
     def _read(self, fd: int, local: int, what: str) -> bool:
@@ -189,7 +203,7 @@ class IdleReader:
         if data is None:
             return False
         if not data:   # the rank closed it or ended: stop watching it (the pool closes it)
-            self._selector.unregister(fd)
+            self._unwatch(fd)
             return False
         if what == "events":
             for kind, payload in self.events[local].feed(data):

@@ -18,6 +18,7 @@ from ..display import choose_display
 from ..notebook_streams import OUT
 from ..options import LaunchOptions
 from ..session import open_logs
+from ..supervise.oom import MemoryWatch
 from .idle import CellWatch, IdleReader
 from .transport import RankTransport, exited
 
@@ -41,6 +42,15 @@ class RankLife:
         self.lost: str | None = None
         self._idle: IdleReader | None = None
         self._cells: CellWatch | None = None
+        self.memory: MemoryWatch | None = None   # the ranks' resource sampler, kept across calls
+
+    def memory_watch(self) -> MemoryWatch:
+        """The sampler of these ranks' resources, their calls' one (``call.CallSupervisor``):
+        rounds SAMPLE_EVERY apart across calls, each call's rows start from the last round."""
+        if self.memory is None:
+            assert self.plan is not None
+            self.memory = MemoryWatch((spec.local_rank, spec.global_rank) for spec in self.plan.ranks)
+        return self.memory
 
     def start(self) -> None:
         """Start the ranks through the transport, and their between-calls reader; the first
@@ -118,6 +128,9 @@ class RankLife:
         if not graceful:
             self._stop_idle()
         self.transport.stop(graceful, before_kill=self._stop_idle)
+        memory, self.memory = self.memory, None   # fresh ranks get a fresh sampler
+        if memory is not None:
+            memory.resources.close()
 
     def close(self) -> None:
         """``Ranks.close()``: STOP the ranks (a grace, then SIGKILL), and close the run folder."""

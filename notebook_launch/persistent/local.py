@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import signal
 import threading
+import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -31,6 +32,7 @@ from ..rank.serve import serve_calls
 from ..session import launch_line
 from ..supervise import outcome
 from ..supervise.kernel_oom import OomBaseline, sigkill_words
+from ..supervise.resources import SAMPLE_EVERY
 from . import command_frames
 from .transport import STOP_GRACE, LogsFor, LostBetweenCalls, RankTransport, exited, wait_for_ends
 
@@ -55,6 +57,7 @@ class LocalTransport(RankTransport):
         self._run_mark = ""                # NOTEBOOK_LAUNCH_RUN_ID of the current ranks (leftovers.sweep)
         self._reaping = threading.Lock()   # a rank's group is ended before it is reaped, by one thread
         self._idle_oom: OomBaseline | None = None   # the kernel's OOM counts as the ranks last went idle
+        self._idle_pids: set[int] = set()           # the ranks _idle_oom saw
 
     def start(self, logs_for: LogsFor) -> LaunchPlan:
         target, plan, run_id = plan_launch(self.options)
@@ -126,9 +129,15 @@ class LocalTransport(RankTransport):
 
     def idle_begins(self) -> None:
         """The kernel's OOM counts and each live rank's memory cgroup now: a rank SIGKILLed before
-        the next call is said as the OOM killer's only where the kernel counted it since."""
-        self._idle_oom = OomBaseline((p.pid for p in self.processes if not exited(p)),
-                                     during="since the ranks last went idle")
+        the next call is said as the OOM killer's only where the kernel counted it since. Read
+        again only once the last read is SAMPLE_EVERY old (or the ranks changed): calls a
+        millisecond apart read /proc/vmstat and every rank's cgroup once a second, not per call
+        (issue 45); the kernel log, which verdict() reads first, names the killed pid either way."""
+        pids = {p.pid for p in self.processes if not exited(p)}
+        last = self._idle_oom
+        if last is not None and pids == self._idle_pids and time.monotonic() - last.started < SAMPLE_EVERY:
+            return
+        self._idle_oom, self._idle_pids = OomBaseline(pids, during="since the ranks last went idle"), pids
 
     def lost_between_calls(self, gone: list[RankProcess], logs: RunLogs, num_processes: int) -> LostBetweenCalls:
         """The first rank found ended: the next call runs on fresh ranks (saying so), a SIGKILL in

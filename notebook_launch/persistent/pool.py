@@ -336,7 +336,8 @@ class Ranks:
                                         grace=self.grace, slot=transport.interrupts, call_number=self.calls,
                                         rank_displays=session.rank_displays, send=lambda: transport.send(frame),
                                         events=events, command_fds=transport.result_fds,
-                                        idle_ranks=idle, stall_after=None if quiet else watch.stall_after)
+                                        idle_ranks=idle, stall_after=None if quiet else watch.stall_after,
+                                        memory=self._life.memory_watch())
             self._supervisor = supervisor
             try:
                 results = supervisor.run()

@@ -179,7 +179,8 @@ def call_and_report(spec: RankSpec, job: Job, writer: protocol.EventWriter, own_
         report_error(protocol.error_payload(exc, skip_frames=own_frames), writer)
         return EXIT_FAILED
     try:
-        payload = serialize_result(value, writer.result_file(), main_classes_by_reference=forked_from_notebook)
+        # the result file is made only if a big part comes (``shared_tensors.Appender``)
+        payload = serialize_result(value, writer.result_file, main_classes_by_reference=forked_from_notebook)
     except (OSError, MemoryError) as exc:   # the result file (out of memory, a memfd limit) or the stream
         report_error(result_memory_failure(spec, exc), writer)
         return EXIT_FAILED
@@ -237,7 +238,8 @@ def report_error(payload: protocol.ErrorPayload, writer: protocol.EventWriter | 
     writer.send(protocol.ERROR, payload)
 
 
-def serialize_result(value: Any, tensors_fd: int | None = None, *, main_classes_by_reference: bool = False) -> bytes:
+def serialize_result(value: Any, tensors_fd: int | None | Callable[[], int | None] = None, *,
+                     main_classes_by_reference: bool = False) -> bytes:
     """The RESULT payload: ``value`` pickled with cloudpickle (``__main__`` classes by reference
     when the rank is a fork of the notebook, see result_pickle); the bytes of its tensors and
     numpy arrays, and a big stream, go to ``tensors_fd`` (see shared_tensors).

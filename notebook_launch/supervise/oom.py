@@ -33,7 +33,7 @@ from . import kernel_oom
 from .allocation_failure import ADVICE, allocation_text, machine_text
 from .kernel_oom import CGROUP_ROOT, KERNEL_LOG_RETRIES, KernelKill, KillVerdict, OomBaseline, cgroup_limit, \
     cgroup_oom_kills, counter, memory_cgroup_of, sigkill_words
-from .resources import ResourceSampler
+from .resources import SAMPLE_EVERY, ResourceSampler
 
 if TYPE_CHECKING:
     from .outcome import RankEnd
@@ -130,6 +130,20 @@ class MemoryWatch:
         self.notebook_cgroup = memory_cgroup_of(os.getpid())
         self.warned = False
         self.baseline.see_cgroup(self.notebook_cgroup)
+
+    def begin_call(self, now: float | None = None) -> None:
+        """A call on persistent ranks begins with this watch (kept across the pool's calls): the
+        OOM counts are read again when the last read is SAMPLE_EVERY old or more (a death during
+        the call is then weighed against counts at most that old: the kernel log, read first,
+        names the killed pid either way), and the low-memory warning may come once more."""
+        now = time.monotonic() if now is None else now
+        if now - self.baseline.started >= SAMPLE_EVERY:
+            old = self.baseline
+            self.baseline = OomBaseline(during=old.during)
+            self.baseline.cgroups = dict(old.cgroups)
+            for folder in old.cgroup_kills:
+                self.baseline.see_cgroup(folder)
+        self.warned = False
 
     def sample(self, pids: dict[int, int], now: float | None = None,
                devices: dict[int, str] | None = None) -> str | None:

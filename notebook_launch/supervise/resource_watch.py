@@ -26,12 +26,21 @@ if TYPE_CHECKING:
 class ResourceWatch:
     """The resources of the ranks of ``watches``, into ``state`` (rows, header) and ``logs``."""
 
-    def __init__(self, watches: Sequence[RankWatch], state: RunState, logs: LogWriter) -> None:
+    def __init__(self, watches: Sequence[RankWatch], state: RunState, logs: LogWriter,
+                 memory: oom.MemoryWatch | None = None) -> None:
+        """``memory``: a watch kept across the calls of persistent ranks (their pool's, which
+        closes it): a call then starts from its last round, shown in the call's rows at once,
+        and rounds stay SAMPLE_EVERY apart across calls instead of one more per call (a call of a
+        millisecond spent half of it reading /proc, issue 45). None: this run's own."""
         self.watches = watches
         self.state = state
         self.logs = logs
+        self.owned = memory is None
         # the OOM counters at the start, each rank's memory as last sampled (an OOM death named)
-        self.memory = oom.MemoryWatch((rs.local_rank, rs.rank) for rs in state.ranks)
+        self.memory = oom.MemoryWatch((rs.local_rank, rs.rank) for rs in state.ranks) if memory is None else memory
+        if memory is not None:
+            memory.begin_call()
+            memory.resources.show(state)
         with best_effort("could not read when the ranks started"):
             self.memory.resources.note_births(self.sampled_pids())
 
@@ -99,5 +108,6 @@ class ResourceWatch:
         return self.memory.name_kill(end, watch.local_rank, process.pid, live)
 
     def close(self) -> None:
-        """Release what the sampler holds (NVML)."""
-        self.memory.resources.close()
+        """Release what the sampler holds (NVML), if this run's own."""
+        if self.owned:
+            self.memory.resources.close()

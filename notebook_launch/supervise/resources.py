@@ -141,9 +141,12 @@ class ResourceSampler:
         the other's "avg cpu 56%")."""
         now = time.monotonic() if now is None else now
         for local, pid in pids.items():
+            if local in self._born and self._pids.get(local, pid) == pid:
+                continue   # known (a call on persistent ranks): no /proc read
             times = cpu_times(pid)
-            if times is not None and local not in self._born:
+            if times is not None:
                 self._born[local] = now - times[1]
+                self._pids.setdefault(local, pid)
 
     def ended(self, local: int, peak_rss: int, cpu_seconds: float | None = None,
               now: float | None = None) -> None:
@@ -194,6 +197,11 @@ class ResourceSampler:
             if own_known and now - self._logged.get(local, -LOG_EVERY) >= LOG_EVERY:
                 self._logged[local] = now
                 logs.write_block(local, usage_log_text(self.usage[local]))
+
+    def show(self, state: "RunState") -> None:
+        """A new run state (the next call on persistent ranks) gets the last round at once."""
+        if self.usage:
+            state.on_resources(dict(self.usage), self.machine)
 
     def gpu_watch(self, devices: Mapping[int, str]) -> "GpuWatch | None":
         """NVML, opened the first time a rank has a GPU (never imported otherwise)."""

@@ -68,7 +68,7 @@ class Supervisor:
         self.processes = list(processes)
         self.watcher = self.watcher_class(self.processes, pipes_by_rank, self)
         self.watches = self.watcher.watches
-        self.resources = ResourceWatch(self.watches, state, logs)   # each rank's CPU, memory, GPU; OOM deaths
+        self.resources = self.resource_watch(state, logs)   # each rank's CPU, memory, GPU; OOM deaths
         self.resources.sample()
         self.first_failure: Failure | None = None
         self._stopped = False
@@ -79,6 +79,10 @@ class Supervisor:
         self.hangs = HangWatch(self.watches, state, logs, stall_after=stall_after, global_rank=self.global_rank,
                                waits_for_answer=self.prompts.waits_for_answer, done_note=self.done_note,
                                ask=self.whereabouts)
+
+    def resource_watch(self, state: RunState, logs: "LogWriter") -> ResourceWatch:
+        """This run's resource watch (a call on persistent ranks reuses its pool's sampler)."""
+        return ResourceWatch(self.watches, state, logs)
 
     # --- the loop ----------------------------------------------------------
     def run(self) -> list[Any]:

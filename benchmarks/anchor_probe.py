@@ -1,0 +1,75 @@
+"""Run inside an anchor's own venv (scripts/setup-anchors.sh): times Meta's Monarch persistent
+actors or torchrunx launches, and prints one JSON line. Imports nothing of this project, so the
+anchor's venv needs only torch and the anchor.
+
+    .venv-monarch/bin/python -m benchmarks.anchor_probe monarch CALLS
+    .venv-torchrunx/bin/python -m benchmarks.anchor_probe torchrunx RANKS REPEATS
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+
+
+def monarch_calls(calls: int) -> dict:
+    """Start to the first call on 2 procs (an actor spawned on each), then ``calls`` warm calls
+    of a trivial endpoint, each ``.call().get()``: every proc's value back, as ``ranks.run``."""
+    from monarch.actor import Actor, current_rank, endpoint, this_host
+
+    class Trivial(Actor):
+        @endpoint
+        def rank(self) -> int:
+            return int(current_rank().rank)
+
+    started = time.perf_counter()
+    procs = this_host().spawn_procs(per_host={"procs": 2})
+    actors = procs.spawn("trivial", Trivial)
+    first = actors.rank.call().get()
+    to_first = time.perf_counter() - started
+    samples = []
+    for _ in range(calls):
+        began = time.perf_counter()
+        actors.rank.call().get()
+        samples.append(time.perf_counter() - began)
+    values = sorted(value for _, value in first.items())
+    return {"start_to_first": to_first, "warm": samples, "values": values}
+
+
+def trivial() -> int:
+    return int(os.environ.get("RANK", "0"))
+
+
+def torchrunx_launches(ranks: int, repeats: int) -> dict:
+    """``repeats`` launches of a trivial function on ``ranks`` local workers after one warm-up,
+    each returning every rank's value (``LaunchResult``)."""
+    import torchrunx
+    launcher = torchrunx.Launcher(hostnames=["localhost"], workers_per_host=ranks, backend=None)
+    launcher.run(trivial)
+    samples, values = [], []
+    for _ in range(repeats):
+        began = time.perf_counter()
+        result = launcher.run(trivial)
+        samples.append(time.perf_counter() - began)
+        values = [result.rank(i) for i in range(ranks)]
+    return {"launch": samples, "values": values}
+
+
+def main(argv: list[str]) -> None:
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    reply = os.dup(1)
+    os.dup2(devnull, 1)   # what the anchor prints goes nowhere, as the 'ours' worker's does
+    if argv[0] == "monarch":
+        out = monarch_calls(int(argv[1]))
+    elif argv[0] == "torchrunx":
+        out = torchrunx_launches(int(argv[1]), int(argv[2]))
+    else:
+        raise SystemExit(f"anchor_probe: unknown anchor {argv[0]!r}")
+    os.write(reply, (json.dumps(out) + "\n").encode())
+    sys.stdout.flush()
+    os._exit(0)   # the anchors' runtimes (Monarch's Rust one) stop with the process
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,210 @@
+"""Item 15: Meta's Monarch beside persistent ranks, torchrunx beside launches (issue 45).
+
+Rows:
+- warm call on 2 persistent ranks: ours (``start_ranks(2)``, then ``ranks.run(f)``) against
+  Monarch (``torchmonarch`` 0.7.0: an actor on each of 2 procs of ``this_host().spawn_procs``,
+  ``actors.f.call().get()``), median with p10 and p90;
+- start to the first call, the same two (imports done before the clock starts);
+- a warm trivial launch on 4 and 8 ranks: ours (``notebook_launcher``) against torch's bare
+  ``start_processes(start_method="fork")`` and torchrunx 0.4.0 (``Launcher.run``: a launch
+  that returns every rank's value).
+
+The function is a notebook's: defined in ``__main__`` (cloudpickled by value, as a notebook
+cell's is), not imported from a module as item 7's once was (a function pickled by reference
+made a call look 5x cheaper than a user's). Each repeat starts a fresh 'ours' worker and a fresh
+Monarch process, in an order that rotates, so each gives one start-to-first-call sample and
+CALLS warm calls. Monarch and torchrunx run in their own venvs beside torch 2.13
+(``scripts/setup-anchors.sh``); where one is missing the row says so.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+from .common import REPO_ROOT
+from .table import Cell, Row, fmt_ratio, ratio
+from .worker import Worker, WorkerError
+
+CALLS = 100
+GOAL_VS_MONARCH = 0.5     # ours' warm median at most this share of Monarch's, and start to first call
+GOAL_TAIL = 2.0           # ours' p90 at most this many times ours' median
+GOAL_LAUNCH = {4: 1.2, 8: 1.3}   # ours / start_processes (fork), warm launch
+PROBE_TIMEOUT = 900
+NOTEBOOK_CELL = "import os\n\ndef trivial():\n    return int(os.environ.get('RANK', '0'))\n"
+
+
+def venv_python(name: str) -> str | None:
+    path = os.path.join(REPO_ROOT, f".venv-{name}", "bin", "python")
+    return path if os.access(path, os.X_OK) else None
+
+
+def notebook_function():
+    """``trivial`` defined in ``__main__``, as a notebook cell defines it."""
+    main = sys.modules["__main__"]
+    exec(compile(NOTEBOOK_CELL, "<notebook cell>", "exec"), main.__dict__)
+    return main.__dict__["trivial"]
+
+
+# --- in the 'ours' worker ------------------------------------------------------------------
+
+def persistent_in_worker(calls: int) -> dict:
+    import time
+
+    from notebook_launch import start_ranks
+    fn = notebook_function()
+    started = time.perf_counter()
+    ranks = start_ranks(2)
+    try:
+        values = ranks.run(fn)
+        to_first = time.perf_counter() - started
+        samples = []
+        for _ in range(calls):
+            began = time.perf_counter()
+            ranks.run(fn)
+            samples.append(time.perf_counter() - began)
+    finally:
+        ranks.close()
+    return {"start_to_first": to_first, "warm": samples, "values": values}
+
+
+# --- in the harness ----------------------------------------------------------------------
+
+def probe(anchor: str, *args: object, log_dir: str) -> dict:
+    python = venv_python(anchor)
+    if python is None:
+        raise FileNotFoundError(f".venv-{anchor} is missing: run `bash scripts/setup-anchors.sh {anchor}`")
+    env = dict(os.environ, PYTHONPATH=REPO_ROOT, TORCHRUNX_LOG_DIR=os.path.join(log_dir, "torchrunx"))
+    with open(os.path.join(log_dir, f"{anchor}.stderr"), "ab") as errors:
+        done = subprocess.run([python, "-m", "benchmarks.anchor_probe", anchor, *map(str, args)], cwd=REPO_ROOT,
+                              env=env, stdout=subprocess.PIPE, stderr=errors, timeout=PROBE_TIMEOUT)
+    lines = done.stdout.decode(errors="replace").strip().splitlines()
+    if done.returncode != 0 or not lines:
+        raise RuntimeError(f"{anchor} probe exited {done.returncode}; see {errors.name}")
+    return json.loads(lines[-1])
+
+
+def ours_persistent(calls: int, log_dir: str) -> dict:
+    worker = Worker("ours", log_dir=log_dir)
+    try:
+        return worker.ask(op="anchor_persistent", calls=calls)
+    finally:
+        worker.close()
+
+
+def run(config: dict, log_dir: str, say) -> list:
+    calls = 20 if config["quick"] else CALLS
+    say(f"item 15: persistent ranks vs Monarch ({config['repeats']} x {calls} calls), launches vs torchrunx")
+    found: dict = {"ours": {"start": [], "warm": []}, "monarch": {"start": [], "warm": []}}
+    errors: dict = {}
+    for repeat in range(config["repeats"]):
+        for name in (["ours", "monarch"] if repeat % 2 == 0 else ["monarch", "ours"]):
+            if name in errors:
+                continue
+            try:
+                reply = ours_persistent(calls, log_dir) if name == "ours" else probe("monarch", calls,
+                                                                                  log_dir=log_dir)
+            except (WorkerError, OSError, RuntimeError, subprocess.TimeoutExpired, ValueError) as exc:
+                errors[name] = f"{type(exc).__name__}: {exc}"[:300]
+                continue
+            found[name]["start"].append(reply["start_to_first"])
+            found[name]["warm"] += reply["warm"]
+    rows = [call_row(found, errors), start_row(found, errors)]
+    for ranks in ([4] if config["quick"] else [4, 8]):
+        rows.append(launch_row(ranks, config, log_dir))
+    return rows
+
+
+def percentile(samples: list, share: float) -> float:
+    ordered = sorted(samples)
+    return ordered[min(len(ordered) - 1, int(share * len(ordered)))]
+
+
+def spread(samples: list) -> str:
+    return (f"p10 {percentile(samples, 0.1) * 1000:.2f} ms, median {percentile(samples, 0.5) * 1000:.2f} ms, "
+            f"p90 {percentile(samples, 0.9) * 1000:.2f} ms")
+
+
+def call_row(found: dict, errors: dict) -> Row:
+    row = Row(item="15", measurement="warm trivial call on 2 persistent ranks, the function a notebook's "
+              "(`__main__`): `ranks.run(f)` vs Monarch 0.7.0 `actors.f.call().get()` (an actor on each of 2 "
+              "procs)", ranks="2", unit="s", group=15,
+              goal=f"median <= {GOAL_VS_MONARCH:g}x Monarch's; p90 <= {GOAL_TAIL:g}x our median")
+    ours, monarch = row.cell("ours"), Cell(label="Monarch")
+    row.cells["other"] = [monarch]
+    for cell, name in ((ours, "ours"), (monarch, "monarch")):
+        cell.samples = found[name]["warm"]
+        if name in errors:
+            cell.text = f"error: {errors[name]}"
+    if not ours.samples or not monarch.samples:
+        row.met = "unknown (error)"
+        return row
+    vs = ratio(ours.median(), monarch.median())
+    tail = ratio(percentile(ours.samples, 0.9), ours.median())
+    row.ratios = (f"ours/Monarch {fmt_ratio(vs)}; ours p90/median {fmt_ratio(tail)}; ours {spread(ours.samples)}; "
+                  f"Monarch {spread(monarch.samples)}")
+    row.met = "yes" if vs is not None and vs <= GOAL_VS_MONARCH and tail is not None and tail <= GOAL_TAIL \
+        else "**NO (missed)**"
+    return row
+
+
+def start_row(found: dict, errors: dict) -> Row:
+    row = Row(item="15", measurement="start to the first call on 2 persistent ranks (imports done): "
+              "`start_ranks(2)` + `run(f)` vs Monarch `spawn_procs` + `spawn` + `call().get()`", ranks="2",
+              unit="s", group=15, goal=f"<= {GOAL_VS_MONARCH:g}x Monarch's")
+    ours, monarch = row.cell("ours"), Cell(label="Monarch")
+    row.cells["other"] = [monarch]
+    ours.samples, monarch.samples = found["ours"]["start"], found["monarch"]["start"]
+    for cell, name in ((ours, "ours"), (monarch, "monarch")):
+        if name in errors:
+            cell.text = f"error: {errors[name]}"
+    vs = ratio(ours.median(), monarch.median())
+    row.ratios = f"ours/Monarch {fmt_ratio(vs)}"
+    row.met = "unknown (error)" if vs is None else ("yes" if vs <= GOAL_VS_MONARCH else "**NO (missed)**")
+    return row
+
+
+def launch_row(ranks: int, config: dict, log_dir: str) -> Row:
+    goal = GOAL_LAUNCH.get(ranks, 1.3)
+    row = Row(item="15", measurement=f"warm trivial launch returning every rank's value, {ranks} ranks: "
+              "`notebook_launcher` vs `start_processes(fork)` vs torchrunx 0.4.0 `Launcher.run` "
+              "(its own venv and process, its launches one after the other)", ranks=str(ranks), unit="s",
+              group=15, goal=f"ours <= {goal:g}x start_processes")
+    workers = {name: Worker(name, log_dir=log_dir) for name in ("ours", "start_processes")}
+    try:
+        for worker in workers.values():
+            worker.ask(op="time", workload="trivial", ranks=ranks)   # warm-up
+        for repeat in range(config["repeats"]):
+            for name in (list(workers) if repeat % 2 == 0 else list(reversed(workers))):
+                reply = workers[name].ask(op="time", workload="trivial", ranks=ranks)
+                row.cell(name).samples.append(reply["seconds"])
+    except WorkerError as exc:
+        row.cell("ours").text = f"error: {exc}"
+    finally:
+        for worker in workers.values():
+            worker.close()
+    runx = Cell(label="torchrunx")
+    row.cells["other"] = [runx]
+    try:
+        reply = probe("torchrunx", ranks, min(3, config["repeats"]), log_dir=log_dir)
+        runx.samples = reply["launch"]
+        if reply["values"] != list(range(ranks)):
+            runx.text = f"wrong values: {reply['values']}"
+    except (OSError, RuntimeError, subprocess.TimeoutExpired, ValueError) as exc:
+        runx.text = f"not available: {type(exc).__name__}: {exc}"[:300]
+    vs = ratio(row.median("ours"), row.median("start_processes"))
+    row.ratios = (f"ours/start_processes {fmt_ratio(vs)}; "
+                  f"torchrunx/ours {fmt_ratio(ratio(runx.median(), row.median('ours')))}")
+    row.met = "unknown (error)" if vs is None else ("yes" if vs <= goal else "**NO (missed)**")
+    return row
+
+
+NOTE = ("Item 15 (benchmarks/anchors.py): Monarch (torchmonarch 0.7.0) and torchrunx (0.4.0) run in their own "
+        "venvs beside torch 2.13 (`bash scripts/setup-anchors.sh`), each from a script that imported it before "
+        "the clock starts. Persistent rows: each repeat starts a fresh 'ours' worker and a fresh Monarch process "
+        f"(order rotating), one start-to-first-call sample and {CALLS} warm calls each; the function is a "
+        "notebook's (`__main__`). Launch rows: ours and start_processes interleaved in their workers as item 1; "
+        "torchrunx's launches one after the other in its own process after one warm-up (at most 3). The SLURM "
+        "side (Monarch's SlurmJob against our SlurmCluster across two nodes) is not measured yet: see "
+        "benchmarks/RESULTS.md.")
