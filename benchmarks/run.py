@@ -5,7 +5,8 @@
 
 (or ``python -m benchmarks.run``). Every timed cell is the median of N runs
 with min and max. --quick shrinks sizes (2 ranks, a 64 MiB tensor, 10^4
-iterations, no untimed warm-up launch, a 25 s soak) to check that the harness works, not to quote. The same run draws the
+iterations, no untimed warm-up launch, a 25 s soak) to check that the harness
+works, not to quote. The same run draws the
 plots of the docs' benchmark page from the table's rows (benchmarks/plots.py):
 launch cost and the first DDP step against rank count (items 1, 2 and 6), result
 transfer against size (item 8), the soak's series over time (item 14).
