@@ -39,12 +39,14 @@ def _record(cells, name, reply):
         cells[name].samples.append(reply["seconds"])
 
 
-def measure_warm(workers, workload, ranks, repeats):
-    """One untimed warm-up call per launcher, then ``repeats`` timed rounds."""
+def measure_warm(workers, workload, ranks, repeats, warm_ups=1):
+    """``warm_ups`` untimed warm-up calls per launcher (one; none in quick mode, whose numbers are not
+    quoted: each spawn-class warm-up starts Pythons that import torch), then ``repeats`` timed rounds."""
     cells = {name: Cell() for name in workers}
     for name, worker in workers.items():
         try:
-            worker.ask(op="time", workload=workload, ranks=ranks)
+            for _ in range(warm_ups):
+                worker.ask(op="time", workload=workload, ranks=ranks)
         except WorkerError as exc:
             cells[name] = Cell(text=f"error: {exc}")
     for repeat in range(repeats):
@@ -171,7 +173,7 @@ def run(config, log_dir, say=print):
     workers = start_workers(LAUNCHERS, log_dir) if config["trivial_ranks"] else {}
     try:
         for ranks in config["trivial_ranks"]:
-            cells = measure_warm(workers, "trivial", ranks, repeats)
+            cells = measure_warm(workers, "trivial", ranks, repeats, config.get("warm_ups", 1))
             rows.append(make_row("trivial", "warm", ranks, cells, goal_item_for("trivial", ranks, "warm")))
     finally:
         close_workers(workers)
@@ -186,7 +188,7 @@ def run(config, log_dir, say=print):
         say(f"items 2/6: first trained step, warm processes, {ranks} ranks ({', '.join(launchers)})")
         workers = start_workers(launchers, log_dir)
         try:
-            cells = measure_warm(workers, "first_step", ranks, repeats)
+            cells = measure_warm(workers, "first_step", ranks, repeats, config.get("warm_ups", 1))
         finally:
             close_workers(workers)
         rows.append(make_row("first_step", "warm", ranks, cells, goal_item_for("first_step", ranks, "warm")))

@@ -5,7 +5,8 @@
 
 (or ``python -m benchmarks.run``). Every timed cell is the median of N runs
 with min and max. --quick shrinks sizes (2 ranks, a 64 MiB tensor, 10^4
-iterations) to check that the harness works, not to quote. The same run draws the
+iterations, no untimed warm-up launch, a 25 s soak) to check that the harness
+works, not to quote. The same run draws the
 plots of the docs' benchmark page from the table's rows (benchmarks/plots.py):
 launch cost and the first DDP step against rank count (items 1, 2 and 6), result
 transfer against size (item 8), the soak's series over time (item 14).
@@ -37,8 +38,10 @@ ITEMS = ("1", "2", "3", "4", "5", "6", "7", "8", "9", "10", "11", "12", "13", "1
 # Item 14 (benchmarks/soak.py): a compressed day in JupyterLab, and a rank filling its log folder's disk
 SOAK_FULL = dict(soak_ranks=8, soak_seconds=360, soak_sample_seconds=10, soak_settle_seconds=60,
                  soak_disk_mb=64, soak_keep_mb=32, soak_log_mb=1000)
-SOAK_QUICK = dict(soak_ranks=2, soak_seconds=45, soak_sample_seconds=5, soak_settle_seconds=15,
-                  soak_disk_mb=16, soak_keep_mb=8, soak_log_mb=64)
+# Quick (the smoke test, tests/test_benchmarks_smoke_soak.py): the shortest soak that still has three
+# samples after settling (a slope) and a log twice the disk's size (the disk fills, the run returns).
+SOAK_QUICK = dict(soak_ranks=2, soak_seconds=25, soak_sample_seconds=5, soak_settle_seconds=10,
+                  soak_disk_mb=16, soak_keep_mb=8, soak_log_mb=32)
 DEFAULT_OUT = os.path.join(REPO_ROOT, "benchmarks", "RESULTS.md")
 DEFAULT_PLOTS = os.path.join(REPO_ROOT, "docs", "images", "benchmarks")
 
@@ -51,7 +54,7 @@ def make_config(quick: bool, repeats: int) -> dict:
                     step_launchers=["ours", "accelerate", "start_processes"], step_launchers_at={},
                     fresh_launchers=["ours", "accelerate"], tensor_mib=64, memory_ranks=2, iterations=10**4,
                     spawn_ranks=[2], spawn_step_launchers=["ours", "ours_spawn"], spawn_fresh_workloads=["trivial"],
-                    **SOAK_QUICK)
+                    warm_ups=0, **SOAK_QUICK)   # no untimed warm-up launch: its numbers are not quoted
     return dict(quick=False, repeats=repeats, trivial_ranks=[1, 2, 4, 8], fresh_ranks=[2],
                 fresh_launchers=all_launchers,
                 step_ranks=[1, 2, 4, 8], step_launchers=["ours", "accelerate", "start_processes"],
@@ -152,7 +155,9 @@ def notes(config: dict, elapsed: float) -> list:
         "process (one per launcher, started fresh for each first-step row) that imported torch and the "
         "launcher before any timing; the harness asks them in turn and the order rotates every repeat, "
         "so drift on the machine affects all launchers alike. fd 1 of every process points at /dev/null.",
-        "Warm process rows: one untimed warm-up call per launcher, then the timed calls. Fresh process "
+        ("Warm process rows: one untimed warm-up call per launcher, then the timed calls. " if config.get(
+            "warm_ups", 1) else "Warm process rows (quick mode): no untimed warm-up call, the timed calls only. ")
+        + "Fresh process "
         "rows: every sample is the first launch in a new interpreter (no warm-up), which is what the "
         "first launch in a newly started notebook kernel costs, one-time imports included. This project's "
         "modules are compiled to bytecode first, as an installed package's (and the anchors') are.",

@@ -89,7 +89,7 @@ def run(config, log_dir, say=print):
             say(f"item 13: {workload}, spawn-class starts, warm processes, {ranks} ranks")
             workers = start_workers(launchers, log_dir)
             try:
-                cells = measure_warm(workers, workload, ranks, repeats)
+                cells = measure_warm(workers, workload, ranks, repeats, config.get("warm_ups", 1))
                 if workload == "trivial" and ranks == config["spawn_ranks"][0]:
                     memory = start_process_memory(workers)
             finally:
