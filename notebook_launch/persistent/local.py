@@ -136,6 +136,8 @@ class LocalTransport(RankTransport):
         pids = {p.pid for p in self.processes if not exited(p)}
         last = self._idle_oom
         if last is not None and pids == self._idle_pids and time.monotonic() - last.started < SAMPLE_EVERY:
+            for pid in pids:   # a rank may have moved to another cgroup during the call (one small read each)
+                last.see_process(pid)
             return
         self._idle_oom, self._idle_pids = OomBaseline(pids, during="since the ranks last went idle"), pids
 
