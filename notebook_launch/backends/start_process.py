@@ -445,6 +445,19 @@ def running() -> StartProcess | None:
     return _current
 
 
+def held_fds() -> set[int]:
+    """The descriptors the notebook holds for its start process (its socket and the ranks' ends
+    pipe): opened with it and kept for its life, across launches, like the orphan keeper's
+    (``leftovers.keeper_fds``). What a check for descriptors a launch left open leaves out."""
+    process = _current
+    if process is None:
+        return set()
+    try:
+        return {process.sock.fileno(), process.reports} - {-1}
+    except OSError:
+        return set()
+
+
 def stop() -> None:
     """End the start process (a kernel restart and the notebook's end do it too)."""
     global _current
