@@ -32,7 +32,9 @@ GOAL_VS_MONARCH = 0.5     # ours' warm median at most this share of Monarch's, a
 GOAL_TAIL = 2.0           # ours' p90 at most this many times ours' median
 GOAL_LAUNCH = {4: 1.2, 8: 1.3}   # ours / start_processes (fork), warm launch
 PROBE_TIMEOUT = 900
-NOTEBOOK_CELL = "import os\n\ndef trivial():\n    return int(os.environ.get('RANK', '0'))\n"
+# ``os`` imported inside: ipyparallel runs a __main__ function against its engines' namespace, where a
+# cell's imports are not (a user would run ``%px import os`` first)
+NOTEBOOK_CELL = "def trivial():\n    import os\n    return int(os.environ.get('RANK', '0'))\n"
 
 
 def venv_python(name: str) -> str | None:

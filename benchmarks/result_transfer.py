@@ -377,13 +377,18 @@ def _memfd_bytes_written_by(action) -> int:
     """Run ``action``; return the largest tensor memfd the notebook made meanwhile (its bytes
     are in no process's RSS: written with pwrite, then mapped by the ranks)."""
     from notebook_launch import shared_tensors
-    seen = []
+    seen: list[int] = []
     real = shared_tensors.dumps
 
     def dumps(value, fd, base=None):
-        data = real(value, fd, base)
-        if fd is not None:
-            seen.append(os.fstat(fd).st_blocks * 512)
+        made = [] if callable(fd) else [fd]   # a function: it makes the memfd at the first big part
+
+        def make():
+            made.append(fd())
+            return made[-1]
+
+        data = real(value, make if callable(fd) else fd, base)
+        seen.extend(os.fstat(file).st_blocks * 512 for file in made if file is not None)
         return data
 
     shared_tensors.dumps = dumps

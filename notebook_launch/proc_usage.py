@@ -75,24 +75,3 @@ def machine_memory(helpers: Mapping[str, int] | None = None) -> MachineMemory | 
     return MachineMemory(found["MemTotal"], found.get("MemAvailable"), held)
 
 
-MAX_DESCENDANTS = 256   # processes a walk of one rank's tree reads at most
-
-
-def descendants(pid: int) -> dict[int, str]:
-    """The live processes below ``pid`` (its children, theirs, ...): pid -> command name (``comm``),
-    from each thread's ``children`` file (a child started from any thread is there). Empty where
-    /proc lacks those files (a kernel without CONFIG_PROC_CHILDREN) or ``pid`` ended."""
-    found: dict[int, str] = {}
-    queue = [pid]
-    while queue and len(found) < MAX_DESCENDANTS:
-        parent = queue.pop()
-        try:
-            threads = os.listdir(f"/proc/{parent}/task")
-        except OSError:
-            continue
-        for tid in threads:
-            for child in (read_text(f"/proc/{parent}/task/{tid}/children") or "").split():
-                if child.isdigit() and int(child) not in found and int(child) != pid:
-                    found[int(child)] = (read_text(f"/proc/{child}/comm") or "?").strip()
-                    queue.append(int(child))
-    return found

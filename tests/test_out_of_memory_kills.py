@@ -167,7 +167,7 @@ def launch_with_a_child_killed(tmp_path, log_dir, cgroup, mode, monkeypatch) -> 
     seen.write_text("")
     walk = oom.descendants
 
-    def noting(pid: int) -> dict[int, str]:
+    def noting(pid: int) -> list[int]:
         found = walk(pid)
         with open(seen, "a") as file:
             file.write(" " + " ".join(map(str, found)) + " \n")

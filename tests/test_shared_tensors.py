@@ -112,7 +112,7 @@ class NothingLeftBehind:
         now = fd_links()
         from notebook_launch.backends.start_process import held_fds
         from notebook_launch.leftovers import keeper_fds
-        kept = {str(fd) for fd in keeper_fds() | held_fds()}   # the keeper's and the start process's: kept across launches
+        kept = {str(fd) for fd in keeper_fds() | held_fds()}   # the keeper's, the start process's: kept for good
         new_fds = {fd: link for fd, link in now.items() if self.fds.get(fd) != link and fd not in kept}
         assert not new_fds, f"fds left open in the notebook: {new_fds}"
         assert not tensor_file_mappings(), "a tensor file is still mapped with no tensor alive"

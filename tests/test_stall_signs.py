@@ -164,7 +164,7 @@ def test_work_in_processes_below_the_rank_is_not_stalled(function, log_dir):
 
 
 def test_descendants_are_every_threads_children_and_theirs():
-    """``stall.descendants`` finds a child a non-main thread started and that child's own child."""
+    """``descendants`` (diagnose.proc_tasks) finds a child a non-main thread started and that child's own child."""
     from notebook_launch.diagnose.stall import cpu_seconds, descendants
     ready = threading.Event()
     started: list[subprocess.Popen] = []

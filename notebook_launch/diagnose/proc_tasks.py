@@ -1,6 +1,7 @@
 """A process's threads as /proc shows them, the one walk every part of the diagnosis reads:
-``children`` (what any thread of it started and still runs: stall detection counts their CPU
-time, the stack asking asks them, XLA finds its replicas under its launcher), ``task_times``
+``children`` and ``descendants`` (what any thread of it started and still runs: stall detection
+counts their CPU time, the stack asking asks them, XLA finds its replicas under its launcher, the
+OOM watch links a killed child to its rank), ``task_times``
 (each thread's CPU time and wake-ups: whether a silent rank's interpreter lock is held) and
 ``run_delay`` (how long its threads waited for a CPU: a computing rank on a loaded machine).
 
@@ -37,6 +38,25 @@ def children(pid: int) -> list[int]:
     """The processes any thread of ``pid`` started that still run, in pid order."""
     lists = each_task(pid, "children", lambda text: [int(word) for word in text.split()])
     return sorted({child for found in lists.values() for child in found})
+
+
+MAX_DESCENDANTS = 256  # processes one walk of a rank's tree reads at most (DataLoader workers, their children)
+
+
+def descendants(pid: int, limit: int = MAX_DESCENDANTS) -> list[int]:
+    """Every process below ``pid`` (children, grandchildren, ...), at most ``limit`` of them: stall
+    detection counts their CPU time, the OOM watch links what they were to their rank."""
+    found: list[int] = []
+    pending = children(pid)
+    seen = {pid}
+    while pending and len(found) < limit:
+        child = pending.pop(0)
+        if child in seen:   # a pid reused while we walked: never loop
+            continue
+        seen.add(child)
+        found.append(child)
+        pending.extend(children(child))
+    return found
 
 
 def _schedstat(text: bytes) -> tuple[int, int]:

@@ -34,7 +34,7 @@ from __future__ import annotations
 import os
 from typing import Callable, Hashable, Sequence
 
-from .proc_tasks import children, run_delay
+from .proc_tasks import descendants, run_delay
 
 DEFAULT_STALL_AFTER = 300.0
 """notebook_launcher's, start_ranks' and the magics' default, in seconds. Why 300:
@@ -62,7 +62,6 @@ waiting on its queue, less. A rank that computes uses a whole core, or its share
 machine (16 busy processes on 2 cores: 12%). The counters tick every 10 ms, so 5% of a second
 is 5 ticks: one tick of rounding cannot cross it."""
 STACK_GAP = 2.0        # seconds between the two stack samples that confirm a stall
-MAX_DESCENDANTS = 256  # processes below a rank whose CPU time is counted (DataLoader workers, their children)
 _TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 Fingerprint = Hashable   # what a rank's stack sample is compared by (None: it could not be taken)
@@ -81,21 +80,6 @@ def _stat_cpu(pid: int) -> float | None:
         return sum(int(value) for value in fields[11:15]) / _TICKS
     except (IndexError, ValueError):
         return None
-
-
-def descendants(pid: int, limit: int = MAX_DESCENDANTS) -> list[int]:
-    """Every process below ``pid`` (children, grandchildren, ...), at most ``limit`` of them."""
-    found: list[int] = []
-    pending = children(pid)
-    seen = {pid}
-    while pending and len(found) < limit:
-        child = pending.pop(0)
-        if child in seen:   # a pid reused while we walked: never loop
-            continue
-        seen.add(child)
-        found.append(child)
-        pending.extend(children(child))
-    return found
 
 
 def run_delay_seconds(pid: int) -> float:

@@ -23,7 +23,7 @@ from ..best_effort import best_effort
 from ..group_join import JOINED, JOINING
 
 _PATCHED = "_notebook_launch_says_joining"
-_state = {"joining": False}
+_joining: dict[int, bool] = {}   # pid -> whether it said it joins: a forked process starts from its own
 
 
 def install(spec: Any = None) -> None:
@@ -57,12 +57,13 @@ def wrap(dist: ModuleType) -> None:
 def report(phase: str) -> None:
     """Tell the notebook the rank's phase; only a change, only from the rank's own process (a
     process it forked has its channel but no row)."""
-    joining = phase == JOINING
-    if joining == _state["joining"]:
+    joining, pid = phase == JOINING, os.getpid()
+    if joining == _joining.get(pid, False):
         return
     writer = protocol.current()
-    if writer is None or getattr(writer, "pid", os.getpid()) != os.getpid():
+    if writer is None or getattr(writer, "pid", pid) != pid:
         return
-    _state["joining"] = joining
+    _joining.clear()   # one process's entry: a parent's, inherited by a fork, says nothing of this one
+    _joining[pid] = joining
     with best_effort("the rank could not say it joins the process group"):
         writer.send(protocol.PROGRESS, {"phase": phase})

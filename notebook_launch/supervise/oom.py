@@ -28,7 +28,8 @@ from typing import TYPE_CHECKING, Iterable, Mapping
 
 from ..protocol import Failure
 from ..resources import size_text
-from ..proc_usage import descendants, machine_memory, read_text, resident
+from ..diagnose.proc_tasks import descendants
+from ..proc_usage import machine_memory, read_text, resident
 from . import kernel_oom
 from .allocation_failure import ADVICE, allocation_text, machine_text
 from .kernel_oom import CGROUP_ROOT, KERNEL_LOG_RETRIES, KernelKill, KillVerdict, OomBaseline, cgroup_limit, \
@@ -209,7 +210,8 @@ class MemoryWatch:
         their memory cgroups, while they live: an error that names no pid (``CalledProcessError``
         of a child the OOM killer took) is then still linked to its rank (``unnamed_children_killed``)."""
         seen = self.descendants.setdefault(local, {})
-        for child, command in descendants(pid).items():
+        for child in descendants(pid):
+            command = (read_text(f"/proc/{child}/comm") or "?").strip()
             if child not in seen and len(seen) >= MAX_REMEMBERED_DESCENDANTS:
                 del seen[next(iter(seen))]   # the oldest: likely long gone
             seen[child] = command
