@@ -103,10 +103,8 @@ def cmd_env(args: argparse.Namespace) -> int:
     if preview["evidence"]:
         rows.insert(2, ("evidence", preview["evidence"]))
     rows += [(name, package_version(name)) for name in VERSIONED]
-    from .ray.connect import environment_report
-    rows.append(("ray", environment_report()))   # cluster=RayCluster(...): the cluster it would use
-    from .slurm.scheduler import environment_report as slurm_report
-    rows.append(("slurm", slurm_report()))       # cluster=SlurmCluster(...): the partitions sinfo lists
+    from .engines import cluster_reports
+    rows += cluster_reports()   # cluster=RayCluster(...) / SlurmCluster(...): what each would use
     print("\n".join(f"{key + ':':<17}{value}" for key, value in rows))
     print("\nA launch here would use:")
     print(f"  backend:        {preview['backend']} ({preview['device']})")

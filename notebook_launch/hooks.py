@@ -74,5 +74,5 @@ def _warm_between_cells_in_a_kernel(shell: Any) -> None:
         shell = running_shell()
     elif getattr(shell, "kernel", None) is None:
         return   # a terminal IPython: no kernel waiting between cells
-    from .backends.warm_imports import warm_between_cells
+    from .engines.local.warm_imports import warm_between_cells
     warm_between_cells(shell)

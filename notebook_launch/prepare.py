@@ -99,7 +99,7 @@ def spawn_where_fork_would_be_refused(options: LaunchOptions, target: LaunchTarg
     process instead (``backends.start_process``: as fast, and sharing nothing of the notebook's
     CUDA), saying so in the launch line; an explicit ``start_method="fork"`` is still refused with
     what to do (``preflight.check_cuda_not_initialized``)."""
-    from .backends import start_process
+    from .engines.local import start_process
     if options.start_method is not None or target.start_method != "fork" or not start_process.enabled():
         return target
     why = preflight.why_not_fork(target.device_count)

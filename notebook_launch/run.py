@@ -14,8 +14,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, TypeVar
 
 from . import restarts
-from .backends import get_backend
-from .backends.base import Launcher, StartFailed, StartWatch
+from .engines.base import Launcher, StartFailed, StartWatch
 from .channels import RankPipes
 from .display.base import Display
 from .display.display_relay import RankDisplays
@@ -50,11 +49,12 @@ class RunContext:
     rank_displays: RankDisplays | None = None   # the ranks' display() calls, in a Jupyter kernel
 
 
-def run_plan(plan: LaunchPlan, job: Job, options: LaunchOptions, *, run_id: str,
+def run_plan(plan: LaunchPlan, job: Job, options: LaunchOptions, *, run_id: str, launcher: Launcher,
              platform: str | None = None) -> list[Any]:
-    """Start the plan's ranks and supervise them until results or one clear error."""
+    """Start the plan's ranks with ``launcher`` (the engine's) and supervise them until results or
+    one clear error."""
     return run_with_scaffold(plan, lambda ctx: supervise_ranks(ctx, job), options, run_id=run_id,
-                             platform=platform)
+                             platform=platform, launcher=launcher)
 
 
 def supervise_ranks(ctx: RunContext, job: Job, launcher: Launcher | None = None) -> list[Any]:
@@ -149,13 +149,11 @@ class PanelStartWatch(StartWatch):
 
 
 def run_with_scaffold(plan: LaunchPlan, body: Callable[[RunContext], T], options: LaunchOptions, *,
-                      run_id: str, platform: str | None = None, launcher: Launcher | None = None,
+                      run_id: str, launcher: Launcher, platform: str | None = None,
                       backend_suffix: str = "", extra_lines: tuple[str, ...] = ()) -> T:
     """Set up the run around ``body`` and tear it down whatever happens (one
     ``session.Session``); ``body`` returns this node's results or raises LaunchError /
-    KeyboardInterrupt. ``launcher``: the way its ranks start (default: the one for
-    ``plan.start_method``)."""
-    launcher = launcher or get_backend(plan.start_method)
+    KeyboardInterrupt. ``launcher``: the way its ranks start (its engine's)."""
     launcher.prepare_parent()
     with Session.for_launch(plan, options, run_id=run_id, backend=launcher.name + backend_suffix,
                             platform=platform, extra_lines=extra_lines) as session:

@@ -77,7 +77,7 @@ def test_options_are_resolved_once_with_notebook_launchers_defaults(monkeypatch)
     """launch_options gives every field notebook_launcher's default, resolves the rendezvous
     timeout and the line budget, and what runs after it checks nothing again."""
     from notebook_launch import options as options_module
-    from notebook_launch.elastic import rendezvous
+    from notebook_launch.engines.elastic import rendezvous
     opts = options_module.launch_options(function=print, rdzv_conf={"join_timeout": 30}, lines_per_second="all")
     assert (opts.ui, opts.port_is_default, opts.display_ranks, opts.rendezvous_timeout) == ("auto", True,
                                                                                            frozenset({0}), 30)

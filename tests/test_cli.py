@@ -114,7 +114,7 @@ def test_no_message_suggests_installing_notebook_launch_from_pypi():
 
 def test_env_without_ray_says_how_to_install_it(monkeypatch):
     """Ray is installed in this venv, so its absence is faked (only the version lookup says it is missing)."""
-    from notebook_launch.ray import connect as ray_connect
+    from notebook_launch.engines.ray import connect as ray_connect
 
     real = metadata.version
 

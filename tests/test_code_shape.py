@@ -51,6 +51,11 @@ def test_the_scan_finds_a_long_class():
     assert long_classes(source) == {"Long": MAX_CLASS_LINES + 1}
 
 
+def transport_paths() -> list[Path]:
+    """Where the pool and the transports live: ``persistent/`` and each engine's ``persistent.py``."""
+    return sorted((PACKAGE / "persistent").glob("*.py")) + sorted((PACKAGE / "engines").glob("*/persistent.py"))
+
+
 def _classes(path: Path) -> list[ast.ClassDef]:
     return [node for node in ast.walk(ast.parse(path.read_text())) if isinstance(node, ast.ClassDef)]
 
@@ -63,24 +68,22 @@ def _base_names(node: ast.ClassDef) -> set[str]:
 def test_no_pool_subclass_overrides_the_pools_private_steps():
     """How the ranks start, take a call, are interrupted, described and stopped is the transport's
     (``RankTransport``); a pool subclass (``RayRanks``) may add to the API, never replace a step."""
-    subclasses = {f"{path.name}::{node.name}": [item.name for item in node.body
-                                                if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef))
-                                                and item.name.startswith("_") and not item.name.endswith("__")]
-                  for path in sorted((PACKAGE / "persistent").glob("*.py")) for node in _classes(path)
-                  if "Ranks" in _base_names(node)}
-    assert "ray_ranks.py::RayRanks" in subclasses   # the scan sees the one there is
+    subclasses = {f"{path.relative_to(PACKAGE).as_posix()}::{node.name}": [
+        item.name for item in node.body if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef))
+        and item.name.startswith("_") and not item.name.endswith("__")]
+        for path in transport_paths() for node in _classes(path) if "Ranks" in _base_names(node)}
+    assert "engines/ray/persistent.py::RayRanks" in subclasses   # the scan sees the ones there are
     assert not {name: methods for name, methods in subclasses.items() if methods}
 
 
 def test_every_transport_implements_the_interface():
     """Ranks of this machine, and ranks of other machines (``remote.RemoteTransport``: Ray's, SLURM's)."""
-    bases = {node.name: _base_names(node) for path in sorted((PACKAGE / "persistent").glob("*.py"))
-             for node in _classes(path)}
+    bases = {node.name: _base_names(node) for path in transport_paths() for node in _classes(path)}
     assert {name for name, names in bases.items() if "RankTransport" in names} == {"LocalTransport", "RemoteTransport"}
     assert {name for name, names in bases.items() if "RemoteTransport" in names} == {"RayTransport", "SlurmTransport"}
-    from notebook_launch.persistent.local import LocalTransport
-    from notebook_launch.persistent.ray_ranks import RayTransport
-    from notebook_launch.persistent.slurm_ranks import SlurmTransport
+    from notebook_launch.engines.local.persistent import LocalTransport
+    from notebook_launch.engines.ray.persistent import RayTransport
+    from notebook_launch.engines.slurm.persistent import SlurmTransport
     for transport in (LocalTransport, RayTransport, SlurmTransport):
         assert not transport.__abstractmethods__, transport   # every step of RankTransport is its own
 
@@ -88,6 +91,6 @@ def test_every_transport_implements_the_interface():
 def test_persistent_ranks_need_no_type_ignore():
     """The pool's transports are typed as what they are: no ``# type: ignore`` in persistent/
     (the interrupt slots are ``CallInterrupts``; spawned ranks' extra fds go to ``SpawnBackend.start``)."""
-    ignored = [f"{path.name}:{number}" for path in sorted((PACKAGE / "persistent").glob("*.py"))
+    ignored = [f"{path.name}:{number}" for path in transport_paths()
                for number, line in enumerate(path.read_text().splitlines(), 1) if "type: ignore" in line]
     assert not ignored

@@ -17,7 +17,7 @@ import pytest
 
 from notebook_launch import protocol
 from notebook_launch.channels import RankPipes
-from notebook_launch.backends.fork import ForkedRank
+from notebook_launch.engines.local.fork import ForkedRank
 from notebook_launch.display.base import Display
 from notebook_launch.errors import LaunchError
 from notebook_launch.line_splitter import MAX_LINE, LineSplitter

@@ -227,7 +227,7 @@ def _without_socket_and_thread_settings(monkeypatch):
 
 def test_an_elastic_attempts_environment_is_rank_environments(monkeypatch):
     """plan.rank_environment writes every rank's variables, an elastic attempt's too (issue 21 item 8)."""
-    from notebook_launch.elastic import agent
+    from notebook_launch.engines.elastic import agent
     from notebook_launch.plan import available_cpus, build_plan, rank_environment
     _without_socket_and_thread_settings(monkeypatch)
     monkeypatch.setattr(agent, "interface_toward", lambda address: "eth7")
@@ -257,7 +257,7 @@ def test_an_elastic_attempts_environment_is_rank_environments(monkeypatch):
 def test_an_elastic_attempt_keeps_what_the_launch_settled_for_its_node(monkeypatch):
     """One node launched on loopback, where c10d names rank 0 by host name: gloo stays on "lo", the
     NCCL switches for this node's GPUs stay, and the user's own variables are inherited as they are."""
-    from notebook_launch.elastic import agent
+    from notebook_launch.engines.elastic import agent
     from notebook_launch.plan import build_plan
     _without_socket_and_thread_settings(monkeypatch)
     monkeypatch.setenv("NCCL_SOCKET_IFNAME", "ib0")

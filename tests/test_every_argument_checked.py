@@ -11,7 +11,7 @@ import pytest
 
 from notebook_launch import LaunchArgumentError, RayCluster, notebook_launcher, start_ranks
 from notebook_launch.net import free_port
-from notebook_launch.persistent import magic as ranks_magic_module
+from notebook_launch import ranks_magic as ranks_magic_module
 from helpers.processes import children
 
 

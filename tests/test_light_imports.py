@@ -24,8 +24,8 @@ HEAVY = ("torch", "numpy", "IPython", "ipywidgets", "ipykernel", "traitlets", "p
 # Modules that are torch's own machinery by design: multi-node launches run on torch elastic's
 # agent and rendezvous (subclasses of torch's classes); nothing imports them before such a launch.
 TORCH_BOUND = {
-    "notebook_launch.elastic.agent": "subclasses torch elastic's agent",
-    "notebook_launch.elastic.rendezvous": "torch elastic's rendezvous handlers",
+    "notebook_launch.engines.elastic.agent": "subclasses torch elastic's agent",
+    "notebook_launch.engines.elastic.rendezvous": "torch elastic's rendezvous handlers",
 }
 
 HEAVY_CHECK = textwrap.dedent(f"""
@@ -55,7 +55,7 @@ USER_IMPORTS = [
     "from notebook_launch import (notebook_launcher, RayCluster, start_ranks, Ranks, progress, load_metrics, "
     "NotebookLaunchError, LaunchError, GuardError, LaunchArgumentError, load_ipython_extension, install_hooks)",
     "import notebook_launch.magic",
-    "import notebook_launch.persistent.magic",
+    "import notebook_launch.ranks_magic",
     "from notebook_launch.rank.progress import progress",
     "import notebook_launch.cli",
 ]

@@ -40,8 +40,8 @@ def test_ranks_start_options_reach_start_ranks(monkeypatch):
     """%ranks start's --stall-after, --lines-per-second and --cluster become start_ranks' arguments
     (start_ranks itself is replaced by a recorder here: the Ray side has its own tests, on real
     clusters, in tests/raycluster)."""
-    from notebook_launch.ray.cluster import RayCluster
-    from notebook_launch.persistent import magic as ranks_magic_module
+    from notebook_launch.engines.ray.cluster import RayCluster
+    from notebook_launch import ranks_magic as ranks_magic_module
     calls = []
 
     class StartRanksRecorder:

@@ -210,7 +210,7 @@ def test_a_notebook_that_dies_before_its_keeper_is_ready_leaves_nothing(tmp_path
 FIRST_LAUNCH_ORDER = textwrap.dedent('''
     import json
     from notebook_launch import notebook_launcher
-    from notebook_launch.backends import fork
+    from notebook_launch.engines.local import fork
     from notebook_launch import leftovers
     events = []
     start_keeper, fork_rank = leftovers._start_keeper, fork.fork_from_clean_thread

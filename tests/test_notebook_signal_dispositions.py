@@ -29,7 +29,7 @@ import pytest
 from helpers.waiting import ended, wait_for
 
 from notebook_launch import LaunchError, notebook_launcher, start_ranks
-from notebook_launch.backends import fork_thread
+from notebook_launch.engines.local import fork_thread
 from notebook_launch.net import free_port
 from helpers.processes import children
 
@@ -384,7 +384,7 @@ def test_where_the_kernel_keeps_no_status_a_result_that_arrived_is_the_ranks_res
     statuses whatever the notebook does with SIGCHLD, so theirs is never lost."""
     import errno
 
-    from notebook_launch.backends import start_process
+    from notebook_launch.engines.local import start_process
     from notebook_launch.channels import process
 
     def no_pidfd_info(pidfd: int) -> None:

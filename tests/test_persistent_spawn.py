@@ -17,7 +17,7 @@ import torch.distributed as dist
 
 from helpers.fake_cuda_build_standin import fake_gpus_tracked
 from notebook_launch import GuardError, LaunchError, cuda_tracking, preflight, start_ranks
-from notebook_launch.backends import start_process
+from notebook_launch.engines.local import start_process
 from notebook_launch.net import free_port
 from helpers.processes import children, is_start_process
 
@@ -125,10 +125,10 @@ def test_spawned_persistent_ranks_in_a_kernel_after_cuda_was_initialized(tmp_pat
         "%ranks pull total",
         "def shifted():   # a notebook function: runs in the ranks' namespace, with their w\n"
         "    return (w + factor).tolist()\n"
-        "from notebook_launch.persistent.magic import active\nactive().run(shifted)",
+        "from notebook_launch.ranks_magic import active\nactive().run(shifted)",
         "%ranks stop",
         "import psutil; [p.pid for p in psutil.Process().children(recursive=True) "
-        "if p.status() != psutil.STATUS_ZOMBIE and 'rank.start_server' not in ' '.join(p.cmdline())]",
+        "if p.status() != psutil.STATUS_ZOMBIE and 'engines.local.start_server' not in ' '.join(p.cmdline())]",
     )
     run_notebook(nb, cwd=str(tmp_path), allow_errors=True)
     cells = nb.cells

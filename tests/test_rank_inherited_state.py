@@ -34,7 +34,7 @@ import threading
 import pytest
 
 from notebook_launch import notebook_launcher, start_ranks
-from notebook_launch.backends import fork_thread
+from notebook_launch.engines.local import fork_thread
 from notebook_launch.net import free_port
 from notebook_launch.rank import whereabouts
 

@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 
 from notebook_launch import LaunchArgumentError, RayCluster, notebook_launcher
-from notebook_launch.ray.connect import NodeInfo, check_resources, describe_cluster, host_of
-from notebook_launch.ray.gang import assign_ranks, death_reason, visible_devices_by_node
+from notebook_launch.engines.ray.connect import NodeInfo, check_resources, describe_cluster, host_of
+from notebook_launch.engines.ray.gang import assign_ranks, death_reason, visible_devices_by_node
 from notebook_launch.channels.sockets import SIGNAL_FRAME, StreamListener, connect_streams
 from notebook_launch.errors import GuardError
 from notebook_launch.protocol import READY, EventKind, EventReader, EventWriter
@@ -195,7 +195,7 @@ def test_a_ray_ranks_environment_comes_from_the_one_builder(monkeypatch):
     """A Ray rank's environment is plan.rank_environment's for its place (restart count, max
     restarts, the interface toward the other nodes), with a socket variable the user set kept."""
     from notebook_launch.plan import rank_environment
-    from notebook_launch.rank.ray_actor import _rank_spec
+    from notebook_launch.engines.ray.actor import _rank_spec
     monkeypatch.setenv("NCCL_SOCKET_IFNAME", "users-own")
     monkeypatch.delenv("GLOO_SOCKET_IFNAME", raising=False)
     assignment = {"global_rank": 3, "local_rank": 1, "local_world_size": 2, "node_rank": 1, "num_nodes": 2,

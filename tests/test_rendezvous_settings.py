@@ -3,7 +3,7 @@ import pytest
 
 from notebook_launch import net as network
 from notebook_launch.errors import LaunchArgumentError
-from notebook_launch.elastic.rendezvous import settings_for
+from notebook_launch.engines.elastic.rendezvous import settings_for
 from notebook_launch.options import DEFAULT_RDZV_TIMEOUT, launch_options
 
 

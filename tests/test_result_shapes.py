@@ -494,8 +494,8 @@ def test_a_ray_call_of_every_shape_crosses_the_wire():
     real socket pair; no cluster needed): the rank's file gets the same offsets."""
     import socket
 
-    from notebook_launch.persistent.remote import call_message, write_whole
-    from notebook_launch.rank import ray_serve
+    from notebook_launch.engines.remote.persistent import call_message, write_whole
+    from notebook_launch.engines.remote import serve as ray_serve
     from notebook_launch.rank.runner import Job
     from notebook_launch.rank.serve import Call
 

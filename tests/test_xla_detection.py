@@ -14,7 +14,7 @@ import types
 import pytest
 
 from notebook_launch import GuardError, LaunchArgumentError, notebook_launcher, preflight
-from notebook_launch.backends import get_backend
+from notebook_launch.engines import launcher_for
 from notebook_launch.detect import xla as xla_env
 from notebook_launch.detect.platform import Probe
 from notebook_launch.detect.platform import detect as platform_detect
@@ -334,8 +334,8 @@ def test_runtime_not_started_when_torch_xla_was_never_imported(monkeypatch):
 
 # --- backend choice --------------------------------------------------------------
 def test_get_backend_xla():
-    from notebook_launch.backends.xla import XlaBackend
-    backend = get_backend("xla")
+    from notebook_launch.engines.xla.launcher import XlaBackend
+    backend = launcher_for("xla")
     assert isinstance(backend, XlaBackend) and backend.name == "xla"
 
 

@@ -1,0 +1,1 @@
+"""What every engine whose ranks connect back from other machines shares."""

@@ -1,0 +1,1 @@
+"""torch_xla's engine: xmp.spawn's launcher and its replicas' records."""
