@@ -63,4 +63,7 @@ def start_ranks(num_processes: int | None = None, mixed_precision: str = "no",
             f"start_ranks(start_method={start_method!r}): persistent ranks are forked or spawned, so "
             f"start_method must be 'fork', 'spawn' or None; use notebook_launcher for xla")
     grace = validate_interrupt_grace(interrupt_grace)   # the one check, for every kind of pool
-    return engine_for(None, cluster).start_ranks(parameters, grace)
+    engine = engine_for(None, cluster)
+    if engine.line_prefix and not log_line_prefix_template:   # ranks on several machines: say which
+        parameters["log_line_prefix_template"] = engine.line_prefix
+    return engine.start_ranks(parameters, grace)

@@ -255,8 +255,8 @@ WHAT_LAUNCHERS_MUST_NOT_IMPORT = ("notebook_launch.supervise", "notebook_launch.
 
 def defines_a_launcher(path: Path) -> bool:
     return any(isinstance(node, ast.ClassDef) and any(
-        (isinstance(base, ast.Name) and base.id == "Launcher")
-        or (isinstance(base, ast.Attribute) and base.attr == "Launcher") for base in node.bases)
+        (isinstance(base, ast.Name) and base.id.endswith("Launcher"))   # or a shared part of one
+        or (isinstance(base, ast.Attribute) and base.attr.endswith("Launcher")) for base in node.bases)
         for node in ast.walk(ast.parse(path.read_text())))
 
 

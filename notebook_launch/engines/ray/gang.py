@@ -17,7 +17,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from ...best_effort import best_effort
-from ...channels import RankProcess, WaitStatus
+from ...channels import WaitStatus
+from ..remote.handle import RemoteRank
 
 if TYPE_CHECKING:
     from .cluster import RayCluster
@@ -65,14 +66,11 @@ def visible_devices_by_node(placements: Sequence[Placement], gpu_ids: Sequence[S
     return {node: ",".join(ids) for node, ids in by_node.items() if ids}
 
 
-class RayRank(RankProcess):
-    """A rank's actor seen as a process: it ends when its ``run`` call returns (the exit
-    code) or the actor dies. Signals travel over the rank's events connection; a kill is
-    ``ray.kill``. Its pid is the actor's on the actor's node: nothing of this machine's
-    /proc speaks for it (``on_this_machine``)."""
-
-    on_this_machine = False
-    where_asker: Any = None   # diagnose.remote_where.WhereAsker of its gang's ranks (set by Waiter)
+class RayRank(RemoteRank):
+    """A rank's actor seen as a process (a ``remote.handle.RemoteRank``): it ends when its ``run``
+    call returns (the exit code) or the actor dies; a kill is ``ray.kill``. Its pid is the actor's
+    on the actor's node: nothing of this machine's /proc speaks for it. Its gang's ``Waiter`` makes
+    it one of the ranks asked where they are together (``where_asker``)."""
 
     def __init__(self, ray: Any, local_rank: int, actor: Any, pid: int, pipes: "SocketPipes") -> None:
         self.ray = ray
@@ -90,10 +88,6 @@ class RayRank(RankProcess):
     def poll(self) -> WaitStatus | None:
         return self._status
 
-    @property
-    def reaped(self) -> bool:
-        return self._status is not None
-
     def ended(self, status: WaitStatus, note: str | None = None) -> None:
         """Called by the waiter thread once the actor's run returned or the actor died."""
         self.end_note = note
@@ -102,17 +96,6 @@ class RayRank(RankProcess):
             os.write(self._sentinel_w, b"x")
         except OSError:
             log.debug("rank %d's sentinel is closed", self.local_rank, exc_info=True)
-
-    def signal(self, signum: int) -> None:
-        self.sent_signal = signum
-        if signum == signal.SIGKILL or not self.pipes.send_signal(signum):
-            self.kill()
-
-    def where(self, global_rank: Callable[[int], int]) -> dict[int, Any]:
-        """Where this rank is, asked over its connections (``diagnose.remote_where``: with every rank
-        of its gang at once); {} when it was not asked (no ``Waiter`` made it one of a gang)."""
-        asker = self.where_asker
-        return {} if asker is None else asker.ask(self, global_rank)
 
     def kill(self) -> None:
         self.sent_signal = signal.SIGKILL
@@ -128,13 +111,9 @@ class RayRank(RankProcess):
 
 
 class PersistentRayRank(RayRank):
-    """A persistent rank's actor (``persistent.ray_ranks``), whose events connection carries
-    ``rank.ray_serve`` messages: a signal is never written there as a launch's raw signal frame
-    (it would break the message stream); anything but an interrupt (a message of its own) ends
-    the actor."""
+    """A persistent rank's actor (``ray.persistent``): a signal ends it (``RemoteRank.signal``)."""
 
-    def signal(self, signum: int) -> None:
-        self.kill()
+    persistent = True
 
 
 class Waiter(threading.Thread):

@@ -17,18 +17,17 @@ persistent ranks' (``gang.PersistentGang``).
 from __future__ import annotations
 
 import logging
-import pickle
 import time
 from typing import TYPE_CHECKING, Any, Callable
 
 from ...channels import RankPipes, RankProcess
-from ...channels.sockets import SocketPipes, StreamListener
+from ...channels.sockets import StreamListener
 from ...errors import GuardError
 from ...net import source_address_toward
 from ...plan import LaunchPlan
 from ...protocol import FailureKind
-from ...rank.spawn_context import capture_context, pickle_job
-from ..base import Launcher, StartFailed
+from ..base import StartFailed
+from ..remote.launcher import ConnectBackLauncher
 from . import connect as ray_connect
 from .gang import (Gang, PersistentGang, PersistentRayRank, Placement, RayRank, Waiter, death_reason,
                        visible_devices_by_node)
@@ -40,10 +39,11 @@ if TYPE_CHECKING:
 log = logging.getLogger("notebook_launch")
 
 
-class RayLauncher(Launcher):
+class RayLauncher(ConnectBackLauncher):
     """Starts a plan's ranks (one row per global rank: ``plan.cluster_plan``) as Ray actors."""
 
     name = "ray"
+    peers = "the cluster"
 
     def __init__(self, ray: Any, cluster: "RayCluster", *, host: str, run_id: str, mixed_precision: str,
                  rendezvous_timeout: float, max_restarts: int = 0, persistent: bool = False) -> None:
@@ -56,28 +56,16 @@ class RayLauncher(Launcher):
         self.max_restarts = max_restarts
         self.persistent = persistent          # the actors serve calls until told to stop (persistent ranks)
         self.attempts = 0                     # starts so far: each start is one attempt
-        self._shipped: tuple["Job", bytes] | None = None
         self._payload_ref: Any = None
         self._gang: Gang | None = None
-        self._listener: StreamListener | None = None
-        self._handed: list[SocketPipes] = []
         self.placements: list[Placement] = []   # where the last start placed each rank, by global rank
         self.addresses: list[str] = []          # each rank's node address, by global rank
 
-    def prepare_parent(self) -> None:
-        import cloudpickle  # noqa: F401  (ships the job; imported before the panel starts)
-
     def payload_for(self, job: "Job") -> bytes:
-        """The job and the notebook's context as the actors receive them (pickled once per job; a
-        caller ships it before the run starts, so a function that does not pickle fails first)."""
+        """The shared payload (``ConnectBackLauncher``); a new job's is put into Ray's store anew."""
         if self._shipped is None or self._shipped[0] is not job:
-            self._shipped = (job, pickle.dumps({"context": capture_context(), "job": pickle_job(job)},
-                                               protocol=pickle.HIGHEST_PROTOCOL))
             self._payload_ref = None
-        return self._shipped[1]
-
-    def open_channels(self, plan: "LaunchPlan") -> list[RankPipes]:
-        return []   # each rank's channels are the connections it makes back, accepted in start()
+        return super().payload_for(job)
 
     def start(self, plan: "LaunchPlan", job: "Job", channels: list[RankPipes]) -> list[RankProcess]:
         """Place, start and connect one attempt's actors; the accepted connections go into ``channels``.
@@ -133,17 +121,7 @@ class RayLauncher(Launcher):
                         f"{node}, rank {index} failed before it connected to the notebook "
                         f"at {self.host}: {death_reason(exc)}", rank=index, kind=FailureKind.EXIT) from None
 
-        try:
-            pipes = listener.accept_all(deadline, check)
-        except TimeoutError as exc:
-            raise StartFailed(
-                f"{exc} within rdzv_timeout={self.rendezvous_timeout:g} s; a firewall between the cluster "
-                f"and the notebook ({self.host}) blocks it, or the nodes reach the notebook through "
-                f"another address") from None
-        self._handed = pipes
-        listener.close(keep=pipes)   # every rank connected: nothing more comes (persistent ranks live on)
-        self._listener = None
-        channels.extend(pipes)
+        pipes = self.accept(listener, deadline, check, self.host, channels)   # persistent ranks live on
         rank_type = PersistentRayRank if self.persistent else RayRank
         processes = [rank_type(ray, p.global_rank, actor, info["pid"], pipes[p.global_rank])
                      for actor, p, info in zip(gang.actors, placements, infos)]
@@ -156,10 +134,8 @@ class RayLauncher(Launcher):
         """Close the listener (and any connection not handed on) and end the gang: kill every
         actor, remove the placement group, wait until Ray says they are gone."""
         try:
-            if self._listener is not None:
-                self._listener.close(keep=self._handed)
+            self.close_listener()
         finally:
-            self._listener = None
             if self._gang is not None:
                 self._gang.end()
             self._gang = None

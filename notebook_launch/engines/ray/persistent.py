@@ -27,10 +27,9 @@ timeout rules, and the between-calls reader. What differs is where the ranks liv
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from ...line_prefix import parse_line_prefix
 from ...logs import make_run_id
 from ...options import LaunchOptions, check_display_ranks_exist, validate_cluster_launch, validate_cluster_type
 from ...prepare import entry_options
@@ -40,7 +39,7 @@ from ...plan import cluster_plan
 from .launch import RayLauncher, notebook_address
 from ..remote.serve import serve_ray_calls
 from ...rank.runner import Job
-from ...session import launch_line, plan_state
+from ...session import plan_state
 from ...persistent.pool import Ranks
 from ..remote.persistent import RemoteTransport, lost_between_calls_error
 from ...persistent.transport import LogsFor, LostBetweenCalls
@@ -50,10 +49,8 @@ if TYPE_CHECKING:
     from ...logs import RunLogs
     from ...plan import LaunchPlan
     from .cluster import RayCluster
-    from ...state import RunState
 
 log = logging.getLogger("notebook_launch")
-LINE_PREFIX = "[node {node_rank} rank {rank}]"
 SEND_TICK = 1.0   # seconds between checks while a rank's connection does not take more bytes
 
 
@@ -64,8 +61,7 @@ def start_ray_ranks(cluster: "RayCluster", parameters: Mapping[str, Any], grace:
     and address), and a ``start_method`` is refused (Ray starts the actors)."""
     from .cluster import RayCluster
     validate_cluster_type(cluster, RayCluster)
-    options = entry_options(parameters, function=serve_ray_calls, called_as_given=False,
-                            log_line_prefix_template=parameters.get("log_line_prefix_template") or LINE_PREFIX)
+    options = entry_options(parameters, function=serve_ray_calls, called_as_given=False)
     validate_cluster_launch(options)
     ranks = RayRanks(options, grace, RayTransport(options, cluster))
     ranks._start()
@@ -138,17 +134,12 @@ class RayTransport(RemoteTransport):
         self._addresses = launcher.addresses
         return plan
 
-    def launch_line(self, plan: LaunchPlan, logs: RunLogs, display: str) -> str:
-        where = ", ".join(f"rank {r} on {n}" for r, n in enumerate(self.nodes))
-        return launch_line(plan, self.backend_name, logs, display=display,
-                           extra_lines=(self.summary, f"notebook_launch: {where}"))
+    def where_lines(self, plan: LaunchPlan, where: str) -> tuple[str, ...]:
+        return self.summary, f"notebook_launch: {where}"
 
-    def tag(self, plan: LaunchPlan, template: str | None) -> Callable[[int], str]:
-        """As local ranks' lines, with each rank's node (a rank that ends has no process group
-        here to end: its process is on another machine)."""
-        prefix, placements = parse_line_prefix(template), self._placements
-        return lambda local: prefix.render(rank=local, local_rank=placements[local].local_rank,
-                                           node_rank=placements[local].node_rank)
+    def place(self, rank: int) -> tuple[int, int]:
+        placement = self._placements[rank]
+        return placement.local_rank, placement.node_rank
 
     def lost_between_calls(self, gone: list[RankProcess], logs: RunLogs, num_processes: int) -> LostBetweenCalls:
         """A LaunchError naming the ranks lost and their node, before fresh ranks start with the
@@ -161,8 +152,3 @@ class RayTransport(RemoteTransport):
         reason = next((p.end_note for p in gone if p.end_note), None) or "its Ray actor ended"
         return lost_between_calls_error(lost, where, reason, logs, num_processes,
                                         node_rank=self._placements[lost[0]].node_rank)
-
-    def describe(self, state: RunState) -> None:
-        """Each rank's node, in a call's run state (the panel's rows, the errors' first lines)."""
-        for rs, placement, address in zip(state.ranks, self._placements, self._addresses):
-            rs.node, rs.node_rank = f"node {placement.node_rank} ({address})", placement.node_rank

@@ -8,7 +8,6 @@ run the attempts (``run.supervise_attempts``, as a SLURM launch does).
 """
 from __future__ import annotations
 
-import dataclasses
 from typing import TYPE_CHECKING, Any
 
 from ... import cuda_tracking
@@ -23,9 +22,6 @@ from .launch import RayLauncher, notebook_address
 if TYPE_CHECKING:
     from ...options import LaunchOptions
     from .cluster import RayCluster
-
-RAY_LINE_PREFIX = "[node {node_rank} rank {rank}]"   # ranks are on several machines: say which
-
 
 def run_on_ray(options: "LaunchOptions", cluster: "RayCluster", world_size: int) -> list[Any]:
     """Connect, check the cluster can hold the ranks, then run them inside the run scaffold
@@ -46,7 +42,6 @@ def run_on_ray(options: "LaunchOptions", cluster: "RayCluster", world_size: int)
     summary = (f"notebook_launch: Ray cluster {ray_connect.gcs_host(ray) or cluster.address}: "
                f"{ray_connect.describe_cluster(nodes)}; {world_size} ranks x "
                f"{dict(cluster.resources_per_rank)}, placement {cluster.placement}")
-    settings = dataclasses.replace(options, line_prefix=options.line_prefix or RAY_LINE_PREFIX)
-    return run_with_scaffold(plan, lambda ctx: supervise_attempts(ctx, job), settings, run_id=run_id,
+    return run_with_scaffold(plan, lambda ctx: supervise_attempts(ctx, job), options, run_id=run_id,
                              launcher=launcher, extra_lines=(summary,))
 

@@ -31,13 +31,14 @@ class RankListener(StreamListener):
 
 
 class RemoteRank(RankProcess):
-    """What every SLURM rank's handle does alike (``agents.AgentRank``, a child of its node's agent;
-    ``agents.PersistentAgentRank``, a persistent one): signals travel over
-    the rank's events connection (``slurm.task`` delivers them), SIGKILL or a closed connection
-    is a ``kill``, and where it is is asked over its connections. Its process runs on a node
-    (``on_this_machine``)."""
+    """What the handle of every rank that connected back from another machine does alike (Ray's
+    ``ray.gang.RayRank``, an actor; SLURM's ``slurm.agents.AgentRank``, a child of its node's agent;
+    and their persistent kinds): signals travel over the rank's events connection (its rank side
+    delivers them), SIGKILL or a closed connection is a ``kill``, and where it is is asked over its
+    connections with every rank of its run at once. Its process runs on a node (``on_this_machine``)."""
 
     on_this_machine = False
+    persistent = False   # a persistent rank's (its events connection carries the notebook's messages)
     where_asker: WhereAsker | None = None   # its run's ranks, asked where they are together
     pipes: SocketPipes
     sent_signal: int | None = None
@@ -48,8 +49,11 @@ class RemoteRank(RankProcess):
         return self._status is not None
 
     def signal(self, signum: int) -> None:
+        """Over the events connection; a persistent rank's carries ``channels.remote_commands``
+        messages, where a launch's raw signal frame is never written (the rank would read it as a
+        where request and ignore it): anything but an interrupt (a message of its own) ends it."""
         self.sent_signal = signum
-        if signum == signal.SIGKILL or not self.pipes.send_signal(signum):
+        if self.persistent or signum == signal.SIGKILL or not self.pipes.send_signal(signum):
             self.kill()
 
     def where(self, global_rank: Callable[[int], int]) -> dict[int, Any]:

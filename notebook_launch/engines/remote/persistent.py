@@ -13,6 +13,7 @@ engine's launcher is made, where each rank runs and what it says of ranks lost b
 """
 from __future__ import annotations
 
+import abc
 import functools
 import logging
 import mmap
@@ -25,7 +26,9 @@ from typing import TYPE_CHECKING, Any
 from ..base import Launcher, StartFailed
 from ...best_effort import best_effort
 from ...errors import LaunchError
+from ...line_prefix import parse_line_prefix
 from ...protocol import FailureKind
+from ...session import launch_line
 from ...supervise import outcome
 from ...channels.commands import Frame
 from ...channels.remote_commands import Kind, encode_message
@@ -137,6 +140,38 @@ class RemoteTransport(RankTransport):
             process.release()
         with best_effort(f"ending the {self.backend_name} ranks failed"):
             self.end_ranks()
+
+    @property
+    @abc.abstractmethod
+    def nodes(self) -> list[str]:
+        """Where each rank runs, by global rank: "node N (its name or address)"."""
+
+    @abc.abstractmethod
+    def place(self, rank: int) -> tuple[int, int]:
+        """Global ``rank`` -> (its local rank on its node, its node's rank)."""
+
+    @abc.abstractmethod
+    def where_lines(self, plan: LaunchPlan, where: str) -> tuple[str, ...]:
+        """The launch line's words on the cluster, given ``where`` ("rank 0 on node 0 (...), ...")."""
+
+    def launch_line(self, plan: LaunchPlan, logs: RunLogs, display: str) -> str:
+        where = ", ".join(f"rank {r} on {n}" for r, n in enumerate(self.nodes))
+        return launch_line(plan, self.backend_name, logs, display=display, extra_lines=self.where_lines(plan, where))
+
+    def tag(self, plan: LaunchPlan, template: str | None) -> Callable[[int], str]:
+        """As the cluster's launch's lines, with each rank's node (a rank that ends has no process
+        group here to end: its process is on another machine)."""
+        prefix, place = parse_line_prefix(template), self.place
+
+        def render(rank: int) -> str:
+            local_rank, node_rank = place(rank)
+            return prefix.render(rank=rank, local_rank=local_rank, node_rank=node_rank)
+        return render
+
+    def describe(self, state: RunState) -> None:
+        """Each rank's node, in a call's run state (the panel's rows, the errors' first lines)."""
+        for rank, (rs, node) in enumerate(zip(state.ranks, self.nodes)):
+            rs.node, rs.node_rank = node, self.place(rank)[1]
 
     def end_ranks(self) -> None:
         """The launcher's end: the cluster ends every rank and what holds them (Ray's gang, SLURM's

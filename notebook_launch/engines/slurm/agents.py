@@ -212,11 +212,8 @@ class AgentRank(RemoteRank):
 
 
 class PersistentAgentRank(AgentRank):
-    """A persistent rank (``persistent.slurm_ranks``), whose events connection carries
-    ``channels.remote_commands`` messages: a launch's raw signal frame is never written there (the
-    rank would read it as a where request and ignore it); anything but an interrupt (a message of
-    its own) ends the rank, as for a persistent Ray rank. The kill ends its node's step, so the
-    node's other ranks too: the pool then starts every rank again on a new allocation."""
+    """A persistent rank (``slurm.persistent``): a signal ends it (``RemoteRank.signal``), and the
+    kill ends its node's step, so the node's other ranks too: the pool then starts every rank again
+    on a new allocation."""
 
-    def signal(self, signum: int) -> None:
-        self.kill()
+    persistent = True

@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import json
 import logging
-import pickle
 import subprocess
 import sys
 import time
@@ -40,12 +39,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
 from ...channels import RankPipes, RankProcess
-from ...channels.sockets import SocketPipes
 from ...errors import GuardError
 from ...net import source_address_toward
 from ...protocol import FailureKind
-from ...rank.spawn_context import capture_context, pickle_job
-from ..base import Launcher, StartFailed
+from ..base import StartFailed
+from ..remote.launcher import ConnectBackLauncher
 from ..local.warm_imports import TORCH_NAMES, looks_like_training, names_any
 from ...diagnose.remote_where import WhereAsker
 from .agents import AgentRank, NodeAgent, PersistentAgentRank
@@ -71,7 +69,7 @@ def master_port_for(job_id: str, attempt: int = 0) -> int:
     return 15000 + (int(job_id[-4:]) + 10000 * attempt) % 50000
 
 
-class SlurmLauncher(Launcher):
+class SlurmLauncher(ConnectBackLauncher):
     """Starts a plan's ranks (one row per global rank: ``plan.cluster_plan``) on a SLURM allocation."""
 
     name = "slurm"
@@ -97,26 +95,10 @@ class SlurmLauncher(Launcher):
         self.folder: Path | None = None
         self.allocation = Allocation(cluster, self.job_name)   # the job every attempt runs in
         self.nodes: list[tuple[str, str]] = []
-        self._payload: tuple["Job", bytes] | None = None
         self._agents: list[NodeAgent] = []   # one per node, in node order
         self._outputs: dict[int, Path] = {}   # rank -> its node's srun output
         self._listener: RankListener | None = None
-        self._handed: list[SocketPipes] = []
         self._payload_path: Path | None = None
-
-    def prepare_parent(self) -> None:
-        import cloudpickle  # noqa: F401  (ships the job; imported before the panel starts)
-
-    def payload_for(self, job: "Job") -> bytes:
-        """The job and the notebook's context as the ranks load them (pickled once; a caller asks
-        before the run starts, so a function that does not pickle fails first)."""
-        if self._payload is None or self._payload[0] is not job:
-            self._payload = (job, pickle.dumps({"context": capture_context(), "job": pickle_job(job)},
-                                               protocol=pickle.HIGHEST_PROTOCOL))
-        return self._payload[1]
-
-    def open_channels(self, plan: "LaunchPlan") -> list[RankPipes]:
-        return []   # each rank's channels are the connections it makes back, accepted in start()
 
     def start(self, plan: "LaunchPlan", job: "Job", channels: list[RankPipes]) -> list[RankProcess]:
         assert self.folder is not None, "the run sets the launcher's folder first"
@@ -171,17 +153,7 @@ class SlurmLauncher(Launcher):
                         rank=rank, kind=FailureKind.EXIT)
 
         deadline = time.monotonic() + self.rendezvous_timeout
-        try:
-            pipes = listener.accept_all(deadline, check)
-        except TimeoutError as exc:
-            raise StartFailed(
-                f"{exc} within rdzv_timeout={self.rendezvous_timeout:g} s; a firewall between the nodes and "
-                f"the notebook ({host}) blocks it, or the nodes reach the notebook through another address"
-            ) from None
-        self._handed = pipes
-        listener.close(keep=pipes)
-        self._listener = None
-        channels.extend(pipes)
+        pipes = self.accept(listener, deadline, check, host, channels)
         rank_type = PersistentAgentRank if self.persistent else AgentRank
         ranks = [rank_type(rank, agent, pipes[rank], self.end_cause) for rank, agent in enumerate(agent_of)]
         asker = WhereAsker(ranks)
@@ -242,9 +214,7 @@ class SlurmLauncher(Launcher):
         nodes, srun reaped; unless ``hold_job`` (a restart may follow), nothing of the job either
         (``release``)."""
         try:
-            if self._listener is not None:
-                self._listener.close(keep=self._handed)
-                self._listener = None
+            self.close_listener()
             for agent in self._agents:
                 agent.kill()
             if not self.hold_job:

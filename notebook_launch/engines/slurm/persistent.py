@@ -30,23 +30,22 @@ from __future__ import annotations
 
 import logging
 import subprocess
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from ..base import StartWatch
 from ...errors import GuardError
-from ...line_prefix import parse_line_prefix
 from ...logs import make_run_id
 from ...notebook_streams import OUT
 from ...options import LaunchOptions, check_display_ranks_exist, validate_cluster_launch, validate_cluster_type
 from ...prepare import entry_options
 from ..remote.serve import serve_ray_calls
 from ...rank.runner import Job
-from ...session import launch_line, plan_state
+from ...session import plan_state
 from . import scheduler
 from .launcher import SlurmLauncher
 from ...plan import cluster_plan
-from .run import SLURM_LINE_PREFIX, check_layout, request_summary
+from .run import check_layout, request_summary
 from ...persistent.pool import Ranks
 from ..remote.persistent import RemoteTransport, lost_between_calls_error
 from ...persistent.transport import LogsFor, LostBetweenCalls
@@ -56,7 +55,6 @@ if TYPE_CHECKING:
     from ...logs import RunLogs
     from ...plan import LaunchPlan
     from .cluster import SlurmCluster
-    from ...state import RunState
 
 log = logging.getLogger("notebook_launch")
 
@@ -69,8 +67,7 @@ def start_slurm_ranks(cluster: "SlurmCluster", parameters: Mapping[str, Any], gr
     the ranks)."""
     from .cluster import SlurmCluster
     validate_cluster_type(cluster, SlurmCluster)
-    options = entry_options(parameters, function=serve_ray_calls, called_as_given=False,
-                            log_line_prefix_template=parameters.get("log_line_prefix_template") or SLURM_LINE_PREFIX)
+    options = entry_options(parameters, function=serve_ray_calls, called_as_given=False)
     world_size = validate_cluster_launch(options)
     check_layout(world_size, cluster)
     scheduler.check_commands()
@@ -160,22 +157,12 @@ class SlurmTransport(RemoteTransport):
         self._names = [name for name, _ in launcher.nodes]
         return plan
 
-    def launch_line(self, plan: LaunchPlan, logs: RunLogs, display: str) -> str:
-        where = ", ".join(f"rank {r} on {n}" for r, n in enumerate(self.nodes))
-        return launch_line(plan, self.backend_name, logs, display=display,
-                           extra_lines=(request_summary(self.cluster, plan.world_size),
-                                        f"notebook_launch: SLURM job {self.job_id} holds the ranks: {where}"))
+    def where_lines(self, plan: LaunchPlan, where: str) -> tuple[str, ...]:
+        return (request_summary(self.cluster, plan.world_size),
+                f"notebook_launch: SLURM job {self.job_id} holds the ranks: {where}")
 
-    def tag(self, plan: LaunchPlan, template: str | None) -> Callable[[int], str]:
-        """As a SLURM launch's lines, with each rank's node (a rank that ends has no process group
-        here to end: its process is on another machine)."""
-        prefix, per_node = parse_line_prefix(template), self._per_node
-        return lambda rank: prefix.render(rank=rank, local_rank=rank % per_node, node_rank=rank // per_node)
-
-    def describe(self, state: RunState) -> None:
-        """Each rank's node, in a call's run state (the panel's rows, the errors' first lines)."""
-        for rank, rs in enumerate(state.ranks):
-            rs.node, rs.node_rank = self._node(rank), rank // self._per_node
+    def place(self, rank: int) -> tuple[int, int]:
+        return rank % self._per_node, rank // self._per_node
 
     def lost_between_calls(self, gone: list[RankProcess], logs: RunLogs, num_processes: int) -> LostBetweenCalls:
         """A LaunchError naming the ranks lost, their node and what the scheduler says ended them

@@ -13,7 +13,6 @@ time limit is the user's own).
 """
 from __future__ import annotations
 
-import dataclasses
 from typing import TYPE_CHECKING, Any
 
 from ...errors import LaunchArgumentError
@@ -27,9 +26,6 @@ from .launcher import SlurmLauncher
 if TYPE_CHECKING:
     from ...options import LaunchOptions
     from .cluster import SlurmCluster
-
-SLURM_LINE_PREFIX = "[node {node_rank} rank {rank}]"   # ranks are on several machines: say which
-
 
 def run_on_slurm(options: "LaunchOptions", cluster: "SlurmCluster", world_size: int) -> list[Any]:
     """Ask for the allocation, run the ranks on it inside the run scaffold, and end the job."""
@@ -52,8 +48,7 @@ def run_on_slurm(options: "LaunchOptions", cluster: "SlurmCluster", world_size: 
         finally:
             launcher.allocation.release()
 
-    settings = dataclasses.replace(options, line_prefix=options.line_prefix or SLURM_LINE_PREFIX)
-    return run_with_scaffold(plan, body, settings, run_id=run_id, launcher=launcher,
+    return run_with_scaffold(plan, body, options, run_id=run_id, launcher=launcher,
                              extra_lines=(request_summary(cluster, world_size),))
 
 
