@@ -195,14 +195,15 @@ def test_a_ray_ranks_environment_comes_from_the_one_builder(monkeypatch):
     """A Ray rank's environment is plan.rank_environment's for its place (restart count, max
     restarts, the interface toward the other nodes), with a socket variable the user set kept."""
     from notebook_launch.plan import rank_environment
-    from notebook_launch.engines.ray.actor import _rank_spec
+    from notebook_launch.engines.remote.assignment import RankAssignment
     monkeypatch.setenv("NCCL_SOCKET_IFNAME", "users-own")
     monkeypatch.delenv("GLOO_SOCKET_IFNAME", raising=False)
-    assignment = {"global_rank": 3, "local_rank": 1, "local_world_size": 2, "node_rank": 1, "num_nodes": 2,
-                  "world_size": 4, "master_addr": "10.0.0.1", "master_port": 29555, "device_kind": "cpu",
-                  "mixed_precision": "no", "run_id": "r1", "cpu_count": 2, "interface": "eth9",
-                  "cuda_visible_devices": None, "attempt": 1, "max_restarts": 2}
-    spec = _rank_spec(assignment)
+    assignment = RankAssignment(global_rank=3, local_rank=1, local_world_size=2, node_rank=1, num_nodes=2,
+                                world_size=4, master_addr="10.0.0.1", master_port=29555, device_kind="cpu",
+                                mixed_precision="no", run_id="r1", cpu_count=2, interface="eth9",
+                                cuda_visible_devices=None, attempt=1, max_restarts=2)
+    spec = assignment.spec(os.environ)
+    assert RankAssignment.from_json(assignment.to_json()) == assignment   # as SLURM's agents carry it
     expected = rank_environment(global_rank=3, local_rank=1, num_processes=2, num_nodes=2, node_rank=1,
                                 world_size=4, master_addr="10.0.0.1", master_port=29555, device_kind="cpu",
                                 mixed_precision="no", run_id="r1", user_env={"NCCL_SOCKET_IFNAME": "users-own"},

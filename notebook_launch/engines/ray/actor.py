@@ -26,10 +26,10 @@ from typing import Any
 from ... import protocol
 from ...channels.sockets import connect_streams
 from ...net import free_port, interface_with_address
-from ...plan import RankSpec, rank_environment
 from ...rank.bootstrap import EXIT_FAILED, capture_output, flush_everything
 from ...rank.remote_where import Answerer, obey_notebook
 from ...rank.resources import report_own
+from ..remote.assignment import RankAssignment
 
 log = logging.getLogger("notebook_launch")
 
@@ -45,10 +45,10 @@ class RankActor:
                 "gpu_ids": [str(g) for g in ray.get_gpu_ids()], "pid": os.getpid(),
                 "port": free_port() if want_port else None, "cpu_count": os.cpu_count() or 1}
 
-    def run(self, assignment: dict[str, Any], job_payload: bytes, channel: tuple[str, int, bytes]) -> int:
+    def run(self, assignment: RankAssignment, job_payload: bytes, channel: tuple[str, int, bytes]) -> int:
         """Run the rank; return its exit code. Output and events go to the notebook as it runs."""
         host, port, token = channel
-        rank = assignment["global_rank"]
+        rank = assignment.global_rank
         socks = connect_streams(host, port, token, rank)
         saved_fds = (os.dup(1), os.dup(2))
         saved_streams = (sys.stdout, sys.stderr)
@@ -63,13 +63,13 @@ class RankActor:
             writer = StoppableWriter(events_fd, answers_fd=socks[3].fileno())
             protocol.install(writer)
             signal.signal(signal.SIGTERM, writer.stop_rank)
-            if assignment.get("persistent"):   # the notebook's calls come on the events connection
+            if assignment.persistent:   # the notebook's calls come on the events connection
                 from ..remote.serve import listen
                 listen(socks[0], finished, socks[3])
             else:
                 threading.Thread(target=obey_notebook, args=(socks[0], Answerer(socks[3]), finished), daemon=True,
                                  name="notebook_launch-control").start()
-            spec = _rank_spec(assignment)
+            spec = assignment.spec(os.environ)
             os.environ.update(spec.env)
             from ...rank.spawn_entry import load_remote_job
             job = load_remote_job(job_payload, spec, writer)
@@ -123,23 +123,3 @@ def _close(sock: Any) -> None:
     except OSError:
         log.debug("events connection already closed", exc_info=True)
     sock.close()
-
-
-def _rank_spec(assignment: dict[str, Any]) -> RankSpec:
-    """The rank's environment: a local rank's (``rank_environment``, the one builder) on its node,
-    with the attempt's restart count and the interface that reaches the other nodes, plus the
-    GPUs Ray gave this node's ranks."""
-    a = assignment
-    env = rank_environment(
-        global_rank=a["global_rank"], local_rank=a["local_rank"], num_processes=a["local_world_size"],
-        num_nodes=a["num_nodes"], node_rank=a["node_rank"], world_size=a["world_size"],
-        master_addr=a["master_addr"], master_port=a["master_port"], device_kind=a["device_kind"],
-        mixed_precision=a["mixed_precision"], run_id=a["run_id"], user_env=os.environ,
-        cpu_count=a["cpu_count"], restart_count=a.get("attempt", 0), max_restarts=a.get("max_restarts", 0),
-        interface=a.get("interface"))
-    if a.get("cuda_visible_devices") is not None:
-        env["CUDA_VISIBLE_DEVICES"] = a["cuda_visible_devices"]
-    device = f"cuda:{a['local_rank']}" if a["device_kind"] == "cuda" else "cpu"
-    return RankSpec(a["global_rank"], a["local_rank"], device, env)
-
-

@@ -27,6 +27,7 @@ from ...net import source_address_toward
 from ...plan import LaunchPlan
 from ...protocol import FailureKind
 from ..base import StartFailed
+from ..remote.assignment import RankAssignment
 from ..remote.launcher import ConnectBackLauncher
 from . import connect as ray_connect
 from .gang import (Gang, PersistentGang, PersistentRayRank, Placement, RayRank, Waiter, death_reason,
@@ -100,9 +101,7 @@ class RayLauncher(ConnectBackLauncher):
             assignment = rank_assignment(p, info, master, num_nodes=num_nodes, world_size=world_size,
                                          cluster=cluster, mixed_precision=self.mixed_precision,
                                          run_id=self.run_id, cuda_visible_devices=devices.get(p.node_id),
-                                         restarts=restarts)
-            if self.persistent:
-                assignment["persistent"] = True
+                                         restarts=restarts, persistent=self.persistent)
             futures.append(actor.run.remote(assignment, self._payload_ref,
                                             (listener.address[0], listener.address[1], listener.token)))
 
@@ -163,15 +162,17 @@ def describe_actors(ray: Any, gang: Gang, placements: list[Placement],
 
 def rank_assignment(p: Placement, info: dict[str, Any], master: dict[str, Any], *, num_nodes: int,
                     world_size: int, cluster: "RayCluster", mixed_precision: str, run_id: str,
-                    cuda_visible_devices: str | None, restarts: tuple[int, int] = (0, 0)) -> dict[str, Any]:
+                    cuda_visible_devices: str | None, restarts: tuple[int, int] = (0, 0),
+                    persistent: bool = False) -> RankAssignment:
     """What one actor needs to build its rank's environment on its node."""
     cpus = cluster.cpus_per_rank or 1
-    return {"global_rank": p.global_rank, "local_rank": p.local_rank, "local_world_size": p.local_world_size,
-            "node_rank": p.node_rank, "num_nodes": num_nodes, "world_size": world_size,
-            "master_addr": master["address"], "master_port": master["port"],
-            "device_kind": cluster.device_kind, "mixed_precision": mixed_precision, "run_id": run_id,
-            "cpu_count": max(1, int(cpus * p.local_world_size)), "interface": info["interface"],
-            "cuda_visible_devices": cuda_visible_devices, "attempt": restarts[0], "max_restarts": restarts[1]}
+    return RankAssignment(
+        global_rank=p.global_rank, local_rank=p.local_rank, local_world_size=p.local_world_size,
+        node_rank=p.node_rank, num_nodes=num_nodes, world_size=world_size, master_addr=master["address"],
+        master_port=master["port"], device_kind=cluster.device_kind, mixed_precision=mixed_precision,
+        run_id=run_id, cpu_count=max(1, int(cpus * p.local_world_size)), interface=info["interface"],
+        cuda_visible_devices=cuda_visible_devices, attempt=restarts[0], max_restarts=restarts[1],
+        persistent=persistent)
 
 
 def placement_timeout_error(ray: Any, cluster: "RayCluster", world_size: int, rdzv_timeout: float) -> StartFailed:

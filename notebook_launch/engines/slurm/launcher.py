@@ -30,6 +30,7 @@ scheduler ended (``allocation.ended()``) takes no further attempt.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import subprocess
@@ -43,6 +44,7 @@ from ...errors import GuardError
 from ...net import source_address_toward
 from ...protocol import FailureKind
 from ..base import StartFailed
+from ..remote.assignment import RankAssignment
 from ..remote.launcher import ConnectBackLauncher
 from ..local.warm_imports import TORCH_NAMES, looks_like_training, names_any
 from ...diagnose.remote_where import WhereAsker
@@ -120,19 +122,22 @@ class SlurmLauncher(ConnectBackLauncher):
         self._payload_path = folder / "slurm-job.pkl"
         self._payload_path.write_bytes(payload)
         self._listener = listener = RankListener(host, world_size)
+        # what every node's agent is told: where to connect and the job, what to import ahead, and
+        # its first rank's assignment (the agent's children take the node's next ranks)
         common = {"host": host, "port": listener.address[1], "token": listener.token.hex(),
-                  "payload": str(self._payload_path), "world_size": world_size, "num_nodes": cluster.nodes,
-                  "local_world_size": per_node, "master_addr": self.nodes[0][1],
-                  "master_port": master_port_for(self.job_id, attempt), "device_kind": cluster.device_kind,
-                  "mixed_precision": self.mixed_precision, "run_id": self.run_id,
-                  "cpus_per_rank": cluster.cpus_per_rank, "persistent": self.persistent,
-                  "attempt": attempt, "max_restarts": self.max_restarts}
-        common["warm"] = warm_modules(job.function)
+                  "payload": str(self._payload_path), "warm": warm_modules(job.function)}
+        first = RankAssignment(
+            global_rank=0, local_rank=0, local_world_size=per_node, node_rank=0, num_nodes=cluster.nodes,
+            world_size=world_size, master_addr=self.nodes[0][1], master_port=master_port_for(self.job_id, attempt),
+            device_kind=cluster.device_kind, mixed_precision=self.mixed_precision, run_id=self.run_id,
+            cpu_count=cluster.cpus_per_rank * per_node, attempt=attempt, max_restarts=self.max_restarts,
+            persistent=self.persistent)
         order = NodeFailureOrder()   # shared by the attempt's agents: a failed node's ranks end first
         for node_rank, (name, _) in enumerate(self.nodes):
             for rank in range(node_rank * per_node, (node_rank + 1) * per_node):
                 watch.placed(rank, node_rank, name)
-            self._agents.append(self._start_agent(dict(common, node_rank=node_rank), name, per_node, order))
+            node = dataclasses.replace(first, node_rank=node_rank, global_rank=node_rank * per_node)
+            self._agents.append(self._start_agent(dict(common, rank=node.to_json()), name, per_node, order))
         agent_of = [agent for agent in self._agents for _ in agent.ranks]
 
         def check() -> None:
@@ -165,15 +170,15 @@ class SlurmLauncher(ConnectBackLauncher):
                                  f"starting and running the ranks)")
         return list(ranks)
 
-    def _start_agent(self, assignment: dict[str, Any], name: str, per_node: int,
+    def _start_agent(self, message: dict[str, Any], name: str, per_node: int,
                      order: NodeFailureOrder) -> NodeAgent:
         """The node's one step: its agent imports once and forks the node's ``per_node`` ranks
         (``slurm.node_agent``). srun's stdout is the agent's reports; everything else it and the
         agent say goes to the node's output file (``end_cause`` and a failed start read it)."""
         assert self.folder is not None and self.job_id is not None
-        node_rank = assignment["node_rank"]
-        env = dict(scheduler.slurm_environment(), **{NODE_VARIABLE: json.dumps(assignment)})
-        attempt = assignment["attempt"]   # each attempt's steps keep their own output
+        node_rank = message["rank"]["node_rank"]
+        env = dict(scheduler.slurm_environment(), **{NODE_VARIABLE: json.dumps(message)})
+        attempt = message["rank"]["attempt"]   # each attempt's steps keep their own output
         output = self.folder / (f"srun-node{node_rank}" + (f"-attempt{attempt}" if attempt else "") + ".out")
         with open(output, "wb") as out:
             srun = subprocess.Popen(

@@ -20,6 +20,7 @@ and a rank never outlives its agent. This module is the rank side, like ``slurm.
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import os
@@ -30,6 +31,7 @@ from typing import Any
 from ...rank.bootstrap import die_with_parent
 from ...rank.forking import fork_child, reap
 from ...rank.preload import warm
+from ..remote.assignment import RankAssignment
 from .task import run_task
 
 NODE_VARIABLE = "NOTEBOOK_LAUNCH_SLURM_NODE"
@@ -39,15 +41,16 @@ CLEARLY_MORE = 16 * 2**20    # bytes of resident memory one rank must hold over 
 
 def main() -> int:
     """Fork the node's ranks, report each one's end, and end once all have (exit code 0)."""
-    assignment = json.loads(os.environ.pop(NODE_VARIABLE))
+    message = json.loads(os.environ.pop(NODE_VARIABLE))
     report = os.dup(1)   # the ends' channel; fd 1 (inherited by the ranks until they connect) joins stderr
     os.dup2(2, 1)
-    warm(assignment.pop("warm"))
+    warm(message.pop("warm"))
+    node = RankAssignment.from_json(message["rank"])
     agent = os.getpid()
     children: dict[int, int] = {}
     pidfds: dict[int, int] = {}
-    for local_rank, rank in enumerate(ranks_of(assignment)):
-        task = dict(assignment, global_rank=rank, local_rank=local_rank)
+    for local_rank, rank in enumerate(node.node_ranks()):
+        task = dict(message, rank=dataclasses.replace(node, global_rank=rank, local_rank=local_rank).to_json())
         pid, pidfd = fork_child(functools.partial(become_task, agent, task), close=[report, *pidfds])
         children[pid] = rank
         pidfds[pidfd] = pid
@@ -89,12 +92,6 @@ def watch(children: dict[int, int], pidfds: dict[int, int], report: int) -> None
             if pid != largest and sizes[pid] > min(sizes.values()) + CLEARLY_MORE:
                 largest = pid
                 os.write(report, f"{children[pid]} largest {sizes[pid]}\n".encode())
-
-
-def ranks_of(assignment: dict[str, Any]) -> range:
-    """The global ranks the agent of ``assignment``'s node forks."""
-    per_node = assignment["local_world_size"]
-    return range(assignment["node_rank"] * per_node, (assignment["node_rank"] + 1) * per_node)
 
 
 if __name__ == "__main__":

@@ -23,8 +23,6 @@ from typing import Any
 
 from ... import protocol
 from ...channels.sockets import connect_streams
-from ...net import interface_with_address, source_address_toward
-from ...plan import RankSpec, rank_environment
 from ...rank.bootstrap import EXIT_FAILED, capture_output, exit_with
 from ..remote.serve import listen
 from ...rank.remote_where import Answerer, obey_notebook
@@ -32,12 +30,16 @@ from ...rank.resources import report_own
 from ...rank.runner import report_error, run_rank, setup_failure
 from ...rank.spawn_entry import load_remote_job
 from ...rank.store_wait import wait_for_store_before_rendezvous
+from ..remote.assignment import RankAssignment
 
-def run_task(assignment: dict[str, Any]) -> None:
+def run_task(message: dict[str, Any]) -> None:
     """The rank's whole life, in this process (its own ``srun`` step, or a child the node's agent
-    forked: ``slurm.node_agent``). Never returns: the process ends with the rank's exit code."""
-    socks = connect_streams(assignment["host"], assignment["port"], bytes.fromhex(assignment["token"]),
-                            assignment["global_rank"])
+    forked: ``slurm.node_agent``; ``message``: where to connect, the job's file and the rank's
+    ``RankAssignment``). Never returns: the process ends with the rank's exit code."""
+    assignment = RankAssignment.from_json(message["rank"]).toward_master()
+    payload = message["payload"]
+    socks = connect_streams(message["host"], message["port"], bytes.fromhex(message["token"]),
+                            assignment.global_rank)
 
     finished = threading.Event()   # set once the rank's job returned (a persistent rank: after STOP)
 
@@ -47,20 +49,20 @@ def run_task(assignment: dict[str, Any]) -> None:
         socks[2].close()
         writer = protocol.EventWriter(socks[0].fileno(), answers_fd=socks[3].fileno())
         protocol.install(writer)
-        if assignment.get("persistent"):   # calls come on the events connection, as to a Ray actor
+        if assignment.persistent:   # calls come on the events connection, as to a Ray actor
             listen(socks[0], finished, socks[3])
         else:
             threading.Thread(target=obey_notebook, args=(socks[0], Answerer(socks[3])), daemon=True,
                              name="notebook_launch-control").start()
-        spec = _rank_spec(assignment)
+        spec = assignment.spec(os.environ)
         os.environ.update(spec.env)
         try:
-            with open(assignment["payload"], "rb") as f:
+            with open(payload, "rb") as f:
                 job = load_remote_job(f.read(), spec, writer)
             if job is None:
                 return EXIT_FAILED
         except BaseException as exc:   # why: a launcher error with its cause, never an unexplained exit
-            report_error(setup_failure(spec, exc, f"loading the job from {assignment['payload']} on "
+            report_error(setup_failure(spec, exc, f"loading the job from {payload} on "
                                                   f"{os.uname().nodename} (the run folder must be on a "
                                                   f"file system the nodes share)"), writer)
             return EXIT_FAILED
@@ -73,19 +75,3 @@ def run_task(assignment: dict[str, Any]) -> None:
             reporter.stop()
 
     exit_with(body)
-
-
-def _rank_spec(a: dict[str, Any]) -> RankSpec:
-    """A local rank's environment (``rank_environment``, the one builder) on this node, with the
-    attempt's restart count (as elastic's and Ray's restarts set it) and the interface that reaches
-    rank 0's node for gloo and NCCL."""
-    source = source_address_toward(a["master_addr"])
-    env = rank_environment(
-        global_rank=a["global_rank"], local_rank=a["local_rank"], num_processes=a["local_world_size"],
-        num_nodes=a["num_nodes"], node_rank=a["node_rank"], world_size=a["world_size"],
-        master_addr=a["master_addr"], master_port=a["master_port"], device_kind=a["device_kind"],
-        mixed_precision=a["mixed_precision"], run_id=a["run_id"], user_env=os.environ,
-        cpu_count=a["cpus_per_rank"] * a["local_world_size"], restart_count=a.get("attempt", 0),
-        max_restarts=a.get("max_restarts", 0), interface=interface_with_address(source) if source else None)
-    device = f"cuda:{a['local_rank']}" if a["device_kind"] == "cuda" else "cpu"
-    return RankSpec(a["global_rank"], a["local_rank"], device, env)
