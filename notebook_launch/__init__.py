@@ -3,9 +3,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from . import cuda_tracking  # noqa: F401  (preflight and tests use it)
+from .notebook import cuda_tracking  # noqa: F401  (preflight and tests use it)
 from .engines import RayCluster, SlurmCluster
-from .metrics import load_metrics
+from .record.metrics import load_metrics
 from .errors import GuardError, LaunchArgumentError, LaunchError, NotebookLaunchError
 from .launcher import notebook_launcher
 from .persistent import Ranks
@@ -44,8 +44,8 @@ def load_ipython_extension(ipython: Any) -> None:
     start the warm start process where launches will likely need it (``prestart``)."""
     from .detect.platform import inside_launched_rank
     from .hooks import install
-    from .magic import load_ipython_extension as _load
-    from .ranks_magic import register as _register_ranks
+    from .magics.launch import load_ipython_extension as _load
+    from .magics.ranks import register as _register_ranks
     install(by="%load_ext notebook_launch", shell=ipython)
     _load(ipython)
     _register_ranks(ipython)

@@ -10,8 +10,8 @@ from . import preflight
 from .errors import LaunchError, NotebookLaunchError, user_interrupt
 from .display.cell_budget import DEFAULT_CELL_OUTPUT
 from .engines import engine_for
-from .options import DEFAULT_LINES_PER_SECOND, DEFAULT_USE_PORT, LaunchOptions
-from .plan import StartMethod
+from .planning.options import DEFAULT_LINES_PER_SECOND, DEFAULT_USE_PORT, LaunchOptions
+from .wire.plan import StartMethod
 from .prepare import entry_options
 from .diagnose.stall import DEFAULT_STALL_AFTER
 

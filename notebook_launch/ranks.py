@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 from .display.cell_budget import DEFAULT_CELL_OUTPUT
 from .errors import LaunchArgumentError
-from .options import DEFAULT_LINES_PER_SECOND, DEFAULT_USE_PORT, validate_interrupt_grace
+from .planning.options import DEFAULT_LINES_PER_SECOND, DEFAULT_USE_PORT, validate_interrupt_grace
 from .preflight import check_not_inside_rank
 from .diagnose.stall import DEFAULT_STALL_AFTER
 from .engines import engine_for
@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from .display.base import Display
     from .engines.ray.cluster import RayCluster
     from .engines.slurm.cluster import SlurmCluster
-    from .plan import StartMethod
+    from .wire.plan import StartMethod
 
 
 @trimmed

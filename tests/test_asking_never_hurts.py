@@ -22,7 +22,7 @@ import time
 import pytest
 
 from notebook_launch import LaunchError, notebook_launcher, start_ranks
-from notebook_launch.net import free_port
+from notebook_launch.planning.net import free_port
 from notebook_launch.rank import whereabouts
 
 pytestmark = pytest.mark.timeout(300)
@@ -236,10 +236,9 @@ def test_no_way_of_asking_signals_a_rank_whose_lock_is_free(log_dir, tmp_path):
         "engines/elastic/node_board.py": ["collect"],   # the supervisor's whereabouts, for another node
         "diagnose/ranks.py": ["collect", "process.where"], "diagnose/xla_replicas.py": ["collect"],
         "diagnose/stacks.py": ["ask_all"], "diagnose/native_stacks.py": ["ask_all", "child_stacks", "dump_all"],
-        "engines/ray/gang.py": ["asker.ask"],   # Ray's: diagnose.remote_where.WhereAsker, over the connections
         "engines/remote/serve.py": ["answerer.ask"],   # the rank's answering thread
         "rank/remote_where.py": ["answerer.ask"],
-        "engines/remote/handle.py": ["asker.ask"],   # SLURM ranks: as Ray's (their task runs obey_notebook)
+        "engines/remote/handle.py": ["asker.ask"],   # Ray's and SLURM's ranks: diagnose.remote_where.WhereAsker
     }
     senders = {path: sorted(set(calls) & {"tgkill", "pthread_kill", "raise_signal"}) for path, calls in asking.items()}
     assert {path: names for path, names in senders.items() if names} == {

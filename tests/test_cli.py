@@ -83,7 +83,7 @@ def test_env_preview_is_the_launchers_own_decision(monkeypatch):
     """`notebook-launch env` asks the function the launcher asks (target.launch_target):
     a decision changed there shows in both."""
     from notebook_launch import cli
-    from notebook_launch import target as target_module
+    from notebook_launch.planning import target as target_module
     calls = []
     real = target_module.launch_target
 

@@ -95,7 +95,7 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
 def test_the_graph_is_read():
     graph = import_graph()
     assert "notebook_launch.launcher" in graph["notebook_launch"]
-    assert "notebook_launch.supervise.supervisor" in graph["notebook_launch.run"]
+    assert "notebook_launch.supervise.supervisor" in graph["notebook_launch.scaffold.run"]
 
 
 def test_no_import_cycle():
@@ -201,12 +201,13 @@ def test_channels_and_protocol_depend_on_nothing_of_ours():
     them) and memory_errors (which exceptions are allocation failures, decided as an ERROR is
     made), which import nothing of ours."""
     graph = import_graph()
-    assert graph["notebook_launch.fork_locks"] == set()
-    assert graph["notebook_launch.memory_errors"] == set()
+    assert graph["notebook_launch.wire.fork_locks"] == set()
+    assert graph["notebook_launch.wire.memory_errors"] == set()
     for name, targets in graph.items():
         if name.startswith("notebook_launch.channels"):
             assert all(t.startswith("notebook_launch.channels") for t in targets), (name, targets)
-    assert graph["notebook_launch.protocol"] <= {"notebook_launch.fork_locks", "notebook_launch.memory_errors"}
+    assert graph["notebook_launch.wire.protocol"] <= {"notebook_launch.wire.fork_locks",
+                                                      "notebook_launch.wire.memory_errors"}
 
 
 # What runs inside a rank but lives in its engine's folder (issue 46: an engine's rank side sits
@@ -250,7 +251,8 @@ def test_hang_diagnosis_sits_below_every_path_that_asks_it():
     assert "notebook_launch.diagnose.ranks" in graph["notebook_launch.persistent.pool"]
 
 
-WHAT_LAUNCHERS_MUST_NOT_IMPORT = ("notebook_launch.supervise", "notebook_launch.display", "notebook_launch.state")
+WHAT_LAUNCHERS_MUST_NOT_IMPORT = ("notebook_launch.supervise", "notebook_launch.display",
+                                  "notebook_launch.record.state")
 
 
 def defines_a_launcher(path: Path) -> bool:
@@ -351,8 +353,8 @@ def test_the_formats_both_sides_read_are_in_channels():
         users = {"rank" if module in RANK_SIDE_OF_ENGINES else unit_of(module)
                  for module, targets in graph.items() if fmt in targets}
         assert "rank" in users and users - {"rank", "channels"}, (fmt, users)
-    assert "notebook_launch.shared_tensors" in graph["notebook_launch.persistent.command_frames"]
-    assert "notebook_launch.shared_tensors" in graph["notebook_launch.rank.serve"]
+    assert "notebook_launch.wire.shared_tensors" in graph["notebook_launch.persistent.command_frames"]
+    assert "notebook_launch.wire.shared_tensors" in graph["notebook_launch.rank.serve"]
 
 
 # Modules outside ``engines/`` that reach into an engine's folder, each with why it cannot go

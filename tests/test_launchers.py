@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 from test_import_graph import defines_a_launcher
 
-from notebook_launch import LaunchError, engines, notebook_launcher, run, start_ranks
+from notebook_launch import LaunchError, engines, notebook_launcher, start_ranks
+from notebook_launch.scaffold import run
 from notebook_launch.engines import launcher_for
 from notebook_launch.engines.base import Launcher, StartFailed
 from notebook_launch.engines.local.fork import ForkBackend
@@ -46,11 +47,11 @@ START_PATHS = {
 
 # Processes the package starts that are not ranks, and why they are allowed outside a launcher.
 NOT_RANKS = {
-    "notebook_launch.orphan_keeper": "the per-notebook keeper that ends what ranks leave behind",
-    "notebook_launch.leftovers": "starts the keeper",
+    "notebook_launch.process.orphan_keeper": "the per-notebook keeper that ends what ranks leave behind",
+    "notebook_launch.process.leftovers": "starts the keeper",
     "notebook_launch.diagnose.native_stacks": "py-spy, reading a hung rank's native stack",
     "notebook_launch.detect.platform": "nvidia-smi, for the GPUs' names",
-    "notebook_launch.cuda_tracking": "a throwaway fork that probes whether a fork is poisoned",
+    "notebook_launch.notebook.cuda_tracking": "a throwaway fork that probes whether a fork is poisoned",
     "notebook_launch.rank.xla_replicas": "xmp.spawn, inside the xla launcher's own child (backends.xla)",
     # the SLURM engine keeps its launcher in its own package: its srun steps start in SlurmLauncher.start
     "notebook_launch.engines.slurm.launcher": "SlurmLauncher (a launcher outside backends/): srun, a step per node",

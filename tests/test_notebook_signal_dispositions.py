@@ -30,7 +30,7 @@ from helpers.waiting import ended, wait_for
 
 from notebook_launch import LaunchError, notebook_launcher, start_ranks
 from notebook_launch.engines.local import fork_thread
-from notebook_launch.net import free_port
+from notebook_launch.planning.net import free_port
 from helpers.processes import children
 
 
@@ -340,7 +340,7 @@ def test_in_a_real_kernel_that_ignores_sigchld_every_launch_reports_true_endings
         sys.path.insert(0, {tests_dir!r})
         from test_notebook_signal_dispositions import end_after_rank_0, exit_3_on_rank_1, rank_pid
         from notebook_launch import LaunchError, notebook_launcher, start_ranks
-        from notebook_launch.net import free_port
+        from notebook_launch.planning.net import free_port
         signal.signal(signal.SIGCHLD, signal.SIG_IGN)
         endings = {{}}
         for method in ("fork", "spawn"):

@@ -19,7 +19,7 @@ from notebook_launch.engines.ray.connect import NodeInfo, check_resources, descr
 from notebook_launch.engines.ray.gang import assign_ranks, death_reason, visible_devices_by_node
 from notebook_launch.channels.sockets import SIGNAL_FRAME, StreamListener, connect_streams
 from notebook_launch.errors import GuardError
-from notebook_launch.protocol import READY, EventKind, EventReader, EventWriter
+from notebook_launch.wire.protocol import READY, EventKind, EventReader, EventWriter
 
 
 def test_nothing_of_ray_is_imported_without_cluster():
@@ -194,7 +194,7 @@ def test_a_raising_call_is_not_called_a_death():
 def test_a_ray_ranks_environment_comes_from_the_one_builder(monkeypatch):
     """A Ray rank's environment is plan.rank_environment's for its place (restart count, max
     restarts, the interface toward the other nodes), with a socket variable the user set kept."""
-    from notebook_launch.plan import rank_environment
+    from notebook_launch.wire.plan import rank_environment
     from notebook_launch.engines.remote.assignment import RankAssignment
     monkeypatch.setenv("NCCL_SOCKET_IFNAME", "users-own")
     monkeypatch.delenv("GLOO_SOCKET_IFNAME", raising=False)

@@ -19,7 +19,8 @@ import pytest
 from helpers.fd_helpers import fd_links
 import torch
 
-from notebook_launch import LaunchError, notebook_launcher, shared_tensors
+from notebook_launch import LaunchError, notebook_launcher
+from notebook_launch.wire import shared_tensors
 
 BIG = 1 << 18   # elements: 1 MiB of float32, above the inline limit
 

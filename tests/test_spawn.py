@@ -18,10 +18,10 @@ import pytest
 import torch
 
 from notebook_launch import GuardError, LaunchArgumentError, LaunchError, notebook_launcher, preflight
-from notebook_launch import cuda_tracking
+from notebook_launch.notebook import cuda_tracking
 from notebook_launch.engines import launcher_for
-from notebook_launch.options import default_start_method
-from notebook_launch.net import free_port
+from notebook_launch.planning.options import default_start_method
+from notebook_launch.planning.net import free_port
 
 LAUNCH_TIMEOUT = 240  # seconds; spawned ranks import torch afresh, slow on a busy machine
 

@@ -17,7 +17,7 @@ import pytest
 
 from notebook_launch import LaunchError, notebook_launcher
 from notebook_launch.engines.local import start_process
-from notebook_launch.net import free_port
+from notebook_launch.planning.net import free_port
 from helpers.processes import is_start_process
 
 pytestmark = pytest.mark.timeout(300)
@@ -255,7 +255,7 @@ def test_is_start_process_helper_sees_the_start_process():
 @pytest.fixture
 def cuda_initialized_standin(monkeypatch):
     """The notebook 'initialized CUDA' (a stand-in: no GPU here), as tests/test_guards.py does."""
-    from notebook_launch import cuda_tracking
+    from notebook_launch.notebook import cuda_tracking
     monkeypatch.setattr(cuda_tracking, "is_cuda_initialized", lambda: True, raising=True)
 
 
@@ -282,8 +282,8 @@ def test_a_poisoned_fork_with_gpus_plans_the_start_process(monkeypatch):
     the start process (no rank is started: a fake GPU could not run one)."""
     import torch
     from helpers.fake_cuda_build_standin import fake_gpus_tracked
-    from notebook_launch import net
-    from notebook_launch.options import launch_options
+    from notebook_launch.planning import net
+    from notebook_launch.planning.options import launch_options
     from notebook_launch.prepare import plan_launch
     with fake_gpus_tracked(monkeypatch):
         assert torch.cuda.is_available()
@@ -306,7 +306,8 @@ def test_a_cuda_tensor_in_the_job_is_named_before_anything_starts(monkeypatch, t
     it is. No GPU here: ``tensor_device`` is told that marked CPU tensors are on cuda:0 (FAKE)."""
     import torch
 
-    from notebook_launch import LaunchArgumentError, pickling
+    from notebook_launch import LaunchArgumentError
+    from notebook_launch.wire import pickling
     model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Linear(2, 1))
     fake_cuda_tensors = {id(model[1].weight)}   # the model outlives the test's launches: ids stay its own
     real = pickling.tensor_device
@@ -386,8 +387,8 @@ def test_a_launch_with_more_fds_than_one_message_carries_goes_in_several_request
 
 
 def test_the_panel_header_shows_the_start_process_memory(tmp_path):
-    from notebook_launch.proc_usage import machine_memory
-    from notebook_launch.resources import helper_pids, machine_memory_text
+    from notebook_launch.record.proc_usage import machine_memory
+    from notebook_launch.record.resources import helper_pids, machine_memory_text
     start_process.prestart()
     starter = start_process.current()
     assert helper_pids()[start_process.HELPER_NAME] == starter.pid

@@ -427,7 +427,7 @@ def test_an_image_that_sets_the_bounds_plans_every_device_torch_xla_runs(tmp_pat
 def test_launch_target_reads_one_machine_for_both_detectors(fake_v5e_tpu_vm):
     """launch_target's platform and its XLA decision read the same (fake) root: the TPU found on
     its PCI and VFIO is the platform's TPU too (before, the platform read this machine's /dev)."""
-    from notebook_launch.target import launch_target
+    from notebook_launch.planning.target import launch_target
     environ, root = fake_v5e_tpu_vm
     target = launch_target(None, None, environ=environ, root=root)
     info = detect_xla(environ, root, modules={}, xla_installed=False)

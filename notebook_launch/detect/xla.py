@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Collection, Mapping
 
 from ..errors import LaunchArgumentError
-from ..plan import StartMethod
+from ..wire.plan import StartMethod
 from .hosted import hosted_service
 
 log = logging.getLogger("notebook_launch")

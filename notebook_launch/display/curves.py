@@ -18,10 +18,10 @@ import math
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, TypeVar
 
-from ..metrics import Series
+from ..record.metrics import Series
 
 if TYPE_CHECKING:
-    from ..state import RunState
+    from ..record.state import RunState
 
 Point = tuple[float, float, float, float]    # (step, mean, min, max) of a bucket (sparklines)
 LinePoint = tuple[float, float]              # (step, value) of a logged point (charts)

@@ -22,8 +22,8 @@ import queue
 import threading
 from typing import Any, Callable
 
-from ..best_effort import best_effort
-from ..ipython_shell import running_kernel
+from ..errors.best_effort import best_effort
+from ..errors.ipython_shell import running_kernel
 
 log = logging.getLogger("notebook_launch")
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import html
 
-from ..state import DONE, FAILED, STOPPED, RankState, RunState
+from ..record.state import DONE, FAILED, STOPPED, RankState, RunState
 from . import format as fmt
 from .pace import rank_text as pace_text
 

@@ -42,8 +42,8 @@ from .base import Display
 from .kernel_poll import CommPoller
 from .cell_budget import DEFAULT_CELL_OUTPUT
 from .text import NOTEBOOK_LINES_PER_SECOND, TextDisplay
-from ..notebook_streams import flushable_streams
-from ..state import RECENT_LINES, RankState, RunState
+from ..notebook.notebook_streams import flushable_streams
+from ..record.state import RECENT_LINES, RankState, RunState
 
 MAX_REDRAWS_PER_SECOND = 5
 MESSAGES_PER_SECOND = 50       # comm messages per second, under a notebook's IOPub limit

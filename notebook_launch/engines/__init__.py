@@ -28,9 +28,9 @@ from .ray.cluster import RayCluster        # the clusters' descriptions: light, 
 from .slurm.cluster import SlurmCluster
 
 if TYPE_CHECKING:
-    from ..options import LaunchOptions
+    from ..planning.options import LaunchOptions
     from ..persistent.pool import Ranks
-    from ..plan import PlanStartMethod
+    from ..wire.plan import PlanStartMethod
     from .base import Launcher
 
 __all__ = ["Engine", "RayCluster", "SlurmCluster", "ThisMachine", "cluster_reports", "engine_for", "launcher_for"]
@@ -55,7 +55,7 @@ def engine_for(options: LaunchOptions | None, cluster: object = None) -> Engine:
     ranks, which have no elastic form). A cluster of another type is refused here, before anything
     starts."""
     if cluster is not None:
-        from ..options import validate_cluster_type
+        from ..planning.options import validate_cluster_type
         validate_cluster_type(cluster, (RayCluster, SlurmCluster))
         if isinstance(cluster, SlurmCluster):
             from .slurm.engine import SlurmEngine
@@ -98,10 +98,10 @@ class ThisMachine:
     line_prefix: str | None = None
 
     def launch(self, options: LaunchOptions) -> list[Any]:
-        from .. import net
+        from ..planning import net
         from ..prepare import plan_launch
         from ..rank.runner import Job
-        from ..run import run_plan
+        from ..scaffold.run import run_plan
         target, plan, run_id = plan_launch(options)
         try:
             return run_plan(plan, Job(options.function, options.args, options.kwargs), options, run_id=run_id,

@@ -30,12 +30,12 @@ import abc
 from typing import TYPE_CHECKING, Callable, Sequence
 
 from ..channels import RankPipes, RankProcess
-from ..notebook_streams import ERR, OUT
-from .. import leftovers
-from ..protocol import FailureKind
+from ..notebook.notebook_streams import ERR, OUT
+from ..process import leftovers
+from ..wire.protocol import FailureKind
 
 if TYPE_CHECKING:
-    from ..plan import LaunchPlan, RankSpec
+    from ..wire.plan import LaunchPlan, RankSpec
     from ..rank.runner import Job
 
 __all__ = ["Launcher", "StartFailed", "StartWatch", "start_each"]

@@ -11,8 +11,8 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from .. import protocol
-from ..state import DONE, FAILED, STOPPED
+from ..wire import protocol
+from ..record.state import DONE, FAILED, STOPPED
 from ..supervise import interrupts, outcome
 from ..supervise.supervisor import Step, Supervisor
 from ..supervise.watch import RankWatch, Watcher

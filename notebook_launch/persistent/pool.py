@@ -30,13 +30,13 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from .. import protocol
+from ..wire import protocol
 from ..channels import RankProcess
 from ..display.words import counted
 from ..errors import LaunchArgumentError, LaunchError, NotebookLaunchError, user_interrupt
-from ..notebook_streams import OUT
-from ..logs import RunLogs
-from ..options import (
+from ..notebook.notebook_streams import OUT
+from ..record.logs import RunLogs
+from ..planning.options import (
     LaunchOptions,
     validate_args,
     validate_call,
@@ -45,10 +45,10 @@ from ..options import (
     validate_text,
     validate_timeout,
 )
-from ..plan import LaunchPlan
+from ..wire.plan import LaunchPlan
 from ..rank.runner import Job
-from ..session import Session, plan_state
-from ..state import RUNNING, RunState
+from ..scaffold.session import Session, plan_state
+from ..record.state import RUNNING, RunState
 from ..diagnose import hang_verdict, stacks as rank_stacks
 from ..diagnose.ranks import where_ranks
 from ..supervise import outcome

@@ -21,14 +21,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from .. import protocol, shared_tensors
+from ..wire import protocol, shared_tensors
 from ..channels import commands
 from ..channels.interrupt_slot import InterruptSlot
 from . import runner
 from . import namespace
 
 if TYPE_CHECKING:
-    from ..plan import LaunchPlan
+    from ..wire.plan import LaunchPlan
 
 log = logging.getLogger("notebook_launch")
 

@@ -26,9 +26,9 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Iterable, Mapping
 
-from ..protocol import Failure
-from ..resources import size_text
-from ..proc_usage import machine_memory, read_text, resident
+from ..wire.protocol import Failure
+from ..record.resources import size_text
+from ..record.proc_usage import machine_memory, read_text, resident
 from .allocation_failure import ADVICE, allocation_text, machine_text
 from .kernel_oom import CGROUP_ROOT, KernelKill, KillVerdict, OomBaseline, cgroup_limit, counter, \
     memory_cgroup_of, sigkill_words

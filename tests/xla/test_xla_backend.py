@@ -210,10 +210,10 @@ def test_num_processes_pjrt_cannot_run_is_refused_before_starting(tmp_path):
 
 def test_planned_ranks_that_torch_xla_does_not_run_are_reported(tmp_path):
     """When detection guessed wrong (here: 3 planned, 2 devices), rank 0 says so."""
-    from notebook_launch import run as run_module
-    from notebook_launch.net import free_port
-    from notebook_launch.options import launch_options
-    from notebook_launch.plan import build_plan
+    from notebook_launch.scaffold import run as run_module
+    from notebook_launch.planning.net import free_port
+    from notebook_launch.planning.options import launch_options
+    from notebook_launch.wire.plan import build_plan
     from notebook_launch.engines import launcher_for
     from notebook_launch.rank.runner import Job
     plan = build_plan(num_processes=3, num_nodes=1, node_rank=0, master_addr="127.0.0.1",
@@ -292,7 +292,7 @@ class RecordingDisplay(Display):
 
 def report_progress():
     import torch_xla.runtime as xr
-    from notebook_launch import protocol as channel
+    from notebook_launch.wire import protocol as channel
     ordinal = xr.global_ordinal()
     writer = channel.current()
     assert writer is not None   # a launched replica has its channel to the notebook

@@ -5,17 +5,21 @@ Elastic's own launcher (``elastic_launch``) installs SIGTERM/SIGINT/SIGHUP/
 SIGQUIT handlers through its process context and never restores them; our
 agent does not use that context, and the scaffold saves and restores every
 handler around the run so a notebook kernel gets back exactly what it had.
+
+Owns: multi-node launches and restarts under torch elastic's agent. May import: ``engines.base``,
+``engines.local``'s launchers, the run scaffold, supervise, diagnose, planning, wire, channels, the rank side;
+never another engine.
 """
 from __future__ import annotations
 
 import gc
 from typing import TYPE_CHECKING, Any
 
-from ...run import RunContext, run_with_scaffold
+from ...scaffold.run import RunContext, run_with_scaffold
 
 if TYPE_CHECKING:
-    from ...options import LaunchOptions
-    from ...plan import LaunchPlan
+    from ...planning.options import LaunchOptions
+    from ...wire.plan import LaunchPlan
     from ...rank.runner import Job
     from .rendezvous import RendezvousSettings
 

@@ -37,13 +37,13 @@ from typing import TYPE_CHECKING, Any
 from torch.distributed.elastic.agent.server.api import (  # noqa: E402  (torch is required here)
     RunResult, SimpleElasticAgent, WorkerSpec, WorkerState)
 
-from ...best_effort import best_effort
+from ...errors.best_effort import best_effort
 from ...channels import RankPipes
 from ...errors import LaunchError
-from ...net import free_port, interface_toward, is_loopback
-from ...notebook_streams import OUT
-from ...plan import SOCKET_IFNAME_VARIABLES, LaunchPlan, available_cpus, rank_environment
-from ...protocol import Failure, FailureKind
+from ...planning.net import free_port, interface_toward, is_loopback
+from ...notebook.notebook_streams import OUT
+from ...wire.plan import SOCKET_IFNAME_VARIABLES, LaunchPlan, available_cpus, rank_environment
+from ...wire.protocol import Failure, FailureKind
 from ...supervise import outcome
 from ...supervise.supervisor import Step
 from . import torch_compat
@@ -52,7 +52,7 @@ from .node_board import BoardUnreachable, NodeBoard
 from .rendezvous import RendezvousFailed, create_handler
 
 if TYPE_CHECKING:
-    from ...run import RunContext
+    from ...scaffold.run import RunContext
     from ...rank.runner import Job
     from .rendezvous import RendezvousSettings
 

@@ -14,9 +14,9 @@ import re
 import time
 from typing import Any
 
-from ... import restarts
+from ...scaffold import restarts
 from ...errors import LaunchError
-from ...protocol import Failure
+from ...wire.protocol import Failure
 from ...supervise import outcome
 from ...diagnose.hang_verdict import RankWhereabouts
 from ...supervise.supervisor import Step, Supervisor

@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from ...options import LaunchOptions
+    from ...planning.options import LaunchOptions
     from ...persistent.pool import Ranks
 
 
@@ -17,7 +17,7 @@ class ElasticEngine:
     line_prefix: str | None = None
 
     def launch(self, options: LaunchOptions) -> list[Any]:
-        from ... import net
+        from ...planning import net
         from ...prepare import plan_launch
         from ...rank.runner import Job
         from . import run_elastic

@@ -30,8 +30,8 @@ import logging
 import time
 from typing import Any, Callable, Sequence
 
-from ...best_effort import best_effort
-from ...protocol import Failure
+from ...errors.best_effort import best_effort
+from ...wire.protocol import Failure
 from ...diagnose.hang_verdict import Collective, Frame, Labeller, RankWhereabouts, ThreadStack
 
 PREFIX = "notebook_launch"

@@ -24,12 +24,12 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from ... import net as network
-from ...net import free_port
+from ...planning import net as network
+from ...planning.net import free_port
 from . import torch_compat
 
 if TYPE_CHECKING:
-    from ...options import LaunchOptions
+    from ...planning.options import LaunchOptions
 
 log = logging.getLogger("notebook_launch")
 ARRIVAL_POLL = 0.1

@@ -4,8 +4,10 @@ is ``start_server``; ``warm_imports`` says what it and a forking notebook import
 persistent ranks of this machine (``persistent.LocalTransport``). Each launcher implements
 ``engines.base.Launcher``; elastic's agent starts each attempt through ``get_backend``'s.
 
-Owns: starting ranks on this machine. May import: ``engines.base``, the plan, channels, the rank
-side (what a rank runs), ``persistent`` (the pool its transport serves), never another engine."""
+Owns: starting ranks on this machine. May import: ``engines.base``, the plan and the options, channels, wire,
+the rank side, ``persistent``'s pool and transport interface, supervise's outcome, record, process; never
+another engine.
+"""
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
@@ -13,7 +15,7 @@ from typing import TYPE_CHECKING
 from ..base import Launcher
 
 if TYPE_CHECKING:
-    from ...plan import PlanStartMethod
+    from ...wire.plan import PlanStartMethod
 
 
 def get_backend(start_method: PlanStartMethod) -> Launcher:

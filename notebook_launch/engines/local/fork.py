@@ -12,7 +12,7 @@ from .fork_thread import fork_from_clean_thread
 from .warm_imports import warm_for
 
 if TYPE_CHECKING:
-    from ...plan import LaunchPlan, RankSpec
+    from ...wire.plan import LaunchPlan, RankSpec
     from ...rank.runner import Job
 
 

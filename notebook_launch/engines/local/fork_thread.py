@@ -23,7 +23,7 @@ import threading
 from collections.abc import Callable
 from typing import NoReturn
 
-from ...fork_locks import ForkRenewedLock, no_fork_during_exec
+from ...wire.fork_locks import ForkRenewedLock, no_fork_during_exec
 
 log = logging.getLogger("notebook_launch")
 

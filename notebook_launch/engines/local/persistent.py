@@ -17,17 +17,17 @@ import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from ... import leftovers
+from ...process import leftovers
 from . import get_backend
 from ...errors import LaunchArgumentError
-from ...line_prefix import parse_line_prefix
-from ...net import release_claims
-from ...options import LaunchOptions, check_display_ranks_exist
+from ...display.line_prefix import parse_line_prefix
+from ...planning.net import release_claims
+from ...planning.options import LaunchOptions, check_display_ranks_exist
 from ...channels import commands
 from ...channels.interrupt_slot import InterruptSlot
 from ...rank.runner import Job
 from ...rank.serve import serve_calls
-from ...session import launch_line
+from ...scaffold.session import launch_line
 from ...supervise import outcome
 from ...supervise.kernel_oom import OomBaseline, sigkill_words
 from ...persistent import command_frames
@@ -35,9 +35,9 @@ from ...persistent.transport import STOP_GRACE, LogsFor, LostBetweenCalls, RankT
 
 if TYPE_CHECKING:
     from ...channels import RankPipes, RankProcess, WaitStatus
-    from ...logs import RunLogs
-    from ...plan import LaunchPlan
-    from ...target import LaunchTarget
+    from ...record.logs import RunLogs
+    from ...wire.plan import LaunchPlan
+    from ...planning.target import LaunchTarget
 
 log = logging.getLogger("notebook_launch")
 PlanLaunch = Callable[[LaunchOptions], "tuple[LaunchTarget, LaunchPlan, str]"]   # options -> target, plan, run id

@@ -25,17 +25,17 @@ import sys
 import tempfile
 from typing import TYPE_CHECKING, Any, Sequence
 
-from ... import shared_tensors
+from ...wire import shared_tensors
 from ...rank import spawn_context
 from ...channels import LOST, PidfdRank, RankPipes, RankProcess, WaitStatus, reap
-from ...fork_locks import no_fork_during_exec
-from ...notebook_streams import ERR, OUT
+from ...wire.fork_locks import no_fork_during_exec
+from ...notebook.notebook_streams import ERR, OUT
 from . import start_process
 from ..base import Launcher, start_each
 from .warm_imports import TRAINING_MODULES, looks_like_training
 
 if TYPE_CHECKING:
-    from ...plan import LaunchPlan, RankSpec
+    from ...wire.plan import LaunchPlan, RankSpec
     from ...rank.runner import Job
 
 log = logging.getLogger("notebook_launch")

@@ -38,9 +38,9 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from ...channels import LOST, EndUsage, WaitStatus, start_wire
-from ...fork_locks import ForkRenewedLock, no_fork_during_exec
-from ...notebook_streams import ERR
-from ...resources import helper_pids, register_helper
+from ...wire.fork_locks import ForkRenewedLock, no_fork_during_exec
+from ...notebook.notebook_streams import ERR
+from ...record.resources import helper_pids, register_helper
 
 log = logging.getLogger("notebook_launch")
 

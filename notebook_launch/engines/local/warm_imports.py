@@ -39,8 +39,8 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
-from ... import cuda_tracking
-from ...best_effort import best_effort
+from ...notebook import cuda_tracking
+from ...errors.best_effort import best_effort
 
 log = logging.getLogger("notebook_launch")
 

@@ -23,9 +23,9 @@ import sys
 import threading
 from typing import Any
 
-from ... import protocol
+from ...wire import protocol
 from ...channels.sockets import connect_streams
-from ...net import free_port, interface_with_address
+from ...planning.net import free_port, interface_with_address
 from ...rank.bootstrap import EXIT_FAILED, capture_output, flush_everything
 from ...rank.remote_where import Answerer, obey_notebook
 from ...rank.resources import report_own

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Mapping
 from ...errors import LaunchArgumentError
 
 if TYPE_CHECKING:
-    from ...plan import DeviceKind
+    from ...wire.plan import DeviceKind
 
 DEFAULT_RESOURCES = {"CPU": 1.0}
 RAY_PLACEMENTS = ("PACK", "SPREAD", "STRICT_SPREAD")   # Ray's placement group strategies we accept

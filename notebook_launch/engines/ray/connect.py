@@ -13,9 +13,9 @@ import socket
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
-from ...best_effort import best_effort
+from ...errors.best_effort import best_effort
 from ...errors import GuardError, LaunchArgumentError
-from ...signal_handlers import restore_signal_handlers, save_signal_handlers
+from ...scaffold.signal_handlers import restore_signal_handlers, save_signal_handlers
 
 if TYPE_CHECKING:
     from .cluster import RayCluster

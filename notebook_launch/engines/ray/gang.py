@@ -16,7 +16,7 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
-from ...best_effort import best_effort
+from ...errors.best_effort import best_effort
 from ...channels import WaitStatus
 from ..remote.handle import RemoteRank
 

@@ -23,9 +23,9 @@ from typing import TYPE_CHECKING, Any, Callable
 from ...channels import RankPipes, RankProcess
 from ...channels.sockets import StreamListener
 from ...errors import GuardError
-from ...net import source_address_toward
-from ...plan import LaunchPlan
-from ...protocol import FailureKind
+from ...planning.net import source_address_toward
+from ...wire.plan import LaunchPlan
+from ...wire.protocol import FailureKind
 from ..base import StartFailed
 from ..remote.assignment import RankAssignment
 from ..remote.launcher import ConnectBackLauncher

@@ -30,24 +30,24 @@ import logging
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from ...logs import make_run_id
-from ...options import LaunchOptions, check_display_ranks_exist, validate_cluster_launch, validate_cluster_type
+from ...record.logs import make_run_id
+from ...planning.options import LaunchOptions, check_display_ranks_exist, validate_cluster_launch, validate_cluster_type
 from ...prepare import entry_options
 from . import connect as ray_connect
 from .gang import Placement
-from ...plan import cluster_plan
+from ...wire.plan import cluster_plan
 from .launch import RayLauncher, notebook_address
 from ..remote.serve import serve_ray_calls
 from ...rank.runner import Job
-from ...session import plan_state
+from ...scaffold.session import plan_state
 from ...persistent.pool import Ranks
 from ..remote.persistent import RemoteTransport, lost_between_calls_error
 from ...persistent.transport import LogsFor, LostBetweenCalls
 
 if TYPE_CHECKING:
     from ...channels import RankProcess
-    from ...logs import RunLogs
-    from ...plan import LaunchPlan
+    from ...record.logs import RunLogs
+    from ...wire.plan import LaunchPlan
     from .cluster import RayCluster
 
 log = logging.getLogger("notebook_launch")

@@ -10,17 +10,17 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from ... import cuda_tracking
+from ...notebook import cuda_tracking
 from ...errors import GuardError
-from ...logs import make_run_id
+from ...record.logs import make_run_id
 from ...rank.runner import Job
-from ...run import run_with_scaffold, supervise_attempts
+from ...scaffold.run import run_with_scaffold, supervise_attempts
 from . import connect as ray_connect
-from ...plan import cluster_plan
+from ...wire.plan import cluster_plan
 from .launch import RayLauncher, notebook_address
 
 if TYPE_CHECKING:
-    from ...options import LaunchOptions
+    from ...planning.options import LaunchOptions
     from .cluster import RayCluster
 
 def run_on_ray(options: "LaunchOptions", cluster: "RayCluster", world_size: int) -> list[Any]:

@@ -12,8 +12,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ...net import interface_with_address, source_address_toward
-from ...plan import DeviceKind, RankSpec, rank_environment
+from ...planning.net import interface_with_address, source_address_toward
+from ...wire.plan import DeviceKind, RankSpec, rank_environment
 
 
 @dataclass(frozen=True)

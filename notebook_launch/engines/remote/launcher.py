@@ -16,7 +16,7 @@ from ..base import Launcher, StartFailed
 
 if TYPE_CHECKING:
     from ...channels import RankPipes
-    from ...plan import LaunchPlan
+    from ...wire.plan import LaunchPlan
     from ...rank.runner import Job
 
 

@@ -24,21 +24,21 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 from ..base import Launcher, StartFailed
-from ...best_effort import best_effort
+from ...errors.best_effort import best_effort
 from ...errors import LaunchError
-from ...line_prefix import parse_line_prefix
-from ...protocol import FailureKind
-from ...session import launch_line
+from ...display.line_prefix import parse_line_prefix
+from ...wire.protocol import FailureKind
+from ...scaffold.session import launch_line
 from ...supervise import outcome
 from ...channels.commands import Frame
 from ...channels.remote_commands import Kind, encode_message
 from ...persistent.transport import STOP_GRACE, LostBetweenCalls, RankTransport, exited, wait_for_ends
 
 if TYPE_CHECKING:
-    from ...logs import RunLogs
-    from ...plan import LaunchPlan
+    from ...record.logs import RunLogs
+    from ...wire.plan import LaunchPlan
     from ...rank.runner import Job
-    from ...state import RunState
+    from ...record.state import RunState
 
 log = logging.getLogger("notebook_launch")
 SEND_TICK = 1.0   # seconds between checks while a rank's connection does not take more bytes

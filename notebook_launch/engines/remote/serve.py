@@ -30,8 +30,8 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
-from ... import protocol, shared_tensors
-from ...plan import DeviceKind, RankSpec
+from ...wire import protocol, shared_tensors
+from ...wire.plan import DeviceKind, RankSpec
 from ...channels.commands import Command
 from ...channels.interrupt_slot import InterruptSlot
 from ...channels.remote_commands import MESSAGE, WHERE_REQUEST_BYTE, Kind

@@ -11,4 +11,9 @@ that is its own srun step), ``scheduler`` (the SLURM commands and what the sched
 ``watchdog`` (the process that cancels the job if the notebook dies), ``node_agent`` (the node's
 side, run by srun: imports torch once and forks the node's ranks) and ``task`` (the rank's side; both
 import only the rank side). Nothing here is imported until a launch names ``SlurmCluster``.
+
+Owns: running ranks on a SLURM allocation (``engine.SlurmEngine``; persistent ranks: ``persistent``).
+May import: ``engines.base``, ``engines.remote``, ``engines.local``'s warm imports, the options and the plan,
+the run scaffold, ``persistent``'s pool, the rank side; its rank side (``node_agent``, ``task``) only the
+rank side and ``remote``.
 """

@@ -24,7 +24,7 @@ from typing import IO, TYPE_CHECKING, Callable
 
 from ..base import StartFailed, StartWatch
 from ...errors import GuardError
-from ...protocol import FailureKind
+from ...wire.protocol import FailureKind
 from . import scheduler
 from .feasibility import never_starting_reason, reason_words
 from .records import Node

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Sequence
 from ...errors import LaunchArgumentError
 
 if TYPE_CHECKING:
-    from ...plan import DeviceKind
+    from ...wire.plan import DeviceKind
 
 # SLURM's --time forms: minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS (or UNLIMITED/INFINITE)
 _TIME = re.compile(r"^(\d+|\d+:\d{1,2}|\d+:\d{1,2}:\d{1,2}|\d+-\d{1,2}|\d+-\d{1,2}:\d{1,2}|\d+-\d{1,2}:\d{1,2}:\d{1,2}"

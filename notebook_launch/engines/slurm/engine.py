@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 from ..remote.handle import CLUSTER_LINE_PREFIX
 
 if TYPE_CHECKING:
-    from ...options import LaunchOptions
+    from ...planning.options import LaunchOptions
     from ...persistent.pool import Ranks
     from .cluster import SlurmCluster
 
@@ -23,7 +23,7 @@ class SlurmEngine:
         self.cluster = cluster
 
     def launch(self, options: LaunchOptions) -> list[Any]:
-        from ...options import validate_cluster_launch
+        from ...planning.options import validate_cluster_launch
         from .run import run_on_slurm
         return run_on_slurm(options, self.cluster, validate_cluster_launch(options))
 

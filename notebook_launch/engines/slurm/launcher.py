@@ -41,8 +41,8 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from ...channels import RankPipes, RankProcess
 from ...errors import GuardError
-from ...net import source_address_toward
-from ...protocol import FailureKind
+from ...planning.net import source_address_toward
+from ...wire.protocol import FailureKind
 from ..base import StartFailed
 from ..remote.assignment import RankAssignment
 from ..remote.launcher import ConnectBackLauncher
@@ -56,7 +56,7 @@ from ..remote.handle import RankListener
 from . import scheduler
 
 if TYPE_CHECKING:
-    from ...plan import LaunchPlan
+    from ...wire.plan import LaunchPlan
     from ...rank.runner import Job
     from .cluster import SlurmCluster
 

@@ -35,16 +35,16 @@ from typing import TYPE_CHECKING, Any
 
 from ..base import StartWatch
 from ...errors import GuardError
-from ...logs import make_run_id
-from ...notebook_streams import OUT
-from ...options import LaunchOptions, check_display_ranks_exist, validate_cluster_launch, validate_cluster_type
+from ...record.logs import make_run_id
+from ...notebook.notebook_streams import OUT
+from ...planning.options import LaunchOptions, check_display_ranks_exist, validate_cluster_launch, validate_cluster_type
 from ...prepare import entry_options
 from ..remote.serve import serve_ray_calls
 from ...rank.runner import Job
-from ...session import plan_state
+from ...scaffold.session import plan_state
 from . import scheduler
 from .launcher import SlurmLauncher
-from ...plan import cluster_plan
+from ...wire.plan import cluster_plan
 from .run import check_layout, request_summary
 from ...persistent.pool import Ranks
 from ..remote.persistent import RemoteTransport, lost_between_calls_error
@@ -52,8 +52,8 @@ from ...persistent.transport import LogsFor, LostBetweenCalls
 
 if TYPE_CHECKING:
     from ...channels import RankProcess
-    from ...logs import RunLogs
-    from ...plan import LaunchPlan
+    from ...record.logs import RunLogs
+    from ...wire.plan import LaunchPlan
     from .cluster import SlurmCluster
 
 log = logging.getLogger("notebook_launch")

@@ -16,15 +16,15 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from ...errors import LaunchArgumentError
-from ...logs import make_run_id
-from ...plan import cluster_plan
+from ...record.logs import make_run_id
+from ...wire.plan import cluster_plan
 from ...rank.runner import Job
-from ...run import RunContext, run_with_scaffold, supervise_attempts
+from ...scaffold.run import RunContext, run_with_scaffold, supervise_attempts
 from . import scheduler
 from .launcher import SlurmLauncher
 
 if TYPE_CHECKING:
-    from ...options import LaunchOptions
+    from ...planning.options import LaunchOptions
     from .cluster import SlurmCluster
 
 def run_on_slurm(options: "LaunchOptions", cluster: "SlurmCluster", world_size: int) -> list[Any]:

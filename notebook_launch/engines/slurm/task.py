@@ -21,7 +21,7 @@ import os
 import threading
 from typing import Any
 
-from ... import protocol
+from ...wire import protocol
 from ...channels.sockets import connect_streams
 from ...rank.bootstrap import EXIT_FAILED, capture_output, exit_with
 from ..remote.serve import listen

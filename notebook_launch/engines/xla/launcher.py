@@ -28,17 +28,17 @@ import os
 import sys
 from typing import TYPE_CHECKING, Callable, NoReturn, Sequence
 
-from ... import leftovers
+from ...process import leftovers
 from ...diagnose.hang_verdict import RankWhereabouts
 from ...diagnose.xla_replicas import replica_whereabouts
 from ...channels import RankPipes, RankProcess
-from ...notebook_streams import ERR, OUT
+from ...notebook.notebook_streams import ERR, OUT
 from ..base import Launcher
 from ..local.fork import ForkedRank
 from ..local.fork_thread import fork_from_clean_thread
 
 if TYPE_CHECKING:
-    from ...plan import LaunchPlan
+    from ...wire.plan import LaunchPlan
     from ...rank.runner import Job
 
 log = logging.getLogger("notebook_launch")

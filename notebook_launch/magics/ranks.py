@@ -23,13 +23,13 @@ import logging
 import shlex
 from typing import Any
 
-from .errors import LaunchArgumentError
-from .magic import cell_filename, check_cell_syntax, referenced_globals
-from .magic_options import (NOT_WATCHED, MagicArgumentParser, options_parser, parse_lines_per_second,
+from ..errors import LaunchArgumentError
+from .launch import cell_filename, check_cell_syntax, referenced_globals
+from .options import (NOT_WATCHED, MagicArgumentParser, options_parser, parse_lines_per_second,
                              parse_stall_after, parse_timeout, seconds_option, watch_options)
-from .rank.namespace import NotRun
-from .persistent.pool import DEFAULT_GRACE, Ranks, newest_open_pool
-from .ranks import start_ranks
+from ..rank.namespace import NotRun
+from ..persistent.pool import DEFAULT_GRACE, Ranks, newest_open_pool
+from ..ranks import start_ranks
 
 log = logging.getLogger("notebook_launch")
 USAGE = ("%ranks start [-n N] [--spawn] [--mixed-precision no|fp16|bf16|fp8] [--timeout S] "
@@ -110,7 +110,7 @@ def ranks_magic(shell: Any, line: str, cell: str | None = None) -> Any:
             if args.spawn:
                 raise LaunchArgumentError("%ranks start: --spawn and --cluster do not go together (Ray starts "
                                           "the ranks on the cluster). Usage: " + USAGE)
-            from .engines import RayCluster
+            from ..engines import RayCluster
             kwargs["cluster"] = RayCluster(address=args.cluster)
             del kwargs["start_method"]
         _active = start_ranks(**kwargs)

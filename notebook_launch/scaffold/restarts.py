@@ -21,8 +21,8 @@ from __future__ import annotations
 
 from typing import Callable, TypeVar
 
-from .errors import LaunchError
-from .protocol import FailureKind
+from ..errors import LaunchError
+from ..wire.protocol import FailureKind
 
 RESTARTABLE = frozenset({FailureKind.EXCEPTION, FailureKind.SIGNAL, FailureKind.EXIT})
 T = TypeVar("T")

@@ -20,7 +20,7 @@ import os
 import tempfile
 import time
 
-from .fork_locks import ForkRenewedLock
+from ..wire.fork_locks import ForkRenewedLock
 
 SIOCGIFADDR = 0x8915
 log = logging.getLogger("notebook_launch")

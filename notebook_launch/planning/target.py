@@ -8,10 +8,10 @@ from dataclasses import dataclass
 from typing import Mapping
 
 from .options import default_start_method, validate_num_processes
-from .plan import DeviceKind, DistBackend, StartMethod, dist_backend_for
-from .detect.platform import Environment, Probe, cuda_gpus, detect, system_probe
-from .detect import torch_tpu as tpu
-from .detect.xla import XlaInfo, resolve_num_ranks, xla_launch_info, xla_note
+from ..wire.plan import DeviceKind, DistBackend, StartMethod, dist_backend_for
+from ..detect.platform import Environment, Probe, cuda_gpus, detect, system_probe
+from ..detect import torch_tpu as tpu
+from ..detect.xla import XlaInfo, resolve_num_ranks, xla_launch_info, xla_note
 
 
 @dataclass(frozen=True)

@@ -19,13 +19,13 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Mapping, Sequence, get_args
 
 from . import fd_budget
-from .display import NOTEBOOK_LINES_PER_SECOND, UI_CHOICES, Display
-from .display.cell_budget import DEFAULT_CELL_OUTPUT, MIN_CELL_OUTPUT
-from .errors import LaunchArgumentError
-from .line_prefix import parse_line_prefix
+from ..display import NOTEBOOK_LINES_PER_SECOND, UI_CHOICES, Display
+from ..display.cell_budget import DEFAULT_CELL_OUTPUT, MIN_CELL_OUTPUT
+from ..errors import LaunchArgumentError
+from ..display.line_prefix import parse_line_prefix
 from .net import DEFAULT_PORT
-from .plan import DeviceKind, StartMethod, available_cpus
-from .diagnose.stall import DEFAULT_STALL_AFTER
+from ..wire.plan import DeviceKind, StartMethod, available_cpus
+from ..diagnose.stall import DEFAULT_STALL_AFTER
 
 MIXED_PRECISION_CHOICES = ("no", "fp16", "bf16", "fp8")
 START_METHODS: tuple[StartMethod, ...] = get_args(StartMethod)

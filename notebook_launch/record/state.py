@@ -17,7 +17,7 @@ from .slow_rank import PaceHistory
 from .resources import MachineMemory, RankUsage
 
 if TYPE_CHECKING:
-    from .plan import RankSpec
+    from ..wire.plan import RankSpec
 
 
 class Status(str, enum.Enum):

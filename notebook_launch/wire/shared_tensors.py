@@ -59,7 +59,7 @@ import sys
 from typing import Any
 
 from . import pickling
-from .channels import create_memfd
+from ..channels import create_memfd
 
 # A memfd for tensor bytes is a channel (``channels.pipes``): one maker for a rank's result file
 # and the files of calls and jobs.

@@ -25,7 +25,7 @@ import re
 import sys
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
-from .best_effort import best_effort
+from ..errors.best_effort import best_effort
 
 # Calls that create (or start from) Accelerate's shared state when run in the notebook.
 MAKER = re.compile(r"^(Accelerator|AcceleratorState|PartialState|\w*TrainingArguments|\w*Trainer|"

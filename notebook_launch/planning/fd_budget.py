@@ -15,8 +15,8 @@ import logging
 import os
 from dataclasses import dataclass
 
-from .display.words import counted
-from .errors import LaunchArgumentError
+from ..display.words import counted
+from ..errors import LaunchArgumentError
 
 log = logging.getLogger("notebook_launch")
 

@@ -14,22 +14,22 @@ from dataclasses import dataclass
 from typing import Any, Callable, TypeVar
 
 from . import restarts
-from .engines.base import Launcher, StartFailed, StartWatch
-from .channels import RankPipes
-from .display.base import Display
-from .display.display_relay import RankDisplays
-from .display.words import counted
-from .errors import LaunchError
-from .logs import RunLogs
-from .notebook_streams import OUT
-from .options import LaunchOptions
-from .plan import LaunchPlan
-from .protocol import Failure
-from .rank.runner import Job
+from ..engines.base import Launcher, StartFailed, StartWatch
+from ..channels import RankPipes
+from ..display.base import Display
+from ..display.display_relay import RankDisplays
+from ..display.words import counted
+from ..errors import LaunchError
+from ..record.logs import RunLogs
+from ..notebook.notebook_streams import OUT
+from ..planning.options import LaunchOptions
+from ..wire.plan import LaunchPlan
+from ..wire.protocol import Failure
+from ..rank.runner import Job
 from .session import Session, launch_summary
-from .state import RunState
-from .supervise import outcome
-from .supervise.supervisor import Supervisor
+from ..record.state import RunState
+from ..supervise import outcome
+from ..supervise.supervisor import Supervisor
 
 __all__ = ["PanelStartWatch", "RunContext", "launch_summary", "run_plan", "run_with_scaffold", "supervise_attempts",
            "supervise_ranks"]

@@ -12,7 +12,7 @@ from __future__ import annotations
 import string
 from dataclasses import dataclass
 
-from .errors import LaunchArgumentError
+from ..errors import LaunchArgumentError
 
 FIELDS = ("rank", "local_rank", "role_name", "node_rank")
 ROLE_NAME = "default"          # torchrun's role when none is given

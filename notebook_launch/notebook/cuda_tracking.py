@@ -39,7 +39,7 @@ import sys
 import traceback
 from typing import Any, Callable
 
-from .ipython_shell import running_shell
+from ..errors.ipython_shell import running_shell
 
 log = logging.getLogger("notebook_launch")
 _first_init_stack: list | None = None

@@ -16,10 +16,10 @@ import shlex
 import types
 from typing import Any, Iterable
 
-from .errors import LaunchArgumentError
-from .errors.render import remember_cell
-from .ipython_shell import running_shell
-from .magic_options import options_parser, watch_options
+from ..errors import LaunchArgumentError
+from ..errors.render import remember_cell
+from ..errors.ipython_shell import running_shell
+from .options import options_parser, watch_options
 
 USAGE = ("%%launch [-n N] [--mixed-precision no|fp16|bf16|fp8] [--timeout SECONDS] "
          "[--start-method fork|spawn] [--ui auto|widget|html|rich|text|none] [--port PORT] "
@@ -106,7 +106,7 @@ def referenced_globals(code: types.CodeType, user_ns: dict[str, Any]) -> dict[st
 
 def launch_cell(shell: Any, line: str, cell: str) -> None:
     """Run ``cell`` on N ranks; assign rank 0's ``--return`` values in the notebook."""
-    from .launcher import notebook_launcher
+    from ..launcher import notebook_launcher
     options = parse_launch_line(line)
     return_names = options.pop("return_names")
     source = shell.transform_cell(cell) if shell is not None else cell
@@ -197,9 +197,9 @@ def check_cell_syntax(shell: Any, magic_name: str) -> None:
 
 
 def load_ipython_extension(ipython: Any) -> None:
-    """``%load_ext notebook_launch`` (or ``notebook_launch.magic``): the hooks (``hooks``: where CUDA
+    """``%load_ext notebook_launch`` (or ``notebook_launch.magics.launch``): the hooks (``hooks``: where CUDA
     gets initialized, among others), then ``%%launch``."""
-    from .hooks import install
+    from ..hooks import install
     install(by="%load_ext notebook_launch", shell=ipython)   # idempotent: the package's extension calls it too
 
     def launch(line: str, cell: str) -> None:

@@ -38,9 +38,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, Iterable
 
-from .best_effort import best_effort
-from .errors import LaunchArgumentError
-from .fork_locks import ForkRenewedLock
+from ..errors.best_effort import best_effort
+from ..errors import LaunchArgumentError
+from ..wire.fork_locks import ForkRenewedLock
 
 log = logging.getLogger("notebook_launch")
 

@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import IO, Callable, Iterable, Protocol
 
 from .metrics import MetricsFile
-from .notebook_streams import OUT
-from .errors import LaunchArgumentError
+from ..notebook.notebook_streams import OUT
+from ..errors import LaunchArgumentError
 from .run_folders import (PRIVATE_FOLDER, LiveRunFolder, Pruning, Retention, default_log_root, fallback_log_root,
                           private_open, prune_as_a_run_starts, retention_from_environment)
 
@@ -66,7 +66,7 @@ class RunLogs:
 
     In the default root (and its fallback) the run gets a new folder, live while the run
     goes on, and the earlier runs' folders are cut to the retention bounds while the ranks
-    start (notebook_launch.run_folders says the rule; ``close`` waits for it); a ``log_dir``
+    start (notebook_launch.record.run_folders says the rule; ``close`` waits for it); a ``log_dir``
     the user chose is theirs: nothing in it is removed."""
 
     def __init__(self, run_id: str, local_ranks: Iterable[int], global_ranks: Iterable[int],

@@ -25,22 +25,22 @@ from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Generic, Iterator, Sequence, TypeVar
 
-from .detect.platform import in_ipython_kernel
-from .display import choose_display
-from .display.display_relay import RankDisplays
-from .errors import LaunchError
-from .logs import LogSection, LogWriter, RunLogs
-from .notebook_streams import OUT
+from ..detect.platform import in_ipython_kernel
+from ..display import choose_display
+from ..display.display_relay import RankDisplays
+from ..errors import LaunchError
+from ..record.logs import LogSection, LogWriter, RunLogs
+from ..notebook.notebook_streams import OUT
 from .signal_handlers import restore_signal_handlers, save_signal_handlers
-from .state import DONE, FAILED, RUNNING, STARTING, STOPPED, RankState, RunState
-from .supervise import interrupts
-from .supervise.outcome import error_summary, stop_cause
+from ..record.state import DONE, FAILED, RUNNING, STARTING, STOPPED, RankState, RunState
+from ..supervise import interrupts
+from ..supervise.outcome import error_summary, stop_cause
 
 if TYPE_CHECKING:
-    from .channels import RankProcess
-    from .display.base import Display
-    from .options import LaunchOptions
-    from .plan import LaunchPlan
+    from ..channels import RankProcess
+    from ..display.base import Display
+    from ..planning.options import LaunchOptions
+    from ..wire.plan import LaunchPlan
 
 __all__ = ["Session", "launch_line", "launch_summary", "open_logs", "plan_state"]
 

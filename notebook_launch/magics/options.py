@@ -7,7 +7,7 @@ from __future__ import annotations
 import argparse
 from typing import Any, Callable, NoReturn
 
-from .errors import LaunchArgumentError
+from ..errors import LaunchArgumentError
 
 NOT_WATCHED = "none"   # --stall-after none: stall_after=None
 

@@ -27,7 +27,7 @@ import subprocess
 import sys
 import threading
 
-from .fork_locks import ForkRenewedLock, no_fork_during_exec
+from ..wire.fork_locks import ForkRenewedLock, no_fork_during_exec
 
 log = logging.getLogger("notebook_launch")
 RUN_MARK = "NOTEBOOK_LAUNCH_RUN_ID"
