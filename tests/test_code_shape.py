@@ -111,7 +111,6 @@ LONG_MODULES: dict[str, str] = {
     "wire/shared_tensors.py": "the pickler and the memfd file: two jobs, to split",
 }
 LONG_FUNCTIONS: dict[str, str] = {
-    "engines/slurm/launcher.py::start": "the node agents' start and the failed-start check: to move apart",
     "rank/tqdm_bridge.py::_install_methods": "one closure per patched tqdm method: to become a table",
     "wire/shared_tensors.py::pickler_class": "the reducers, defined inside: to become a module of their own",
 }

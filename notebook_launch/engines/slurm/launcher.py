@@ -141,21 +141,8 @@ class SlurmLauncher(ConnectBackLauncher):
         agent_of = [agent for agent in self._agents for _ in agent.ranks]
 
         def check() -> None:
-            """A rank that ended before it connected: the interpreter or notebook_launch is missing
-            on the node, the agent failed, or the rank could not reach the notebook."""
             watch.tick()
-            for rank, agent in enumerate(agent_of):
-                end = agent.ends.get(rank)
-                if end is not None and not listener.connected(rank):
-                    status, by_agent = end
-                    said = self._srun_said(rank).strip()[-2000:]
-                    how = f"{'exit code' if status[0] == 'exit' else 'signal'} {status[1]}"
-                    raise StartFailed(
-                        f"rank {rank} on {self.nodes[agent.node_rank][0]} ended ("
-                        + (f"{how}" if by_agent else f"its node's srun step, exit code {agent.popen.returncode}")
-                        + f") before it connected to the notebook at {host}. "
-                        f"{missing_hint(said, self.python)}srun said:\n{said or '(nothing)'}",
-                        rank=rank, kind=FailureKind.EXIT)
+            self._check_none_ended_first(agent_of, listener, host)
 
         deadline = time.monotonic() + self.rendezvous_timeout
         pipes = self.accept(listener, deadline, check, host, channels)
@@ -169,6 +156,22 @@ class SlurmLauncher(ConnectBackLauncher):
             self.timeout_note = (f" ({self.allocation.queued:.0f} s of it pending in SLURM's queue, the rest "
                                  f"starting and running the ranks)")
         return list(ranks)
+
+    def _check_none_ended_first(self, agent_of: list[NodeAgent], listener: RankListener, host: str) -> None:
+        """A rank that ended before it connected fails the start: the interpreter or notebook_launch is
+        missing on the node, the agent failed, or the rank could not reach the notebook."""
+        for rank, agent in enumerate(agent_of):
+            end = agent.ends.get(rank)
+            if end is not None and not listener.connected(rank):
+                status, by_agent = end
+                said = self._srun_said(rank).strip()[-2000:]
+                how = f"{'exit code' if status[0] == 'exit' else 'signal'} {status[1]}"
+                raise StartFailed(
+                    f"rank {rank} on {self.nodes[agent.node_rank][0]} ended ("
+                    + (f"{how}" if by_agent else f"its node's srun step, exit code {agent.popen.returncode}")
+                    + f") before it connected to the notebook at {host}. "
+                    f"{missing_hint(said, self.python)}srun said:\n{said or '(nothing)'}",
+                    rank=rank, kind=FailureKind.EXIT)
 
     def _start_agent(self, message: dict[str, Any], name: str, per_node: int,
                      order: NodeFailureOrder) -> NodeAgent:
