@@ -15,7 +15,7 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-from notebook_launch import protocol as channel  # noqa: E402
+from notebook_launch.wire import protocol as channel  # noqa: E402
 
 progress_module = importlib.import_module("notebook_launch.rank.progress")
 progress = progress_module.progress

@@ -22,8 +22,8 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-from notebook_launch.logs import RunLogs  # noqa: E402
-from notebook_launch.state import RankState, RunState  # noqa: E402
+from notebook_launch.record.logs import RunLogs  # noqa: E402
+from notebook_launch.record.state import RankState, RunState  # noqa: E402
 from notebook_launch.supervise import oom, resources  # noqa: E402
 
 POLL = 0.1   # the supervisor's poll interval

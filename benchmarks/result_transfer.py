@@ -376,7 +376,7 @@ def _persistent(way: str, mib: int, ranks: int) -> dict:
 def _memfd_bytes_written_by(action) -> int:
     """Run ``action``; return the largest tensor memfd the notebook made meanwhile (its bytes
     are in no process's RSS: written with pwrite, then mapped by the ranks)."""
-    from notebook_launch import shared_tensors
+    from notebook_launch.wire import shared_tensors
     seen: list[int] = []
     real = shared_tensors.dumps
 

@@ -44,7 +44,7 @@ def measure(seconds: float = 5.0, world: int = 8) -> dict:
 
     comm_module.create_comm = lambda **kw: RecordingComm(**kw)
     from notebook_launch.display.widget import MESSAGES_PER_SECOND, WidgetDisplay
-    from notebook_launch.state import DONE, RankState, RunState
+    from notebook_launch.record.state import DONE, RankState, RunState
 
     state = RunState(run_id="bench", world_size=world, backend="fork", log_dir="/tmp/bench",
                      ranks=[RankState(rank=i, local_rank=i) for i in range(world)])

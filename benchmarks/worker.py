@@ -116,7 +116,7 @@ def handle(launcher: str, command: dict, tensors: dict) -> dict:
         seconds = time.perf_counter() - started
         return {"seconds": seconds, **_modules_state()}
     if op == "start_process_memory":   # item 13: the warm start process's resident memory
-        from notebook_launch.backends import start_process
+        from notebook_launch.engines.local import start_process
         return {"bytes": start_process.current().state()["resident_bytes"]}
     if op == "import_dynamo":   # the floor of a first training step in a fresh process
         started = time.perf_counter()

@@ -3,13 +3,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from . import cuda_tracking  # noqa: F401  (preflight and tests use it)
-from .ray.cluster import RayCluster
-from .slurm.cluster import SlurmCluster
-from .metrics import load_metrics
+from .notebook import cuda_tracking  # noqa: F401  (preflight and tests use it)
+from .engines import RayCluster, SlurmCluster
+from .record.metrics import load_metrics
 from .errors import GuardError, LaunchArgumentError, LaunchError, NotebookLaunchError
 from .launcher import notebook_launcher
-from .persistent import Ranks, start_ranks
+from .persistent import Ranks
+from .ranks import start_ranks
 from ._version import __version__
 from .rank.progress import progress
 from .rank.batch_size import find_executable_batch_size
@@ -35,7 +35,7 @@ def prestart() -> bool:
     launch starts it otherwise, and waits for its imports; ``%load_ext notebook_launch`` starts it
     where such launches are likely (a GPU or TPU, Python 3.14). False where it is switched off
     (``NOTEBOOK_LAUNCH_START_PROCESS=0``) or cannot run (not Linux)."""
-    from .backends import start_process
+    from .engines.local import start_process
     return start_process.prestart()
 
 
@@ -44,13 +44,13 @@ def load_ipython_extension(ipython: Any) -> None:
     start the warm start process where launches will likely need it (``prestart``)."""
     from .detect.platform import inside_launched_rank
     from .hooks import install
-    from .magic import load_ipython_extension as _load
-    from .persistent.magic import register as _register_ranks
+    from .magics.launch import load_ipython_extension as _load
+    from .magics.ranks import register as _register_ranks
     install(by="%load_ext notebook_launch", shell=ipython)
     _load(ipython)
     _register_ranks(ipython)
     if not inside_launched_rank():
-        from .backends import start_process
+        from .engines.local import start_process
         if start_process.why_start_early() is not None:
             start_process.prestart()
 

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, Callable
 from .errors import LaunchArgumentError, NotebookLaunchError
 
 if TYPE_CHECKING:
-    from .plan import StartMethod
+    from .wire.plan import StartMethod
 
 VERSIONED = ("torch", "accelerate", "ipywidgets", "ipykernel", "torch_xla", "torch_tpu", "libtpu", "lightning",
              "cloudpickle")
@@ -39,7 +39,7 @@ def package_version(name: str) -> str:
 def launch_preview() -> dict[str, Any]:
     """What ``notebook_launcher(fn)`` would choose here, without starting anything: the
     launcher's own decision (``target.launch_target``), so the two cannot disagree."""
-    from .target import launch_target
+    from .planning.target import launch_target
     try:
         target = launch_target()
     except NotebookLaunchError as exc:   # e.g. a TPU whose layout is unknown
@@ -68,8 +68,8 @@ def _tpu_stacks(device_kind: str) -> str:
 
 def _preview(where: Any, device: str, backend: str, ranks: Any, start: str) -> dict[str, Any]:
     from .display import choose_display
-    from .net import DEFAULT_PORT, port_is_free
-    from .plan import available_cpus
+    from .planning.net import DEFAULT_PORT, port_is_free
+    from .wire.plan import available_cpus
     return {
         "where": where.describe(),
         "device": device,
@@ -103,10 +103,8 @@ def cmd_env(args: argparse.Namespace) -> int:
     if preview["evidence"]:
         rows.insert(2, ("evidence", preview["evidence"]))
     rows += [(name, package_version(name)) for name in VERSIONED]
-    from .ray.connect import environment_report
-    rows.append(("ray", environment_report()))   # cluster=RayCluster(...): the cluster it would use
-    from .slurm.scheduler import environment_report as slurm_report
-    rows.append(("slurm", slurm_report()))       # cluster=SlurmCluster(...): the partitions sinfo lists
+    from .engines import cluster_reports
+    rows += cluster_reports()   # cluster=RayCluster(...) / SlurmCluster(...): what each would use
     print("\n".join(f"{key + ':':<17}{value}" for key, value in rows))
     print("\nA launch here would use:")
     print(f"  backend:        {preview['backend']} ({preview['device']})")
@@ -270,7 +268,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 def cmd_clean(args: argparse.Namespace) -> int:
     """Remove run folders: by the retention rule (no option), or as the options say; a live
     run's folder is never removed. Prints each folder removed and what it freed."""
-    from .run_folders import (MEGABYTE, Retention, list_run_folders, live_pid, remove,
+    from .record.run_folders import (MEGABYTE, Retention, list_run_folders, live_pid, remove,
                               retention_from_environment, select_for_removal)
     root = Path(args.dir).expanduser()
     folders = list_run_folders(root)
@@ -327,7 +325,7 @@ class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
 
 def build_parser() -> argparse.ArgumentParser:
     from .display import UI_CHOICES
-    from .run_folders import KEEP_MB_VARIABLE, KEEP_RUNS_VARIABLE, default_log_root, retention_from_environment
+    from .record.run_folders import KEEP_MB_VARIABLE, KEEP_RUNS_VARIABLE, default_log_root, retention_from_environment
     parser = argparse.ArgumentParser(
         prog="notebook-launch", description="Check and try notebook_launch on this machine.",
         formatter_class=_HelpFormatter)
@@ -357,7 +355,7 @@ def build_parser() -> argparse.ArgumentParser:
     try:
         rule = retention_from_environment()
     except LaunchArgumentError:   # reported when clean runs; the help still shows
-        from .run_folders import Retention
+        from .record.run_folders import Retention
         rule = Retention()
     p_clean = command("clean", "remove the folders of earlier runs' logs (a live run's folder is never removed)")
     p_clean.description = (

@@ -38,9 +38,9 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from . import cuda_tracking
-from .ipython_shell import running_shell
-from .debug_logging import DEBUG_VARIABLE, debug_logging_from_environment  # noqa: F401  (re-exported)
+from .notebook import cuda_tracking
+from .errors.ipython_shell import running_shell
+from .errors.debug_logging import DEBUG_VARIABLE, debug_logging_from_environment  # noqa: F401  (re-exported)
 
 log = logging.getLogger("notebook_launch")
 _installed_by: str | None = None     # what installed the hooks first ("%load_ext", "notebook_launcher", ...)
@@ -74,5 +74,5 @@ def _warm_between_cells_in_a_kernel(shell: Any) -> None:
         shell = running_shell()
     elif getattr(shell, "kernel", None) is None:
         return   # a terminal IPython: no kernel waiting between cells
-    from .backends.warm_imports import warm_between_cells
+    from .engines.local.warm_imports import warm_between_cells
     warm_between_cells(shell)

@@ -3,24 +3,22 @@ supervisor -> results."""
 from __future__ import annotations
 
 import os
+import dataclasses
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping
 
-from . import net, preflight
-from .target import LaunchTarget
+from . import preflight
 from .errors import LaunchError, NotebookLaunchError, user_interrupt
 from .display.cell_budget import DEFAULT_CELL_OUTPUT
-from .options import (DEFAULT_LINES_PER_SECOND, DEFAULT_USE_PORT, LaunchOptions, validate_cluster_launch,
-                      validate_cluster_type)
-from .plan import LaunchPlan, StartMethod
-from .prepare import entry_options, plan_launch
-from .rank.runner import Job
-from .run import run_plan
+from .engines import engine_for
+from .planning.options import DEFAULT_LINES_PER_SECOND, DEFAULT_USE_PORT, LaunchOptions
+from .wire.plan import StartMethod
+from .prepare import entry_options
 from .diagnose.stall import DEFAULT_STALL_AFTER
 
 if TYPE_CHECKING:
     from .display.base import Display
-    from .ray.cluster import RayCluster
-    from .slurm.cluster import SlurmCluster
+    from .engines.ray.cluster import RayCluster
+    from .engines.slurm.cluster import SlurmCluster
 
 
 def notebook_launcher(function: Callable[..., Any], args: tuple | list = (), num_processes: int | None = None,
@@ -121,9 +119,7 @@ def notebook_launcher(function: Callable[..., Any], args: tuple | list = (), num
     try:
         preflight.check_not_inside_rank()
         options = entry_options(parameters)
-        if cluster is not None:
-            return launch_on_cluster(options, cluster)
-        return launch(options)
+        return launch(options, cluster)
     except (NotebookLaunchError, KeyboardInterrupt) as err:
         if isinstance(err, LaunchError):   # torch elastic's ChildFailedError.name: the entrypoint's name
             err.name = getattr(function, "__name__", type(function).__name__)
@@ -133,34 +129,10 @@ def notebook_launcher(function: Callable[..., Any], args: tuple | list = (), num
         raise err.with_traceback(None) from None
 
 
-def launch_on_cluster(options: LaunchOptions, cluster: "RayCluster | SlurmCluster") -> list[Any]:
-    """cluster=: the ranks run on a Ray cluster (Ray is imported only here) or a SLURM allocation."""
-    from .ray.cluster import RayCluster
-    from .slurm.cluster import SlurmCluster
-    validate_cluster_type(cluster, (RayCluster, SlurmCluster))
-    world_size = validate_cluster_launch(options)
-    if isinstance(cluster, SlurmCluster):
-        from .slurm.run import run_on_slurm
-        return run_on_slurm(options, cluster, world_size)
-    from .ray.run import run_on_ray
-    return run_on_ray(options, cluster, world_size)
-
-
-def launch(options: LaunchOptions) -> list[Any]:
-    """The launch itself, from validated options; notebook_launcher only trims the traceback of its errors."""
-    target, plan, run_id = plan_launch(options)
-    try:
-        return _run(options, target, plan, run_id)
-    finally:
-        net.release_claims(run_id)
-
-
-def _run(options: LaunchOptions, target: LaunchTarget, plan: LaunchPlan, run_id: str) -> list[Any]:
-    job = Job(options.function, options.args, options.kwargs)
-    if options.elastic:
-        from .elastic import run_elastic
-        from .elastic.rendezvous import settings_for
-        rendezvous = settings_for(options, port=plan.master_port)
-        return run_elastic(plan, job, options, rendezvous=rendezvous, run_id=run_id,
-                           platform=target.where.platform)
-    return run_plan(plan, job, options, run_id=run_id, platform=target.where.platform)
+def launch(options: LaunchOptions, cluster: "RayCluster | SlurmCluster | None" = None) -> list[Any]:
+    """The launch itself, from validated options, on the engine they and ``cluster=`` pick
+    (``engines.engine_for``); notebook_launcher only trims the traceback of its errors."""
+    engine = engine_for(options, cluster)
+    if engine.line_prefix and not options.line_prefix:   # ranks on several machines: say which
+        options = dataclasses.replace(options, line_prefix=engine.line_prefix)
+    return engine.launch(options)

@@ -11,15 +11,16 @@ import dataclasses
 import inspect
 from typing import Any, Mapping
 
-from . import fd_budget, net, preflight
+from .planning import fd_budget, net
+from . import preflight
 from .detect import torch_tpu
 from .errors import LaunchArgumentError
-from .logs import make_run_id
-from .options import (LaunchOptions, check_display_ranks_exist, check_world_size, launch_options,
+from .record.logs import make_run_id
+from .planning.options import (LaunchOptions, check_display_ranks_exist, check_world_size, launch_options,
                       validate_elastic_start_method)
-from .plan import LaunchPlan, build_plan
-from .leftovers import note_start, start_keeper_ahead
-from .target import LaunchTarget, launch_target
+from .wire.plan import LaunchPlan, build_plan
+from .process.leftovers import note_start, start_keeper_ahead
+from .planning.target import LaunchTarget, launch_target
 
 # Parameters an entry point has that are not launch options: each entry point uses them itself
 # (``cluster=`` picks where the ranks run; ``interrupt_grace`` belongs to persistent ranks).
@@ -100,7 +101,7 @@ def spawn_where_fork_would_be_refused(options: LaunchOptions, target: LaunchTarg
     process instead (``backends.start_process``: as fast, and sharing nothing of the notebook's
     CUDA), saying so in the launch line; an explicit ``start_method="fork"`` is still refused with
     what to do (``preflight.check_cuda_not_initialized``)."""
-    from .backends import start_process
+    from .engines.local import start_process
     if options.start_method is not None or target.start_method != "fork" or not start_process.enabled():
         return target
     why = preflight.why_not_fork(target.device_count)

@@ -76,9 +76,10 @@ ACCELERATE_MARKER = "<!-- ACCELERATE-VARIABLES -->"
 
 
 def accelerate_variables() -> str:
-    """``notebook_launch/plan.py``'s ACCELERATE_VARIABLE_DIFFERENCES as a table, read from the source
+    """``notebook_launch/wire/plan.py``'s ACCELERATE_VARIABLE_DIFFERENCES as a table, read from the source
     (a literal: nothing is imported)."""
-    source = (Path(__file__).resolve().parent.parent / "notebook_launch" / "plan.py").read_text(encoding="utf-8")
+    plan = Path(__file__).resolve().parent.parent / "notebook_launch" / "wire" / "plan.py"
+    source = plan.read_text(encoding="utf-8")
     for node in ast.parse(source).body:
         if isinstance(node, (ast.Assign, ast.AnnAssign)):
             targets = node.targets if isinstance(node, ast.Assign) else [node.target]
@@ -87,7 +88,7 @@ def accelerate_variables() -> str:
                 rows = ast.literal_eval(node.value)
                 break
     else:
-        raise RuntimeError("notebook_launch/plan.py has no ACCELERATE_VARIABLE_DIFFERENCES")
+        raise RuntimeError("notebook_launch/wire/plan.py has no ACCELERATE_VARIABLE_DIFFERENCES")
 
     def cell(text: str) -> str:
         return text.replace("|", "\\|")

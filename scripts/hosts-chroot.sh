@@ -112,7 +112,7 @@ hosts_chroot_mount() {
   # /opt holds this machine's local wheels and indexes that pip's configuration names (absent elsewhere).
   _hosts_bind /opt "$HOSTS_ROOT/opt" ro
   _hosts_bind "$repo" "$HOSTS_ROOT/repo"
-  # The port claims of this machine's launches (notebook_launch.net.PortReservation: a lock file per port in
+  # The port claims of this machine's launches (notebook_launch.planning.net.PortReservation: a lock file per port in
   # the temp folder). The chroot has its own /tmp but this machine's network: without this, a launch in the
   # chroot and one beside it (another lane) could both find a port free and one fail with EADDRINUSE.
   local ports="${TMPDIR:-/tmp}/notebook_launch-ports"

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from helpers.nbutil import cell_text, make_notebook, run_notebook
 
-from notebook_launch.accelerate_state import find_origin, makers_in_cells
+from notebook_launch.notebook.accelerate_state import find_origin, makers_in_cells
 
 LAUNCH = ("from notebook_launch import notebook_launcher, GuardError\n"
           "def where_am_i():\n"

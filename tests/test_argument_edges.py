@@ -76,8 +76,8 @@ def test_ten_thousand_cpu_ranks_fail_before_opening_any_log(tmp_path, monkeypatc
 def test_options_are_resolved_once_with_notebook_launchers_defaults(monkeypatch):
     """launch_options gives every field notebook_launcher's default, resolves the rendezvous
     timeout and the line budget, and what runs after it checks nothing again."""
-    from notebook_launch import options as options_module
-    from notebook_launch.elastic import rendezvous
+    from notebook_launch.planning import options as options_module
+    from notebook_launch.engines.elastic import rendezvous
     opts = options_module.launch_options(function=print, rdzv_conf={"join_timeout": 30}, lines_per_second="all")
     assert (opts.ui, opts.port_is_default, opts.display_ranks, opts.rendezvous_timeout) == ("auto", True,
                                                                                            frozenset({0}), 30)
@@ -98,9 +98,9 @@ def test_lines_per_second_reaches_the_display(given, budget, log_dir):
     chooses ("all": None, every line): its parameters as the entry point takes them, to the
     display its launch's session makes."""
     from notebook_launch.display.html import HtmlDisplay
-    from notebook_launch.plan import build_plan
+    from notebook_launch.wire.plan import build_plan
     from notebook_launch.prepare import entry_options
-    from notebook_launch.session import Session
+    from notebook_launch.scaffold.session import Session
     options = entry_options({"function": rank_of_each, "num_processes": 1, "lines_per_second": given,
                              "ui": "html", "log_dir": log_dir})
     plan = build_plan(num_processes=1, num_nodes=1, node_rank=0, master_addr="127.0.0.1", master_port=29500,
@@ -117,7 +117,7 @@ def test_ui_is_a_display_name_or_a_display_of_ones_own():
     """``ui=``: one of the names, or a Display the caller made (driven as the run's display);
     anything else is refused before anything starts, saying both."""
     from notebook_launch.display.base import Display
-    from notebook_launch.options import launch_options
+    from notebook_launch.planning.options import launch_options
     own = Display()
     assert launch_options(function=rank_of_each, ui=own).ui is own
     assert launch_options(function=rank_of_each, ui="text").ui == "text"

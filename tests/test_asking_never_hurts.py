@@ -22,7 +22,7 @@ import time
 import pytest
 
 from notebook_launch import LaunchError, notebook_launcher, start_ranks
-from notebook_launch.net import free_port
+from notebook_launch.planning.net import free_port
 from notebook_launch.rank import whereabouts
 
 pytestmark = pytest.mark.timeout(300)
@@ -233,17 +233,17 @@ def test_no_way_of_asking_signals_a_rank_whose_lock_is_free(log_dir, tmp_path):
     assert {path: names for path, names in collectors.items() if names} == {
         "supervise/hang_watch.py": ["where_ranks"],   # the supervisor's HangWatch
         "persistent/pool.py": ["where_ranks"],
-        "elastic/node_board.py": ["collect"],   # the supervisor's whereabouts, for another node
+        "engines/elastic/node_board.py": ["collect"],   # the supervisor's whereabouts, for another node
         "diagnose/ranks.py": ["collect", "process.where"], "diagnose/xla_replicas.py": ["collect"],
         "diagnose/stacks.py": ["ask_all"], "diagnose/native_stacks.py": ["ask_all", "child_stacks", "dump_all"],
-        "ray/gang.py": ["asker.ask"],   # Ray's: diagnose.remote_where.WhereAsker, over the connections
-        "rank/ray_serve.py": ["answerer.ask"], "rank/remote_where.py": ["answerer.ask"],   # the rank's answering thread
-        "slurm/ranks.py": ["asker.ask"],   # SLURM ranks: as Ray's (their task runs rank.remote_where.obey_notebook)
+        "engines/remote/serve.py": ["answerer.ask"],   # the rank's answering thread
+        "rank/remote_where.py": ["answerer.ask"],
+        "engines/remote/handle.py": ["asker.ask"],   # Ray's and SLURM's ranks: diagnose.remote_where.WhereAsker
     }
     senders = {path: sorted(set(calls) & {"tgkill", "pthread_kill", "raise_signal"}) for path, calls in asking.items()}
     assert {path: names for path, names in senders.items() if names} == {
         "diagnose/where_thread.py": ["tgkill"],   # the fallback, behind lock_held
-        "rank/ray_serve.py": ["pthread_kill"],   # the Stop button's SIGINT to a Ray rank's main thread
+        "engines/remote/serve.py": ["pthread_kill"],   # the Stop button's SIGINT to a Ray rank's main thread
     }
     from notebook_launch.diagnose import native_stacks
     assert native_stacks.py_spy() is not None   # the dev venv has it (the test extra): its way runs below
@@ -348,7 +348,7 @@ def test_a_ray_ranks_answer_signals_nothing():
 def test_another_nodes_rank_read_by_the_signal_is_named_in_the_verdict_here():
     """Multi-node: a node posts its ranks' whereabouts for the node that diagnoses the hang; how
     each rank was read crosses with them, so the verdict there names a rank read by the signal."""
-    from notebook_launch.elastic.node_board import decode_whereabouts, encode_whereabouts
+    from notebook_launch.engines.elastic.node_board import decode_whereabouts, encode_whereabouts
     from notebook_launch.diagnose.hang_verdict import Frame, RankWhereabouts, ThreadStack, verdict
     sent = [RankWhereabouts(3, threads=[ThreadStack(7, False, [Frame("train.py", 3, "spin")])], main_thread=7,
                             read_by="signal")]

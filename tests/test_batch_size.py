@@ -14,7 +14,7 @@ from typing import Literal
 import pytest
 
 from notebook_launch import LaunchError, find_executable_batch_size, notebook_launcher
-from notebook_launch.net import free_port
+from notebook_launch.planning.net import free_port
 
 torch = pytest.importorskip("torch")
 dist = pytest.importorskip("torch.distributed")

@@ -19,7 +19,7 @@ import time
 import pytest
 
 from notebook_launch import find_executable_batch_size, notebook_launcher
-from notebook_launch.net import free_port
+from notebook_launch.planning.net import free_port
 
 torch = pytest.importorskip("torch")
 dist = pytest.importorskip("torch.distributed")

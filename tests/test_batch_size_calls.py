@@ -13,7 +13,7 @@ import pytest
 
 from helpers.only_users_code import traces_of_ours
 from notebook_launch import LaunchError, find_executable_batch_size, notebook_launcher
-from notebook_launch.net import free_port
+from notebook_launch.planning.net import free_port
 
 torch = pytest.importorskip("torch")
 dist = pytest.importorskip("torch.distributed")

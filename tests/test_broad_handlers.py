@@ -1,7 +1,7 @@
 """Every broad exception handler in the package says why it is broad (issue 31 item 7). The
 rule: a handler of ``Exception``, ``BaseException`` or everything (a bare ``except``) either
 re-raises, or carries ``# why: <reason>`` on its ``except`` line. Swallowing an error on purpose
-with nothing but a debug message is ``best_effort(why)`` (``notebook_launch/best_effort.py``),
+with nothing but a debug message is ``best_effort(why)`` (``notebook_launch/errors/best_effort.py``),
 which needs no handler at all. Narrow handlers (``except OSError``) say what they expect by
 their type and are not checked."""
 from __future__ import annotations
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from notebook_launch.best_effort import best_effort
+from notebook_launch.errors.best_effort import best_effort
 
 PACKAGE = Path(__file__).resolve().parents[1] / "notebook_launch"
 BROAD = {"Exception", "BaseException"}

@@ -95,7 +95,7 @@ def executed_more():
     return run_notebook(make_notebook(
         EARLY,                                                                              # In[1]
         "from notebook_launch import notebook_launcher, start_ranks\n"
-        "from notebook_launch.net import free_port\n%load_ext notebook_launch",           # In[2]
+        "from notebook_launch.planning.net import free_port\n%load_ext notebook_launch",           # In[2]
         "notebook_launcher(early, args=(3,), num_processes=2, ui='text')",                  # In[3]
         "ranks = start_ranks(2, ui='text', use_port=free_port())",                          # In[4]
         LATER,                                                                              # In[5]

@@ -83,7 +83,7 @@ def test_env_preview_is_the_launchers_own_decision(monkeypatch):
     """`notebook-launch env` asks the function the launcher asks (target.launch_target):
     a decision changed there shows in both."""
     from notebook_launch import cli
-    from notebook_launch import target as target_module
+    from notebook_launch.planning import target as target_module
     calls = []
     real = target_module.launch_target
 
@@ -114,7 +114,7 @@ def test_no_message_suggests_installing_notebook_launch_from_pypi():
 
 def test_env_without_ray_says_how_to_install_it(monkeypatch):
     """Ray is installed in this venv, so its absence is faked (only the version lookup says it is missing)."""
-    from notebook_launch.ray import connect as ray_connect
+    from notebook_launch.engines.ray import connect as ray_connect
 
     real = metadata.version
 

@@ -51,6 +51,11 @@ def test_the_scan_finds_a_long_class():
     assert long_classes(source) == {"Long": MAX_CLASS_LINES + 1}
 
 
+def transport_paths() -> list[Path]:
+    """Where the pool and the transports live: ``persistent/`` and each engine's ``persistent.py``."""
+    return sorted((PACKAGE / "persistent").glob("*.py")) + sorted((PACKAGE / "engines").glob("*/persistent.py"))
+
+
 def _classes(path: Path) -> list[ast.ClassDef]:
     return [node for node in ast.walk(ast.parse(path.read_text())) if isinstance(node, ast.ClassDef)]
 
@@ -63,24 +68,22 @@ def _base_names(node: ast.ClassDef) -> set[str]:
 def test_no_pool_subclass_overrides_the_pools_private_steps():
     """How the ranks start, take a call, are interrupted, described and stopped is the transport's
     (``RankTransport``); a pool subclass (``RayRanks``) may add to the API, never replace a step."""
-    subclasses = {f"{path.name}::{node.name}": [item.name for item in node.body
-                                                if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef))
-                                                and item.name.startswith("_") and not item.name.endswith("__")]
-                  for path in sorted((PACKAGE / "persistent").glob("*.py")) for node in _classes(path)
-                  if "Ranks" in _base_names(node)}
-    assert "ray_ranks.py::RayRanks" in subclasses   # the scan sees the one there is
+    subclasses = {f"{path.relative_to(PACKAGE).as_posix()}::{node.name}": [
+        item.name for item in node.body if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef))
+        and item.name.startswith("_") and not item.name.endswith("__")]
+        for path in transport_paths() for node in _classes(path) if "Ranks" in _base_names(node)}
+    assert "engines/ray/persistent.py::RayRanks" in subclasses   # the scan sees the ones there are
     assert not {name: methods for name, methods in subclasses.items() if methods}
 
 
 def test_every_transport_implements_the_interface():
     """Ranks of this machine, and ranks of other machines (``remote.RemoteTransport``: Ray's, SLURM's)."""
-    bases = {node.name: _base_names(node) for path in sorted((PACKAGE / "persistent").glob("*.py"))
-             for node in _classes(path)}
+    bases = {node.name: _base_names(node) for path in transport_paths() for node in _classes(path)}
     assert {name for name, names in bases.items() if "RankTransport" in names} == {"LocalTransport", "RemoteTransport"}
     assert {name for name, names in bases.items() if "RemoteTransport" in names} == {"RayTransport", "SlurmTransport"}
-    from notebook_launch.persistent.local import LocalTransport
-    from notebook_launch.persistent.ray_ranks import RayTransport
-    from notebook_launch.persistent.slurm_ranks import SlurmTransport
+    from notebook_launch.engines.local.persistent import LocalTransport
+    from notebook_launch.engines.ray.persistent import RayTransport
+    from notebook_launch.engines.slurm.persistent import SlurmTransport
     for transport in (LocalTransport, RayTransport, SlurmTransport):
         assert not transport.__abstractmethods__, transport   # every step of RankTransport is its own
 
@@ -88,6 +91,68 @@ def test_every_transport_implements_the_interface():
 def test_persistent_ranks_need_no_type_ignore():
     """The pool's transports are typed as what they are: no ``# type: ignore`` in persistent/
     (the interrupt slots are ``CallInterrupts``; spawned ranks' extra fds go to ``SpawnBackend.start``)."""
-    ignored = [f"{path.name}:{number}" for path in sorted((PACKAGE / "persistent").glob("*.py"))
+    ignored = [f"{path.name}:{number}" for path in transport_paths()
                for number, line in enumerate(path.read_text().splitlines(), 1) if "type: ignore" in line]
     assert not ignored
+
+
+# Issue 46 item 4: no module over 450 lines, no function body over 60 (whole jobs moved apart, not
+# functions cut in arbitrary places), no package over 16 modules and at most 12 modules at the top.
+# What is still over is listed with why; a test fails once one of them is back under (it leaves the
+# list), so each list can only shrink.
+MAX_MODULE_LINES = 450
+MAX_FUNCTION_LINES = 60
+MAX_PACKAGE_MODULES = 16
+MAX_TOP_MODULES = 12
+LONG_MODULES: dict[str, str] = {
+    "engines/local/start_process.py": "the start process's client: its protocol and its life are one job still",
+    "persistent/pool.py": "the pool's API and its call serialization: to split along the call/idle seam",
+    "planning/options.py": "the options and their checks: the checks to move beside what they check",
+    "wire/shared_tensors.py": "the pickler and the memfd file: two jobs, to split",
+}
+LONG_FUNCTIONS: dict[str, str] = {
+    "rank/tqdm_bridge.py::_install_methods": "one closure per patched tqdm method: to become a table",
+    "wire/shared_tensors.py::pickler_class": "the reducers, defined inside: to become a module of their own",
+}
+BIG_PACKAGES: dict[str, str] = {
+    "rank": "its core imports the bridges and in-rank APIs it installs: split once they are a table it reads",
+}
+
+
+def body_lines(node: ast.FunctionDef | ast.AsyncFunctionDef) -> int:
+    """A function's body, its docstring left out."""
+    body = node.body
+    first = body[1] if len(body) > 1 and isinstance(body[0], ast.Expr) and isinstance(
+        getattr(body[0], "value", None), ast.Constant) else body[0]
+    return (node.end_lineno or node.lineno) - first.lineno + 1
+
+
+def shape_findings() -> tuple[set[str], set[str], set[str], int]:
+    modules, functions, packages = set(), set(), set()
+    for path in sorted(PACKAGE.rglob("*.py")):
+        name = path.relative_to(PACKAGE).as_posix()
+        if len(path.read_text().splitlines()) > MAX_MODULE_LINES:
+            modules.add(name)
+        functions |= {f"{name}::{node.name}" for node in ast.walk(ast.parse(path.read_text()))
+                      if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+                      and body_lines(node) > MAX_FUNCTION_LINES}
+    for folder in sorted(p for p in PACKAGE.rglob("*") if (p / "__init__.py").exists()):
+        if len([p for p in folder.glob("*.py") if p.name != "__init__.py"]) > MAX_PACKAGE_MODULES:
+            packages.add(folder.relative_to(PACKAGE).as_posix())
+    return modules, functions, packages, len(list(PACKAGE.glob("*.py")))
+
+
+def test_no_module_function_or_package_outgrew_its_room():
+    modules, functions, packages, top = shape_findings()
+    for found, known, what in ((modules, LONG_MODULES, f"modules over {MAX_MODULE_LINES} lines"),
+                               (functions, LONG_FUNCTIONS, f"function bodies over {MAX_FUNCTION_LINES} lines"),
+                               (packages, BIG_PACKAGES, f"packages over {MAX_PACKAGE_MODULES} modules")):
+        assert found <= set(known), f"{what} (move whole jobs apart): {sorted(found - set(known))}"
+        assert set(known) <= found, f"no longer {what}, take them off the list: {sorted(set(known) - found)}"
+    assert top <= MAX_TOP_MODULES, f"{top} modules at the top of the package: group them (docs/architecture.md)"
+
+
+def test_the_shape_scan_finds_a_long_function():
+    body = "\n".join(f"    x{i} = {i}" for i in range(MAX_FUNCTION_LINES + 1))
+    node = ast.parse(f'def f():\n    """Why."""\n{body}\n').body[0]
+    assert isinstance(node, ast.FunctionDef) and body_lines(node) == MAX_FUNCTION_LINES + 1

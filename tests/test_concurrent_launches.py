@@ -13,7 +13,7 @@ import pytest
 
 from notebook_launch import notebook_launcher
 from notebook_launch.errors import LaunchArgumentError
-from notebook_launch.net import PortReservation, claim_free_port
+from notebook_launch.planning.net import PortReservation, claim_free_port
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -112,7 +112,8 @@ def test_the_claim_ends_with_the_run_and_with_a_crashed_holder():
     """After a launch its port is free for the next; a holder that dies frees it (the kernel drops flock)."""
     notebook_launcher(_barrier_rank, num_processes=1, use_port=29733, ui="none", timeout=60)
     notebook_launcher(_barrier_rank, num_processes=1, use_port=29733, ui="none", timeout=60)
-    holder = subprocess.Popen([sys.executable, "-c", "import sys; from notebook_launch.net import claim_free_port; "
+    holder = subprocess.Popen([sys.executable, "-c",
+                               "import sys; from notebook_launch.planning.net import claim_free_port; "
                                "c = claim_free_port(29735); print(c is not None, flush=True); sys.stdin.read()"],
                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     assert holder.stdout is not None

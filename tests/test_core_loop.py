@@ -15,15 +15,15 @@ import time
 
 import pytest
 
-from notebook_launch import protocol
+from notebook_launch.wire import protocol
 from notebook_launch.channels import RankPipes
-from notebook_launch.backends.fork import ForkedRank
+from notebook_launch.engines.local.fork import ForkedRank
 from notebook_launch.display.base import Display
 from notebook_launch.errors import LaunchError
-from notebook_launch.line_splitter import MAX_LINE, LineSplitter
-from notebook_launch.logs import RunLogs
-from notebook_launch.protocol import EventKind, EventReader, EventWriter, Failure
-from notebook_launch.state import DONE, FAILED, STOPPED, RankState, RunState
+from notebook_launch.wire.line_splitter import MAX_LINE, LineSplitter
+from notebook_launch.record.logs import RunLogs
+from notebook_launch.wire.protocol import EventKind, EventReader, EventWriter, Failure
+from notebook_launch.record.state import DONE, FAILED, STOPPED, RankState, RunState
 from notebook_launch.supervise import outcome, teardown
 from notebook_launch.supervise.supervisor import Step, Supervisor
 

@@ -20,7 +20,7 @@ IDLE_THEN_BUSY = "import time; time.sleep(0.5); end = time.process_time() + 1.0\
 def test_a_rank_sampled_while_idle_and_busy_after_gets_its_lifes_average():
     """Its average is its whole CPU time over its whole life, whatever the machine's load made
     of either (checked against the same figures read here), not the idle start's sample."""
-    from notebook_launch.proc_usage import cpu_times
+    from notebook_launch.record.proc_usage import cpu_times
     child = subprocess.Popen([sys.executable, "-c", IDLE_THEN_BUSY])
     sampler = ResourceSampler()
     time.sleep(0.3)

@@ -12,7 +12,7 @@ from helpers.panel_helpers import KeepStateDisplay
 from notebook_launch import load_metrics, notebook_launcher, progress
 from notebook_launch.display.curves import (HEIGHT, MAX_POINTS, chart_svg, curves_html, log_axis, min_max_points,
                                             sparkline)
-from notebook_launch.metrics import CAPACITY, Series
+from notebook_launch.record.metrics import CAPACITY, Series
 
 N = 100_000
 

@@ -8,12 +8,12 @@ import pytest
 from helpers.panel_helpers import KeepStateDisplay
 
 from notebook_launch import load_metrics, notebook_launcher, progress
-from notebook_launch.metrics import CAPACITY, METRICS_FILE, MetricsFile, Series
+from notebook_launch.record.metrics import CAPACITY, METRICS_FILE, MetricsFile, Series
 from notebook_launch.display import format as fmt
 from notebook_launch.display import html as html_display
 from notebook_launch.display.curves import curves_html, sparkline
 from notebook_launch.display.rich_panel import RichDisplay
-from notebook_launch.state import RankState, RunState
+from notebook_launch.record.state import RankState, RunState
 
 
 def test_a_million_points_cost_at_most_a_thousand_and_keep_min_max_mean():

@@ -7,7 +7,7 @@ import sys
 
 SCRIPT = ("import logging, notebook_launch\n"
           "notebook_launch.install_hooks()   # what %load_ext and the first launch do\n"
-          "from notebook_launch.net import ipv4_of\n"
+          "from notebook_launch.planning.net import ipv4_of\n"
           "print(logging.getLogger('notebook_launch').getEffectiveLevel())\n"
           "print(ipv4_of('no-such-host.invalid'))\n")
 

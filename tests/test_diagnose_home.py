@@ -28,10 +28,10 @@ def test_the_rank_process_interface_declares_how_a_process_is_asked():
     """``RankProcess.where`` is the one way the diagnosis asks a process that answers for its ranks
     itself; XLA's launcher and a Ray actor implement it, fork and spawn keep the default (asked by
     pid), and nothing looks the method up by name (no getattr/hasattr duck typing)."""
-    from notebook_launch.backends.fork import ForkedRank
-    from notebook_launch.ray.gang import RayRank
-    from notebook_launch.backends.spawn import SpawnedRank
-    from notebook_launch.backends.xla import XlaLauncherProcess
+    from notebook_launch.engines.local.fork import ForkedRank
+    from notebook_launch.engines.ray.gang import RayRank
+    from notebook_launch.engines.local.spawn import SpawnedRank
+    from notebook_launch.engines.xla.launcher import XlaLauncherProcess
     from notebook_launch.channels import RankProcess
 
     assert XlaLauncherProcess.where is not RankProcess.where

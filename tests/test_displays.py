@@ -6,7 +6,7 @@ import pytest
 from notebook_launch.display import TextDisplay, choose_display
 from notebook_launch.display import html as html_display
 from notebook_launch.display.rich_panel import RichDisplay
-from notebook_launch.state import DONE, FAILED, RankState, RunState
+from notebook_launch.record.state import DONE, FAILED, RankState, RunState
 
 
 def finished_state():

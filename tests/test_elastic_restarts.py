@@ -10,7 +10,7 @@ import pytest
 
 from notebook_launch import LaunchArgumentError, LaunchError, notebook_launcher
 from notebook_launch.display import Display
-from notebook_launch.net import free_port
+from notebook_launch.planning.net import free_port
 from helpers.processes import children
 
 pytestmark = pytest.mark.timeout(180)
@@ -162,12 +162,12 @@ def test_bad_rendezvous_arguments_name_the_argument():
                                         ("timeout", False), ("stopped", False), ("interrupted", False),
                                         ("result", False), ("rendezvous", False), (None, False)])
 def test_the_restart_rule(kind, again):
-    from notebook_launch import restarts
+    from notebook_launch.scaffold import restarts
     assert restarts.restartable(kind) is again
 
 
 def test_run_attempts_restarts_what_the_rule_allows_and_says_which_attempt_failed():
-    from notebook_launch import restarts
+    from notebook_launch.scaffold import restarts
     tried, notices = [], []
 
     def attempt(number):
@@ -185,7 +185,7 @@ def test_run_attempts_restarts_what_the_rule_allows_and_says_which_attempt_faile
 def test_run_attempts_asks_the_launcher_only_of_a_failure_the_rule_restarts():
     """``may_restart`` (a SLURM job the scheduler ended) refuses a restart the rule allows; it is not
     asked of a failure the rule never restarts, nor once no restart is left."""
-    from notebook_launch import restarts
+    from notebook_launch.scaffold import restarts
     asked, tried = [], []
 
     def attempt(number):
@@ -227,8 +227,8 @@ def _without_socket_and_thread_settings(monkeypatch):
 
 def test_an_elastic_attempts_environment_is_rank_environments(monkeypatch):
     """plan.rank_environment writes every rank's variables, an elastic attempt's too (issue 21 item 8)."""
-    from notebook_launch.elastic import agent
-    from notebook_launch.plan import available_cpus, build_plan, rank_environment
+    from notebook_launch.engines.elastic import agent
+    from notebook_launch.wire.plan import available_cpus, build_plan, rank_environment
     _without_socket_and_thread_settings(monkeypatch)
     monkeypatch.setattr(agent, "interface_toward", lambda address: "eth7")
     base = build_plan(num_processes=2, num_nodes=2, node_rank=0, master_addr="10.0.0.5", master_port=29500,
@@ -257,8 +257,8 @@ def test_an_elastic_attempts_environment_is_rank_environments(monkeypatch):
 def test_an_elastic_attempt_keeps_what_the_launch_settled_for_its_node(monkeypatch):
     """One node launched on loopback, where c10d names rank 0 by host name: gloo stays on "lo", the
     NCCL switches for this node's GPUs stay, and the user's own variables are inherited as they are."""
-    from notebook_launch.elastic import agent
-    from notebook_launch.plan import build_plan
+    from notebook_launch.engines.elastic import agent
+    from notebook_launch.wire.plan import build_plan
     _without_socket_and_thread_settings(monkeypatch)
     monkeypatch.setenv("NCCL_SOCKET_IFNAME", "ib0")
     monkeypatch.setenv("TORCH_NCCL_ASYNC_ERROR_HANDLING", "3")

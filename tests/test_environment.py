@@ -18,8 +18,8 @@ import torch
 from notebook_launch import notebook_launcher
 from notebook_launch.detect import xla as tpu_detection
 from notebook_launch.detect.platform import PLATFORMS, Environment, Probe, detect
-from notebook_launch.run import launch_summary
-from notebook_launch.plan import build_plan
+from notebook_launch.scaffold.run import launch_summary
+from notebook_launch.wire.plan import build_plan
 
 KERNEL = "ipykernel.zmqshell.ZMQInteractiveShell"
 COLAB_SHELL = "google.colab._shell.Shell"
@@ -258,7 +258,7 @@ def accelerate_rank_variables() -> set[str]:
 
 @pytest.mark.parametrize("device_kind", ["cpu", "cuda", "xla"])
 def test_rank_environment_has_every_variable_accelerates_launcher_gives_or_says_why_not(device_kind):
-    from notebook_launch.plan import ACCELERATE_VARIABLE_DIFFERENCES
+    from notebook_launch.wire.plan import ACCELERATE_VARIABLE_DIFFERENCES
     plan = build_plan(num_processes=2, num_nodes=1, node_rank=0, master_addr="127.0.0.1", master_port=29511,
                       device_kind=device_kind, mixed_precision="bf16", start_method="fork", run_id="run-7",
                       user_env={}, cpu_count=4, gpu_names=("NVIDIA GeForce RTX 4090",), driver_version="535.1")
@@ -276,7 +276,7 @@ def test_rank_environment_has_every_variable_accelerates_launcher_gives_or_says_
 
 
 def test_every_difference_from_accelerate_names_a_variable_of_either_launcher():
-    from notebook_launch.plan import ACCELERATE_VARIABLE_DIFFERENCES
+    from notebook_launch.wire.plan import ACCELERATE_VARIABLE_DIFFERENCES
     ours = build_plan(num_processes=1, num_nodes=1, node_rank=0, master_addr="127.0.0.1", master_port=29511,
                       device_kind="xla", mixed_precision="no", start_method="xla", run_id="r",
                       user_env={}, cpu_count=1).ranks[0].env

@@ -10,8 +10,8 @@ import os
 import pytest
 
 from notebook_launch import LaunchArgumentError, RayCluster, notebook_launcher, start_ranks
-from notebook_launch.net import free_port
-from notebook_launch.persistent import magic as ranks_magic_module
+from notebook_launch.planning.net import free_port
+from notebook_launch.magics import ranks as ranks_magic_module
 from helpers.processes import children
 
 
@@ -250,7 +250,7 @@ def test_the_ranks_magic_checks_through_the_same_checkers(line, message, tmp_pat
     ("-n 2 --display-ranks -1", "is not a rank"),
 ])
 def test_the_launch_magic_checks_through_the_same_checkers(line, message, tmp_path, capsys, children_before):
-    from notebook_launch.magic import launch_cell
+    from notebook_launch.magics.launch import launch_cell
     cell = "import os\nresult = int(os.environ['RANK'])"
     if message is None:
         launch_cell(None, f"{line} --ui none --log-dir {tmp_path / 'ran'}", cell)
@@ -265,7 +265,7 @@ def test_checks_allow_what_worked_before(log_dir):
     """Not refused: numeric strings in rdzv_conf (torchrun's --rdzv-conf gives text), a port as digits, an
     uppercase precision name, Accelerate's PrecisionType."""
     from accelerate.utils import PrecisionType
-    from notebook_launch.options import launch_options
+    from notebook_launch.planning.options import launch_options
     assert launch_options(function=train, args=(1,), rdzv_conf={"join_timeout": "30"}).rendezvous_timeout == 30
     assert launch_options(function=train, args=(1,), use_port="29511").port == 29511
     assert launch_options(function=train, args=(1,), mixed_precision="BF16").mixed_precision == "bf16"

@@ -60,7 +60,7 @@ def test_soft_limit_is_raised_when_the_hard_limit_allows(tmp_path):
 def test_a_start_that_runs_out_of_fds_midway_leaks_nothing(tmp_path):
     # Stand-in for a limit that shrank after the check (another thread opened files):
     # the check is bypassed, so the start itself hits EMFILE.
-    patch = "import notebook_launch.fd_budget as b; b.FDS_PER_RANK = 0; b.FDS_SPARE = 0"
+    patch = "import notebook_launch.planning.fd_budget as b; b.FDS_PER_RANK = 0; b.FDS_SPARE = 0"
     outcome, _ = run_case(tmp_path, soft=96, hard=96, n=40, patch=patch)
     assert "error" in outcome, outcome
     assert "Too many open files" in outcome["message"] or "open-file limit" in outcome["message"]

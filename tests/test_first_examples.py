@@ -29,7 +29,8 @@ def _run(code: str, tmp_path: Path) -> subprocess.CompletedProcess[str]:
     call = "num_processes=2)"
     assert code.count(call) == 1, code
     # its own port: other tests on this shared machine launch on the default one at the same time
-    code = code.replace(call, "num_processes=2, use_port=str(__import__('notebook_launch.net').net.free_port()))")
+    code = code.replace(
+        call, "num_processes=2, use_port=str(__import__('notebook_launch.planning.net').planning.net.free_port()))")
     script = tmp_path / "example.py"
     script.write_text(code, encoding="utf-8")
     env = dict(os.environ, NOTEBOOK_LAUNCH_LOG_DIR=str(tmp_path / "runs"))

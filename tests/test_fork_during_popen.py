@@ -16,7 +16,7 @@ import textwrap
 
 SCRIPT = textwrap.dedent("""
     import json, os, subprocess, threading
-    from notebook_launch.backends.fork_thread import fork_from_clean_thread
+    from notebook_launch.engines.local.fork_thread import fork_from_clean_thread
     from notebook_launch import leftovers
 
     popen_has_its_pipe, rank_forked = threading.Event(), threading.Event()

@@ -16,7 +16,7 @@ import notebook_launch
 CHILD_TAKES_A_LOCK_ANOTHER_THREAD_HELD = """
 import os, signal
 from helpers.forking import hold_in_another_thread
-from notebook_launch.fork_locks import ForkRenewedLock
+from notebook_launch.wire.fork_locks import ForkRenewedLock
 
 lock = ForkRenewedLock()
 hold_in_another_thread(lock)
@@ -32,7 +32,7 @@ print("CHILD", os.waitstatus_to_exitcode(status), "PARENT STILL HELD", lock.lock
 
 FORKING_THREAD_KEEPS_ITS_LOCK = """
 import os, threading
-from notebook_launch.fork_locks import ForkRenewedLock
+from notebook_launch.wire.fork_locks import ForkRenewedLock
 
 lock = ForkRenewedLock()
 with lock:

@@ -104,7 +104,7 @@ def test_large_frames_of_a_forked_child_and_of_the_rank_arrive_whole():
 
 STRESS = r"""
 import os, sys, threading, time
-import notebook_launch.protocol as channel
+import notebook_launch.wire.protocol as channel
 
 read_end, write_end = os.pipe()
 writer = channel.EventWriter(write_end)          # the rank's channel, as a rank has it
@@ -161,7 +161,7 @@ def test_a_channel_that_cannot_be_opened_again_sends_unlocked():
     its frames go as before, and it does not try again on every send."""
     import socket
 
-    import notebook_launch.protocol as channel
+    import notebook_launch.wire.protocol as channel
     ours, theirs = socket.socketpair()
     with ours, theirs:
         writer = channel.EventWriter(ours.fileno())

@@ -6,10 +6,11 @@ import socket
 import pytest
 import torch
 
-from notebook_launch import GuardError, LaunchArgumentError, LaunchError, cuda_tracking, notebook_launcher
+from notebook_launch import GuardError, LaunchArgumentError, LaunchError, notebook_launcher
+from notebook_launch.notebook import cuda_tracking
 from helpers.cuda_tracking_reset import reset_cuda_tracking
-from notebook_launch.net import free_port
-from notebook_launch.options import _DefaultPort   # the marker of the default use_port (a busy one is replaced)
+from notebook_launch.planning.net import free_port
+from notebook_launch.planning.options import _DefaultPort   # the default use_port's marker (a busy one is replaced)
 from helpers.processes import children
 
 

@@ -17,7 +17,7 @@ import threading
 import pytest
 
 from notebook_launch import LaunchError, notebook_launcher
-from notebook_launch.net import free_port
+from notebook_launch.planning.net import free_port
 
 pytest.importorskip("torch")
 import torch  # noqa: E402

@@ -19,8 +19,8 @@ import pytest
 from helpers.watching import WatchingDisplay, WhereReports
 
 from notebook_launch import LaunchError, notebook_launcher
-from notebook_launch.net import free_port
-from notebook_launch.plan import StartMethod
+from notebook_launch.planning.net import free_port
+from notebook_launch.wire.plan import StartMethod
 from notebook_launch.rank import whereabouts
 from notebook_launch.diagnose.hang_verdict import (Collective, Frame, RankWhereabouts, ThreadStack, detail,
                                                     verdict)
@@ -501,7 +501,7 @@ def test_stall_after_has_one_default_everywhere():
     """notebook_launcher, start_ranks and the magics share DEFAULT_STALL_AFTER; a call on
     persistent ranks takes the pool's (None); the magics take seconds or none (not watched)."""
     from notebook_launch import start_ranks
-    from notebook_launch.magic import parse_launch_line
+    from notebook_launch.magics.launch import parse_launch_line
     from notebook_launch.persistent.pool import Ranks
     from notebook_launch.diagnose.stall import DEFAULT_STALL_AFTER
     assert DEFAULT_STALL_AFTER == 300.0

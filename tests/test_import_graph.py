@@ -95,7 +95,7 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
 def test_the_graph_is_read():
     graph = import_graph()
     assert "notebook_launch.launcher" in graph["notebook_launch"]
-    assert "notebook_launch.supervise.supervisor" in graph["notebook_launch.run"]
+    assert "notebook_launch.supervise.supervisor" in graph["notebook_launch.scaffold.run"]
 
 
 def test_no_import_cycle():
@@ -106,7 +106,7 @@ def test_no_import_cycle():
 def test_elastic_does_not_import_the_launcher():
     graph = import_graph()
     for name, targets in graph.items():
-        if name.startswith("notebook_launch.elastic"):
+        if name.startswith("notebook_launch.engines.elastic"):
             assert "notebook_launch.launcher" not in targets, name
 
 
@@ -126,7 +126,9 @@ def test_the_api_module_is_imported_for_its_api_only():
     for name, targets in graph.items():
         if name.startswith("notebook_launch.persistent"):
             assert "notebook_launch.launcher" not in targets, name
-    assert graph["notebook_launch.persistent.local"] >= {"notebook_launch.prepare"}   # the local transport plans
+    # the local transport plans as a launch does, with the planning its engine's chooser hands it
+    assert "notebook_launch.prepare" in graph["notebook_launch.engines"]
+    assert "notebook_launch.prepare" not in graph["notebook_launch.engines.local.persistent"]
 
 
 def test_the_cycle_finder_finds_a_cycle():
@@ -141,8 +143,12 @@ KNOWN_BACK_EDGES: dict[tuple[str, str], str] = {}
 
 
 def unit_of(module: str) -> str:
-    """The package-level node of a module: its subpackage, or the top-level module itself."""
+    """The package-level node of a module: its subpackage, or the top-level module itself; under
+    ``engines`` each engine's folder is one node (``engines.ray``), and so is the launcher interface
+    (``engines.base``) apart from the chooser (``engines``, the package's ``__init__``)."""
     parts = module.split(".")
+    if len(parts) > 2 and parts[1] == "engines":
+        return f"engines.{parts[2]}"
     return parts[1] if len(parts) > 1 else "notebook_launch"
 
 
@@ -184,9 +190,9 @@ def test_every_known_back_edge_is_still_there():
 
 
 def test_the_package_check_finds_a_back_edge():
-    graph = {"notebook_launch.rank.a": {"notebook_launch.backends.b"},
-             "notebook_launch.backends.b": {"notebook_launch.rank.c"}, "notebook_launch.rank.c": set()}
-    assert find_cycle(package_graph(package_edges(graph))) == ["backends", "rank", "backends"]
+    graph = {"notebook_launch.rank.a": {"notebook_launch.engines.local.b"},
+             "notebook_launch.engines.local.b": {"notebook_launch.rank.c"}, "notebook_launch.rank.c": set()}
+    assert find_cycle(package_graph(package_edges(graph))) == ["engines.local", "rank", "engines.local"]
 
 
 def test_channels_and_protocol_depend_on_nothing_of_ours():
@@ -195,22 +201,40 @@ def test_channels_and_protocol_depend_on_nothing_of_ours():
     them) and memory_errors (which exceptions are allocation failures, decided as an ERROR is
     made), which import nothing of ours."""
     graph = import_graph()
-    assert graph["notebook_launch.fork_locks"] == set()
-    assert graph["notebook_launch.memory_errors"] == set()
+    assert graph["notebook_launch.wire.fork_locks"] == set()
+    assert graph["notebook_launch.wire.memory_errors"] == set()
     for name, targets in graph.items():
         if name.startswith("notebook_launch.channels"):
             assert all(t.startswith("notebook_launch.channels") for t in targets), (name, targets)
-    assert graph["notebook_launch.protocol"] <= {"notebook_launch.fork_locks", "notebook_launch.memory_errors"}
+    assert graph["notebook_launch.wire.protocol"] <= {"notebook_launch.wire.fork_locks",
+                                                      "notebook_launch.wire.memory_errors"}
+
+
+# What runs inside a rank but lives in its engine's folder (issue 46: an engine's rank side sits
+# beside its notebook side): each is held to the rank's rule, module by module.
+RANK_SIDE_OF_ENGINES = ("notebook_launch.engines.ray.actor", "notebook_launch.engines.remote.serve",
+                        "notebook_launch.engines.slurm.task", "notebook_launch.engines.slurm.node_agent",
+                        "notebook_launch.engines.local.start_server")
+NOTEBOOK_SIDE = {"supervise", "diagnose", "run", "launcher", "display", "persistent", "session", "state",
+                 "ranks", "ranks_magic", "engines", "engines.base"}
 
 
 def test_the_rank_side_imports_no_launcher_supervisor_or_api():
     """What runs inside a rank never imports the notebook side's launchers, supervisor, run
-    scaffold or API (the known back edges aside, while they last)."""
-    notebook_side = {"backends", "supervise", "diagnose", "run", "ray", "launcher", "elastic", "display"}
+    scaffold or API: ``rank/`` imports no engine at all, and an engine's rank side (its modules
+    in ``RANK_SIDE_OF_ENGINES``) only the rank side, what its engine's ranks share (``remote``) and
+    its own folder."""
     edges = package_edges(import_graph())
     wrong = {edge: modules for edge, modules in edges.items()
-             if edge[0] == "rank" and edge[1] in notebook_side and edge not in KNOWN_BACK_EDGES}
+             if edge[0] == "rank" and (edge[1] in NOTEBOOK_SIDE or edge[1].startswith("engines"))
+             and edge not in KNOWN_BACK_EDGES}
     assert not wrong, wrong
+    graph = import_graph()
+    for module in RANK_SIDE_OF_ENGINES:
+        own = unit_of(module)
+        bad = {t for t in graph[module] if unit_of(t) in NOTEBOOK_SIDE
+               or (unit_of(t).startswith("engines.") and unit_of(t) not in (own, "engines.remote"))}
+        assert not bad, (module, bad)
 
 
 def test_hang_diagnosis_sits_below_every_path_that_asks_it():
@@ -227,21 +251,23 @@ def test_hang_diagnosis_sits_below_every_path_that_asks_it():
     assert "notebook_launch.diagnose.ranks" in graph["notebook_launch.persistent.pool"]
 
 
-WHAT_LAUNCHERS_MUST_NOT_IMPORT = ("notebook_launch.supervise", "notebook_launch.display", "notebook_launch.state")
+WHAT_LAUNCHERS_MUST_NOT_IMPORT = ("notebook_launch.supervise", "notebook_launch.display",
+                                  "notebook_launch.record.state")
 
 
 def defines_a_launcher(path: Path) -> bool:
     return any(isinstance(node, ast.ClassDef) and any(
-        (isinstance(base, ast.Name) and base.id == "Launcher")
-        or (isinstance(base, ast.Attribute) and base.attr == "Launcher") for base in node.bases)
+        (isinstance(base, ast.Name) and base.id.endswith("Launcher"))   # or a shared part of one
+        or (isinstance(base, ast.Attribute) and base.attr.endswith("Launcher")) for base in node.bases)
         for node in ast.walk(ast.parse(path.read_text())))
 
 
 def launch_paths(graph: dict[str, set[str]]) -> set[str]:
-    """The modules that start ranks: backends/, every module that defines a ``Launcher`` (a
-    cluster engine's, in its own package: ``ray.launch``), and the modules of its own package
-    it imports, directly or through each other (``ray.gang``, ``ray.connect``)."""
-    found = {name for name in graph if (name + ".").startswith("notebook_launch.backends.")}
+    """The modules that start ranks: the launcher interface (``engines.base``), every module that
+    defines a ``Launcher`` (each engine's, in its own folder: ``engines.local.fork``,
+    ``engines.ray.launch``), and the modules of its own folder it imports, directly or through
+    each other (``engines.ray.gang``, ``engines.ray.connect``)."""
+    found = {"notebook_launch.engines.base"}   # the interface every launcher implements
     for path in sorted(PACKAGE.rglob("*.py")):
         name = module_name(path)
         if name in found or not defines_a_launcher(path):
@@ -274,9 +300,9 @@ def test_launchers_only_start_processes():
     imports ``supervise``, ``display`` or ``state``, not even for its annotations."""
     graph = import_graph(type_checking=True)
     paths = launch_paths(graph)
-    assert {"notebook_launch.backends.fork", "notebook_launch.backends.base", "notebook_launch.ray.launch",
-            "notebook_launch.ray.gang", "notebook_launch.ray.connect"} <= paths, paths
-    assert "notebook_launch.ray.run" not in paths   # the Ray run is the scaffold's, not a launcher's
+    assert {"notebook_launch.engines.local.fork", "notebook_launch.engines.base", "notebook_launch.engines.ray.launch",
+            "notebook_launch.engines.ray.gang", "notebook_launch.engines.ray.connect"} <= paths, paths
+    assert "notebook_launch.engines.ray.run" not in paths   # the Ray run is the scaffold's, not a launcher's
     wrong = forbidden_launcher_imports(graph)
     assert not wrong, f"launch paths that import the supervisor, a display or the run state: {wrong}"
 
@@ -324,7 +350,51 @@ def test_the_formats_both_sides_read_are_in_channels():
     pickle with its tensors) is each side's own half."""
     graph = import_graph()
     for fmt in BOTH_SIDES_FORMATS:
-        users = {unit_of(module) for module, targets in graph.items() if fmt in targets}
+        users = {"rank" if module in RANK_SIDE_OF_ENGINES else unit_of(module)
+                 for module, targets in graph.items() if fmt in targets}
         assert "rank" in users and users - {"rank", "channels"}, (fmt, users)
-    assert "notebook_launch.shared_tensors" in graph["notebook_launch.persistent.command_frames"]
-    assert "notebook_launch.shared_tensors" in graph["notebook_launch.rank.serve"]
+    assert "notebook_launch.wire.shared_tensors" in graph["notebook_launch.persistent.command_frames"]
+    assert "notebook_launch.wire.shared_tensors" in graph["notebook_launch.rank.serve"]
+
+
+# Modules outside ``engines/`` that reach into an engine's folder, each with why it cannot go
+# through ``engines`` (the chooser imports the options and the planning, so a module below it
+# asking through it would make a cycle). Empty is the goal; the list can only shrink.
+REACHING_INTO_AN_ENGINE: dict[tuple[str, str], str] = {
+    ("notebook_launch", "notebook_launch.engines.local.start_process"):
+        "notebook_launch.prestart() and %load_ext start the warm start process",
+    ("notebook_launch.prepare", "notebook_launch.engines.local.start_process"):
+        "planning asks whether the warm start process may start the ranks a fork would be refused for",
+    ("notebook_launch.hooks", "notebook_launch.engines.local.warm_imports"):
+        "%load_ext's between-cells imports are the fork launcher's warm imports",
+    ("notebook_launch.slurm.node_agent", "notebook_launch.engines.slurm.node_agent"):
+        "the documented `python -m notebook_launch.slurm.node_agent` path, kept as an alias",
+}
+# An engine's folder that imports another's (beyond ``remote``, what connect-back engines share),
+# each with why.
+ENGINE_ON_ENGINE: dict[tuple[str, str], str] = {
+    ("engines.elastic", "engines.local"): "elastic's agent starts each attempt with this machine's launchers",
+    ("engines.xla", "engines.local"): "xmp.spawn runs in a child the fork launcher forks",
+    ("engines.slurm", "engines.local"): "the node agent imports ahead what the fork launcher would (warm_imports)",
+}
+
+
+def test_nothing_outside_engines_reaches_an_engine_but_through_its_interface():
+    """Issue 46: the entry points, the run scaffold, the supervisor and the pool reach an engine
+    through ``engines`` (``Engine``, ``engine_for``) and ``engines.base`` (``Launcher``) only."""
+    graph = import_graph()
+    found = {(module, target) for module, targets in graph.items() for target in targets
+             if unit_of(target).startswith("engines.") and unit_of(target) != "engines.base"
+             and not unit_of(module).startswith("engines")}
+    assert found <= set(REACHING_INTO_AN_ENGINE), sorted(found - set(REACHING_INTO_AN_ENGINE))
+    assert set(REACHING_INTO_AN_ENGINE) <= found, "gone, so take them off: " + str(
+        sorted(set(REACHING_INTO_AN_ENGINE) - found))
+
+
+def test_no_engine_imports_another_but_what_they_share():
+    edges = package_edges(import_graph())
+    found = {(a, b) for a, b in edges if a.startswith("engines.") and b.startswith("engines.")
+             and b not in ("engines.base", "engines.remote")}
+    assert found <= set(ENGINE_ON_ENGINE), {e: edges[e] for e in found - set(ENGINE_ON_ENGINE)}
+    assert set(ENGINE_ON_ENGINE) <= found, sorted(set(ENGINE_ON_ENGINE) - found)
+    assert ("engines.remote", "engines.ray") not in edges and ("engines.remote", "engines.slurm") not in edges

@@ -41,7 +41,7 @@ def import_every_module():
 
 def process_snapshot(shell=None):
     nl_logger = logging.root.manager.loggerDict.get("notebook_launch")
-    warm = sys.modules.get("notebook_launch.backends.warm_imports")
+    warm = sys.modules.get("notebook_launch.engines.local.warm_imports")
     torch = sys.modules.get("torch")
     state = {
         "torch imported": torch is not None,

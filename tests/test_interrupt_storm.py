@@ -18,7 +18,7 @@ STORM = textwrap.dedent("""
     import json, os, signal, sys, time
     from pathlib import Path
     from notebook_launch import notebook_launcher
-    from notebook_launch.leftovers import keeper_fds
+    from notebook_launch.process.leftovers import keeper_fds
 
     def hold_memory_and_ignore_sigterm(folder):
         data = bytearray(256 << 20)
@@ -113,7 +113,7 @@ OPEN_FDS = textwrap.dedent("""
         # Pipes and sockets: what a run opens. (The kernel opens files of its own meanwhile,
         # e.g. IPython's history journal, and the listing's own directory fd is gone below.) Not the
         # keeper's socket, which the first launch opens for the process's life (leftovers).
-        from notebook_launch.leftovers import keeper_fds
+        from notebook_launch.process.leftovers import keeper_fds
         found = []
         for fd in set(os.listdir("/proc/self/fd")) - {str(fd) for fd in keeper_fds()}:
             try:

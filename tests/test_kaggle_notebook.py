@@ -22,7 +22,7 @@ def test_kaggle_notebook_runs_on_this_machine(tmp_path, monkeypatch):
     imports = next(i for i, c in enumerate(nb.cells) if "from notebook_launch import" in c.source)
     nb.cells.insert(imports + 1, nbformat.v4.new_code_cell(
         "import notebook_launch\n"
-        "from notebook_launch.net import free_port\n"
+        "from notebook_launch.planning.net import free_port\n"
         "def notebook_launcher(*args, **kwargs):\n"
         "    return notebook_launch.notebook_launcher(*args, use_port=str(free_port()), **kwargs)"))
 

@@ -15,14 +15,15 @@ from pathlib import Path
 import pytest
 from test_import_graph import defines_a_launcher
 
-from notebook_launch import LaunchError, notebook_launcher, run, start_ranks
-from notebook_launch.backends import get_backend
-from notebook_launch.backends.base import Launcher, StartFailed
-from notebook_launch.backends.fork import ForkBackend
-from notebook_launch.ray.launch import RayLauncher
-from notebook_launch.backends.spawn import SpawnBackend
-from notebook_launch.backends.xla import XlaBackend
-from notebook_launch.slurm.launcher import SlurmLauncher
+from notebook_launch import LaunchError, engines, notebook_launcher, start_ranks
+from notebook_launch.scaffold import run
+from notebook_launch.engines import launcher_for
+from notebook_launch.engines.base import Launcher, StartFailed
+from notebook_launch.engines.local.fork import ForkBackend
+from notebook_launch.engines.ray.launch import RayLauncher
+from notebook_launch.engines.local.spawn import SpawnBackend
+from notebook_launch.engines.xla.launcher import XlaBackend
+from notebook_launch.engines.slurm.launcher import SlurmLauncher
 
 PACKAGE = Path(__file__).resolve().parents[1] / "notebook_launch"
 
@@ -46,21 +47,21 @@ START_PATHS = {
 
 # Processes the package starts that are not ranks, and why they are allowed outside a launcher.
 NOT_RANKS = {
-    "notebook_launch.orphan_keeper": "the per-notebook keeper that ends what ranks leave behind",
-    "notebook_launch.leftovers": "starts the keeper",
+    "notebook_launch.process.orphan_keeper": "the per-notebook keeper that ends what ranks leave behind",
+    "notebook_launch.process.leftovers": "starts the keeper",
     "notebook_launch.diagnose.native_stacks": "py-spy, reading a hung rank's native stack",
     "notebook_launch.detect.platform": "nvidia-smi, for the GPUs' names",
-    "notebook_launch.cuda_tracking": "a throwaway fork that probes whether a fork is poisoned",
+    "notebook_launch.notebook.cuda_tracking": "a throwaway fork that probes whether a fork is poisoned",
     "notebook_launch.rank.xla_replicas": "xmp.spawn, inside the xla launcher's own child (backends.xla)",
     # the SLURM engine keeps its launcher in its own package: its srun steps start in SlurmLauncher.start
-    "notebook_launch.slurm.launcher": "SlurmLauncher (a launcher outside backends/): srun, a step per node",
-    "notebook_launch.slurm.allocation": "salloc and the watchdog: the job SlurmLauncher's steps run in",
-    "notebook_launch.slurm.scheduler": "scontrol, squeue and scancel: questions to the scheduler",
-    "notebook_launch.slurm.watchdog": "scancel, when the notebook that started a SLURM job died",
+    "notebook_launch.engines.slurm.launcher": "SlurmLauncher (a launcher outside backends/): srun, a step per node",
+    "notebook_launch.engines.slurm.allocation": "salloc and the watchdog: the job SlurmLauncher's steps run in",
+    "notebook_launch.engines.slurm.scheduler": "scontrol, squeue and scancel: questions to the scheduler",
+    "notebook_launch.engines.slurm.watchdog": "scancel, when the notebook that started a SLURM job died",
     # ranks, but on a SLURM node: the node's half of SlurmLauncher.start, whose srun step runs it
-    "notebook_launch.slurm.node_agent": "forks its node's ranks inside the srun step SlurmLauncher.start began",
+    "notebook_launch.engines.slurm.node_agent": "forks its node's ranks inside the srun step SlurmLauncher.start began",
     # the warm start process: forks the ranks SpawnBackend.start asks it for (backends.start_process)
-    "notebook_launch.rank.start_server": "forks the ranks SpawnBackend.start asks the warm start process for",
+    "notebook_launch.engines.local.start_server": "forks the ranks SpawnBackend.start asks the warm start process for",
     # the fork loop those two share (the start process and SLURM's node agent call it, nothing else)
     "notebook_launch.rank.forking": "the fork of rank.start_server and slurm.node_agent, written once",
 }
@@ -76,7 +77,7 @@ def test_every_start_path_has_a_launcher():
         assert issubclass(launcher, Launcher), name
         assert "start" in vars(launcher), f"{launcher.__name__} must implement start() itself"
     for method in ("fork", "spawn", "xla"):
-        assert isinstance(get_backend(method), START_PATHS[method][1])
+        assert isinstance(launcher_for(method), START_PATHS[method][1])
     with pytest.raises(TypeError):
         Launcher()  # type: ignore[abstract]   # the interface itself starts nothing
 
@@ -106,9 +107,9 @@ def test_no_module_outside_the_launchers_starts_a_rank():
         module = ".".join(path.relative_to(PACKAGE.parent).with_suffix("").parts)
         calls = _process_starts(path)
         # a launcher: backends/, or a cluster engine's module that defines one (ray.launch)
-        if calls and not module.startswith("notebook_launch.backends.") and not defines_a_launcher(path):
+        if calls and not module.startswith("notebook_launch.engines.local.") and not defines_a_launcher(path):
             starters[module] = calls
-    assert "notebook_launch.backends.fork_thread" not in starters   # the scan sees the launchers' own calls
+    assert "notebook_launch.engines.local.fork_thread" not in starters   # the scan sees the launchers' own calls
     unexpected = {m: calls for m, calls in starters.items() if m not in NOT_RANKS and m not in NOT_YET}
     assert not unexpected, f"these modules start processes outside a launcher: {unexpected}"
     done = [m for m in NOT_YET if m not in starters]
@@ -116,9 +117,9 @@ def test_no_module_outside_the_launchers_starts_a_rank():
 
 
 def test_the_scan_sees_the_launchers_own_starts():
-    assert _process_starts(PACKAGE / "backends" / "spawn.py") == ["subprocess.Popen"]
-    assert "fork_from_clean_thread" in _process_starts(PACKAGE / "backends" / "fork.py")
-    assert _process_starts(PACKAGE / "ray" / "launch.py") == ["<actor>.run.remote"]
+    assert _process_starts(PACKAGE / "engines" / "local" / "spawn.py") == ["subprocess.Popen"]
+    assert "fork_from_clean_thread" in _process_starts(PACKAGE / "engines" / "local" / "fork.py")
+    assert _process_starts(PACKAGE / "engines" / "ray" / "launch.py") == ["<actor>.run.remote"]
 
 
 @pytest.fixture
@@ -201,7 +202,7 @@ class ForkAfterAWaitStandIn(ForkBackend):
 @pytest.fixture
 def waiting_launcher(monkeypatch):
     def use(launcher: ForkAfterAWaitStandIn) -> ForkAfterAWaitStandIn:
-        monkeypatch.setattr(run, "get_backend", lambda _method: launcher)
+        monkeypatch.setattr(engines, "launcher_for", lambda _method: launcher)
         return launcher
     return use
 

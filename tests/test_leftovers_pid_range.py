@@ -7,7 +7,7 @@ import os
 import subprocess
 import sys
 
-from notebook_launch import leftovers
+from notebook_launch.process import leftovers
 
 
 def test_pids_after_the_mark_only():

@@ -24,8 +24,8 @@ HEAVY = ("torch", "numpy", "IPython", "ipywidgets", "ipykernel", "traitlets", "p
 # Modules that are torch's own machinery by design: multi-node launches run on torch elastic's
 # agent and rendezvous (subclasses of torch's classes); nothing imports them before such a launch.
 TORCH_BOUND = {
-    "notebook_launch.elastic.agent": "subclasses torch elastic's agent",
-    "notebook_launch.elastic.rendezvous": "torch elastic's rendezvous handlers",
+    "notebook_launch.engines.elastic.agent": "subclasses torch elastic's agent",
+    "notebook_launch.engines.elastic.rendezvous": "torch elastic's rendezvous handlers",
 }
 
 HEAVY_CHECK = textwrap.dedent(f"""
@@ -54,8 +54,8 @@ USER_IMPORTS = [
     "from notebook_launch import notebook_launcher, start_ranks",
     "from notebook_launch import (notebook_launcher, RayCluster, start_ranks, Ranks, progress, load_metrics, "
     "NotebookLaunchError, LaunchError, GuardError, LaunchArgumentError, load_ipython_extension, install_hooks)",
-    "import notebook_launch.magic",
-    "import notebook_launch.persistent.magic",
+    "import notebook_launch.magics.launch",
+    "import notebook_launch.magics.ranks",
     "from notebook_launch.rank.progress import progress",
     "import notebook_launch.cli",
 ]
@@ -206,7 +206,7 @@ def test_a_torch_free_process_gets_a_plain_launch_error(tmp_path):
 def test_the_installed_torch_build_is_read_without_importing_it(tmp_path):
     from importlib.machinery import ModuleSpec
 
-    from notebook_launch.cuda_tracking import installed_torch_names_cuda
+    from notebook_launch.notebook.cuda_tracking import installed_torch_names_cuda
 
     def install(version_line: str | None):
         folder = tmp_path / f"torch{abs(hash(version_line))}"

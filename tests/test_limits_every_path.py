@@ -15,8 +15,8 @@ import textwrap
 import pytest
 
 from notebook_launch import LaunchArgumentError, RayCluster, notebook_launcher
-from notebook_launch.fd_budget import FDS_SPARE
-from notebook_launch.options import MAX_WORLD_SIZE, launch_options
+from notebook_launch.planning.fd_budget import FDS_SPARE
+from notebook_launch.planning.options import MAX_WORLD_SIZE, launch_options
 
 LIMITED = textwrap.dedent("""
     import json, os, resource, sys

@@ -10,7 +10,7 @@ from typing import IO, cast
 import pytest
 
 from notebook_launch import LaunchArgumentError, notebook_launcher
-from notebook_launch.logs import RunLogs
+from notebook_launch.record.logs import RunLogs
 
 
 def chatty(lines):
@@ -175,6 +175,6 @@ def test_a_run_after_one_that_filled_the_disk_logs_every_line(small_disk, monkey
 
 def test_only_a_disk_nearly_full_waits_for_the_rule():
     """Elsewhere the ranks start beside it (test_run_folders: test_the_ranks_start_without_waiting_for_the_rule)."""
-    from notebook_launch.run_folders import LOW_DISK_BYTES, prune_first
+    from notebook_launch.record.run_folders import LOW_DISK_BYTES, prune_first
     assert prune_first(0) and prune_first(LOW_DISK_BYTES - 1)
     assert not prune_first(LOW_DISK_BYTES) and not prune_first(None)

@@ -2,7 +2,7 @@
 import os
 
 from notebook_launch import notebook_launcher
-from notebook_launch.line_splitter import MAX_LINE, LineSplitter
+from notebook_launch.wire.line_splitter import MAX_LINE, LineSplitter
 
 
 def test_cut_never_splits_a_multibyte_character():

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 from notebook_launch.errors import LaunchArgumentError
-from notebook_launch.magic import parse_launch_line
+from notebook_launch.magics.launch import parse_launch_line
 
 from helpers.nbutil import cell_text, make_notebook, run_notebook
 
@@ -40,8 +40,8 @@ def test_ranks_start_options_reach_start_ranks(monkeypatch):
     """%ranks start's --stall-after, --lines-per-second and --cluster become start_ranks' arguments
     (start_ranks itself is replaced by a recorder here: the Ray side has its own tests, on real
     clusters, in tests/raycluster)."""
-    from notebook_launch.ray.cluster import RayCluster
-    from notebook_launch.persistent import magic as ranks_magic_module
+    from notebook_launch.engines.ray.cluster import RayCluster
+    from notebook_launch.magics import ranks as ranks_magic_module
     calls = []
 
     class StartRanksRecorder:
@@ -133,7 +133,7 @@ PartialState(cpu=True)
 def test_launch_magic_in_a_kernel():
     nb = make_notebook(
         SETUP,
-        "import notebook_launch.cuda_tracking as ct\nprint('tracking', ct._installed)",
+        "import notebook_launch.notebook.cuda_tracking as ct\nprint('tracking', ct._installed)",
         BODY_OK,
         "print('back', total, gathered, rank_seen)",
         BODY_FAILS,

@@ -18,7 +18,7 @@ from notebook_launch.display.grouping import (GROUP_ABOVE, MAX_GROUPS, MAX_SINGL
                                               rank_ranges)
 from notebook_launch.display.rich_panel import RichDisplay
 from notebook_launch.display.rows import rows_html
-from notebook_launch.state import DONE, FAILED, RankState, RunState
+from notebook_launch.record.state import DONE, FAILED, RankState, RunState
 
 FAILED_RANK, STALLED_RANK, SLOW_RANK = 5, 9, 7
 

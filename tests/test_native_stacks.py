@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from notebook_launch import LaunchError, notebook_launcher
-from notebook_launch.net import free_port
+from notebook_launch.planning.net import free_port
 from notebook_launch.diagnose import native_stacks
 
 needs_py_spy = pytest.mark.skipif(native_stacks.py_spy() is None, reason="py-spy is not installed (pip install py-spy)")

@@ -44,7 +44,7 @@ def test_cuda_first_initialized_cell_is_recorded_by_the_ipython_hook(tmp_path):
     here, so a fake stands in for torch.cuda.is_initialized (named as such in the cell)."""
     nb = make_notebook(SETUP, """
 %load_ext notebook_launch
-import notebook_launch.cuda_tracking as tracking
+import notebook_launch.notebook.cuda_tracking as tracking
 import torch   # a CUDA context needs torch imported (importing notebook_launch imports no torch)
 FAKE_CUDA_CONTEXT = [False]   # stands in for a real CUDA context (no GPU here)
 tracking.is_cuda_initialized = lambda: FAKE_CUDA_CONTEXT[0]

@@ -167,7 +167,7 @@ def test_a_notebook_that_dies_before_its_keeper_is_ready_leaves_nothing(tmp_path
     first launch); the orders it wrote meanwhile wait in the keeper's socket, which outlives the
     notebook, and the keeper reads them before it acts on the notebook's death. Without that
     (a launch that waits for its keeper) the notebook here never gets past ``guard``."""
-    from notebook_launch import leftovers
+    from notebook_launch.process import leftovers
     gate = str(tmp_path / "gate")
     os.mkfifo(gate)
     gate_program = tmp_path / "gated_keeper.py"
@@ -210,7 +210,7 @@ def test_a_notebook_that_dies_before_its_keeper_is_ready_leaves_nothing(tmp_path
 FIRST_LAUNCH_ORDER = textwrap.dedent('''
     import json
     from notebook_launch import notebook_launcher
-    from notebook_launch.backends import fork
+    from notebook_launch.engines.local import fork
     from notebook_launch import leftovers
     events = []
     start_keeper, fork_rank = leftovers._start_keeper, fork.fork_from_clean_thread

@@ -29,8 +29,8 @@ import pytest
 from helpers.waiting import ended, wait_for
 
 from notebook_launch import LaunchError, notebook_launcher, start_ranks
-from notebook_launch.backends import fork_thread
-from notebook_launch.net import free_port
+from notebook_launch.engines.local import fork_thread
+from notebook_launch.planning.net import free_port
 from helpers.processes import children
 
 
@@ -340,7 +340,7 @@ def test_in_a_real_kernel_that_ignores_sigchld_every_launch_reports_true_endings
         sys.path.insert(0, {tests_dir!r})
         from test_notebook_signal_dispositions import end_after_rank_0, exit_3_on_rank_1, rank_pid
         from notebook_launch import LaunchError, notebook_launcher, start_ranks
-        from notebook_launch.net import free_port
+        from notebook_launch.planning.net import free_port
         signal.signal(signal.SIGCHLD, signal.SIG_IGN)
         endings = {{}}
         for method in ("fork", "spawn"):
@@ -384,7 +384,7 @@ def test_where_the_kernel_keeps_no_status_a_result_that_arrived_is_the_ranks_res
     statuses whatever the notebook does with SIGCHLD, so theirs is never lost."""
     import errno
 
-    from notebook_launch.backends import start_process
+    from notebook_launch.engines.local import start_process
     from notebook_launch.channels import process
 
     def no_pidfd_info(pidfd: int) -> None:

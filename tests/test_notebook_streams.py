@@ -25,7 +25,7 @@ from typing import Any, Callable
 import pytest
 
 from notebook_launch import notebook_launcher, start_ranks
-from notebook_launch.net import free_port
+from notebook_launch.planning.net import free_port
 
 MARKS = ("OUT-LINE", "ERR-LINE", "FD1-LINE", "FD2-LINE")
 
@@ -144,7 +144,7 @@ CLOSED_FDS_NOTEBOOK = textwrap.dedent('''
     sys.path.insert(0, {tests!r})
     from test_notebook_streams import talk
     from notebook_launch import notebook_launcher, start_ranks
-    from notebook_launch.net import free_port
+    from notebook_launch.planning.net import free_port
     report = open({report!r}, "w")   # opened first: it is none of fds 0-2
     for fd in (0, 1, 2):
         os.close(fd)
@@ -184,7 +184,7 @@ def test_in_a_real_kernel_with_every_stream_odd_ranks_launch_and_log(tmp_path):
         sys.path.insert(0, {tests_dir!r})
         from test_notebook_streams import talk
         from notebook_launch import notebook_launcher, start_ranks
-        from notebook_launch.net import free_port
+        from notebook_launch.planning.net import free_port
         kernel_streams = sys.stdout, sys.stderr, sys.stdin
         closed = open(os.devnull, "w")
         closed.close()

@@ -9,8 +9,9 @@ import time
 
 import pytest
 
-from notebook_launch import LaunchError, notebook_launcher, protocol
-from notebook_launch.memory_errors import out_of_memory_type
+from notebook_launch import LaunchError, notebook_launcher
+from notebook_launch.wire import protocol
+from notebook_launch.wire.memory_errors import out_of_memory_type
 from notebook_launch.supervise import allocation_failure, kernel_oom, oom
 from helpers.memory_cgroup import CGROUP_V1, memory_cgroup as make_memory_cgroup
 from helpers.processes import children
@@ -298,7 +299,7 @@ def test_a_rank_read_after_it_ended_or_on_another_machine_says_what_it_held_as_i
     """The rank's ERROR carries what it held as it raised: a quick rank on a loaded machine ended
     before any sample and before its error was read, and a rank on another machine (Ray, SLURM)
     has no pid here to read; both still say what they held."""
-    from notebook_launch import protocol
+    from notebook_launch.wire import protocol
     try:
         raise MemoryError()
     except MemoryError as exc:

@@ -13,7 +13,7 @@ from typing import cast
 import pytest
 
 from notebook_launch import LaunchError, notebook_launcher, start_ranks
-from notebook_launch.net import free_port
+from notebook_launch.planning.net import free_port
 from notebook_launch.supervise import kernel_oom
 from helpers.memory_cgroup import fill, join_and_fill, kernel_log_readable, memory_cgroup
 from helpers.panel_helpers import KeepStateDisplay

@@ -114,7 +114,7 @@ LOOP = 100
 
 COUNTS = '''
 from notebook_launch import notebook_launcher, start_ranks
-from notebook_launch.net import free_port
+from notebook_launch.planning.net import free_port
 
 def quick(i):
     return i

@@ -1,5 +1,5 @@
 """Run-state folding: what every display reads."""
-from notebook_launch.state import DONE, FAILED, MAX_BARS, RUNNING, RankState, RunState
+from notebook_launch.record.state import DONE, FAILED, MAX_BARS, RUNNING, RankState, RunState
 from notebook_launch.display import format as fmt
 
 
@@ -89,7 +89,7 @@ def test_a_stalled_row_shows_neither_its_old_rate_nor_an_eta():
 
 def test_a_stopped_rank_says_stopped_once():
     """'rank 1 [cpu] stopped by notebook_launch ...', not 'stopped stopped by ...' (issue 35)."""
-    from notebook_launch.state import STOPPED
+    from notebook_launch.record.state import STOPPED
     state = make_state()
     state.on_exit(0, STOPPED, "stopped by notebook_launch (SIGTERM) after the timeout")
     state.on_exit(1, STOPPED, "interrupted after an interrupt (alive, state kept)")

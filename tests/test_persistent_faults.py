@@ -13,7 +13,7 @@ import psutil
 import pytest
 
 from notebook_launch import LaunchError, start_ranks
-from notebook_launch.net import free_port
+from notebook_launch.planning.net import free_port
 from notebook_launch.channels import commands
 from notebook_launch.persistent import command_frames
 from notebook_launch.rank import runner

@@ -18,7 +18,7 @@ from helpers.nbutil import cell_text, make_notebook
 from helpers.watching import WatchingDisplay, WhereReports
 
 from notebook_launch import LaunchError, start_ranks
-from notebook_launch.net import free_port
+from notebook_launch.planning.net import free_port
 
 pytestmark = pytest.mark.timeout(300)
 HERE = os.path.basename(__file__)
@@ -178,7 +178,7 @@ def test_stacks_and_the_stall_options_in_a_kernel(tmp_path):
     from helpers.nbutil import run_notebook
     nb = make_notebook(
         "%load_ext notebook_launch",
-        "from notebook_launch.net import free_port\n"
+        "from notebook_launch.planning.net import free_port\n"
         "%ranks start -n 2 --ui text --port {free_port()} --stall-after 600 --lines-per-second 50",
         "%%ranks\nimport threading, time, torch\nimport torch.distributed as dist\n"
         "dist.init_process_group('gloo')\n"

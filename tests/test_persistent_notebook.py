@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 from notebook_launch import start_ranks, LaunchError
-from notebook_launch.net import free_port
+from notebook_launch.planning.net import free_port
 
 MARKERS = {markers!r}
 
@@ -172,7 +172,7 @@ def test_the_ranks_magics(tmp_path):
     from helpers.nbutil import run_notebook
     nb = make_notebook(
         "%load_ext notebook_launch",
-        "from notebook_launch.net import free_port\n%ranks start -n 2 --ui text --port {free_port()}",
+        "from notebook_launch.planning.net import free_port\n%ranks start -n 2 --ui text --port {free_port()}",
         "%%ranks\nimport torch.distributed as dist\ndist.init_process_group('gloo')\nx = dist.get_rank() * 10\n"
         "print('rank', dist.get_rank(), 'ready')",
         "offset = 5   # defined in the notebook after the start",
@@ -228,7 +228,7 @@ def test_display_from_persistent_ranks_reaches_the_cell(tmp_path):
         "%load_ext notebook_launch\n"
         "from IPython.display import HTML, display\n"
         "from notebook_launch import start_ranks\n"
-        "from notebook_launch.net import free_port\n"
+        "from notebook_launch.planning.net import free_port\n"
         "def show(tag):\n"
         "    import os\n"
         "    display(HTML(f\"<b>{tag} from rank {os.environ['RANK']}</b>\"))\n"
@@ -263,7 +263,7 @@ def test_a_ranks_output_between_calls_reaches_the_running_cell(tmp_path):
         f"""
 import os, threading, time
 from notebook_launch import start_ranks
-from notebook_launch.net import free_port
+from notebook_launch.planning.net import free_port
 ranks = start_ranks(2, ui="text", log_dir={str(log_dir)!r}, use_port=free_port())
 
 def talk_later():
@@ -300,7 +300,7 @@ def test_a_ranks_cell_names_the_notebook_values_it_cannot_send(tmp_path):
     nb = make_notebook(
         "%load_ext notebook_launch",
         "import threading\nearly = threading.Lock()   # before the start: the ranks have their copy\n"
-        "from notebook_launch.net import free_port\n%ranks start -n 2 --ui text --port {free_port()}",
+        "from notebook_launch.planning.net import free_port\n%ranks start -n 2 --ui text --port {free_port()}",
         "lk = threading.Lock()   # after the start: only the notebook has it",
         "%%ranks\nwith lk:\n    print('ran')",
         "%%ranks\nwith early:\n    print('early ran')",

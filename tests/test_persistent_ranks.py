@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 
 from notebook_launch import LaunchArgumentError, LaunchError, start_ranks
-from notebook_launch.net import free_port   # not 29500: on a shared machine it can be taken before rank 0 binds it
+from notebook_launch.planning.net import free_port   # not 29500: on a shared machine another may take it first
 
 from helpers.waiting import ended, wait_for, wait_until_inside
 from helpers.processes import children
@@ -347,9 +347,9 @@ def test_an_interrupt_counts_for_the_call_it_names_only():
     """A SIGINT that lands before a rank started the call still interrupts it (as the call
     starts); one meant for an earlier call is ignored."""
     from notebook_launch.channels.interrupt_slot import InterruptSlot
-    from notebook_launch.rank.serve import _Interruptible
+    from notebook_launch.rank.serve import Interruptible
     slot = InterruptSlot()
-    interrupts = _Interruptible(slot)
+    interrupts = Interruptible(slot)
     slot.request(4)
     interrupts.start(5)                                # an interrupt of call 4: not this one
     interrupts.handler(signal.SIGINT, None)            # ... and late: ignored
@@ -407,7 +407,7 @@ def test_a_group_timeout_shorter_than_the_grace_keeps_a_stuck_ranks_state(log_di
 
 
 def test_the_magics_name_bad_options_before_anything_starts():
-    from notebook_launch.persistent.magic import ranks_magic
+    from notebook_launch.magics.ranks import ranks_magic
     with pytest.raises(LaunchArgumentError, match="%ranks start: unrecognized arguments: --bogus"):
         ranks_magic(None, "start -n 2 --bogus")
     with pytest.raises(LaunchArgumentError, match="-n/--num-processes must be a whole number"):
@@ -419,5 +419,5 @@ def test_the_magics_name_bad_options_before_anything_starts():
     with pytest.raises(LaunchArgumentError, match="no ranks are running"):
         ranks_magic(None, "", "x = 1")
     with pytest.raises(LaunchArgumentError, match="%%launch: unrecognized arguments: --grace"):
-        from notebook_launch.magic import parse_launch_line
+        from notebook_launch.magics.launch import parse_launch_line
         parse_launch_line("-n 2 --grace 3")

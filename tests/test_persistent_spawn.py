@@ -16,9 +16,10 @@ import torch
 import torch.distributed as dist
 
 from helpers.fake_cuda_build_standin import fake_gpus_tracked
-from notebook_launch import GuardError, LaunchError, cuda_tracking, preflight, start_ranks
-from notebook_launch.backends import start_process
-from notebook_launch.net import free_port
+from notebook_launch import GuardError, LaunchError, preflight, start_ranks
+from notebook_launch.notebook import cuda_tracking
+from notebook_launch.engines.local import start_process
+from notebook_launch.planning.net import free_port
 from helpers.processes import children, is_start_process
 
 pytestmark = pytest.mark.timeout(300)
@@ -115,7 +116,7 @@ def test_spawned_persistent_ranks_in_a_kernel_after_cuda_was_initialized(tmp_pat
     nb = make_notebook(
         "%load_ext notebook_launch\nfrom notebook_launch import cuda_tracking\n"
         "cuda_tracking.is_cuda_initialized = lambda: True   # a stand-in: the notebook 'initialized CUDA'",
-        "from notebook_launch.net import free_port\nfrom notebook_launch import start_ranks\n"
+        "from notebook_launch.planning.net import free_port\nfrom notebook_launch import start_ranks\n"
         "start_ranks(2, ui='text', start_method='fork')   # asked for fork: refused",
         "%ranks start -n 2 --spawn --ui text --port {free_port()}",
         "%%ranks\nimport torch, torch.distributed as dist\ndist.init_process_group('gloo')\n"
@@ -125,10 +126,10 @@ def test_spawned_persistent_ranks_in_a_kernel_after_cuda_was_initialized(tmp_pat
         "%ranks pull total",
         "def shifted():   # a notebook function: runs in the ranks' namespace, with their w\n"
         "    return (w + factor).tolist()\n"
-        "from notebook_launch.persistent.magic import active\nactive().run(shifted)",
+        "from notebook_launch.magics.ranks import active\nactive().run(shifted)",
         "%ranks stop",
         "import psutil; [p.pid for p in psutil.Process().children(recursive=True) "
-        "if p.status() != psutil.STATUS_ZOMBIE and 'rank.start_server' not in ' '.join(p.cmdline())]",
+        "if p.status() != psutil.STATUS_ZOMBIE and 'engines.local.start_server' not in ' '.join(p.cmdline())]",
     )
     run_notebook(nb, cwd=str(tmp_path), allow_errors=True)
     cells = nb.cells

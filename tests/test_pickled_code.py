@@ -2,7 +2,7 @@
 code object as if from "<dynamic-code>"; tracebacks, hang verdicts and cell labels need the file)."""
 import pickle
 
-from notebook_launch import pickling, shared_tensors
+from notebook_launch.wire import pickling, shared_tensors
 
 
 def test_a_shipped_function_keeps_its_code_file():

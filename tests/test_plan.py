@@ -1,9 +1,9 @@
 """The plan is pure: ranks, environment and ports without starting anything."""
 from typing import Any, get_args
 
-from notebook_launch.net import free_port, port_is_free
-from notebook_launch.options import DEFAULT_USE_PORT
-from notebook_launch.plan import build_plan, cluster_plan, nccl_workarounds, omp_threads
+from notebook_launch.planning.net import free_port, port_is_free
+from notebook_launch.planning.options import DEFAULT_USE_PORT
+from notebook_launch.wire.plan import build_plan, cluster_plan, nccl_workarounds, omp_threads
 
 
 def plan(**kw):
@@ -83,7 +83,7 @@ def test_port_probe():
 
 
 def _env(**overrides):
-    from notebook_launch.plan import rank_environment
+    from notebook_launch.wire.plan import rank_environment
     arguments: dict[str, Any] = dict(
         global_rank=3, local_rank=1, num_processes=2, num_nodes=2, node_rank=1, world_size=4,
         master_addr="10.0.0.5", master_port=29511, device_kind="cuda", mixed_precision="no",
@@ -110,8 +110,8 @@ def test_one_builder_for_elastic_attempts_and_cluster_ranks():
 
 def test_one_dist_backend_choice():
     from notebook_launch.detect.platform import Environment
-    from notebook_launch.target import LaunchTarget
-    from notebook_launch.plan import DeviceKind, dist_backend_for
+    from notebook_launch.planning.target import LaunchTarget
+    from notebook_launch.wire.plan import DeviceKind, dist_backend_for
     # every kind DeviceKind allows has a backend and a rank device (one added to the type alone fails here)
     kinds = get_args(DeviceKind)
     assert [dist_backend_for(k) for k in ("cpu", "cuda", "xla")] == ["gloo", "nccl", "xla"]

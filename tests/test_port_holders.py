@@ -13,14 +13,14 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from notebook_launch import notebook_launcher, start_ranks
-from notebook_launch import port_holders
-from notebook_launch.net import PortReservation, claim_free_port, free_port
-from notebook_launch.options import _DefaultPort   # the marker of the default use_port (a busy one is replaced)
+from notebook_launch.planning import port_holders
+from notebook_launch.planning.net import PortReservation, claim_free_port, free_port
+from notebook_launch.planning.options import _DefaultPort   # the default use_port's marker (a busy one is replaced)
 
 LISTENER = ("import socket, sys, time; s = socket.socket(); s.bind(('', 0)); s.listen(); "
             "print(s.getsockname()[1], flush=True); time.sleep(600)")
 SIBLING = "import time; print('up', flush=True); time.sleep(600)"
-CLAIMER = ("import sys, time; from notebook_launch.net import PortReservation; "
+CLAIMER = ("import sys, time; from notebook_launch.planning.net import PortReservation; "
            "c = PortReservation.claim(int(sys.argv[1])); print(c is not None, flush=True); time.sleep(600)")
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from notebook_launch import notebook_launcher, start_ranks
-from notebook_launch.options import DEFAULT_USE_PORT, launch_options
+from notebook_launch.planning.options import DEFAULT_USE_PORT, launch_options
 from notebook_launch.prepare import ENTRY_POINT_ONLY, OPTION_NAMES, entry_options
 from notebook_launch.rank.serve import serve_calls
 

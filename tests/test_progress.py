@@ -154,7 +154,7 @@ def test_nesting_is_known_when_one_batch_holds_a_bars_close_and_anothers_open():
 def test_progress_iteration_keeps_counting_past_checks():
     # The hot loop only compares with a threshold; a rank-less bar must still count when it has a
     # reporter. Simulate one with a recording writer (no parent process involved).
-    import notebook_launch.protocol as channel
+    import notebook_launch.wire.protocol as channel
 
     class Writer:
         events = []
@@ -181,7 +181,7 @@ def test_progress_iteration_keeps_counting_past_checks():
 FORK_WHILE_LOCKED = """
 import os, signal, sys
 from helpers.forking import hold_in_another_thread
-import notebook_launch.protocol as channel
+import notebook_launch.wire.protocol as channel
 progress_module = __import__("notebook_launch.rank.progress", fromlist=["reporter"])
 
 read_end, write_end = os.pipe()

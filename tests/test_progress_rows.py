@@ -9,13 +9,13 @@ import time
 import pytest
 
 from notebook_launch.errors import LaunchArgumentError
-from notebook_launch.options import launch_options
+from notebook_launch.planning.options import launch_options
 from notebook_launch.display import TextDisplay, choose_display
 from notebook_launch.display import format as fmt
 from notebook_launch.display import fragments, rows
 from notebook_launch.display import html as html_display
 from notebook_launch.display.rich_panel import render as rich_render
-from notebook_launch.state import DONE, STOPPED, RankState, RunState
+from notebook_launch.record.state import DONE, STOPPED, RankState, RunState
 
 
 def make_state(world=2):

@@ -34,8 +34,8 @@ import threading
 import pytest
 
 from notebook_launch import notebook_launcher, start_ranks
-from notebook_launch.backends import fork_thread
-from notebook_launch.net import free_port
+from notebook_launch.engines.local import fork_thread
+from notebook_launch.planning.net import free_port
 from notebook_launch.rank import whereabouts
 
 FAULTHANDLER_SIGNALS = {signal.SIGSEGV, signal.SIGFPE, signal.SIGABRT, signal.SIGBUS, signal.SIGILL}
@@ -247,7 +247,7 @@ def test_ranks_launched_from_a_real_kernel_start_as_a_fresh_python(fresh_python,
         sys.path.insert(0, {tests_dir!r})
         from test_rank_inherited_state import probe
         from notebook_launch import notebook_launcher, start_ranks
-        from notebook_launch.net import free_port
+        from notebook_launch.planning.net import free_port
         states = {{}}
         for method in ("fork", "spawn"):
             states[method] = notebook_launcher(probe, num_processes=1, start_method=method, ui="none",

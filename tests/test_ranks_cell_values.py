@@ -15,7 +15,7 @@ def shown(cell):
 def test_a_cells_last_expression_shows_each_ranks_value_and_a_subset_runs_alone(tmp_path):
     nb = make_notebook(
         "%load_ext notebook_launch",
-        "from notebook_launch.net import free_port\n%ranks start -n 3 --ui text --port {free_port()}",
+        "from notebook_launch.planning.net import free_port\n%ranks start -n 3 --ui text --port {free_port()}",
         "%%ranks\nimport os\nrank = int(os.environ['RANK'])\nrank * 10",                    # 2: a value per rank
         "%%ranks\nrank * 10;",                                                                # 3: ; hides it
         "%%ranks\nNone if rank == 1 else {'rank': rank, 'lines': list(range(30))}",        # 4: None shows nothing

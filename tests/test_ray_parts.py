@@ -15,11 +15,11 @@ from typing import Any
 import pytest
 
 from notebook_launch import LaunchArgumentError, RayCluster, notebook_launcher
-from notebook_launch.ray.connect import NodeInfo, check_resources, describe_cluster, host_of
-from notebook_launch.ray.gang import assign_ranks, death_reason, visible_devices_by_node
+from notebook_launch.engines.ray.connect import NodeInfo, check_resources, describe_cluster, host_of
+from notebook_launch.engines.ray.gang import assign_ranks, death_reason, visible_devices_by_node
 from notebook_launch.channels.sockets import SIGNAL_FRAME, StreamListener, connect_streams
 from notebook_launch.errors import GuardError
-from notebook_launch.protocol import READY, EventKind, EventReader, EventWriter
+from notebook_launch.wire.protocol import READY, EventKind, EventReader, EventWriter
 
 
 def test_nothing_of_ray_is_imported_without_cluster():
@@ -194,15 +194,16 @@ def test_a_raising_call_is_not_called_a_death():
 def test_a_ray_ranks_environment_comes_from_the_one_builder(monkeypatch):
     """A Ray rank's environment is plan.rank_environment's for its place (restart count, max
     restarts, the interface toward the other nodes), with a socket variable the user set kept."""
-    from notebook_launch.plan import rank_environment
-    from notebook_launch.rank.ray_actor import _rank_spec
+    from notebook_launch.wire.plan import rank_environment
+    from notebook_launch.engines.remote.assignment import RankAssignment
     monkeypatch.setenv("NCCL_SOCKET_IFNAME", "users-own")
     monkeypatch.delenv("GLOO_SOCKET_IFNAME", raising=False)
-    assignment = {"global_rank": 3, "local_rank": 1, "local_world_size": 2, "node_rank": 1, "num_nodes": 2,
-                  "world_size": 4, "master_addr": "10.0.0.1", "master_port": 29555, "device_kind": "cpu",
-                  "mixed_precision": "no", "run_id": "r1", "cpu_count": 2, "interface": "eth9",
-                  "cuda_visible_devices": None, "attempt": 1, "max_restarts": 2}
-    spec = _rank_spec(assignment)
+    assignment = RankAssignment(global_rank=3, local_rank=1, local_world_size=2, node_rank=1, num_nodes=2,
+                                world_size=4, master_addr="10.0.0.1", master_port=29555, device_kind="cpu",
+                                mixed_precision="no", run_id="r1", cpu_count=2, interface="eth9",
+                                cuda_visible_devices=None, attempt=1, max_restarts=2)
+    spec = assignment.spec(os.environ)
+    assert RankAssignment.from_json(assignment.to_json()) == assignment   # as SLURM's agents carry it
     expected = rank_environment(global_rank=3, local_rank=1, num_processes=2, num_nodes=2, node_rank=1,
                                 world_size=4, master_addr="10.0.0.1", master_port=29555, device_kind="cpu",
                                 mixed_precision="no", run_id="r1", user_env={"NCCL_SOCKET_IFNAME": "users-own"},

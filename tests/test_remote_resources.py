@@ -20,13 +20,14 @@ import pytest
 from helpers.fake_nvml import FakeDevice, FakeNvml
 from helpers.panel_helpers import KeepStateDisplay
 
-from notebook_launch import notebook_launcher, protocol
+from notebook_launch import notebook_launcher
+from notebook_launch.wire import protocol
 from notebook_launch.display import format as fmt
-from notebook_launch.logs import RunLogs
+from notebook_launch.record.logs import RunLogs
 from notebook_launch.rank import resources as rank_resources
 from notebook_launch.rank.resources import THREAD_NAME, SelfSampler, report_own
-from notebook_launch.resources import GpuUsage, RankUsage, usage_from_record, usage_record
-from notebook_launch.state import DONE, RankState, RunState
+from notebook_launch.record.resources import GpuUsage, RankUsage, usage_from_record, usage_record
+from notebook_launch.record.state import DONE, RankState, RunState
 from notebook_launch.supervise.resources import ResourceSampler
 from notebook_launch.supervise.resource_watch import ResourceWatch
 
@@ -287,7 +288,7 @@ def test_a_ranks_own_samples_are_no_sign_of_progress(monkeypatch, log_dir):
     from helpers.watching import WatchingDisplay, WhereReports
 
     from notebook_launch import LaunchError
-    from notebook_launch.net import free_port
+    from notebook_launch.planning.net import free_port
     monkeypatch.setattr(rank_resources, "SAMPLE_EVERY", 0.8)   # the forked ranks inherit it
     monkeypatch.setattr(rank_resources, "BUDGET", 1.0)
     shown = WhereReports()

@@ -1,10 +1,10 @@
 """Accelerate-style rendezvous arguments -> what elastic's rendezvous is given."""
 import pytest
 
-from notebook_launch import net as network
+from notebook_launch.planning import net as network
 from notebook_launch.errors import LaunchArgumentError
-from notebook_launch.elastic.rendezvous import settings_for
-from notebook_launch.options import DEFAULT_RDZV_TIMEOUT, launch_options
+from notebook_launch.engines.elastic.rendezvous import settings_for
+from notebook_launch.planning.options import DEFAULT_RDZV_TIMEOUT, launch_options
 
 
 def settings(**overrides):

@@ -19,7 +19,8 @@ from typing import Any
 
 import pytest
 
-from notebook_launch import channels, protocol
+from notebook_launch import channels
+from notebook_launch.wire import protocol
 from notebook_launch.channels import read_ready
 from notebook_launch.channels.sockets import SocketPipes, StreamListener, connect_streams
 from notebook_launch.persistent.idle import IdleReader
@@ -147,7 +148,7 @@ def test_the_reader_between_persistent_calls_ends_a_reset_rank_channels(reset_ra
     """Persistent ranks on SLURM or Ray are read by ``IdleReader`` between calls: a reset there
     ends the channel, rather than failing every batch its thread handles from then on (the
     reset socket stays readable, so the thread would spin on it)."""
-    from notebook_launch.logs import RunLogs
+    from notebook_launch.record.logs import RunLogs
 
     pipes, go = reset_rank
     process = LoopbackRemoteRank(0)

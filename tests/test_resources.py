@@ -20,8 +20,8 @@ from notebook_launch import notebook_launcher
 from notebook_launch.display import format as fmt
 from notebook_launch.display import fragments, rows
 from notebook_launch.display.rich_panel import render
-from notebook_launch.resources import GpuUsage, MachineMemory, RankUsage, size_text
-from notebook_launch.state import DONE, RUNNING, RankState, RunState
+from notebook_launch.record.resources import GpuUsage, MachineMemory, RankUsage, size_text
+from notebook_launch.record.state import DONE, RUNNING, RankState, RunState
 from notebook_launch.supervise.resources import ResourceSampler
 
 MiB = 1 << 20

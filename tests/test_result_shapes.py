@@ -40,8 +40,9 @@ import numpy as np
 import pytest
 import torch
 
-from notebook_launch import LaunchError, notebook_launcher, protocol, shared_tensors, start_ranks
-from notebook_launch.net import free_port
+from notebook_launch import LaunchError, notebook_launcher, start_ranks
+from notebook_launch.wire import protocol, shared_tensors
+from notebook_launch.planning.net import free_port
 from notebook_launch.channels import commands
 from notebook_launch.persistent import command_frames
 
@@ -297,7 +298,7 @@ def test_values_pickled_through_a_pickle_buffer_are_not_called_unpicklable():
     """The probe that finds what cannot be sent (spawn arguments, a result's failing part, the
     names a ``%%ranks`` cell sends) pickles into a sink: a big PickleBuffer written whole is
     fine there, as in pickle (it was refused with "PickleBuffer has no len()")."""
-    from notebook_launch import pickling
+    from notebook_launch.wire import pickling
     from notebook_launch.rank import namespace
     values = {"C-ordered": FortranOrderedBuffer(np.zeros(N)), "F-ordered": big_values()["F-ordered buffer"],
               "buffer": pickle.PickleBuffer(bytearray(N)), "array": np.zeros(N)}
@@ -388,7 +389,7 @@ def test_a_result_that_does_not_fit_in_memory_is_a_result_failure_that_says_so(l
 NOTEBOOK_SHORT_OF_MEMORY = """
 import os, resource, sys
 from notebook_launch import LaunchError, notebook_launcher
-from notebook_launch.net import free_port
+from notebook_launch.planning.net import free_port
 
 def cap_the_notebook_then_return_more():
     with open(f"/proc/{os.getppid()}/status") as f:
@@ -494,8 +495,8 @@ def test_a_ray_call_of_every_shape_crosses_the_wire():
     real socket pair; no cluster needed): the rank's file gets the same offsets."""
     import socket
 
-    from notebook_launch.persistent.remote import call_message, write_whole
-    from notebook_launch.rank import ray_serve
+    from notebook_launch.engines.remote.persistent import call_message, write_whole
+    from notebook_launch.engines.remote import serve as ray_serve
     from notebook_launch.rank.runner import Job
     from notebook_launch.rank.serve import Call
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from notebook_launch import shared_tensors
+from notebook_launch.wire import shared_tensors
 from notebook_launch.rank.runner import serialize_result
 
 

@@ -24,7 +24,7 @@ import pytest
 import torch
 
 from notebook_launch import LaunchError, notebook_launcher
-from notebook_launch.net import free_port
+from notebook_launch.planning.net import free_port
 
 BIG = 1 << 15   # elements: above shared_tensors.INLINE_LIMIT for most dtypes, so the memfd path
 
@@ -158,7 +158,7 @@ MANY_TENSORS = textwrap.dedent('''
 def test_very_many_tensors_take_few_mappings():
     """Each mapping counts against vm.max_map_count (65530 by default): a result of thousands of
     tensors maps each of the first MAPPINGS_PER_LOAD on its own and the rest of the file once."""
-    from notebook_launch.shared_tensors import MAPPINGS_PER_LOAD
+    from notebook_launch.wire.shared_tensors import MAPPINGS_PER_LOAD
     done = subprocess.run([sys.executable, "-c", MANY_TENSORS], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     assert int(done.stdout.split()[-1]) <= MAPPINGS_PER_LOAD + 8

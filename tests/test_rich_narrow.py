@@ -10,8 +10,8 @@ import sys
 from rich.console import Console
 
 from notebook_launch.display.rich_panel import render
-from notebook_launch.resources import RankUsage
-from notebook_launch.state import DONE, Bar, RankState, RunState
+from notebook_launch.record.resources import RankUsage
+from notebook_launch.record.state import DONE, Bar, RankState, RunState
 
 MiB = 2**20
 

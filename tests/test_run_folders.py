@@ -15,9 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from notebook_launch import LaunchArgumentError, notebook_launcher, run_folders
-from notebook_launch.run_folders import (LIVE_FILE, MEGABYTE, LiveRunFolder, Retention, list_run_folders, live_pid,
-                                         prune)
+from notebook_launch import LaunchArgumentError, notebook_launcher
+from notebook_launch.record import run_folders
+from notebook_launch.record.run_folders import (LIVE_FILE, MEGABYTE, LiveRunFolder, Retention, list_run_folders,
+                                                live_pid, prune)
 
 
 def make_runs(root: Path, sizes_kb, start=0) -> list[str]:
@@ -126,7 +127,7 @@ def test_a_killed_run_is_not_live(tmp_path):
     """The lock is the kernel's: a run whose process was killed holds nothing, though its .live stays."""
     holder = subprocess.Popen(
         [sys.executable, "-c", "import sys, time; from pathlib import Path; "
-         "from notebook_launch.run_folders import LiveRunFolder; "
+         "from notebook_launch.record.run_folders import LiveRunFolder; "
          "held = LiveRunFolder(Path(sys.argv[1]), '20260101-000000-0000000001'); print('ready', flush=True); "
          "time.sleep(600)", str(tmp_path)], stdout=subprocess.PIPE, text=True)
     assert holder.stdout is not None

@@ -8,14 +8,14 @@ import signal
 
 import pytest
 
-from notebook_launch import session as session_module
+from notebook_launch.scaffold import session as session_module
 from notebook_launch.display.base import Display
 from notebook_launch.errors import LaunchError
-from notebook_launch.logs import LogSection, RunLogs
-from notebook_launch.options import LaunchOptions
-from notebook_launch.plan import build_plan
-from notebook_launch.session import Session, launch_line, open_logs, plan_state
-from notebook_launch.state import DONE, FAILED, RUNNING, STARTING, STOPPED, RunState
+from notebook_launch.record.logs import LogSection, RunLogs
+from notebook_launch.planning.options import LaunchOptions
+from notebook_launch.wire.plan import build_plan
+from notebook_launch.scaffold.session import Session, launch_line, open_logs, plan_state
+from notebook_launch.record.state import DONE, FAILED, RUNNING, STARTING, STOPPED, RunState
 from notebook_launch.supervise import interrupts
 
 

@@ -19,7 +19,8 @@ import pytest
 from helpers.fd_helpers import fd_links
 import torch
 
-from notebook_launch import LaunchError, notebook_launcher, shared_tensors
+from notebook_launch import LaunchError, notebook_launcher
+from notebook_launch.wire import shared_tensors
 
 BIG = 1 << 18   # elements: 1 MiB of float32, above the inline limit
 
@@ -110,8 +111,8 @@ class NothingLeftBehind:
         ours = [name for name in new_shm if "notebook_launch" in name or name.startswith(f"torch_{os.getpid()}_")]
         assert not ours, f"left in /dev/shm: {ours}"
         now = fd_links()
-        from notebook_launch.backends.start_process import held_fds
-        from notebook_launch.leftovers import keeper_fds
+        from notebook_launch.engines.local.start_process import held_fds
+        from notebook_launch.process.leftovers import keeper_fds
         kept = {str(fd) for fd in keeper_fds() | held_fds()}   # the keeper's, the start process's: kept for good
         new_fds = {fd: link for fd, link in now.items() if self.fds.get(fd) != link and fd not in kept}
         assert not new_fds, f"fds left open in the notebook: {new_fds}"

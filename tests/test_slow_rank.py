@@ -6,15 +6,15 @@ import io
 
 import pytest
 
-from notebook_launch import slow_rank
+from notebook_launch.record import slow_rank
 from notebook_launch.display import format as fmt
 from notebook_launch.display import rows
 from notebook_launch.display import html as html_display
 from notebook_launch.display import pace as pace_display
 from notebook_launch.display.rich_panel import render as rich_render
 from notebook_launch.rank import pace as rank_pace
-from notebook_launch.slow_rank import PaceHistory, RankPace, Spread, verdict
-from notebook_launch.state import DONE, FAILED, RankState, RunState
+from notebook_launch.record.slow_rank import PaceHistory, RankPace, Spread, verdict
+from notebook_launch.record.state import DONE, FAILED, RankState, RunState
 
 
 def steady(rank, waiting_share, seconds=10.0, steps=100, op="all_reduce", extra=None):
@@ -244,7 +244,7 @@ def test_the_rank_counts_calls_and_time_inside_and_samples_once_a_second(monkeyp
 
 
 def test_a_rank_state_folds_pace_from_progress_and_a_restart_forgets_it():
-    from notebook_launch.plan import RankSpec
+    from notebook_launch.wire.plan import RankSpec
     state = run_state(2)
     state.on_progress(0, {"bars": {}, "metrics": {}, "series": {}, "pace": sample(103.0, 30, 1.5, first=True)})
     assert whole(state.ranks[0].pace).calls == 30

@@ -19,8 +19,8 @@ from helpers.watching import WatchingDisplay
 
 from notebook_launch import notebook_launcher
 from notebook_launch.display import pace as pace_display
-from notebook_launch.net import free_port
-from notebook_launch.state import RunState
+from notebook_launch.planning.net import free_port
+from notebook_launch.record.state import RunState
 
 torch = pytest.importorskip("torch")
 dist = pytest.importorskip("torch.distributed")

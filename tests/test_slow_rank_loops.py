@@ -14,8 +14,8 @@ import pytest
 
 from helpers.pace_runs import samples_of_a_loop
 
-from notebook_launch import slow_rank
-from notebook_launch.slow_rank import PaceHistory, RankPace, ShareTally, SlowVerdict, Spread, verdict
+from notebook_launch.record import slow_rank
+from notebook_launch.record.slow_rank import PaceHistory, RankPace, ShareTally, SlowVerdict, Spread, verdict
 
 
 def jittered(rng, steps, low=0.02, high=0.06):

@@ -22,10 +22,10 @@ from pathlib import Path
 
 import pytest
 
-from notebook_launch.slurm import agents
-from notebook_launch.slurm.agents import NodeAgent
-from notebook_launch.slurm import node_failure
-from notebook_launch.slurm.node_failure import NodeFailureOrder
+from notebook_launch.engines.slurm import agents
+from notebook_launch.engines.slurm.agents import NodeAgent
+from notebook_launch.engines.slurm import node_failure
+from notebook_launch.engines.slurm.node_failure import NodeFailureOrder
 
 
 def srun_stand_in(lines: list[str], then_exit: int | None, pause: float = 0.3, first: float = 0,

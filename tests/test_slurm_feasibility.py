@@ -7,10 +7,11 @@ from __future__ import annotations
 import pytest
 from helpers.scontrol_text import COMPLETING_ON_A_SILENT_NODE, DOWN_NODE, NODES, PARTITIONS
 
-from notebook_launch.slurm.allocation import GONE_TIMEOUT, SAY_AFTER, end_wait, still_pending
-from notebook_launch.slurm.cluster import SlurmCluster
-from notebook_launch.slurm.feasibility import Request, never_starting_reason, never_starts
-from notebook_launch.slurm.records import fields, gpus_of, megabytes_of, parse_nodes, parse_partitions, seconds_of
+from notebook_launch.engines.slurm.allocation import GONE_TIMEOUT, SAY_AFTER, end_wait, still_pending
+from notebook_launch.engines.slurm.cluster import SlurmCluster
+from notebook_launch.engines.slurm.feasibility import Request, never_starting_reason, never_starts
+from notebook_launch.engines.slurm.records import (fields, gpus_of, megabytes_of, parse_nodes, parse_partitions,
+                                                   seconds_of)
 
 # The captured texts, changed where the test cluster cannot show a case (each change said):
 # a partition of both nodes that allows one node per job (MaxNodes=1)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from notebook_launch.slurm.scheduler import step_memory_cause
+from notebook_launch.engines.slurm.scheduler import step_memory_cause
 
 
 @pytest.mark.parametrize("said, amounts", [

@@ -18,10 +18,10 @@ import pytest
 import torch
 
 from notebook_launch import GuardError, LaunchArgumentError, LaunchError, notebook_launcher, preflight
-from notebook_launch import cuda_tracking
-from notebook_launch.backends import get_backend
-from notebook_launch.options import default_start_method
-from notebook_launch.net import free_port
+from notebook_launch.notebook import cuda_tracking
+from notebook_launch.engines import launcher_for
+from notebook_launch.planning.options import default_start_method
+from notebook_launch.planning.net import free_port
 
 LAUNCH_TIMEOUT = 240  # seconds; spawned ranks import torch afresh, slow on a busy machine
 
@@ -262,7 +262,7 @@ def test_default_start_method_uses_spawn_where_fork_is_unsafe(monkeypatch, platf
 
 
 def test_get_backend_spawn():
-    assert get_backend("spawn").name == "spawn"
+    assert launcher_for("spawn").name == "spawn"
 
 
 def start_notebook_process(tmp_path):

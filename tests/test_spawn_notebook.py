@@ -13,7 +13,7 @@ SETUP = """
 import pickle, subprocess, sys
 from notebook_launch import LaunchError, notebook_launcher
 from notebook_launch.detect.platform import detect
-from notebook_launch.net import free_port  # other test runs on this machine use 29500 too
+from notebook_launch.planning.net import free_port  # other test runs on this machine use 29500 too
 where = detect()
 print("detected:", where.platform, where.frontend)
 """

@@ -24,7 +24,7 @@ import pytest
 from helpers.watching import WatchingDisplay, WhereReports
 
 from notebook_launch import LaunchError, notebook_launcher
-from notebook_launch.net import free_port
+from notebook_launch.planning.net import free_port
 
 torch = pytest.importorskip("torch")
 dist = pytest.importorskip("torch.distributed")

@@ -12,7 +12,7 @@ import textwrap
 import pytest
 
 from notebook_launch.display import format as fmt
-from notebook_launch.state import RUNNING, STARTING, RankState, RunState
+from notebook_launch.record.state import RUNNING, STARTING, RankState, RunState
 
 FIRST_LAUNCH = textwrap.dedent("""
     import json, sys

@@ -1,4 +1,4 @@
-"""The warm start process (``backends.start_process``, ``rank.start_server``): every rank that must not
+"""The warm start process (``backends.start_process``, ``engines.local.start_server``): every rank that must not
 be forked from the notebook is forked from it. Real processes and gloo: the test process is the
 notebook. No GPU exists here, so "never initialises CUDA" is read from the start process itself
 (torch.cuda.is_initialized() there) rather than from a device."""
@@ -16,8 +16,8 @@ import psutil
 import pytest
 
 from notebook_launch import LaunchError, notebook_launcher
-from notebook_launch.backends import start_process
-from notebook_launch.net import free_port
+from notebook_launch.engines.local import start_process
+from notebook_launch.planning.net import free_port
 from helpers.processes import is_start_process
 
 pytestmark = pytest.mark.timeout(300)
@@ -59,7 +59,7 @@ def test_spawned_ranks_are_forks_of_the_start_process(tmp_path):
     assert starter.alive()
     for rank in ranks:
         assert rank["ppid"] == starter.pid            # its child: it reaps the rank and says how it ended
-        assert any("rank.start_server" in part for part in rank["cmdline"])   # forked there, not here
+        assert any("engines.local.start_server" in part for part in rank["cmdline"])   # forked there, not here
     state = starter.state()
     assert state["cuda_initialized"] is False                   # it never holds an accelerator runtime
     assert "torch" in state["modules"] and "torch.distributed" in state["modules"]
@@ -105,7 +105,7 @@ def test_a_start_process_that_died_is_replaced_and_the_launch_goes_on_said_once(
         said.err + said.out
     second = running()
     assert second.pid != first.pid and second.alive()
-    assert all(any("rank.start_server" in p for p in r["cmdline"]) for r in ranks)
+    assert all(any("engines.local.start_server" in p for p in r["cmdline"]) for r in ranks)
     spawn(who_am_i, tmp_path)
     said = capfd.readouterr()
     assert "had ended" not in said.err + said.out                # said once, not at every launch
@@ -186,13 +186,13 @@ def test_switched_off_ranks_are_fresh_interpreters(tmp_path, monkeypatch):
     monkeypatch.setenv(start_process.SWITCH, "0")
     for rank in spawn(who_am_i, tmp_path):
         assert any("rank.spawn_entry" in part for part in rank["cmdline"])
-        assert not any("rank.start_server" in part for part in rank["cmdline"])
+        assert not any("engines.local.start_server" in part for part in rank["cmdline"])
 
 
 NOTEBOOK = textwrap.dedent("""
     import json, os, sys, time
     from notebook_launch import notebook_launcher
-    from notebook_launch.backends import start_process
+    from notebook_launch.engines.local import start_process
 
     def sleeper():
         import time
@@ -213,7 +213,7 @@ NOTEBOOK = textwrap.dedent("""
     while time.monotonic() < deadline:
         starter = getattr(start_process.running(), "pid", None)
         ranks = [p.pid for p in psutil.Process().children(recursive=True)
-                 if "rank.start_server" in cmdline(p) and p.pid != starter]
+                 if "engines.local.start_server" in cmdline(p) and p.pid != starter]
         if len(ranks) == 2:
             break
         time.sleep(0.05)
@@ -255,7 +255,7 @@ def test_is_start_process_helper_sees_the_start_process():
 @pytest.fixture
 def cuda_initialized_standin(monkeypatch):
     """The notebook 'initialized CUDA' (a stand-in: no GPU here), as tests/test_guards.py does."""
-    from notebook_launch import cuda_tracking
+    from notebook_launch.notebook import cuda_tracking
     monkeypatch.setattr(cuda_tracking, "is_cuda_initialized", lambda: True, raising=True)
 
 
@@ -263,7 +263,7 @@ def test_a_notebook_holding_cuda_launches_from_the_start_process_unasked(tmp_pat
     ranks = notebook_launcher(who_am_i, num_processes=2, ui="none", use_port=free_port(),
                               log_dir=str(tmp_path / "logs"), timeout=LAUNCH_TIMEOUT)
     starter = running()
-    assert all(any("rank.start_server" in p for p in r["cmdline"]) and r["ppid"] == starter.pid for r in ranks)
+    assert all(any("engines.local.start_server" in p for p in r["cmdline"]) and r["ppid"] == starter.pid for r in ranks)
     said = capfd.readouterr()
     assert ("CUDA is initialized in this notebook: ranks start from the warm start process "
             "(start_method='spawn')") in said.out + said.err
@@ -282,8 +282,8 @@ def test_a_poisoned_fork_with_gpus_plans_the_start_process(monkeypatch):
     the start process (no rank is started: a fake GPU could not run one)."""
     import torch
     from helpers.fake_cuda_build_standin import fake_gpus_tracked
-    from notebook_launch import net
-    from notebook_launch.options import launch_options
+    from notebook_launch.planning import net
+    from notebook_launch.planning.options import launch_options
     from notebook_launch.prepare import plan_launch
     with fake_gpus_tracked(monkeypatch):
         assert torch.cuda.is_available()
@@ -306,7 +306,8 @@ def test_a_cuda_tensor_in_the_job_is_named_before_anything_starts(monkeypatch, t
     it is. No GPU here: ``tensor_device`` is told that marked CPU tensors are on cuda:0 (FAKE)."""
     import torch
 
-    from notebook_launch import LaunchArgumentError, pickling
+    from notebook_launch import LaunchArgumentError
+    from notebook_launch.wire import pickling
     model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Linear(2, 1))
     fake_cuda_tensors = {id(model[1].weight)}   # the model outlives the test's launches: ids stay its own
     real = pickling.tensor_device
@@ -356,7 +357,7 @@ def test_why_start_early_reads_the_machine(tmp_path, devices, environ, version, 
 
 LOAD_EXT_CELLS = (
     "%load_ext notebook_launch",
-    "from notebook_launch.backends import start_process\n"
+    "from notebook_launch.engines.local import start_process\n"
     "started = start_process.running()\n"
     "print('STARTED' if started is not None else 'NOT STARTED')\n"
     "if started is not None:\n"
@@ -386,8 +387,8 @@ def test_a_launch_with_more_fds_than_one_message_carries_goes_in_several_request
 
 
 def test_the_panel_header_shows_the_start_process_memory(tmp_path):
-    from notebook_launch.proc_usage import machine_memory
-    from notebook_launch.resources import helper_pids, machine_memory_text
+    from notebook_launch.record.proc_usage import machine_memory
+    from notebook_launch.record.resources import helper_pids, machine_memory_text
     start_process.prestart()
     starter = start_process.current()
     assert helper_pids()[start_process.HELPER_NAME] == starter.pid
@@ -428,7 +429,7 @@ def test_a_request_that_fails_part_way_leaves_no_rank_of_the_earlier_part_runnin
 
     def forks_of_the_start_process_hang():
         import time
-        if any("rank.start_server" in part for part in who_am_i()["cmdline"]):
+        if any("engines.local.start_server" in part for part in who_am_i()["cmdline"]):
             time.sleep(600)   # a rank left running would stay
         return who_am_i()
 

@@ -11,7 +11,7 @@ import pytest
 
 from notebook_launch import LaunchError, notebook_launcher
 from notebook_launch import channels
-from notebook_launch.backends.fork import ForkedRank
+from notebook_launch.engines.local.fork import ForkedRank
 from notebook_launch.supervise import outcome
 
 
@@ -79,7 +79,7 @@ def test_a_spawned_rank_that_does_not_end_is_waited_for_a_bounded_time():
     import subprocess
     import sys
 
-    from notebook_launch.backends.spawn import SpawnedRank
+    from notebook_launch.engines.local.spawn import SpawnedRank
     popen = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     rank = SpawnedRank(0, popen)
     rank.wait_limit = 0.3

@@ -10,11 +10,11 @@ import pytest
 from helpers.fake_tpu_machine import V3, V5E, V6E, V7, fake_tpu_root
 
 from notebook_launch import GuardError, LaunchArgumentError, preflight
-from notebook_launch.backends.start_process import withhold_device_backends
+from notebook_launch.engines.local.start_process import withhold_device_backends
 from notebook_launch.detect import torch_tpu
 from notebook_launch.detect.platform import Probe
-from notebook_launch.plan import build_plan
-from notebook_launch.target import launch_target
+from notebook_launch.wire.plan import build_plan
+from notebook_launch.planning.target import launch_target
 
 NO_PROBE = Probe(tpu_root=None)
 

@@ -21,8 +21,9 @@ import tempfile
 
 import pytest
 
-from notebook_launch import LaunchArgumentError, LaunchError, notebook_launcher, pickling, start_ranks
-from notebook_launch.net import free_port
+from notebook_launch import LaunchArgumentError, LaunchError, notebook_launcher, start_ranks
+from notebook_launch.wire import pickling
+from notebook_launch.planning.net import free_port
 from helpers.processes import children
 
 
@@ -109,7 +110,7 @@ def test_a_kwarg_is_named_too(tmp_path):
 
 
 def test_in_memory_streams_and_the_standard_streams_still_travel(tmp_path):
-    from notebook_launch import shared_tensors
+    from notebook_launch.wire import shared_tensors
     value = [io.BytesIO(b"bytes"), io.StringIO("text"), sys.stdout, sys.stderr]
     back = shared_tensors.loads(shared_tensors.dumps(value, None), None)
     assert back[0].getvalue() == b"bytes" and back[1].getvalue() == "text"

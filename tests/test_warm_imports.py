@@ -11,7 +11,7 @@ import textwrap
 
 import torch
 
-from notebook_launch.backends.warm_imports import looks_like_training
+from notebook_launch.engines.local.warm_imports import looks_like_training
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

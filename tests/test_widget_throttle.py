@@ -13,7 +13,7 @@ pytest.importorskip("ipywidgets")
 
 from notebook_launch.display import widget as widget_module
 from notebook_launch.display.widget import MESSAGES_PER_SECOND, WidgetDisplay
-from notebook_launch.state import DONE, FAILED, RankState, RunState
+from notebook_launch.record.state import DONE, FAILED, RankState, RunState
 from helpers.widget_comms import recording_comms
 
 

@@ -14,7 +14,7 @@ import types
 import pytest
 
 from notebook_launch import GuardError, LaunchArgumentError, notebook_launcher, preflight
-from notebook_launch.backends import get_backend
+from notebook_launch.engines import launcher_for
 from notebook_launch.detect import xla as xla_env
 from notebook_launch.detect.platform import Probe
 from notebook_launch.detect.platform import detect as platform_detect
@@ -334,8 +334,8 @@ def test_runtime_not_started_when_torch_xla_was_never_imported(monkeypatch):
 
 # --- backend choice --------------------------------------------------------------
 def test_get_backend_xla():
-    from notebook_launch.backends.xla import XlaBackend
-    backend = get_backend("xla")
+    from notebook_launch.engines.xla.launcher import XlaBackend
+    backend = launcher_for("xla")
     assert isinstance(backend, XlaBackend) and backend.name == "xla"
 
 
@@ -427,7 +427,7 @@ def test_an_image_that_sets_the_bounds_plans_every_device_torch_xla_runs(tmp_pat
 def test_launch_target_reads_one_machine_for_both_detectors(fake_v5e_tpu_vm):
     """launch_target's platform and its XLA decision read the same (fake) root: the TPU found on
     its PCI and VFIO is the platform's TPU too (before, the platform read this machine's /dev)."""
-    from notebook_launch.target import launch_target
+    from notebook_launch.planning.target import launch_target
     environ, root = fake_v5e_tpu_vm
     target = launch_target(None, None, environ=environ, root=root)
     info = detect_xla(environ, root, modules={}, xla_installed=False)

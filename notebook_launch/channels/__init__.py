@@ -11,6 +11,9 @@ other machines (Ray). The formats both sides read, so that neither reads the oth
 module for them: ``where_request`` (asking a rank where it is), ``commands`` and
 ``interrupt_slot`` (persistent ranks' calls and interrupts), ``remote_commands`` (the same
 for a persistent rank on another machine).
+
+Owns: the rank's pipes, sockets and memfds, the ``RankProcess`` handle and the formats both sides read. May
+import: the standard library only (the bottom of the graph).
 """
 from __future__ import annotations
 

@@ -2,5 +2,7 @@
 
 ``hosted`` names the notebook service, ``xla`` finds TPUs (and PJRT settings),
 ``platform`` puts both together with CUDA and the frontend. The launch decision made
-from these facts is ``notebook_launch.target``.
+from these facts is ``notebook_launch.planning.target``.
+
+Owns: the facts of the machine (hosted notebooks, TPUs, the platform). May import: errors, wire, notebook.
 """

@@ -10,9 +10,9 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any, Mapping
 
-from .. import cuda_tracking
-from ..ipython_shell import running_shell
-from ..plan import DeviceKind
+from ..notebook import cuda_tracking
+from ..errors.ipython_shell import running_shell
+from ..wire.plan import DeviceKind
 from .hosted import hosted_service
 from .xla import XlaInfo, detect_xla, torch_xla_installed
 

@@ -24,7 +24,7 @@ from typing import Collection, Mapping
 
 from ..errors import LaunchArgumentError
 from . import pci
-from ..plan import StartMethod
+from ..wire.plan import StartMethod
 from .hosted import hosted_service
 
 log = logging.getLogger("notebook_launch")

@@ -6,4 +6,8 @@ where-thread (a signal only where the interpreter lock is held), reading what it
 (``memfds``, ``faulthandler_dump``); ``native_stacks`` adds py-spy's native frames and a rank's
 stuck forked children; ``proc_tasks`` is the one walk over a process's threads in /proc;
 ``hang_verdict`` is the verdict and the detail, ``stall`` stall detection. Nothing here imports
-its callers: what it finds goes back to them, which log and draw it."""
+its callers: what it finds goes back to them, which log and draw it.
+
+Owns: where every rank is and the verdict of a hang or a stall. May import: channels, wire, errors, the rank
+side's formats; never its callers (the supervisor, persistent ranks, engines, displays, the run state).
+"""

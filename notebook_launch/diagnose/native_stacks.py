@@ -27,8 +27,8 @@ import time
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
-from ..best_effort import best_effort
-from ..fork_locks import no_fork_during_exec
+from ..errors.best_effort import best_effort
+from ..wire.fork_locks import no_fork_during_exec
 from ..channels.where_request import ANSWERS_NAME
 from ..rank.whereabouts import DUMP_SIGNAL, STACKS_NAME
 from . import hang_verdict, where_thread

@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 from typing import Callable, Sequence
 
-from ..best_effort import best_effort
+from ..errors.best_effort import best_effort
 from ..channels import RankProcess
 from . import stacks
 from .hang_verdict import Labeller, RankWhereabouts

@@ -27,8 +27,8 @@ from ..channels.pipes import read_ready
 from ..channels.sockets import SocketPipes
 from ..channels.remote_where import REPLY, REPLY_MAGIC, decode_body, request_frame
 from ..rank.whereabouts import SWITCHED_OFF_NOTE
-from ..diagnose.hang_verdict import Frame, RankWhereabouts, ThreadStack
-from ..diagnose.stacks import parse_collective
+from .hang_verdict import Frame, RankWhereabouts, ThreadStack
+from .stacks import parse_collective
 
 log = logging.getLogger("notebook_launch")
 WHERE_WAIT = 5.0   # seconds one round waits for every rank's answer

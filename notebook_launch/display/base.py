@@ -3,10 +3,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ..line_prefix import parse_line_prefix
+from .line_prefix import parse_line_prefix
 
 if TYPE_CHECKING:
-    from ..state import RunState
+    from ..record.state import RunState
 
 
 class Display:

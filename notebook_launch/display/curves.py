@@ -18,10 +18,10 @@ import math
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, TypeVar
 
-from ..metrics import Series
+from ..record.metrics import Series
 
 if TYPE_CHECKING:
-    from ..state import RankState, RunState
+    from ..record.state import RankState, RunState
 
 Point = tuple[float, float, float, float]    # (step, mean, min, max) of a bucket (sparklines)
 LinePoint = tuple[float, float]              # (step, value) of a logged point (charts)

@@ -31,7 +31,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..notebook_streams import OUT, flushable_streams
+from ..notebook.notebook_streams import OUT, flushable_streams
 
 log = logging.getLogger("notebook_launch")
 

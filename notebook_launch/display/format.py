@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..resources import machine_memory_text, size_text, usage_text
-from ..state import DONE, FAILED, RUNNING, STARTING, STOPPED, Bar, RankState, RunState
+from ..record.resources import machine_memory_text, size_text, usage_text
+from ..record.state import DONE, FAILED, RUNNING, STARTING, STOPPED, Bar, RankState, RunState
 from .curves import sparkline
 from .group_figures import GroupFigures, Span
 from .grouping import GROUP_ABOVE, Row, group_rows, row_label

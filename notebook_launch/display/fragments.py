@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import html
 
-from ..state import RUNNING, RunState
+from ..record.state import RUNNING, RunState
 from . import format as fmt
 from . import rows
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from ..state import DONE, FAILED, RUNNING, STARTING, STOPPED, RankState, RunState
+from ..record.state import DONE, FAILED, RUNNING, STARTING, STOPPED, RankState, RunState
 from .grouping import Row, kind
 
 METRICS_SHOWN = 4

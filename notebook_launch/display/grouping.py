@@ -29,7 +29,7 @@ import collections
 from dataclasses import dataclass
 from typing import Any, Callable, Hashable
 
-from ..state import DONE, FAILED, RUNNING, STARTING, STOPPED, RankState, RunState
+from ..record.state import DONE, FAILED, RUNNING, STARTING, STOPPED, RankState, RunState
 from .pace import slow_ranks
 
 GROUP_ABOVE = 16    # more ranks than this: their rows are grouped

@@ -14,8 +14,8 @@ from typing import Any
 from . import format as fmt
 from .base import Display
 from .text import TextDisplay
-from ..notebook_streams import flushable_streams
-from ..state import RankState, RunState
+from ..notebook.notebook_streams import flushable_streams
+from ..record.state import RankState, RunState
 from .curves import curves_html
 from .fragments import FONT, footer_html, header_html, where_html
 from .rows import rows_html

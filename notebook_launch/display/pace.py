@@ -10,8 +10,8 @@ says nothing of pace: its ranks' last waits were for the rank that failed, which
 already."""
 from __future__ import annotations
 
-from .. import slow_rank
-from ..state import DONE, RUNNING, RankState, RunState
+from ..record import slow_rank
+from ..record.state import DONE, RUNNING, RankState, RunState
 
 VERDICT_COLOR = "#b45309"   # amber, as a stall: a thing to look at, not a failure
 

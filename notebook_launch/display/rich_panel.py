@@ -7,7 +7,7 @@ from typing import Any
 
 from . import format as fmt
 from . import pace
-from ..state import DONE, FAILED, STOPPED, Bar, RunState
+from ..record.state import DONE, FAILED, STOPPED, Bar, RunState
 from .base import Display
 from .group_figures import group_figures
 from .grouping import Row, group_rows, row_label

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import html
 
-from ..state import FAILED, STOPPED, RankState, RunState
+from ..record.state import FAILED, STOPPED, RankState, RunState
 from . import format as fmt
 from .group_figures import bar_fraction, group_figures
 from .grouping import Row, group_rows, row_label

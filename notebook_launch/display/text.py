@@ -5,15 +5,15 @@ import time
 
 from typing import TYPE_CHECKING, Any
 
-from ..line_prefix import DEFAULT_TEMPLATE
-from ..notebook_streams import ERR, OUT, flushable_streams, notebook_stream
+from .line_prefix import DEFAULT_TEMPLATE
+from ..notebook.notebook_streams import ERR, OUT, flushable_streams, notebook_stream
 from .base import Display
 from .cell_budget import DEFAULT_CELL_OUTPUT, CellBudget, LineMerger, ranks_tag
 from .words import counted
-from ..state import DONE
+from ..record.state import DONE
 
 if TYPE_CHECKING:
-    from ..state import RunState
+    from ..record.state import RunState
 
 # A notebook drops output past ~1000 messages/s (IOPub rate limit) and the
 # browser slows to a crawl long before a million lines; the log files keep all.

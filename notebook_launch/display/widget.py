@@ -40,12 +40,12 @@ from .html import RECENT_LINE_CHARS, render
 from .rows import rows_html
 from .grouping import GROUP_ABOVE, group_rows
 from .base import Display
-from .kernel_poll import CommPoller
+from ..notebook.kernel_poll import CommPoller
 from .cell_budget import DEFAULT_CELL_OUTPUT
 from .text import NOTEBOOK_LINES_PER_SECOND, TextDisplay
-from ..best_effort import best_effort
-from ..notebook_streams import flushable_streams
-from ..state import RECENT_LINES, RankState, RunState
+from ..errors.best_effort import best_effort
+from ..notebook.notebook_streams import flushable_streams
+from ..record.state import RECENT_LINES, RankState, RunState
 
 MAX_REDRAWS_PER_SECOND = 5
 MESSAGES_PER_SECOND = 50       # comm messages per second, under a notebook's IOPub limit

@@ -4,6 +4,10 @@ All derive from ``NotebookLaunchError``, so one ``except NotebookLaunchError`` c
 them, and each keeps the builtin base it had (``LaunchError`` and ``GuardError`` are
 ``RuntimeError``s, ``LaunchArgumentError`` a ``ValueError``) so existing handlers still work.
 How they show in IPython (cells, not our frames) is ``errors.render``.
+
+Owns: how a failure is raised, shown and swallowed: the exception types, their rendering in IPython
+(``render``, with ``ipython_shell``, the one way to find the running shell), ``best_effort`` and debug
+logging. May import: nothing of ours outside this package.
 """
 from __future__ import annotations
 

@@ -24,7 +24,7 @@ import re
 from types import TracebackType
 from typing import Any
 
-from ..ipython_shell import running_shell
+from .ipython_shell import running_shell
 
 log = logging.getLogger("notebook_launch")
 

@@ -11,8 +11,8 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from .. import protocol
-from ..state import DONE, FAILED, STOPPED
+from ..wire import protocol
+from ..record.state import DONE, FAILED, STOPPED
 from ..supervise import interrupts, outcome
 from ..supervise.oom import MemoryWatch
 from ..supervise.resource_watch import ResourceWatch
@@ -22,8 +22,8 @@ from ..channels import commands
 
 if TYPE_CHECKING:
     from ..channels import RankProcess
-    from ..logs import LogWriter
-    from ..state import RunState
+    from ..record.logs import LogWriter
+    from ..record.state import RunState
     from .transport import CallInterrupts
 
 log = logging.getLogger("notebook_launch")

@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from .. import shared_tensors
+from ..wire import shared_tensors
 from ..channels.commands import Command, Frame, close_fd
 
 

@@ -23,16 +23,16 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from .. import protocol
-from ..best_effort import best_effort
+from ..wire import protocol
+from ..errors.best_effort import best_effort
 from ..channels.pipes import read_ready
-from ..ipython_shell import running_shell
-from ..line_splitter import LineSplitter
-from ..notebook_streams import notebook_stream
+from ..errors.ipython_shell import running_shell
+from ..wire.line_splitter import LineSplitter
+from ..notebook.notebook_streams import notebook_stream
 
 if TYPE_CHECKING:
     from ..channels import RankPipes, RankProcess
-    from ..logs import RunLogs
+    from ..record.logs import RunLogs
 
 log = logging.getLogger("notebook_launch")
 READ_SIZE = 1 << 16

@@ -13,18 +13,18 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from .. import protocol
+from ..wire import protocol
 from ..display import choose_display
-from ..notebook_streams import OUT
-from ..options import LaunchOptions
-from ..session import open_logs
+from ..notebook.notebook_streams import OUT
+from ..planning.options import LaunchOptions
+from ..scaffold.session import open_logs
 from ..supervise.oom import MemoryWatch
 from .idle import CellWatch, IdleReader
 from .transport import RankTransport, exited
 
 if TYPE_CHECKING:
-    from ..logs import RunLogs
-    from ..plan import LaunchPlan
+    from ..record.logs import RunLogs
+    from ..wire.plan import LaunchPlan
 
 
 class RankLife:

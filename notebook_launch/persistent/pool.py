@@ -30,13 +30,13 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from .. import protocol
+from ..wire import protocol
 from ..channels import RankProcess
 from ..display.words import counted
 from ..errors import LaunchArgumentError, LaunchError, NotebookLaunchError, user_interrupt
-from ..notebook_streams import OUT
-from ..logs import RunLogs
-from ..options import (
+from ..notebook.notebook_streams import OUT
+from ..record.logs import RunLogs
+from ..planning.options import (
     LaunchOptions,
     validate_args,
     validate_call,
@@ -45,10 +45,10 @@ from ..options import (
     validate_text,
     validate_timeout,
 )
-from ..plan import LaunchPlan
+from ..wire.plan import LaunchPlan
 from ..rank.runner import Job
-from ..session import Session, plan_state
-from ..state import RUNNING, RunState
+from ..scaffold.session import Session, plan_state
+from ..record.state import RUNNING, RunState
 from ..diagnose import hang_verdict, stacks as rank_stacks
 from ..diagnose.ranks import where_ranks
 from ..supervise import outcome
@@ -65,7 +65,7 @@ DEFAULT_GRACE = 3.0    # seconds interrupted ranks have to come back
 T = TypeVar("T")
 
 
-def _trimmed(method: Callable[..., T]) -> Callable[..., T]:
+def trimmed(method: Callable[..., T]) -> Callable[..., T]:
     """Our errors show one frame, not the supervisor's internals (as notebook_launcher's)."""
     @functools.wraps(method)
     def wrapper(*args: Any, **kwargs: Any) -> T:
@@ -135,7 +135,7 @@ class Ranks:
         _pools[:] = [ref for ref in _pools if ref() is not None] + [weakref.ref(self)]
 
     # --- the public calls ---------------------------------------------------------------
-    @_trimmed
+    @trimmed
     @_serialized
     def run(self, function: Callable[..., Any], args: tuple | list = (), kwargs: dict[str, Any] | None = None,
             *, timeout: float | None = None, stall_after: float | None = None,
@@ -151,7 +151,7 @@ class Ranks:
         return self._call(Call(Job(function, tuple(args), dict(kwargs or {}))), f"run({name})",
                           self._timeout(timeout), watch=self._watch(stall_after, lines_per_second))
 
-    @_trimmed
+    @trimmed
     @_serialized
     def push(self, **values: Any) -> None:
         """Set names in every rank's namespace (they are the ranks' from then on)."""
@@ -163,7 +163,7 @@ class Ranks:
             self._call(Call(Job(namespace.push, (values,))), f"push {', '.join(values)}", self._timeout(None),
                        quiet=True)
 
-    @_trimmed
+    @trimmed
     @_serialized
     def pull(self, *names: str, timeout: float | None = None) -> list[Any]:
         """Each rank's value of ``name`` (one name), or a dict of the names (several), in rank order."""
@@ -174,7 +174,7 @@ class Ranks:
         return self._call(Call(Job(namespace.pull, (names,))), f"pull {', '.join(names)}",
                           self._timeout(timeout), quiet=True)
 
-    @_trimmed
+    @trimmed
     @_serialized
     def run_cell(self, source: str, filename: str, values: dict[str, Any] | None = None, *,
                  timeout: float | None = None, ranks: Iterable[int] | None = None,

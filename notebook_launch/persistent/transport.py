@@ -27,10 +27,10 @@ from ..errors import LaunchError
 
 if TYPE_CHECKING:
     from ..channels import RankPipes, RankProcess
-    from ..logs import RunLogs
-    from ..plan import LaunchPlan
+    from ..record.logs import RunLogs
+    from ..wire.plan import LaunchPlan
     from ..channels import commands
-    from ..state import RunState
+    from ..record.state import RunState
 
 STOP_GRACE = 2.0       # seconds ranks have to end after STOP before they are killed
 LogsFor = Callable[["LaunchPlan", str], "RunLogs"]   # (plan, run id) -> the pool's logs, opened once

@@ -13,7 +13,7 @@ import weakref
 from datetime import timedelta
 from typing import Any
 
-from ..best_effort import best_effort
+from ..errors.best_effort import best_effort
 
 log = logging.getLogger("notebook_launch")
 

@@ -16,7 +16,7 @@ import sys
 import traceback
 from typing import Any, Callable
 
-from ..best_effort import best_effort
+from ..errors.best_effort import best_effort
 from .inherited_streams import redirect_inherited_streams
 
 PR_SET_PDEATHSIG = 1

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 
-from .. import protocol
+from ..wire import protocol
 
 FLAG = "--load-device-backends"   # spawn_entry's argument that asks for it
 

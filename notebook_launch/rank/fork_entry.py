@@ -5,9 +5,9 @@ from __future__ import annotations
 import os
 from typing import Sequence
 
-from .. import protocol
+from ..wire import protocol
 from ..channels import RankPipes
-from ..plan import RankSpec
+from ..wire.plan import RankSpec
 from .bootstrap import capture_output, detach_from_parent, exit_with
 from .runner import Job, run_rank
 

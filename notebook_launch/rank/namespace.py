@@ -87,7 +87,7 @@ def current() -> RankNamespace:
 def unpicklable(values: Mapping[str, Any]) -> dict[str, str]:
     """(In the notebook) the names whose values cannot be sent (as ``shared_tensors.dumps`` sends
     them: an open file is refused, not copied), and why."""
-    from ..pickling import pickle_error
+    from ..wire.pickling import pickle_error
     unsent = {}
     for name, value in values.items():
         error = pickle_error(value)

@@ -26,7 +26,7 @@ from collections import Counter
 from types import ModuleType
 from typing import Any
 
-from ..best_effort import best_effort
+from ..errors.best_effort import best_effort
 
 log = logging.getLogger("notebook_launch")
 WAIT_LIMIT = 10.0   # seconds a rank waits for its peers to join before it ends anyway

@@ -25,7 +25,7 @@ import sys
 from types import ModuleType
 from typing import Any, Callable, Sequence
 
-from ..best_effort import best_effort
+from ..errors.best_effort import best_effort
 from .progress import Progress
 
 

@@ -9,9 +9,9 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from .. import pickling, protocol, shared_tensors
-from ..best_effort import best_effort
-from ..plan import RankSpec
+from ..wire import pickling, protocol, shared_tensors
+from ..errors.best_effort import best_effort
+from ..wire.plan import RankSpec
 from . import (display_relay, joining, lightning_strategy, peers_joined, process_groups, result_pickle, stdin_relay,
                whereabouts)
 from .bootstrap import EXIT_FAILED, flush_everything

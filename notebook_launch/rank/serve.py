@@ -21,14 +21,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from .. import protocol, shared_tensors
+from ..wire import protocol, shared_tensors
 from ..channels import commands
 from ..channels.interrupt_slot import InterruptSlot
 from . import runner
 from . import namespace
 
 if TYPE_CHECKING:
-    from ..plan import LaunchPlan
+    from ..wire.plan import LaunchPlan
 
 log = logging.getLogger("notebook_launch")
 
@@ -42,7 +42,7 @@ class Call:
     hidden_frames: int = 0
 
 
-class _Interruptible:
+class Interruptible:
     """SIGINT raises KeyboardInterrupt only while the code of the call it was meant for runs;
     an interrupt that came before the code started raises as it starts."""
 
@@ -139,7 +139,7 @@ def serve_calls(plan: LaunchPlan, pipes: Sequence[commands.CommandPipe], slot: I
     # (shared_tensors), and these ranks answer many calls. Each call's result has its own
     # (``CallWriter``), passed to the notebook on the command socket.
     writer.tensors_fd = None
-    interrupts = _Interruptible(slot, local_rank)
+    interrupts = Interruptible(slot, local_rank)
     signal.signal(signal.SIGINT, interrupts.handler)
     interrupts.nudge_on_signals()
     slot.set_serving(local_rank)   # from now on a SIGINT is ours to judge (see InterruptSlot)
@@ -204,7 +204,7 @@ class CallWriter:
             self.tensors = None
 
 
-def run_one(spec: Any, call: Call, ns: namespace.RankNamespace, interrupts: _Interruptible,
+def run_one(spec: Any, call: Call, ns: namespace.RankNamespace, interrupts: Interruptible,
             writer: CallWriter, forked: bool = True) -> None:
     """One call through the runner's report path, interruptible only inside the user's code.
     ``forked``: the rank's ``__main__`` began as a copy of the notebook's (see run_rank)."""

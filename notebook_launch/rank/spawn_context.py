@@ -17,8 +17,8 @@ import pickle
 import sys
 from typing import Any, Callable, Iterable
 
-from .. import pickling, shared_tensors
-from ..best_effort import best_effort
+from ..wire import pickling, shared_tensors
+from ..errors.best_effort import best_effort
 from ..errors import LaunchArgumentError
 
 log = logging.getLogger("notebook_launch")

@@ -14,8 +14,8 @@ import sys
 from dataclasses import dataclass
 from typing import Any
 
-from .. import protocol, shared_tensors
-from ..debug_logging import debug_logging_from_environment
+from ..wire import protocol, shared_tensors
+from ..errors.debug_logging import debug_logging_from_environment
 from . import device_backends, spawn_context
 from .bootstrap import EXIT_FAILED, capture_output, detach_from_parent, exit_with
 from .runner import report_error, run_rank, setup_failure

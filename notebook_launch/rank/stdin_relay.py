@@ -17,9 +17,9 @@ import logging
 import os
 import sys
 
-from .. import protocol
-from ..best_effort import best_effort
-from ..fork_locks import ForkRenewedLock
+from ..wire import protocol
+from ..errors.best_effort import best_effort
+from ..wire.fork_locks import ForkRenewedLock
 
 log = logging.getLogger("notebook_launch")
 _one_prompt_at_a_time = ForkRenewedLock()

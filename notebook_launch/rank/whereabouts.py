@@ -51,8 +51,8 @@ import sys
 import threading
 from typing import Any, Callable
 
-from ..best_effort import best_effort
-from ..fork_locks import ForkRenewedLock
+from ..errors.best_effort import best_effort
+from ..wire.fork_locks import ForkRenewedLock
 from . import pace, progress
 from .pace import Pace
 from .where_thread import WhereThread

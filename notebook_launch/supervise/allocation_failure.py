@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import re
 
-from ..memory_errors import is_python_memory_error
-from ..proc_usage import machine_memory
-from ..resources import size_text
+from ..wire.memory_errors import is_python_memory_error
+from ..record.proc_usage import machine_memory
+from ..record.resources import size_text
 
 ADVICE = ("What to do: start fewer ranks (num_processes); load the model in the notebook before the launch, "
           "so that forked ranks share its memory instead of each loading a copy; use a smaller batch.")

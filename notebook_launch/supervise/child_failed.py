@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..run_folders import private_open
+from ..record.run_folders import private_open
 
 log = logging.getLogger("notebook_launch")
 NOT_AVAILABLE = "<N/A>"

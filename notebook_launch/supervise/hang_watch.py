@@ -19,11 +19,11 @@ from ..diagnose import hang_verdict, stacks
 from ..diagnose.hang_verdict import RankWhereabouts
 from ..diagnose.ranks import stack_fingerprints, where_ranks
 from ..diagnose.stall import StallWatch
-from ..state import RUNNING, STARTING, RunState
+from ..record.state import RUNNING, STARTING, RunState
 from . import outcome
 
 if TYPE_CHECKING:
-    from ..logs import LogWriter
+    from ..record.logs import LogWriter
     from .watch import RankWatch
 
 log = logging.getLogger("notebook_launch")

@@ -25,7 +25,7 @@ import time
 from dataclasses import dataclass
 from typing import Iterable, Literal
 
-from ..proc_usage import read_text
+from ..record.proc_usage import read_text
 
 KERNEL_LOG_RECORDS = 100_000   # at most this many kernel log records read at one death
 KERNEL_LOG_RETRIES = 5     # reads of the kernel log, 0.1 s apart, while it lacks a kill the machine counted

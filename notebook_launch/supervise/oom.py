@@ -26,10 +26,10 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Iterable, Mapping
 
-from ..protocol import Failure
-from ..resources import size_text
+from ..wire.protocol import Failure
+from ..record.resources import size_text
 from ..diagnose.proc_tasks import descendants
-from ..proc_usage import machine_memory, read_text, resident
+from ..record.proc_usage import machine_memory, read_text, resident
 from . import kernel_oom
 from .allocation_failure import ADVICE, allocation_text, machine_text
 from .kernel_oom import CGROUP_ROOT, KERNEL_LOG_RETRIES, KernelKill, KillVerdict, OomBaseline, cgroup_limit, \

@@ -12,10 +12,10 @@ import signal
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
-from .. import shared_tensors
+from ..wire import shared_tensors
 from ..errors import LaunchError
-from ..protocol import Failure, FailureKind, headline_of
-from ..state import DONE, FAILED, STOPPED, RunState, Status
+from ..wire.protocol import Failure, FailureKind, headline_of
+from ..record.state import DONE, FAILED, STOPPED, RunState, Status
 from ..diagnose import hang_verdict
 from ..display.grouping import GROUP_ABOVE, rank_ranges
 from .child_failed import RankFailureFacts, exitcode_of, process_failures

@@ -12,13 +12,13 @@ from __future__ import annotations
 import sys
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
-from ..best_effort import best_effort
-from ..protocol import Failure
-from ..state import RunState
+from ..errors.best_effort import best_effort
+from ..wire.protocol import Failure
+from ..record.state import RunState
 from . import oom
 
 if TYPE_CHECKING:
-    from ..logs import LogWriter
+    from ..record.logs import LogWriter
     from .outcome import RankEnd
     from .watch import RankWatch
 

@@ -24,13 +24,13 @@ import logging
 import time
 from typing import TYPE_CHECKING, Any, Mapping
 
-from ..proc_usage import cpu_times, machine_memory, own_memory, resident
-from ..resources import MachineMemory, RankUsage, helper_pids, usage_from_record, usage_log_text
+from ..record.proc_usage import cpu_times, machine_memory, own_memory, resident
+from ..record.resources import MachineMemory, RankUsage, helper_pids, usage_from_record, usage_log_text
 
 if TYPE_CHECKING:
-    from ..logs import LogWriter
-    from ..state import RunState
-    from ..gpu_usage import GpuWatch
+    from ..record.logs import LogWriter
+    from ..record.state import RunState
+    from ..record.gpu_usage import GpuWatch
 
 SAMPLE_EVERY = 1.0     # seconds between two rounds, at the least
 DETAIL_BUDGET = 0.005  # the share of one core the smaps_rollup reads may take (the whole goal: under 1%)
@@ -207,7 +207,7 @@ class ResourceSampler:
         """NVML, opened the first time a rank has a GPU (never imported otherwise)."""
         if self._gpu is None and not self._gpu_tried and any(d.startswith("cuda") for d in devices.values()):
             self._gpu_tried = True
-            from ..gpu_usage import GpuWatch
+            from ..record.gpu_usage import GpuWatch
             self._gpu = GpuWatch.open()
         return self._gpu
 

@@ -19,9 +19,9 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from .. import protocol
-from ..ipython_shell import running_kernel
-from ..notebook_streams import ERR, OUT
+from ..wire import protocol
+from ..errors.ipython_shell import running_kernel
+from ..notebook.notebook_streams import ERR, OUT
 
 log = logging.getLogger("notebook_launch")
 Reply = Callable[[protocol.InputReplyPayload], None]

@@ -14,12 +14,12 @@ import enum
 import time
 from typing import TYPE_CHECKING, Any, Sequence
 
-from .. import protocol
+from ..wire import protocol
 from ..errors import LaunchError
-from ..protocol import Failure
-from .. import leftovers
-from ..slow_rank import only_waiting
-from ..state import RunState
+from ..wire.protocol import Failure
+from ..process import leftovers
+from ..record.slow_rank import only_waiting
+from ..record.state import RunState
 from ..diagnose.hang_verdict import RankWhereabouts
 from . import interrupts, outcome, teardown
 from .hang_watch import HangWatch
@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from ..channels import RankPipes, RankProcess
     from ..display.base import Display
     from ..display.display_relay import RankDisplays
-    from ..logs import LogWriter
+    from ..record.logs import LogWriter
 
 DRAIN_AFTER_EXIT = 1.0  # how long to wait for a dead rank's pipes to reach EOF (grandchildren may hold them)
 

@@ -8,8 +8,8 @@ import signal
 import time
 from typing import TYPE_CHECKING, Iterable, Sequence
 
-from .. import leftovers
-from ..state import STOPPED, RunState
+from ..process import leftovers
+from ..record.state import STOPPED, RunState
 from . import interrupts, outcome
 
 if TYPE_CHECKING:

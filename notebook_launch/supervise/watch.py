@@ -13,9 +13,9 @@ import selectors
 import time
 from typing import Any, Protocol, Sequence
 
-from .. import protocol
+from ..wire import protocol
 from ..channels import RankPipes, RankProcess, WaitStatus, read_ready
-from ..line_splitter import LineSplitter
+from ..wire.line_splitter import LineSplitter
 
 READ_SIZE = 1 << 16
 STREAMS = ("stdout", "stderr")

@@ -16,7 +16,7 @@ def cuda_devices() -> int:
         return 0
     if not torch.version.cuda:
         return 0
-    from notebook_launch.cuda_tracking import count_gpus_without_poisoning
+    from notebook_launch.notebook.cuda_tracking import count_gpus_without_poisoning
     return count_gpus_without_poisoning()
 
 

@@ -176,7 +176,7 @@ def test_a_notebook_holding_cuda_launches_from_the_start_process_each_rank_on_it
         %load_ext notebook_launch
         import torch
         from notebook_launch import notebook_launcher, LaunchArgumentError
-        from notebook_launch.backends import start_process
+        from notebook_launch.engines.local import start_process
         y = torch.ones(2).cuda() * 2          # CUDA is initialized in the notebook
         """, f"""
         def f():

@@ -1,9 +1,9 @@
-"""Put ``notebook_launch.cuda_tracking`` back to "nothing witnessed yet", so each test with a FAKE
+"""Put ``notebook_launch.notebook.cuda_tracking`` back to "nothing witnessed yet", so each test with a FAKE
 CUDA build starts from a notebook that has not touched CUDA. Lives here, not in the package:
 only tests need to forget what the tracker saw."""
 from __future__ import annotations
 
-from notebook_launch import cuda_tracking
+from notebook_launch.notebook import cuda_tracking
 
 _NOTHING_WITNESSED = {
     "_initialized_before_tracking": False,

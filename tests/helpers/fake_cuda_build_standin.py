@@ -74,7 +74,7 @@ def fake_gpus_tracked(monkeypatch, gpus: int = 2) -> Iterator[FakeCudaBuildStand
     whose CUDA tracker has witnessed nothing yet and wraps the fake (as it wraps torch's), without
     the NVML check variable; the tracker forgets the fake again afterwards."""
     from helpers.cuda_tracking_reset import reset_cuda_tracking
-    from notebook_launch import cuda_tracking
+    from notebook_launch.notebook import cuda_tracking
     monkeypatch.delenv(cuda_tracking.NVML_CHECK_VARIABLE, raising=False)
     fake = install_fake_cuda_build(monkeypatch, gpus=gpus, nvml_gpus=gpus)
     reset_cuda_tracking()

@@ -1,7 +1,7 @@
 """A FAKE NVML (``pynvml``'s names and shapes) for tests: a GPU cannot exist on these machines.
 
 Tests install it as the ``pynvml`` module (``monkeypatch.setitem(sys.modules, "pynvml",
-fake_nvml.FakeNvml(...))``): ``notebook_launch/gpu_usage.py`` looks pynvml up through importlib, which
+fake_nvml.FakeNvml(...))``): ``notebook_launch/record/gpu_usage.py`` looks pynvml up through importlib, which
 finds what ``sys.modules`` holds. The real NVML is checked on a GPU in tests/gpu (the GPU lane)."""
 from __future__ import annotations
 

@@ -3,7 +3,7 @@ recording comm that stands in for the browser (the widgets themselves are real).
 from __future__ import annotations
 
 from notebook_launch.display.base import Display
-from notebook_launch.state import RunState
+from notebook_launch.record.state import RunState
 
 
 class KeepStateDisplay(Display):

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import psutil
 
-START_SERVER = "notebook_launch.rank.start_server"
+START_SERVER = "notebook_launch.engines.local.start_server"
 
 
 def is_start_process(process: psutil.Process) -> bool:

@@ -9,7 +9,7 @@ from typing import Callable
 
 from notebook_launch.display import choose_display
 from notebook_launch.display.base import Display
-from notebook_launch.state import RunState
+from notebook_launch.record.state import RunState
 
 LineHook = Callable[[RunState, int, str, str], None]
 RefreshHook = Callable[[RunState], None]

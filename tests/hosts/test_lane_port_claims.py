@@ -1,5 +1,5 @@
 """The Colab lane runs in a chroot with its own /tmp but this machine's network. Launches claim their
-rendezvous port with a lock file in the temp folder (notebook_launch.net.PortReservation), so the chroot
+rendezvous port with a lock file in the temp folder (notebook_launch.planning.net.PortReservation), so the chroot
 sees this machine's claims folder (scripts/hosts-chroot.sh binds it in): a launch in the lane and one
 beside it (the Kaggle lane, the cluster tests) then never both take the same free port."""
 from __future__ import annotations
@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-from notebook_launch.net import PortReservation
+from notebook_launch.planning.net import PortReservation
 
 pytestmark = pytest.mark.skipif(os.environ.get("NOTEBOOK_LAUNCH_HOST") != "colab",
                                 reason="runs in the Colab lane (scripts/test-colab.sh), the one in a chroot")

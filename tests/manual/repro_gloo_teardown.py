@@ -102,7 +102,7 @@ if __name__ == "__main__":
     ap.add_argument("--timeout", type=float, default=60)
     a = ap.parse_args()
     if a.variant == "ours-nowarm":
-        import notebook_launch.backends.fork as fk
+        import notebook_launch.engines.local.fork as fk
         def no_warm(function, say=lambda text: None) -> None:
             pass
         fk.warm_for = no_warm

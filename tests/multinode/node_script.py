@@ -83,7 +83,7 @@ def main():
     out["handlers_restored"] = before == after
     out["children_left"] = _children()
     # less the keeper's socket, which the first launch opens for the process's life (leftovers)
-    from notebook_launch.leftovers import keeper_fds
+    from notebook_launch.process.leftovers import keeper_fds
     keepers = {str(fd) for fd in keeper_fds()}
     out["fds_left"] = sorted(fd for fd in set(_open_fds()) - set(fds_before) if fd.split("->")[0] not in keepers)
     with open(cfg["output"], "w") as f:

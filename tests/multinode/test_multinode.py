@@ -139,7 +139,7 @@ def test_whereabouts_cross_nodes_with_cell_labels_and_source_lines():
     labels and source lines, since the receiving node has neither its cells nor its files."""
     import linecache
 
-    from notebook_launch.elastic.node_board import decode_whereabouts, encode_whereabouts
+    from notebook_launch.engines.elastic.node_board import decode_whereabouts, encode_whereabouts
     from notebook_launch.diagnose.hang_verdict import (Collective, Frame, RankWhereabouts, ThreadStack, detail,
                                                         verdict)
     cell = "/tmp/ipykernel_4242/1234567.py"   # a cell file of the sending node's kernel

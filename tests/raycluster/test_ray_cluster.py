@@ -237,7 +237,7 @@ def test_max_restarts_restarts_every_rank(ray_nodes, notebook, tmp_path):
     here: the ranks that ran are the actors its last start returned; see tests/test_launchers.py)."""
     marker = tmp_path / "failed-once"
     out = notebook.run(f"""
-from notebook_launch.ray.launch import RayLauncher
+from notebook_launch.engines.ray.launch import RayLauncher
 starts, real_start = [], RayLauncher.start
 def recording_start(self, plan, job, channels):
     processes = real_start(self, plan, job, channels)

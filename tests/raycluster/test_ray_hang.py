@@ -192,7 +192,7 @@ def test_a_persistent_rank_reads_a_where_request_between_its_messages():
     """``rank.ray_serve``'s reader takes the 4-byte request between its 17-byte messages: both are
     read whole, the request is answered on the answers connection, the next message still counts."""
     from notebook_launch.channels import remote_commands
-    from notebook_launch.rank import ray_serve
+    from notebook_launch.engines.remote import serve as ray_serve
     notebook_end, rank_end = socket.socketpair()
     answers_notebook, answers_rank = socket.socketpair()
     finished = threading.Event()

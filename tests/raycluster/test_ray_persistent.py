@@ -217,7 +217,7 @@ def test_node_lost_between_calls_is_a_launch_error_and_the_next_call_restarts(ra
     through the launcher interface (RayLauncher.start, recorded here: the ranks that run are the
     actors its last start returned; see tests/test_launchers.py)."""
     nodes = notebook.value("""
-from notebook_launch.ray.launch import RayLauncher
+from notebook_launch.engines.ray.launch import RayLauncher
 starts, real_start = [], RayLauncher.start
 def recording_start(self, plan, job, channels):
     processes = real_start(self, plan, job, channels)

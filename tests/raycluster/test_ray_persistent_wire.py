@@ -12,9 +12,9 @@ import torch
 
 from notebook_launch.channels import commands, remote_commands
 from notebook_launch.persistent import command_frames
-from notebook_launch.persistent.remote import MessageSlot, call_message, write_whole
+from notebook_launch.engines.remote.persistent import MessageSlot, call_message, write_whole
 from notebook_launch.rank.serve import Call
-from notebook_launch.rank import ray_serve
+from notebook_launch.engines.remote import serve as ray_serve
 from notebook_launch.rank.runner import Job
 
 

@@ -41,7 +41,7 @@ try:
 except LaunchError as err:
     print(error_json(err))
 """
-RANK_PROCESSES = ("notebook_launch.slurm.node_agent", "notebook_launch.slurm.task")
+RANK_PROCESSES = ("notebook_launch.engines.slurm.node_agent", "notebook_launch.engines.slurm.task")
 GONE_WITHIN = 60.0   # seconds SLURM may take to end a job's processes on a loaded machine
 
 

@@ -22,8 +22,8 @@ def test_a_job_asking_for_more_nodes_than_exist_ends_before_it_is_queued(slurm):
     proc = slurm.notebook(SETUP + """
 from notebook_launch import start_ranks
 from notebook_launch.errors import GuardError
-from notebook_launch.backends.base import StartFailed, StartWatch
-from notebook_launch.slurm.allocation import Allocation
+from notebook_launch.engines.base import StartFailed, StartWatch
+from notebook_launch.engines.slurm.allocation import Allocation
 from pathlib import Path
 said = {}
 for name, start in [("launch", lambda: notebook_launcher(print, num_processes=3, cluster=SlurmCluster(nodes=3))),

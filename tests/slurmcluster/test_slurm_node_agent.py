@@ -41,7 +41,7 @@ print(json.dumps({"training": training,
     parents = [r["parent"] for r in ranks]
     assert parents[0] == parents[1] and parents[2] == parents[3] and parents[0] != parents[2], ranks
     assert len({r["pid"] for r in ranks} | set(parents)) == 6   # four ranks, two agents
-    assert all("-m notebook_launch.slurm.node_agent" in r["parent_command"] for r in ranks), ranks
+    assert all("-m notebook_launch.engines.slurm.node_agent" in r["parent_command"] for r in ranks), ranks
     assert {r["death_signal"] for r in ranks} == {signal.SIGKILL}   # a rank never outlives its agent
     # at the function's first line each rank has torch and DDP's modules already: its agent imported them
     assert all(r["imported_before"] == ["torch", "torch._dynamo", "torch.distributed", "torch.nn.parallel"]
@@ -101,7 +101,7 @@ def node_agent_pid(slurm, node: int) -> int:
     """The agent on ``node``: of the processes running slurm.node_agent there (the agent and the
     ranks it forked, which share its command line), the one whose parent is none of them."""
     pids = {pid for pid in slurm.pids(node)
-            if b"notebook_launch.slurm.node_agent" in _read(f"/proc/{pid}/cmdline")}
+            if b"notebook_launch.engines.slurm.node_agent" in _read(f"/proc/{pid}/cmdline")}
     agents = [pid for pid in pids if int(_read(f"/proc/{pid}/stat").rsplit(b")", 1)[1].split()[1]) not in pids]
     assert len(agents) == 1 and len(pids) == 3, (agents, pids)
     return agents[0]

@@ -25,7 +25,7 @@ from torch_tpu._internal.utils import hardware  # noqa: E402
 
 from notebook_launch import LaunchArgumentError, notebook_launcher  # noqa: E402
 from notebook_launch.detect import torch_tpu  # noqa: E402
-from notebook_launch.plan import rank_environment  # noqa: E402
+from notebook_launch.wire.plan import rank_environment  # noqa: E402
 
 PACKAGE = Path(torch_tpu_module.__file__).parent
 CLEAN_ENV = {k: v for k, v in os.environ.items() if not k.startswith("TORCH_TPU_")}

@@ -210,10 +210,11 @@ def test_num_processes_pjrt_cannot_run_is_refused_before_starting(tmp_path):
 
 def test_planned_ranks_that_torch_xla_does_not_run_are_reported(tmp_path):
     """When detection guessed wrong (here: 3 planned, 2 devices), rank 0 says so."""
-    from notebook_launch import run as run_module
-    from notebook_launch.net import free_port
-    from notebook_launch.options import launch_options
-    from notebook_launch.plan import build_plan
+    from notebook_launch.scaffold import run as run_module
+    from notebook_launch.planning.net import free_port
+    from notebook_launch.planning.options import launch_options
+    from notebook_launch.wire.plan import build_plan
+    from notebook_launch.engines import launcher_for
     from notebook_launch.rank.runner import Job
     plan = build_plan(num_processes=3, num_nodes=1, node_rank=0, master_addr="127.0.0.1",
                       master_port=free_port(), device_kind="xla", mixed_precision="no",
@@ -221,7 +222,8 @@ def test_planned_ranks_that_torch_xla_does_not_run_are_reported(tmp_path):
     options = launch_options(function=ordinal_and_tensor, args=(1.0,), num_processes=3, start_method="xla",
                              log_dir=str(tmp_path / "logs"), ui="none", timeout=240)
     with pytest.raises(LaunchError) as err:
-        run_module.run_plan(plan, Job(ordinal_and_tensor, (1.0,)), options, run_id="mismatch")
+        run_module.run_plan(plan, Job(ordinal_and_tensor, (1.0,)), options, run_id="mismatch",
+                            launcher=launcher_for("xla"))
     assert err.value.rank == 0
     assert "torch_xla runs 2 replica(s) here but notebook_launch planned 3" in str(err.value)
     assert "num_processes=2" in str(err.value)
@@ -290,7 +292,7 @@ class RecordingDisplay(Display):
 
 def report_progress():
     import torch_xla.runtime as xr
-    from notebook_launch import protocol as channel
+    from notebook_launch.wire import protocol as channel
     ordinal = xr.global_ordinal()
     writer = channel.current()
     assert writer is not None   # a launched replica has its channel to the notebook

@@ -1,0 +1,54 @@
+"""Start ranks with os.fork: the fastest start, and the only one that can run a
+function defined in a notebook cell without pickling it. Safe while the
+parent holds no CUDA context (guards check that first)."""
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING, NoReturn, Sequence
+
+from ...channels import PidfdRank, RankPipes, RankProcess, WaitStatus, reap
+from ..base import Launcher, start_each
+from .fork_thread import fork_from_clean_thread
+from .warm_imports import warm_for
+
+if TYPE_CHECKING:
+    from ...wire.plan import LaunchPlan, RankSpec
+    from ...rank.runner import Job
+
+
+class ForkedRank(PidfdRank):
+    def __init__(self, local_rank: int, pid: int) -> None:
+        self.local_rank = local_rank
+        self.pid = pid
+        self.sentinel = os.pidfd_open(pid)
+        self._status: WaitStatus | None = None
+
+    def poll(self) -> WaitStatus | None:
+        if self._status is None:
+            ended = reap(self.pid, self.sentinel)
+            if ended is not None:
+                self._status, self.end_usage = ended
+        return self._status
+
+
+class ForkBackend(Launcher):
+    name = "fork"
+
+    def start(self, plan: "LaunchPlan", job: "Job", channels: Sequence[RankPipes]) -> list[RankProcess]:
+        from ...rank.fork_entry import run_forked_rank
+
+        # what the ranks would import after the fork (torch._dynamo for training), said in their rows
+        warm_for(job.function, say=self.start_watch.phase)
+        self.start_watch.phase("")
+
+        parent_pid = os.getpid()
+
+        def start_one(spec: "RankSpec", pipes: RankPipes) -> RankProcess:
+            def child() -> NoReturn:
+                run_forked_rank(spec, job, pipes, channels, parent_pid)   # never returns
+                os._exit(1)
+
+            # Not os.fork() here: this thread may have run an OpenMP region (see fork_thread).
+            return ForkedRank(spec.local_rank, fork_from_clean_thread(child))
+
+        return start_each(plan, channels, start_one)

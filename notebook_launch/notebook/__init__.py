@@ -1,0 +1,6 @@
+"""What the notebook's own process holds: whether CUDA was initialized in it, who made an Accelerate state,
+its own standard streams, and its kernel's shell channel (``kernel_poll``: the panel's Stop button is heard while
+the cell runs).
+
+Owns: facts about the notebook's process. May import: errors, detect.
+"""
