@@ -40,14 +40,16 @@ def _type_checking(node: ast.If) -> bool:
         isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
 
 
-def imports_of(path: Path, modules: set[str]) -> set[str]:
+def imports_of(path: Path, modules: set[str], type_checking: bool = False) -> set[str]:
+    """What ``path`` imports of ``modules`` (inside functions too); ``type_checking``: its
+    ``TYPE_CHECKING`` imports as well. tests/test_import_graph.py reads the graph through here."""
     name = module_name(path)
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     found: set[str] = set()
 
     def visit(node: ast.AST) -> None:
         for child in ast.iter_child_nodes(node):
-            if isinstance(child, ast.If) and _type_checking(child):
+            if isinstance(child, ast.If) and _type_checking(child) and not type_checking:
                 for branch in child.orelse:
                     visit(branch)
                 continue

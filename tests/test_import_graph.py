@@ -10,53 +10,13 @@ the list can only shrink, and the check that ignores them fails on any new one."
 from __future__ import annotations
 
 import ast
+import sys
 from pathlib import Path
 from typing import AbstractSet
 
 PACKAGE = Path(__file__).resolve().parents[1] / "notebook_launch"
-
-
-def module_name(path: Path) -> str:
-    parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
-    if parts[-1] == "__init__":
-        parts.pop()
-    return ".".join(parts)
-
-
-def _is_type_checking(node: ast.If) -> bool:
-    test = node.test
-    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
-        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
-
-
-def imports_of(path: Path, modules: set[str], type_checking: bool = False) -> set[str]:
-    """What ``path`` imports of ``modules``; ``type_checking``: its ``TYPE_CHECKING`` imports too."""
-    name = module_name(path)
-    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
-    found: set[str] = set()
-
-    def visit(node: ast.AST) -> None:
-        for child in ast.iter_child_nodes(node):
-            if isinstance(child, ast.If) and _is_type_checking(child) and not type_checking:
-                for sub in child.orelse:
-                    visit(sub)
-                continue
-            if isinstance(child, ast.Import):
-                found.update(alias.name for alias in child.names)
-            elif isinstance(child, ast.ImportFrom):
-                if child.level:
-                    base = package.split(".")
-                    base = base[:len(base) - (child.level - 1)]
-                    target = ".".join(base + ([child.module] if child.module else []))
-                else:
-                    target = child.module or ""
-                for alias in child.names:   # ``from pkg import module`` needs the module, not pkg's body
-                    submodule = f"{target}.{alias.name}"
-                    found.add(submodule if submodule in modules else target)
-            visit(child)
-
-    visit(ast.parse(path.read_text()))
-    return {m for m in found if m in modules and m != name}
+sys.path.insert(0, str(PACKAGE.parent / "scripts"))
+from package_graph import imports_of, module_name  # noqa: E402  # one reading of the imports: the docs' graph's
 
 
 def import_graph(type_checking: bool = False) -> dict[str, set[str]]:

@@ -194,14 +194,9 @@ def drawn_ranks(state: RunState) -> list[tuple[RankState, str]]:
     ranks (``grouping``) one line per row of the panel: each rank with a row of its own (failed,
     stalled, slowest), and for each group its first rank ('rank 0 for ranks 0-4, 6-31'): 256 lines
     on a 260 px chart say nothing, and would cost the widget hundreds of kB a redraw."""
-    from .grouping import GROUP_ABOVE, group_rows, row_label
-    if len(state.ranks) <= GROUP_ABOVE:
-        return [(rs, f"rank {rs.rank}") for rs in state.ranks]
-    drawn = []
-    for row in group_rows(state).rows:
-        rs = state.ranks[row.members[0]]
-        drawn.append((rs, f"rank {rs.rank}" if row.single else f"rank {rs.rank} for {row_label(state, row)}"))
-    return drawn[:GROUP_ABOVE]
+    from .grouping import GROUP_ABOVE, representatives
+    return [(rs, f"rank {rs.rank}" if group is None else f"rank {rs.rank} for {group}")
+            for rs, group in representatives(state)][:GROUP_ABOVE]
 
 
 def curves_html(state: RunState) -> str:

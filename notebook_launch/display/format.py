@@ -8,7 +8,7 @@ from ..record.resources import machine_memory_text, size_text, usage_text
 from ..record.state import DONE, FAILED, RUNNING, STARTING, STOPPED, Bar, RankState, RunState
 from .curves import sparkline
 from .group_figures import GroupFigures, Span
-from .grouping import GROUP_ABOVE, Row, group_rows, row_label
+from .grouping import GROUP_ABOVE, Row, group_rows, rank_outcome, row_label
 from .pace import rank_text as pace_text
 from .pace import verdict as pace_verdict
 
@@ -111,15 +111,6 @@ def metrics(rank_state: RankState, limit: int = 6, sparklines: bool = False) -> 
         shape = sparkline(series) if series is not None and series.total > 1 else ""
         parts.append(f"{name}={metric_value(value)}" + (f" {shape}" if shape else ""))
     return " ".join(parts)
-
-
-def rank_outcome(rank_state: RankState) -> str:
-    """What a person needs from a finished rank: its error line, or how it ended."""
-    if rank_state.status == FAILED:
-        return rank_state.error or rank_state.exit_description or "failed"
-    if rank_state.status == STOPPED:
-        return rank_state.exit_description or "stopped"
-    return ""
 
 
 def placement(rank_state: RankState) -> str:

@@ -10,8 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from ..record.state import DONE, FAILED, RUNNING, STARTING, STOPPED, RankState, RunState
-from .grouping import Row, kind
+from ..record.state import DONE, RUNNING, STARTING, RankState, RunState
+from .grouping import Row, kind, rank_outcome
 
 METRICS_SHOWN = 4
 
@@ -52,7 +52,7 @@ def group_figures(state: RunState, row: Row) -> GroupFigures:
     shown = [bar for bar in bars if bar is not None]
     running = kind(first) in (RUNNING, STARTING)
     etas = [bar.eta for bar in shown if not bar.closed] if kind(first) == RUNNING else []
-    outcomes = {_outcome(rs) for rs in ranks}
+    outcomes = {rank_outcome(rs) for rs in ranks}
     return GroupFigures(
         kind=kind(first), desc=shown[0].desc if shown else "", total=shown[0].total if shown else None,
         n=Span.of([bar.n for bar in shown]), fraction=Span.of([bar_fraction(rs) for rs in ranks]),
@@ -72,13 +72,6 @@ def bar_fraction(rs: RankState) -> float:
 
 
 
-def _outcome(rs: RankState) -> str:
-    """How a rank that failed or was stopped ended ('' otherwise), as ``format.rank_outcome`` says it."""
-    if rs.status == FAILED:
-        return rs.error or rs.exit_description or "failed"
-    if rs.status == STOPPED:
-        return rs.exit_description or "stopped"
-    return ""
 
 
 def _cpu(rs: RankState) -> float | None:

@@ -178,3 +178,23 @@ def row_label(state: RunState, row: Row) -> str:
     if len({node_of(state, rs) for rs in state.ranks}) > 1:
         where = f" on node {row.nodes[0]}" if len(row.nodes) == 1 else f" on {len(row.nodes)} nodes"
     return f"ranks {rank_ranges(ranks)}{where}"
+
+
+def rank_outcome(rank_state: RankState) -> str:
+    """What a person needs from a finished rank: its error line, or how it ended ('' while it runs
+    or when it ended well). Every row says it this way, a rank's and a group's alike."""
+    if rank_state.status == FAILED:
+        return rank_state.error or rank_state.exit_description or "failed"
+    if rank_state.status == STOPPED:
+        return rank_state.exit_description or "stopped"
+    return ""
+
+
+def representatives(state: RunState) -> list[tuple[RankState, str | None]]:
+    """One rank for each row of the panel, and the row's label when the row is a group (None: the
+    rank's own row): what the curves draw a line for and the picture folds recent lines of. Up to
+    GROUP_ABOVE ranks every rank is its own row."""
+    if len(state.ranks) <= GROUP_ABOVE:
+        return [(rs, None) for rs in state.ranks]
+    return [(state.ranks[row.members[0]], None if row.single else row_label(state, row))
+            for row in group_rows(state).rows]

@@ -102,11 +102,6 @@ RECENT_LINE_CHARS = 1000   # a line of the recent lines (the picture's, the pane
 
 def recent_sections(state: RunState) -> list[tuple[RankState, str]]:
     """The ranks whose recent lines the picture folds in, and what each section is called."""
-    from .grouping import GROUP_ABOVE, group_rows, row_label
-    if len(state.ranks) <= GROUP_ABOVE:
-        return [(rs, f"rank {rs.rank}") for rs in state.ranks]
-    found = []
-    for row in group_rows(state).rows:
-        rs = state.ranks[row.members[0]]
-        found.append((rs, f"rank {rs.rank}" if row.single else f"rank {rs.rank} (of {row_label(state, row)})"))
-    return found
+    from .grouping import representatives
+    return [(rs, f"rank {rs.rank}" if group is None else f"rank {rs.rank} (of {group})")
+            for rs, group in representatives(state)]
