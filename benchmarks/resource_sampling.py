@@ -63,7 +63,7 @@ SELF_SAMPLING = """
 import os, sys, threading, time
 sys.path.insert(0, {repo!r})
 import torch
-from notebook_launch import protocol
+from notebook_launch.wire import protocol
 from notebook_launch.rank import resources
 block = bytearray(200 << 20); block[::4096] = b'\\1' * len(range(0, len(block), 4096))
 read_end, write_end = os.pipe()

@@ -71,7 +71,7 @@ TOO_TIGHT_FOR_ONE = textwrap.dedent("""
     import json, os, resource, sys
     import torch  # noqa: F401
     from notebook_launch import LaunchArgumentError, notebook_launcher
-    from notebook_launch import fd_budget
+    from notebook_launch.planning import fd_budget
     open_now = fd_budget.fds_in_use()
     limit = open_now + fd_budget.FDS_SPARE + fd_budget.FDS_PER_RANK // 2   # short of one rank's files
     resource.setrlimit(resource.RLIMIT_NOFILE, (limit, limit))

@@ -17,7 +17,7 @@ import textwrap
 SCRIPT = textwrap.dedent("""
     import json, os, subprocess, threading
     from notebook_launch.engines.local.fork_thread import fork_from_clean_thread
-    from notebook_launch import leftovers
+    from notebook_launch.process import leftovers
 
     popen_has_its_pipe, rank_forked = threading.Event(), threading.Event()
     release_r, release_w = os.pipe()   # the rank lives until the notebook writes here

@@ -73,7 +73,7 @@ def test_ranks_start_options_reach_start_ranks(monkeypatch):
 LOAD_EXT_CHECK = """
 from IPython.testing.globalipapp import start_ipython
 shell = start_ipython()
-from notebook_launch import cuda_tracking
+from notebook_launch.notebook import cuda_tracking
 cuda_tracking._installed = False        # as if notebook_launch had been imported before torch
 hooks = len(shell.events.callbacks["post_run_cell"])
 shell.run_line_magic("load_ext", "notebook_launch")

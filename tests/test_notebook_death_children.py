@@ -140,7 +140,7 @@ def test_a_killed_kernel_leaves_nothing_persistent_ranks_started(kernel, tmp_pat
 # (a FIFO the test opens) until the notebook is dead, so it reads its orders only afterwards.
 NOTEBOOK_DIES_FIRST = textwrap.dedent('''
     import os, signal, subprocess, sys
-    from notebook_launch import leftovers
+    from notebook_launch.process import leftovers
     leftovers._KEEPER_PROGRAM = {gate_program!r}
     run_id = "keeper-race-" + str(os.getpid())
     sleep = [sys.executable, "-c", "import time; time.sleep(600)"]
@@ -211,7 +211,7 @@ FIRST_LAUNCH_ORDER = textwrap.dedent('''
     import json
     from notebook_launch import notebook_launcher
     from notebook_launch.engines.local import fork
-    from notebook_launch import leftovers
+    from notebook_launch.process import leftovers
     events = []
     start_keeper, fork_rank = leftovers._start_keeper, fork.fork_from_clean_thread
 

@@ -142,7 +142,7 @@ def test_a_rank_loads_withheld_device_backends_with_its_own_environment():
         import torch
         assert "torch_tpu" not in sys.modules
         os.environ["TORCH_DEVICE_BACKEND_AUTOLOAD"] = "1"   # the rank's own environment
-        from notebook_launch import protocol
+        from notebook_launch.wire import protocol
         from notebook_launch.rank import device_backends
         r, w = os.pipe()
         print(device_backends.load(protocol.EventWriter(w)), "torch_tpu" in sys.modules)
