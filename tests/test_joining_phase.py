@@ -79,6 +79,15 @@ def test_a_rank_row_says_it_joins_the_group_and_which_peer_it_waits_for(tmp_path
     assert display.final == [("", "joined")] * 3, display.final
 
 
+
+def test_the_phase_shows_when_the_notebook_imported_torch_distributed_first(tmp_path):
+    """torch.distributed imported in the notebook before the launch (the usual notebook): the rank's
+    hooks then wrap c10d at once, after the rank's process_groups wrapper; its row still says it
+    joins (the wrapper once went to an attribute named after that other wrapper, unused by torch)."""
+    import torch.distributed  # noqa: F401
+    test_a_rank_row_says_it_joins_the_group_and_which_peer_it_waits_for(tmp_path)
+
+
 def test_a_rank_forked_from_a_process_that_said_it_joins_says_so_itself(tmp_path):
     """A process that said it joins a group (a rank that forks, a notebook that ran ranks' code)
     hands its record to its forks: a rank forked from it must still say it joins (its row

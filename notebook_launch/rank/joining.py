@@ -47,11 +47,14 @@ def wrap(dist: ModuleType) -> None:
             report(JOINED)
         return value
 
-    for wrapper, original in ((says_joining, rendezvous), (says_joined, update)):
+    # Set by the attribute's name, not the function's: what sits there may be another wrapper (the
+    # rank's process_groups wraps rendezvous first when torch.distributed was imported before the fork)
+    for attribute, wrapper, original in (("rendezvous", says_joining, rendezvous),
+                                         ("_update_default_pg", says_joined, update)):
         wrapper.__wrapped__ = original  # type: ignore[attr-defined]
         wrapper.__doc__, wrapper.__name__ = original.__doc__, original.__name__
         setattr(wrapper, _PATCHED, True)
-        setattr(c10d, original.__name__, wrapper)
+        setattr(c10d, attribute, wrapper)
 
 
 def report(phase: str) -> None:
