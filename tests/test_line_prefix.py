@@ -3,7 +3,7 @@ str.format syntax as before, and a bad template refused before any rank starts."
 import pytest
 
 from notebook_launch import LaunchArgumentError, notebook_launcher
-from notebook_launch.display.line_prefix import parse_line_prefix
+from notebook_launch.record.line_prefix import parse_line_prefix
 
 
 @pytest.mark.parametrize("template,expected", [

@@ -1,7 +1,7 @@
 """Displays render the run state; they never change it (a Stop button only
 sets ``state.stop_requested``). ``choose_display`` picks one for where we run.
 
-Owns: drawing a run's state (panel, text, HTML, rich) and the ranks' line prefix. May import: record, detect,
+Owns: drawing a run's state (panel, text, HTML, rich). May import: record, detect,
 notebook, errors; nothing a run needs imports a display's internals.
 """
 from __future__ import annotations

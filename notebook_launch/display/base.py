@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from .line_prefix import parse_line_prefix
+from ..record.line_prefix import parse_line_prefix
 
 if TYPE_CHECKING:
     from ..record.state import RunState

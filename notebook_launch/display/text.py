@@ -5,7 +5,7 @@ import time
 
 from typing import TYPE_CHECKING, Any
 
-from .line_prefix import DEFAULT_TEMPLATE
+from ..record.line_prefix import DEFAULT_TEMPLATE
 from ..notebook.notebook_streams import ERR, OUT, flushable_streams, notebook_stream
 from .base import Display
 from .cell_budget import DEFAULT_CELL_OUTPUT, CellBudget, LineMerger, ranks_tag

@@ -22,7 +22,7 @@ from . import fd_budget
 from ..display import NOTEBOOK_LINES_PER_SECOND, UI_CHOICES, Display
 from ..display.cell_budget import DEFAULT_CELL_OUTPUT, MIN_CELL_OUTPUT
 from ..errors import LaunchArgumentError
-from ..display.line_prefix import parse_line_prefix
+from ..record.line_prefix import parse_line_prefix
 from .net import DEFAULT_PORT
 from ..wire.plan import DeviceKind, StartMethod, available_cpus
 from ..diagnose.stall import DEFAULT_STALL_AFTER

@@ -81,17 +81,19 @@ def wrap(dist: ModuleType) -> None:
         return destroy(group, *args, **kwargs)
 
     ours = {"destroy_process_group": destroy_process_group, "new_group": made_group}
-    wrappers: list[tuple[Any, Any, Any]] = [(c10d, _update_default_pg, update),
-                                            (dist, destroy_process_group, destroy), (dist, made_group, new_group)]
-    wrappers += [(c10d, ours[name], original)   # the same function, under its own name there
+    wrappers: list[tuple[Any, str, Any, Any]] = [
+        (c10d, "_update_default_pg", _update_default_pg, update),
+        (dist, "destroy_process_group", destroy_process_group, destroy), (dist, "new_group", made_group, new_group)]
+    wrappers += [(c10d, name, ours[name], original)   # the same function, under its own name there
                  for name, original in (("destroy_process_group", destroy), ("new_group", new_group))
                  if getattr(c10d, name, None) is original]
-    for module, wrapper, original in wrappers:
+    # Set by the attribute's name, not the function's: what sits there may be another's wrapper
+    for module, attribute, wrapper, original in wrappers:
         wrapper.__wrapped__ = original
         wrapper.__doc__ = original.__doc__
         wrapper.__name__ = original.__name__
         setattr(wrapper, _PATCHED, True)
-        setattr(module, original.__name__, wrapper)
+        setattr(module, attribute, wrapper)
 
 
 def count_in(dist: ModuleType, group: Any) -> None:

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 from ...process import leftovers
 from . import get_backend
 from ...errors import LaunchArgumentError
-from ...display.line_prefix import parse_line_prefix
+from ...record.line_prefix import parse_line_prefix
 from ...planning.net import release_claims
 from ...planning.options import LaunchOptions, check_display_ranks_exist
 from ...channels import commands

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 from ..base import Launcher, StartFailed
 from ...errors.best_effort import best_effort
 from ...errors import LaunchError
-from ...display.line_prefix import parse_line_prefix
+from ...record.line_prefix import parse_line_prefix
 from ...wire.protocol import FailureKind
 from ...scaffold.session import launch_line
 from ...supervise import outcome
