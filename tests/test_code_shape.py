@@ -110,7 +110,6 @@ LONG_MODULES: dict[str, str] = {
     "planning/options.py": "the options and their checks: the checks to move beside what they check",
 }
 LONG_FUNCTIONS: dict[str, str] = {
-    "rank/tqdm_bridge.py::_install_methods": "one closure per patched tqdm method: to become a table",
 }
 BIG_PACKAGES: dict[str, str] = {
     "rank": "its core imports the bridges and in-rank APIs it installs: split once they are a table it reads",
