@@ -107,7 +107,6 @@ MAX_TOP_MODULES = 12
 LONG_MODULES: dict[str, str] = {
     "engines/local/start_process.py": "the start process's client: its protocol and its life are one job still",
     "persistent/pool.py": "the pool's API and its call serialization: to split along the call/idle seam",
-    "planning/options.py": "the options and their checks: the checks to move beside what they check",
 }
 LONG_FUNCTIONS: dict[str, str] = {
 }
