@@ -106,7 +106,6 @@ MAX_PACKAGE_MODULES = 16
 MAX_TOP_MODULES = 12
 LONG_MODULES: dict[str, str] = {
     "engines/local/start_process.py": "the start process's client: its protocol and its life are one job still",
-    "persistent/pool.py": "the pool's API and its call serialization: to split along the call/idle seam",
 }
 LONG_FUNCTIONS: dict[str, str] = {
 }
