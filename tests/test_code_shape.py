@@ -105,14 +105,8 @@ MAX_FUNCTION_LINES = 60
 MAX_PACKAGE_MODULES = 16
 MAX_TOP_MODULES = 12
 LONG_MODULES: dict[str, str] = {
-    "engines/local/start_process.py": "the start process's client: its protocol and its life are one job still",
-    "persistent/pool.py": "the pool's API and its call serialization: to split along the call/idle seam",
-    "planning/options.py": "the options and their checks: the checks to move beside what they check",
-    "wire/shared_tensors.py": "the pickler and the memfd file: two jobs, to split",
 }
 LONG_FUNCTIONS: dict[str, str] = {
-    "rank/tqdm_bridge.py::_install_methods": "one closure per patched tqdm method: to become a table",
-    "wire/shared_tensors.py::pickler_class": "the reducers, defined inside: to become a module of their own",
 }
 BIG_PACKAGES: dict[str, str] = {
     "rank": "its core imports the bridges and in-rank APIs it installs: split once they are a table it reads",

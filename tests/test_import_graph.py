@@ -208,7 +208,7 @@ def test_hang_diagnosis_sits_below_every_path_that_asks_it():
     assert not wrong, wrong
     graph = import_graph()
     assert "notebook_launch.diagnose.ranks" in graph["notebook_launch.supervise.hang_watch"]   # the supervisor's
-    assert "notebook_launch.diagnose.ranks" in graph["notebook_launch.persistent.pool"]
+    assert "notebook_launch.diagnose.ranks" in graph["notebook_launch.persistent.whereabouts"]   # Ranks.stacks()'s
 
 
 WHAT_LAUNCHERS_MUST_NOT_IMPORT = ("notebook_launch.supervise", "notebook_launch.display",

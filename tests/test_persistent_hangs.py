@@ -209,7 +209,7 @@ def test_a_rank_back_from_a_call_but_not_yet_in_its_wait_waits_for_the_next_one(
     in user code between calls."""
     import notebook_launch
     from notebook_launch.diagnose.hang_verdict import Frame, RankWhereabouts, ThreadStack
-    from notebook_launch.persistent.pool import _waits_for_a_call
+    from notebook_launch.persistent.whereabouts import waits_for_a_call
 
     package = os.path.dirname(notebook_launch.__file__)
     serving = [Frame(os.path.join(package, "rank", "serve.py"), 160, "run_one"),
@@ -223,8 +223,8 @@ def test_a_rank_back_from_a_call_but_not_yet_in_its_wait_waits_for_the_next_one(
                                main_thread=1)
 
     finishing = rank(serving)
-    assert _waits_for_a_call(finishing, between_calls=True)
+    assert waits_for_a_call(finishing, between_calls=True)
     assert finishing.note == "waits for the next call" and finishing.threads == [storm]
-    assert not _waits_for_a_call(rank(serving), between_calls=False)
+    assert not waits_for_a_call(rank(serving), between_calls=False)
     in_user_code = [Frame("/home/me/train.py", 12, "train")] + serving
-    assert not _waits_for_a_call(rank(in_user_code), between_calls=True)
+    assert not waits_for_a_call(rank(in_user_code), between_calls=True)

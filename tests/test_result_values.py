@@ -141,7 +141,7 @@ def test_what_cannot_come_back_is_named_by_its_path(tmp_path):
 
 MANY_TENSORS = textwrap.dedent('''
     import torch
-    from notebook_launch import shared_tensors
+    from notebook_launch.wire import shared_tensors
     tensors = [torch.full((1 << 14,), float(i)) for i in range(3000)]   # 64 KiB each: all through the memfd
     fd = shared_tensors.create_file()
     data = shared_tensors.dumps(tensors, fd)
@@ -166,7 +166,7 @@ def test_very_many_tensors_take_few_mappings():
 
 OUT_OF_MAPPINGS = textwrap.dedent('''
     import ctypes, mmap, sys, torch
-    from notebook_launch import shared_tensors
+    from notebook_launch.wire import shared_tensors
     tensors = [torch.full((1 << 16,), float(i)) for i in range(40)]   # 256 KiB each: memfd path
     fd = shared_tensors.create_file()
     data = shared_tensors.dumps(tensors, fd)

@@ -16,7 +16,7 @@ import psutil
 import pytest
 
 from notebook_launch import LaunchError, notebook_launcher
-from notebook_launch.engines.local import start_process
+from notebook_launch.engines.local import start_client, start_process
 from notebook_launch.planning.net import free_port
 from helpers.processes import is_start_process
 
@@ -381,7 +381,7 @@ def test_load_ext_starts_it_where_it_will_likely_be_needed(tmp_path, monkeypatch
 def test_a_launch_with_more_fds_than_one_message_carries_goes_in_several_requests():
     """SCM_RIGHTS carries at most 253 fds a message; a rank brings up to 7."""
     ranks = [start_process.RankRequest(["--local-rank", str(i)], {}, {n: n for n in range(7)}) for i in range(80)]
-    batches = start_process._batches(ranks)
+    batches = start_client._batches(ranks)
     assert [len(b) for b in batches] == [36, 36, 8]
     assert [r for b in batches for r in b] == ranks
 
@@ -416,7 +416,7 @@ def test_a_request_that_fails_part_way_leaves_no_rank_of_the_earlier_part_runnin
     (every rank then starts as a fresh Python; none may run twice)."""
     start_process.prestart()
     starter = start_process.current()
-    monkeypatch.setattr(start_process, "_batches", lambda ranks: [[rank] for rank in ranks])   # one rank a request
+    monkeypatch.setattr(start_client, "_batches", lambda ranks: [[rank] for rank in ranks])   # one rank a request
     real, calls, first = starter.ask_with_fds, [], []
 
     def second_fails(message, fds=(), timeout=start_process.REQUEST_WAIT):

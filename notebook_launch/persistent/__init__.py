@@ -3,7 +3,8 @@
 ``pool`` (notebook side: ``Ranks``) and ``call`` (one supervised call); ``life`` (the ranks around
 the calls) and ``transport`` (how the pool reaches its ranks: ``RankTransport``, which each engine
 implements in its own folder: ``engines.local.persistent``, ``engines.remote.persistent`` with
-Ray's and SLURM's); ``idle`` reads the ranks between calls; ``command_frames`` is a call's frame.
+Ray's and SLURM's); ``idle`` reads the ranks between calls; ``command_frames`` is a call's frame;
+``whereabouts`` says where the ranks are (``Ranks.stacks()``), in a call or between calls.
 ``start_ranks`` (``notebook_launch.ranks``) and ``%ranks`` (``notebook_launch.magics.ranks``) sit
 above this package and the engines: the pool imports no engine.
 

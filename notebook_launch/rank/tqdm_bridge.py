@@ -66,69 +66,72 @@ def _bound(original: Any, self: Any) -> Any:
     return original.__get__(self, type(self))
 
 
-def _install_methods(base: Any, originals: dict[str, Any]) -> None:
-    def std_init(self: Any, *args: Any, **kwargs: Any) -> Any:
-        return _bound(originals["__init__"], self)(*args, **kwargs)
+def _std(self: Any, name: str) -> Any:
+    """tqdm's own method ``name`` (kept on the patched base by ``_install_methods``), bound to ``self``."""
+    return _bound(self._notebook_launch_std[name], self)
 
-    def std_close(self: Any) -> Any:
-        return _bound(originals["close"], self)()
 
-    def std_set_postfix(self: Any, *args: Any, **kwargs: Any) -> Any:
-        return _bound(originals["set_postfix"], self)(*args, **kwargs)
+def _init(self: Any, *args: Any, **kwargs: Any) -> None:
+    for key in ("display", "gui", "console", "options", "progress", "nrows"):
+        kwargs.pop(key, None)   # drawing options of tqdm.notebook / tqdm.rich / tqdm.gui
+    if "disable" in kwargs and kwargs["disable"] is None:
+        kwargs["disable"] = False   # "off when not a terminal": the panel is the terminal here
+    # The user's own file gets what plain tqdm writes; the rank's stdout/stderr (tqdm's
+    # default) get nothing, the panel shows the bar. ``file`` is tqdm's 5th parameter.
+    file = args[4] if len(args) > 4 else kwargs.get("file")
+    self._writes_user_file = not writes_to_rank_output(file)
+    if not self._writes_user_file:
+        args = args[:4]
+        kwargs["file"] = _Discard()
+    kwargs.setdefault("mininterval", 0.1)
+    self._panel = None
+    _std(self, "__init__")(*args, **kwargs)
+    if not self.disable:
+        self._panel = Mirror(self.desc or "", self.total, unit=self.unit, initial=self.n)
 
-    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
-        for key in ("display", "gui", "console", "options", "progress", "nrows"):
-            kwargs.pop(key, None)   # drawing options of tqdm.notebook / tqdm.rich / tqdm.gui
-        if "disable" in kwargs and kwargs["disable"] is None:
-            kwargs["disable"] = False   # "off when not a terminal": the panel is the terminal here
-        # The user's own file gets what plain tqdm writes; the rank's stdout/stderr (tqdm's
-        # default) get nothing, the panel shows the bar. ``file`` is tqdm's 5th parameter.
-        file = args[4] if len(args) > 4 else kwargs.get("file")
-        self._writes_user_file = not writes_to_rank_output(file)
-        if not self._writes_user_file:
-            args = args[:4]
-            kwargs["file"] = _Discard()
-        kwargs.setdefault("mininterval", 0.1)
-        self._panel = None
-        std_init(self, *args, **kwargs)
-        if not self.disable:
-            self._panel = Mirror(self.desc or "", self.total, unit=self.unit, initial=self.n)
 
-    def _panel_sync(self: Any) -> None:
-        mirror = getattr(self, "_panel", None)
-        if mirror is not None:
-            mirror.sync(self.desc or "", self.n, self.total)
+def _panel_sync(self: Any) -> None:
+    mirror = getattr(self, "_panel", None)
+    if mirror is not None:
+        mirror.sync(self.desc or "", self.n, self.total)
 
-    def display(self: Any, msg: Any = None, pos: Any = None) -> bool:
+
+def _display(self: Any, msg: Any = None, pos: Any = None) -> bool:
+    self._panel_sync()
+    if getattr(self, "_writes_user_file", False):
+        return _std(self, "display")(msg, pos)
+    return True
+
+
+def _close(self: Any) -> Any:
+    if getattr(self, "_panel", None) is not None and not self.disable:
         self._panel_sync()
-        if getattr(self, "_writes_user_file", False):
-            return _bound(originals["display"], self)(msg, pos)
-        return True
+        self._panel.close()
+    return _std(self, "close")()
 
-    def close(self: Any) -> Any:
-        if getattr(self, "_panel", None) is not None and not self.disable:
-            self._panel_sync()
-            self._panel.close()
-        return std_close(self)
 
-    def set_postfix(self: Any, ordered_dict: Any = None, refresh: bool = True, **kwargs: Any) -> None:
-        std_set_postfix(self, ordered_dict, refresh=refresh, **kwargs)
-        metrics = dict(ordered_dict or {}, **kwargs)
-        numeric = {k: v for k, v in metrics.items() if not isinstance(v, str)}
-        if numeric and getattr(self, "_panel", None) is not None:
-            log_metrics(**numeric)
+def _set_postfix(self: Any, ordered_dict: Any = None, refresh: bool = True, **kwargs: Any) -> None:
+    _std(self, "set_postfix")(ordered_dict, refresh=refresh, **kwargs)
+    metrics = dict(ordered_dict or {}, **kwargs)
+    numeric = {k: v for k, v in metrics.items() if not isinstance(v, str)}
+    if numeric and getattr(self, "_panel", None) is not None:
+        log_metrics(**numeric)
 
-    def reset(self: Any, total: Any = None) -> None:
-        _bound(originals["reset"], self)(total=total)
-        if getattr(self, "_panel", None) is not None:
-            self._panel.reset(total=self.total)
 
-    base.__init__ = __init__
-    base.display = display
-    base.close = close
-    base.set_postfix = set_postfix
-    base.reset = reset
-    base._panel_sync = _panel_sync
+def _reset(self: Any, total: Any = None) -> None:
+    _std(self, "reset")(total=total)
+    if getattr(self, "_panel", None) is not None:
+        self._panel.reset(total=self.total)
+
+
+# What the patched base's methods become: each reaches tqdm's own through ``_std``.
+_METHODS = {"__init__": _init, "display": _display, "close": _close, "set_postfix": _set_postfix,
+            "reset": _reset, "_panel_sync": _panel_sync}
+
+
+def _install_methods(base: Any, originals: dict[str, Any]) -> None:
+    for name, method in _METHODS.items():
+        setattr(base, name, method)
     base._notebook_launch_std = originals
     setattr(base, _PATCHED_ATTR, True)
 
