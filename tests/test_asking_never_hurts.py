@@ -232,7 +232,7 @@ def test_no_way_of_asking_signals_a_rank_whose_lock_is_free(log_dir, tmp_path):
     collectors = {path: sorted(set(calls) & ways) for path, calls in asking.items()}
     assert {path: names for path, names in collectors.items() if names} == {
         "supervise/hang_watch.py": ["where_ranks"],   # the supervisor's HangWatch
-        "persistent/pool.py": ["where_ranks"],
+        "persistent/whereabouts.py": ["where_ranks"],   # Ranks.stacks()
         "engines/elastic/node_board.py": ["collect"],   # the supervisor's whereabouts, for another node
         "diagnose/ranks.py": ["collect", "process.where"], "diagnose/xla_replicas.py": ["collect"],
         "diagnose/stacks.py": ["ask_all"], "diagnose/native_stacks.py": ["ask_all", "child_stacks", "dump_all"],

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import math
 import pathlib
+import re
 import textwrap
 
 import pytest
@@ -118,7 +119,10 @@ def test_a_loud_run_leaves_a_bounded_cell_and_every_line_in_the_logs(tmp_path):
              in o.get("data", {}).get("text/plain", "")]
     assert len(tails) == 1, [o.output_type for o in outputs]
     tail = tails[0]["data"]["text/plain"]
-    assert f"only in the log files in {tmp_path}" in tail and "rank 3 line 01999" in tail, tail[-400:]
+    assert f"only in the log files in {tmp_path}" in tail, tail[:400]
+    # the rolling tail reaches the run's end: its last line is the last line of the rank that ended last
+    # (which rank that is depends on the machine: the four print alike)
+    assert re.fullmatch(r"\[rank (\d)\] rank \1 line 01999 \.+", tail.rstrip().splitlines()[-1]), tail[-400:]
     assert len(tail.encode()) < 20_000
     for rank in range(4):
         log = pathlib.Path(tmp_path, f"rank{rank}.log").read_text()
