@@ -85,6 +85,8 @@ def parse_args(argv):
     parser.add_argument("--only", default=",".join(ITEMS),
                         help=f"comma-separated items to run, of {','.join(ITEMS)} (default: all)")
     parser.add_argument("--out", default=DEFAULT_OUT, help="markdown file to write (default benchmarks/RESULTS.md)")
+    parser.add_argument("--ranks", default="", metavar="N,N",
+                        help="only these rank counts in the items that sweep them (default: each item's own)")
     parser.add_argument("--plots", default=DEFAULT_PLOTS, metavar="DIR",
                         help="folder for the SVG plots (default docs/images/benchmarks; '' draws none)")
     args = parser.parse_args(argv)
@@ -94,7 +96,22 @@ def parse_args(argv):
     if not only or only - set(ITEMS):
         parser.error(f"--only takes items among {','.join(ITEMS)}; got {args.only!r}")
     args.only = only
+    try:
+        args.ranks = {int(x) for x in args.ranks.split(",") if x.strip()}
+    except ValueError:
+        parser.error(f"--ranks takes comma-separated rank counts; got {args.ranks!r}")
+    if any(n < 1 for n in args.ranks):
+        parser.error(f"--ranks takes rank counts of at least 1; got {args.ranks!r}")
     return args
+
+
+def only_ranks(config: dict, ranks: set) -> dict:
+    """Keep only the rank counts asked for (``--ranks``): a quicker rerun of one row of a sweep, e.g.
+    item 13's 2-rank goal row without its 8-rank spawns (minutes each)."""
+    if not ranks:
+        return config
+    return {key: [n for n in value if n in ranks] if key.endswith("_ranks") and isinstance(value, list) else value
+            for key, value in config.items()}
 
 
 def measure(config: dict, only: set, log_dir: str, say):
@@ -255,7 +272,7 @@ def render(machine: dict, config: dict, rows, companion_outputs, elapsed: float,
 
 def main(argv=None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
-    config = restrict(make_config(args.quick, args.repeats), args.only)
+    config = only_ranks(restrict(make_config(args.quick, args.repeats), args.only), args.ranks)
     machine = machine_description()
     started = time.monotonic()
 
