@@ -208,5 +208,5 @@ NOTE = ("Item 15 (benchmarks/anchors.py): Monarch (torchmonarch 0.7.0) and torch
         f"(order rotating), one start-to-first-call sample and {CALLS} warm calls each; the function is a "
         "notebook's (`__main__`). Launch rows: ours and start_processes interleaved in their workers as item 1; "
         "torchrunx's launches one after the other in its own process after one warm-up (at most 3). The SLURM "
-        "side (Monarch's SlurmJob against our SlurmCluster across two nodes) is not measured yet: see "
-        "benchmarks/RESULTS.md.")
+        "side (Monarch's SlurmJob against our SlurmCluster across two nodes) has its own command, "
+        "`python -m benchmarks.monarch_slurm --repeats 5`: benchmarks/RESULTS-anchors-slurm.md.")
