@@ -6,6 +6,7 @@ end the process with its exit code without ever returning into the parent's code
 """
 from __future__ import annotations
 
+import _signal
 import ctypes
 import faulthandler
 import io
@@ -93,30 +94,23 @@ def reset_signal_state() -> None:
     between cells, a kernel or a library may set SIGPIPE to its default (a write to a closed
     pipe or socket then kills the rank with no traceback) or ignore SIGCHLD (subprocess then
     loses its children's exit codes), and asyncio's loop leaves a wakeup fd behind."""
-    if hasattr(signal, "pthread_sigmask"):
-        signal.pthread_sigmask(signal.SIG_SETMASK, [])
+    if hasattr(_signal, "pthread_sigmask"):
+        _signal.pthread_sigmask(_signal.SIG_SETMASK, ())
     if faulthandler.is_enabled():   # else a later enable() keeps the handlers it thinks it has
         faulthandler.disable()
-    ignored = {getattr(signal, name) for name in _FRESH_PYTHON_IGNORES if hasattr(signal, name)}
-    for signum in _resettable_signals():
-        unregister = getattr(faulthandler, "unregister", None)
+    unregister = getattr(faulthandler, "unregister", None)
+    for signum, handler in _FRESH_DISPOSITIONS:
         if unregister is not None:
             try:
                 unregister(signum)   # a faulthandler.register() the notebook made
             except (ValueError, RuntimeError):
                 pass   # not a signal faulthandler can register (SIGSEGV, ...): nothing to undo
-        if signum == signal.SIGINT:
-            handler: Any = signal.default_int_handler
-        elif signum in ignored:
-            handler = signal.SIG_IGN
-        else:
-            handler = signal.SIG_DFL
         try:
-            signal.signal(signum, handler)
+            _signal.signal(signum, handler)
         except (OSError, ValueError):
             log.debug("could not reset signal %d in the rank", signum)
     try:
-        signal.set_wakeup_fd(-1)
+        _signal.set_wakeup_fd(-1)
     except (ValueError, OSError):
         log.debug("could not clear the inherited signal wakeup fd", exc_info=True)
 
@@ -125,6 +119,28 @@ def _resettable_signals() -> list[int]:
     """Every signal a process can handle (SIGKILL and SIGSTOP cannot; glibc keeps 32 and 33)."""
     valid = signal.valid_signals() if hasattr(signal, "valid_signals") else set(signal.Signals)
     return sorted(int(s) for s in valid if s not in (signal.SIGKILL, signal.SIGSTOP))
+
+
+def _fresh_dispositions() -> tuple[tuple[int, Any], ...]:
+    """(signal number, what a fresh ``python -c`` has for it) for every signal a process can handle.
+    Built once, in the notebook at import: every rank forked from it inherits the table, and sets
+    each through ``_signal`` with plain numbers. ``signal.signal`` converts the old handler it
+    returns to an enum (a ValueError caught for every handler that is none), and ``valid_signals``
+    each number: with the pages that touched copied after the fork, about 1 ms of every rank's CPU."""
+    ignored = {getattr(signal, name) for name in _FRESH_PYTHON_IGNORES if hasattr(signal, name)}
+    table = []
+    for signum in _resettable_signals():
+        if signum == signal.SIGINT:
+            handler: Any = signal.default_int_handler
+        elif signum in ignored:
+            handler = _signal.SIG_IGN
+        else:
+            handler = _signal.SIG_DFL
+        table.append((signum, handler))
+    return tuple(table)
+
+
+_FRESH_DISPOSITIONS = _fresh_dispositions()
 
 
 def redirect_fds(stdout_fd: int, stderr_fd: int) -> None:

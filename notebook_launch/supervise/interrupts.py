@@ -11,6 +11,7 @@ presses, unless one is already on its way.
 """
 from __future__ import annotations
 
+import _signal
 import contextlib
 import logging
 import signal
@@ -42,13 +43,15 @@ def guarding_run() -> Iterator[None]:
     if threading.current_thread() is not threading.main_thread():
         yield   # signals reach the main thread only: nothing to guard here
         return
-    previous = signal.getsignal(signal.SIGINT)
+    # _signal, which signal wraps: the same handlers without an enum conversion of each one it
+    # returns (three per run, a call on persistent ranks included; scaffold.signal_handlers)
+    previous = _signal.getsignal(_signal.SIGINT)
     _gate.stopping, _gate.depth, _gate.presses = False, 0, 0
-    signal.signal(signal.SIGINT, _on_sigint)
+    _signal.signal(_signal.SIGINT, _on_sigint)
     try:
         yield
     finally:
-        signal.signal(signal.SIGINT, previous if previous is not None else signal.default_int_handler)
+        _signal.signal(_signal.SIGINT, previous if previous is not None else signal.default_int_handler)
 
 
 @contextlib.contextmanager

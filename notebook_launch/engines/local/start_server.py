@@ -41,7 +41,7 @@ from typing import Any
 
 from ...channels import start_wire
 from ...rank import forking
-from ...rank.preload import warm
+from ...rank.preload import EVERY_RANK, warm
 
 SOCKET_VARIABLE = "NOTEBOOK_LAUNCH_START_SOCKET"     # "<socket fd> <reports fd> <notebook pid>"
 # "1": torch was imported here without its device backends (backends.start_process.withhold_device_backends):
@@ -66,7 +66,7 @@ def main() -> int:
         return 0
     warm(sys.argv[1:], quiet_if_missing=True)
     from ...rank import spawn_entry  # noqa: F401  (what every rank runs: imported once here, not in each)
-    warm(["cloudpickle", "numpy"], quiet_if_missing=True)
+    warm(EVERY_RANK, quiet_if_missing=True)
     problem = accelerator_initialized()
     if problem:
         start_wire.send(sock, {"error": f"the start process would hold {problem} after its imports"})

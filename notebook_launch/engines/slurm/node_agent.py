@@ -30,7 +30,7 @@ from typing import Any
 
 from ...rank.bootstrap import die_with_parent
 from ...rank.forking import fork_child, reap
-from ...rank.preload import warm
+from ...rank.preload import EVERY_RANK, warm
 from ..remote.assignment import RankAssignment
 from .task import run_task
 
@@ -45,6 +45,7 @@ def main() -> int:
     report = os.dup(1)   # the ends' channel; fd 1 (inherited by the ranks until they connect) joins stderr
     os.dup2(2, 1)
     warm(message.pop("warm"))
+    warm(EVERY_RANK, quiet_if_missing=True)
     node = RankAssignment.from_json(message["rank"])
     agent = os.getpid()
     children: dict[int, int] = {}
