@@ -44,6 +44,11 @@ def _this_process_notes() -> None:
         _noted_by = os.getpid()
 
 
+def install(spec: Any = None) -> None:
+    """A rank hook (``installs.RANK_HOOKS``): ``install_display_relay``."""
+    install_display_relay()
+
+
 def install_display_relay() -> bool:
     """Send this process's IPython display calls to the notebook; False when this rank
     was not forked from a Jupyter kernel (nothing to relay: display() prints text)."""

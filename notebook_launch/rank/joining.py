@@ -27,7 +27,7 @@ _joining: dict[int, bool] = {}   # pid -> whether it said it joins: a forked pro
 
 
 def install(spec: Any = None) -> None:
-    from .progress_bridge import after_import
+    from .after_import import after_import
     after_import("torch.distributed", wrap)
 
 

@@ -44,7 +44,7 @@ _joinings: dict[str, "Joining"] = {}     # the last group of each name this proc
 
 def install(spec: Any = None) -> None:
     """Wrap torch.distributed now if it is imported, else right after the rank imports it."""
-    from .progress_bridge import after_import
+    from .after_import import after_import
     after_import("torch.distributed", wrap)
 
 
