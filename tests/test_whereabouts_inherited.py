@@ -21,7 +21,7 @@ REPO = os.path.dirname(HERE)
 SCRIPT = textwrap.dedent("""
     import os, sys, time
     from notebook_launch import LaunchError, notebook_launcher
-    from notebook_launch.rank import whereabouts
+    from notebook_launch.rank.reports import whereabouts
 
     def sleeps_on_rank_1():
         if int(os.environ["RANK"]) == 1:

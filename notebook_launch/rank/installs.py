@@ -26,27 +26,35 @@ class Hook(NamedTuple):
 # In this order, in every rank (``runner.rank_hooks`` is made from it).
 RANK_HOOKS: tuple[Hook, ...] = (
     # tqdm, rich and Transformers bars in a rank report to the panel
-    Hook("notebook_launch.rank.progress_bridge", "progress bridge not installed"),
+    Hook("notebook_launch.rank.integrations.progress_bridge", "progress bridge not installed"),
     Hook("notebook_launch.rank.stdin_relay"),   # input(), getpass(), pdb ask the notebook
     # display() in a rank forked from a Jupyter kernel reaches the cell (else it goes nowhere)
-    Hook("notebook_launch.rank.display_relay", "display relay not installed"),
-    Hook("notebook_launch.rank.whereabouts"),   # the notebook can ask where this rank is, even blocked in C (#20)
-    Hook("notebook_launch.rank.lightning_strategy"),   # Lightning's ddp_notebook etc. join the launched ranks (#25)
-    Hook("notebook_launch.rank.peers_joined"),   # no rank leaves a gloo group its peers are still joining
-    Hook("notebook_launch.rank.joining"),   # its row says "joining the process group" while init_process_group runs
+    Hook("notebook_launch.rank.integrations.display_relay", "display relay not installed"),
+    # the notebook can ask where this rank is, even blocked in C (issue 20)
+    Hook("notebook_launch.rank.reports.whereabouts"),
+    # Lightning's ddp_notebook etc. join the launched ranks (issue 25)
+    Hook("notebook_launch.rank.integrations.lightning_strategy"),
+    # no rank leaves a gloo group its peers are still joining
+    Hook("notebook_launch.rank.group.peers_joined"),
+    # its row says "joining the process group" while init_process_group runs
+    Hook("notebook_launch.rank.group.joining"),
 )
 
 # The process group's care the runner calls at fixed moments (see ``process_groups``, ``peers_joined``).
-PROCESS_GROUPS = "notebook_launch.rank.process_groups"
-PEERS_JOINED = "notebook_launch.rank.peers_joined"
-PROGRESS = "notebook_launch.rank.progress"   # its bars' last counts are flushed before RESULT/ERROR
+PROCESS_GROUPS = "notebook_launch.rank.group.process_groups"
+PEERS_JOINED = "notebook_launch.rank.group.peers_joined"
+PROGRESS = "notebook_launch.rank.reports.progress"   # its bars' last counts are flushed before RESULT/ERROR
 
 # What a process that forks ranks imports once so its ranks share it (ours: ms per rank): the
 # notebook before a fork (``engines.local.warm_imports``), the warm start process and SLURM's node
 # agent (``preload``).
-WARM: tuple[str, ...] = (PROCESS_GROUPS, PROGRESS, "notebook_launch.rank.progress_bridge",
-                         "notebook_launch.rank.rich_bridge", "notebook_launch.rank.tqdm_bridge",
-                         "notebook_launch.rank.transformers_bridge")
+WARM: tuple[str, ...] = (
+    PROCESS_GROUPS, PROGRESS,
+    "notebook_launch.rank.integrations.progress_bridge",
+    "notebook_launch.rank.integrations.rich_bridge",
+    "notebook_launch.rank.integrations.tqdm_bridge",
+    "notebook_launch.rank.integrations.transformers_bridge",
+)
 
 
 def named(module: str, function: str) -> Callable[..., Any]:

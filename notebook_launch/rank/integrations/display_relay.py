@@ -25,7 +25,7 @@ import pickle
 import sys
 from typing import Any
 
-from ..wire import protocol
+from ...wire import protocol
 
 log = logging.getLogger("notebook_launch")
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"

@@ -24,7 +24,7 @@ import logging
 import types
 from typing import Any
 
-from .after_import import after_import
+from ..after_import import after_import
 
 log = logging.getLogger("notebook_launch")
 

@@ -7,7 +7,7 @@ So each library gets an *adapter* that patches the library's bar class in place 
 notebook may hold ``from tqdm.auto import tqdm`` or a ``rich.progress.Progress`` from
 before the launch) and, at the library's own redraw points, tells a ``Mirror`` the bar's
 description, count and total. The mirror forwards the difference to a panel bar
-(``rank.progress.Progress``), which batches and throttles like every panel bar: the
+(``rank.reports.progress.Progress``), which batches and throttles like every panel bar: the
 library keeps its own counting and throttling, the panel gets what a terminal would show.
 
 Adapters: ``tqdm_bridge`` (tqdm and its variants: tqdm.auto, tqdm.notebook, tqdm.rich,
@@ -22,8 +22,8 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-from ..errors.best_effort import best_effort
-from .progress import Progress
+from ...errors.best_effort import best_effort
+from ..reports.progress import Progress
 
 
 class Mirror:

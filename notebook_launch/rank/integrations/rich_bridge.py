@@ -26,7 +26,7 @@ import logging
 from types import ModuleType
 from typing import Any
 
-from .after_import import after_import
+from ..after_import import after_import
 from .progress_bridge import Mirror
 
 log = logging.getLogger("notebook_launch")

@@ -12,7 +12,7 @@ from __future__ import annotations
 from types import ModuleType
 from typing import Any
 
-from .after_import import after_import
+from ..after_import import after_import
 from .progress_bridge import Mirror
 
 _PATCHED_ATTR = "_notebook_launch_patched"
