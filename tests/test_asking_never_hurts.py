@@ -21,13 +21,13 @@ import time
 
 import pytest
 
+import notebook_launch
 from notebook_launch import LaunchError, notebook_launcher, start_ranks
 from notebook_launch.planning.net import free_port
-from notebook_launch.rank.reports import whereabouts
 
 pytestmark = pytest.mark.timeout(300)
 HERE = os.path.basename(__file__)
-PACKAGE = pathlib.Path(whereabouts.__file__).resolve().parent.parent
+PACKAGE = pathlib.Path(notebook_launch.__file__).resolve().parent
 COUNTED = sorted({signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2, signal.SIGALRM,
                   signal.SIGPIPE, *range(signal.SIGRTMIN, signal.SIGRTMAX + 1)})
 REQUESTS = 1000

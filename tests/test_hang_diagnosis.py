@@ -661,14 +661,14 @@ def test_detail_leaves_out_our_threads_and_frames_and_says_how_many():
     ours = os.path.dirname(notebook_launch.__file__)
     stdlib = "/opt/py/lib/python3.99"   # Python's own files, by their place (not read: no source lines)
     main = ThreadStack(1, True, [
-        at(os.path.join(ours, "rank", "whereabouts.py"), 80, "wrapped"),
+        at(os.path.join(ours, "rank", "reports", "whereabouts.py"), 80, "wrapped"),
         at("cell5", 12, "train"),
         at(os.path.join(ours, "rank", "namespace.py"), 75, "run_cell"),
         at(os.path.join(ours, "rank", "serve.py"), 98, "interruptible"),
         at(os.path.join(ours, "rank", "runner.py"), 200, "call_and_report"),
         at(os.path.join(ours, "rank", "serve.py"), 60, "serve_calls")])
     sender = ThreadStack(2, False, [at(os.path.join(stdlib, "threading.py"), 320, "wait"),
-                                    at(os.path.join(ours, "rank", "progress.py"), 140, "_run"),
+                                    at(os.path.join(ours, "rank", "reports", "progress.py"), 140, "_run"),
                                     at(os.path.join(stdlib, "threading.py"), 1010, "run")])
     users = ThreadStack(3, False, [at(os.path.join(stdlib, "queue.py"), 171, "get"), at("cell2", 6, "prefetch")])
     rank = RankWhereabouts(0, main_thread=1, threads=[main, sender, users])

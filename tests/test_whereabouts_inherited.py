@@ -51,7 +51,8 @@ def run_case(mode: str, log_dir: str) -> str:
     with open(script, "w") as f:
         f.write(SCRIPT)
     done = subprocess.run([sys.executable, script, mode, log_dir], cwd=REPO, capture_output=True,
-                          env={**os.environ, "PYTHONPATH": HERE},   # for helpers.forking
+                          # helpers.forking, and this checkout's package (not another one installed)
+                          env={**os.environ, "PYTHONPATH": os.pathsep.join([HERE, REPO])},
                           text=True, timeout=240)
     first = [line for line in done.stdout.splitlines() if line.startswith("FIRST-LINE:")]
     assert first, done.stdout + done.stderr
