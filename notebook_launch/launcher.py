@@ -118,6 +118,8 @@ def notebook_launcher(function: Callable[..., Any], args: tuple | list = (), num
     __tracebackhide__ = True  # noqa: F841  (IPython and pytest hide this frame)
     try:
         preflight.check_not_inside_rank()
+        from .hooks import install   # the guards track the notebook from its first launch on
+        install(by="the first launch")
         options = entry_options(parameters)
         return launch(options, cluster)
     except (NotebookLaunchError, KeyboardInterrupt) as err:

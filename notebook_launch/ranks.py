@@ -58,6 +58,8 @@ def start_ranks(num_processes: int | None = None, mixed_precision: str = "no",
     """
     parameters = dict(locals())   # start_ranks' arguments, before any other name is set
     check_not_inside_rank()
+    from .hooks import install   # the guards track the notebook from its first launch on
+    install(by="the first launch")
     if cluster is None and start_method not in (None, "fork", "spawn"):
         raise LaunchArgumentError(
             f"start_ranks(start_method={start_method!r}): persistent ranks are forked or spawned, so "

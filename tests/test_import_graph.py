@@ -319,8 +319,6 @@ def test_the_formats_both_sides_read_are_in_channels():
 REACHING_INTO_AN_ENGINE: dict[tuple[str, str], str] = {
     ("notebook_launch", "notebook_launch.engines.local.start_process"):
         "notebook_launch.prestart() and %load_ext start the warm start process",
-    ("notebook_launch.prepare", "notebook_launch.engines.local.start_process"):
-        "planning asks whether the warm start process may start the ranks a fork would be refused for",
     ("notebook_launch.hooks", "notebook_launch.engines.local.warm_imports"):
         "%load_ext's between-cells imports are the fork launcher's warm imports",
     ("notebook_launch.slurm.node_agent", "notebook_launch.engines.slurm.node_agent"):
