@@ -6,13 +6,13 @@ import os
 import dataclasses
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping
 
-from . import preflight
+from .planning import preflight
 from .errors import LaunchError, NotebookLaunchError, user_interrupt
 from .display.cell_budget import DEFAULT_CELL_OUTPUT
 from .engines import engine_for
 from .planning.options import DEFAULT_LINES_PER_SECOND, DEFAULT_USE_PORT, LaunchOptions
 from .wire.plan import StartMethod
-from .prepare import entry_options
+from .planning.prepare import entry_options
 from .diagnose.stall import DEFAULT_STALL_AFTER
 
 if TYPE_CHECKING:

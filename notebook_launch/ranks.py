@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 from .display.cell_budget import DEFAULT_CELL_OUTPUT
 from .errors import LaunchArgumentError
 from .planning.options import DEFAULT_LINES_PER_SECOND, DEFAULT_USE_PORT, validate_interrupt_grace
-from .preflight import check_not_inside_rank
+from .planning.preflight import check_not_inside_rank
 from .diagnose.stall import DEFAULT_STALL_AFTER
 from .engines import engine_for
 from .persistent.pool import DEFAULT_GRACE, Ranks, trimmed

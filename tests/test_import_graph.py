@@ -87,8 +87,8 @@ def test_the_api_module_is_imported_for_its_api_only():
         if name.startswith("notebook_launch.persistent"):
             assert "notebook_launch.launcher" not in targets, name
     # the local transport plans as a launch does, with the planning its engine's chooser hands it
-    assert "notebook_launch.prepare" in graph["notebook_launch.engines"]
-    assert "notebook_launch.prepare" not in graph["notebook_launch.engines.local.persistent"]
+    assert "notebook_launch.planning.prepare" in graph["notebook_launch.engines"]
+    assert "notebook_launch.planning.prepare" not in graph["notebook_launch.engines.local.persistent"]
 
 
 def test_the_cycle_finder_finds_a_cycle():

@@ -1,4 +1,4 @@
-"""Preparation has one home (``notebook_launch/prepare.py``): every entry point makes its
+"""Preparation has one home (``notebook_launch/planning/prepare.py``): every entry point makes its
 ``LaunchOptions`` through ``prepare.entry_options`` (the only caller of ``launch_options`` in
 the package), each argument is checked in one place, and an entry point's parameter can
 never be dropped on the way to the options."""
@@ -12,7 +12,7 @@ import pytest
 
 from notebook_launch import notebook_launcher, start_ranks
 from notebook_launch.planning.options import DEFAULT_USE_PORT, launch_options
-from notebook_launch.prepare import ENTRY_POINT_ONLY, OPTION_NAMES, entry_options
+from notebook_launch.planning.prepare import ENTRY_POINT_ONLY, OPTION_NAMES, entry_options
 from notebook_launch.rank.serve import serve_calls
 
 PACKAGE = Path(__file__).resolve().parents[1] / "notebook_launch"

@@ -11,17 +11,17 @@ import dataclasses
 import inspect
 from typing import Any, Mapping
 
-from .planning import fd_budget, net
+from . import fd_budget, net
 from . import preflight
-from .detect import torch_tpu
-from .detect.platform import start_process_possible
-from .errors import LaunchArgumentError
-from .record.logs import make_run_id
-from .planning.options import (LaunchOptions, check_display_ranks_exist, check_world_size, launch_options,
+from ..detect import torch_tpu
+from ..detect.platform import start_process_possible
+from ..errors import LaunchArgumentError
+from ..record.logs import make_run_id
+from .options import (LaunchOptions, check_display_ranks_exist, check_world_size, launch_options,
                       validate_elastic_start_method)
-from .wire.plan import LaunchPlan, build_plan
-from .process.leftovers import note_start, start_keeper_ahead
-from .planning.target import LaunchTarget, launch_target
+from ..wire.plan import LaunchPlan, build_plan
+from ..process.leftovers import note_start, start_keeper_ahead
+from .target import LaunchTarget, launch_target
 
 # Parameters an entry point has that are not launch options: each entry point uses them itself
 # (``cluster=`` picks where the ranks run; ``interrupt_grace`` belongs to persistent ranks).

@@ -8,17 +8,17 @@ import logging
 import os
 import sys
 
-from .notebook import cuda_tracking
-from .planning import port_holders
-from .notebook.accelerate_state import find_origin, reset_for_training_arguments
-from .notebook.hooks_record import installed_by
-from .detect.platform import inside_launched_rank
-from .detect import torch_tpu
-from .detect.xla import runtime_initialized
-from .errors import GuardError, LaunchArgumentError
-from .planning.net import PortReservation, claim_any_free_port, claim_free_port
-from .notebook.notebook_streams import ERR
-from .wire.plan import StartMethod
+from ..notebook import cuda_tracking
+from . import port_holders
+from ..notebook.accelerate_state import find_origin, reset_for_training_arguments
+from ..notebook.hooks_record import installed_by
+from ..detect.platform import inside_launched_rank
+from ..detect import torch_tpu
+from ..detect.xla import runtime_initialized
+from ..errors import GuardError, LaunchArgumentError
+from .net import PortReservation, claim_any_free_port, claim_free_port
+from ..notebook.notebook_streams import ERR
+from ..wire.plan import StartMethod
 
 log = logging.getLogger("notebook_launch")
 
