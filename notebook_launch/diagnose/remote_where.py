@@ -183,8 +183,15 @@ def _remember_sources(sources: dict[str, dict[str, str]]) -> None:
         elif filename in linecache.cache or linecache.getline(filename, min(numbered)):
             continue
         _filled[filename] = numbered
-        text = [numbered.get(i, "") + "\n" for i in range(1, max(numbered) + 1)]
-        linecache.cache[filename] = (sum(map(len, text)), None, text, filename)   # no mtime: kept
+        cache_lines(filename, numbered)
+
+
+def cache_lines(name: str, numbered: dict[int, str]) -> None:
+    """``linecache`` holds ``numbered`` (line number -> text) as the file ``name``, for a file of
+    another machine: a rank's answer here, another elastic node's whereabouts (``node_board``).
+    No mtime, so ``linecache.checkcache`` keeps it, as IPython's cells are kept."""
+    text = [numbered.get(i, "") + "\n" for i in range(1, max(numbered) + 1)]
+    linecache.cache[name] = (sum(map(len, text)), None, text, name)
 
 
 _filled: dict[str, dict[int, str]] = {}   # files whose lines only the ranks' answers gave, as given
