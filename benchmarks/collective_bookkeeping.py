@@ -1,5 +1,5 @@
 """Item 11: what the hang bookkeeping costs (issue 20 item 5): a DDP training step and a bare
-4-byte ``all_reduce``, with and without the whereabouts record (``rank.whereabouts``: every
+4-byte ``all_reduce``, with and without the whereabouts record (``rank.reports.whereabouts``: every
 ``torch.distributed`` collective is wrapped to write what it is into a mapped record).
 
 Method: one launch of 2 ranks (gloo, CPU, fork), in a fresh Python process of its own (``python
@@ -15,7 +15,7 @@ processes on the same process group. Both ranks do the same sequence; rank 0 tim
   no-op, with the rank's record) against the no-op itself, ``OVERHEAD_CALLS`` calls a sample:
   what each collective pays, without gloo's noise (a loaded machine moves a 4-byte all_reduce by
   more than the whole bookkeeping costs).
-- the pace counters alone (issue 34 item 4: ``rank.pace``, the step rate and waiting share the
+- the pace counters alone (issue 34 item 4: ``rank.reports.pace``, the step rate and waiting share the
   panel shows): the same wrapped no-op with the rank's counters and with them taken out
   (``whereabouts._pace = None``), ``OVERHEAD_CALLS`` calls a sample. Shown as what they add to
   a call against the bare 4-byte all_reduce above, the cheapest collective a step can make:
@@ -51,7 +51,7 @@ def measure_in_rank(repeats: int, collectives: int, steps: int, width: int, over
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    from notebook_launch.rank import whereabouts
+    from notebook_launch.rank.reports import whereabouts
     dist.init_process_group("gloo")
     recorded = getattr(dist.all_reduce, "_notebook_launch_wrapped", False)
     torch.manual_seed(0)

@@ -17,7 +17,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 from notebook_launch.wire import protocol as channel  # noqa: E402
 
-progress_module = importlib.import_module("notebook_launch.rank.progress")
+progress_module = importlib.import_module("notebook_launch.rank.reports.progress")
 progress = progress_module.progress
 
 
@@ -82,7 +82,7 @@ def main():
         progress_module.flush()
         sends = progress_module.reporter().sends - sends_before
         if have_tqdm:
-            from notebook_launch.rank import tqdm_bridge
+            from notebook_launch.rank.integrations import tqdm_bridge
             tqdm_bridge.install()
             rows.append(("tqdm in a rank (bridged to the panel)", "-", best_of(runs, with_tqdm, n)))
     finally:

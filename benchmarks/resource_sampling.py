@@ -9,7 +9,7 @@ Starts real processes standing in for ranks (each imports torch and holds 200 Mi
 the given time. The share is the CPU time of the notebook's thread inside those calls over the
 wall time: a ratio, never a timed assertion. The 8-rank row after it reads smaps_rollup every
 round (no budget), to show what the budget saves. The last row is a rank on another machine (Ray,
-SLURM) sampling itself (``rank/resources.py``): the same kind of process runs the rank's sampling
+SLURM) sampling itself (``rank/reports/resources.py``): the same kind of process runs the rank's sampling
 thread, sending on a pipe, and the share is that thread's CPU time in its samples and sends over
 the wall time. Prints a markdown table; reports, never asserts.
 """
@@ -64,7 +64,7 @@ import os, sys, threading, time
 sys.path.insert(0, {repo!r})
 import torch
 from notebook_launch.wire import protocol
-from notebook_launch.rank import resources
+from notebook_launch.rank.reports import resources
 block = bytearray(200 << 20); block[::4096] = b'\\1' * len(range(0, len(block), 4096))
 read_end, write_end = os.pipe()
 def drain():

@@ -11,8 +11,8 @@ from .launcher import notebook_launcher
 from .persistent import Ranks
 from .ranks import start_ranks
 from ._version import __version__
-from .rank.progress import progress
-from .rank.batch_size import find_executable_batch_size
+from .rank.reports.progress import progress
+from .rank.batch.batch_size import find_executable_batch_size
 
 # Importing changes nothing in the process: torch, IPython, logging, at-fork handlers and threads
 # are hooked only by hooks.install(), on %load_ext, on the first launch or by install_hooks().

@@ -235,7 +235,7 @@ def demo_train(steps: int = 300, lr: float = 0.05) -> dict[str, Any]:
     opt = torch.optim.SGD(model.parameters(), lr=lr)
     gen = torch.Generator().manual_seed(1000 + rank)
     loss = torch.tensor(0.0)
-    from .rank.progress import Progress
+    from .rank.reports.progress import Progress
     bar = Progress(range(steps), total=steps, desc="train")
     for step in bar:
         x = torch.randn(64, 4, generator=gen)
@@ -247,7 +247,7 @@ def demo_train(steps: int = 300, lr: float = 0.05) -> dict[str, Any]:
             bar.set_postfix(loss=loss.item())
     dist.barrier()
     weights = torch.cat([p.detach().flatten() for p in model.module.parameters()])
-    dist.destroy_process_group()   # safe with the model alive: see notebook_launch.rank.process_groups
+    dist.destroy_process_group()   # safe with the model alive: see notebook_launch.rank.group.process_groups
     return {"rank": rank, "loss": loss.item(), "weights": weights}
 
 

@@ -20,7 +20,7 @@ What ``install()`` hooks, and why:
 * **IPython, at-fork, a thread** (Jupyter kernels only, not in a rank): ``pre_run_cell`` and
   ``post_run_cell`` callbacks and an ``os.register_at_fork(before=...)`` handler, so that when
   the notebook defines training code, ``torch._dynamo`` is imported by a background thread
-  between cells instead of once per rank after the fork (``backends.warm_imports``; opt out
+  between cells instead of once per rank after the fork (``engines.local.warm_imports``; opt out
   with ``NOTEBOOK_LAUNCH_PREIMPORT=0``).
 
 One hook is not installed here: ``fork_locks`` registers an ``after_in_child`` at-fork handler
@@ -30,7 +30,7 @@ that was taken can be held at a fork; it renews, in a forked child, the locks an
 ``install()`` is idempotent; each call also wraps what torch offers by then (torch may be
 imported after the first call). It hooks only into what is there: it never imports torch (the
 IPython callback wraps torch after the cell that imports it; a fork launch imports torch
-before forking only for code that names it, ``backends.warm_imports``) nor IPython (a shell
+before forking only for code that names it, ``engines.local.warm_imports``) nor IPython (a shell
 runs only where IPython was imported: ``ipython_shell``).
 """
 from __future__ import annotations
@@ -38,30 +38,24 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from .notebook import cuda_tracking
+from .notebook import cuda_tracking, hooks_record
+from .notebook.hooks_record import installed_by  # noqa: F401  (re-exported: what installed them)
 from .errors.ipython_shell import running_shell
 from .errors.debug_logging import DEBUG_VARIABLE, debug_logging_from_environment  # noqa: F401  (re-exported)
 
 log = logging.getLogger("notebook_launch")
-_installed_by: str | None = None     # what installed the hooks first ("%load_ext", "notebook_launcher", ...)
 
 
 def install(by: str = "notebook_launch.install_hooks()", shell: Any = None) -> None:
     """Install every hook listed in the module docstring (idempotent). ``by`` names the
-    caller for messages; ``shell`` is the IPython shell (default: the running one, if any)."""
-    global _installed_by
-    first = _installed_by is None
+    caller for messages (``notebook.hooks_record``: what installed them first); ``shell`` is the
+    IPython shell (default: the running one, if any)."""
+    first = hooks_record.note_installed(by)
     if first:
-        _installed_by = by
         debug_logging_from_environment()
     cuda_tracking.install()
     if first:
         _warm_between_cells_in_a_kernel(shell)
-
-
-def installed_by() -> str | None:
-    """What installed the hooks (None: not installed in this process)."""
-    return _installed_by
 
 
 def _warm_between_cells_in_a_kernel(shell: Any) -> None:

@@ -6,13 +6,13 @@ import os
 import dataclasses
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping
 
-from . import preflight
+from .planning import preflight
 from .errors import LaunchError, NotebookLaunchError, user_interrupt
 from .display.cell_budget import DEFAULT_CELL_OUTPUT
 from .engines import engine_for
 from .planning.options import DEFAULT_LINES_PER_SECOND, DEFAULT_USE_PORT, LaunchOptions
 from .wire.plan import StartMethod
-from .prepare import entry_options
+from .planning.prepare import entry_options
 from .diagnose.stall import DEFAULT_STALL_AFTER
 
 if TYPE_CHECKING:
@@ -118,6 +118,8 @@ def notebook_launcher(function: Callable[..., Any], args: tuple | list = (), num
     __tracebackhide__ = True  # noqa: F841  (IPython and pytest hide this frame)
     try:
         preflight.check_not_inside_rank()
+        from .hooks import install   # the guards track the notebook from its first launch on
+        install(by="the first launch")
         options = entry_options(parameters)
         return launch(options, cluster)
     except (NotebookLaunchError, KeyboardInterrupt) as err:

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 from .display.cell_budget import DEFAULT_CELL_OUTPUT
 from .errors import LaunchArgumentError
 from .planning.options import DEFAULT_LINES_PER_SECOND, DEFAULT_USE_PORT, validate_interrupt_grace
-from .preflight import check_not_inside_rank
+from .planning.preflight import check_not_inside_rank
 from .diagnose.stall import DEFAULT_STALL_AFTER
 from .engines import engine_for
 from .persistent.pool import DEFAULT_GRACE, Ranks, trimmed
@@ -58,6 +58,8 @@ def start_ranks(num_processes: int | None = None, mixed_precision: str = "no",
     """
     parameters = dict(locals())   # start_ranks' arguments, before any other name is set
     check_not_inside_rank()
+    from .hooks import install   # the guards track the notebook from its first launch on
+    install(by="the first launch")
     if cluster is None and start_method not in (None, "fork", "spawn"):
         raise LaunchArgumentError(
             f"start_ranks(start_method={start_method!r}): persistent ranks are forked or spawned, so "

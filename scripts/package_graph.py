@@ -27,10 +27,16 @@ def module_name(path: Path) -> str:
 
 
 def unit_of(module: str) -> str:
-    """A module's node: its package (an engine's folder for ``engines``), or itself at the top."""
+    """A module's node: its package, or itself at the top. Under ``engines`` each engine's folder
+    is one node (``engines.ray``), and so is the launcher interface (``engines.base``) apart from the
+    chooser (``engines``, the package's ``__init__``); under ``rank`` each sub-package is one node
+    (``rank.integrations``) apart from the rank's core (``rank``, the modules of the folder itself),
+    so that the core reaching them only by name (``rank.installs``) is checked as every edge is."""
     parts = module.split(".")
     if len(parts) > 2 and parts[1] == "engines":
         return f"engines.{parts[2]}"
+    if len(parts) > 2 and parts[1] == "rank" and (PACKAGE / "rank" / parts[2] / "__init__.py").exists():
+        return f"rank.{parts[2]}"
     return parts[1] if len(parts) > 1 else "notebook_launch"
 
 

@@ -99,7 +99,7 @@ def test_lines_per_second_reaches_the_display(given, budget, log_dir):
     display its launch's session makes."""
     from notebook_launch.display.html import HtmlDisplay
     from notebook_launch.wire.plan import build_plan
-    from notebook_launch.prepare import entry_options
+    from notebook_launch.planning.prepare import entry_options
     from notebook_launch.scaffold.session import Session
     options = entry_options({"function": rank_of_each, "num_processes": 1, "lines_per_second": given,
                              "ui": "html", "log_dir": log_dir})

@@ -1,5 +1,5 @@
 """Asking a rank where it is never hurts it (issue 31): every way the notebook collects stacks
-asks the rank's where-thread (``rank.where_thread``, ``diagnose.where_thread``), never signals a
+asks the rank's where-thread (``rank.reports.where_thread``, ``diagnose.where_thread``), never signals a
 rank whose interpreter lock is free, and falls back to the signal only for a rank whose lock is
 held by C code, which the verdict then says.
 
@@ -21,13 +21,13 @@ import time
 
 import pytest
 
+import notebook_launch
 from notebook_launch import LaunchError, notebook_launcher, start_ranks
 from notebook_launch.planning.net import free_port
-from notebook_launch.rank import whereabouts
 
 pytestmark = pytest.mark.timeout(300)
 HERE = os.path.basename(__file__)
-PACKAGE = pathlib.Path(whereabouts.__file__).resolve().parent.parent
+PACKAGE = pathlib.Path(notebook_launch.__file__).resolve().parent
 COUNTED = sorted({signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2, signal.SIGALRM,
                   signal.SIGPIPE, *range(signal.SIGRTMIN, signal.SIGRTMAX + 1)})
 REQUESTS = 1000
@@ -217,8 +217,9 @@ def test_no_way_of_asking_signals_a_rank_whose_lock_is_free(log_dir, tmp_path):
     The ways, all in ``diagnose`` (issue 31): ``diagnose.ranks.where_ranks`` (a launch's timeout,
     Stop, Ctrl-C and "Where are they?", a stall's report, elastic's attempts and through them other
     nodes, ``Ranks.stacks()``) asks each process through ``RankProcess.where`` where it answers for
-    its ranks itself (XLA's launcher: ``diagnose.xla_replicas``; a Ray actor or SLURM task: ``diagnose.remote_where``,
-    answered from a thread over its connections by ``rank.remote_where``: no signal) and every other
+    its ranks itself (XLA's launcher: ``engines.xla.replica_whereabouts``; a Ray actor or SLURM task:
+    ``diagnose.remote_where``, answered from a thread over its connections by ``rank.reports.remote_where``:
+    no signal) and every other
     rank by pid through ``stacks.collect``, as a stall's two stack samples do
     (``ranks.stack_fingerprints``); ``stacks.collect`` and ``native_stacks.child_stacks`` (a rank's
     forked children) both ask the where-thread over its wake pipe through ``where_thread.ask_all``;
@@ -234,10 +235,10 @@ def test_no_way_of_asking_signals_a_rank_whose_lock_is_free(log_dir, tmp_path):
         "supervise/hang_watch.py": ["where_ranks"],   # the supervisor's HangWatch
         "persistent/whereabouts.py": ["where_ranks"],   # Ranks.stacks()
         "engines/elastic/node_board.py": ["collect"],   # the supervisor's whereabouts, for another node
-        "diagnose/ranks.py": ["collect", "process.where"], "diagnose/xla_replicas.py": ["collect"],
+        "diagnose/ranks.py": ["collect", "process.where"], "engines/xla/replica_whereabouts.py": ["collect"],
         "diagnose/stacks.py": ["ask_all"], "diagnose/native_stacks.py": ["ask_all", "child_stacks", "dump_all"],
         "engines/remote/serve.py": ["answerer.ask"],   # the rank's answering thread
-        "rank/remote_where.py": ["answerer.ask"],
+        "rank/reports/remote_where.py": ["answerer.ask"],
         "engines/remote/handle.py": ["asker.ask"],   # Ray's and SLURM's ranks: diagnose.remote_where.WhereAsker
     }
     senders = {path: sorted(set(calls) & {"tgkill", "pthread_kill", "raise_signal"}) for path, calls in asking.items()}
@@ -282,13 +283,13 @@ def test_the_lock_is_held_only_when_the_where_thread_waits_for_it_and_no_two_thr
 
 
 def test_a_ray_ranks_answer_leaves_the_where_thread_out():
-    """A Ray rank answers from a thread over its connections (``rank.remote_where``); the where-thread
+    """A Ray rank answers from a thread over its connections (``rank.reports.remote_where``); the where-thread
     every rank now has is ours, not the user's, and is not in that answer either. In a fresh
     process: installing registers a fork hook this test process must not keep."""
     import subprocess
     import sys
     code = ("import threading, types\n"
-            "from notebook_launch.rank import remote_where, where_thread, whereabouts\n"
+            "from notebook_launch.rank.reports import remote_where, where_thread, whereabouts\n"
             "whereabouts.install(types.SimpleNamespace(global_rank=0, env={}))\n"
             "ours = [t.ident for t in threading.enumerate() if t.name == where_thread.THREAD_NAME]\n"
             "answers = []\n"
@@ -301,7 +302,7 @@ def test_a_ray_ranks_answer_leaves_the_where_thread_out():
 
 
 def test_a_ray_ranks_answer_signals_nothing():
-    """Ray's way of asking (``rank.remote_where.Answerer``: a thread of the rank answers the request
+    """Ray's way of asking (``rank.reports.remote_where.Answerer``: a thread of the rank answers the request
     that came over its connection) never signals the rank: its main thread, blocked in C in a
     ``read(2)`` that a handled signal would end early (EINTR, -1), is asked 50 times while it is
     seen there, then let go by the asking side, and its read returns the byte, no signal counted.
@@ -310,7 +311,7 @@ def test_a_ray_ranks_answer_signals_nothing():
     import sys
     code = ("import ctypes, os, signal, socket, threading, types\n"
             "from notebook_launch.channels import remote_where\n"
-            "from notebook_launch.rank import remote_where as rank_where, whereabouts\n"
+            "from notebook_launch.rank.reports import remote_where as rank_where, whereabouts\n"
             "whereabouts.install(types.SimpleNamespace(global_rank=0, env={}))\n"
             "counted = []\n"
             f"for signum in {[int(signum) for signum in COUNTED]}:\n"
@@ -360,8 +361,8 @@ def test_another_nodes_rank_read_by_the_signal_is_named_in_the_verdict_here():
 
 def _calls(path: pathlib.Path, names: set[str]) -> list[str]:
     """The names in ``names`` that ``path`` calls (as ``f(...)`` or ``x.f(...)``; a name given as ``x.f``,
-    too common alone, as ``x.f(...)`` only); not ``gc.collect()``, which collects garbage, not stacks (rank/batch_size
-    frees a failed attempt's process group)."""
+    too common alone, as ``x.f(...)`` only); not ``gc.collect()``, which collects garbage, not stacks
+    (rank/batch/batch_size frees a failed attempt's process group)."""
     found = []
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.Call):

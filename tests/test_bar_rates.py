@@ -2,7 +2,7 @@
 Trainer's first update moves its bar 0 -> 2 in one call, and the rank's sender could publish
 microseconds later, dividing 2 by microseconds (7,378 and 14,109 step/s for a run of about 43);
 the smoothing carried that to the end of a short run. Every bar (tqdm, rich, Lightning, the
-Trainer, ``progress()``) goes through ``rank.progress.Progress``: here a bar made as the Trainer
+Trainer, ``progress()``) goes through ``rank.reports.progress.Progress``: here a bar made as the Trainer
 makes it, in real ranks, every rate the panel was given recorded.
 
 Nothing is timed: each step sleeps 50 ms, so no honest rate over any span is above 20 steps a
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from notebook_launch import notebook_launcher
 from notebook_launch.display.base import Display
-from notebook_launch.rank.progress import RATE_SPAN
+from notebook_launch.rank.reports.progress import RATE_SPAN
 
 STEP_SECONDS = 0.05
 HONEST_MOST = 1 / STEP_SECONDS + 2 / RATE_SPAN

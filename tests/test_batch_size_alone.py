@@ -7,7 +7,7 @@ ever waits for a peer that has not called. Each rank then goes on alone, but nev
 call's lowest size (the smallest any rank of it ended at or backed off to): a rank calling later
 starts there, and a rank whose attempt fit at a larger size runs again at it. A rank that calls
 later and runs out of memory below where the others already returned ends smaller: the others
-cannot be called back (the module docstring of ``rank.batch_size`` says so).
+cannot be called back (the module docstring of ``rank.batch.batch_size`` says so).
 
 Real launches with gloo; an allocation fails for real (``bytearray`` of 2**62 bytes raises
 ``MemoryError``) above the size a rank fits. Who calls when is ordered with files, not timing."""

@@ -109,7 +109,6 @@ LONG_MODULES: dict[str, str] = {
 LONG_FUNCTIONS: dict[str, str] = {
 }
 BIG_PACKAGES: dict[str, str] = {
-    "rank": "its core imports the bridges and in-rank APIs it installs: split once they are a table it reads",
 }
 
 

@@ -12,7 +12,8 @@ import torch
 
 from helpers.fake_cuda_build_standin import fake_gpus_tracked, install_fake_cuda_build
 from helpers.cuda_tracking_reset import reset_cuda_tracking
-from notebook_launch import GuardError, LaunchError, notebook_launcher, preflight
+from notebook_launch import GuardError, LaunchError, notebook_launcher
+from notebook_launch.planning import preflight
 from notebook_launch.notebook import cuda_tracking
 from notebook_launch.detect.platform import cuda_device_count
 from notebook_launch.rank import runner

@@ -72,7 +72,7 @@ def sends_large_frames_with_a_forked_child(rounds: int):
     """The rank forks a child; both log 600 metrics and send them at once, ``rounds`` times each
     (a frame of ~20 KB: over PIPE_BUF), while the rank also sends small frames in between."""
     import importlib
-    progress = importlib.import_module("notebook_launch.rank.progress")
+    progress = importlib.import_module("notebook_launch.rank.reports.progress")
     pid = os.fork()
     who = "child" if pid == 0 else "rank"
     try:

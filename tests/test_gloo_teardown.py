@@ -1,6 +1,6 @@
 """``destroy_process_group(); return`` with a live DDP model must never hang a rank.
 
-torch 2.13 can deadlock there (see notebook_launch/rank/process_groups.py). Without the fix the
+torch 2.13 can deadlock there (see notebook_launch/rank/group/process_groups.py). Without the fix the
 loop below hangs in nearly every run: each round is one more chance (a few % each, more under
 load), and it runs ~100 rounds. A hang shows as the launch timeout; nothing here is timed.
 """
@@ -20,10 +20,10 @@ MAX_ROUNDS = 100
 
 
 def _groups_kept_by_the_rank():
-    """How many process groups the rank holds on to (rank/process_groups.py's own references;
+    """How many process groups the rank holds on to (rank/group/process_groups.py's own references;
     the groups themselves cannot tell: a DDP model sits in a reference cycle, so it and its
     group outlive ``del model`` until the garbage collector runs)."""
-    from notebook_launch.rank import process_groups
+    from notebook_launch.rank.group import process_groups
     return len(process_groups._kept)
 
 
@@ -31,7 +31,7 @@ def _ddp_destroy_free_rounds():
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    from notebook_launch.rank import process_groups
+    from notebook_launch.rank.group import process_groups
 
     sys.setswitchinterval(5.0)   # the main thread keeps the GIL unless it blocks: as under load
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])

@@ -21,7 +21,7 @@ from helpers.watching import WatchingDisplay, WhereReports
 from notebook_launch import LaunchError, notebook_launcher
 from notebook_launch.planning.net import free_port
 from notebook_launch.wire.plan import StartMethod
-from notebook_launch.rank import whereabouts
+from notebook_launch.rank.reports import whereabouts
 from notebook_launch.diagnose.hang_verdict import (Collective, Frame, RankWhereabouts, ThreadStack, detail,
                                                     verdict)
 
@@ -273,12 +273,15 @@ def test_collectives_are_recorded_when_torch_is_imported_only_after_the_rank_sta
     __init__ imports bring torch), so only whereabouts and what it imports (fork_locks) run."""
     import subprocess
     import sys
-    package = os.path.dirname(os.path.dirname(whereabouts.__file__))
+    package = os.path.dirname(os.path.dirname(os.path.dirname(whereabouts.__file__)))
+    parents = [("notebook_launch", package), ("notebook_launch.rank", package + "/rank"),
+               ("notebook_launch.rank.reports", package + "/rank/reports")]
     code = (
         "import sys, types, importlib.util\n"
-        f"for name, path in (('notebook_launch', {package!r}), ('notebook_launch.rank', {package + '/rank'!r})):\n"
+        f"for name, path in {parents!r}:\n"
         "    sys.modules[name] = parent = types.ModuleType(name); parent.__path__ = [path]\n"
-        f"spec = importlib.util.spec_from_file_location('notebook_launch.rank.whereabouts', {whereabouts.__file__!r})\n"
+        "spec = importlib.util.spec_from_file_location(\n"
+        f"    'notebook_launch.rank.reports.whereabouts', {whereabouts.__file__!r})\n"
         "wb = importlib.util.module_from_spec(spec); spec.loader.exec_module(wb)\n"
         "assert 'torch' not in sys.modules\n"
         "wb.install(types.SimpleNamespace(global_rank=0, env={}))\n"
@@ -574,7 +577,7 @@ def test_the_stop_button_says_where_the_ranks_were(log_dir):
 
 
 def switches_recording_off_and_on():
-    from notebook_launch.rank import whereabouts as w
+    from notebook_launch.rank.reports import whereabouts as w
     wrapped = getattr(dist.all_reduce, "_notebook_launch_wrapped", False)
     w.set_recording(dist, False)
     original = dist.all_reduce is dist.distributed_c10d.all_reduce and \
@@ -658,14 +661,14 @@ def test_detail_leaves_out_our_threads_and_frames_and_says_how_many():
     ours = os.path.dirname(notebook_launch.__file__)
     stdlib = "/opt/py/lib/python3.99"   # Python's own files, by their place (not read: no source lines)
     main = ThreadStack(1, True, [
-        at(os.path.join(ours, "rank", "whereabouts.py"), 80, "wrapped"),
+        at(os.path.join(ours, "rank", "reports", "whereabouts.py"), 80, "wrapped"),
         at("cell5", 12, "train"),
         at(os.path.join(ours, "rank", "namespace.py"), 75, "run_cell"),
         at(os.path.join(ours, "rank", "serve.py"), 98, "interruptible"),
         at(os.path.join(ours, "rank", "runner.py"), 200, "call_and_report"),
         at(os.path.join(ours, "rank", "serve.py"), 60, "serve_calls")])
     sender = ThreadStack(2, False, [at(os.path.join(stdlib, "threading.py"), 320, "wait"),
-                                    at(os.path.join(ours, "rank", "progress.py"), 140, "_run"),
+                                    at(os.path.join(ours, "rank", "reports", "progress.py"), 140, "_run"),
                                     at(os.path.join(stdlib, "threading.py"), 1010, "run")])
     users = ThreadStack(3, False, [at(os.path.join(stdlib, "queue.py"), 171, "get"), at("cell2", 6, "prefetch")])
     rank = RankWhereabouts(0, main_thread=1, threads=[main, sender, users])

@@ -16,7 +16,7 @@ from typing import AbstractSet
 
 PACKAGE = Path(__file__).resolve().parents[1] / "notebook_launch"
 sys.path.insert(0, str(PACKAGE.parent / "scripts"))
-from package_graph import imports_of, module_name  # noqa: E402  # one reading of the imports: the docs' graph's
+from package_graph import imports_of, module_name, unit_of  # noqa: E402  # one reading of the imports: the docs' graph's
 
 
 def import_graph(type_checking: bool = False) -> dict[str, set[str]]:
@@ -87,8 +87,8 @@ def test_the_api_module_is_imported_for_its_api_only():
         if name.startswith("notebook_launch.persistent"):
             assert "notebook_launch.launcher" not in targets, name
     # the local transport plans as a launch does, with the planning its engine's chooser hands it
-    assert "notebook_launch.prepare" in graph["notebook_launch.engines"]
-    assert "notebook_launch.prepare" not in graph["notebook_launch.engines.local.persistent"]
+    assert "notebook_launch.planning.prepare" in graph["notebook_launch.engines"]
+    assert "notebook_launch.planning.prepare" not in graph["notebook_launch.engines.local.persistent"]
 
 
 def test_the_cycle_finder_finds_a_cycle():
@@ -100,16 +100,6 @@ def test_the_cycle_finder_finds_a_cycle():
 # it is there. Empty is the goal (issue 21 item 2); test_every_known_back_edge_is_still_there
 # makes an entry that was fixed leave the list.
 KNOWN_BACK_EDGES: dict[tuple[str, str], str] = {}
-
-
-def unit_of(module: str) -> str:
-    """The package-level node of a module: its subpackage, or the top-level module itself; under
-    ``engines`` each engine's folder is one node (``engines.ray``), and so is the launcher interface
-    (``engines.base``) apart from the chooser (``engines``, the package's ``__init__``)."""
-    parts = module.split(".")
-    if len(parts) > 2 and parts[1] == "engines":
-        return f"engines.{parts[2]}"
-    return parts[1] if len(parts) > 1 else "notebook_launch"
 
 
 def package_edges(graph: dict[str, set[str]]) -> dict[tuple[str, str], list[str]]:
@@ -173,10 +163,16 @@ def test_channels_and_protocol_depend_on_nothing_of_ours():
 # What runs inside a rank but lives in its engine's folder (issue 46: an engine's rank side sits
 # beside its notebook side): each is held to the rank's rule, module by module.
 RANK_SIDE_OF_ENGINES = ("notebook_launch.engines.ray.actor", "notebook_launch.engines.remote.serve",
+                        "notebook_launch.engines.xla.replicas",
                         "notebook_launch.engines.slurm.task", "notebook_launch.engines.slurm.node_agent",
                         "notebook_launch.engines.local.start_server")
 NOTEBOOK_SIDE = {"supervise", "diagnose", "run", "launcher", "display", "persistent", "session", "state",
                  "ranks", "ranks_magic", "engines", "engines.base"}
+
+
+def is_rank_side(unit: str) -> bool:
+    """``rank`` (the rank's core) and its sub-packages (``rank.integrations``, ...)."""
+    return unit == "rank" or unit.startswith("rank.")
 
 
 def test_the_rank_side_imports_no_launcher_supervisor_or_api():
@@ -186,7 +182,7 @@ def test_the_rank_side_imports_no_launcher_supervisor_or_api():
     its own folder."""
     edges = package_edges(import_graph())
     wrong = {edge: modules for edge, modules in edges.items()
-             if edge[0] == "rank" and (edge[1] in NOTEBOOK_SIDE or edge[1].startswith("engines"))
+             if is_rank_side(edge[0]) and (edge[1] in NOTEBOOK_SIDE or edge[1].startswith("engines"))
              and edge not in KNOWN_BACK_EDGES}
     assert not wrong, wrong
     graph = import_graph()
@@ -310,7 +306,7 @@ def test_the_formats_both_sides_read_are_in_channels():
     pickle with its tensors) is each side's own half."""
     graph = import_graph()
     for fmt in BOTH_SIDES_FORMATS:
-        users = {"rank" if module in RANK_SIDE_OF_ENGINES else unit_of(module)
+        users = {"rank" if module in RANK_SIDE_OF_ENGINES or is_rank_side(unit_of(module)) else unit_of(module)
                  for module, targets in graph.items() if fmt in targets}
         assert "rank" in users and users - {"rank", "channels"}, (fmt, users)
     assert "notebook_launch.wire.shared_tensors" in graph["notebook_launch.persistent.command_frames"]
@@ -323,8 +319,6 @@ def test_the_formats_both_sides_read_are_in_channels():
 REACHING_INTO_AN_ENGINE: dict[tuple[str, str], str] = {
     ("notebook_launch", "notebook_launch.engines.local.start_process"):
         "notebook_launch.prestart() and %load_ext start the warm start process",
-    ("notebook_launch.prepare", "notebook_launch.engines.local.start_process"):
-        "planning asks whether the warm start process may start the ranks a fork would be refused for",
     ("notebook_launch.hooks", "notebook_launch.engines.local.warm_imports"):
         "%load_ext's between-cells imports are the fork launcher's warm imports",
     ("notebook_launch.slurm.node_agent", "notebook_launch.engines.slurm.node_agent"):
@@ -358,3 +352,36 @@ def test_no_engine_imports_another_but_what_they_share():
     assert found <= set(ENGINE_ON_ENGINE), {e: edges[e] for e in found - set(ENGINE_ON_ENGINE)}
     assert set(ENGINE_ON_ENGINE) <= found, sorted(set(ENGINE_ON_ENGINE) - found)
     assert ("engines.remote", "engines.ray") not in edges and ("engines.remote", "engines.slurm") not in edges
+
+
+RANK_SUBPACKAGES = {"rank.integrations", "rank.reports", "rank.group", "rank.batch"}
+
+
+def test_the_ranks_core_reaches_its_subpackages_only_by_name():
+    """Issue 46: the rank's core (``rank``: bootstrap, the runner, the entry points) imports none of
+    its sub-packages: what it installs or calls of them (the bridges, the relays, the reports, the
+    process group's care) it names in ``rank.installs``, resolved with importlib. They import the
+    core's tools (``after_import``, ``inherited_streams``), so an import the other way would close a
+    cycle, which test_packages_import_one_way would also say."""
+    edges = package_edges(import_graph())
+    units = {unit for edge in edges for unit in edge}
+    assert RANK_SUBPACKAGES <= units, units
+    wrong = {edge: modules for edge, modules in edges.items() if edge[0] == "rank" and edge[1] in RANK_SUBPACKAGES}
+    assert not wrong, wrong
+
+
+def test_every_name_the_ranks_core_runs_resolves():
+    """A name in ``rank.installs`` that no longer resolves (a module moved or renamed) would surface
+    only in a rank: here it fails at once, each hook an ``install``, each warm module importable."""
+    import importlib
+
+    from notebook_launch.rank import installs
+    for hook in installs.RANK_HOOKS:
+        assert callable(importlib.import_module(hook.module).install), hook
+    for module, function in ((installs.PROCESS_GROUPS, "keep_groups_used_by_ddp"),
+                             (installs.PROCESS_GROUPS, "release_destroyed_groups"),
+                             (installs.PEERS_JOINED, "before_exit"), (installs.PROGRESS, "flush")):
+        assert callable(installs.named(module, function)), (module, function)
+    for module in installs.WARM:
+        importlib.import_module(module)
+    assert all(unit_of(hook.module) in RANK_SUBPACKAGES | {"rank"} for hook in installs.RANK_HOOKS)

@@ -92,7 +92,7 @@ def test_a_rank_forked_from_a_process_that_said_it_joins_says_so_itself(tmp_path
     """A process that said it joins a group (a rank that forks, a notebook that ran ranks' code)
     hands its record to its forks: a rank forked from it must still say it joins (its row
     otherwise never shows the phase, and a peer's row never says who is late)."""
-    from notebook_launch.rank import joining
+    from notebook_launch.rank.group import joining
     joining._joining[os.getpid()] = True   # as after a join in this process that did not end
     try:
         test_a_rank_row_says_it_joins_the_group_and_which_peer_it_waits_for(tmp_path)

@@ -137,7 +137,7 @@ def train(output_dir):
 
 def test_the_transformers_trainer_notebook_progress_reaches_the_cell_and_every_ranks_row():
     """Rank 0's notebook bar and loss table in the cell (display_ranks); every rank's Trainer bar
-    in its panel row (rank.transformers_bridge), as tqdm bars would be."""
+    in its panel row (rank.integrations.transformers_bridge), as tqdm bars would be."""
     pytest.importorskip("transformers")
     import ast
     from helpers.panel_helpers import KEEP_STATES_CELL

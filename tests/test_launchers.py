@@ -52,7 +52,7 @@ NOT_RANKS = {
     "notebook_launch.diagnose.native_stacks": "py-spy, reading a hung rank's native stack",
     "notebook_launch.detect.platform": "nvidia-smi, for the GPUs' names",
     "notebook_launch.notebook.cuda_tracking": "a throwaway fork that probes whether a fork is poisoned",
-    "notebook_launch.rank.xla_replicas": "xmp.spawn, inside the xla launcher's own child (backends.xla)",
+    "notebook_launch.engines.xla.replicas": "xmp.spawn, inside the xla launcher's own child (backends.xla)",
     # the SLURM engine keeps its launcher in its own package: its srun steps start in SlurmLauncher.start
     "notebook_launch.engines.slurm.launcher": "SlurmLauncher (a launcher outside backends/): srun, a step per node",
     "notebook_launch.engines.slurm.allocation": "salloc and the watchdog: the job SlurmLauncher's steps run in",

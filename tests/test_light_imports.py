@@ -56,7 +56,7 @@ USER_IMPORTS = [
     "NotebookLaunchError, LaunchError, GuardError, LaunchArgumentError, load_ipython_extension, install_hooks)",
     "import notebook_launch.magics.launch",
     "import notebook_launch.magics.ranks",
-    "from notebook_launch.rank.progress import progress",
+    "from notebook_launch.rank.reports.progress import progress",
     "import notebook_launch.cli",
 ]
 

@@ -1,6 +1,6 @@
 """Lightning's process-starting DDP strategies inside a launch (issue 25 item 5): ``ddp_notebook``,
 ``ddp_fork``, ``ddp_spawn``, ``DDPStrategy(start_method=...)`` and Fabric's, kept in a notebook moved
-to our launcher, join the launched ranks (rank/lightning_strategy.py) instead of starting two more
+to our launcher, join the launched ranks (rank/integrations/lightning_strategy.py) instead of starting two more
 processes per rank that fail with "address already in use". Real Lightning, a real kernel."""
 from __future__ import annotations
 
@@ -94,7 +94,7 @@ def test_lightning_imported_only_in_the_rank_is_wrapped_too(tmp_path):
 
 def test_outside_a_launched_rank_lightning_keeps_its_own_launcher():
     """Without the ranks' environment (no TORCHELASTIC_RUN_ID), ddp_notebook still starts its processes."""
-    code = ("from notebook_launch.rank import lightning_strategy\nlightning_strategy.install()\n"
+    code = ("from notebook_launch.rank.integrations import lightning_strategy\nlightning_strategy.install()\n"
             "import lightning as L\n"
             "trainer = L.Trainer(strategy='ddp_notebook', accelerator='cpu', devices=2, logger=False)\n"
             "print(type(trainer.strategy.launcher).__name__)\n")

@@ -1,4 +1,4 @@
-"""No rank leaves a gloo group while a peer is still joining it (``rank/peers_joined.py``).
+"""No rank leaves a gloo group while a peer is still joining it (``rank/group/peers_joined.py``).
 
 The race it closes: a rank whose ``init_process_group`` returned ends (or destroys the group) while
 a peer is still in gloo's connectFullMesh, which then fails with "Connection reset/closed by peer".
@@ -39,7 +39,7 @@ def join_and_leave(folder: str, leaving: str, subgroup: bool = False) -> list[in
     itself in (None: it never did)."""
     import torch.distributed as dist
 
-    from notebook_launch.rank import peers_joined
+    from notebook_launch.rank.group import peers_joined
 
     rank = int(os.environ["RANK"])
     pathlib.Path(folder, f"pid-{rank}").write_text(str(os.getpid()))
@@ -97,7 +97,7 @@ def never_counts_in(folder: str) -> float | None:
     than its limit, then ends. Rank 1 returns how long rank 0 was still there after it joined."""
     import torch.distributed as dist
 
-    from notebook_launch.rank import peers_joined
+    from notebook_launch.rank.group import peers_joined
 
     rank = int(os.environ["RANK"])
     pathlib.Path(folder, f"pid-{rank}").write_text(str(os.getpid()))
@@ -117,7 +117,7 @@ def never_counts_in(folder: str) -> float | None:
 
 
 def test_a_peer_that_never_counts_in_holds_a_rank_only_for_its_limit(tmp_path):
-    from notebook_launch.rank import peers_joined
+    from notebook_launch.rank.group import peers_joined
     results = notebook_launcher(never_counts_in, args=(str(tmp_path),), num_processes=2, ui="none")
     assert results[0] is None and results[1] is not None
     # its own limit (1 s), not the default one: what is left of the default is slack for a busy machine
@@ -134,7 +134,7 @@ def uses_the_store_while_a_peer_joins(folder: str) -> bool | None:
     import torch.distributed as dist
     import torch.distributed.distributed_c10d as c10d
 
-    from notebook_launch.rank import peers_joined
+    from notebook_launch.rank.group import peers_joined
 
     peers_joined.WAIT_LIMIT = 60.0   # longer than rank 2 waits: no limit of ours ends a stall here
     rank = int(os.environ["RANK"])

@@ -16,7 +16,8 @@ import torch
 import torch.distributed as dist
 
 from helpers.fake_cuda_build_standin import fake_gpus_tracked
-from notebook_launch import GuardError, LaunchError, preflight, start_ranks
+from notebook_launch import GuardError, LaunchError, start_ranks
+from notebook_launch.planning import preflight
 from notebook_launch.notebook import cuda_tracking
 from notebook_launch.engines.local import start_process
 from notebook_launch.planning.net import free_port

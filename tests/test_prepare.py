@@ -1,4 +1,4 @@
-"""Preparation has one home (``notebook_launch/prepare.py``): every entry point makes its
+"""Preparation has one home (``notebook_launch/planning/prepare.py``): every entry point makes its
 ``LaunchOptions`` through ``prepare.entry_options`` (the only caller of ``launch_options`` in
 the package), each argument is checked in one place, and an entry point's parameter can
 never be dropped on the way to the options."""
@@ -12,7 +12,7 @@ import pytest
 
 from notebook_launch import notebook_launcher, start_ranks
 from notebook_launch.planning.options import DEFAULT_USE_PORT, launch_options
-from notebook_launch.prepare import ENTRY_POINT_ONLY, OPTION_NAMES, entry_options
+from notebook_launch.planning.prepare import ENTRY_POINT_ONLY, OPTION_NAMES, entry_options
 from notebook_launch.rank.serve import serve_calls
 
 PACKAGE = Path(__file__).resolve().parents[1] / "notebook_launch"
@@ -36,13 +36,13 @@ def calls_in_package(function_name: str) -> list[str]:
 
 
 def test_launch_options_is_called_from_one_place():
-    assert calls_in_package("launch_options") == ["prepare.py:entry_options"]
+    assert calls_in_package("launch_options") == ["planning/prepare.py:entry_options"]
 
 
 def test_each_argument_is_checked_in_one_place():
     """interrupt_grace once (start_ranks, for both kinds of pool); the displays take checked
     values (options.py raises for a bad one, display code may only assert); plan_launch lives
-    in prepare.py alone."""
+    in planning/prepare.py alone."""
     assert len(calls_in_package("validate_interrupt_grace")) == 1, calls_in_package("validate_interrupt_grace")
     raising = []
     for path in sorted((PACKAGE / "display").rglob("*.py")):
@@ -54,7 +54,7 @@ def test_each_argument_is_checked_in_one_place():
     homes = [str(path.relative_to(PACKAGE)) for path in sorted(PACKAGE.rglob("*.py"))
              for node in ast.walk(ast.parse(path.read_text()))
              if isinstance(node, ast.FunctionDef) and node.name == "plan_launch"]
-    assert homes == ["prepare.py"]
+    assert homes == ["planning/prepare.py"]
 
 
 @pytest.mark.parametrize("entry_point", [notebook_launcher, start_ranks])

@@ -10,8 +10,8 @@ from helpers.panel_helpers import KeepStateDisplay
 
 from notebook_launch import notebook_launcher, progress
 
-# The package attribute `progress` is the public alias of Progress; its module is notebook_launch.rank.progress
-progress_module = importlib.import_module("notebook_launch.rank.progress")
+# The package attribute `progress` is the public alias of Progress; its module is notebook_launch.rank.reports.progress
+progress_module = importlib.import_module("notebook_launch.rank.reports.progress")
 
 
 def test_outside_a_launch_progress_is_a_plain_pass_through():
@@ -36,7 +36,7 @@ def _fast_loop(n):
         manual.update(1, lr=0.01)
     manual.close()
     elapsed = time.monotonic() - started
-    module = importlib.import_module("notebook_launch.rank.progress")
+    module = importlib.import_module("notebook_launch.rank.reports.progress")
     rep = module.reporter()
     module.flush()
     return {"sends": rep.sends, "elapsed": elapsed}
@@ -116,7 +116,7 @@ def _one_batch_of_both_orders():
     'first' closes before 'second' opens. The flusher is held off (its send lock) so the batch
     cannot split, which would hide the order it loses."""
     import importlib
-    module = importlib.import_module("notebook_launch.rank.progress")
+    module = importlib.import_module("notebook_launch.rank.reports.progress")
     module.flush()
     rep = module.reporter()
     with rep.send_lock:
@@ -182,7 +182,7 @@ FORK_WHILE_LOCKED = """
 import os, signal, sys
 from helpers.forking import hold_in_another_thread
 import notebook_launch.wire.protocol as channel
-progress_module = __import__("notebook_launch.rank.progress", fromlist=["reporter"])
+progress_module = __import__("notebook_launch.rank.reports.progress", fromlist=["reporter"])
 
 read_end, write_end = os.pipe()
 writer = channel.EventWriter(write_end)   # the rank's channel, as a rank has it

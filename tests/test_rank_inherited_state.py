@@ -11,7 +11,7 @@ fork, spawn and persistent ranks, launched from a thread with a blocked mask.
 Our deliberate differences, allowed below and why:
 - ``FAULTHANDLER_SIGNALS`` are caught (SigCgt) in every rank: faulthandler writes a crash's
   Python stack into the rank's log (rank.bootstrap.capture_output). Python sees SIG_DFL.
-- ``DUMP_SIGNAL`` (a realtime signal, rank.whereabouts) is caught in every rank: faulthandler dumps
+- ``DUMP_SIGNAL`` (a realtime signal, rank.reports.whereabouts) is caught in every rank: faulthandler dumps
   every thread's stack when the notebook asks where a hung rank is (issue 20), even while it is
   blocked in C. Python sees SIG_DFL; SIGUSR1/SIGUSR2 stay the user's.
 - A persistent rank's SIGINT handler is its own (rank.serve): an interrupt raises
@@ -36,7 +36,7 @@ import pytest
 from notebook_launch import notebook_launcher, start_ranks
 from notebook_launch.engines.local import fork_thread
 from notebook_launch.planning.net import free_port
-from notebook_launch.rank import whereabouts
+from notebook_launch.rank.reports import whereabouts
 
 FAULTHANDLER_SIGNALS = {signal.SIGSEGV, signal.SIGFPE, signal.SIGABRT, signal.SIGBUS, signal.SIGILL}
 # Signals glibc keeps for itself (32, 33: thread cancellation, setxid across threads): caught once
@@ -194,7 +194,7 @@ def assert_fresh(rank_state: dict, fresh: dict, *, persistent: bool = False) -> 
     ours = faulthandler_bits | GLIBC_RESERVED_BITS | dump_bit
     assert status["SigCgt"] & ~ours == fresh_status["SigCgt"] & ~ours
     assert status["SigCgt"] & faulthandler_bits == faulthandler_bits   # our crash reports
-    assert status["SigCgt"] & dump_bit == dump_bit   # "where is this rank?" (rank.whereabouts)
+    assert status["SigCgt"] & dump_bit == dump_bit   # "where is this rank?" (rank.reports.whereabouts)
     assert rank_state["wakeup_fd"] == fresh["wakeup_fd"] == -1
     assert rank_state["broken_pipe"] == fresh["broken_pipe"] == "BrokenPipeError"
     assert rank_state["streams"] == fresh["streams"] == {

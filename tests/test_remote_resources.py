@@ -1,5 +1,5 @@
 """A rank on another machine reports its own resources (issue 34 item 1): the notebook cannot read a
-Ray actor's or a SLURM rank's /proc, so such a rank samples itself (``rank/resources.py``) and sends
+Ray actor's or a SLURM rank's /proc, so such a rank samples itself (``rank/reports/resources.py``) and sends
 RESOURCES events the notebook takes into the same rows, final picture and logs as its own samples.
 
 The sampler reads this test's own process here (what it reads in a rank: its own); its GPU through
@@ -24,8 +24,8 @@ from notebook_launch import notebook_launcher
 from notebook_launch.wire import protocol
 from notebook_launch.display import format as fmt
 from notebook_launch.record.logs import RunLogs
-from notebook_launch.rank import resources as rank_resources
-from notebook_launch.rank.resources import THREAD_NAME, SelfSampler, report_own
+from notebook_launch.rank.reports import resources as rank_resources
+from notebook_launch.rank.reports.resources import THREAD_NAME, SelfSampler, report_own
 from notebook_launch.record.resources import GpuUsage, RankUsage, usage_from_record, usage_record
 from notebook_launch.record.state import DONE, RankState, RunState
 from notebook_launch.supervise.resources import ResourceSampler
@@ -55,7 +55,7 @@ def wait_until(condition, what: str) -> None:
 
 SAMPLES_ITSELF = f"""
 import dataclasses, json, time
-from notebook_launch.rank.resources import SelfSampler
+from notebook_launch.rank.reports.resources import SelfSampler
 sampler = SelfSampler()
 first = sampler.sample()
 block = bytearray({ALLOCATED})

@@ -12,7 +12,7 @@ from notebook_launch.display import rows
 from notebook_launch.display import html as html_display
 from notebook_launch.display import pace as pace_display
 from notebook_launch.display.rich_panel import render as rich_render
-from notebook_launch.rank import pace as rank_pace
+from notebook_launch.rank.reports import pace as rank_pace
 from notebook_launch.record.slow_rank import PaceHistory, RankPace, Spread, verdict
 from notebook_launch.record.state import DONE, FAILED, RankState, RunState
 

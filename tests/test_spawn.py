@@ -17,7 +17,8 @@ import threading
 import pytest
 import torch
 
-from notebook_launch import GuardError, LaunchArgumentError, LaunchError, notebook_launcher, preflight
+from notebook_launch import GuardError, LaunchArgumentError, LaunchError, notebook_launcher
+from notebook_launch.planning import preflight
 from notebook_launch.notebook import cuda_tracking
 from notebook_launch.engines import launcher_for
 from notebook_launch.planning.options import default_start_method

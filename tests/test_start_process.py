@@ -284,7 +284,7 @@ def test_a_poisoned_fork_with_gpus_plans_the_start_process(monkeypatch):
     from helpers.fake_cuda_build_standin import fake_gpus_tracked
     from notebook_launch.planning import net
     from notebook_launch.planning.options import launch_options
-    from notebook_launch.prepare import plan_launch
+    from notebook_launch.planning.prepare import plan_launch
     with fake_gpus_tracked(monkeypatch):
         assert torch.cuda.is_available()
         target, plan, run_id = plan_launch(launch_options(function=who_am_i, num_processes=2, use_port=free_port()))

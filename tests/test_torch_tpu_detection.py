@@ -9,7 +9,8 @@ import types
 import pytest
 from helpers.fake_tpu_machine import V3, V5E, V6E, V7, fake_tpu_root
 
-from notebook_launch import GuardError, LaunchArgumentError, preflight
+from notebook_launch import GuardError, LaunchArgumentError
+from notebook_launch.planning import preflight
 from notebook_launch.engines.local.start_process import withhold_device_backends
 from notebook_launch.detect import torch_tpu
 from notebook_launch.detect.platform import Probe

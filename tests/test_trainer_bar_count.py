@@ -5,7 +5,7 @@ Once in a CI run rank 1's row read "Epoch 9/8": the Trainer's ``on_step_end`` ca
 clamps only what it draws) until ``on_train_end`` sets 8; when the rank's sender published
 between the two, 9 was the last count sent, since a count that moved back was not published.
 Here the send lands there every time: a callback after the notebook's own forces it on the
-last step (``rank.progress``'s flush, as the sender thread would do it). Real ranks, a real
+last step (``rank.reports.progress``'s flush, as the sender thread would do it). Real ranks, a real
 Trainer with a tiny model built from a config (no downloads); the notebook callback is added by
 hand because outside a kernel the Trainer picks its terminal (tqdm) bar."""
 from __future__ import annotations
@@ -40,7 +40,7 @@ def train_with_a_send_after_the_last_step(output_dir: str) -> int:
     from transformers.trainer_callback import ProgressCallback
     from transformers.utils.notebook import NotebookProgressCallback
 
-    from notebook_launch.rank import progress
+    from notebook_launch.rank.reports import progress
 
     class RandomExamples(torch.utils.data.Dataset):
         def __len__(self) -> int:

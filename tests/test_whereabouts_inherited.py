@@ -21,7 +21,7 @@ REPO = os.path.dirname(HERE)
 SCRIPT = textwrap.dedent("""
     import os, sys, time
     from notebook_launch import LaunchError, notebook_launcher
-    from notebook_launch.rank import whereabouts
+    from notebook_launch.rank.reports import whereabouts
 
     def sleeps_on_rank_1():
         if int(os.environ["RANK"]) == 1:
@@ -51,7 +51,8 @@ def run_case(mode: str, log_dir: str) -> str:
     with open(script, "w") as f:
         f.write(SCRIPT)
     done = subprocess.run([sys.executable, script, mode, log_dir], cwd=REPO, capture_output=True,
-                          env={**os.environ, "PYTHONPATH": HERE},   # for helpers.forking
+                          # helpers.forking, and this checkout's package (not another one installed)
+                          env={**os.environ, "PYTHONPATH": os.pathsep.join([HERE, REPO])},
                           text=True, timeout=240)
     first = [line for line in done.stdout.splitlines() if line.startswith("FIRST-LINE:")]
     assert first, done.stdout + done.stderr

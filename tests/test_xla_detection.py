@@ -13,7 +13,8 @@ import types
 
 import pytest
 
-from notebook_launch import GuardError, LaunchArgumentError, notebook_launcher, preflight
+from notebook_launch import GuardError, LaunchArgumentError, notebook_launcher
+from notebook_launch.planning import preflight
 from notebook_launch.engines import launcher_for
 from notebook_launch.detect import xla as xla_env
 from notebook_launch.detect.platform import Probe

@@ -1,6 +1,6 @@
 """The format of asking a rank on another machine where it is (a Ray or SLURM rank), which both
 sides use: the notebook writes requests and reads replies (``diagnose.remote_where``), the rank's answerer
-reads requests and writes replies (``rank.remote_where``). Here so that neither side reads the
+reads requests and writes replies (``rank.reports.remote_where``). Here so that neither side reads the
 other's module for it, as the local request's format is in ``channels.where_request``.
 
 A request frame is a ``sockets.SIGNAL_FRAME`` on the rank's events connection whose value is

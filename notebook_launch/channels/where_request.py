@@ -1,6 +1,6 @@
 """The format of asking a rank where it is (issue 31), which both sides use: the notebook writes
 a request to a rank's wake pipe (``diagnose.where_thread``), the rank's where-thread answers in
-its answers memfd (``rank.where_thread``). Here so that neither side reads the other's module
+its answers memfd (``rank.reports.where_thread``). Here so that neither side reads the other's module
 for it.
 
 A request: ``REQUEST``, the request's id, written to the wake pipe. The answers memfd (named

@@ -4,6 +4,7 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+import socket
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -43,6 +44,19 @@ def cuda_gpus() -> tuple[tuple[str, str], ...]:
         name, _, driver = line.partition(",")
         rows.append((name.strip(), driver.strip()))
     return tuple(rows)
+
+
+START_PROCESS_SWITCH = "NOTEBOOK_LAUNCH_START_PROCESS"     # "0": no start process; ranks start as fresh Pythons
+
+
+def start_process_possible(environ: Mapping[str, str] = os.environ) -> bool:
+    """Whether launches that must not fork the notebook can start their ranks from the warm start
+    process (``engines.local.start_process``): Linux (pidfds, fds passed over a socket), not
+    switched off. A fact of this machine, here so that planning asks it without importing the
+    engine that runs the process."""
+    if environ.get(START_PROCESS_SWITCH, "").strip().lower() in ("0", "false", "no", "off"):
+        return False
+    return sys.platform.startswith("linux") and hasattr(os, "pidfd_open") and hasattr(socket, "send_fds")
 
 
 def in_ipython_kernel() -> bool:

@@ -1,6 +1,6 @@
 """faulthandler's all-thread dump, read back: the text a rank (or a child it forked) writes on
 ``DUMP_SIGNAL`` into its stacks file, or its where-thread's answer in the same format
-(``rank.where_thread``), turned into one ``ThreadStack`` per thread. Its own module
+(``rank.reports.where_thread``), turned into one ``ThreadStack`` per thread. Its own module
 because both the ranks' stacks (``stacks``) and their forked children's (``native_stacks``) are
 read with it, and neither should import the other for it."""
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """The memfds a process holds, found through ``/proc/<pid>/fd``: how the notebook reaches a
-rank's whereabouts record and stacks file (``rank.whereabouts``) and an XLA replica's record,
+rank's whereabouts record and stacks file (``rank.reports.whereabouts``) and an XLA replica's record,
 which the rank made and named, without any help from the rank. One reader for all of them.
 
 A name alone does not say whose a memfd is: a process holds every fd the process that forked
@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 
 from ..channels.where_request import ANSWERS_NAME
-from ..rank.whereabouts import HEADER, MAGIC, RECORD_NAME, STACKS_NAME
+from ..rank.reports.whereabouts import HEADER, MAGIC, RECORD_NAME, STACKS_NAME
 
 
 def memfds(pid: int) -> dict[str, list[str]]:

@@ -3,7 +3,7 @@ it, from ``py-spy`` when it is installed, and the stacks of the processes the ra
 DataLoader worker) that are stuck themselves. ``beyond_python`` gives both, as lines for the
 rank's detail. Optional: without py-spy, only the children's stacks.
 
-faulthandler (``rank.whereabouts``) shows where a rank's Python code is, but a rank blocked in
+faulthandler (``rank.reports.whereabouts``) shows where a rank's Python code is, but a rank blocked in
 a gloo or NCCL wait, a lock or a C extension shows only the Python line that called into C.
 ``py-spy dump --native --pid N`` reads the process from outside (ptrace: the notebook is the
 rank's parent, so Yama's default scope 1 allows it) and unwinds the C++ frames too:
@@ -30,7 +30,7 @@ from typing import Mapping, Sequence
 from ..errors.best_effort import best_effort
 from ..wire.fork_locks import no_fork_during_exec
 from ..channels.where_request import ANSWERS_NAME
-from ..rank.whereabouts import DUMP_SIGNAL, STACKS_NAME
+from ..rank.reports.whereabouts import DUMP_SIGNAL, STACKS_NAME
 from . import hang_verdict, where_thread
 from .memfds import rank_files
 from .proc_tasks import children
@@ -176,7 +176,7 @@ DATALOADER_WORKER = ("torch/utils/data/_utils/worker.py", "_worker_loop")
 def child_stacks(pid: int, wait: float = CHILD_WAIT) -> list[tuple[int, list[hang_verdict.ThreadStack]]]:
     """(child pid, its threads) for each forked child of ``pid`` that answers where it is the way
     the rank does: a process a rank forks without exec (a DataLoader worker) gets its own
-    where-thread and record (``rank.whereabouts``), asked through ``where_thread`` like a rank, all
+    where-thread and record (``rank.reports.whereabouts``), asked through ``where_thread`` like a rank, all
     at once. A child that cannot answer (an exec'd one has no record) is left out."""
     asking = []
     for child in children(pid)[:CHILDREN_SHOWN]:

@@ -1,5 +1,5 @@
 """Where ranks on other machines are (issue 20), the notebook's side; the rank's is
-``rank.remote_where``. Both engines ask through it: Ray's actors and SLURM's tasks answer on
+``rank.reports.remote_where``. Both engines ask through it: Ray's actors and SLURM's tasks answer on
 the same connections (``channels.sockets``) in the same format (``channels.remote_where``), so
 it lives with the rest of hang diagnosis rather than in either engine's package.
 
@@ -26,7 +26,7 @@ from typing import Any, Callable, Protocol, Sequence
 from ..channels.pipes import read_ready
 from ..channels.sockets import SocketPipes
 from ..channels.remote_where import REPLY, REPLY_MAGIC, decode_body, request_frame
-from ..rank.whereabouts import SWITCHED_OFF_NOTE
+from ..rank.reports.whereabouts import SWITCHED_OFF_NOTE
 from .hang_verdict import Frame, RankWhereabouts, ThreadStack
 from .stacks import parse_collective
 
@@ -146,7 +146,7 @@ def _write(fd: int, data: bytes) -> None:
 
 
 def decode_answer(body: bytes, rank: int) -> RankWhereabouts:
-    """A rank's answer (``rank.remote_where.snapshot``) as a ``RankWhereabouts``."""
+    """A rank's answer (``rank.reports.remote_where.snapshot``) as a ``RankWhereabouts``."""
     data = decode_body(body)
     where = RankWhereabouts(rank)
     if data.get("error"):
@@ -183,8 +183,15 @@ def _remember_sources(sources: dict[str, dict[str, str]]) -> None:
         elif filename in linecache.cache or linecache.getline(filename, min(numbered)):
             continue
         _filled[filename] = numbered
-        text = [numbered.get(i, "") + "\n" for i in range(1, max(numbered) + 1)]
-        linecache.cache[filename] = (sum(map(len, text)), None, text, filename)   # no mtime: kept
+        cache_lines(filename, numbered)
+
+
+def cache_lines(name: str, numbered: dict[int, str]) -> None:
+    """``linecache`` holds ``numbered`` (line number -> text) as the file ``name``, for a file of
+    another machine: a rank's answer here, another elastic node's whereabouts (``node_board``).
+    No mtime, so ``linecache.checkcache`` keeps it, as IPython's cells are kept."""
+    text = [numbered.get(i, "") + "\n" for i in range(1, max(numbered) + 1)]
+    linecache.cache[name] = (sum(map(len, text)), None, text, name)
 
 
 _filled: dict[str, dict[int, str]] = {}   # files whose lines only the ranks' answers gave, as given

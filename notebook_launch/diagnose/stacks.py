@@ -1,5 +1,5 @@
 """Ask every live rank where it is, while it may be blocked in C (issue 20): read its
-collective record (``rank.whereabouts``: no help from the rank needed) and ask its where-thread
+collective record (``rank.reports.whereabouts``: no help from the rank needed) and ask its where-thread
 for every thread's Python stack (``where_thread``: no signal; it answers even while the main thread
 waits in gloo, a lock or ``time.sleep``). ``hang_verdict`` makes sense of the result.
 """
@@ -10,7 +10,7 @@ import mmap
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from ..rank.whereabouts import (FIELD_SEP, GEN_OFFSET, HEADER, MAGIC, RECORD_NAME, RECORD_SIZE, STACKS_NAME,
+from ..rank.reports.whereabouts import (FIELD_SEP, GEN_OFFSET, HEADER, MAGIC, RECORD_NAME, RECORD_SIZE, STACKS_NAME,
                                 STATE, SWITCHED_OFF_NOTE, TEXT_OFFSET, switched_off)
 from ..channels.where_request import ANSWERS_NAME
 from . import hang_verdict, where_thread

@@ -1,7 +1,7 @@
 """Ask processes for their Python stacks (issue 31): the one way the notebook does it, for ranks
 (``stacks.collect``) and for the processes they forked (``native_stacks.child_stacks``).
 
-Each process is asked through its where-thread (``rank.where_thread``): a request written to
+Each process is asked through its where-thread (``rank.reports.where_thread``): a request written to
 its wake pipe, the answer read back from its answers memfd. No signal: the process goes on
 exactly as before. Only a process that gives no answer and whose interpreter lock is held
 (``lock_held``: its where-thread keeps waking to ask for the lock, and no more than one other

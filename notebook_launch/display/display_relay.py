@@ -1,7 +1,7 @@
 """The notebook's half of the display relay: re-publish a rank's display() in the cell, throttled.
 
-The rank's half is ``rank/display_relay.py`` (same name, the package says which side).
-Ranks send their display calls as events (``rank.display_relay``); the
+The rank's half is ``rank/integrations/display_relay.py`` (same name, the package says which side).
+Ranks send their display calls as events (``rank.integrations.display_relay``); the
 supervisor hands them here, on the notebook's main thread, and ``pump``
 publishes them with the kernel's own display functions, so they reach the
 cell running the launch.

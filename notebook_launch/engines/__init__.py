@@ -99,7 +99,7 @@ class ThisMachine:
 
     def launch(self, options: LaunchOptions) -> list[Any]:
         from ..planning import net
-        from ..prepare import plan_launch
+        from ..planning.prepare import plan_launch
         from ..rank.runner import Job
         from ..scaffold.run import run_plan
         target, plan, run_id = plan_launch(options)
@@ -113,7 +113,7 @@ class ThisMachine:
         """Forked or spawned now, planned as a launch is (``plan_launch``: handed to the transport,
         so that ``local`` needs nothing above it)."""
         from ..persistent.pool import Ranks
-        from ..prepare import entry_options, plan_launch
+        from ..planning.prepare import entry_options, plan_launch
         from ..rank.serve import serve_calls
         from .local.persistent import LocalTransport
         options = entry_options(parameters, function=serve_calls, called_as_given=False)

@@ -21,8 +21,8 @@ def warm(modules: list[str] | tuple[str, ...], *, quiet_if_missing: bool = False
     """Import our rank modules and ``modules``; the names that did not import. One that fails here
     is left to the ranks, which import it themselves and report its error as the run's; it is said
     on stderr unless ``quiet_if_missing`` and the package is simply not installed."""
-    from . import (process_groups, progress, progress_bridge, rich_bridge,  # noqa: F401  (as warm_for does)
-                   tqdm_bridge, transformers_bridge)
+    from .installs import warm as warm_ours
+    warm_ours()   # as warm_for does
     failed = []
     for name in modules:
         if name in sys.modules:

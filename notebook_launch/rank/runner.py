@@ -3,6 +3,7 @@ user's function, and report its result or exception to the parent (``report_erro
 is the one place a rank sends an ERROR)."""
 from __future__ import annotations
 
+import importlib
 import logging
 import os
 import sys
@@ -12,8 +13,7 @@ from typing import Any, Callable
 from ..wire import pickling, protocol, shared_tensors
 from ..errors.best_effort import best_effort
 from ..wire.plan import RankSpec
-from . import (display_relay, joining, lightning_strategy, peers_joined, process_groups, result_pickle, stdin_relay,
-               whereabouts)
+from . import installs, result_pickle
 from .bootstrap import EXIT_FAILED, flush_everything
 
 log = logging.getLogger("notebook_launch")
@@ -26,40 +26,28 @@ class Job:
     kwargs: dict = field(default_factory=dict)
 
 
-# Called with the RankSpec in every rank before the user's function runs.
-rank_hooks: list[Callable[[RankSpec], None]] = []
+def hook(entry: installs.Hook) -> Callable[[RankSpec], None]:
+    """The rank hook ``entry`` names: its module's ``install``, imported now; or, for a best-effort
+    one, a function that imports and installs it when the rank runs, under ``best_effort``."""
+    if not entry.best_effort:
+        return installs.named(entry.module, "install")
+
+    def install(spec: RankSpec) -> None:
+        with best_effort(entry.best_effort):
+            installs.named(entry.module, "install")(spec)
+    install.__qualname__ = f"{entry.module.rpartition('.')[2]}.install"
+    return install
 
 
-def _install_progress_bridge(spec: RankSpec) -> None:
-    # a library we cannot patch still works, its bars as plain text
-    with best_effort("progress bridge not installed"):
-        from . import progress_bridge   # tqdm and rich bars in a rank report to the panel
-        progress_bridge.install(spec)
-
-
-rank_hooks.append(_install_progress_bridge)
-rank_hooks.append(stdin_relay.install)   # input(), getpass(), pdb ask the notebook
-
-
-def _install_display_relay(spec: RankSpec) -> None:
-    """display() in a rank forked from a Jupyter kernel reaches the cell (rank.display_relay)."""
-    # display() then goes where ipykernel sends it from a fork: nowhere
-    with best_effort("display relay not installed"):
-        display_relay.install_display_relay()
-
-
-rank_hooks.append(_install_display_relay)
-rank_hooks.append(whereabouts.install)   # the notebook can ask where this rank is, even blocked in C (issue 20)
-rank_hooks.append(lightning_strategy.install)   # Lightning's ddp_notebook etc. join the launched ranks (#25)
-rank_hooks.append(peers_joined.install)   # no rank leaves a gloo group its peers are still joining
-rank_hooks.append(joining.install)   # its row says "joining the process group" while init_process_group runs
+# Called with the RankSpec in every rank before the user's function runs (installs.RANK_HOOKS).
+rank_hooks: list[Callable[[RankSpec], None]] = [hook(entry) for entry in installs.RANK_HOOKS]
+importlib.import_module(installs.PROCESS_GROUPS)   # imported with the runner, as before the table: a fork shares it
 
 
 def flush_progress() -> None:
     """Send the bars' last counts before RESULT/ERROR, so the parent's final state is exact."""
     with best_effort("final progress flush failed"):
-        from .progress import flush
-        flush()
+        installs.named(installs.PROGRESS, "flush")()
 
 
 def reset_inherited_state() -> None:
@@ -113,7 +101,8 @@ def run_rank(spec: RankSpec, job: Job, *, forked_from_notebook: bool = False) ->
     writer.send(protocol.READY, {"pid": os.getpid(), "device": spec.device})
     code = call_and_report(spec, job, writer, forked_from_notebook=forked_from_notebook)
     if code == 0:
-        peers_joined.before_exit()   # its gloo sockets close as it ends: not under a peer still joining
+        # its gloo sockets close as it ends: not under a peer still joining
+        installs.named(installs.PEERS_JOINED, "before_exit")()
     return code
 
 
@@ -128,7 +117,8 @@ def prepare_rank(spec: RankSpec, steps: list[str]) -> None:
                  else "configuring torch")
     configure_torch(spec)
     steps.append("process_groups.keep_groups_used_by_ddp()")
-    process_groups.keep_groups_used_by_ddp()   # see process_groups: a gloo teardown deadlock
+    # see process_groups: a gloo teardown deadlock
+    installs.named(installs.PROCESS_GROUPS, "keep_groups_used_by_ddp")()
     for hook in rank_hooks:
         steps.append(f"the rank hook {getattr(hook, '__qualname__', hook)!s}")
         hook(spec)
@@ -168,7 +158,7 @@ def call_and_report(spec: RankSpec, job: Job, writer: protocol.EventWriter, own_
             value = job.function(*job.args, **(job.kwargs or {}))
         finally:
             flush_progress()
-            process_groups.release_destroyed_groups()
+            installs.named(installs.PROCESS_GROUPS, "release_destroyed_groups")()
     except SystemExit as exc:
         if exc.code in (None, 0):
             value = None

@@ -4,7 +4,7 @@ driver's counters without a CUDA context, so the notebook's process stays free t
 
 Why at the top of the package: two sides read it. The notebook, for its local ranks
 (``supervise.resources.ResourceSampler.gpu_watch``), and a rank on another machine for itself
-(``rank.resources``: a Ray actor, a SLURM rank), where only its own node's driver can answer.
+(``rank.reports.resources``: a Ray actor, a SLURM rank), where only its own node's driver can answer.
 Imported only when a rank has a GPU, and ``pynvml`` only then: a CPU launch never loads it.
 It is looked up through ``importlib`` (``sys.modules`` first), which is also where a test's
 stand-in NVML goes (``tests/helpers/fake_nvml.py``).

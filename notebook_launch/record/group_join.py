@@ -2,7 +2,7 @@
 
 A rank's ``init_process_group`` can take seconds (or until the timeout) when a peer is late: a
 gloo group connects every pair of ranks, so each waits for the last one to call it. The rank
-says when it starts and ends joining (``rank.joining``, its own PROGRESS event); the notebook,
+says when it starts and ends joining (``rank.group.joining``, its own PROGRESS event); the notebook,
 which sees every rank of this machine, names the ones not joining yet: "joining the process
 group, waiting for rank 2". Nothing is asked of the ranks for that: it is what their rows say
 already. Named only when every rank of the run is a row here (one machine): with peers on other

@@ -3,7 +3,7 @@ CPU time, and the machine's memory.
 
 Why a module of its own, below both sides: the notebook reads its local ranks through
 ``/proc/<pid>`` (``supervise.resources``), and a rank on another machine reads its own through
-``/proc/<its pid>`` (``rank.resources``), with the same readers. Standard library only.
+``/proc/<its pid>`` (``rank.reports.resources``), with the same readers. Standard library only.
 """
 from __future__ import annotations
 

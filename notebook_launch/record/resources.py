@@ -4,7 +4,7 @@ it in words; ``supervise/resources.py`` samples it).
 
 Why a module of its own: the run state (``state.py``) holds these, the supervisor fills them and
 every display reads them, so they live below all three and import nothing. A rank on another
-machine samples itself (``rank/resources.py``) and sends a ``RankUsage`` as plain data
+machine samples itself (``rank/reports/resources.py``) and sends a ``RankUsage`` as plain data
 (``usage_record``; the notebook rebuilds it with ``usage_from_record``).
 """
 from __future__ import annotations

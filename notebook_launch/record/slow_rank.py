@@ -1,6 +1,6 @@
 """Which rank holds the others back: the verdict from each rank's pace (issues 34, 47), pure.
 
-Each rank counts its collective calls and the time it spends inside them (``rank.pace``, from
+Each rank counts its collective calls and the time it spends inside them (``rank.reports.pace``, from
 the same wrapped collectives the hang bookkeeping keeps) and sends the totals about once a
 second. A collective returns only once every rank of the group entered it, so the time a rank
 spends inside one is mostly time spent waiting for the last rank to arrive; the last one to
@@ -288,7 +288,7 @@ def only_waiting(payload: Any) -> bool:
 
 @dataclass(frozen=True)
 class Sample:
-    """A rank's cumulative totals at ``at`` (its clock): see ``rank.pace`` for the payload."""
+    """A rank's cumulative totals at ``at`` (its clock): see ``rank.reports.pace`` for the payload."""
     at: float
     ops: Mapping[str, tuple[int, float]]
     inside: str | None = None

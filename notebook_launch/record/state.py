@@ -205,7 +205,7 @@ class RunState:
             fold_series(rs.curves, payload["series"])
         if payload.get("pace"):
             rs.pace.add(payload["pace"])
-        if "phase" in payload:   # the rank's own: joining the process group (rank.joining)
+        if "phase" in payload:   # the rank's own: joining the process group (rank.group.joining)
             group_join.step(rs, payload["phase"])
             group_join.name_missing(self.ranks, self.world_size, [r.status in (STARTING, RUNNING) for r in self.ranks])
         if len(rs.bars) > MAX_BARS:

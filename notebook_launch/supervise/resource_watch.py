@@ -73,7 +73,7 @@ class ResourceWatch:
             self.logs.write_block(local_rank, warning)
 
     def reported(self, local_rank: int, record: Mapping[str, Any]) -> None:
-        """A rank on another machine sampled itself (``rank.resources``): its RESOURCES event."""
+        """A rank on another machine sampled itself (``rank.reports.resources``): its RESOURCES event."""
         self.memory.resources.reported(local_rank, record)
 
     def name_failure(self, failure: Failure, watch: RankWatch, payload: Mapping[str, Any]) -> Failure:

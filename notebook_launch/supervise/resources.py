@@ -14,7 +14,7 @@ are (a big rank's own memory is then refreshed less often; its resident memory e
 ``benchmarks/resource_sampling.py`` measures the whole sampler's share of a core.
 
 Ranks on other machines (Ray actors, SLURM ranks) are not sampled here: their pids mean nothing
-on this machine. They sample themselves (``rank.resources``) and send the figures as RESOURCES
+on this machine. They sample themselves (``rank.reports.resources``) and send the figures as RESOURCES
 events; ``reported`` takes them into the same ``usage``, so every display shows them alike.
 """
 from __future__ import annotations
@@ -170,7 +170,7 @@ class ResourceSampler:
         self._reported.add(local)   # the next publish shows it
 
     def reported(self, local: int, record: Mapping[str, Any]) -> None:
-        """A rank on another machine's own sample (a RESOURCES event: ``rank.resources``), taken in
+        """A rank on another machine's own sample (a RESOURCES event: ``rank.reports.resources``), taken in
         as a round's: the next ``publish`` shows it and logs it."""
         try:
             self.usage[local] = usage_from_record(record)

@@ -194,7 +194,7 @@ class Supervisor:
         quiet = kind is protocol.EventKind.RESOURCES or (kind is protocol.EventKind.PROGRESS and only_waiting(payload))
         if not quiet:
             self.hangs.saw(local)
-        if kind is protocol.EventKind.RESOURCES:   # a rank on another machine sampled itself (rank.resources)
+        if kind is protocol.EventKind.RESOURCES:   # a rank on another machine sampled itself (rank.reports.resources)
             self.resources.reported(local, payload)
         elif kind is protocol.EventKind.PROGRESS:
             self.state.on_progress(local, payload)

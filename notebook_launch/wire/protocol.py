@@ -42,13 +42,14 @@ _HEADER = struct.Struct("!Q")
 class EventKind(str, enum.Enum):
     """What a rank tells the parent. A str, so a frame carries its plain value."""
     READY = "ready"          # ReadyPayload
-    PROGRESS = "progress"    # ProgressPayload (see rank.progress)
+    PROGRESS = "progress"    # ProgressPayload (see rank.reports.progress)
     RESULT = "result"        # bytes: the value, serialized by rank.runner (tensor bytes in the rank's result file)
     ERROR = "error"          # ErrorPayload
-    DISPLAY = "display"      # DisplayPayload: an IPython display call (rank.display_relay)
+    DISPLAY = "display"      # DisplayPayload: an IPython display call (rank.integrations.display_relay)
     INPUT_REQUEST = "input_request"   # InputRequestPayload: the rank waits for an INPUT_REPLY
     INPUT_REPLY = "input_reply"       # InputReplyPayload, parent -> rank on the same socket
-    RESOURCES = "resources"  # a rank on another machine's own CPU and memory (rank.resources): resources.usage_record
+    # a rank on another machine's own CPU and memory (rank.reports.resources): resources.usage_record
+    RESOURCES = "resources"
 
 
 # Module-level names for the kinds, as the rank-side code uses them.

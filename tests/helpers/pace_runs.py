@@ -1,5 +1,5 @@
 """Ranks' pace samples from a training loop written as plain numbers, for the slow-rank verdict's
-tests (test_slow_rank.py): the samples each rank's real counters (``rank.pace.Pace``) send
+tests (test_slow_rank.py): the samples each rank's real counters (``rank.reports.pace.Pace``) send
 when its own work before each collective takes the seconds given, on a simulated clock.
 
 The loop: every rank of one group calls one collective per step; before step k rank r works
@@ -13,9 +13,9 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from notebook_launch.rank import pace as rank_pace
+from notebook_launch.rank.reports import pace as rank_pace
 
-TICK = 0.1        # the progress thread's period (rank.progress.SEND_INTERVAL)
+TICK = 0.1        # the progress thread's period (rank.reports.progress.SEND_INTERVAL)
 TRANSFER = 0.0005
 
 

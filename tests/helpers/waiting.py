@@ -9,7 +9,7 @@ import select
 import time
 from typing import Callable
 
-from notebook_launch.rank.whereabouts import RECORD_NAME
+from notebook_launch.rank.reports.whereabouts import RECORD_NAME
 from notebook_launch.diagnose.stacks import rank_files, read_record
 
 GENEROUS = 60.0   # seconds: far beyond any wait these conditions need, short of the tests' timeouts
@@ -28,7 +28,7 @@ def wait_for(condition: Callable[[], bool], timeout: float = GENEROUS) -> bool:
 
 def inside_collective(pid: int, op: str) -> bool:
     """Whether the rank ``pid`` is inside the torch.distributed collective ``op`` now, as its own
-    whereabouts record says (``rank.whereabouts``: set as the wrapper calls into torch)."""
+    whereabouts record says (``rank.reports.whereabouts``: set as the wrapper calls into torch)."""
     files = rank_files(pid)
     record = read_record(files[RECORD_NAME]) if RECORD_NAME in files else None
     if record is None:

@@ -44,7 +44,7 @@ def train(scenario):
         while not os.path.exists(seen) and time.monotonic() < deadline:
             time.sleep(0.05)
     dist.destroy_process_group()
-    from notebook_launch.rank import resources
+    from notebook_launch.rank.reports import resources
     return {"self_sampling": resources.current() is not None,
             "rank": rank, "world_size": world, "local_rank": int(os.environ["LOCAL_RANK"]),
             "node_rank": int(os.environ["GROUP_RANK"]), "sum": total.item(), "attempt": attempt,

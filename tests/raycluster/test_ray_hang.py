@@ -1,5 +1,5 @@
 """Where Ray ranks are when a run hangs (issue 20): each rank's actor answers the notebook's where
-request on its own connections (``rank.remote_where`` / ``diagnose.remote_where``), so a timeout's
+request on its own connections (``rank.reports.remote_where`` / ``diagnose.remote_where``), so a timeout's
 LaunchError names where every rank is, as a local run's does.
 
 The first tests need no cluster: a real answering thread on real sockets, in this process, with a
@@ -18,7 +18,7 @@ import pytest
 from notebook_launch.diagnose.remote_where import WhereAsker, decode_answer
 from notebook_launch.channels.sockets import SIGNAL_FRAME, SocketPipes
 from notebook_launch.channels import remote_where
-from notebook_launch.rank import remote_where as rank_where, whereabouts
+from notebook_launch.rank.reports import remote_where as rank_where, whereabouts
 
 pytestmark = pytest.mark.timeout(600)
 

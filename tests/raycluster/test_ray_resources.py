@@ -1,5 +1,5 @@
 """Ray ranks report their own resources (issue 34 item 1): the notebook cannot read an actor's /proc
-(its pid is its node's), so each actor samples itself (``rank/resources.py``, started by
+(its pid is its node's), so each actor samples itself (``rank/reports/resources.py``, started by
 ``rank.ray_actor``) and sends RESOURCES events; the rows, the final picture and the rank logs show
 them as a local rank's. A real two-node Ray cluster (conftest.py), the notebook a real kernel on
 node A, ranks on both nodes. Every wait is for a condition."""
@@ -19,7 +19,7 @@ ALLOCATED = 200 * MiB
 CELL = """
 import json, os, time
 from notebook_launch import notebook_launcher, RayCluster
-from notebook_launch.rank import resources
+from notebook_launch.rank.reports import resources
 def train():
     reporter = resources.current()
     assert reporter is not None, "a Ray rank samples itself"

@@ -1,5 +1,5 @@
 """SLURM ranks report their own resources (issue 34 item 1): the notebook cannot read a rank's /proc
-on its node (the process it holds is srun's), so each rank samples itself (``rank/resources.py``,
+on its node (the process it holds is srun's), so each rank samples itself (``rank/reports/resources.py``,
 started by ``slurm.task``) and sends RESOURCES events; the rows, the final picture and the rank
 logs show them as a local rank's. A real two-node SLURM (conftest.py). Every wait is for a condition."""
 from __future__ import annotations
@@ -20,7 +20,7 @@ PEAK = re.compile(r"^\s*rank (\d)\b.*\[avg cpu \d+% · peak ([\d.]+) (MiB|GiB) o
 
 def test_slurm_ranks_on_both_nodes_show_their_own_memory_and_cpu(slurm):
     result, printed = run_notebook(slurm, f"""
-from notebook_launch.rank import resources
+from notebook_launch.rank.reports import resources
 def train():
     reporter = resources.current()
     assert reporter is not None, "a SLURM rank samples itself"

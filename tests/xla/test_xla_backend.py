@@ -467,7 +467,7 @@ def test_who_waits_in_a_lazy_xm_collective():
     """xm's collectives only add to the graph: a replica waits in its latest one when another
     replica has not issued that number, or issued another op as that number; when every replica
     issued the same, none is said to wait in it (they may be anywhere since)."""
-    from notebook_launch.diagnose.xla_replicas import who_waits
+    from notebook_launch.engines.xla.replica_whereabouts import who_waits
     from notebook_launch.diagnose.hang_verdict import Collective, RankWhereabouts
 
     def replica(rank, op=None, seq=0):

@@ -18,7 +18,7 @@ class ElasticEngine:
 
     def launch(self, options: LaunchOptions) -> list[Any]:
         from ...planning import net
-        from ...prepare import plan_launch
+        from ...planning.prepare import plan_launch
         from ...rank.runner import Job
         from . import run_elastic
         from .rendezvous import settings_for

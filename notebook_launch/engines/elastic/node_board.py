@@ -33,6 +33,7 @@ from typing import Any, Callable, Sequence
 from ...errors.best_effort import best_effort
 from ...wire.protocol import Failure
 from ...diagnose.hang_verdict import Collective, Frame, Labeller, RankWhereabouts, ThreadStack
+from ...diagnose.remote_where import cache_lines
 
 PREFIX = "notebook_launch"
 WHERE_WAIT = 5.0   # seconds the node that diagnoses a hang waits for the other nodes' whereabouts
@@ -226,7 +227,5 @@ def decode_whereabouts(data: bytes | str, node: int) -> list[RankWhereabouts]:
     for name, original in renamed.items():
         lines = payload["sources"].get(original)
         if lines and name not in linecache.cache and not linecache.getline(name, int(next(iter(lines)))):
-            numbered = {int(k): v for k, v in lines.items()}
-            text = [numbered.get(i, "") + "\n" for i in range(1, max(numbered) + 1)]
-            linecache.cache[name] = (sum(map(len, text)), None, text, name)   # no mtime: kept, as IPython's cells are
+            cache_lines(name, {int(k): v for k, v in lines.items()})
     return ranks

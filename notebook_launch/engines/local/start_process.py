@@ -29,10 +29,10 @@ from __future__ import annotations
 import atexit
 import logging
 import os
-import socket
 import sys
 from typing import Mapping
 
+from ...detect.platform import START_PROCESS_SWITCH, start_process_possible
 from ...wire.fork_locks import ForkRenewedLock
 from ...notebook.notebook_streams import ERR
 # The client (one start process, its protocol): what callers use of it is named from here too
@@ -44,7 +44,7 @@ __all__ = ["AUTOLOAD", "HELPER_NAME", "READY_WAIT", "REQUEST_WAIT", "SWITCH", "R
            "running", "stop", "why_start_early", "withhold_device_backends"]
 log = logging.getLogger("notebook_launch")
 
-SWITCH = "NOTEBOOK_LAUNCH_START_PROCESS"     # "0": no start process; ranks start as fresh Pythons
+SWITCH = START_PROCESS_SWITCH     # "0": no start process; ranks start as fresh Pythons
 
 
 def forced(environ: Mapping[str, str] = os.environ) -> bool:
@@ -81,10 +81,8 @@ def why_start_early(environ: Mapping[str, str] = os.environ, root: str = "/",
 
 def enabled(environ: Mapping[str, str] = os.environ) -> bool:
     """Whether launches that must not fork the notebook use the start process: Linux (pidfds,
-    fds passed over a socket), not switched off."""
-    if environ.get(SWITCH, "").strip().lower() in ("0", "false", "no", "off"):
-        return False
-    return sys.platform.startswith("linux") and hasattr(os, "pidfd_open") and hasattr(socket, "send_fds")
+    fds passed over a socket), not switched off (``detect.platform.start_process_possible``)."""
+    return start_process_possible(environ)
 
 
 # --- one per notebook -------------------------------------------------------------------

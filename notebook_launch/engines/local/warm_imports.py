@@ -115,8 +115,8 @@ def warm_for(function: Callable[..., Any], say: Callable[[str], None] = lambda t
     if _background is not None and _background.is_alive():
         say("importing torch._dynamo for training (once, for every rank)")
     wait_for_background_import()
-    from ...rank import (process_groups, progress, progress_bridge, rich_bridge,  # noqa: F401  (ours: ms per rank)
-                        tqdm_bridge, transformers_bridge)
+    from ...rank.installs import warm
+    warm()   # ours: ms per rank
     if "torch" not in sys.modules and not _import_torch_for(function, say):
         return
     if "torch._dynamo" in sys.modules:

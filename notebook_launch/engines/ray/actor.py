@@ -6,7 +6,7 @@ rank's three streams back to the notebook, points fds 1/2 and the event channel
 at them, sets the same environment a local rank gets (``plan.rank_environment``, with the
 attempt's restart count and the interface gloo and NCCL must bind), loads the cloudpickled job and runs
 it with ``rank.runner.run_rank``: from there on a Ray rank is a local rank, but for its
-resources, which it samples itself (``rank.resources``: the notebook cannot read its /proc).
+resources, which it samples itself (``rank.reports.resources``: the notebook cannot read its /proc).
 A persistent rank (``persistent.ray_ranks``) is the same call whose job serves calls
 until the notebook stops it (``rank.ray_serve``).
 
@@ -27,8 +27,8 @@ from ...wire import protocol
 from ...channels.sockets import connect_streams
 from ...planning.net import free_port, interface_with_address
 from ...rank.bootstrap import EXIT_FAILED, capture_output, flush_everything
-from ...rank.remote_where import Answerer, obey_notebook
-from ...rank.resources import report_own
+from ...rank.reports.remote_where import Answerer, obey_notebook
+from ...rank.reports.resources import report_own
 from ..remote.assignment import RankAssignment
 
 log = logging.getLogger("notebook_launch")

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 from ...record.logs import make_run_id
 from ...planning.options import LaunchOptions, check_display_ranks_exist, validate_cluster_launch, validate_cluster_type
-from ...prepare import entry_options
+from ...planning.prepare import entry_options
 from . import connect as ray_connect
 from .gang import Placement
 from ...wire.plan import cluster_plan

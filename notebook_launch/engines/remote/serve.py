@@ -38,7 +38,7 @@ from ...channels.remote_commands import MESSAGE, WHERE_REQUEST_BYTE, Kind
 from ...channels.sockets import SIGNAL_FRAME
 from ...rank import runner
 from ...channels.remote_where import request_number
-from ...rank.remote_where import Answerer
+from ...rank.reports.remote_where import Answerer
 
 log = logging.getLogger("notebook_launch")
 

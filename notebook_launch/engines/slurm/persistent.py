@@ -38,7 +38,7 @@ from ...errors import GuardError
 from ...record.logs import make_run_id
 from ...notebook.notebook_streams import OUT
 from ...planning.options import LaunchOptions, check_display_ranks_exist, validate_cluster_launch, validate_cluster_type
-from ...prepare import entry_options
+from ...planning.prepare import entry_options
 from ..remote.serve import serve_ray_calls
 from ...rank.runner import Job
 from ...scaffold.session import plan_state

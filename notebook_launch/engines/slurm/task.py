@@ -6,7 +6,7 @@ does), points fds 1/2 and the event channel at them, builds the same environment
 gets (``plan.rank_environment``, with the interface that reaches rank 0's node), loads the
 cloudpickled job the notebook wrote into the run folder and runs it with ``rank.runner.run_rank``:
 from there on it is a local rank, but for its resources, which it samples itself
-(``rank.resources``: the notebook cannot read this node's /proc). A thread delivers the signals
+(``rank.reports.resources``: the notebook cannot read this node's /proc). A thread delivers the signals
 the notebook sends over the events connection (Stop, timeout, another rank failed) and ends the
 rank if the notebook goes away, and answers its where requests. A persistent rank
 (``persistent.slurm_ranks``: the assignment says ``persistent``) reads the notebook's messages
@@ -25,11 +25,11 @@ from ...wire import protocol
 from ...channels.sockets import connect_streams
 from ...rank.bootstrap import EXIT_FAILED, capture_output, exit_with
 from ..remote.serve import listen
-from ...rank.remote_where import Answerer, obey_notebook
-from ...rank.resources import report_own
+from ...rank.reports.remote_where import Answerer, obey_notebook
+from ...rank.reports.resources import report_own
 from ...rank.runner import report_error, run_rank, setup_failure
 from ...rank.spawn_entry import load_remote_job
-from ...rank.store_wait import wait_for_store_before_rendezvous
+from ...rank.group.store_wait import wait_for_store_before_rendezvous
 from ..remote.assignment import RankAssignment
 
 def run_task(message: dict[str, Any]) -> None:

@@ -1,5 +1,5 @@
 """torch_xla's engine: xmp.spawn's launcher (``launcher.XlaBackend``); its replicas' records are the rank's
-(``rank.xla_replicas``) and diagnosis's (``diagnose.xla_replicas``), which read them.
+(``engines.xla.replicas``) and diagnosis's (``engines.xla.replica_whereabouts``), which read them.
 
 Owns: starting torch_xla's replicas. May import: ``engines.base``, ``engines.local``'s fork launcher (the
 replicas' parent is forked as a fork launch's rank is), the plan, the rank side, diagnosis.

@@ -7,14 +7,14 @@ the other replicas when one fails, and refuses to start once the runtime is
 initialized. So the parent forks one *launcher* child that calls
 ``xmp.spawn(nprocs=None or 1, start_method="fork")``; every replica, thread or
 process, finds its own rank's pipes (opened by the parent before the fork) by
-its global ordinal and runs ``rank.runner.run_rank`` with them (``rank.xla_replicas``). Each ordinal is
+its global ordinal and runs ``rank.runner.run_rank`` with them (``engines.xla.replicas``). Each ordinal is
 one rank: one panel row, one RESULT or ERROR. The launcher leads a process
 group that holds every replica, so the supervisor stops all of them at once.
 
 Where the replicas are (issue 20): the supervisor asks the launcher (``where``), which reads
-each replica's own record (``rank.xla_replicas``) from the process that carries it, has each such
+each replica's own record (``engines.xla.replicas``) from the process that carries it, has each such
 process dump its Python threads once, and gives each replica its own thread's stack
-(``diagnose.xla_replicas``).
+(``engines.xla.replica_whereabouts``).
 
 Output: a replica that is the only thread of its process owns fds 1/2. Threads
 of one process share fds 1/2, so Python-level writes (print, logging to
@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Callable, NoReturn, Sequence
 
 from ...process import leftovers
 from ...diagnose.hang_verdict import RankWhereabouts
-from ...diagnose.xla_replicas import replica_whereabouts
+from .replica_whereabouts import replica_whereabouts
 from ...channels import RankPipes, RankProcess
 from ...notebook.notebook_streams import ERR, OUT
 from ..base import Launcher
@@ -56,7 +56,7 @@ class XlaLauncherProcess(ForkedRank):
 
     def where(self, global_rank: Callable[[int], int]) -> dict[int, RankWhereabouts]:
         """Local rank -> where that replica is, for the replicas that could say
-        (``diagnose.xla_replicas``): this one process carries them all."""
+        (``engines.xla.replica_whereabouts``): this one process carries them all."""
         return replica_whereabouts(self.pid, self.local_ranks, global_rank)
 
 
@@ -87,7 +87,7 @@ class XlaBackend(Launcher):
             _import_environ = changed
 
     def start(self, plan: "LaunchPlan", job: "Job", channels: Sequence[RankPipes]) -> list[RankProcess]:
-        from ...rank.xla_replicas import run_launcher
+        from .replicas import run_launcher
 
         OUT.flush()
         ERR.flush()

@@ -2,7 +2,7 @@
 (issue 20), the rank side; the notebook's is ``diagnose.remote_where``.
 
 A local rank is read through ``/proc/<pid>`` (its whereabouts memfd) and dumps its stacks on a
-signal (``rank.whereabouts``). Such a rank runs on another machine: the notebook asks it on its
+signal (``rank.reports.whereabouts``). Such a rank runs on another machine: the notebook asks it on its
 events connection (a request frame beside the notebook's signal frames, or its messages for a
 persistent rank) and the rank answers on its answers connection, whose rank -> notebook
 direction nothing else uses. The answer is built in the rank's own process by a thread of its
@@ -26,8 +26,8 @@ import threading
 import time
 from typing import Any, Callable
 
-from ..channels.remote_where import encode_reply, request_number
-from ..channels.sockets import SIGNAL_FRAME
+from ...channels.remote_where import encode_reply, request_number
+from ...channels.sockets import SIGNAL_FRAME
 from . import where_thread, whereabouts
 
 log = logging.getLogger("notebook_launch")
@@ -132,7 +132,7 @@ def obey_notebook(sock: socket.socket, answerer: Answerer, finished: threading.E
     on ``sock`` (Stop, timeout, another rank failed), hand its where requests to ``answerer``, and if
     the notebook goes away while the rank runs, end the rank (as a local rank dies with its parent).
     ``finished``: set once the rank's function returned (an actor lives on): no signal after it."""
-    from .bootstrap import EXIT_FAILED
+    from ..bootstrap import EXIT_FAILED
     buffer = b""
     while True:
         try:

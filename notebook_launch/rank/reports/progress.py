@@ -28,8 +28,8 @@ import threading
 import time
 from typing import Any, Iterable, Iterator
 
-from ..wire import protocol
-from ..wire.fork_locks import ForkRenewedLock
+from ...wire import protocol
+from ...wire.fork_locks import ForkRenewedLock
 from . import pace
 
 log_ = logging.getLogger("notebook_launch")

@@ -26,12 +26,12 @@ import threading
 import time
 from typing import TYPE_CHECKING
 
-from ..wire import protocol
-from ..record.proc_usage import cpu_times, own_memory, resident
-from ..record.resources import GpuUsage, RankUsage, usage_record
+from ...wire import protocol
+from ...record.proc_usage import cpu_times, own_memory, resident
+from ...record.resources import GpuUsage, RankUsage, usage_record
 
 if TYPE_CHECKING:
-    from ..record.gpu_usage import GpuWatch
+    from ...record.gpu_usage import GpuWatch
 
 SAMPLE_EVERY = 2.0      # seconds between two samples, at the least
 BUDGET = 0.005          # the share of one core the sampling may take (the whole goal: under 1%)
@@ -95,7 +95,7 @@ class SelfSampler:
             return None
         if not self._gpu_tried:
             self._gpu_tried = True
-            from ..record.gpu_usage import GpuWatch
+            from ...record.gpu_usage import GpuWatch
             self._gpu = GpuWatch.open()
         return None if self._gpu is None else self._gpu.usage(self.device, self.pid)
 

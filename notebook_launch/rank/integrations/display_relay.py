@@ -25,7 +25,7 @@ import pickle
 import sys
 from typing import Any
 
-from ..wire import protocol
+from ...wire import protocol
 
 log = logging.getLogger("notebook_launch")
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
@@ -42,6 +42,11 @@ def _this_process_notes() -> None:
         _noted_widget_kinds.clear()
         _widget_display_ids.clear()
         _noted_by = os.getpid()
+
+
+def install(spec: Any = None) -> None:
+    """A rank hook (``installs.RANK_HOOKS``): ``install_display_relay``."""
+    install_display_relay()
 
 
 def install_display_relay() -> bool:

@@ -14,7 +14,7 @@ So in a rank, ``DDPStrategy._configure_launcher`` is wrapped: when the cluster e
 processes externally, the strategy gets the same launcher ``"ddp"`` gets, for every start method;
 a user moving a notebook from ``ddp_notebook`` keeps their Trainer line. Outside a launched rank
 nothing changes. The wrap is applied when Lightning's ddp modules are imported (now, or right
-after the rank imports them: ``progress_bridge.after_import``), for the four module names
+after the rank imports them: ``after_import``), for the four module names
 Lightning ships under (lightning.pytorch, pytorch_lightning, lightning.fabric, lightning_fabric).
 """
 from __future__ import annotations
@@ -24,7 +24,7 @@ import logging
 import types
 from typing import Any
 
-from .progress_bridge import after_import
+from ..after_import import after_import
 
 log = logging.getLogger("notebook_launch")
 

@@ -1,6 +1,6 @@
 """Where XLA's replicas are (issue 20): xmp.spawn runs them as threads of processes under one
 launcher (``backends.xla``), so no replica is a process of its own to ask by pid. Each replica
-keeps its own record (``rank.xla_replicas``) in the process that runs it: the records are found
+keeps its own record (``engines.xla.replicas``) in the process that runs it: the records are found
 under the launcher, each such process is asked once for its threads (``stacks.collect``), and each
 replica gets its own thread's stack. xm's collectives are lazy, so who waits is inferred from the
 records (``who_waits``)."""
@@ -8,18 +8,18 @@ from __future__ import annotations
 
 from typing import Callable, Sequence
 
-from . import stacks
-from .hang_verdict import RankWhereabouts
-from .memfds import memfds
-from .proc_tasks import children
-from .stacks import read_record
+from ...diagnose import stacks
+from ...diagnose.hang_verdict import RankWhereabouts
+from ...diagnose.memfds import memfds
+from ...diagnose.proc_tasks import children
+from ...diagnose.stacks import read_record
 
 
 def replica_records(launcher: int) -> dict[int, tuple[int, str]]:
     """Ordinal -> (pid of the process running that replica, /proc path of its record), from the
     launcher and its descendants. A replica's forked child (a DataLoader worker) inherits the memfd:
     only the process the record names as its own counts."""
-    from ..rank.xla_replicas import REPLICA_RECORD_NAME   # only where XLA runs: the rank's module is not light
+    from .replicas import REPLICA_RECORD_NAME   # only where XLA runs: the rank's module is not light
 
     found: dict[int, tuple[int, str]] = {}
     queue = [launcher]
@@ -69,7 +69,7 @@ def replica_whereabouts(launcher: int, local_ranks: Sequence[int],
 
 
 def who_waits(replicas: Sequence[RankWhereabouts]) -> None:
-    """xm's collectives are lazy (``rank.xla_replicas``): a replica that issued collective #n waits
+    """xm's collectives are lazy (``engines.xla.replicas``): a replica that issued collective #n waits
     in it when another replica has not issued #n (it cannot complete without it), or when another
     issued a different collective as its #n (the graphs do not match: a different order). Such
     replicas are marked ``inside`` it; the others keep it as the last one they called."""

@@ -7,26 +7,23 @@ So each library gets an *adapter* that patches the library's bar class in place 
 notebook may hold ``from tqdm.auto import tqdm`` or a ``rich.progress.Progress`` from
 before the launch) and, at the library's own redraw points, tells a ``Mirror`` the bar's
 description, count and total. The mirror forwards the difference to a panel bar
-(``rank.progress.Progress``), which batches and throttles like every panel bar: the
+(``rank.reports.progress.Progress``), which batches and throttles like every panel bar: the
 library keeps its own counting and throttling, the panel gets what a terminal would show.
 
 Adapters: ``tqdm_bridge`` (tqdm and its variants: tqdm.auto, tqdm.notebook, tqdm.rich,
 Lightning's TQDMProgressBar, the Transformers Trainer in a terminal) and ``rich_bridge``
 (``rich.progress``: ``track``, ``Progress``, Lightning's default RichProgressBar) and
 ``transformers_bridge`` (the Trainer's notebook bars, which are HTML, not tqdm).
-A library imported after the launch is patched when the rank imports it (``after_import``),
+A library imported after the launch is patched when the rank imports it (``rank.after_import``),
 so a rank that never uses it pays nothing.
 """
 from __future__ import annotations
 
-import importlib.abc
-import importlib.util
 import sys
-from types import ModuleType
-from typing import Any, Callable, Sequence
+from typing import Any
 
-from ..errors.best_effort import best_effort
-from .progress import Progress
+from ...errors.best_effort import best_effort
+from ..reports.progress import Progress
 
 
 class Mirror:
@@ -72,57 +69,6 @@ def _plain(desc: str) -> str:
         except Exception:   # why: not markup after all (a literal '['): show it as it is
             return desc
     return desc
-
-
-# --- patching a library when the rank imports it -----------------------------------------
-class _AfterImport(importlib.abc.MetaPathFinder):
-    """Runs a callback right after one module is first imported in this process."""
-
-    def __init__(self, name: str, callback: Callable[[ModuleType], None]) -> None:
-        self.name, self.callback, self.busy = name, callback, False
-
-    def find_spec(self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None) -> Any:
-        if fullname != self.name or self.busy:
-            return None
-        self.busy = True
-        try:
-            spec = importlib.util.find_spec(fullname)
-        finally:
-            self.busy = False
-        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
-            return spec
-        loader, callback = spec.loader, self.callback
-
-        class Loader(importlib.abc.Loader):
-            def create_module(self, spec: Any) -> Any:
-                return loader.create_module(spec)
-
-            def exec_module(self, module: ModuleType) -> None:
-                loader.exec_module(module)
-                _remove(self_finder)
-                # the library still works, only unbridged
-                with best_effort("patching %s in the rank failed", fullname):
-                    callback(module)
-
-        self_finder = self
-        spec.loader = Loader()
-        return spec
-
-
-def _remove(finder: Any) -> None:
-    try:
-        sys.meta_path.remove(finder)
-    except ValueError:
-        pass   # already gone
-
-
-def after_import(name: str, callback: Callable[[ModuleType], None]) -> None:
-    """``callback(module)`` now if ``name`` is imported, else right after the rank imports it."""
-    module = sys.modules.get(name)
-    if module is not None:
-        callback(module)
-    else:
-        sys.meta_path.insert(0, _AfterImport(name, callback))
 
 
 def install(spec: Any = None) -> None:

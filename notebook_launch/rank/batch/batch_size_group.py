@@ -13,7 +13,7 @@ import weakref
 from datetime import timedelta
 from typing import Any
 
-from ..errors.best_effort import best_effort
+from ...errors.best_effort import best_effort
 
 log = logging.getLogger("notebook_launch")
 
@@ -34,11 +34,11 @@ def leave_group() -> None:
     """Destroy this rank's default group and free it now, so that its gloo connections close
     and peers blocked in a collective with this rank fail instead of waiting for the timeout.
 
-    Order matters (rank/process_groups.py says why): a DDP Reducer must never be the last owner of
+    Order matters (rank/group/process_groups.py says why): a DDP Reducer must never be the last owner of
     a gloo group, so DDP models still on the group are disarmed while our own reference keeps the
     group, and that reference (whose destructor releases the GIL) goes last."""
     import torch.distributed as dist
-    from . import process_groups
+    from ..group import process_groups
     if not dist.is_initialized():
         return
     group = dist.distributed_c10d._get_default_group()

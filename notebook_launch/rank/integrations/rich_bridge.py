@@ -26,7 +26,8 @@ import logging
 from types import ModuleType
 from typing import Any
 
-from .progress_bridge import Mirror, after_import
+from ..after_import import after_import
+from .progress_bridge import Mirror
 
 log = logging.getLogger("notebook_launch")
 _PATCHED_ATTR = "_notebook_launch_patched"

@@ -18,16 +18,16 @@ import os
 from types import ModuleType
 from typing import Any
 
-from ..wire import protocol
-from ..errors.best_effort import best_effort
-from ..record.group_join import JOINED, JOINING
+from ...wire import protocol
+from ...errors.best_effort import best_effort
+from ...record.group_join import JOINED, JOINING
 
 _PATCHED = "_notebook_launch_says_joining"
 _joining: dict[int, bool] = {}   # pid -> whether it said it joins: a forked process starts from its own
 
 
 def install(spec: Any = None) -> None:
-    from .progress_bridge import after_import
+    from ..after_import import after_import
     after_import("torch.distributed", wrap)
 
 

@@ -18,9 +18,10 @@ import logging
 import sys
 from typing import Any
 
-from .inherited_streams import writes_to_rank_output
-from .progress import log as log_metrics
-from .progress_bridge import Mirror, after_import
+from ..inherited_streams import writes_to_rank_output
+from ..reports.progress import log as log_metrics
+from ..after_import import after_import
+from .progress_bridge import Mirror
 
 _PATCHED_ATTR = "_notebook_launch_patched"
 log = logging.getLogger("notebook_launch")

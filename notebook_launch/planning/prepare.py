@@ -11,16 +11,17 @@ import dataclasses
 import inspect
 from typing import Any, Mapping
 
-from .planning import fd_budget, net
+from . import fd_budget, net
 from . import preflight
-from .detect import torch_tpu
-from .errors import LaunchArgumentError
-from .record.logs import make_run_id
-from .planning.options import (LaunchOptions, check_display_ranks_exist, check_world_size, launch_options,
+from ..detect import torch_tpu
+from ..detect.platform import start_process_possible
+from ..errors import LaunchArgumentError
+from ..record.logs import make_run_id
+from .options import (LaunchOptions, check_display_ranks_exist, check_world_size, launch_options,
                       validate_elastic_start_method)
-from .wire.plan import LaunchPlan, build_plan
-from .process.leftovers import note_start, start_keeper_ahead
-from .planning.target import LaunchTarget, launch_target
+from ..wire.plan import LaunchPlan, build_plan
+from ..process.leftovers import note_start, start_keeper_ahead
+from .target import LaunchTarget, launch_target
 
 # Parameters an entry point has that are not launch options: each entry point uses them itself
 # (``cluster=`` picks where the ranks run; ``interrupt_grace`` belongs to persistent ranks).
@@ -98,11 +99,10 @@ def plan_launch(options: LaunchOptions) -> tuple[LaunchTarget, LaunchPlan, str]:
 def spawn_where_fork_would_be_refused(options: LaunchOptions, target: LaunchTarget) -> LaunchTarget:
     """A notebook that holds a CUDA context (or whose CUDA runtime a fork would carry to GPU ranks)
     cannot fork its ranks. Where the user did not ask for fork, the ranks start from the warm start
-    process instead (``backends.start_process``: as fast, and sharing nothing of the notebook's
+    process instead (``engines.local.start_process``: as fast, and sharing nothing of the notebook's
     CUDA), saying so in the launch line; an explicit ``start_method="fork"`` is still refused with
     what to do (``preflight.check_cuda_not_initialized``)."""
-    from .engines.local import start_process
-    if options.start_method is not None or target.start_method != "fork" or not start_process.enabled():
+    if options.start_method is not None or target.start_method != "fork" or not start_process_possible():
         return target
     why = preflight.why_not_fork(target.device_count)
     if why is None:

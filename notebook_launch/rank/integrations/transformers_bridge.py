@@ -12,7 +12,8 @@ from __future__ import annotations
 from types import ModuleType
 from typing import Any
 
-from .progress_bridge import Mirror, after_import
+from ..after_import import after_import
+from .progress_bridge import Mirror
 
 _PATCHED_ATTR = "_notebook_launch_patched"
 _MIRROR_ATTR = "_notebook_launch_mirror"

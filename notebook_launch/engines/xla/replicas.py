@@ -18,16 +18,16 @@ import threading
 import traceback
 from typing import Any, Callable, Sequence
 
-from ..wire import protocol
-from ..errors.best_effort import best_effort
-from ..detect.xla import stale_tpu_variables
-from .bootstrap import (EXIT_FAILED, detach_from_parent, die_with_parent, flush_everything, install_std_streams,
+from ...wire import protocol
+from ...errors.best_effort import best_effort
+from ...detect.xla import stale_tpu_variables
+from ...rank.bootstrap import (EXIT_FAILED, detach_from_parent, die_with_parent, flush_everything, install_std_streams,
                         redirect_fds, text_stream)
-from ..channels import RankPipes
-from ..wire.plan import LaunchPlan
-from .runner import Job, report_error, reset_inherited_state, run_rank
-from . import whereabouts
-from ..wire.fork_locks import ForkRenewedLock
+from ...channels import RankPipes
+from ...wire.plan import LaunchPlan
+from ...rank.runner import Job, report_error, reset_inherited_state, run_rank
+from ...rank.reports import whereabouts
+from ...wire.fork_locks import ForkRenewedLock
 
 # Variables that name one rank. Threads of one process share os.environ, so
 # these are set only where a process runs a single rank.

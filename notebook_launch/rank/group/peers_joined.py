@@ -26,7 +26,7 @@ from collections import Counter
 from types import ModuleType
 from typing import Any
 
-from ..errors.best_effort import best_effort
+from ...errors.best_effort import best_effort
 
 log = logging.getLogger("notebook_launch")
 WAIT_LIMIT = 10.0   # seconds a rank waits for its peers to join before it ends anyway
@@ -44,7 +44,7 @@ _joinings: dict[str, "Joining"] = {}     # the last group of each name this proc
 
 def install(spec: Any = None) -> None:
     """Wrap torch.distributed now if it is imported, else right after the rank imports it."""
-    from .progress_bridge import after_import
+    from ..after_import import after_import
     after_import("torch.distributed", wrap)
 
 

@@ -29,7 +29,7 @@ import sys
 import threading
 from typing import Any
 
-from ..channels.where_request import ANSWER_HEAD, ANSWER_LINE, ANSWER_TEXT, ANSWERS_NAME, RECENT, REQUEST
+from ...channels.where_request import ANSWER_HEAD, ANSWER_LINE, ANSWER_TEXT, ANSWERS_NAME, RECENT, REQUEST
 
 THREAD_NAME = "notebook_launch-where"   # our thread: not the user's (displayed stacks leave it out)
 MAX_FRAMES = 100                         # frames kept per thread, innermost first (as faulthandler)

@@ -51,8 +51,8 @@ import sys
 import threading
 from typing import Any, Callable
 
-from ..errors.best_effort import best_effort
-from ..wire.fork_locks import ForkRenewedLock
+from ...errors.best_effort import best_effort
+from ...wire.fork_locks import ForkRenewedLock
 from . import pace, progress
 from .pace import Pace
 from .where_thread import WhereThread
@@ -285,7 +285,15 @@ def set_recording(dist: Any, on: bool) -> None:
                 setattr(module, name, current.__wrapped__)
 
 
-_SKIP_PREFIXES = (os.path.dirname(os.path.dirname(os.path.abspath(__file__))),)
+def _package_folder() -> str:
+    """notebook_launch/ itself, however deep under it this module sits (it moved once)."""
+    folder = os.path.abspath(__file__)
+    for _ in range(__name__.count(".")):
+        folder = os.path.dirname(folder)
+    return folder
+
+
+_SKIP_PREFIXES = (_package_folder(),)
 
 
 def _caller(frame: Any) -> Any:

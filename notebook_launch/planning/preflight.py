@@ -8,33 +8,33 @@ import logging
 import os
 import sys
 
-from .notebook import cuda_tracking
-from .planning import port_holders
-from .notebook.accelerate_state import find_origin, reset_for_training_arguments
-from .detect.platform import inside_launched_rank
-from .detect import torch_tpu
-from .detect.xla import runtime_initialized
-from .errors import GuardError, LaunchArgumentError
-from .hooks import installed_by
-from .planning.net import PortReservation, claim_any_free_port, claim_free_port
-from .notebook.notebook_streams import ERR
-from .wire.plan import StartMethod
+from ..notebook import cuda_tracking
+from . import port_holders
+from ..notebook.accelerate_state import find_origin, reset_for_training_arguments
+from ..notebook.hooks_record import installed_by
+from ..detect.platform import inside_launched_rank
+from ..detect import torch_tpu
+from ..detect.xla import runtime_initialized
+from ..errors import GuardError, LaunchArgumentError
+from .net import PortReservation, claim_any_free_port, claim_free_port
+from ..notebook.notebook_streams import ERR
+from ..wire.plan import StartMethod
 
 log = logging.getLogger("notebook_launch")
 
 
 def check_not_inside_rank() -> None:
     """A launch from inside a launched rank would nest process groups and deadlock. Every
-    launch path (notebook_launcher, start_ranks) calls this first, so a launch that passes
-    it installs the notebook's hooks (``hooks.install``: a no-op after the first time), and
-    the guards track the notebook from its first launch on even without ``%load_ext``."""
+    launch path (notebook_launcher, start_ranks) calls this first, and a launch that passes
+    it then installs the notebook's hooks (``hooks.install``: a no-op after the first time), so
+    the guards track the notebook from its first launch on even without ``%load_ext``; the
+    caller does, since the hooks install the fork launcher's between-cells imports and the
+    guards sit below every engine."""
     if inside_launched_rank():
         raise GuardError(
             "notebook_launcher was called from inside a launched rank. The function you launch "
             "already runs on every rank: call the training code directly there instead of "
             "launching again.")
-    from .hooks import install
-    install(by="the first launch")
 
 
 def check_no_accelerate_state() -> None:
