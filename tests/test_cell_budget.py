@@ -136,8 +136,13 @@ MANY = textwrap.dedent("""
     from notebook_launch import notebook_launcher, progress
 
     def many():
-        import os, sys
+        import os, sys, time
         rank = int(os.environ["RANK"])
+        # every rank prints the warning once all have started: on a busy machine 32 forks can span
+        # more than the one-second window in which identical lines join into one
+        open(os.path.join({barrier!r}, f"started-{{rank}}"), "w").close()
+        while len(os.listdir({barrier!r})) < 32:
+            time.sleep(0.005)
         print("Some weights of the model were not initialized", file=sys.stderr, flush=True)
         for step in progress(range(3000), desc="train"):
             progress.log(loss=1.0 / (step + 1) + rank * 1e-3, lr=1e-3)
@@ -156,7 +161,9 @@ def test_a_saved_notebook_of_a_32_rank_run_stays_small(tmp_path):
     32-rank run leaves make a saved notebook under about 2 MB."""
     import nbformat
     from helpers.nbutil import make_notebook, run_notebook
-    nb = run_notebook(make_notebook(MANY.format(log_dir=str(tmp_path / "logs"))), timeout=540)
+    (tmp_path / "barrier").mkdir()
+    nb = run_notebook(make_notebook(MANY.format(log_dir=str(tmp_path / "logs"), barrier=str(tmp_path / "barrier"))),
+                      timeout=540)
     path = tmp_path / "saved.ipynb"
     nbformat.write(nb, str(path))
     assert path.stat().st_size < 2_000_000, path.stat().st_size

@@ -232,6 +232,27 @@ def test_the_cell_line_budget_is_per_rank_chosen_or_all(monkeypatch):
     assert launch_options(function=print, lines_per_second="all").lines_per_second is None
 
 
+def test_a_flood_on_a_ranks_stdout_never_hides_its_own_stderr(monkeypatch):
+    """Each stream of a rank has its own cap: a library's warning the rank printed on stderr before
+    flooding stdout can reach the notebook after the flood (the two pipes are read in whichever order
+    they are ready; it happened to a 32-rank run on a busy machine) and is still shown, and a flood
+    on stderr is capped as one on stdout is."""
+    out, err = io.StringIO(), io.StringIO()
+    monkeypatch.setattr(sys, "stdout", out)
+    monkeypatch.setattr(sys, "stderr", err)
+    state = make_state(1)
+    display = TextDisplay(stream_is_notebook=True, lines_per_second=5)
+    for i in range(50):
+        display.line(state, 0, "stdout", f"step {i}")
+    display.line(state, 0, "stderr", "Some weights of the model were not initialized")
+    for i in range(50):
+        display.line(state, 0, "stderr", f"warning {i}")
+    display.close(state)
+    assert out.getvalue().count("[rank 0] step") == 5 and err.getvalue().count("[rank 0] warning") == 4
+    assert "[rank 0] Some weights of the model were not initialized" in err.getvalue()
+    assert "91 lines not shown here" in out.getvalue() and "stdout or stderr" in out.getvalue()
+
+
 def test_a_stalled_row_says_how_long_it_has_not_moved_and_no_rate():
     """Issue 47: a stalled rank's pace over the last window only decays while it waits ('1.40
     s/all_reduce'), a speed it does not have: no display shows a rate, an ETA or a pace for it,

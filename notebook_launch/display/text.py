@@ -60,7 +60,10 @@ class TextDisplay(Display):
         self.budget = lines_per_second if stream_is_notebook else None
         self._where_shown: str | None = None
         self._window_start = time.monotonic()
-        self._window_counts: dict[int, int] = {}   # local rank -> lines shown in this second
+        # (local rank, stream) -> lines shown in this second: each stream of a rank has its own cap, so
+        # a flood on stdout never hides the same rank's stderr (a library's warning printed before the
+        # flood can still arrive after it: the two pipes are read in whichever order they are ready)
+        self._window_counts: dict[tuple[int, str], int] = {}
         self._suppressed = 0
 
     def start(self, state: RunState) -> None:
@@ -73,7 +76,7 @@ class TextDisplay(Display):
             self.cell = CellBudget(self.cell_output, len(state.ranks))
 
     def line(self, state: RunState, local_rank: int, stream: str, text: str) -> None:
-        if self.budget is not None and not self._within_budget(local_rank):
+        if self.budget is not None and not self._within_budget(local_rank, stream):
             self._suppressed += 1
             return
         self._ready(state)
@@ -119,20 +122,20 @@ class TextDisplay(Display):
                 self.tail.update(bundle, raw=True)
         self._tail_shown = (cell.held_lines, now)
 
-    def _within_budget(self, local_rank: int) -> bool:
+    def _within_budget(self, local_rank: int, stream: str) -> bool:
         now = time.monotonic()
         if now - self._window_start >= 1.0:
             self._report_suppressed()
             self._window_start = now
             self._window_counts.clear()
-        shown = self._window_counts.get(local_rank, 0) + 1
-        self._window_counts[local_rank] = shown
+        shown = self._window_counts.get((local_rank, stream), 0) + 1
+        self._window_counts[(local_rank, stream)] = shown
         return self.budget is None or shown <= self.budget
 
     def _report_suppressed(self) -> None:
         if self._suppressed:
             note = (f"[notebook_launch] {counted(self._suppressed, 'line')} not shown here "
-                    f"(more than {self.budget} a second from a rank, too fast for the notebook); "
+                    f"(more than {self.budget} a second from a rank's stdout or stderr, too fast for the notebook); "
                     f"every line is in the log folder, a rank's recent lines in the panel's \"recent lines\", "
                     f"and notebook_launcher(..., lines_per_second=\"all\") shows them all here\n")
             if self.cell is None or self.cell.admit_note(note):

@@ -48,8 +48,8 @@ def validate_cell_output(value: object) -> int | None:
 
 
 def validate_lines_per_second(value: object) -> int | None:
-    """``lines_per_second``: how many of each rank's output lines a second the cell shows (the
-    rest go to the rank's log); "all" shows every line (returned as None)."""
+    """``lines_per_second``: how many of each rank's output lines a second the cell shows, on each
+    of its two streams (the rest go to the rank's log); "all" shows every line (returned as None)."""
     if value == "all" and isinstance(value, str):
         return None
     if isinstance(value, bool) or not isinstance(value, numbers.Integral) or int(value) < 1:
