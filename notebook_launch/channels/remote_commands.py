@@ -1,7 +1,7 @@
-"""The format of the messages a notebook sends a persistent rank on another machine (Ray's now;
-a SLURM transport's would be the same), which both sides use: the notebook writes them
-(``persistent.ray_ranks``), the rank reads them (``rank.ray_serve``). Here so that neither side
-reads the other's module for it.
+"""The format of the messages a notebook sends a persistent rank on another machine (a Ray actor or a
+SLURM task alike), which both sides use: the notebook writes them (``engines.remote.persistent``, under
+``engines.ray.persistent`` and ``engines.slurm.persistent``), the rank reads them (``engines.remote.serve``).
+Here so that neither side reads the other's module for it.
 
 No memfd, Unix socket or shared memory reaches such a rank, so everything the notebook says to it
 travels on the rank's events connection (the notebook -> rank direction, which a launch uses only

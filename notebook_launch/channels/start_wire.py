@@ -1,5 +1,5 @@
-"""The messages between the notebook and its warm start process (``backends.start_process`` on the
-notebook's side, ``rank.start_server`` on the start process's): one pickled dict per message, framed
+"""The messages between the notebook and its warm start process (``engines.local.start_process`` on the
+notebook's side, ``engines.local.start_server`` on the start process's): one pickled dict per message, framed
 by its length, over a Unix stream socket, with file descriptors riding on the message's first bytes
 (SCM_RIGHTS). A stream, not datagrams: a request carries the notebook's whole environment, which
 can outgrow a datagram socket's buffer.

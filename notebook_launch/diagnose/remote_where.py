@@ -4,7 +4,7 @@ the same connections (``channels.sockets``) in the same format (``channels.remot
 it lives with the rest of hang diagnosis rather than in either engine's package.
 
 The supervisor asks each rank process for its ranks (``RankProcess.where``: ``ray.gang.RayRank``'s,
-``slurm.ranks.RemoteRank``'s). The ranks of one run share one ``WhereAsker``: the first rank asked
+``engines.remote.handle.RemoteRank``'s). The ranks of one run share one ``WhereAsker``: the first rank asked
 sends a request to every live rank at once and waits, ``WHERE_WAIT`` seconds at most for all of
 them, for their answers; the others then take theirs from that round. So a hang is diagnosed in one
 wait, however many ranks (or a lost node's) do not answer.
@@ -37,7 +37,7 @@ READ_SIZE = 1 << 20
 
 
 class AskedRank(Protocol):
-    """What the asker needs of a rank (``ray.gang.RayRank``, ``slurm.ranks.RemoteRank``)."""
+    """What the asker needs of a rank (``ray.gang.RayRank``, ``engines.remote.handle.RemoteRank``)."""
     local_rank: int
     pipes: SocketPipes
 

@@ -1,5 +1,5 @@
-"""What the notebook's two magics share (``%%launch`` in ``magic``, ``%ranks``/``%%ranks`` in
-``persistent.magic``): an argparse parser that raises instead of exiting, the options both
+"""What the notebook's two magics share (``%%launch`` in ``magics.launch``, ``%ranks``/``%%ranks`` in
+``magics.ranks``): an argparse parser that raises instead of exiting, the options both
 take, and the value types of those options. One home, so neither magic reads the other's
 private names."""
 from __future__ import annotations

@@ -2,7 +2,7 @@
 pickled once into a frame that goes to every rank, big tensors' bytes into a fresh memfd beside it
 (``shared_tensors``). Here, on the side that encodes, because channels/ imports nothing of ours
 and the pickling with tensors is ``shared_tensors``'s; the rank decodes with the same module
-(``rank.serve.receive_command``, ``rank.ray_serve.decode``)."""
+(``rank.serve.receive_command``, ``engines.remote.serve.decode``)."""
 from __future__ import annotations
 
 import os

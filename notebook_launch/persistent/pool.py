@@ -16,7 +16,8 @@ Between calls, ``idle.IdleReader`` reads the ranks' output (to the logs, and to 
 while a cell runs); during a call the call's supervisor does: one reader at a time.
 
 ``Ranks`` is the API and runs each call; where the ranks live and how a call reaches them is
-its transport's (``transport.RankTransport``: ``local`` on this machine, ``ray_ranks`` on Ray),
+its transport's (``transport.RankTransport``: ``engines.local.persistent`` on this
+machine, ``engines.ray.persistent`` on Ray, ``engines.slurm.persistent`` on SLURM),
 and their life around the calls (start, the between-calls reader, restarts, stop) ``life``'s; where
 the ranks are when asked (``stacks()``), in a call or waiting for the next, ``whereabouts``'s.
 """

@@ -7,13 +7,13 @@ rank runs, names what ended between calls, and stops the ranks. The pool does th
 way for every transport: one call at a time, each supervised by ``call.CallSupervisor`` over the
 transport's ``processes`` and ``pipes``, the between-calls reader (``idle``), restarts, logs.
 
-Implementations: ``local.LocalTransport`` (forked or spawned on this machine: a Unix socket
-with memfds per rank and an ``InterruptSlot`` in shared memory) and, for ranks of other machines,
-``remote.RemoteTransport`` (calls and interrupts as messages on each rank's events connection)
-with ``ray_ranks.RayTransport`` (Ray actors) and ``slurm_ranks.SlurmTransport`` (srun steps of one
-held SLURM job): they start through their engine's launcher with a serving job, take calls on
-their connection and stop when their launcher ends them; nothing here assumes processes of this
-machine.
+Implementations: ``engines.local.persistent.LocalTransport`` (forked or spawned on this machine: a Unix
+socket with memfds per rank and an ``InterruptSlot`` in shared memory) and, for ranks of other machines,
+``engines.remote.persistent.RemoteTransport`` (calls and interrupts as messages on each rank's events
+connection) with ``engines.ray.persistent.RayTransport`` (Ray actors) and
+``engines.slurm.persistent.SlurmTransport`` (srun steps of one held SLURM job): they start through their
+engine's launcher with a serving job, take calls on their connection and stop when their launcher ends
+them; nothing here assumes processes of this machine.
 """
 from __future__ import annotations
 
@@ -39,7 +39,8 @@ LogsFor = Callable[["LaunchPlan", str], "RunLogs"]   # (plan, run id) -> the poo
 class CallInterrupts(Protocol):
     """The notebook's half of interrupting a call (``call.CallSupervisor.stop``): a request the
     ranks read, and what the notebook can know of each rank. ``channels.interrupt_slot.InterruptSlot``
-    (shared memory, local ranks) and ``remote.MessageSlot`` (a message; nothing shared) are two."""
+    (shared memory, local ranks) and ``engines.remote.persistent.MessageSlot`` (a message; nothing shared)
+    are two."""
 
     def request(self, call_number: int) -> None:
         """Ask every rank to interrupt call ``call_number`` (before any signal)."""

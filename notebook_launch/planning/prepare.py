@@ -2,7 +2,7 @@
 preflight -> target -> plan. ``entry_options`` turns an entry point's parameters into the
 checked ``LaunchOptions``; ``plan_launch`` detects, checks the notebook's state, settles the
 port and describes this node's ranks. The API (``launcher.notebook_launcher``, and
-``persistent.start_ranks`` with its Ray form) calls these and nothing below them, so the
+``ranks.start_ranks`` with its cluster forms) calls these and nothing below them, so the
 launch path and persistent ranks prepare the same way and the API module is imported by
 nothing of ours for its internals."""
 from __future__ import annotations

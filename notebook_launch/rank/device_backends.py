@@ -2,7 +2,7 @@
 itself, once its own environment is in place: it then has what ``import torch`` gives a fresh
 Python (torch's ``torch.backends`` entry points: torch_tpu, ...), read with the rank's variables.
 
-Why the start process withholds them (``backends.start_process.withhold_device_backends``): on a
+Why the start process withholds them (``engines.local.start_client.withhold_device_backends``): on a
 machine with TPU devices, ``import torch`` loads torch_tpu, which sets the device up and reads its
 environment through C++ readers that keep the first value they see (``GetEnvOnce``); a rank forked
 from there would keep the start process's values (no slicebuilder address, no topology) instead of

@@ -1,4 +1,4 @@
-"""Entry point of a forked rank (started by ``backends.fork``): keep only this rank's
+"""Entry point of a forked rank (started by ``engines.local.fork``): keep only this rank's
 pipe ends, detach from the notebook, capture output, open the event channel, run."""
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """Forking ranks from a warm process, and reaping them: the one loop both warm forkers use, the
-notebook's start process (``rank.start_server``) and each SLURM node's agent (``slurm.node_agent``).
+notebook's start process (``engines.local.start_server``) and each SLURM node's agent (``engines.slurm.node_agent``).
 
 Both import once what the ranks need, then fork a child per rank and report each child's end to
 whoever supervises the ranks (the notebook cannot wait for a process it did not fork). What they

@@ -1,8 +1,8 @@
 """What a process that forks ranks imports once so its ranks share it: SLURM's node agent on each
-node (``slurm.node_agent``) and the warm start process on this machine (``rank.start_server``).
+node (``engines.slurm.node_agent``) and the warm start process on this machine (``engines.local.start_server``).
 
 The module names come from the notebook, which chose them from the launched function's code
-(``backends.warm_imports``: torch when the code names it, torch._dynamo and DDP's module when it
+(``engines.local.warm_imports``: torch when the code names it, torch._dynamo and DDP's module when it
 looks like training), as the local fork start imports them in the notebook before it forks.
 """
 from __future__ import annotations

@@ -75,7 +75,7 @@ class Interruptible:
 
     def nudge_on_signals(self) -> None:
         """Python 3.13 runs a rank's signal handlers late when the rank was forked from a
-        thread other than the notebook's main one (every fork rank is: backends.fork_thread):
+        thread other than the notebook's main one (every fork rank is: engines.local.fork_thread):
         the signal marks the eval loop of the parent's old main thread, not this one, so the
         handler waits for the next call that checks signals itself (a sleep, a write), and
         a loop of torch ops or pure Python never sees the interrupt (a child forked from a

@@ -1,4 +1,4 @@
-"""Entry point of a spawned rank (started by ``backends.spawn``): detach from
+"""Entry point of a spawned rank (started by ``engines.local.spawn``): detach from
 the notebook like a forked rank, open the event channel, restore the
 notebook's context, load the job and run it with ``rank.runner.run_rank``.
 
@@ -23,7 +23,7 @@ from .runner import report_error, run_rank, setup_failure
 
 @dataclass
 class EntryArgs:
-    """What the launcher passes (``backends.spawn._entry_args``)."""
+    """What the launcher passes (``engines.local.spawn._entry_args``)."""
     payload_fd: int = -1                  # the pickled job, in a file with no name
     local_rank: int = -1
     events_fd: int = -1

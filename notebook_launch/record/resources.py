@@ -1,5 +1,5 @@
 """What a rank uses, as the notebook last sampled it, and the machine's memory: the data the
-panel rows, the header, the final picture and the rank logs show (``display/resources.py`` says
+panel rows, the header, the final picture and the rank logs show (``display.format.resources`` says
 it in words; ``supervise/resources.py`` samples it).
 
 Why a module of its own: the run state (``state.py``) holds these, the supervisor fills them and
@@ -75,7 +75,7 @@ class MachineMemory:
 
 
 # Processes of ours that are not ranks but hold memory a user should see beside the machine's (the
-# warm start process: ``backends.start_process`` registers it while it runs): name -> pid.
+# warm start process: ``engines.local.start_client`` registers it while it runs): name -> pid.
 _helpers: dict[str, int] = {}
 
 

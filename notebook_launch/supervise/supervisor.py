@@ -233,7 +233,7 @@ class Supervisor:
             leftovers.end_rank_group(process.pid)
         shared = len(process.ranks()) > 1
         for watch in watches:
-            watch.pipes.close(watch.pipes.events_w)   # kept open while it ran (backends.base.start_each)
+            watch.pipes.close(watch.pipes.events_w)   # kept open while it ran (engines.base.start_each)
             self.prompts.forget(watch.local_rank)
             self.watcher.drain_events(watch)   # an ERROR sent just before exiting decides how it ended
             if watch.exit is not None:   # the teardown reaped and described it already

@@ -68,7 +68,7 @@ def _renew_every_lock() -> None:
         lock._renew_in_child()
 
 
-# Held around every fork of a rank (backends.fork_thread) and every process we start with
+# Held around every fork of a rank (engines.local.fork_thread) and every process we start with
 # subprocess (the orphan keeper, spawned ranks, py-spy): a process forked without exec while
 # another thread's Popen waits on its error pipe inherits that pipe's write end (close-on-exec
 # only closes it at an exec), and the Popen waits until that process ends. A rank lives for the

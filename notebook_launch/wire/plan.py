@@ -21,7 +21,7 @@ DeviceKind = Literal["cpu", "cuda", "xla", "tpu"]
 # The torch.distributed backend a device kind's ranks use (dist_backend_for); "tpu" is the process
 # group backend torch_tpu registers for its device.
 DistBackend = Literal["gloo", "nccl", "xla", "tpu"]
-# How ranks start on this machine (``backends.get_backend``): fork (the notebook's globals are
+# How ranks start on this machine (``engines.local.get_backend``): fork (the notebook's globals are
 # inherited), spawn (fresh interpreters; TorchTPU's ranks too) or xla (torch_xla's xmp.spawn). The user's start_method
 # becomes one in options; a Ray launch (cluster=) has no start method, and its plan says "ray".
 StartMethod = Literal["fork", "spawn", "xla"]
@@ -214,7 +214,7 @@ def cluster_plan(world_size: int, device_kind: DeviceKind, mixed_precision: str,
                  start_method: Literal["ray", "slurm"]) -> LaunchPlan:
     """The notebook's view of a run on a cluster engine: one row per global rank (its index is the
     rank), with no environment: each rank's real one is made on its node, once the engine placed it
-    (``rank.ray_actor``, ``slurm.task``)."""
+    (``engines.ray.actor``, ``engines.slurm.task``)."""
     device = "cuda" if device_kind == "cuda" else "cpu"
     ranks = tuple(RankSpec(rank, rank, device, {}) for rank in range(world_size))
     return LaunchPlan(num_processes=world_size, num_nodes=1, node_rank=0, world_size=world_size,

@@ -9,7 +9,7 @@ Each rank runs ``notebook_launch.rank.spawn_entry``; its stdout and stderr are
 the rank's pipes from the first byte, the events pipe is passed by number.
 
 Where it can (Linux), a rank is not a fresh interpreter but a fork of the warm start process
-(``backends.start_process``), which imported torch once and never touched an accelerator: the
+(``engines.local.start_process``), which imported torch once and never touched an accelerator: the
 same entry, the same payload, the same fds under the same numbers; the start process reaps it and
 says how it ended (``StartedRank``). It starts in milliseconds instead of seconds. Where the start
 process cannot serve, ranks start as fresh interpreters, as before.

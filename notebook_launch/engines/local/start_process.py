@@ -1,7 +1,7 @@
-"""The notebook's side of the warm start process (``rank.start_server``): one per notebook, started
+"""The notebook's side of the warm start process (``engines.local.start_server``): one per notebook, started
 in the background (``prestart``: by ``%load_ext notebook_launch`` where a launch may have to avoid
 forking the notebook, or by the first such launch), from which every rank that must not be forked
-from the notebook is forked instead (``backends.spawn``). Ranks then start in milliseconds, not in
+from the notebook is forked instead (``engines.local.spawn``). Ranks then start in milliseconds, not in
 the seconds a fresh Python and a torch import take, and still share nothing with the notebook: not
 its CUDA context, not its XLA runtime, not its OpenMP pool.
 

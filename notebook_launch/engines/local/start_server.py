@@ -1,4 +1,4 @@
-"""The warm start process: a fresh Python, started by the notebook (``backends.start_process``),
+"""The warm start process: a fresh Python, started by the notebook (``engines.local.start_process``),
 that imports once what ranks need (torch, torch.distributed, and torch._dynamo when a launch
 trains) and then forks every rank of a launch that must not fork the notebook itself (a notebook
 holding a CUDA context, ``start_method="spawn"``, persistent ranks started that way). A rank forked
@@ -44,7 +44,7 @@ from ...rank import forking
 from ...rank.preload import EVERY_RANK, warm
 
 SOCKET_VARIABLE = "NOTEBOOK_LAUNCH_START_SOCKET"     # "<socket fd> <reports fd> <notebook pid>"
-# "1": torch was imported here without its device backends (backends.start_process.withhold_device_backends):
+# "1": torch was imported here without its device backends (engines.local.start_client.withhold_device_backends):
 # every rank forked from here loads them itself (rank.device_backends)
 WITHHELD_VARIABLE = "NOTEBOOK_LAUNCH_DEVICE_BACKENDS_WITHHELD"
 backends_withheld = False

@@ -151,7 +151,7 @@ def _import_torch_for(function: Callable[..., Any], say: Callable[[str], None] =
 
 
 # What a training rank imports lazily (DDP's constructor, an optimizer's step): imported once before
-# the ranks start, here before a fork, in the warm start process before it forks (backends.spawn).
+# the ranks start, here before a fork, in the warm start process before it forks (engines.local.spawn).
 TRAINING_MODULES = ("torch._dynamo", "torch.nn.parallel")
 
 

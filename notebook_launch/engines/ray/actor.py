@@ -7,8 +7,8 @@ at them, sets the same environment a local rank gets (``plan.rank_environment``,
 attempt's restart count and the interface gloo and NCCL must bind), loads the cloudpickled job and runs
 it with ``rank.runner.run_rank``: from there on a Ray rank is a local rank, but for its
 resources, which it samples itself (``rank.reports.resources``: the notebook cannot read its /proc).
-A persistent rank (``persistent.ray_ranks``) is the same call whose job serves calls
-until the notebook stops it (``rank.ray_serve``).
+A persistent rank (``engines.ray.persistent``) is the same call whose job serves calls
+until the notebook stops it (``engines.remote.serve``).
 
 Nothing here imports Ray at module level: a node imports this module only
 inside a Ray worker, where Ray is already loaded.

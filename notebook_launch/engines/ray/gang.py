@@ -154,7 +154,7 @@ def end_of(ray: Any, future: Any, sent_signal: int | None) -> tuple[WaitStatus, 
         if sent_signal is not None:
             return ("signal", sent_signal), None
         return ("signal", signal.SIGKILL), death_reason(exc)
-    if sent_signal is not None and code != 0:   # it unwound on the notebook's SIGTERM (rank.ray_actor)
+    if sent_signal is not None and code != 0:   # it unwound on the notebook's SIGTERM (engines.ray.actor)
         return ("signal", sent_signal), None
     return ("exit", code), None
 

@@ -8,9 +8,9 @@ those sockets are the channels it hands back, so the supervisor selects on them 
 on a local rank's pipes. ``end`` leaves nothing on the cluster. Each ``start`` is one attempt;
 restarts are ``run.supervise_attempts`` (``ray.run``), under the rule elastic's agent follows.
 
-Persistent ranks on Ray (``persistent.ray_ranks``) start through the same ``start`` with
+Persistent ranks on Ray (``engines.ray.persistent``) start through the same ``start`` with
 ``persistent=True``: the same placement, actors, environment and connections, but each actor's
-job serves calls until told to stop (``rank.ray_serve``), its events connection carries calls
+job serves calls until told to stop (``engines.remote.serve``), its events connection carries calls
 instead of signal frames (``gang.PersistentRayRank``), and its placement group is named as
 persistent ranks' (``gang.PersistentGang``).
 """

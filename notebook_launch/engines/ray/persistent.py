@@ -5,16 +5,16 @@ The same ``Ranks`` as local persistent ranks (``pool``), over its own transport
 by ``call.CallSupervisor`` with the same panel, logs, LaunchError texts, interrupt and
 timeout rules, and the between-calls reader. What differs is where the ranks live:
 
-- starting: through the launcher interface, as every start path (``backends.base``):
+- starting: through the launcher interface, as every start path (``engines.base``):
   ``RayLauncher(persistent=True).start`` places the ranks of a Ray launch
   (``ray.launch``): one placement group, one actor per rank
-  (``rank.ray_actor.RankActor``), each connecting its streams back to the notebook
-  (``channels.sockets``); the actor's job is ``rank.ray_serve.serve_ray_calls``, which serves
+  (``engines.ray.actor.RankActor``), each connecting its streams back to the notebook
+  (``channels.sockets``); the actor's job is ``engines.remote.serve.serve_ray_calls``, which serves
   calls until STOP. The panel shows each rank's node;
 - talking to a rank: a local rank gets calls on a Unix socket with memfds and shares an
   ``InterruptSlot`` in memory; a Ray rank gets them on its events connection
   (``channels.remote_commands`` messages): a call's frame with its tensor bytes, and an interrupt
-  that names its call (``remote.MessageSlot``);
+  that names its call (``engines.remote.persistent.MessageSlot``);
 - ending: ``close()`` sends STOP, then kills the actors and removes the placement group and
   waits until Ray reports the actors dead (``RayLauncher.end``, ``ray.gang.Gang.end``). The actors belong to the
   notebook's Ray driver (not detached) and the group to its job: when the notebook's kernel
@@ -107,7 +107,7 @@ class RayTransport(RemoteTransport):
         return [f"node {p.node_rank} ({a})" for p, a in zip(self._placements, self._addresses)]
 
     def start(self, logs_for: LogsFor) -> LaunchPlan:
-        """Start the ranks as every start path does (``backends.base``): the launcher's channels,
+        """Start the ranks as every start path does (``engines.base``): the launcher's channels,
         then ``RayLauncher.start`` with ``persistent=True`` (actors that serve calls)."""
         cluster, options = self.cluster, self.options
         world_size = options.num_processes or 0

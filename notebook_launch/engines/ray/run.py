@@ -3,7 +3,7 @@ run scaffold, launcher interface, supervisor, outcome and restart rule as a loca
 
 The rest of Ray is beside it in this package: connecting (``connect``), the launcher that
 gang-places and starts the ranks (``launch.RayLauncher``, with ``gang``); the rank side is
-``rank.ray_actor``. Here: connect, check the cluster can hold the ranks, then
+``engines.ray.actor``. Here: connect, check the cluster can hold the ranks, then
 run the attempts (``run.supervise_attempts``, as a SLURM launch does).
 """
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """What persistent ranks on other machines share, whatever started them (Ray's actors:
-``ray_ranks``; SLURM's srun steps: ``slurm_ranks``): no memfd, Unix socket or shared memory
+``engines.ray.persistent``; SLURM's srun steps: ``engines.slurm.persistent``): no memfd, Unix socket or shared memory
 reaches such a rank, so everything the notebook says to it travels on the rank's events
-connection as ``rank.ray_serve`` messages, which the rank's one serving loop reads
-(``rank.ray_serve.serve_ray_calls``, on an actor and on a SLURM node alike).
+connection as ``channels.remote_commands`` messages, which the rank's one serving loop reads
+(``engines.remote.serve.serve_ray_calls``, on an actor and on a SLURM node alike).
 
 ``RemoteTransport`` is the part of ``transport.RankTransport`` that is the same for every such
 cluster: the start through the engine's launcher and its rollback (``start_through``), a call's
@@ -81,7 +81,7 @@ class RemoteTransport(RankTransport):
         self.launchers: list[Launcher] = []   # the current ranks' launcher (a list: the finalizer's view)
 
     def start_through(self, launcher: Launcher, plan: LaunchPlan, job: Job, state: RunState) -> None:
-        """Start the ranks as every start path does (``backends.base``): the launcher's channels,
+        """Start the ranks as every start path does (``engines.base``): the launcher's channels,
         then its ``start``. A start that fails leaves nothing (the launcher's ``end``) and is the
         pool's LaunchError (``state``: the run state a failed start names)."""
         self.launchers[:] = [launcher]

@@ -1,4 +1,6 @@
-"""A persistent rank on a Ray cluster, the rank side (``persistent.ray_ranks`` is the notebook's).
+"""A persistent rank on another machine, the rank side (``engines.remote.persistent`` is the notebook's,
+under ``engines.ray.persistent`` and ``engines.slurm.persistent``): a Ray actor's and a SLURM task's alike
+(``engines.slurm.task`` runs the same loop). Told here for Ray; a SLURM task differs only in how it started.
 
 The actor runs the same ``RankActor.run`` as a launched Ray rank (streams connected back to
 the notebook, the rank's environment, ``runner.run_rank``); its job is ``serve_ray_calls``,

@@ -7,8 +7,8 @@ waits in the queue its ``StartWatch`` is told, so every rank's row and the cell 
 (Resources)", and ticked, so Stop cancels it), writes the cloudpickled job into the run folder
 (``folder``, set by the run: the nodes share the file system, as HPC homes are), opens
 a listener on the notebook's address toward the first node and starts one ``srun`` per node, each
-running ``slurm.node_agent``: it imports torch (and DDP's modules, for training code:
-``warm_modules``) once, then forks the node's ranks, each of which runs ``slurm.task`` and
+running ``engines.slurm.node_agent``: it imports torch (and DDP's modules, for training code:
+``warm_modules``) once, then forks the node's ranks, each of which runs ``engines.slurm.task`` and
 connects the rank's four streams back (``channels.sockets``, as Ray ranks do): those sockets are
 the channels the supervisor selects on. Each rank's handle is an ``AgentRank`` (``slurm.agents``):
 its end is what its agent reports on the step's stdout (its exit code or signal), or the step's
@@ -17,10 +17,10 @@ cancel the step. ``end`` leaves nothing: the steps are cancelled, the job is sca
 waited for until SLURM no longer holds it, and the watchdog (``slurm.watchdog``), which cancels
 the job if the notebook dies, is let go (``Allocation.release``). Like every launcher it only
 starts processes: what it waits for, where each rank went and a failed start go to its watch and
-as ``StartFailed`` (``backends.base``), never to the run state. Persistent ranks on SLURM (``persistent.slurm_ranks``)
-start through the same ``start`` with ``persistent=True``: each rank serves calls until told to
-stop (``rank.ray_serve``) and its events connection carries calls instead of signal frames
-(``agents.PersistentAgentRank``).
+as ``StartFailed`` (``engines.base``), never to the run state. Persistent ranks on SLURM
+(``engines.slurm.persistent``) start through the same ``start`` with ``persistent=True``: each rank
+serves calls until told to stop (``engines.remote.serve``) and its events connection carries calls
+instead of signal frames (``agents.PersistentAgentRank``).
 
 Each ``start`` is one attempt. A launch with ``max_restarts`` (``slurm.run``) sets ``hold_job``:
 then ``end`` ends the attempt's steps only, the next ``start`` runs new steps in the same job (no
@@ -176,7 +176,7 @@ class SlurmLauncher(ConnectBackLauncher):
     def _start_agent(self, message: dict[str, Any], name: str, per_node: int,
                      order: NodeFailureOrder) -> NodeAgent:
         """The node's one step: its agent imports once and forks the node's ``per_node`` ranks
-        (``slurm.node_agent``). srun's stdout is the agent's reports; everything else it and the
+        (``engines.slurm.node_agent``). srun's stdout is the agent's reports; everything else it and the
         agent say goes to the node's output file (``end_cause`` and a failed start read it)."""
         assert self.folder is not None and self.job_id is not None
         node_rank = message["rank"]["node_rank"]
@@ -247,7 +247,7 @@ class SlurmLauncher(ConnectBackLauncher):
 def warm_modules(function: Callable[..., Any]) -> list[str]:
     """What each node's agent imports before it forks the ranks: torch when the launched code names
     it, and what DDP's constructor and an optimizer step import when it looks like training (the
-    local fork backend's test, ``backends.warm_imports``); nothing heavy for code that needs none."""
+    local fork backend's test, ``engines.local.warm_imports``); nothing heavy for code that needs none."""
     try:
         if not names_any(function, TORCH_NAMES):
             return []

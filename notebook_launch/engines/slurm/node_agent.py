@@ -6,8 +6,8 @@ imports torch, and DDP's constructor imports torch._dynamo (about 800 modules): 
 few cores, N ranks each paying seconds of imports side by side is most of a launch's time
 (benchmarks/RESULTS-slurm.md). The agent imports once what the notebook's job will need
 (``warm``: module names the notebook chose from the function's code, as the local fork
-backend imports before it forks: ``backends.warm_imports``), then forks one child per rank of
-its node, each of which runs the rank exactly as a rank's own step does (``slurm.task.run_task``:
+backend imports before it forks: ``engines.local.warm_imports``), then forks one child per rank of
+its node, each of which runs the rank exactly as a rank's own step does (``engines.slurm.task.run_task``:
 its streams connect back to the notebook, its signals come over them).
 
 The notebook cannot see a forked rank's wait status, so the agent tells it: one line per rank
@@ -16,7 +16,7 @@ signal <number>``, as each child is reaped. Its own stray output goes to stderr 
 file). The fork happens before any thread of ours exists (the import of torch may leave one of
 its own native threads idle, as in a notebook that forks local ranks). Each child dies with the
 agent (PR_SET_PDEATHSIG): a step SLURM cancels or kills for its memory takes every rank of it,
-and a rank never outlives its agent. This module is the rank side, like ``slurm.task``.
+and a rank never outlives its agent. This module is the rank side, like ``engines.slurm.task``.
 """
 from __future__ import annotations
 

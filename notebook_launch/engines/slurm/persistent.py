@@ -1,17 +1,18 @@
 """Persistent ranks on a SLURM allocation: ``start_ranks(n, cluster=SlurmCluster(...))``.
 
 The same ``Ranks`` as local and Ray persistent ranks (``pool``), over its own transport
-(``SlurmTransport``, a ``remote.RemoteTransport``): one call at a time, each supervised by
-``call.CallSupervisor`` with the same panel, logs, LaunchError texts, interrupt and timeout
+(``SlurmTransport``, an ``engines.remote.persistent.RemoteTransport``): one call at a time, each
+supervised by ``call.CallSupervisor`` with the same panel, logs, LaunchError texts, interrupt and timeout
 rules, and the between-calls reader. What differs is where the ranks live:
 
 - starting: through the launcher interface, as a SLURM launch does (``slurm.launcher``):
   ``SlurmLauncher(persistent=True).start`` asks for the allocation (``salloc --no-shell``; while
   it waits in the queue the cell says so, and Ctrl-C cancels it), starts one ``srun`` step per
-  node whose agent (``slurm.node_agent``) forks that node's ranks, each running ``slurm.task`` and
-  connecting its streams back to the notebook
+  node whose agent (``engines.slurm.node_agent``) forks that node's ranks, each running
+  ``engines.slurm.task`` and connecting its streams back to the notebook
   (``channels.sockets``), and the watchdog that cancels the job if the notebook dies. The
-  rank's job is ``rank.ray_serve.serve_ray_calls``, the serving loop of a persistent Ray rank:
+  rank's job is ``engines.remote.serve.serve_ray_calls``, the serving loop every persistent rank on
+  another machine runs (a Ray actor's too):
   the allocation and the ranks are held across cells;
 - talking to a rank: as to a Ray rank (``remote``): a call's frame, an interrupt and STOP are
   messages on the rank's events connection; where each rank is, is asked on the same

@@ -1,5 +1,5 @@
 """A rank on a SLURM node: what each rank the node's agent forks runs (``run_task``; the agent is
-``slurm.node_agent``, one ``srun`` step per node).
+``engines.slurm.node_agent``, one ``srun`` step per node).
 
 It connects the rank's four streams back to the notebook (``channels.sockets``, as a Ray rank
 does), points fds 1/2 and the event channel at them, builds the same environment a local rank
@@ -9,9 +9,10 @@ from there on it is a local rank, but for its resources, which it samples itself
 (``rank.reports.resources``: the notebook cannot read this node's /proc). A thread delivers the signals
 the notebook sends over the events connection (Stop, timeout, another rank failed) and ends the
 rank if the notebook goes away, and answers its where requests. A persistent rank
-(``persistent.slurm_ranks``: the assignment says ``persistent``) reads the notebook's messages
-instead (``rank.ray_serve.listen``: calls, interrupts, STOP, where requests) and its job is the
-serving loop a persistent Ray rank runs (``rank.ray_serve.serve_ray_calls``). This module is the rank side: it
+(``engines.slurm.persistent``: the assignment says ``persistent``) reads the notebook's messages
+instead (``engines.remote.serve.listen``: calls, interrupts, STOP, where requests) and its job is the
+serving loop every persistent rank on another machine runs, a Ray actor's too
+(``engines.remote.serve.serve_ray_calls``). This module is the rank side: it
 imports only what a rank imports (rank/, channels, protocol, plan, net), never the notebook side
 of the SLURM engine.
 """
@@ -34,7 +35,7 @@ from ..remote.assignment import RankAssignment
 
 def run_task(message: dict[str, Any]) -> None:
     """The rank's whole life, in this process (its own ``srun`` step, or a child the node's agent
-    forked: ``slurm.node_agent``; ``message``: where to connect, the job's file and the rank's
+    forked: ``engines.slurm.node_agent``; ``message``: where to connect, the job's file and the rank's
     ``RankAssignment``). Never returns: the process ends with the rank's exit code."""
     assignment = RankAssignment.from_json(message["rank"]).toward_master()
     payload = message["payload"]

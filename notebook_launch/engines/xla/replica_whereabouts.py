@@ -1,5 +1,5 @@
 """Where XLA's replicas are (issue 20): xmp.spawn runs them as threads of processes under one
-launcher (``backends.xla``), so no replica is a process of its own to ask by pid. Each replica
+launcher (``engines.xla.launcher``), so no replica is a process of its own to ask by pid. Each replica
 keeps its own record (``engines.xla.replicas``) in the process that runs it: the records are found
 under the launcher, each such process is asked once for its threads (``stacks.collect``), and each
 replica gets its own thread's stack. xm's collectives are lazy, so who waits is inferred from the

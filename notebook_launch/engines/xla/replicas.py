@@ -1,12 +1,12 @@
 """The rank side of ``start_method="xla"``: the launcher child that calls xmp.spawn,
-and every replica (thread or process) it starts. See ``backends.xla`` for the layout.
+and every replica (thread or process) it starts. See ``engines.xla.launcher`` for the layout.
 
 Where a replica is (issue 20): replicas may be threads of one process, which has one
 ``whereabouts`` record and one stack dump for all of them, so each replica also keeps a record
 of its own (a memfd named ``notebook_launch-xla-replica-<ordinal>``, the same layout, its own
 thread's ident in the header) of the torch_xla collectives it issues (``xm.all_reduce``,
 ``all_gather``, ``reduce_scatter``, ..., and the blocking ``xm.rendezvous``).
-``backends.xla`` reads them and splits the process's dump by thread.
+``engines.xla.launcher`` reads them and splits the process's dump by thread.
 """
 from __future__ import annotations
 
@@ -144,7 +144,7 @@ def replica_main(ordinal: int) -> None:
 REPLICA_RECORD_NAME = "notebook_launch-xla-replica-"   # + the global ordinal
 # torch_xla.core.xla_model's collectives. They are lazy: each adds an operation to the graph and
 # returns; the replica waits in it when the graph runs (at the next sync, or a tensor's .cpu()),
-# so the notebook infers who waits from how many each replica issued (backends.xla). The
+# so the notebook infers who waits from how many each replica issued (engines.xla.launcher). The
 # rendezvous run their graph at once, and are recorded as inside while they do.
 XM_COLLECTIVES = ("all_reduce", "all_gather", "all_gather_bucketized", "reduce_scatter", "reduce_scatter_bucketized",
                   "all_to_all", "collective_permute", "collective_broadcast", "send", "recv")

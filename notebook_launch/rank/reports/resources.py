@@ -2,7 +2,7 @@
 events (issue 34 item 1: remote ranks report their own).
 
 Who: a rank on another machine, whose pid means nothing to the notebook's /proc: a Ray actor
-(``rank.ray_actor``) and a SLURM rank (``slurm.task``) call ``report_own`` in their bootstrap.
+(``engines.ray.actor``) and a SLURM rank (``engines.slurm.task``) call ``report_own`` in their bootstrap.
 Never a local rank: the notebook reads its ``/proc/<pid>`` itself at no cost to the rank
 (``supervise.resources``). An elastic node's ranks are local to that node's own agent, which
 reads them the same way.
