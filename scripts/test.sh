@@ -10,8 +10,11 @@
 #   - the lanes' venv builds (downloads and unpacking, about 5-7 GB each on a fresh machine, cached after)
 #     start first, in the background, each printing its progress every 30 s, prefixed with its lane;
 #   - lint and the docs build run beside the main suite (their output is printed when they end);
-#   - the main suite runs in NOTEBOOK_LAUNCH_TEST_WORKERS pytest-xdist workers (default 4 on 2 cores), but
-#     not tests/raycluster, whose modules share one two-node Ray cluster (its conftest): it runs after it as
+#   - the main suite runs in NOTEBOOK_LAUNCH_TEST_WORKERS pytest-xdist workers (default 4 on 2 cores), with
+#     --dist loadgroup: the tests of a module that share a module-scoped fixture (a benchmark run of
+#     minutes, a notebook run in a kernel) go to one worker, which builds the fixture once, not once per
+#     worker that got some of them (tests/helpers/xdist_groups.py); the other tests go wherever a worker is
+#     free; but not tests/raycluster, whose modules share one two-node Ray cluster (its conftest): it runs after it as
 #     one pytest process of its own (one cluster, not one per worker), beside the lanes (its Ray actors
 #     start slowly beside four busy workers); tests/slurmcluster (one two-node SLURM) likewise, in a second
 #     process beside it (each cluster in namespaces of its own: they share nothing);
@@ -63,7 +66,8 @@ docs_pid=$!
 # The main suite (Python 3.11, the newest IPython, ipykernel and ipywidgets the test extra resolves, torch 2.13).
 # --durations: the slowest tests in the CI log.
 main_start=$SECONDS
-.venv/bin/python -m pytest -p no:cacheprovider -n "$WORKERS" --durations=25 --ignore=tests/raycluster \
+.venv/bin/python -m pytest -p no:cacheprovider -n "$WORKERS" --dist loadgroup --durations=25 \
+  --ignore=tests/raycluster \
   --ignore=tests/slurmcluster \
   --junitxml=test-artifacts/junit-main.xml || status=1
 main_took=$((SECONDS - main_start))
