@@ -10,8 +10,11 @@
 #   - the lanes' venv builds (downloads and unpacking, about 5-7 GB each on a fresh machine, cached after)
 #     start first, in the background, each printing its progress every 30 s, prefixed with its lane;
 #   - lint and the docs build run beside the main suite (their output is printed when they end);
-#   - the main suite runs in NOTEBOOK_LAUNCH_TEST_WORKERS pytest-xdist workers (default 4 on 2 cores), but
-#     not tests/raycluster, whose modules share one two-node Ray cluster (its conftest): it runs after it as
+#   - the main suite runs in NOTEBOOK_LAUNCH_TEST_WORKERS pytest-xdist workers (default 4 on 2 cores), with
+#     --dist loadgroup: the tests of a module that share a module-scoped fixture (a benchmark run of
+#     minutes, a notebook run in a kernel) go to one worker, which builds the fixture once, not once per
+#     worker that got some of them (tests/helpers/xdist_groups.py); the other tests go wherever a worker is
+#     free; but not tests/raycluster, whose modules share one two-node Ray cluster (its conftest): it runs after it as
 #     one pytest process of its own (one cluster, not one per worker), beside the lanes (its Ray actors
 #     start slowly beside four busy workers); tests/slurmcluster (one two-node SLURM) likewise, in a second
 #     process beside it (each cluster in namespaces of its own: they share nothing);
@@ -63,7 +66,8 @@ docs_pid=$!
 # The main suite (Python 3.11, the newest IPython, ipykernel and ipywidgets the test extra resolves, torch 2.13).
 # --durations: the slowest tests in the CI log.
 main_start=$SECONDS
-.venv/bin/python -m pytest -p no:cacheprovider -n "$WORKERS" --durations=25 --ignore=tests/raycluster \
+.venv/bin/python -m pytest -p no:cacheprovider -n "$WORKERS" --dist loadgroup --durations=25 \
+  --ignore=tests/raycluster \
   --ignore=tests/slurmcluster \
   --junitxml=test-artifacts/junit-main.xml || status=1
 main_took=$((SECONDS - main_start))
@@ -119,9 +123,12 @@ for lane in "${lanes[@]}"; do
     tpu) cmd=(bash scripts/test-tpu-lane.sh --durations=5 --junitxml=test-artifacts/junit-tpu.xml) ;;
     *) cmd=(bash "scripts/test-$lane.sh") ;;
   esac
-  # At a lower CPU priority (nice 5): tests/raycluster beside them is the run's longest path (4-6x slower under
-  # the lanes' load than alone), and the lanes ended minutes before it.
-  ( start=$SECONDS; rc=0; nice -n 5 "${cmd[@]}" >"test-artifacts/lane-$lane.log" 2>&1 || rc=$?   # (set -e: not bare)
+  # At a lower CPU priority (nice 10): tests/raycluster beside them is the run's longest path (12:32 beside
+  # the lanes at nice 5, 6:17 alone; the lanes ended 2-3 minutes before it). Its Ray ranks' starts (a worker
+  # process importing ray and torch) are its CPU: `import ray, torch` beside six busy processes took 5.5 s
+  # alone, 8-29 s with them at nice 5, 8-13 s at nice 10, 5.5-7.5 s at nice 19 (others' tests beside); nice 10
+  # leaves the lanes, mostly waiting themselves, the CPU the cluster's tests do not use.
+  ( start=$SECONDS; rc=0; nice -n 10 "${cmd[@]}" >"test-artifacts/lane-$lane.log" 2>&1 || rc=$?   # (set -e: not bare)
     echo "$((SECONDS - start))" >"test-artifacts/lane-$lane.seconds"; exit $rc ) &
   lane_pid[$lane]=$!
 done

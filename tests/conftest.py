@@ -7,6 +7,14 @@ import pytest
 HERE = os.path.dirname(__file__)
 sys.path.insert(0, HERE)  # for tests/helpers/ (nbutil and the other helper modules)
 
+from helpers.xdist_groups import group_items  # noqa: E402
+
+
+@pytest.hookimpl(trylast=True)   # after xdist's own hook, which pytest 9 no longer hears (helpers/xdist_groups.py)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """A module's tests that share a module-scoped fixture run on one xdist worker (built once)."""
+    group_items(config, items)
+
 
 @pytest.fixture
 def log_dir(tmp_path):

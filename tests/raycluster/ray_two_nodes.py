@@ -9,7 +9,9 @@ namespace cannot reach the namespaces' addresses). The tests use one cluster per
 module; everything that ran in the namespaces is killed at the end, pass or fail.
 
 Needs root and iproute2 (as tests/multinode); otherwise the tests skip and say why.
-Resources are logical (--num-cpus), the object store small and the dashboard off,
+Resources are logical (--num-cpus), the object store small, the dashboard off and no
+log monitor (every driver here, notebook_launch's own included, connects with
+log_to_driver=False: it tailed the nodes' log files for no one, about 5% of a core per node),
 so the cluster fits a 2-core machine.
 """
 from __future__ import annotations
@@ -148,7 +150,7 @@ class RayTwoNodes:
 
     def _common(self) -> list[str]:
         return [f"--num-cpus={self.cpus_per_node}", f"--object-store-memory={OBJECT_STORE_BYTES}",
-                "--disable-usage-stats"]
+                "--disable-usage-stats", "--include-log-monitor=false"]
 
     def _start_node_b(self, registration_awaited: bool = False) -> None:
         self.start_node(1, f"--address={self.head}", f"--node-ip-address={self.addresses[1]}", *self._common(),
