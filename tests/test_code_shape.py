@@ -77,7 +77,8 @@ def test_no_pool_subclass_overrides_the_pools_private_steps():
 
 
 def test_every_transport_implements_the_interface():
-    """Ranks of this machine, and ranks of other machines (``remote.RemoteTransport``: Ray's, SLURM's)."""
+    """Ranks of this machine, and ranks of other machines (``engines.remote.persistent.RemoteTransport``:
+    Ray's, SLURM's)."""
     bases = {node.name: _base_names(node) for path in transport_paths() for node in _classes(path)}
     assert {name for name, names in bases.items() if "RankTransport" in names} == {"LocalTransport", "RemoteTransport"}
     assert {name for name, names in bases.items() if "RemoteTransport" in names} == {"RayTransport", "SlurmTransport"}

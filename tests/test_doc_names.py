@@ -16,6 +16,8 @@ real_locate = doc_names.locate
 
 
 def test_docs_and_docstrings_name_modules_where_they_are() -> None:
+    checked = {path.relative_to(doc_names.ROOT).parts[0] for path in doc_names.checked_files()}
+    assert {"docs", "notebook_launch", "tests", "benchmarks", "scripts", "README.md"} <= checked, checked
     stale = stale_names()
     listing = "\n".join(f"  {path}: {', '.join(tokens)}" for path, tokens in sorted(stale.items()))
     assert not stale, f"these files name modules by a path that no longer resolves (CHANGELOG.md says where " \

@@ -251,7 +251,7 @@ def forbidden_launcher_imports(graph: dict[str, set[str]]) -> dict[str, set[str]
 def test_launchers_only_start_processes():
     """A launcher starts processes and nothing else (issue 31 item 6): it draws nothing, reads no
     run state and watches no rank. What a start that waits shows (Ray placing the ranks) goes
-    through ``backends.base.StartWatch``, which the supervisor's side implements; a start that
+    through ``engines.base.StartWatch``, which the supervisor's side implements; a start that
     fails raises ``StartFailed``, which the caller makes the run's LaunchError. So no launch path
     imports ``supervise``, ``display`` or ``state``, not even for its annotations."""
     graph = import_graph(type_checking=True)
@@ -266,7 +266,7 @@ def test_launchers_only_start_processes():
 
 def private_names_imported_across_packages() -> dict[str, list[str]]:
     """Module -> the private names (``_x``) it imports from a module of another package: a name
-    two packages share needs a public home (``magic_options`` for the two magics, issue 31)."""
+    two packages share needs a public home (``magics.options`` for the two magics, issue 31)."""
     found: dict[str, list[str]] = {}
     for path in sorted(PACKAGE.rglob("*.py")):
         name = module_name(path)

@@ -60,7 +60,7 @@ NOT_RANKS = {
     "notebook_launch.engines.slurm.watchdog": "scancel, when the notebook that started a SLURM job died",
     # ranks, but on a SLURM node: the node's half of SlurmLauncher.start, whose srun step runs it
     "notebook_launch.engines.slurm.node_agent": "forks its node's ranks inside the srun step SlurmLauncher.start began",
-    # the warm start process: forks the ranks SpawnBackend.start asks it for (backends.start_process)
+    # the warm start process: forks the ranks SpawnBackend.start asks it for (engines.local.start_process)
     "notebook_launch.engines.local.start_server": "forks the ranks SpawnBackend.start asks the warm start process for",
     # the fork loop those two share (the start process and SLURM's node agent call it, nothing else)
     "notebook_launch.rank.forking": "the fork of rank.start_server and slurm.node_agent, written once",

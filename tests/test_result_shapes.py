@@ -491,7 +491,7 @@ def test_persistent_ranks_send_and_return_every_shape(log_dir):
 
 def test_a_ray_call_of_every_shape_crosses_the_wire():
     """A CALL whose stream went to its file (a big bytes, str and list) and whose arrays did too
-    crosses to a Ray rank as ``persistent.remote`` sends it and ``rank.ray_serve`` reads it (a
+    crosses to a Ray rank as ``engines.remote.persistent`` sends it and ``engines.remote.serve`` reads it (a
     real socket pair; no cluster needed): the rank's file gets the same offsets."""
     import socket
 

@@ -1,4 +1,4 @@
-"""The warm start process (``backends.start_process``, ``engines.local.start_server``): every rank that must not
+"""The warm start process (``engines.local.start_process``, ``engines.local.start_server``): every rank that must not
 be forked from the notebook is forked from it. Real processes and gloo: the test process is the
 notebook. No GPU exists here, so "never initialises CUDA" is read from the start process itself
 (torch.cuda.is_initialized() there) rather than from a device."""

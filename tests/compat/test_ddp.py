@@ -69,7 +69,7 @@ def _ddp_train(steps=30):
     dist.barrier()
     state = {k: v.detach().clone() for k, v in model.module.state_dict().items()}
     # The usual ending, with the DDP model still alive: torch 2.13 alone can deadlock freeing the
-    # gloo group from DDP's Reducer afterwards; notebook_launch.process_groups prevents it.
+    # gloo group from DDP's Reducer afterwards; notebook_launch.rank.group.process_groups prevents it.
     dist.destroy_process_group()
     return {"first": losses[0], "last": losses[-1], "state": state, "batches": seen[0]}
 

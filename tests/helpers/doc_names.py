@@ -18,7 +18,9 @@ from __future__ import annotations
 import ast
 import functools
 import importlib.util
+import io
 import re
+import tokenize
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,10 +35,10 @@ PLAIN_TOKEN = re.compile(r"(?<![\w.`/])([A-Za-z_]\w*(?:\.\w+)+)(?![\w`/])")
 # `start.py` comes as a dotted token)
 DOC_PATH = re.compile(r"(?<!`)`((?:[\w.-]+/)+[\w.-]*)`(?!`)")
 PY_PATH = re.compile(r"``((?:[\w.-]+/)+[\w.-]*)``")
-COMMENT = re.compile(r"#[^\n]*")
 PY_TOKEN = re.compile(r"``([A-Za-z_]\w*(?:\.\w+)*)(?:\([^`]*\))?``")
 # a last segment that makes the token a file's name (``state.json``), not a module's
-FILE_ENDINGS = frozenset("py md toml json jsonl txt yml yaml sh log html svg png ipynb pkl csv out err pid".split())
+FILE_ENDINGS = frozenset("py md toml json jsonl txt yml yaml sh log html svg png ipynb pkl csv out err pid conf"
+                         .split())
 
 
 @dataclass(frozen=True)
@@ -414,9 +416,24 @@ def is_stale(token: str) -> bool:
     return not resolves(token)
 
 
+# these two name stale tokens on purpose: the rule's own examples
+RULE_FILES = ("tests/helpers/doc_names.py", "tests/test_doc_names.py")
+
+
 def checked_files() -> list[Path]:
+    """The docs, and the Python of the package, its tests, benchmarks and scripts (a test's docstring that
+    names a moved module misleads as much as the package's own)."""
     docs = sorted((ROOT / "docs").rglob("*.md")) + [ROOT / "README.md", ROOT / "CONTRIBUTING.md"]
-    return docs + sorted((ROOT / PACKAGE).rglob("*.py"))
+    code = [path for folder in (PACKAGE, "tests", "benchmarks", "scripts")
+            for path in sorted((ROOT / folder).rglob("*.py")) if path.relative_to(ROOT).as_posix() not in RULE_FILES]
+    return docs + code
+
+
+@functools.cache
+def comments(text: str) -> tuple[str, ...]:
+    """The file's comments, as Python reads them (a '#' inside a string is not one)."""
+    return tuple(token.string for token in tokenize.generate_tokens(io.StringIO(text).readline)
+                 if token.type == tokenize.COMMENT)
 
 
 def tokens_in(text: str, python: bool) -> set[str]:
@@ -425,7 +442,7 @@ def tokens_in(text: str, python: bool) -> set[str]:
     paths both."""
     if not python:
         return set(DOC_TOKEN.findall(text)) | set(DOC_PATH.findall(text))
-    prose = [*COMMENT.findall(text), *facts(text).docstrings]  # a '#' in a string reads as a comment: harmless
+    prose = [*comments(text), *facts(text).docstrings]
     found = set(PY_TOKEN.findall(text)) | set(PY_PATH.findall(text))
     return found | {token for part in prose for token in PLAIN_TOKEN.findall(part)}
 

@@ -1,4 +1,4 @@
-"""The test process's children, less the warm start process (``backends.start_process``): that one
+"""The test process's children, less the warm start process (``engines.local.start_process``): that one
 lives as long as the notebook on purpose (every later spawn-class launch forks its ranks from it),
 so "nothing is left" means no rank, no rank's child and no zombie; the start process's own end is
 tested on its own (tests/test_start_process.py)."""

@@ -84,7 +84,7 @@ class FakeRayRankWithoutRay:
 
 
 def serve_requests(rank: FakeRayRankWithoutRay, answerer: rank_where.Answerer | None) -> None:
-    """The actor's control thread (``ray_actor._obey_notebook``'s request handling); ``answerer``
+    """The actor's control thread (``rank.reports.remote_where.obey_notebook``'s request handling); ``answerer``
     None: a rank that never answers (a lost node)."""
     while True:
         data = rank.events_there.recv(SIGNAL_FRAME.size)
@@ -189,7 +189,7 @@ except LaunchError as err:
 
 
 def test_a_persistent_rank_reads_a_where_request_between_its_messages():
-    """``rank.ray_serve``'s reader takes the 4-byte request between its 17-byte messages: both are
+    """``engines.remote.serve``'s reader takes the 4-byte request between its 17-byte messages: both are
     read whole, the request is answered on the answers connection, the next message still counts."""
     from notebook_launch.channels import remote_commands
     from notebook_launch.engines.remote import serve as ray_serve

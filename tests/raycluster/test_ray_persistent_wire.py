@@ -1,5 +1,5 @@
-"""The channel of persistent Ray (and SLURM) ranks without a cluster: what ``persistent.remote`` writes
-on a rank's events connection is what ``rank.ray_serve`` reads (a real socket pair, the same
+"""The channel of persistent Ray (and SLURM) ranks without a cluster: what ``engines.remote.persistent`` writes
+on a rank's events connection is what ``engines.remote.serve`` reads (a real socket pair, the same
 functions as on a cluster; only Ray's placement is missing, which tests/raycluster's cluster
 tests cover)."""
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Ray ranks report their own resources (issue 34 item 1): the notebook cannot read an actor's /proc
 (its pid is its node's), so each actor samples itself (``rank/reports/resources.py``, started by
-``rank.ray_actor``) and sends RESOURCES events; the rows, the final picture and the rank logs show
+``engines.ray.actor``) and sends RESOURCES events; the rows, the final picture and the rank logs show
 them as a local rank's. A real two-node Ray cluster (conftest.py), the notebook a real kernel on
 node A, ranks on both nodes. Every wait is for a condition."""
 from __future__ import annotations
