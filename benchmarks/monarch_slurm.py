@@ -23,7 +23,6 @@ import os
 import shutil
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any, Callable
 
@@ -214,43 +213,13 @@ def notes(repeats: int, calls: int) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     """Run the two rows alone and write benchmarks/RESULTS-anchors-slurm.md."""
-    import argparse
-    import tempfile
-
-    from .common import machine_description
-    from .run import busy_machine_warning
-    from .table import render_table
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.monarch_slurm")
-    parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--quick", action="store_true", help=f"{QUICK_CALLS} warm calls a session: checks the harness")
-    parser.add_argument("--out", default=os.path.join(REPO_ROOT, "benchmarks", "RESULTS-anchors-slurm.md"))
-    args = parser.parse_args(argv)
-    if args.repeats < 1:
-        parser.error(f"--repeats must be >= 1; got {args.repeats}")
-    config = {"repeats": args.repeats, "quick": args.quick}
-    machine = machine_description()
-    started = time.monotonic()
-
-    def say(text: str) -> None:
-        print(f"[{time.monotonic() - started:6.1f} s] {text}", file=sys.stderr, flush=True)
-
-    with tempfile.TemporaryDirectory(prefix="nl-bench-monarch-slurm-") as log_dir:
-        os.chmod(log_dir, 0o755)
-        rows = run(config, log_dir, say)
-    command = f"python -m benchmarks.monarch_slurm --repeats {args.repeats}" + (" --quick" if args.quick else "")
-    text = ["# Monarch's SlurmJob beside our SlurmCluster persistent ranks (issue 45 item 3)", "",
-            f"Command: `bash scripts/setup-anchors.sh monarch && {command}`", "",
-            "Machine: " + "; ".join(f"{k}: {v}" for k, v in machine.items() if k != "executable")
-            + f"; torchmonarch (.venv-monarch): {monarch_version()}", ""]
-    warning = busy_machine_warning(machine)
-    text += [warning, ""] if warning else []
-    text += ["**QUICK MODE: checks the harness; do not quote these numbers.**", ""] if args.quick else []
-    calls = QUICK_CALLS if args.quick else CALLS
-    text += [render_table(rows), "", "Notes:", "", *[f"- {note}" for note in notes(args.repeats, calls)],
-             f"- Each timed cell: median (min–max, n). Whole run: {time.monotonic() - started:.0f} s."]
-    Path(args.out).write_text("\n".join(text) + "\n")
-    print("\n".join(text))
-    return 0
+    from .alone import run_alone, write_page
+    done = run_alone("benchmarks.monarch_slurm", os.path.join(REPO_ROOT, "benchmarks", "RESULTS-anchors-slurm.md"),
+                     f"{QUICK_CALLS} warm calls a session: checks the harness", run, argv)
+    calls = QUICK_CALLS if done.args.quick else CALLS
+    return write_page(done, "Monarch's SlurmJob beside our SlurmCluster persistent ranks (issue 45 item 3)",
+                      f"bash scripts/setup-anchors.sh monarch && {done.command}",
+                      f"; torchmonarch (.venv-monarch): {monarch_version()}", notes(done.args.repeats, calls))
 
 
 if __name__ == "__main__":

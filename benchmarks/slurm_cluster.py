@@ -406,47 +406,16 @@ def notes(repeats: int, failure_repeats: int) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     """Run the SLURM rows alone and write benchmarks/RESULTS-slurm.md."""
-    import argparse
-    import tempfile
-
-    from .common import machine_description
-    from .run import busy_machine_warning
-    from .table import render_table
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.slurm_cluster")
-    parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--quick", action="store_true", help="one failure sample: checks the harness")
-    parser.add_argument("--out", default=os.path.join(REPO_ROOT, "benchmarks", "RESULTS-slurm.md"))
-    args = parser.parse_args(argv)
-    if args.repeats < 1:
-        parser.error(f"--repeats must be >= 1; got {args.repeats}")
-    config = {"repeats": args.repeats, "quick": args.quick}
-    machine = machine_description()
-    started = time.monotonic()
-
-    def say(text: str) -> None:
-        print(f"[{time.monotonic() - started:6.1f} s] {text}", file=sys.stderr, flush=True)
-
-    with tempfile.TemporaryDirectory(prefix="nl-bench-slurm-") as log_dir:
-        os.chmod(log_dir, 0o755)
-        rows = run(config, log_dir, say)
-    failure_repeats = 1 if args.quick else max(1, min(3, args.repeats))
-    command = f"python -m benchmarks.slurm_cluster --repeats {args.repeats}" + (" --quick" if args.quick else "")
-    text = ["# notebook_launch on SLURM, beside submitit (issue 33 item 6)", "", f"Command: `{command}`", "",
-            "Machine: " + "; ".join(f"{k}: {v}" for k, v in machine.items() if k != "executable")
-            + f"; submitit: {version_of('submitit')}", ""]
-    warning = busy_machine_warning(machine)
-    if warning:
-        text += [warning, ""]
-    if args.quick:
-        text += ["**QUICK MODE: checks the harness; do not quote these numbers.**", ""]
-    beside = ([f"- Another session's test SLURM cluster (tests/slurmcluster) was running on this machine when "
+    from .alone import run_alone, write_page
+    done = run_alone("benchmarks.slurm_cluster", os.path.join(REPO_ROOT, "benchmarks", "RESULTS-slurm.md"),
+                     "one failure sample: checks the harness", run, argv)
+    config = done.config
+    failure_repeats = 1 if done.args.quick else max(1, min(3, done.args.repeats))
+    beside = ([f"Another session's test SLURM cluster (tests/slurmcluster) was running on this machine when "
                f"{config['beside']} of the {config['samples']} samples ended: its daemons and ranks shared the "
                "2 cores with these."] if config.get("beside") else [])
-    text += [render_table(rows), "", "Notes:", "", f"- {notes(args.repeats, failure_repeats)}", *beside,
-             f"- Each timed cell: median (min–max, n). Whole run: {time.monotonic() - started:.0f} s."]
-    Path(args.out).write_text("\n".join(text) + "\n")
-    print("\n".join(text))
-    return 0
+    return write_page(done, "notebook_launch on SLURM, beside submitit (issue 33 item 6)", done.command,
+                      f"; submitit: {version_of('submitit')}", [notes(done.args.repeats, failure_repeats), *beside])
 
 
 if __name__ == "__main__":
