@@ -212,7 +212,9 @@ PartitionName=urgent Nodes=ALL MaxTime=INFINITE State=UP PriorityTier=2
         (from a file, so tracebacks show its lines), its output in pipes (text)."""
         script = Path(tempfile.mkstemp(prefix="notebook-", suffix=".py", dir=self.tmp)[1])
         script.write_text(code)
-        return subprocess.Popen(self.netns_argv(0, sys.executable, str(script)), env=self.env, text=True,
+        # PYTHONFAULTHANDLER: a test that gives up on it can SIGABRT it and read every thread's stack
+        return subprocess.Popen(self.netns_argv(0, sys.executable, str(script)),
+                                env={**self.env, "PYTHONFAULTHANDLER": "1"}, text=True,
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=str(self.tmp))
 
     def kernel_manager(self) -> Any:

@@ -94,7 +94,12 @@ def ctrl_c_while_pending_cancels_only_its_job(slurm, cell: str, says: str) -> No
         wait_for_lines(proc, says)
         assert len(slurm.jobs()) == 2
         proc.send_signal(signal.SIGINT)
-        _, err = proc.communicate(timeout=120)
+        try:
+            _, err = proc.communicate(timeout=120)
+        except subprocess.TimeoutExpired:   # say where it hangs: its stacks (faulthandler) and what it printed
+            proc.send_signal(signal.SIGABRT)
+            out, err = proc.communicate(timeout=30)
+            raise AssertionError(f"the notebook did not end within 120 s of Ctrl-C:\n{out}\n{err}") from None
         assert "KeyboardInterrupt" in err, err
         only_the_blocker_was_left(slurm, blocker)
     finally:
