@@ -63,6 +63,11 @@ def unavailable_reason() -> str | None:
     return netns_pair.unavailable_reason()
 
 
+def default_sigint() -> None:
+    """In a child before it execs: SIGINT back to its default (see ``SlurmTwoNodes.notebook``)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 class SlurmTwoNodes:
     """node0 (slurmctld, slurmd, and the notebook) and node1 (slurmd), each in its own namespace."""
 
@@ -212,10 +217,15 @@ PartitionName=urgent Nodes=ALL MaxTime=INFINITE State=UP PriorityTier=2
         (from a file, so tracebacks show its lines), its output in pipes (text)."""
         script = Path(tempfile.mkstemp(prefix="notebook-", suffix=".py", dir=self.tmp)[1])
         script.write_text(code)
-        # PYTHONFAULTHANDLER: a test that gives up on it can SIGABRT it and read every thread's stack
+        # PYTHONFAULTHANDLER: a test that gives up on it can SIGABRT it and read every thread's stack.
+        # SIGINT at its default, as a terminal's or a kernel's Python has it, whatever the test run
+        # inherited: a command started in the background by a shell without job control (CI scripts,
+        # nohup ... &) has SIGINT ignored, Python then keeps it ignored, and a test's Ctrl-C reached
+        # nothing (start_ranks' wait for a pending job sets no handler of its own; a launch does)
         return subprocess.Popen(self.netns_argv(0, sys.executable, str(script)),
                                 env={**self.env, "PYTHONFAULTHANDLER": "1"}, text=True,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=str(self.tmp))
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=str(self.tmp),
+                                preexec_fn=default_sigint)
 
     def kernel_manager(self) -> Any:
         """A (not yet started) Jupyter kernel on node0, reached over ipc:// files (the tests' own
