@@ -5,12 +5,11 @@ from __future__ import annotations
 
 import copy
 import os
-import subprocess
 import sys
 
 import pytest
 
-from helpers.benchmark_runs import ROOT, table_rows
+from helpers.benchmark_runs import ROOT, quick_module_rows
 
 sys.path.insert(0, ROOT)
 
@@ -59,11 +58,7 @@ def test_a_listing_in_monarchs_layout_passes_unchanged():
                            "NOTEBOOK_LAUNCH_BENCHMARK_SLURM=1 runs it")
 @pytest.mark.timeout(900)
 def test_monarch_slurm_rows_are_measured_on_both_sides(tmp_path):
-    out = tmp_path / "RESULTS-anchors-slurm.md"
-    done = subprocess.run([sys.executable, "-m", "benchmarks.monarch_slurm", "--quick", "--repeats", "1",
-                           "--out", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=800)
-    assert done.returncode == 0, f"stdout:\n{done.stdout[-3000:]}\nstderr:\n{done.stderr[-3000:]}"
-    rows = [cells for cells in table_rows(out.read_text()) if cells[0] == "15"]
+    rows = quick_module_rows("monarch_slurm", str(tmp_path / "RESULTS-anchors-slurm.md"), "15", timeout=800)
     assert len(rows) == 2, rows
     (start, call) = rows
     assert "n=1" in start[3] and "Monarch SlurmJob" in start[7] and "n=1" in start[7], start

@@ -10,13 +10,11 @@ NOTEBOOK_LAUNCH_BENCHMARK_SLURM=1 runs them."""
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 import xml.etree.ElementTree as ElementTree
 
 import pytest
 
-from helpers.benchmark_runs import ROOT, run_command, table_rows
+from helpers.benchmark_runs import quick_module_rows, run_command, table_rows
 
 # Item 13 (spawn-class starts) runs in a module of its own (tests/test_benchmarks_smoke_spawn.py), so another
 # test worker runs it beside this one: one run of every item took 8 minutes of one worker in CI.
@@ -199,11 +197,7 @@ def test_ray_cluster_rows_are_measured(tmp_path):
                            "NOTEBOOK_LAUNCH_BENCHMARK_SLURM=1 runs them")
 @pytest.mark.timeout(1200)
 def test_slurm_rows_are_measured_beside_submitit(tmp_path):
-    out = tmp_path / "RESULTS-slurm.md"
-    done = subprocess.run([sys.executable, "-m", "benchmarks.slurm_cluster", "--quick", "--repeats", "1",
-                           "--out", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=1100)
-    assert done.returncode == 0, f"stdout:\n{done.stdout[-3000:]}\nstderr:\n{done.stderr[-3000:]}"
-    rows = [cells for cells in table_rows(out.read_text()) if cells[0] == "33.6"]
+    rows = quick_module_rows("slurm_cluster", str(tmp_path / "RESULTS-slurm.md"), "33.6", timeout=1100)
     assert len(rows) == 6, rows
     measured, persistent = rows[:5], rows[5]
     assert all("n=1" in cells[3] and "submitit" in cells[7] and "n=1" in cells[7] for cells in measured), measured
