@@ -15,6 +15,7 @@ from helpers.fd_helpers import fd_links
 
 from notebook_launch import LaunchError, notebook_launcher
 from helpers.processes import children
+from helpers.waiting import ended, wait_for
 
 HANGING_LAUNCH = textwrap.dedent("""
     import os, sys, time
@@ -53,13 +54,7 @@ def start_hanging_launch(tmp_path):
 
 
 def wait_gone(pids, seconds):
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        if not any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE
-                   for p in pids):
-            return True
-        time.sleep(0.05)
-    return False
+    return wait_for(lambda: all(ended(p) for p in pids), seconds)
 
 
 @pytest.mark.parametrize("how", ["SIGINT to the kernel process", "SIGINT to the kernel's process group"])

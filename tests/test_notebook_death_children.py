@@ -25,6 +25,7 @@ import psutil
 import pytest
 
 from helpers.nbutil import running_kernel
+from helpers.processes import running
 
 GONE_WITHIN = 60
 
@@ -92,7 +93,7 @@ def kill_kernel_and_check(km, pids: list[int]) -> None:
     assert len(processes) == len(pids), "a child ended before the kernel was killed"
     os.kill(km.provisioner.process.pid, signal.SIGKILL)   # a hard restart: no cleanup code runs
     _, alive = psutil.wait_procs(processes, timeout=GONE_WITHIN)
-    alive = [p for p in alive if p.status() != psutil.STATUS_ZOMBIE]
+    alive = running(alive)
     assert alive == [], f"left running after the notebook died: {[(p.pid, p.cmdline()) for p in alive]}"
 
 
@@ -189,7 +190,7 @@ def test_a_notebook_that_dies_before_its_keeper_is_ready_leaves_nothing(tmp_path
         with open(gate, "w") as opened:   # now the keeper may start
             opened.write("go")
         _, alive = psutil.wait_procs(processes, timeout=GONE_WITHIN)
-        alive = [p for p in alive if p.status() != psutil.STATUS_ZOMBIE]
+        alive = running(alive)
         assert alive == [], f"left running after the notebook died: {[p.pid for p in alive]}"
     finally:
         try:   # a gated keeper still waiting goes on (and ends what it was told of)

@@ -19,7 +19,7 @@ from notebook_launch.persistent import command_frames
 from notebook_launch.rank import runner
 
 from helpers.fd_helpers import fd_links
-from helpers.processes import children
+from helpers.processes import children, running
 
 pytestmark = pytest.mark.timeout(180)
 WAIT = 60   # seconds a condition may take on a busy machine before the test gives up
@@ -42,7 +42,7 @@ def alive(pid):
 
 
 def our_children():
-    return [p for p in children() if p.status() != psutil.STATUS_ZOMBIE]
+    return running(children())
 
 
 # --- functions the ranks run (importable: they travel by reference) ------------------------

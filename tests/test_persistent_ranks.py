@@ -18,7 +18,7 @@ from notebook_launch import LaunchArgumentError, LaunchError, start_ranks
 from notebook_launch.planning.net import free_port   # not 29500: on a shared machine another may take it first
 
 from helpers.waiting import ended, wait_for, wait_until_inside
-from helpers.processes import children
+from helpers.processes import children, running
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -144,7 +144,7 @@ def interrupt_when_running(marker_dir, count, ranks=2):
 
 
 def our_children():
-    return [p for p in children() if p.status() != psutil.STATUS_ZOMBIE]
+    return running(children())
 
 
 @pytest.fixture

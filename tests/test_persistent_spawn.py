@@ -21,7 +21,8 @@ from notebook_launch.planning import preflight
 from notebook_launch.notebook import cuda_tracking
 from notebook_launch.engines.local import start_process
 from notebook_launch.planning.net import free_port
-from helpers.processes import children, is_start_process
+from helpers.processes import children, is_start_process, running
+from helpers.waiting import ended, wait_for
 
 pytestmark = pytest.mark.timeout(300)
 SPAWN_WAY_OUT = ("start_ranks(..., start_method='spawn')", "%ranks start --spawn")
@@ -54,7 +55,7 @@ def sleep_long():
 
 
 def our_children():
-    return [p for p in children() if p.status() != psutil.STATUS_ZOMBIE]
+    return running(children())
 
 
 @pytest.fixture
@@ -165,11 +166,7 @@ def test_spawned_ranks_are_not_left_behind_when_the_interpreter_exits(tmp_path):
                           cwd=str(tmp_path))
     assert done.returncode == 0, done.stderr
     pids = [int(p) for p in done.stdout.split("PIDS", 1)[1].split()]
-    deadline = time.monotonic() + 30
-    while any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE for p in pids) \
-            and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert not [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+    assert wait_for(lambda: all(ended(p) for p in pids)), [p for p in pids if not ended(p)]
 
 
 def test_a_spawned_rank_killed_between_calls_is_noticed_and_fresh_ranks_are_spawned(capfd):
@@ -177,10 +174,10 @@ def test_a_spawned_rank_killed_between_calls_is_noticed_and_fresh_ranks_are_spaw
         ranks.push(kept=1)
         first = ranks.pids
         os.kill(first[1], signal.SIGKILL)
-        psutil.wait_procs([psutil.Process(first[1])], timeout=30)
+        assert wait_for(lambda: ended(first[1]))   # the start process may reap it at once: no psutil.Process
         assert ranks.run(os.getpid) != first
         assert "the ranks were restarted because local rank 1 ended between calls" in capfd.readouterr().out
-        assert not any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE for p in first)
+        assert all(ended(p) for p in first)
         with pytest.raises(LaunchError, match="'kept' not defined"):
             ranks.pull("kept")                         # fresh interpreters: the state is gone, as said
         for pid in ranks.pids:

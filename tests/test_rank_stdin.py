@@ -256,7 +256,12 @@ def test_an_interrupt_while_a_rank_waits_at_a_prompt_stops_the_run_and_the_kerne
     after = run_cell(kernel, """
         import psutil
         pids = [int(open(os.path.join(folder, f)).read()) for f in os.listdir(folder) if f.endswith(".pid")]
-        left = [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+        def running(pid):   # a rank may be reaped between two looks: no pid_exists-then-Process
+            try:
+                return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+            except psutil.NoSuchProcess:
+                return False
+        left = [p for p in pids if running(p)]
         print("LEFT", left, "TYPED", input("in the notebook itself? "))
         """, lambda prompt, password: "yes")
     assert after.status == "ok", after.output

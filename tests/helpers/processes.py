@@ -19,3 +19,16 @@ def is_start_process(process: psutil.Process) -> bool:
 def children(recursive: bool = True) -> list[psutil.Process]:
     """This process's children (all descendants with ``recursive``), without the start process."""
     return [p for p in psutil.Process().children(recursive=recursive) if not is_start_process(p)]
+
+
+def running(processes: list[psutil.Process]) -> list[psutil.Process]:
+    """Those of ``processes`` still running: not ended and not a zombie. A process can end and be
+    reaped by its own parent between being listed and being looked at; that one has ended too."""
+    return [p for p in processes if _runs(p)]
+
+
+def _runs(process: psutil.Process) -> bool:
+    try:
+        return process.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
