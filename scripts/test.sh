@@ -42,6 +42,18 @@ lanes=()
 declare -A build_pid lane_pid lane_took
 fresh=
 mmss() { printf '%d:%02d' $(($1 / 60)) $(($1 % 60)); }
+# Where the run's time goes, for tuning it: each part's CPU seconds (its processes and every descendant they
+# reaped, from bash's `times`; Ray's and SLURM's daemons are not its descendants) and how busy the whole
+# machine was during the main suite and after it (/proc/stat). On 2 cores a part that keeps the machine busy
+# can only get faster by burning less CPU; one that leaves it idle, by waiting less.
+children_cpu() {   # (`times` into a file: in a pipe it would report the pipe's own subshell)
+  local f; f=$(mktemp); times >"$f"
+  awk 'NR == 2 { split($1, u, /[ms]/); split($2, s, /[ms]/); printf "%d", u[1] * 60 + u[2] + s[1] * 60 + s[2] }' "$f"
+  rm -f "$f"; }
+cpu_mark() { awk '/^cpu / { print $2 + $3 + $4 + $7 + $8, $5 + $6 }' /proc/stat; }
+busy_since() { local busy idle; read -r busy idle <<<"$1"; cpu_mark | awk -v b="$busy" -v i="$idle" \
+  '{ d = ($1 - b) + ($2 - i); printf "%d%%", (d > 0 ? 100 * ($1 - b) / d : 0) }'; }
+cpu_of() { cat "test-artifacts/$1.cpu" 2>/dev/null || echo "?"; }
 
 # The lanes' venvs (scripts/test-host.sh, scripts/setup-xla.sh, scripts/setup-tpu.sh): seconds when cached,
 # minutes of downloads the first time. A build that fails fails the run, naming its lane; its tests then do not run.
@@ -66,11 +78,15 @@ docs_pid=$!
 # The main suite (Python 3.11, the newest IPython, ipykernel and ipywidgets the test extra resolves, torch 2.13).
 # --durations: the slowest tests in the CI log.
 main_start=$SECONDS
-.venv/bin/python -m pytest -p no:cacheprovider -n "$WORKERS" --dist loadgroup --durations=25 \
-  --ignore=tests/raycluster \
-  --ignore=tests/slurmcluster \
-  --junitxml=test-artifacts/junit-main.xml || status=1
+main_mark=$(cpu_mark)
+( rc=0; .venv/bin/python -m pytest -p no:cacheprovider -n "$WORKERS" --dist loadgroup --durations=25 \
+    --ignore=tests/raycluster \
+    --ignore=tests/slurmcluster \
+    --junitxml=test-artifacts/junit-main.xml || rc=$?
+  children_cpu >test-artifacts/main.cpu; exit $rc ) || status=1
 main_took=$((SECONDS - main_start))
+main_busy=$(busy_since "$main_mark")
+after_mark=$(cpu_mark)
 # The two clusters' tests: one pytest process each (one cluster each), side by side.
 declare -A cluster_pid
 clusters=(raycluster slurmcluster)
@@ -81,7 +97,8 @@ for cluster in "${clusters[@]}"; do
     NOTEBOOK_LAUNCH_TEST_RAY_STARTED=$PWD/$ray_started .venv/bin/python -m pytest -p no:cacheprovider \
       --durations=10 --junitxml="test-artifacts/junit-$cluster.xml" \
       "tests/$cluster" >"test-artifacts/$cluster.log" 2>&1 || rc=$?
-    echo "$((SECONDS - start))" >"test-artifacts/$cluster.seconds"; exit $rc ) &
+    echo "$((SECONDS - start))" >"test-artifacts/$cluster.seconds"; children_cpu >"test-artifacts/$cluster.cpu"
+    exit $rc ) &
   cluster_pid[$cluster]=$!
 done
 
@@ -129,7 +146,8 @@ for lane in "${lanes[@]}"; do
   # alone, 8-29 s with them at nice 5, 8-13 s at nice 10, 5.5-7.5 s at nice 19 (others' tests beside); nice 10
   # leaves the lanes, mostly waiting themselves, the CPU the cluster's tests do not use.
   ( start=$SECONDS; rc=0; nice -n 10 "${cmd[@]}" >"test-artifacts/lane-$lane.log" 2>&1 || rc=$?   # (set -e: not bare)
-    echo "$((SECONDS - start))" >"test-artifacts/lane-$lane.seconds"; exit $rc ) &
+    echo "$((SECONDS - start))" >"test-artifacts/lane-$lane.seconds"; children_cpu >"test-artifacts/lane-$lane.cpu"
+    exit $rc ) &
   lane_pid[$lane]=$!
 done
 for lane in "${lanes[@]}"; do
@@ -148,10 +166,14 @@ for cluster in "${clusters[@]}"; do
   cat "test-artifacts/$cluster.log"
 done
 .venv/bin/python scripts/junit_total.py test-artifacts/junit-*.xml || status=1
-echo "main suite: $(mmss "$main_took") ($WORKERS workers); after it, side by side: tests/raycluster" \
-  "$(mmss "${cluster_took[raycluster]}"), tests/slurmcluster $(mmss "${cluster_took[slurmcluster]}")"
+after_busy=$(busy_since "$after_mark")
+echo "main suite: $(mmss "$main_took") ($WORKERS workers, $(cpu_of main) s of CPU, the machine $main_busy busy);" \
+  "after it, side by side (the machine $after_busy busy):" \
+  "tests/raycluster $(mmss "${cluster_took[raycluster]}") ($(cpu_of raycluster) s of CPU)," \
+  "tests/slurmcluster $(mmss "${cluster_took[slurmcluster]}") ($(cpu_of slurmcluster) s of CPU)"
 for lane in "${lanes[@]}"; do
-  [ -n "${lane_took[$lane]:-}" ] && echo "$lane lane: $(mmss "${lane_took[$lane]}") (beside the other lanes)"
+  [ -n "${lane_took[$lane]:-}" ] && echo "$lane lane: $(mmss "${lane_took[$lane]}") ($(cpu_of "lane-$lane") s of CPU," \
+    "beside the other lanes)"
 done
 if [ -n "$fresh" ]; then goal=$GOAL_FRESH_S kind="a fresh machine (lanes' venvs built)"; else
   goal=$GOAL_WARM_S kind="the lanes' venvs cached"; fi
