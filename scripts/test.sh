@@ -166,6 +166,8 @@ for cluster in "${clusters[@]}"; do
   cat "test-artifacts/$cluster.log"
 done
 .venv/bin/python scripts/junit_total.py test-artifacts/junit-*.xml || status=1
+echo "=== where the main suite's CPU went (tests/helpers/cpu_per_test.py)"
+.venv/bin/python scripts/junit_cpu.py test-artifacts/junit-main.xml || true
 after_busy=$(busy_since "$after_mark")
 echo "main suite: $(mmss "$main_took") ($WORKERS workers, $(cpu_of main) s of CPU, the machine $main_busy busy);" \
   "after it, side by side (the machine $after_busy busy):" \

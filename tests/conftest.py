@@ -9,6 +9,8 @@ sys.path.insert(0, HERE)  # for tests/helpers/ (nbutil and the other helper modu
 
 from helpers.xdist_groups import group_items  # noqa: E402
 
+pytest_plugins = ["helpers.cpu_per_test"]   # each test's CPU in the JUnit report
+
 
 @pytest.hookimpl(trylast=True)   # after xdist's own hook, which pytest 9 no longer hears (helpers/xdist_groups.py)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
