@@ -32,7 +32,7 @@ def main() -> int:
     if not spent:
         print(f"{args.junit}: no cpu_s properties")
         return 0
-    by_file: dict[str, float] = collections.Counter()
+    by_file: dict[str, float] = collections.defaultdict(float)
     costliest: dict[str, tuple[float, str]] = {}
     for test, seconds in spent.items():
         module = test.split("::", 1)[0]
