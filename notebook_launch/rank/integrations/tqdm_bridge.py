@@ -59,7 +59,7 @@ def _patch_on_first_bar(std: Any) -> None:
     no ``__new__`` left to run: with any alive, tqdm is patched now."""
     base = std.tqdm
     new = base.__dict__.get("__new__")
-    if getattr(base, _PATCHED_ATTR, False) or not isinstance(new, staticmethod) or len(base._instances):
+    if getattr(base, _PATCHED_ATTR, False) or not isinstance(new, staticmethod) or len(getattr(base, "_instances", ())):
         _patch_std(std)
         return
 
