@@ -268,7 +268,8 @@ def test_the_dump_signal_is_not_one_users_or_schedulers_use():
 
 
 def test_collectives_are_recorded_when_torch_is_imported_only_after_the_rank_started():
-    """A spawned rank whose function imports torch itself: the collectives are wrapped on import.
+    """A spawned rank whose function imports torch itself: what makes a group is wrapped on import,
+    the collectives once the first default group comes into being (before, none can run).
     A fresh Python loads the module from its file, under empty parent packages (the package's own
     __init__ imports bring torch), so only whereabouts and what it imports (fork_locks) run."""
     import subprocess
@@ -286,9 +287,12 @@ def test_collectives_are_recorded_when_torch_is_imported_only_after_the_rank_sta
         "assert 'torch' not in sys.modules\n"
         "wb.install(types.SimpleNamespace(global_rank=0, env={}))\n"
         "import torch.distributed as dist\n"
-        "print(dist.all_reduce._notebook_launch_wrapped, dist.distributed_c10d.barrier._notebook_launch_wrapped)\n")
+        "wrapped = lambda f: getattr(f, '_notebook_launch_wrapped', False)\n"
+        "print(wrapped(dist.init_process_group), wrapped(dist.all_reduce))\n"
+        "dist.init_process_group('gloo', store=dist.HashStore(), rank=0, world_size=1)\n"
+        "print(wrapped(dist.all_reduce), wrapped(dist.distributed_c10d.barrier))\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert out.stdout.split() == ["True", "True"]
+    assert out.stdout.split() == ["True", "False", "True", "True"]
 
 
 # --- in a real kernel: frames named as cells -------------------------------------------------
@@ -578,12 +582,15 @@ def test_the_stop_button_says_where_the_ranks_were(log_dir):
 
 def switches_recording_off_and_on():
     from notebook_launch.rank.reports import whereabouts as w
+    dist.init_process_group("gloo")   # the collectives are wrapped once a group exists
     wrapped = getattr(dist.all_reduce, "_notebook_launch_wrapped", False)
     w.set_recording(dist, False)
     original = dist.all_reduce is dist.distributed_c10d.all_reduce and \
         not getattr(dist.all_reduce, "_notebook_launch_wrapped", False)
     w.set_recording(dist, True)
-    return wrapped, original, getattr(dist.all_reduce, "_notebook_launch_wrapped", False)
+    again = getattr(dist.all_reduce, "_notebook_launch_wrapped", False)
+    dist.destroy_process_group()
+    return wrapped, original, again
 
 
 def test_the_bookkeeping_can_be_swapped_out_and_left_out(log_dir, monkeypatch):

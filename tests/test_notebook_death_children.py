@@ -146,10 +146,11 @@ NOTEBOOK_DIES_FIRST = textwrap.dedent('''
     run_id = "keeper-race-" + str(os.getpid())
     sleep = [sys.executable, "-c", "import time; time.sleep(600)"]
     group = subprocess.Popen(sleep, start_new_session=True)            # a rank's group
+    other = subprocess.Popen(sleep, start_new_session=True)            # another rank's
     escaped = subprocess.Popen(sleep, start_new_session=True,          # left the group, carries the run
                                env=dict(os.environ, NOTEBOOK_LAUNCH_RUN_ID=run_id))
-    print(group.pid, escaped.pid, flush=True)
-    leftovers.guard(run_id, group.pid)   # returns without waiting for the keeper
+    print(group.pid, other.pid, escaped.pid, flush=True)
+    leftovers.guard(run_id, group.pid, other.pid)   # one order for the launch's ranks; no wait for the keeper
     print("registered", flush=True)
     os.kill(os.getpid(), signal.SIGKILL)
 ''')
@@ -181,7 +182,7 @@ def test_a_notebook_that_dies_before_its_keeper_is_ready_leaves_nothing(tmp_path
     try:
         assert notebook.stdout is not None
         pids = [int(p) for p in notebook.stdout.readline().split()]
-        assert len(pids) == 2, pids
+        assert len(pids) == 3, pids
         ready, _, _ = select.select([notebook.stdout], [], [], 240)
         assert ready, "the notebook never got past leftovers.guard: it waits for its keeper"
         assert notebook.stdout.readline() == b"registered\n"

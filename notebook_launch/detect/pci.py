@@ -12,10 +12,33 @@ from __future__ import annotations
 import glob
 import os
 import time
+from typing import Callable, TypeVar
+
+T = TypeVar("T")
 
 GOOGLE_PCI_VENDOR = "0x1ae0"
 FRESH_FOR = 30.0   # seconds the real machine's list is kept
 _cache: dict[str, tuple[float, list[tuple[str, str]]]] = {}
+_kept: dict[str, tuple[float, object]] = {}
+
+
+def kept(key: str, read: Callable[[], T]) -> T:
+    """``read()``, the real machine's answer kept ``FRESH_FOR`` seconds under ``key``, as the PCI
+    list is: what else the TPU detection looks at on every launch (the /dev/accel* and VFIO files,
+    whether torch_xla is installed: about 1 ms of a warm launch's CPU each time). Only for facts
+    of this machine; a test's fake one is read every time by its callers."""
+    now = time.monotonic()
+    found = _kept.get(key)
+    if found is not None and now - found[0] < FRESH_FOR:
+        return found[1]  # type: ignore[return-value]
+    value = read()
+    _kept[key] = (now, value)
+    return value
+
+
+def forget(key: str) -> None:
+    """Read ``key`` afresh next time (a launch about to fail on a kept answer checks it again)."""
+    _kept.pop(key, None)
 
 
 def google_functions(root: str) -> list[tuple[str, str]]:

@@ -143,10 +143,10 @@ def count_tpu_device_files(dev: str = "/dev", environ: Mapping[str, str] | None 
                            real_machine: bool = True) -> int:
     """TPU chips as device files: /dev/accel<N> (TPU v2-v4), else numbered VFIO groups
     (v5e, v6e), which count only on a TPU VM (GPU passthrough hosts have them too)."""
-    accel = _numbered(dev, "accel[0-9]*")
+    accel = _numbered(dev, "accel[0-9]*", real_machine)
     if accel:
         return len(accel)
-    vfio = _numbered(dev, "vfio/[0-9]*")
+    vfio = _numbered(dev, "vfio/[0-9]*", real_machine)
     root = os.path.dirname(os.path.normpath(dev))
     return len(vfio) if vfio and _tpu_vm(environ, root, real_machine) else 0
 
@@ -176,9 +176,17 @@ def tpu_version_from_type(accelerator_type: str | None) -> int | None:
 
 
 def torch_xla_installed() -> bool:
-    """Importable, checked without importing it (an import costs seconds and loads libtpu)."""
+    """Importable, checked without importing it (an import costs seconds and loads libtpu); the
+    answer kept a while (``pci.kept``: a search of sys.path, twice per launch)."""
     if "torch_xla" in sys.modules:
         return True
+    return pci.kept(_TORCH_XLA, _find_torch_xla)
+
+
+_TORCH_XLA = "torch_xla installed"
+
+
+def _find_torch_xla() -> bool:
     try:
         return importlib.util.find_spec("torch_xla") is not None
     except (ImportError, ValueError):
@@ -286,8 +294,14 @@ def _pci_tpu_chips(root: str) -> list[int]:
     return [TPU_PCI_DEVICES[device] for _, device in pci.google_functions(root) if device in TPU_PCI_DEVICES]
 
 
-def _numbered(root: str, pattern: str) -> list[str]:
-    return [p for p in glob.glob(os.path.join(root, pattern)) if re.search(r"\d+$", p)]
+def _numbered(root: str, pattern: str, real_machine: bool = False) -> list[str]:
+    """The files ``pattern`` finds under ``root`` that end in a number; this machine's /dev kept a
+    while (``pci.kept``), any other folder (a test's) read every time."""
+    def read() -> list[str]:
+        return [p for p in glob.glob(os.path.join(root, pattern)) if re.search(r"\d+$", p)]
+    if real_machine and os.path.normpath(root) == "/dev":
+        return list(pci.kept(f"/dev/{pattern}", read))
+    return read()
 
 
 def _read(path: str) -> str:
@@ -364,6 +378,9 @@ def xla_launch_info(start_method: StartMethod | None, environ: Mapping[str, str]
     if start_method not in (None, "xla"):
         return None
     info = detect_xla(environ, root, xla_installed=xla_installed)
+    if start_method == "xla" and not info.torch_xla_installed and xla_installed is None:
+        pci.forget(_TORCH_XLA)   # installed since it was last looked for: not refused on a kept answer
+        info = detect_xla(environ, root)
     if start_method == "xla" and not info.torch_xla_installed:
         raise LaunchArgumentError(
             "start_method='xla' needs torch_xla, which is not installed here. On a TPU VM, Colab or "

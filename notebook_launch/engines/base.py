@@ -128,16 +128,21 @@ def start_each(plan: "LaunchPlan", pipes_by_rank: Sequence[RankPipes],
     OUT.flush()   # what the notebook printed shows before the ranks' lines
     ERR.flush()
     processes: list[RankProcess] = []
+    runs: dict[str, list[int]] = {}
     try:
         for spec in plan.ranks:
             pipes = pipes_by_rank[spec.local_rank]
             processes.append(start_one(spec, pipes))
-            # If the notebook dies before the run is swept, its keeper ends what the rank started.
-            leftovers.guard(spec.env.get(leftovers.RUN_MARK, ""), processes[-1].pid)
+            runs.setdefault(spec.env.get(leftovers.RUN_MARK, ""), []).append(processes[-1].pid)
             # The parent keeps the event pipe's write end until the rank exits: a function that
             # closes every fd (os.closerange) then gets no EOF here, and the rank can reopen the
             # pipe through /proc (protocol.EventWriter) to still send its result or error.
             pipes.close_child_ends(keep=(pipes.events_w,))
+        # If the notebook dies before the run is swept, its keeper ends what the ranks started:
+        # told once all are forked (a rank dies with the notebook, and in the milliseconds of the
+        # forks it has started nothing of its own), one order for all (one wakeup of the keeper)
+        for run_id, pids in runs.items():
+            leftovers.guard(run_id, *pids)
     except BaseException:
         for process in processes:
             process.kill()

@@ -160,13 +160,14 @@ class _Keeper:
 _keeper: _Keeper | None = None
 
 
-def guard(run_id: str, group: int) -> None:
-    """Have the notebook's keeper kill rank group ``group`` and whatever carries ``run_id`` if
+def guard(run_id: str, *groups: int) -> None:
+    """Have the notebook's keeper kill rank groups ``groups`` and whatever carries ``run_id`` if
     this process (the notebook) dies before the run is swept. Starts the keeper on first use,
     without waiting for it (a fresh interpreter: tens of milliseconds, once per notebook, that
-    the launch does not wait for; the order waits for it in the socket); never raises."""
-    if run_id:
-        _tell_keeper(f"+ {run_id} {group}", start=True)
+    the launch does not wait for; the order waits for it in the socket); never raises. A launch
+    names all its ranks in one order: one wakeup of the keeper, not one per rank."""
+    if run_id and groups:
+        _tell_keeper(f"+ {run_id} {' '.join(map(str, groups))}", start=True)
 
 
 def start_keeper_ahead() -> None:

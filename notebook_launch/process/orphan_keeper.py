@@ -74,8 +74,9 @@ def read_orders(orders: int, pending: bytes, runs: dict[bytes, set[int]]) -> tup
 def apply_order(line: bytes, runs: dict[bytes, set[int]]) -> None:
     parts = line.split()
     try:
-        if len(parts) == 3 and parts[0] == b"+" and int(parts[2]) > 1:   # never group 0 (our own) or 1
-            runs.setdefault(parts[1], set()).add(int(parts[2]))
+        if len(parts) >= 3 and parts[0] == b"+":   # "+ RUN GROUP...": a launch's ranks in one order
+            groups = [int(part) for part in parts[2:]]
+            runs.setdefault(parts[1], set()).update(group for group in groups if group > 1)   # never 0 (ours) or 1
         elif len(parts) == 2 and parts[0] == b"-":
             runs.pop(parts[1], None)
     except ValueError:

@@ -48,9 +48,12 @@ PROGRESS = "notebook_launch.rank.reports.progress"   # its bars' last counts are
 # What a process that forks ranks imports once so its ranks share it (ours: ms per rank): the
 # notebook before a fork (``engines.local.warm_imports``), the warm start process and SLURM's node
 # agent (``preload``).
+# Every rank hook's module among them: one a rank imported itself cost it its import (the display
+# relay's, about 2.5 ms of every rank's CPU, when it was left to the ranks), and importing one installs
+# nothing (each hook patches only when the rank calls its ``install``).
 WARM: tuple[str, ...] = (
     PROCESS_GROUPS, PROGRESS,
-    "notebook_launch.rank.integrations.progress_bridge",
+    *(hook.module for hook in RANK_HOOKS),
     "notebook_launch.rank.integrations.rich_bridge",
     "notebook_launch.rank.integrations.tqdm_bridge",
     "notebook_launch.rank.integrations.transformers_bridge",

@@ -104,7 +104,7 @@ class XlaBackend(Launcher):
         # thread, whose first parallel region would then deadlock (see fork_thread).
         pid = fork_from_clean_thread(launcher)
         # The launcher leads the replicas' process group: if the notebook dies before the run is swept,
-        # its keeper ends that group and whatever carries the run's mark (as start_each does per rank).
+        # its keeper ends that group and whatever carries the run's mark (as start_each does for its ranks).
         leftovers.guard(plan.ranks[0].env.get(leftovers.RUN_MARK, ""), pid)
         for pipes in channels:
             pipes.close_child_ends()

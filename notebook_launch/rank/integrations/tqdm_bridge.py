@@ -45,8 +45,32 @@ def install(spec: Any = None) -> bool:
     that never uses tqdm does not pay for importing it); False when tqdm is not installed."""
     if "tqdm" not in sys.modules and importlib.util.find_spec("tqdm") is None:
         return False
-    after_import("tqdm.std", _patch_std)
+    after_import("tqdm.std", _patch_on_first_bar)
     return True
+
+
+def _patch_on_first_bar(std: Any) -> None:
+    """Patch tqdm when the rank makes its first bar, not at its start: a notebook that imported
+    tqdm (torch does) had every rank patch its classes, about 0.8 ms of each rank's CPU, the
+    pages touched copied after the fork, for ranks that draw no bar. Every bar is made through
+    ``tqdm.__new__`` (subclasses inherit it) and ``__init__`` is looked up on the class after
+    ``__new__`` returns, so patching there gives the first bar the patched class, as before.
+    Bars that already exist (made in the notebook before the launch and used in the rank) have
+    no ``__new__`` left to run: with any alive, tqdm is patched now."""
+    base = std.tqdm
+    new = base.__dict__.get("__new__")
+    if getattr(base, _PATCHED_ATTR, False) or not isinstance(new, staticmethod) or len(getattr(base, "_instances", ())):
+        _patch_std(std)
+        return
+
+    def __new__(cls: Any, *args: Any, **kwargs: Any) -> Any:
+        if base.__dict__.get("__new__") is first:   # once: put tqdm's own back, then patch
+            base.__new__ = new
+            _patch_std(std)
+        return new.__func__(cls, *args, **kwargs)
+
+    first = staticmethod(__new__)
+    base.__new__ = first
 
 
 def _patch_std(std: Any) -> None:
