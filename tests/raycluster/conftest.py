@@ -64,6 +64,18 @@ def _take_down() -> None:
     nodes = _shared.pop("nodes", None)
     if nodes is not None:
         nodes.down()
+        _ray_cpu.append(nodes.cpu_seconds)
+
+
+_ray_cpu: list[float] = []
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    """What Ray's own processes burnt (its ranks' workers above all): not pytest's descendants, so the
+    CI summary's CPU count for this folder leaves them out (scripts/test.sh)."""
+    if _ray_cpu:
+        terminalreporter.write_line(f"Ray's processes on the two nodes (daemons, and the workers that carried "
+                                    f"the ranks) burnt {sum(_ray_cpu):.0f} s of CPU")
 
 
 @pytest.fixture

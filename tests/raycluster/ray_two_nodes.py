@@ -128,6 +128,7 @@ class RayTwoNodes:
         an administrator would for launchers that do not find the interface themselves."""
         self.bind_gloo_in_node_env = bind_gloo_in_node_env
         self.cpus_per_node = cpus_per_node
+        self.cpu_seconds = 0.0   # of Ray's processes, as nodes are killed (_cpu_in)
         self.namespaces, self.links, self.addresses = netns_pair.pair_names("nlr")
         self.tmp = tmp
         self.temp_dir = f"/tmp/{self.namespaces[0]}"   # short: Ray's unix socket paths must fit 107 bytes
@@ -258,6 +259,7 @@ class RayTwoNodes:
 
     def kill_node(self, node: int | None) -> None:
         """SIGKILL every process in the node's namespace (both when None), until none is left."""
+        self.cpu_seconds += self._cpu_in(node)
         for _ in range(100):   # raylets restart nothing once killed, but workers may be mid-fork
             pids = self.pids(node)
             if not pids:
@@ -268,6 +270,20 @@ class RayTwoNodes:
                 except ProcessLookupError:
                     pass
             time.sleep(0.1)
+
+    def _cpu_in(self, node: int | None) -> float:
+        """CPU seconds of the processes in the node's namespace (both when None) and of the children
+        they reaped: the raylet's ended workers (every Ray rank), the daemons, a notebook's kernel.
+        Counted as a node is killed, for the run's summary (conftest): none of it is a descendant of
+        pytest, so the run's own CPU count does not see it."""
+        total = 0
+        for pid in self.pids(node):
+            try:
+                fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            total += sum(int(f) for f in fields[11:15])   # utime, stime, cutime, cstime
+        return total / os.sysconf("SC_CLK_TCK")
 
     def down(self) -> None:
         if self.notebook is not None:
