@@ -4,18 +4,18 @@
 # PyTorch's index where no NVIDIA GPU is here, else what pip finds: on this project's machines, their CPU
 # wheel), numpy beside it; a torch already in .venv is kept. Any torch >= 2.8 works (pyproject.toml's floor).
 #
-# A clone without .venv on a machine that built one today (CI clones afresh each run) takes a hard-linked copy
+# A clone without .venv on a machine that built one this week (CI clones afresh each run) takes a hard-linked copy
 # of that one instead of building it again: about 2 minutes of two busy cores at the start of every run (torch's
 # install and the test extra's resolution), on the run's longest path. The copy is kept under
 # /var/cache/notebook_launch/venvs (NOTEBOOK_LAUNCH_HOSTS_CACHE, as the lanes' venvs are) where that folder can be
-# written, keyed by what goes into it (pyproject.toml, these scripts, the Python) and by the day: the test extra's
-# unpinned tools are still resolved to their newest versions once a day. pip replaces a file by unlinking it and
+# written, keyed by what goes into it (pyproject.toml, these scripts, the Python) and by the week: the test extra's
+# unpinned tools are still resolved to their newest versions once a week. pip replaces a file by unlinking it and
 # Python writes byte code by renaming, so nothing written in the clone's venv reaches the kept one.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV_CACHE=${NOTEBOOK_LAUNCH_HOSTS_CACHE:-/var/cache/notebook_launch}/venvs
 key=$( { cat pyproject.toml scripts/setup.sh scripts/quickstart.sh scripts/pip-install.sh scripts/torch-version.txt
-         python3 --version; date -u +%F; } | sha256sum | cut -c1-12)
+         python3 --version; date -u +%G-W%V; } | sha256sum | cut -c1-12)
 kept=$VENV_CACHE/main-$key
 if [ ! -e .venv ] && [ -f "$kept/.ready" ]; then
   cp -al "$kept" .venv
@@ -23,7 +23,7 @@ if [ ! -e .venv ] && [ -f "$kept/.ready" ]; then
   # The kept venv names the clone that built it (console scripts' first lines, the editable install's finder
   # and URL): name this one instead. Each file is rewritten whole (a new file: the kept one keeps its text).
   python3 scripts/venv_moved.py "$(<"$kept/.built-in")" "$PWD" .venv
-  echo "setup: .venv hard-linked from $kept (built today from this pyproject.toml and these scripts)" >&2
+  echo "setup: .venv hard-linked from $kept (built this week from this pyproject.toml and these scripts)" >&2
   exit 0
 fi
 fresh=
