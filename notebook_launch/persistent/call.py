@@ -8,7 +8,6 @@ import logging
 import os
 import signal
 import time
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from ..wire import protocol
@@ -57,7 +56,7 @@ class CallSupervisor(Supervisor):
     done_note = "is done with this call ({how})"   # what a verdict says of a rank back from this call
 
     def __init__(self, *args: Any, grace: float, slot: CallInterrupts, call_number: int,
-                 send: Callable[[], None], events: dict[int, protocol.EventReader] | None = None,
+                 held: interrupts.Held | None = None, events: dict[int, protocol.EventReader] | None = None,
                  command_fds: list[int] | None = None, idle_ranks: frozenset[int] = frozenset(),
                  memory: MemoryWatch | None = None, **kwargs: Any) -> None:
         self.memory = memory   # the pool's, kept across calls (resource_watch)
@@ -67,7 +66,7 @@ class CallSupervisor(Supervisor):
         self.slot = slot
         self.call_number = call_number
         self.lost: str | None = None   # why the ranks are gone (died, not back, stopped)
-        self._send: Callable[[], None] | None = send
+        self._held = held   # interrupts held since the call's frame went out (pool.Ranks._call)
         self.command_fds = command_fds or []   # by local rank: where result files come back
         for watch in self.watches:   # the between-calls reader may hold the start of a frame
             if events is not None and watch.local_rank in events:
@@ -77,13 +76,12 @@ class CallSupervisor(Supervisor):
         return ResourceWatch(self.watches, state, logs, memory=self.memory)
 
     def step(self, wait: float) -> Step:
-        if self._send is not None:
-            send, self._send = self._send, None
-            # The call's frames go out whole: an interrupt meanwhile is counted and raised
-            # once they are sent, and it then interrupts the call like any other (the ranks
-            # raise as the call starts). Half a frame would leave the channel out of step.
-            with interrupts.tearing_down():
-                send()
+        if self._held is not None:
+            # The frame went out (whole) before this call's state, session and supervisor were
+            # built, an interrupt held meanwhile: raised now, it interrupts the call like any
+            # other (here, inside run(), which stops the ranks for it).
+            held, self._held = self._held, None
+            held.release("notebook_launch: interrupted as the call started")
         return super().step(wait)
 
     def load_results(self) -> list[Any]:
