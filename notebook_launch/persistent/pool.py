@@ -340,7 +340,7 @@ class Ranks:
             transport.send(frame)
             if held.pending():
                 transport.interrupts.request(call.number)
-            return self._supervise(call, title, timeout, quiet, events, idle, watch, held)
+            return _supervised(self, call, title, timeout, quiet, events, idle, watch, held)
         except BaseException as exc:
             if not held.released:   # no supervisor took the call over: its outcome would be the next call's
                 self._life.lost = (f"setting up call {call.number} failed after it was sent to them "
@@ -350,42 +350,46 @@ class Ranks:
         finally:
             held.release("notebook_launch: interrupted as the call started")   # no-op once released
 
-    def _supervise(self, call: Call, title: str, timeout: float | None, quiet: bool, events: dict[int, Any],
-                   idle: frozenset[int], watch: CallWatchOptions, held: interrupts.Held) -> list[Any]:
-        transport = self.transport
-        assert self.plan is not None and self.logs is not None and transport.interrupts is not None
-        state = plan_state(self.plan, f"{self._life.run_id}-call{call.number}", self.backend_name, self.logs.path,
-                           processes=transport.processes)
-        transport.describe(state)
-        with Session.for_call(self.logs, f"call {call.number}: {title}", state, self.options, quiet=quiet,
-                              lines_per_second=watch.lines_per_second) as session:
-            supervisor = CallSupervisor(transport.processes, transport.pipes, state, session.display, session.logs,
-                                        timeout=timeout, poll_interval=self.options.poll_interval,
-                                        grace=self.grace, slot=transport.interrupts, call_number=call.number,
-                                        rank_displays=session.rank_displays, held=held,
-                                        events=events, command_fds=transport.result_fds,
-                                        idle_ranks=idle, stall_after=None if quiet else watch.stall_after,
-                                        memory=self._life.memory_watch())
-            self._supervisor = supervisor
-            try:
-                results = supervisor.run()
-            except LaunchError as error:
-                session.fail(error)
-                raise outcome.with_note(error, _after_failure(supervisor.lost)) from None
-            except KeyboardInterrupt as interrupt:
-                if supervisor.lost is None:
-                    raise   # every rank came back with its state
-                # the cell must say the ranks (and their state) are gone, not only "KeyboardInterrupt"
-                said = str(interrupt.args[0]) if interrupt.args else "notebook_launch: interrupted"
-                raise KeyboardInterrupt(f"{said}\n{outcome.ranks_lost_note(supervisor.lost)}") from None
-            finally:
-                self._supervisor = None
-                self._handed_back = supervisor.events_by_rank()
-                if supervisor.lost is not None:
-                    self._life.lost = supervisor.lost
-                    self._life.stop(graceful=False)
-            session.finish(f"{counted(len(results), 'rank')} returned in {state.elapsed:.2f} s")
-            return results
+
+def _supervised(pool: Ranks, call: Call, title: str, timeout: float | None, quiet: bool, events: dict[int, Any],
+                idle: frozenset[int], watch: CallWatchOptions, held: interrupts.Held) -> list[Any]:
+    """The call's run state, session and supervisor, built while the ranks run the call
+    (``Ranks._send_and_supervise`` sent it), then its supervision to the end: results, or
+    LaunchError / KeyboardInterrupt saying whether the ranks kept their state."""
+    transport = pool.transport
+    assert pool.plan is not None and pool.logs is not None and transport.interrupts is not None
+    state = plan_state(pool.plan, f"{pool._life.run_id}-call{call.number}", pool.backend_name, pool.logs.path,
+                       processes=transport.processes)
+    transport.describe(state)
+    with Session.for_call(pool.logs, f"call {call.number}: {title}", state, pool.options, quiet=quiet,
+                          lines_per_second=watch.lines_per_second) as session:
+        supervisor = CallSupervisor(transport.processes, transport.pipes, state, session.display, session.logs,
+                                    timeout=timeout, poll_interval=pool.options.poll_interval,
+                                    grace=pool.grace, slot=transport.interrupts, call_number=call.number,
+                                    rank_displays=session.rank_displays, held=held,
+                                    events=events, command_fds=transport.result_fds,
+                                    idle_ranks=idle, stall_after=None if quiet else watch.stall_after,
+                                    memory=pool._life.memory_watch())
+        pool._supervisor = supervisor
+        try:
+            results = supervisor.run()
+        except LaunchError as error:
+            session.fail(error)
+            raise outcome.with_note(error, _after_failure(supervisor.lost)) from None
+        except KeyboardInterrupt as interrupt:
+            if supervisor.lost is None:
+                raise   # every rank came back with its state
+            # the cell must say the ranks (and their state) are gone, not only "KeyboardInterrupt"
+            said = str(interrupt.args[0]) if interrupt.args else "notebook_launch: interrupted"
+            raise KeyboardInterrupt(f"{said}\n{outcome.ranks_lost_note(supervisor.lost)}") from None
+        finally:
+            pool._supervisor = None
+            pool._handed_back = supervisor.events_by_rank()
+            if supervisor.lost is not None:
+                pool._life.lost = supervisor.lost
+                pool._life.stop(graceful=False)
+        session.finish(f"{counted(len(results), 'rank')} returned in {state.elapsed:.2f} s")
+        return results
 
 
 def _after_failure(lost: str | None) -> str:
