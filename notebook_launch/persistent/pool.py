@@ -369,7 +369,7 @@ def _supervised(pool: Ranks, call: Call, title: str, timeout: float | None, quie
                                     rank_displays=session.rank_displays, held=held,
                                     events=events, command_fds=transport.result_fds,
                                     idle_ranks=idle, stall_after=None if quiet else watch.stall_after,
-                                    memory=pool._life.memory_watch())
+                                    memory=pool._life.memory_watch(), kept_selector=pool._life.selector)
         pool._supervisor = supervisor
         try:
             results = supervisor.run()
