@@ -46,7 +46,7 @@ def test_calls_share_one_selector_and_fresh_ranks_get_a_new_one(log_dir, fds_bef
         assert ranks.run(rank, timeout=WAIT) == [0, 1] and ranks.restarts == 1
         second = kept(ranks)
         assert second is not None and second is not first
-        with pytest.raises(Exception):
+        with pytest.raises(ValueError, match="closed"):
             first.select(0)   # the old ranks' selector was closed with them
         assert set(second.get_map()) >= {p.sentinel for p in ranks.transport.processes}
     assert kept(ranks) is None
