@@ -224,6 +224,33 @@ def test_a_persistent_call_checks_its_arguments_before_the_ranks_run_it(pool, ca
     assert pool.alive and pool.run(train, args=(2,)) == [2, 2]
 
 
+def times(x, factor=2):
+    return x * factor
+
+
+def test_a_function_changed_between_calls_is_checked_as_it_is_now(pool):
+    """The signature read for a call is kept for the next (issue 45), but never past a change:
+    its defaults, its code, or a new function under the same name."""
+    assert pool.run(times, args=(3,)) == [6, 6]
+    saved = times.__defaults__
+    try:
+        times.__defaults__ = None
+        with pytest.raises(LaunchArgumentError, match="missing a required argument: 'factor'"):
+            pool.run(times, args=(3,))
+        times.__defaults__ = (5,)
+        assert len(pool.run(times, args=(3,))) == 2   # accepted again (the ranks import their own times)
+    finally:
+        times.__defaults__ = saved
+    code = times.__code__
+    try:
+        times.__code__ = (lambda x: x).__code__
+        with pytest.raises(LaunchArgumentError, match="too many positional arguments"):
+            pool.run(times, args=(3, 4))
+    finally:
+        times.__code__ = code
+    assert pool.run(times, args=(3, 4)) == [12, 12]
+
+
 @pytest.mark.parametrize("line,message", [
     ("start -n 2 --grace nan", "interrupt_grace must be a finite number of seconds > 0 (how long"),
     ("start -n 2 --grace inf", "before every rank is stopped); got inf"),

@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import logging
 import os
+import selectors
 import signal
 import time
-from collections.abc import Callable
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from ..wire import protocol
@@ -17,11 +18,11 @@ from ..supervise import interrupts, outcome
 from ..supervise.oom import MemoryWatch
 from ..supervise.resource_watch import ResourceWatch
 from ..supervise.supervisor import Step, Supervisor
-from ..supervise.watch import RankWatch, Watcher
+from ..supervise.watch import RankWatch, Watcher, WatchHandler, registrations
 from ..channels import commands
 
 if TYPE_CHECKING:
-    from ..channels import RankProcess
+    from ..channels import RankPipes, RankProcess
     from ..record.logs import LogWriter
     from ..record.state import RunState
     from .transport import CallInterrupts
@@ -31,8 +32,83 @@ DRAIN_ROUNDS = 64   # reads of what a call printed before its RESULT (64 KiB eac
 STARTING_ALLOWANCE = 120.0   # seconds past the grace for ranks still starting (a spawned rank imports torch)
 
 
+class KeptSelector:
+    """One selector over a pool's ranks' pipes and exit sentinels, kept from call to call: each
+    call's watcher borrows it instead of making and filling a new one (eight registrations and
+    an epoll made and closed were a sixth of a warm call's set-up, issue 45). It is lent only
+    for the very ranks and pipes it was filled for (by identity), with none of their fds closed
+    since; a watcher that gives it back changed (a pipe reached its end, a rank ended: their
+    registrations are gone) closes it, and the next call fills a new one. The pool fills one
+    as its ranks start and closes it when they stop (``life.RankLife``)."""
+
+    def __init__(self) -> None:
+        self._selector: selectors.BaseSelector | None = None
+        self._ranks: tuple[tuple[RankProcess, ...], tuple[RankPipes, ...]] = ((), ())
+
+    def fill(self, processes: Sequence[RankProcess], pipes: Sequence[RankPipes]) -> None:
+        """A selector for ranks that just started (its fd lives as long as they do, so calls
+        change no fd of the notebook's)."""
+        self.close()
+        selector = selectors.DefaultSelector()
+        try:
+            for fd, data in registrations(processes, pipes):
+                selector.register(fd, selectors.EVENT_READ, data)
+        except BaseException:
+            selector.close()
+            raise
+        self._selector, self._ranks = selector, (tuple(processes), tuple(pipes))
+
+    def take(self, processes: Sequence[RankProcess], pipes: Sequence[RankPipes]) -> selectors.BaseSelector | None:
+        """The kept selector if it holds exactly ``processes``' and ``pipes``' fds, else None."""
+        selector, self._selector = self._selector, None
+        if selector is None:
+            return None
+        kept_processes, kept_pipes = self._ranks
+        if _same(kept_processes, processes) and _same(kept_pipes, pipes) \
+                and set(selector.get_map()) == _fds_of(processes, pipes):
+            return selector
+        selector.close()
+        return None
+
+    def give_back(self, selector: selectors.BaseSelector, processes: Sequence[RankProcess],
+                  pipes: Sequence[RankPipes]) -> None:
+        """Keep ``selector`` for the next call if it still holds every fd; else close it."""
+        self.close()
+        if set(selector.get_map()) == _fds_of(processes, pipes):
+            self._selector, self._ranks = selector, (tuple(processes), tuple(pipes))
+        else:
+            selector.close()
+
+    def close(self) -> None:
+        selector, self._selector = self._selector, None
+        if selector is not None:
+            selector.close()
+
+
+def _same(kept: Sequence[Any], now: Sequence[Any]) -> bool:
+    return len(kept) == len(now) and all(a is b for a, b in zip(kept, now))
+
+
+def _fds_of(processes: Sequence[RankProcess], pipes: Sequence[RankPipes]) -> set[int]:
+    """What a watcher registers for these ranks: each one's three pipes, each process's sentinel;
+    an fd closed already makes the set one the selector cannot hold."""
+    fds = {fd for p in pipes for fd in (p.events_r, p.stdout_r, p.stderr_r)}
+    if any(fd in p.closed for p in pipes for fd in (p.events_r, p.stdout_r, p.stderr_r)):
+        fds.add(-1)
+    return fds | {p.sentinel for p in processes if p.sentinel is not None}
+
+
 class CallWatcher(Watcher):
-    """Watches the pool's pipes for one call; closing it leaves them open for the next."""
+    """Watches the pool's pipes for one call; closing it leaves them open for the next (and the
+    selector kept for it, when the supervisor has a ``KeptSelector``)."""
+
+    def __init__(self, processes: Sequence[RankProcess], pipes_by_rank: Sequence[RankPipes],
+                 handler: WatchHandler, selector: selectors.BaseSelector | None = None) -> None:
+        self.kept: KeptSelector | None = getattr(handler, "kept_selector", None)   # CallSupervisor's
+        if selector is None and self.kept is not None:
+            selector = self.kept.take(processes, pipes_by_rank)
+        super().__init__(processes, pipes_by_rank, handler, selector=selector)
+        self.pipes_by_rank = pipes_by_rank
 
     def close(self) -> None:
         for _ in range(DRAIN_ROUNDS):   # what the ranks printed before they reported
@@ -44,7 +120,10 @@ class CallWatcher(Watcher):
             for what in ("stdout", "stderr"):
                 for text in watch.splitters[what].flush():
                     self.handler.on_line(watch.local_rank, what, text)
-        self.selector.close()
+        if self.kept is not None:
+            self.kept.give_back(self.selector, self.processes, self.pipes_by_rank)
+        else:
+            self.selector.close()
 
 
 class CallSupervisor(Supervisor):
@@ -57,17 +136,19 @@ class CallSupervisor(Supervisor):
     done_note = "is done with this call ({how})"   # what a verdict says of a rank back from this call
 
     def __init__(self, *args: Any, grace: float, slot: CallInterrupts, call_number: int,
-                 send: Callable[[], None], events: dict[int, protocol.EventReader] | None = None,
+                 held: interrupts.Held | None = None, events: dict[int, protocol.EventReader] | None = None,
                  command_fds: list[int] | None = None, idle_ranks: frozenset[int] = frozenset(),
-                 memory: MemoryWatch | None = None, **kwargs: Any) -> None:
+                 memory: MemoryWatch | None = None, kept_selector: KeptSelector | None = None,
+                 **kwargs: Any) -> None:
         self.memory = memory   # the pool's, kept across calls (resource_watch)
+        self.kept_selector = kept_selector   # the pool's, lent to this call's watcher
         super().__init__(*args, **kwargs)
         self.idle_ranks = idle_ranks   # global ranks this call does not run on (%%ranks --ranks)
         self.grace = grace
         self.slot = slot
         self.call_number = call_number
         self.lost: str | None = None   # why the ranks are gone (died, not back, stopped)
-        self._send: Callable[[], None] | None = send
+        self._held = held   # interrupts held since the call's frame went out (pool.Ranks._call)
         self.command_fds = command_fds or []   # by local rank: where result files come back
         for watch in self.watches:   # the between-calls reader may hold the start of a frame
             if events is not None and watch.local_rank in events:
@@ -77,13 +158,12 @@ class CallSupervisor(Supervisor):
         return ResourceWatch(self.watches, state, logs, memory=self.memory)
 
     def step(self, wait: float) -> Step:
-        if self._send is not None:
-            send, self._send = self._send, None
-            # The call's frames go out whole: an interrupt meanwhile is counted and raised
-            # once they are sent, and it then interrupts the call like any other (the ranks
-            # raise as the call starts). Half a frame would leave the channel out of step.
-            with interrupts.tearing_down():
-                send()
+        if self._held is not None:
+            # The frame went out (whole) before this call's state, session and supervisor were
+            # built, an interrupt held meanwhile: raised now, it interrupts the call like any
+            # other (here, inside run(), which stops the ranks for it).
+            held, self._held = self._held, None
+            held.release("notebook_launch: interrupted as the call started")
         return super().step(wait)
 
     def load_results(self) -> list[Any]:

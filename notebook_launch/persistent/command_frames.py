@@ -10,12 +10,16 @@ from typing import Any
 
 from ..wire import shared_tensors
 from ..channels.commands import Command, Frame, close_fd
+from ..rank.serve import Call
 
 
 def encode(command: Command, payload: Any) -> Frame:
     """One frame; encode once and send the same frame to every rank. Big tensors' bytes go
-    to a fresh memfd (one copy, at memory speed), the rest into the bytes."""
+    to a fresh memfd (one copy, at memory speed), the rest into the bytes. A CALL's payload,
+    a ``rank.serve.Call``, travels as ``Call.wire()`` (the ranks' decoders rebuild it)."""
     import cloudpickle
+    if isinstance(payload, Call):
+        payload = payload.wire()
     made: list[int | None] = []   # the memfd, made when the first big part comes (most calls: none)
 
     def make() -> int | None:

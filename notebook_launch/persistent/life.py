@@ -19,6 +19,7 @@ from ..notebook.notebook_streams import OUT
 from ..planning.options import LaunchOptions
 from ..scaffold.session import open_logs
 from ..supervise.oom import MemoryWatch
+from .call import KeptSelector
 from .idle import CellWatch, IdleReader
 from .transport import RankTransport, exited
 
@@ -43,6 +44,7 @@ class RankLife:
         self._idle: IdleReader | None = None
         self._cells: CellWatch | None = None
         self.memory: MemoryWatch | None = None   # the ranks' resource sampler, kept across calls
+        self.selector = KeptSelector()   # the ranks' fds, registered once for every call's watcher
 
     def memory_watch(self) -> MemoryWatch:
         """The sampler of these ranks' resources, their calls' one (``call.CallSupervisor``):
@@ -57,6 +59,7 @@ class RankLife:
         start prints the launch line."""
         self.plan = self.transport.start(self._logs_for)
         self.lost = None
+        self.selector.fill(self.transport.processes, self.transport.pipes)
         if self._cells is None:
             self._cells = CellWatch()
         self.start_idle({})
@@ -127,6 +130,7 @@ class RankLife:
         The between-calls reader reads until the ranks are gone, so the logs get their last lines."""
         if not graceful:
             self._stop_idle()
+        self.selector.close()   # before the transport closes the fds it holds
         self.transport.stop(graceful, before_kill=self._stop_idle)
         memory, self.memory = self.memory, None   # fresh ranks get a fresh sampler
         if memory is not None:

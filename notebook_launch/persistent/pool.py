@@ -34,7 +34,6 @@ from typing import Any, TypeVar
 from ..wire import protocol
 from ..display.words import counted
 from ..errors import LaunchArgumentError, LaunchError, NotebookLaunchError, user_interrupt
-from ..notebook.notebook_streams import OUT
 from ..record.logs import RunLogs
 from ..planning.options import (
     LaunchOptions,
@@ -42,18 +41,18 @@ from ..planning.options import (
     validate_call,
     validate_function,
     validate_lines_per_second,
-    validate_text,
     validate_timeout,
 )
 from ..wire.plan import LaunchPlan
 from ..rank.runner import Job
 from ..scaffold.session import Session, plan_state
 from ..diagnose import stacks as rank_stacks
-from ..supervise import outcome
+from ..supervise import interrupts, outcome
 from ..channels import commands
 from ..rank import namespace
 from . import command_frames
 from .call import CallSupervisor
+from .cells import checked_cell, rank_subset, say_unsent, say_who_runs
 from .life import RankLife
 from .transport import RankTransport, exited
 from .whereabouts import where_report
@@ -187,21 +186,21 @@ class Ranks:
         the ranks then use their own value of that name (e.g. their copy from the start), and
         where they have none the cell raises a NameError that says why, before any of its code runs.
         ``timeout``, ``stall_after``, ``lines_per_second``: as for ``run``."""
-        values = _checked_cell(source, filename, values)
+        values = checked_cell(source, filename, values)
         timeout = self._timeout(timeout)
         watch = self._watch(stall_after, lines_per_second)
         world = self.plan.world_size if self.plan is not None else self.num_processes
         subset = rank_subset(ranks, world)
         idle = sorted(set(range(self.num_processes)) - subset) if subset is not None else []
         if subset is not None and idle:
-            _say_who_runs(subset, idle)
+            say_who_runs(subset, idle)
         try:
             return self._call(Call(Job(namespace.run_cell, (source, filename, values, None, subset)),
                                    hidden_frames=1), "%%ranks cell", timeout, idle=frozenset(idle), watch=watch)
         except _Unsendable:
             pass
         unsent = namespace.unpicklable(values)
-        _say_unsent(unsent)
+        say_unsent(unsent)
         sendable = {name: value for name, value in values.items() if name not in unsent}
         return self._call(Call(Job(namespace.run_cell, (source, filename, sendable, unsent, subset)),
                                hidden_frames=1), "%%ranks cell", timeout, idle=frozenset(idle), watch=watch)
@@ -310,9 +309,11 @@ class Ranks:
                 f"arguments and the notebook globals it names must pickle with cloudpickle.") from None
         try:
             events = self._life.ensure_running(self.num_processes)
+            self._handed_back = events   # back to the between-calls reader if no supervisor takes them
             try:
-                return self._supervise(call, frame, title, timeout, quiet, events, idle,
-                                       watch or self._watch(None, None))
+                with interrupts.guarding_run():   # the call's session's too (a nested guard changes nothing)
+                    return self._send_and_supervise(call, frame, title, timeout, quiet, events, idle,
+                                                    watch or self._watch(None, None))
             finally:
                 if self.transport.processes and self._life.lost is None and not self.closed:
                     self._life.start_idle(self._handed_back)
@@ -320,101 +321,81 @@ class Ranks:
         finally:
             frame.close()   # the ranks have their own reference to its memfd
 
-    def _supervise(self, call: Call, frame: commands.Frame, title: str, timeout: float | None, quiet: bool,
-                   events: dict[int, Any], idle: frozenset[int], watch: CallWatchOptions) -> list[Any]:
+    def _send_and_supervise(self, call: Call, frame: commands.Frame, title: str, timeout: float | None,
+                            quiet: bool, events: dict[int, Any], idle: frozenset[int],
+                            watch: CallWatchOptions) -> list[Any]:
+        """The frame goes to the ranks first, then the call's run state, session and supervisor
+        are built while they run it (issue 45: the notebook's bookkeeping no longer delays the
+        ranks). From before the send until the supervisor's first turn an interrupt is held
+        (``interrupts.Held``): the frame goes out whole, and the interrupt then interrupts the
+        call like any other; one that came during the send is asked of the ranks at once, so a
+        rank that had not begun the call raises as it starts, without running its code. If the
+        set-up fails once the frame is out, no supervisor reads the call's outcome: the ranks
+        are stopped (the next call starts fresh ones, saying why)."""
         transport = self.transport
-        assert self.plan is not None and self.logs is not None and transport.interrupts is not None
-        self.calls += 1
-        state = plan_state(self.plan, f"{self._life.run_id}-call{self.calls}", self.backend_name, self.logs.path,
-                           processes=transport.processes)
-        transport.describe(state)
-        with Session.for_call(self.logs, f"call {self.calls}: {title}", state, self.options, quiet=quiet,
-                              lines_per_second=watch.lines_per_second) as session:
-            supervisor = CallSupervisor(transport.processes, transport.pipes, state, session.display, session.logs,
-                                        timeout=timeout, poll_interval=self.options.poll_interval,
-                                        grace=self.grace, slot=transport.interrupts, call_number=self.calls,
-                                        rank_displays=session.rank_displays, send=lambda: transport.send(frame),
-                                        events=events, command_fds=transport.result_fds,
-                                        idle_ranks=idle, stall_after=None if quiet else watch.stall_after,
-                                        memory=self._life.memory_watch())
-            self._supervisor = supervisor
-            try:
-                results = supervisor.run()
-            except LaunchError as error:
-                session.fail(error)
-                raise outcome.with_note(error, _after_failure(supervisor.lost)) from None
-            except KeyboardInterrupt as interrupt:
-                if supervisor.lost is None:
-                    raise   # every rank came back with its state
-                # the cell must say the ranks (and their state) are gone, not only "KeyboardInterrupt"
-                said = str(interrupt.args[0]) if interrupt.args else "notebook_launch: interrupted"
-                raise KeyboardInterrupt(f"{said}\n{outcome.ranks_lost_note(supervisor.lost)}") from None
-            finally:
-                self._supervisor = None
-                self._handed_back = supervisor.events_by_rank()
-                if supervisor.lost is not None:
-                    self._life.lost = supervisor.lost
-                    self._life.stop(graceful=False)
-            session.finish(f"{counted(len(results), 'rank')} returned in {state.elapsed:.2f} s")
-            return results
+        assert transport.interrupts is not None
+        held = interrupts.Held()
+        try:
+            self.calls += 1
+            transport.send(frame)
+            if held.pending():
+                transport.interrupts.request(call.number)
+            return _supervised(self, call, title, timeout, quiet, events, idle, watch, held)
+        except BaseException as exc:
+            if not held.released:   # no supervisor took the call over: its outcome would be the next call's
+                self._life.lost = (f"setting up call {call.number} failed after it was sent to them "
+                                   f"({type(exc).__name__}: {exc})")
+                self._life.stop(graceful=False)
+            raise
+        finally:
+            held.release("notebook_launch: interrupted as the call started")   # no-op once released
+
+
+def _supervised(pool: Ranks, call: Call, title: str, timeout: float | None, quiet: bool, events: dict[int, Any],
+                idle: frozenset[int], watch: CallWatchOptions, held: interrupts.Held) -> list[Any]:
+    """The call's run state, session and supervisor, built while the ranks run the call
+    (``Ranks._send_and_supervise`` sent it), then its supervision to the end: results, or
+    LaunchError / KeyboardInterrupt saying whether the ranks kept their state."""
+    transport = pool.transport
+    assert pool.plan is not None and pool.logs is not None and transport.interrupts is not None
+    state = plan_state(pool.plan, f"{pool._life.run_id}-call{call.number}", pool.backend_name, pool.logs.path,
+                       processes=transport.processes)
+    transport.describe(state)
+    with Session.for_call(pool.logs, f"call {call.number}: {title}", state, pool.options, quiet=quiet,
+                          lines_per_second=watch.lines_per_second) as session:
+        supervisor = CallSupervisor(transport.processes, transport.pipes, state, session.display, session.logs,
+                                    timeout=timeout, poll_interval=pool.options.poll_interval,
+                                    grace=pool.grace, slot=transport.interrupts, call_number=call.number,
+                                    rank_displays=session.rank_displays, held=held,
+                                    events=events, command_fds=transport.result_fds,
+                                    idle_ranks=idle, stall_after=None if quiet else watch.stall_after,
+                                    memory=pool._life.memory_watch(), kept_selector=pool._life.selector)
+        pool._supervisor = supervisor
+        try:
+            results = supervisor.run()
+        except LaunchError as error:
+            session.fail(error)
+            raise outcome.with_note(error, _after_failure(supervisor.lost)) from None
+        except KeyboardInterrupt as interrupt:
+            if supervisor.lost is None:
+                raise   # every rank came back with its state
+            # the cell must say the ranks (and their state) are gone, not only "KeyboardInterrupt"
+            said = str(interrupt.args[0]) if interrupt.args else "notebook_launch: interrupted"
+            raise KeyboardInterrupt(f"{said}\n{outcome.ranks_lost_note(supervisor.lost)}") from None
+        finally:
+            pool._supervisor = None
+            pool._handed_back = supervisor.events_by_rank()
+            if supervisor.lost is not None:
+                pool._life.lost = supervisor.lost
+                pool._life.stop(graceful=False)
+        session.finish(f"{counted(len(results), 'rank')} returned in {state.elapsed:.2f} s")
+        return results
 
 
 def _after_failure(lost: str | None) -> str:
     if lost is None:
         return "The ranks are still running, with their state; the next call runs on them."
     return outcome.ranks_lost_note(lost)
-
-
-def _checked_cell(source: str, filename: str, values: dict[str, Any] | None) -> dict[str, Any]:
-    """``run_cell``'s arguments checked (an error that says what each must be); its values, a dict."""
-    if not isinstance(source, str):
-        raise LaunchArgumentError(f"run_cell(source=...) must be the cell's code as a str; got "
-                                  f"{type(source).__name__}")
-    validate_text("run_cell(filename=...)", filename, "the name tracebacks show for the cell, a str")
-    if values is not None and (not isinstance(values, dict)
-                               or not all(isinstance(n, str) and n.isidentifier() for n in values)):
-        raise LaunchArgumentError(f"run_cell(values=...) must be a dict of variable names to values, or "
-                                  f"None; got {values!r:.120}")
-    return dict(values or {})
-
-
-def rank_subset(ranks: Iterable[int] | None, world: int) -> frozenset[int] | None:
-    """``ranks`` (``run_cell``'s, ``%%ranks --ranks``) checked against the world size (an error
-    naming the bad ones)."""
-    if ranks is None:
-        return None
-    if isinstance(ranks, int) and not isinstance(ranks, bool):
-        ranks = [ranks]
-    try:
-        chosen: list[object] = list(ranks)
-    except TypeError:
-        chosen = [ranks]   # not iterable: named as the bad value below
-    bad = [r for r in chosen if isinstance(r, bool) or not isinstance(r, int) or not 0 <= r < world]
-    if bad or not chosen:
-        raise LaunchArgumentError(
-            f"ranks={ranks!r}: give one or more global ranks between 0 and {world - 1} "
-            f"(these ranks are {world}), e.g. ranks=[0] or %%ranks --ranks 0,2"
-            + (f"; not ranks here: {', '.join(map(repr, bad))}" if bad else ""))
-    return frozenset(r for r in chosen if isinstance(r, int))
-
-
-def _say_who_runs(subset: frozenset[int], idle: list[int]) -> None:
-    """A cell for some ranks only: which run it, and that the others wait with their state."""
-    wait = "run nothing and wait" if len(idle) > 1 else "runs nothing and waits"
-    print(f"notebook_launch: %%ranks: this cell runs on rank{'s' * (len(subset) > 1)} "
-          f"{', '.join(map(str, sorted(subset)))} only; rank{'s' * (len(idle) > 1)} "
-          f"{', '.join(map(str, idle))} {wait}, "
-          f"with {'their' if len(idle) > 1 else 'its'} state (the cell must not call a collective "
-          f"that needs {'them' if len(idle) > 1 else 'it'})", file=OUT, flush=True)
-
-
-def _say_unsent(unsent: dict[str, str]) -> None:
-    """The cell's values that do not pickle: the ranks use their own."""
-    print("notebook_launch: %%ranks: not sent to the ranks: "
-          + "; ".join(f"{name} ({why})" for name, why in unsent.items())
-          + ". The ranks use their own value of these names; where they have none, the cell stops "
-          "with a NameError before it runs. Create such values in the ranks (in a %%ranks cell).",
-          file=OUT, flush=True)
 
 
 _pools: list[weakref.ReferenceType[Ranks]] = []   # every pool of this process, oldest first

@@ -17,6 +17,8 @@ import numbers
 import operator
 import os
 import sys
+import types
+import weakref
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Sequence, get_args
 
 from . import fd_budget
@@ -110,7 +112,7 @@ def validate_call(function: Callable[..., Any], args: Sequence[Any], kwargs: Map
     wrapper's own signature, never as the wrapped function's (a decorator may add or remove
     arguments, so the wrapped signature could refuse a call that works)."""
     try:
-        signature = inspect.signature(function, follow_wrapped=False)
+        signature = _signature(function)
     except (TypeError, ValueError):
         return
     try:
@@ -122,6 +124,27 @@ def validate_call(function: Callable[..., Any], args: Sequence[Any], kwargs: Map
             f"kwargs={dict(kwargs or {})!r:.200}: "
             f"{err}. Pass the function's parameters in args=(...) (in order) or kwargs={{'name': value}}; "
             f"nothing was started") from None
+
+
+_signatures: weakref.WeakKeyDictionary[Callable[..., Any], tuple[tuple, inspect.Signature]] = \
+    weakref.WeakKeyDictionary()
+
+
+def _signature(function: Callable[..., Any]) -> inspect.Signature:
+    """``inspect.signature(function, follow_wrapped=False)``; a plain function's is kept while its
+    code, defaults and ``__signature__`` are the same objects (a warm ``ranks.run(f)`` spent a
+    twentieth of the notebook's CPU reading the same signature again, issue 45). Anything it
+    could have changed with is in the key: a cell run again makes a new function, a new code object."""
+    if not isinstance(function, types.FunctionType):
+        return inspect.signature(function, follow_wrapped=False)
+    key = (function.__code__, function.__defaults__, function.__kwdefaults__,
+           function.__dict__.get("__signature__"), function.__dict__.get("__text_signature__"))
+    kept = _signatures.get(function)
+    if kept is not None and len(kept[0]) == len(key) and all(a is b for a, b in zip(kept[0], key)):
+        return kept[1]
+    signature = inspect.signature(function, follow_wrapped=False)
+    _signatures[function] = (key, signature)
+    return signature
 
 
 def normalize_mixed_precision(value: object) -> str:

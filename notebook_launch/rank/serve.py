@@ -41,6 +41,18 @@ class Call:
     number: int = 0          # the pool's call count: what an interrupt names
     hidden_frames: int = 0
 
+    def wire(self) -> tuple[Any, tuple, dict, int, int]:
+        """What a CALL frame carries: builtins around the function and its arguments, so that
+        neither side looks up a class of ours to pickle or unpickle the call (cloudpickle's
+        by-reference checks of Call and Job were a tenth of the notebook's encoding, issue 45)."""
+        return self.job.function, self.job.args, self.job.kwargs, self.number, self.hidden_frames
+
+    @classmethod
+    def from_wire(cls, wire: Any) -> Call:
+        """The call a CALL frame carries (``wire``)."""
+        function, args, kwargs, number, hidden_frames = wire
+        return cls(runner.Job(function, args, kwargs), number, hidden_frames)
+
 
 class Interruptible:
     """SIGINT raises KeyboardInterrupt only while the code of the call it was meant for runs;
@@ -168,7 +180,8 @@ def receive_command(fd: int) -> tuple[commands.Command, Any]:
     data, tensors = frame
     try:
         kind, payload = shared_tensors.loads(data, tensors)
-        return commands.Command(kind), payload
+        command = commands.Command(kind)
+        return command, Call.from_wire(payload) if command is commands.Command.CALL else payload
     finally:
         if tensors is not None:
             commands.close_fd(tensors)

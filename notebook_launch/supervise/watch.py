@@ -59,27 +59,41 @@ class WatchHandler(Protocol):
     def on_process_exit(self, process: RankProcess) -> None: ...
 
 
+def registrations(processes: Sequence[RankProcess], pipes_by_rank: Sequence[RankPipes]) -> list[tuple[int, Any]]:
+    """What a watcher's selector holds: (fd, data) for each rank's three pipes, ``(local rank,
+    "events" | "stdout" | "stderr")``, and each process's exit sentinel, ``(its index, "exit")``."""
+    found: list[tuple[int, Any]] = []
+    for index, process in enumerate(processes):
+        assert process.sentinel is not None, "a started process has its exit sentinel"
+        for local in process.ranks():
+            pipes = pipes_by_rank[local]
+            found += [(pipes.events_r, (local, "events")), (pipes.stdout_r, (local, "stdout")),
+                      (pipes.stderr_r, (local, "stderr"))]
+        found.append((process.sentinel, (index, "exit")))
+    return found
+
+
 class Watcher:
     """The selector over every rank's pipes and every process's sentinel."""
 
     def __init__(self, processes: Sequence[RankProcess], pipes_by_rank: Sequence[RankPipes],
-                 handler: WatchHandler) -> None:
+                 handler: WatchHandler, selector: selectors.BaseSelector | None = None) -> None:
+        """``selector``: one that holds exactly what this watcher would register (a call on
+        persistent ranks borrows its pool's, ``persistent.call.KeptSelector``); None: a new one."""
         self.processes = list(processes)
         self.handler = handler
         self.watches = sorted((RankWatch(p, local, pipes_by_rank[local])
                                for p in self.processes for local in p.ranks()),
                               key=lambda w: w.local_rank)
-        self.selector = selectors.DefaultSelector()
+        if selector is None:
+            selector = selectors.DefaultSelector()
+            for fd, data in registrations(self.processes, pipes_by_rank):
+                selector.register(fd, selectors.EVENT_READ, data)
+        self.selector = selector
         for watch in self.watches:
-            pipes = watch.pipes
-            for fd, what in ((pipes.events_r, "events"), (pipes.stdout_r, "stdout"),
-                             (pipes.stderr_r, "stderr")):
+            for fd in (watch.pipes.events_r, watch.pipes.stdout_r, watch.pipes.stderr_r):
                 os.set_blocking(fd, False)
-                self.selector.register(fd, selectors.EVENT_READ, (watch.local_rank, what))
                 watch.open_fds.add(fd)
-        for index, process in enumerate(self.processes):
-            assert process.sentinel is not None, "a started process has its exit sentinel"
-            self.selector.register(process.sentinel, selectors.EVENT_READ, (index, "exit"))
 
     def watches_of(self, process: RankProcess) -> list[RankWatch]:
         return [w for w in self.watches if w.process is process]

@@ -39,6 +39,7 @@ from ...channels.interrupt_slot import InterruptSlot
 from ...channels.remote_commands import MESSAGE, WHERE_REQUEST_BYTE, Kind
 from ...channels.sockets import SIGNAL_FRAME
 from ...rank import runner
+from ...rank.serve import Call
 from ...channels.remote_where import request_number
 from ...rank.reports.remote_where import Answerer
 
@@ -148,7 +149,7 @@ def decode(data: bytes, tensors: bytes) -> tuple[str, Any]:
         elif tensors:
             raise OSError("this node cannot create a memfd for the call's tensors")
         kind, payload = shared_tensors.loads(data, fd)
-        return str(kind), payload
+        return str(kind), Call.from_wire(payload) if kind == Command.CALL.value else payload
     finally:
         if fd is not None:
             os.close(fd)
