@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import os
+import select
 import selectors
 import signal
 import time
@@ -154,6 +155,7 @@ class CallSupervisor(Supervisor):
         self._held = held   # interrupts held since the call's frame went out (pool.Ranks._call)
         self.command_fds = command_fds or []   # by local rank: where result files come back
         self._checked_at = time.monotonic()   # the set-up sampled the resources: the last checks
+        self._files: set[int] | None = None   # local ranks with a result file waiting (_with_files)
         for watch in self.watches:   # the between-calls reader may hold the start of a frame
             if events is not None and watch.local_rank in events:
                 watch.events = events[watch.local_rank]
@@ -210,7 +212,7 @@ class CallSupervisor(Supervisor):
         results = []
         for watch in self.watches:
             tensors = None
-            if watch.has_result and self.command_fds:
+            if watch.local_rank in self._with_files():
                 tensors = commands.take_result_file(self.command_fds[watch.local_rank], self.call_number)
             saved = watch.pipes.tensors   # outcome.load_result reads the launch's result file there
             watch.pipes.tensors = tensors
@@ -224,6 +226,17 @@ class CallSupervisor(Supervisor):
                 self.fail(failure)
             results.append(value)
         return results
+
+    def _with_files(self) -> set[int]:
+        """The local ranks that returned and have something on their command socket: a result
+        file (passed before the RESULT, so it is there by now), or one of an earlier call. One
+        select for them all: most calls pass no file, and looking on each socket in turn was a
+        socket object and a recvmsg per rank (issue 45)."""
+        if self._files is None:
+            fds = {self.command_fds[w.local_rank]: w.local_rank for w in self.watches
+                   if w.has_result and self.command_fds}
+            self._files = {fds[fd] for fd in select.select(list(fds), [], [], 0)[0]} if fds else set()
+        return self._files
 
     def events_by_rank(self) -> dict[int, protocol.EventReader]:
         """The event readers, for the between-calls reader (a frame may have begun)."""
