@@ -93,6 +93,14 @@ class Frame:
             self.tensors = None
 
 
+def _socket_of(fd: int) -> socket.socket:
+    """A socket object over a command socket's ``fd`` (detach it after use). Its family, type and
+    protocol are given, as ``CommandPipe.open`` made it: given none, Python asks the kernel for
+    each (two syscalls more per use: each call reads its frame's header through one in every rank,
+    and looks for each rank's result file through one in the notebook, issue 45)."""
+    return socket.socket(socket.AF_UNIX, socket.SOCK_STREAM, 0, fileno=fd)
+
+
 def send(fd: int, frame: Frame | bytes) -> None:
     """Write a whole frame (the rank reads it whole; a write may be partial); its memfd goes
     with the first bytes."""
@@ -100,7 +108,7 @@ def send(fd: int, frame: Frame | bytes) -> None:
         frame = Frame(frame)
     view = memoryview(frame.data)
     if frame.tensors is not None:
-        sock = socket.socket(fileno=fd)
+        sock = _socket_of(fd)
         try:
             view = view[sock.sendmsg([view], [(socket.SOL_SOCKET, socket.SCM_RIGHTS,
                                                array.array("i", [frame.tensors]))]):]
@@ -127,7 +135,7 @@ def read_frame(fd: int) -> tuple[bytes, int | None] | None:
 
 def _read_header(fd: int) -> tuple[bytes | None, int | None]:
     """The frame's header and the memfd that came with it, if any."""
-    sock = socket.socket(fileno=fd)
+    sock = _socket_of(fd)
     chunks: list[bytes] = []
     tensors: int | None = None
     left = HEADER.size
@@ -173,7 +181,7 @@ def _read_exactly(fd: int, size: int) -> bytes | None:
 
 def send_result_file(fd: int, call_number: int, tensors: int) -> None:
     """(In a rank) pass the memfd holding this call's result tensors to the notebook."""
-    sock = socket.socket(fileno=fd)
+    sock = _socket_of(fd)
     try:
         sock.sendmsg([RESULT_FILE.pack(call_number)],
                      [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [tensors]))], socket.MSG_NOSIGNAL)
@@ -184,7 +192,7 @@ def send_result_file(fd: int, call_number: int, tensors: int) -> None:
 def take_result_file(fd: int, call_number: int) -> int | None:
     """(In the notebook) the memfd a rank passed for ``call_number`` (the caller closes it),
     or None; files of earlier calls (one that was interrupted) are closed."""
-    sock = socket.socket(fileno=fd)
+    sock = _socket_of(fd)
     found: int | None = None
     try:
         while True:

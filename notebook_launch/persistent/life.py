@@ -21,7 +21,7 @@ from ..scaffold.session import open_logs
 from ..supervise.oom import MemoryWatch
 from .call import KeptSelector
 from .idle import CellWatch, IdleReader
-from .transport import RankTransport, exited
+from .transport import RankTransport, ended
 
 if TYPE_CHECKING:
     from ..record.logs import RunLogs
@@ -105,7 +105,7 @@ class RankLife:
         """Ranks ready for a call (fresh ones if they are gone); returns the event readers
         the between-calls reader hands over: from here on the calling thread reads the ranks' pipes."""
         events = self._pause_idle()
-        gone = [p for p in self.transport.processes if exited(p)] if self.lost is None else []
+        gone = ended(self.transport.processes) if self.lost is None else []
         if gone:
             assert self.logs is not None
             lost = self.transport.lost_between_calls(gone, self.logs, num_processes)

@@ -129,6 +129,15 @@ def exited(process: RankProcess) -> bool:
     return bool(select.select([process.sentinel], [], [], 0)[0])
 
 
+def ended(processes: list[RankProcess]) -> list[RankProcess]:
+    """Those of ``processes`` that ended (as ``exited``), their sentinels asked in one select:
+    asked before and after every call on persistent ranks (issue 45: one syscall, not one a rank)."""
+    sentinels = [p.sentinel for p in processes if not p.reaped and p.sentinel is not None]
+    ready = set(select.select(sentinels, [], [], 0)[0]) if sentinels else set()
+    return [p for p in processes
+            if (p.sentinel in ready if not p.reaped and p.sentinel is not None else p.poll() is not None)]
+
+
 def wait_for_ends(processes: list[RankProcess], seconds: float) -> None:
     """Wait up to ``seconds`` in all for ``processes`` to end (those with a sentinel)."""
     deadline = time.monotonic() + seconds

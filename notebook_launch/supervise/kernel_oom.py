@@ -57,6 +57,24 @@ def memory_cgroup_of(pid: int) -> str | None:
     text = read_text(f"/proc/{pid}/cgroup")
     if text is None:
         return None
+    found = _FOLDERS.get(text)
+    if found is None:
+        found = _memory_folder(text)
+        if found is not None:
+            if len(_FOLDERS) >= 64:
+                _FOLDERS.clear()
+            _FOLDERS[text] = found
+    return found
+
+
+# /proc/PID/cgroup's text -> the memory cgroup's folder, as found: a persistent rank's cgroup is
+# read every time the ranks go idle (its memory cgroup may have changed during the call), and the
+# same text meant the same folder (a v2 folder's memory.events asked once, not per call: issue 45)
+_FOLDERS: dict[str, str] = {}
+
+
+def _memory_folder(text: str) -> str | None:
+    """The memory cgroup folder that /proc/PID/cgroup's ``text`` names (see ``memory_cgroup_of``)."""
     unified = None
     for line in text.splitlines():
         _, controllers, path = line.split(":", 2)

@@ -125,6 +125,11 @@ class Supervisor:
         """Watch the ranks for up to ``wait`` seconds and react. Returns FAILED once the
         other ranks are stopped; raises KeyboardInterrupt after a Stop click."""
         self.watcher.pump(wait)
+        return self.react()
+
+    def react(self) -> Step:
+        """The rest of a turn, once the watcher handed on what it read: resources, prompts, stale
+        pipes, stalls, the panel's buttons and refresh, a failure, the end."""
         self.resources.sample()
         self.prompts.poll()
         self.watcher.close_stale(DRAIN_AFTER_EXIT)

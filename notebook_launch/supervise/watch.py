@@ -78,22 +78,26 @@ class Watcher:
 
     def __init__(self, processes: Sequence[RankProcess], pipes_by_rank: Sequence[RankPipes],
                  handler: WatchHandler, selector: selectors.BaseSelector | None = None) -> None:
-        """``selector``: one that holds exactly what this watcher would register (a call on
-        persistent ranks borrows its pool's, ``persistent.call.KeptSelector``); None: a new one."""
+        """``selector``: one that holds exactly what this watcher would register, its pipes
+        non-blocking already (a call on persistent ranks borrows its pool's,
+        ``persistent.call.KeptSelector``); None: a new one."""
         self.processes = list(processes)
         self.handler = handler
         self.watches = sorted((RankWatch(p, local, pipes_by_rank[local])
                                for p in self.processes for local in p.ranks()),
                               key=lambda w: w.local_rank)
+        made = selector is None
         if selector is None:
             selector = selectors.DefaultSelector()
             for fd, data in registrations(self.processes, pipes_by_rank):
                 selector.register(fd, selectors.EVENT_READ, data)
         self.selector = selector
         for watch in self.watches:
-            for fd in (watch.pipes.events_r, watch.pipes.stdout_r, watch.pipes.stderr_r):
-                os.set_blocking(fd, False)
-                watch.open_fds.add(fd)
+            fds = (watch.pipes.events_r, watch.pipes.stdout_r, watch.pipes.stderr_r)
+            if made:   # a lent selector's fds were made non-blocking as it was filled (two fcntl each)
+                for fd in fds:
+                    os.set_blocking(fd, False)
+            watch.open_fds.update(fds)
 
     def watches_of(self, process: RankProcess) -> list[RankWatch]:
         return [w for w in self.watches if w.process is process]

@@ -32,7 +32,7 @@ from ...scaffold.session import launch_line
 from ...supervise import outcome
 from ...supervise.kernel_oom import OomBaseline, sigkill_words
 from ...persistent import command_frames
-from ...persistent.transport import STOP_GRACE, LogsFor, LostBetweenCalls, RankTransport, exited, wait_for_ends
+from ...persistent.transport import STOP_GRACE, LogsFor, LostBetweenCalls, RankTransport, ended, exited, wait_for_ends
 from ...supervise.resources import SAMPLE_EVERY
 
 if TYPE_CHECKING:
@@ -136,7 +136,7 @@ class LocalTransport(RankTransport):
         again only once the last read is SAMPLE_EVERY old (or the ranks changed): calls a
         millisecond apart read /proc/vmstat and every rank's cgroup once a second, not per call
         (issue 45); the kernel log, which verdict() reads first, names the killed pid either way."""
-        pids = {p.pid for p in self.processes if not exited(p)}
+        pids = {p.pid for p in self.processes} - {p.pid for p in ended(self.processes)}
         last = self._idle_oom
         if last is not None and pids == self._idle_pids and time.monotonic() - last.started < SAMPLE_EVERY:
             for pid in pids:   # a rank may have moved to another cgroup during the call (one small read each)
