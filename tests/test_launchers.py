@@ -84,7 +84,8 @@ def test_every_start_path_has_a_launcher():
 
 def _process_starts(path: Path) -> list[str]:
     """Calls in ``path`` that start a process: os.fork(), subprocess.Popen(...), xmp.spawn(...),
-    fork_from_clean_thread(...), and Ray's ``<actor>.run.remote(...)`` (a rank's run)."""
+    fork_from_clean_thread(...), fork_all_from_clean_thread(...), and Ray's ``<actor>.run.remote(...)``
+    (a rank's run)."""
     found = []
     for node in ast.walk(ast.parse(path.read_text())):
         if not isinstance(node, ast.Call):
@@ -93,7 +94,7 @@ def _process_starts(path: Path) -> list[str]:
         if isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) \
                 and (func.value.id, func.attr) in STARTS_A_PROCESS:
             found.append(f"{func.value.id}.{func.attr}")
-        elif isinstance(func, ast.Name) and func.id == "fork_from_clean_thread":
+        elif isinstance(func, ast.Name) and func.id in ("fork_from_clean_thread", "fork_all_from_clean_thread"):
             found.append(func.id)
         elif isinstance(func, ast.Attribute) and func.attr == "remote" and isinstance(func.value, ast.Attribute) \
                 and func.value.attr == "run":
@@ -118,7 +119,7 @@ def test_no_module_outside_the_launchers_starts_a_rank():
 
 def test_the_scan_sees_the_launchers_own_starts():
     assert _process_starts(PACKAGE / "engines" / "local" / "spawn.py") == ["subprocess.Popen"]
-    assert "fork_from_clean_thread" in _process_starts(PACKAGE / "engines" / "local" / "fork.py")
+    assert "fork_all_from_clean_thread" in _process_starts(PACKAGE / "engines" / "local" / "fork.py")
     assert _process_starts(PACKAGE / "engines" / "ray" / "launch.py") == ["<actor>.run.remote"]
 
 

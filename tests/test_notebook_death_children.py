@@ -215,17 +215,17 @@ FIRST_LAUNCH_ORDER = textwrap.dedent('''
     from notebook_launch.engines.local import fork
     from notebook_launch.process import leftovers
     events = []
-    start_keeper, fork_rank = leftovers._start_keeper, fork.fork_from_clean_thread
+    start_keeper, fork_ranks = leftovers._start_keeper, fork.fork_all_from_clean_thread
 
     def recorded_start_keeper():
         events.append("keeper")
         return start_keeper()
 
-    def recorded_fork(child):
-        events.append("fork")
-        return fork_rank(child)
+    def recorded_fork(children):
+        events.extend("fork" for _ in children)
+        return fork_ranks(children)
 
-    leftovers._start_keeper, fork.fork_from_clean_thread = recorded_start_keeper, recorded_fork
+    leftovers._start_keeper, fork.fork_all_from_clean_thread = recorded_start_keeper, recorded_fork
     results = notebook_launcher(int, num_processes=3, ui="none", log_dir={log_dir!r})
     print(json.dumps({{"results": results, "events": events, "keeper": bool(leftovers.keeper_fds())}}))
 ''')

@@ -38,7 +38,7 @@ if TYPE_CHECKING:
     from ..wire.plan import LaunchPlan, RankSpec
     from ..rank.runner import Job
 
-__all__ = ["Launcher", "StartFailed", "StartWatch", "start_each"]
+__all__ = ["Launcher", "StartFailed", "StartWatch", "start_all", "start_each"]
 
 
 class StartWatch:
@@ -125,19 +125,42 @@ def start_each(plan: "LaunchPlan", pipes_by_rank: Sequence[RankPipes],
     """Start one process per rank with ``start_one``, closing each rank's child ends in the
     parent once it runs. If any start fails, the ranks started so far are killed, reaped
     and released before the error propagates: no half-started run survives."""
-    OUT.flush()   # what the notebook printed shows before the ranks' lines
-    ERR.flush()
-    processes: list[RankProcess] = []
-    runs: dict[str, list[int]] = {}
-    try:
+    def start(processes: list[RankProcess]) -> None:
         for spec in plan.ranks:
             pipes = pipes_by_rank[spec.local_rank]
             processes.append(start_one(spec, pipes))
-            runs.setdefault(spec.env.get(leftovers.RUN_MARK, ""), []).append(processes[-1].pid)
             # The parent keeps the event pipe's write end until the rank exits: a function that
             # closes every fd (os.closerange) then gets no EOF here, and the rank can reopen the
             # pipe through /proc (protocol.EventWriter) to still send its result or error.
             pipes.close_child_ends(keep=(pipes.events_w,))
+    return _start_guarded(plan, pipes_by_rank, start)
+
+
+def start_all(plan: "LaunchPlan", pipes_by_rank: Sequence[RankPipes],
+              start: Callable[[Sequence["RankSpec"]], list[RankProcess]]) -> list[RankProcess]:
+    """As ``start_each``, for a launcher that starts every rank in one go (``start(plan.ranks)``,
+    which leaves nothing started when it raises; the fork helper's one turn): the child ends are
+    closed in the parent once all run."""
+    def start_them(processes: list[RankProcess]) -> None:
+        processes += start(plan.ranks)
+        for spec in plan.ranks:
+            pipes = pipes_by_rank[spec.local_rank]
+            pipes.close_child_ends(keep=(pipes.events_w,))   # the event pipe's, as start_each says
+    return _start_guarded(plan, pipes_by_rank, start_them)
+
+
+def _start_guarded(plan: "LaunchPlan", pipes_by_rank: Sequence[RankPipes],
+                   start: Callable[[list[RankProcess]], None]) -> list[RankProcess]:
+    """``start(processes)``, which appends each rank's process as it starts; then the notebook's
+    keeper is told of them. Whatever fails, what started is killed, reaped and released."""
+    OUT.flush()   # what the notebook printed shows before the ranks' lines
+    ERR.flush()
+    processes: list[RankProcess] = []
+    try:
+        start(processes)
+        runs: dict[str, list[int]] = {}
+        for spec, process in zip(plan.ranks, processes):
+            runs.setdefault(spec.env.get(leftovers.RUN_MARK, ""), []).append(process.pid)
         # If the notebook dies before the run is swept, its keeper ends what the ranks started:
         # told once all are forked (a rank dies with the notebook, and in the milliseconds of the
         # forks it has started nothing of its own), one order for all (one wakeup of the keeper)

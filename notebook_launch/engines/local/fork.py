@@ -4,11 +4,11 @@ parent holds no CUDA context (guards check that first)."""
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING, NoReturn, Sequence
+from typing import TYPE_CHECKING, Callable, NoReturn, Sequence
 
 from ...channels import PidfdRank, RankPipes, RankProcess, WaitStatus, reap
-from ..base import Launcher, start_each
-from .fork_thread import fork_from_clean_thread
+from ..base import Launcher, start_all
+from .fork_thread import fork_all_from_clean_thread
 from .warm_imports import warm_for
 
 if TYPE_CHECKING:
@@ -17,10 +17,11 @@ if TYPE_CHECKING:
 
 
 class ForkedRank(PidfdRank):
-    def __init__(self, local_rank: int, pid: int) -> None:
+    def __init__(self, local_rank: int, pid: int, sentinel: int | None = None) -> None:
+        """``sentinel``: the pid's pidfd, opened by the forking thread (else opened here)."""
         self.local_rank = local_rank
         self.pid = pid
-        self.sentinel = os.pidfd_open(pid)
+        self.sentinel = os.pidfd_open(pid) if sentinel is None else sentinel
         self._status: WaitStatus | None = None
 
     def poll(self) -> WaitStatus | None:
@@ -43,12 +44,18 @@ class ForkBackend(Launcher):
 
         parent_pid = os.getpid()
 
-        def start_one(spec: "RankSpec", pipes: RankPipes) -> RankProcess:
+        def child_of(spec: "RankSpec") -> Callable[[], NoReturn]:
+            pipes = channels[spec.local_rank]
+
             def child() -> NoReturn:
                 run_forked_rank(spec, job, pipes, channels, parent_pid)   # never returns
                 os._exit(1)
+            return child
 
-            # Not os.fork() here: this thread may have run an OpenMP region (see fork_thread).
-            return ForkedRank(spec.local_rank, fork_from_clean_thread(child))
+        def start(specs: Sequence["RankSpec"]) -> list[RankProcess]:
+            # Not os.fork() here: this thread may have run an OpenMP region (see fork_thread). All
+            # ranks in one turn of the fork helper, which opens each one's pidfd as it forks it.
+            forked = fork_all_from_clean_thread([child_of(spec) for spec in specs])
+            return [ForkedRank(spec.local_rank, pid, pidfd) for spec, (pid, pidfd) in zip(specs, forked)]
 
-        return start_each(plan, channels, start_one)
+        return start_all(plan, channels, start)
