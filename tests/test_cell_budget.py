@@ -155,6 +155,17 @@ MANY = textwrap.dedent("""
 """)
 
 
+def tagged_ranks(line: str) -> list[int]:
+    """The ranks a merged line's tag names: '[rank 3] ', '[ranks 0-7] ', '[ranks 0, 2, 5] '."""
+    match = re.match(r"\[ranks? ([0-9, -]+)\] ", line)
+    assert match, line
+    ranks: list[int] = []
+    for part in match[1].split(", "):
+        first, _, last = part.partition("-")
+        ranks.extend(range(int(first), int(last or first) + 1))
+    return ranks
+
+
 @pytest.mark.timeout(600)
 def test_a_saved_notebook_of_a_32_rank_run_stays_small(tmp_path):
     """Issue 43, part 4: the cell's lines, the final picture (rows, curves) and the widget state a
@@ -168,4 +179,10 @@ def test_a_saved_notebook_of_a_32_rank_run_stays_small(tmp_path):
     nbformat.write(nb, str(path))
     assert path.stat().st_size < 2_000_000, path.stat().st_size
     text = "".join(o.get("text", "") for o in nb.cells[0].outputs if o.output_type == "stream")
-    assert text.count("Some weights of the model were not initialized") == 1, text[:2000]
+    # The 32 ranks' identical warning joins into one line per one-second window (cell_budget.MERGE_WINDOW).
+    # They print it as they leave the barrier; on a busy machine (32 ranks and other tests on 2 cores) the
+    # last can leave it seconds after the first, so the warning may take a few lines, never one a rank,
+    # and between them every rank is named once.
+    warned = [line for line in text.splitlines() if "Some weights of the model were not initialized" in line]
+    named = [rank for line in warned for rank in tagged_ranks(line)]
+    assert 1 <= len(warned) <= 4 and sorted(named) == list(range(32)), warned
