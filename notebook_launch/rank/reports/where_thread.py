@@ -54,33 +54,6 @@ def dump_text(main_ident: int, skip: int) -> str:
     return "\n\n".join(parts) + "\n"
 
 
-class _NotWaitedOnce(threading.Event):
-    """A thread's started flag whose first ``wait`` (``Thread.start``'s) returns at once; the
-    thread still sets it as it begins, and any later wait waits."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self._waited = False
-
-    def wait(self, timeout: float | None = None) -> bool:
-        if not self._waited:
-            self._waited = True
-            return self.is_set()
-        return super().wait(timeout)
-
-
-def start_unwaited(thread: threading.Thread) -> None:
-    """``thread.start()`` without waiting for the new thread to run its first line. ``start``
-    waits for it: on a machine whose cores the other ranks hold, that is a wait for the scheduler
-    to give the new thread a turn, and then for the GIL back (the where-thread's start took 1-3 ms
-    of a 4-rank launch's rank on 2 cores, against 0.3 ms of CPU; issue 45). The where-thread
-    needs no handshake: a question written to its pipe before it runs is read once it does. Where
-    ``Thread`` keeps no ``_started`` event (another Python), it starts as usual."""
-    if isinstance(getattr(thread, "_started", None), threading.Event):
-        setattr(thread, "_started", _NotWaitedOnce())   # noqa: B010  (a private attribute of Thread)
-    thread.start()
-
-
 class WhereThread:
     """The wake pipe, the answers memfd and the thread that answers (see the module). Made in
     the process that answers: a forked child makes its own (``close`` drops the inherited one)."""
@@ -93,7 +66,7 @@ class WhereThread:
         self.main_ident = threading.main_thread().ident or 0
         self._publish_head(0)
         self.thread = threading.Thread(target=self._serve, daemon=True, name=THREAD_NAME)
-        start_unwaited(self.thread)
+        self.thread.start()
 
     def _publish_head(self, length: int) -> None:
         tid = self.thread.native_id if hasattr(self, "thread") and self.thread.native_id else 0
