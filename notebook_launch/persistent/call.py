@@ -108,7 +108,8 @@ class CallWatcher(Watcher):
 
     def __init__(self, processes: Sequence[RankProcess], pipes_by_rank: Sequence[RankPipes],
                  handler: WatchHandler, selector: selectors.BaseSelector | None = None) -> None:
-        self.kept: KeptSelector | None = getattr(handler, "kept_selector", None)   # CallSupervisor's
+        # the pool's, through the call's supervisor (a plain Watcher's handler lends none)
+        self.kept: KeptSelector | None = handler.kept_selector if isinstance(handler, CallSupervisor) else None
         if selector is None and self.kept is not None:
             selector = self.kept.take(processes, pipes_by_rank)
         super().__init__(processes, pipes_by_rank, handler, selector=selector)
