@@ -10,6 +10,7 @@ import pytest
 
 from notebook_launch import start_ranks
 from notebook_launch.persistent.call import CallSupervisor
+from notebook_launch.persistent.quick import QUICK_WINDOW
 from notebook_launch.planning.net import free_port
 from notebook_launch.supervise.supervisor import Step
 
@@ -42,10 +43,16 @@ def turns(monkeypatch):
     return seen
 
 
+def rank_after_the_first_window():
+    """Longer than a call's first window (``persistent.quick``): the call's supervisor reads it."""
+    time.sleep(QUICK_WINDOW * 3)
+    return int(os.environ["RANK"])
+
+
 def test_the_turn_that_reads_the_last_results_runs_no_checks(log_dir, turns):
     with start_ranks(2, ui="none", log_dir=log_dir, use_port=free_port()) as ranks:
         for _ in range(5):
-            assert ranks.run(rank) == [0, 1]
+            assert ranks.run(rank_after_the_first_window) == [0, 1]
     ends = [index for index, what in enumerate(turns) if what is Step.FINISHED]
     assert len(ends) == 5
     assert all(turns[index - 1] == "turn" for index in ends), turns

@@ -10,10 +10,11 @@ import select
 import selectors
 import signal
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ..wire import protocol
+from ..wire.protocol import Failure
 from ..record.state import DONE, FAILED, STOPPED
 from ..supervise import interrupts, outcome
 from ..supervise.oom import MemoryWatch
@@ -23,6 +24,7 @@ from ..supervise.watch import RankWatch, Watcher, WatchHandler, registrations
 from ..channels import commands
 
 if TYPE_CHECKING:
+    from .quick import FirstLook
     from ..channels import RankPipes, RankProcess
     from ..record.logs import LogWriter
     from ..record.state import RunState
@@ -31,6 +33,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("notebook_launch")
 DRAIN_ROUNDS = 64   # reads of what a call printed before its RESULT (64 KiB each)
 STARTING_ALLOWANCE = 120.0   # seconds past the grace for ranks still starting (a spawned rank imports torch)
+RANKS_KEPT = "The ranks are still running, with their state; the next call runs on them."   # after a failure
 CHECKS_EVERY = 0.02   # seconds between a call's per-turn checks while nothing asks for them (CallSupervisor._quiet)
 
 
@@ -46,6 +49,7 @@ class KeptSelector:
     def __init__(self) -> None:
         self._selector: selectors.BaseSelector | None = None
         self._ranks: tuple[tuple[RankProcess, ...], tuple[RankPipes, ...]] = ((), ())
+        self._fds: frozenset[int] = frozenset()   # what it was filled with
 
     def fill(self, processes: Sequence[RankProcess], pipes: Sequence[RankPipes]) -> None:
         """A selector for ranks that just started (its fd lives as long as they do, so calls
@@ -61,27 +65,39 @@ class KeptSelector:
             selector.close()
             raise
         self._selector, self._ranks = selector, (tuple(processes), tuple(pipes))
+        self._fds = frozenset(fd for fd, _ in registrations(processes, pipes))
 
     def take(self, processes: Sequence[RankProcess], pipes: Sequence[RankPipes]) -> selectors.BaseSelector | None:
         """The kept selector if it holds exactly ``processes``' and ``pipes``' fds, else None."""
         selector, self._selector = self._selector, None
         if selector is None:
             return None
-        kept_processes, kept_pipes = self._ranks
-        if _same(kept_processes, processes) and _same(kept_pipes, pipes) \
-                and set(selector.get_map()) == _fds_of(processes, pipes):
+        if self._whole(selector, processes, pipes):
             return selector
         selector.close()
         return None
 
     def give_back(self, selector: selectors.BaseSelector, processes: Sequence[RankProcess],
                   pipes: Sequence[RankPipes]) -> None:
-        """Keep ``selector`` for the next call if it still holds every fd; else close it."""
+        """Keep ``selector`` (taken from here) for the next call if it still holds every fd; else
+        close it."""
         self.close()
-        if set(selector.get_map()) == _fds_of(processes, pipes):
-            self._selector, self._ranks = selector, (tuple(processes), tuple(pipes))
+        if self._whole(selector, processes, pipes):
+            self._selector = selector
         else:
             selector.close()
+
+    def _whole(self, selector: selectors.BaseSelector, processes: Sequence[RankProcess],
+               pipes: Sequence[RankPipes]) -> bool:
+        """Whether ``selector`` is the one filled for these very ranks and pipes, with every fd it
+        was filled with still registered and none of them closed since. Counted, not compared as
+        sets: a watcher only ever unregisters (two sets built per look were a tenth of a quick
+        call's bookkeeping, issue 45)."""
+        kept_processes, kept_pipes = self._ranks
+        return _same(kept_processes, processes) and _same(kept_pipes, pipes) \
+            and len(selector.get_map()) == len(self._fds) \
+            and all(p.sentinel is not None for p in processes) \
+            and all(self._fds.isdisjoint(p.closed) for p in pipes)
 
     def close(self) -> None:
         selector, self._selector = self._selector, None
@@ -93,23 +109,17 @@ def _same(kept: Sequence[Any], now: Sequence[Any]) -> bool:
     return len(kept) == len(now) and all(a is b for a, b in zip(kept, now))
 
 
-def _fds_of(processes: Sequence[RankProcess], pipes: Sequence[RankPipes]) -> set[int]:
-    """What a watcher registers for these ranks: each one's three pipes, each process's sentinel;
-    an fd closed already makes the set one the selector cannot hold."""
-    fds = {fd for p in pipes for fd in (p.events_r, p.stdout_r, p.stderr_r)}
-    if any(fd in p.closed for p in pipes for fd in (p.events_r, p.stdout_r, p.stderr_r)):
-        fds.add(-1)
-    return fds | {p.sentinel for p in processes if p.sentinel is not None}
-
-
 class CallWatcher(Watcher):
     """Watches the pool's pipes for one call; closing it leaves them open for the next (and the
     selector kept for it, when the supervisor has a ``KeptSelector``)."""
 
     def __init__(self, processes: Sequence[RankProcess], pipes_by_rank: Sequence[RankPipes],
                  handler: WatchHandler, selector: selectors.BaseSelector | None = None) -> None:
-        # the pool's, through the call's supervisor (a plain Watcher's handler lends none)
+        # the pool's, through the call's supervisor (a plain Watcher's handler lends none): taken
+        # for the call already when the notebook read its first events (quick.first_look)
         self.kept: KeptSelector | None = handler.kept_selector if isinstance(handler, CallSupervisor) else None
+        if selector is None and isinstance(handler, CallSupervisor):
+            selector = handler.taken_selector
         if selector is None and self.kept is not None:
             selector = self.kept.take(processes, pipes_by_rank)
         super().__init__(processes, pipes_by_rank, handler, selector=selector)
@@ -144,9 +154,15 @@ class CallSupervisor(Supervisor):
                  held: interrupts.Held | None = None, events: dict[int, protocol.EventReader] | None = None,
                  command_fds: list[int] | None = None, idle_ranks: frozenset[int] = frozenset(),
                  memory: MemoryWatch | None = None, kept_selector: KeptSelector | None = None,
-                 **kwargs: Any) -> None:
+                 first_look: FirstLook | None = None, **kwargs: Any) -> None:
         self.memory = memory   # the pool's, kept across calls (resource_watch)
         self.kept_selector = kept_selector   # the pool's, lent to this call's watcher
+        # what the notebook read of the call before this supervisor (quick.first_look): its events
+        # are this supervisor's first, and the kept selector it took is the watcher's
+        self.taken_selector: selectors.BaseSelector | None = None
+        if first_look is not None:   # this supervisor's now: its watcher gives it back, or closes it
+            self.taken_selector, first_look.selector = first_look.selector, None
+        self._first_events = first_look.events if first_look is not None else []
         super().__init__(*args, **kwargs)
         self.idle_ranks = idle_ranks   # global ranks this call does not run on (%%ranks --ranks)
         self.grace = grace
@@ -156,7 +172,6 @@ class CallSupervisor(Supervisor):
         self._held = held   # interrupts held since the call's frame went out (pool.Ranks._call)
         self.command_fds = command_fds or []   # by local rank: where result files come back
         self._checked_at = time.monotonic()   # the set-up sampled the resources: the last checks
-        self._files: set[int] | None = None   # local ranks with a result file waiting (_with_files)
         for watch in self.watches:   # the between-calls reader may hold the start of a frame
             if events is not None and watch.local_rank in events:
                 watch.events = events[watch.local_rank]
@@ -171,6 +186,11 @@ class CallSupervisor(Supervisor):
             # other (here, inside run(), which stops the ranks for it).
             held, self._held = self._held, None
             held.release("notebook_launch: interrupted as the call started")
+        if self._first_events:   # read before this supervisor was built (quick.first_look), in order
+            first, self._first_events = self._first_events, []
+            for local, kind, payload in first:
+                self.on_event(self.watches[local], kind, payload)
+            wait = 0.0   # the rest may be there already: read it at once
         self.watcher.pump(wait)
         if not self._quiet():
             return self._checked_turn()
@@ -208,36 +228,11 @@ class CallSupervisor(Supervisor):
             self.rank_displays.pump()
 
     def load_results(self) -> list[Any]:
-        """Every rank's value; its tensors map the memfd the rank passed on its command socket
-        (``commands.send_result_file``) for this call."""
-        results = []
-        for watch in self.watches:
-            tensors = None
-            if watch.local_rank in self._with_files():
-                tensors = commands.take_result_file(self.command_fds[watch.local_rank], self.call_number)
-            saved = watch.pipes.tensors   # outcome.load_result reads the launch's result file there
-            watch.pipes.tensors = tensors
-            try:
-                value, failure = outcome.load_result(watch, self.global_rank(watch.local_rank))
-            finally:
-                watch.pipes.tensors = saved
-                if tensors is not None:
-                    os.close(tensors)   # the tensors' mappings keep the pages
-            if failure is not None:
-                self.fail(failure)
-            results.append(value)
+        """Every rank's value (``load_call_results``); one that cannot be loaded fails the call."""
+        results, failure = load_call_results(self.watches, self.command_fds, self.call_number, self.global_rank)
+        if failure is not None:
+            self.fail(failure)
         return results
-
-    def _with_files(self) -> set[int]:
-        """The local ranks that returned and have something on their command socket: a result
-        file (passed before the RESULT, so it is there by now), or one of an earlier call. One
-        select for them all: most calls pass no file, and looking on each socket in turn was a
-        socket object and a recvmsg per rank (issue 45)."""
-        if self._files is None:
-            fds = {self.command_fds[w.local_rank]: w.local_rank for w in self.watches
-                   if w.has_result and self.command_fds}
-            self._files = {fds[fd] for fd in select.select(list(fds), [], [], 0)[0]} if fds else set()
-        return self._files
 
     def events_by_rank(self) -> dict[int, protocol.EventReader]:
         """The event readers, for the between-calls reader (a frame may have begun)."""
@@ -342,6 +337,41 @@ class CallSupervisor(Supervisor):
                 said = self.state.ranks[watch.local_rank].exit_description
                 self.lost = (f"rank {self.global_rank(watch.local_rank)} died "
                              f"({said or outcome.describe_status(watch.exit or ('exit', -1))})")
+
+
+def load_call_results(watches: Sequence[RankWatch], command_fds: Sequence[int], call_number: int,
+                      global_rank: Callable[[int], int]) -> tuple[list[Any], Failure | None]:
+    """Every rank's value, by local rank, and the first value that could not be loaded (None:
+    all were); its tensors map the memfd the rank passed on its command socket
+    (``commands.send_result_file``) for this call. A call's supervisor and a quick call
+    (``quick``) load them alike."""
+    with_files = _with_files(watches, command_fds)
+    results: list[Any] = []
+    first: Failure | None = None
+    for watch in watches:
+        tensors = None
+        if watch.local_rank in with_files:
+            tensors = commands.take_result_file(command_fds[watch.local_rank], call_number)
+        saved = watch.pipes.tensors   # outcome.load_result reads the launch's result file there
+        watch.pipes.tensors = tensors
+        try:
+            value, failure = outcome.load_result(watch, global_rank(watch.local_rank))
+        finally:
+            watch.pipes.tensors = saved
+            if tensors is not None:
+                os.close(tensors)   # the tensors' mappings keep the pages
+        first = first or failure
+        results.append(value)
+    return results, first
+
+
+def _with_files(watches: Sequence[RankWatch], command_fds: Sequence[int]) -> set[int]:
+    """The local ranks that returned and have something on their command socket: a result file
+    (passed before the RESULT, so it is there by now), or one of an earlier call. One select for
+    them all: most calls pass no file, and looking on each socket in turn was a socket object and
+    a recvmsg per rank (issue 45)."""
+    fds = {command_fds[w.local_rank]: w.local_rank for w in watches if w.has_result and command_fds}
+    return {fds[fd] for fd in select.select(list(fds), [], [], 0)[0]} if fds else set()
 
 
 def reported(watch: RankWatch) -> bool:

@@ -34,7 +34,8 @@ from typing import Any, TypeVar
 from ..wire import protocol
 from ..display.words import counted
 from ..errors import LaunchArgumentError, LaunchError, NotebookLaunchError, user_interrupt
-from ..record.logs import RunLogs
+from ..record.logs import LogSection, RunLogs
+from ..record.state import RunState
 from ..planning.options import (
     LaunchOptions,
     validate_args,
@@ -51,7 +52,8 @@ from ..supervise import interrupts, outcome
 from ..channels import commands
 from ..rank import namespace
 from . import command_frames
-from .call import CallSupervisor
+from . import quick
+from .call import RANKS_KEPT, CallSupervisor
 from .cells import checked_cell, rank_subset, say_unsent, say_who_runs
 from .life import RankLife
 from .transport import RankTransport, exited
@@ -335,12 +337,16 @@ class Ranks:
         transport = self.transport
         assert transport.interrupts is not None
         held = interrupts.Held()
+        look = quick.FirstLook()
         try:
             self.calls += 1
             transport.send(frame)
             if held.pending():
                 transport.interrupts.request(call.number)
-            return _supervised(self, call, title, timeout, quiet, events, idle, watch, held)
+            look = quick.first_look(self._life.selector, transport.processes, transport.pipes, events, timeout, held)
+            if look.complete:
+                return quick.finish(_quick_call(self, call, title, quiet, idle, watch), look, held)
+            return _supervised(self, call, title, timeout, quiet, events, idle, watch, held, look)
         except BaseException as exc:
             if not held.released:   # no supervisor took the call over: its outcome would be the next call's
                 self._life.lost = (f"setting up call {call.number} failed after it was sent to them "
@@ -348,28 +354,30 @@ class Ranks:
                 self._life.stop(graceful=False)
             raise
         finally:
+            if look.selector is not None:   # no supervisor's watcher took it: the pool keeps it
+                self._life.selector.give_back(look.selector, transport.processes, transport.pipes)
             held.release("notebook_launch: interrupted as the call started")   # no-op once released
 
 
 def _supervised(pool: Ranks, call: Call, title: str, timeout: float | None, quiet: bool, events: dict[int, Any],
-                idle: frozenset[int], watch: CallWatchOptions, held: interrupts.Held) -> list[Any]:
+                idle: frozenset[int], watch: CallWatchOptions, held: interrupts.Held,
+                look: quick.FirstLook) -> list[Any]:
     """The call's run state, session and supervisor, built while the ranks run the call
-    (``Ranks._send_and_supervise`` sent it), then its supervision to the end: results, or
+    (``Ranks._send_and_supervise`` sent it; ``look``: what was read of it already, which the
+    supervisor's first turn takes), then its supervision to the end: results, or
     LaunchError / KeyboardInterrupt saying whether the ranks kept their state."""
     transport = pool.transport
-    assert pool.plan is not None and pool.logs is not None and transport.interrupts is not None
-    state = plan_state(pool.plan, f"{pool._life.run_id}-call{call.number}", pool.backend_name, pool.logs.path,
-                       processes=transport.processes)
-    transport.describe(state)
-    with Session.for_call(pool.logs, f"call {call.number}: {title}", state, pool.options, quiet=quiet,
-                          lines_per_second=watch.lines_per_second) as session:
+    assert transport.interrupts is not None
+    state = _call_state(pool, call)
+    with _call_session(pool, call, title, state, quiet, watch) as session:
         supervisor = CallSupervisor(transport.processes, transport.pipes, state, session.display, session.logs,
                                     timeout=timeout, poll_interval=pool.options.poll_interval,
                                     grace=pool.grace, slot=transport.interrupts, call_number=call.number,
                                     rank_displays=session.rank_displays, held=held,
                                     events=events, command_fds=transport.result_fds,
                                     idle_ranks=idle, stall_after=None if quiet else watch.stall_after,
-                                    memory=pool._life.memory_watch(), kept_selector=pool._life.selector)
+                                    memory=pool._life.memory_watch(), kept_selector=pool._life.selector,
+                                    first_look=look)
         pool._supervisor = supervisor
         try:
             results = supervisor.run()
@@ -392,9 +400,34 @@ def _supervised(pool: Ranks, call: Call, title: str, timeout: float | None, quie
         return results
 
 
+def _call_state(pool: Ranks, call: Call) -> RunState:
+    """A call's run state: the pool's ranks, each RUNNING, where its transport says they are."""
+    assert pool.plan is not None and pool.logs is not None
+    state = plan_state(pool.plan, f"{pool._life.run_id}-call{call.number}", pool.backend_name, pool.logs.path,
+                       processes=pool.transport.processes)
+    pool.transport.describe(state)
+    return state
+
+
+def _call_session(pool: Ranks, call: Call, title: str, state: RunState, quiet: bool,
+                  watch: CallWatchOptions) -> Session[LogSection]:
+    assert pool.logs is not None
+    return Session.for_call(pool.logs, f"call {call.number}: {title}", state, pool.options, quiet=quiet,
+                            lines_per_second=watch.lines_per_second)
+
+
+def _quick_call(pool: Ranks, call: Call, title: str, quiet: bool, idle: frozenset[int],
+                watch: CallWatchOptions) -> quick.QuickCall:
+    """What ``quick.finish`` needs to end a call that is over at once."""
+    state = _call_state(pool, call)
+    transport = pool.transport
+    return quick.QuickCall(state, _call_session(pool, call, title, state, quiet, watch), transport.processes,
+                           transport.pipes, transport.result_fds, call.number, idle, pool._life.memory_watch())
+
+
 def _after_failure(lost: str | None) -> str:
     if lost is None:
-        return "The ranks are still running, with their state; the next call runs on them."
+        return RANKS_KEPT
     return outcome.ranks_lost_note(lost)
 
 

@@ -207,9 +207,7 @@ class Supervisor:
         elif kind is protocol.EventKind.READY:
             self.state.on_ready(local, payload)
         elif kind is protocol.EventKind.RESULT:
-            watch.result = payload
-            watch.has_result = True
-            watch.result_before_stop = watch.stopped_by_us is None
+            watch.returned(payload)
         elif kind is protocol.EventKind.ERROR:
             watch.error = payload
             if watch.stopped_by_us is not None:   # what our SIGTERM made it raise: it was stopped
@@ -283,7 +281,14 @@ class Supervisor:
 
     def launch_error(self, failure: Failure, results: list[Any]) -> LaunchError:
         """The LaunchError for ``failure``; its traceback also goes to the rank's log."""
-        if failure.traceback and failure.local_rank is not None:
-            self.logs.write_block(failure.local_rank, failure.traceback)   # whole; the error is capped
-        return outcome.launch_error(failure, results, self.state,
-                                    facts=outcome.failure_facts(self.watches, self.state, failure))
+        return failure_error(failure, results, self.state, self.logs, self.watches)
+
+
+def failure_error(failure: Failure, results: list[Any], state: RunState, logs: "LogWriter",
+                  watches: Sequence[RankWatch]) -> LaunchError:
+    """The LaunchError for ``failure`` of a supervised run (or of a quick call on persistent
+    ranks, ``persistent.quick``); its traceback also goes to the rank's log, whole (the
+    error's is capped)."""
+    if failure.traceback and failure.local_rank is not None:
+        logs.write_block(failure.local_rank, failure.traceback)
+    return outcome.launch_error(failure, results, state, facts=outcome.failure_facts(watches, state, failure))

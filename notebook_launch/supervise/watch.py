@@ -44,6 +44,13 @@ class RankWatch:
         self.stop_reason = ""      # why we stopped it, e.g. "after rank 1 failed"
         self.events_fd = pipes.events_r
 
+    def returned(self, payload: bytes) -> None:
+        """Its RESULT event came (``payload``: the pickled value); a value sent only after we
+        stopped it is not a result (it did not finish, ``outcome.load_result``)."""
+        self.result = payload
+        self.has_result = True
+        self.result_before_stop = self.stopped_by_us is None
+
     @property
     def finished(self) -> bool:
         return self.exit is not None and not self.open_fds
