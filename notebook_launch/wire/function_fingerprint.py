@@ -31,13 +31,17 @@ _COLLECTIONS = frozenset({tuple, frozenset})
 # What cloudpickle puts in a by-value function's globals besides the names its code reads
 _MODULE_NAMES = ("__package__", "__name__", "__path__", "__file__")
 _WRITES = frozenset({dis.opmap["STORE_GLOBAL"], dis.opmap["DELETE_GLOBAL"]})
+_should_pickle_by_reference: Any = None
 _writes_cache: weakref.WeakKeyDictionary[types.CodeType, bool] = weakref.WeakKeyDictionary()
 
 
 def _by_reference(value: Any) -> bool:
     """Whether cloudpickle pickles ``value`` (a module, function or class) as a name."""
-    from cloudpickle import cloudpickle as implementation
-    return bool(implementation._should_pickle_by_reference(value))
+    global _should_pickle_by_reference
+    if _should_pickle_by_reference is None:   # cloudpickle is imported only when something is pickled
+        from cloudpickle import cloudpickle as implementation
+        _should_pickle_by_reference = implementation._should_pickle_by_reference
+    return bool(_should_pickle_by_reference(value))
 
 
 def _snapshot(mapping: dict[str, Any] | None) -> tuple[tuple[str, Any], ...] | None:
@@ -47,7 +51,12 @@ def _snapshot(mapping: dict[str, Any] | None) -> tuple[tuple[str, Any], ...] | N
 def _same_items(mapping: dict[str, Any] | None, items: tuple[tuple[str, Any], ...] | None) -> bool:
     if mapping is None or items is None:
         return mapping is None and items is None
-    return len(mapping) == len(items) and all(mapping.get(key, _MISSING) is value for key, value in items)
+    if len(mapping) != len(items):
+        return False
+    for key, value in items:   # loops, not all(): this runs at every call
+        if mapping.get(key, _MISSING) is not value:
+            return False
+    return True
 
 
 class _FunctionParts:
@@ -85,18 +94,22 @@ class _FunctionParts:
         function = self.function
         if function.__code__ is not self.code or function.__defaults__ is not self.defaults \
                 or function.__kwdefaults__ is not self.kwdefaults or function.__closure__ is not self.closure \
-                or function.__annotations__ is not self.annotations:
+                or function.__annotations__ is not self.annotations or function.__name__ is not self.strings[0] \
+                or function.__qualname__ is not self.strings[1] or function.__module__ is not self.strings[2] \
+                or function.__doc__ is not self.strings[3]:
             return False
         if not (_same_items(self.kwdefaults, self.kwdefaults_items) and _same_items(function.__dict__, self.attributes)
                 and _same_items(self.annotations, self.annotations_items)):
             return False
-        if any(_cell_contents(cell) is not value for cell, value in zip(self.closure or (), self.cells)):
-            return False
+        if self.closure is not None:
+            for cell, value in zip(self.closure, self.cells):
+                if _cell_contents(cell) is not value:
+                    return False
         shipped = function.__globals__
-        if any(shipped.get(name, _MISSING) is not value for name, value in self.names):
-            return False
-        strings = (function.__name__, function.__qualname__, function.__module__, function.__doc__)
-        return all(now is then for now, then in zip(strings, self.strings))
+        for name, value in self.names:
+            if shipped.get(name, _MISSING) is not value:
+                return False
+        return True
 
 
 def _cell_contents(cell: types.CellType) -> Any:
@@ -122,8 +135,13 @@ class Fingerprint:
         try:
             if self.modules is not None and len(sys.modules) != self.modules:
                 return False
-            return all(parts.holds() for parts in self.functions) \
-                and all(_by_reference(value) for value in self.by_reference)
+            for parts in self.functions:
+                if not parts.holds():
+                    return False
+            for value in self.by_reference:
+                if not _by_reference(value):
+                    return False
+            return True
         except Exception:   # why: an attribute that cannot be read now; pickle afresh
             return False
 
