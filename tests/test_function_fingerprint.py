@@ -151,6 +151,8 @@ def test_the_notebook_keeps_a_pickle_while_its_fingerprint_holds():
     for other in others:
         kept.dumps(other, pickle)
     assert len(kept._kept) == 2   # bounded: the oldest went
+    big = cell("text = 'x' * (1 << 21)\ndef f():\n    return text\n")["f"]
+    assert kept.dumps(big, pickle) is not None and id(big) not in kept._kept   # a big value is not kept twice
 
 
 def test_a_rank_keeps_the_function_it_unpickled_only_when_no_call_can_change_it():
@@ -174,6 +176,9 @@ def test_a_rank_keeps_the_function_it_unpickled_only_when_no_call_can_change_it(
     function = loaded.loads(data, lambda raw: shared_tensors.loads(raw, None))
     function.changed_by_a_call = True   # a call changed what was kept: unpickled afresh
     assert loaded.loads(data, lambda raw: shared_tensors.loads(raw, None)) is not function
+    big = shared_tensors.dumps(cell("text = 'x' * (1 << 21)\ndef f():\n    return text\n")["f"], None)
+    assert loaded.loads(big, lambda raw: shared_tensors.loads(raw, None)) is not \
+        loaded.loads(big, lambda raw: shared_tensors.loads(raw, None))
 
 
 def test_a_call_frame_with_a_kept_function_decodes_to_the_same_call():

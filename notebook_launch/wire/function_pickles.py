@@ -28,6 +28,10 @@ from .function_fingerprint import Fingerprint, fingerprint
 
 # How many functions each side keeps: a notebook alternates between a few; each is small.
 KEPT = 16
+# A pickle at least this big is not kept (nor the function unpickled from it): it names a big
+# str or bytes, which the kept bytes would copy and the fingerprint keep alive after the notebook
+# let go of it; pickling such a value is copying it, which the kept bytes save little of.
+KEPT_BYTES = 1 << 20
 
 
 class KeptPickles:
@@ -53,6 +57,8 @@ class KeptPickles:
         if found is None:
             return None
         data = pickle(function)
+        if len(data) >= KEPT_BYTES:
+            return data
         with self._lock:
             self._kept[id(function)] = (function, found, data)
             while len(self._kept) > self._size:
@@ -83,7 +89,7 @@ class LoadedFunctions:
                 return loaded[0]
             self._loaded.pop(data, None)
         function = load(data)
-        found = fingerprint(function)
+        found = fingerprint(function) if len(data) < KEPT_BYTES else None
         if found is not None and not found.writes_globals():
             with self._lock:
                 self._loaded[data] = (function, found)
