@@ -18,10 +18,10 @@ from notebook_launch.wire.function_fingerprint import fingerprint
 from notebook_launch.wire.function_pickles import KeptPickles, LoadedFunctions
 
 
-def cell(source: str, **values) -> dict:
+def cell(source: str, filename: str = "<cell 3>", **values) -> dict:
     """A notebook's globals after running ``source`` in them (its functions are ``__main__``'s)."""
     notebook = {"__name__": "__main__", **values}
-    exec(textwrap.dedent(source), notebook)
+    exec(compile(textwrap.dedent(source), filename, "exec"), notebook)
     return notebook
 
 
@@ -193,3 +193,5 @@ def test_a_call_frame_with_a_kept_function_decodes_to_the_same_call():
         call = Call.from_wire(wire)
         assert kind == commands.Command.CALL.value and call.number == 4
         assert call.job.function(*call.job.args, **call.job.kwargs) == 7
+        # the code keeps the file it came from (pickling.reduce_code): tracebacks name the cell
+        assert call.job.function.__code__.co_filename == notebook["f"].__code__.co_filename == "<cell 3>"
