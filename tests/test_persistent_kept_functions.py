@@ -128,3 +128,24 @@ def test_a_module_global_travels_by_reference_and_the_pickle_is_kept(ranks):
     kept = function_pickles.kept._kept[id(notebook["pid_of_rank"])]
     assert kept[0] is notebook["pid_of_rank"] and any(value is os for value in kept[1].by_reference)
     assert ranks.run(kept_in_rank) == [1, 1]   # unpickled once, kept for the second call
+
+
+def test_in_a_real_kernel_each_call_sees_the_notebook_of_its_time(tmp_path):
+    """The same in a Jupyter kernel, whose cells define functions in the real ``__main__``."""
+    from helpers.nbutil import make_notebook, run_notebook
+    nb = make_notebook(
+        "from notebook_launch import start_ranks\nfrom notebook_launch.planning.net import free_port\n"
+        "ranks = start_ranks(2, ui='none', use_port=free_port())",
+        "limit = 1\nseen = [1]\ndef helper():\n    return 'old'\n"
+        "def report():\n    return limit, helper()\ndef history():\n    return list(seen)",
+        "[(ranks.run(report), ranks.run(history)) for _ in range(3)][-1]",
+        "limit = 2\nseen.append(2)\n[(ranks.run(report), ranks.run(history)) for _ in range(3)][-1]",
+        "def helper():\n    return 'new'\nranks.run(report)",
+        "def report():\n    return 'redefined'\nranks.run(report)",
+        "ranks.close()",
+    )
+    run_notebook(nb, cwd=str(tmp_path))
+    results = [[o for o in cell.outputs if o.output_type == "execute_result"] for cell in nb.cells]
+    shown = [r[-1]["data"]["text/plain"] if r else None for r in results]
+    assert shown[2:6] == ["([(1, 'old'), (1, 'old')], [[1], [1]])", "([(2, 'old'), (2, 'old')], [[1, 2], [1, 2]])",
+                          "[(2, 'new'), (2, 'new')]", "['redefined', 'redefined']"]
