@@ -147,6 +147,10 @@ def test_the_notebook_keeps_a_pickle_while_its_fingerprint_holds():
     notebook["n"] = 2000
     assert kept.dumps(notebook["f"], pickle) != first and len(made) == 2
     assert kept.dumps(notebook["g"], pickle) is None and len(made) == 2   # pickled in the frame, afresh
+    assert kept.dumps(notebook["g"], pickle) is None and id(notebook["g"]) in kept._refused   # looked at once
+    notebook["items"] = (1,)   # no longer a list: kept from now on
+    assert kept.dumps(notebook["g"], pickle) is not None and len(made) == 3
+    assert kept.dumps(notebook["g"], pickle) is not None and len(made) == 3
     others = [cell("def h():\n    return 1\n")["h"] for _ in range(3)]
     for other in others:
         kept.dumps(other, pickle)

@@ -197,6 +197,25 @@ class _Walk:
         return False
 
 
+def _refused_by_type(value: Any) -> bool:
+    """Whether ``_Walk.admit`` refuses ``value`` whatever its contents: by its type alone."""
+    kind = type(value)
+    return not (kind in _SCALARS or kind in _COLLECTIONS or isinstance(value, type)
+                or kind in (types.FunctionType, types.ModuleType, types.BuiltinFunctionType))
+
+
+def mutable_global(function: types.FunctionType) -> tuple[str, Any] | None:
+    """A global the function's code names whose value is refused by its type alone (a list, a
+    model, an optimizer): while the name holds that object, the function has no fingerprint."""
+    from cloudpickle import cloudpickle as implementation
+    shipped = function.__globals__
+    for name in implementation._extract_code_globals(function.__code__):
+        value = shipped.get(name, _MISSING)
+        if value is not _MISSING and _refused_by_type(value):
+            return name, value
+    return None
+
+
 def fingerprint(function: Any) -> Fingerprint | None:
     """The fingerprint of a function cloudpickle sends by value; None when there is none to
     keep: not such a function, or some part of its pickle could change in place."""

@@ -20,11 +20,12 @@ rebound to the rank's namespace (``rank.namespace``) either way.
 from __future__ import annotations
 
 import threading
+import types
 from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
-from .function_fingerprint import Fingerprint, fingerprint
+from .function_fingerprint import Fingerprint, fingerprint, mutable_global
 
 # How many functions each side keeps: a notebook alternates between a few; each is small.
 KEPT = 16
@@ -41,6 +42,10 @@ class KeptPickles:
     def __init__(self, size: int = KEPT) -> None:
         self._size = size
         self._kept: OrderedDict[int, tuple[Any, Fingerprint, bytes]] = OrderedDict()
+        # Functions found to name a mutable global: (function, its code, the name, the value); while
+        # the name holds the same object, there is no fingerprint to look for (a training function
+        # naming the model and optimizer: most of a notebook's calls)
+        self._refused: OrderedDict[int, tuple[Any, Any, str, Any]] = OrderedDict()
         self._lock = threading.Lock()
 
     def dumps(self, function: Any, pickle: Callable[[Any], bytes]) -> bytes | None:
@@ -53,8 +58,11 @@ class KeptPickles:
                 self._kept.move_to_end(id(function))
                 return kept[2]
             self._kept.pop(id(function), None)
+            if self._still_refused(function):
+                return None
         found = fingerprint(function)   # taken before pickling: a change in between shows next time
         if found is None:
+            self._refuse(function)
             return None
         data = pickle(function)
         if len(data) >= KEPT_BYTES:
@@ -65,9 +73,31 @@ class KeptPickles:
                 self._kept.popitem(last=False)
         return data
 
+    def _still_refused(self, function: Any) -> bool:
+        refused = self._refused.get(id(function))
+        if refused is None:
+            return False
+        if refused[0] is function and function.__code__ is refused[1] \
+                and function.__globals__.get(refused[2], refused) is refused[3]:
+            return True
+        del self._refused[id(function)]
+        return False
+
+    def _refuse(self, function: Any) -> None:
+        try:
+            found = mutable_global(function) if type(function) is types.FunctionType else None
+        except Exception:   # why: only a shortcut; without it the next call looks again
+            found = None
+        if found is not None:
+            with self._lock:
+                self._refused[id(function)] = (function, function.__code__, *found)
+                while len(self._refused) > self._size:
+                    self._refused.popitem(last=False)
+
     def clear(self) -> None:
         with self._lock:
             self._kept.clear()
+            self._refused.clear()
 
 
 class LoadedFunctions:
