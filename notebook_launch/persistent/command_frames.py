@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from ..wire import shared_tensors
+from ..wire import function_pickles, shared_tensors
 from ..channels.commands import Command, Frame, close_fd
 from ..rank.serve import Call
 
@@ -16,10 +16,11 @@ from ..rank.serve import Call
 def encode(command: Command, payload: Any) -> Frame:
     """One frame; encode once and send the same frame to every rank. Big tensors' bytes go
     to a fresh memfd (one copy, at memory speed), the rest into the bytes. A CALL's payload,
-    a ``rank.serve.Call``, travels as ``Call.wire()`` (the ranks' decoders rebuild it)."""
+    a ``rank.serve.Call``, travels as ``Call.wire()`` (the ranks' decoders rebuild it), its
+    function as the bytes of its own pickle when ``function_pickles`` may keep them."""
     import cloudpickle
     if isinstance(payload, Call):
-        payload = payload.wire()
+        payload = _with_kept_function(payload.wire())
     made: list[int | None] = []   # the memfd, made when the first big part comes (most calls: none)
 
     def make() -> int | None:
@@ -39,3 +40,15 @@ def encode(command: Command, payload: Any) -> Frame:
             close_fd(fd)
         raise
     return Frame.of(data, fd)
+
+
+def _with_kept_function(wire: tuple[Any, ...]) -> tuple[Any, ...]:
+    """``wire`` with its function replaced by the bytes of its pickle, made once and kept while
+    nothing in it can change (``function_pickles.KeptPickles``); as it is for any other function."""
+    data = function_pickles.kept.dumps(wire[0], _pickle_function)
+    return wire if data is None else (data, *wire[1:])
+
+
+def _pickle_function(function: Any) -> bytes:
+    import cloudpickle
+    return shared_tensors.dumps(function, None, base=cloudpickle.Pickler)

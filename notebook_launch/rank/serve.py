@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from ..wire import protocol, shared_tensors
+from ..wire import function_pickles, protocol, shared_tensors
 from ..channels import commands
 from ..channels.interrupt_slot import InterruptSlot
 from . import runner
@@ -49,9 +49,17 @@ class Call:
 
     @classmethod
     def from_wire(cls, wire: Any) -> Call:
-        """The call a CALL frame carries (``wire``)."""
+        """The call a CALL frame carries (``wire``). A function that came as the bytes of its own
+        pickle (``command_frames.encode``) is the one unpickled from the same bytes last time,
+        where nothing a call does can have changed it (``function_pickles.LoadedFunctions``)."""
         function, args, kwargs, number, hidden_frames = wire
+        if isinstance(function, bytes):
+            function = function_pickles.loaded.loads(function, _load_function)
         return cls(runner.Job(function, args, kwargs), number, hidden_frames)
+
+
+def _load_function(data: bytes) -> Any:
+    return shared_tensors.loads(data, None)
 
 
 class Interruptible:
