@@ -197,7 +197,8 @@ def sigint_raises():
     signal.signal(signal.SIGINT, before)
 
 
-def test_an_interrupt_as_a_quick_call_ends_keeps_the_ranks(ranks, monkeypatch, sigint_raises, display, wide_window):
+def test_an_interrupt_as_a_quick_call_ends_keeps_the_ranks(ranks, monkeypatch, sigint_raises, display, wide_window,
+                                                            supervised):
     """SIGINT once the first look found every result: held, then raised as the call ends; the
     ranks had returned, so they keep their state and the next call runs on them."""
     assert ranks.run(count) == [1, 1]
@@ -205,16 +206,16 @@ def test_an_interrupt_as_a_quick_call_ends_keeps_the_ranks(ranks, monkeypatch, s
     real = quick.first_look
 
     def look_then_interrupt(*args, **kwargs):
-        look = real(*args, **kwargs)
+        real(*args, **kwargs)
         os.kill(os.getpid(), signal.SIGINT)
         for _ in range(1000):
             pass
-        return look
 
     monkeypatch.setattr(quick, "first_look", look_then_interrupt)
     with pytest.raises(KeyboardInterrupt):
         ranks.run(count, timeout=WAIT)
     monkeypatch.setattr(quick, "first_look", real)
+    assert supervised == []   # the look found every result: the quick finish raised it
     assert display.finals[-1].status != DONE   # the call's panel says it was interrupted
     assert signal.getsignal(signal.SIGINT) is handler
     assert ranks.pids == pids and ranks.restarts == 0

@@ -343,9 +343,6 @@ class Ranks:
             transport.send(frame)
             if held.pending():
                 transport.interrupts.request(call.number)
-            look = quick.first_look(self._life.selector, transport.processes, transport.pipes, events, timeout, held)
-            if look.complete:
-                return quick.finish(_quick_call(self, call, title, quiet, idle, watch), look, held)
             return _supervised(self, call, title, timeout, quiet, events, idle, watch, held, look)
         except BaseException as exc:
             if not held.released:   # no supervisor took the call over: its outcome would be the next call's
@@ -362,14 +359,21 @@ class Ranks:
 def _supervised(pool: Ranks, call: Call, title: str, timeout: float | None, quiet: bool, events: dict[int, Any],
                 idle: frozenset[int], watch: CallWatchOptions, held: interrupts.Held,
                 look: quick.FirstLook) -> list[Any]:
-    """The call's run state, session and supervisor, built while the ranks run the call
-    (``Ranks._send_and_supervise`` sent it; ``look``: what was read of it already, which the
-    supervisor's first turn takes), then its supervision to the end: results, or
-    LaunchError / KeyboardInterrupt saying whether the ranks kept their state."""
+    """The call's run state and session, built while the ranks run the call
+    (``Ranks._send_and_supervise`` sent it), then its end: a call over at once with nothing but
+    results is finished without a supervisor (``quick``: ``look`` is what the notebook read of
+    it, and the pool's kept selector it took); any other is supervised to the end, its
+    supervisor's first turn taking what was read. Results, or LaunchError / KeyboardInterrupt
+    saying whether the ranks kept their state."""
     transport = pool.transport
     assert transport.interrupts is not None
     state = _call_state(pool, call)
     with _call_session(pool, call, title, state, quiet, watch) as session:
+        quick.first_look(look, pool._life.selector, transport.processes, transport.pipes, events, timeout, held)
+        if look.complete:
+            return quick.finish(state, session, look, held, quick.QuickCall(
+                transport.processes, transport.pipes, transport.result_fds, call.number, idle,
+                pool._life.memory_watch()))
         supervisor = CallSupervisor(transport.processes, transport.pipes, state, session.display, session.logs,
                                     timeout=timeout, poll_interval=pool.options.poll_interval,
                                     grace=pool.grace, slot=transport.interrupts, call_number=call.number,
@@ -414,15 +418,6 @@ def _call_session(pool: Ranks, call: Call, title: str, state: RunState, quiet: b
     assert pool.logs is not None
     return Session.for_call(pool.logs, f"call {call.number}: {title}", state, pool.options, quiet=quiet,
                             lines_per_second=watch.lines_per_second)
-
-
-def _quick_call(pool: Ranks, call: Call, title: str, quiet: bool, idle: frozenset[int],
-                watch: CallWatchOptions) -> quick.QuickCall:
-    """What ``quick.finish`` needs to end a call that is over at once."""
-    state = _call_state(pool, call)
-    transport = pool.transport
-    return quick.QuickCall(state, _call_session(pool, call, title, state, quiet, watch), transport.processes,
-                           transport.pipes, transport.result_fds, call.number, idle, pool._life.memory_watch())
 
 
 def _after_failure(lost: str | None) -> str:

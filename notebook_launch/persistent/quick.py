@@ -11,7 +11,8 @@ a supervisor would have left: the same run state (each row DONE, the resources' 
 the same session (the panel or the line, the log section), the same results. Anything else
 hands what was read, in order, to the call's supervisor, which takes the call from there
 (``pool._supervised``): a call that prints, fails, asks for input, runs long or is
-interrupted is supervised as it always was, a window later at most.
+interrupted is supervised as it always was. The run state and the session (the panel, the log
+section) are built before the look, while the ranks run the call, as for every call.
 """
 from __future__ import annotations
 
@@ -53,24 +54,25 @@ class FirstLook:
     complete: bool = False
 
 
-def first_look(kept: KeptSelector, processes: Sequence[RankProcess], pipes: Sequence[RankPipes],
-               readers: dict[int, protocol.EventReader], timeout: float | None, held: interrupts.Held) -> FirstLook:
-    """Read the ranks' event pipes for up to QUICK_WINDOW seconds (the call's ``timeout`` if
-    shorter), until every rank sent its RESULT, anything else is there (a line, another event,
-    an end) or an interrupt is held. ``readers``: the call's readers of event frames by local
-    rank (the between-calls reader's; a frame may have begun), filled for ranks that had none."""
-    look = FirstLook(selector=kept.take(processes, pipes))
+def first_look(look: FirstLook, kept: KeptSelector, processes: Sequence[RankProcess], pipes: Sequence[RankPipes],
+               readers: dict[int, protocol.EventReader], timeout: float | None, held: interrupts.Held) -> None:
+    """Read the ranks' event pipes into ``look`` for up to QUICK_WINDOW seconds (the call's
+    ``timeout`` if shorter), until every rank sent its RESULT, anything else is there (a line,
+    another event, an end) or an interrupt is held. ``look`` takes the pool's kept selector first
+    (its caller gives it back unless a supervisor took it over). ``readers``: the call's readers
+    of event frames by local rank (the between-calls reader's; a frame may have begun), filled
+    for ranks that had none."""
+    look.selector = kept.take(processes, pipes)
     if look.selector is None:
-        return look
+        return
     waiting = set(range(len(pipes)))
     deadline = time.monotonic() + (QUICK_WINDOW if timeout is None else min(timeout, QUICK_WINDOW))
     while waiting and not held.pending():
         left = deadline - time.monotonic()
         if left <= 0 or not _read_results(look.selector.select(left), readers, look.events, waiting):
-            return look
+            return
     # every rank is done: nothing else may wait (its output is written before its RESULT)
     look.complete = not waiting and not held.pending() and not look.selector.select(0)
-    return look
 
 
 def _read_results(ready: list[tuple[selectors.SelectorKey, int]], readers: dict[int, protocol.EventReader],
@@ -103,9 +105,7 @@ def _read_results(ready: list[tuple[selectors.SelectorKey, int]], readers: dict[
 
 @dataclass(frozen=True)
 class QuickCall:
-    """What finishing a call here needs of its pool (``pool.Ranks._send_and_supervise``)."""
-    state: RunState
-    session: Session[Any]
+    """What finishing a call here needs of its pool (``pool._supervised``)."""
     processes: Sequence[RankProcess]
     pipes: Sequence[RankPipes]
     result_fds: Sequence[int]
@@ -114,33 +114,31 @@ class QuickCall:
     memory: MemoryWatch
 
 
-def finish(call: QuickCall, look: FirstLook, held: interrupts.Held) -> list[Any]:
-    """The call's outcome from what ``first_look`` read (``look.complete``), with what its
-    supervisor would have left: each row DONE, the resources' round (``ResourceWatch``), the
-    results, the display closed with the final state. An interrupt held since the send is
-    raised first (the ranks are done: they keep their state)."""
-    state = call.state
-    with call.session as session:
-        held.release("notebook_launch: interrupted as the call started")
-        watches = [RankWatch(process, local, call.pipes[local])
-                   for process in call.processes for local in process.ranks()]
-        watches.sort(key=lambda w: w.local_rank)
-        for local, _, payload in look.events:
-            watches[local].returned(payload)
-            idle = state.ranks[local].rank in call.idle_ranks
-            state.on_exit(local, DONE, "idle: not in this cell's --ranks" if idle else "returned")
-        ResourceWatch(watches, state, session.logs, memory=call.memory).sample()
+def finish(state: RunState, session: Session[Any], look: FirstLook, held: interrupts.Held,
+           call: QuickCall) -> list[Any]:
+    """The call's outcome from what ``first_look`` read (``look.complete``), in its ``session``,
+    with what its supervisor would have left: each row DONE, the resources' round
+    (``ResourceWatch``), the results; the session then closes the display with the final state.
+    An interrupt held since the send is raised first (the ranks are done: they keep their state)."""
+    held.release("notebook_launch: interrupted as the call started")
+    watches = [RankWatch(process, local, call.pipes[local]) for process in call.processes for local in process.ranks()]
+    watches.sort(key=lambda w: w.local_rank)
+    for local, _, payload in look.events:
+        watches[local].returned(payload)
+        idle = state.ranks[local].rank in call.idle_ranks
+        state.on_exit(local, DONE, "idle: not in this cell's --ranks" if idle else "returned")
+    ResourceWatch(watches, state, session.logs, memory=call.memory).sample()
 
-        def global_rank(local: int) -> int:
-            return state.ranks[local].rank
+    def global_rank(local: int) -> int:
+        return state.ranks[local].rank
 
-        results, failure = load_call_results(watches, call.result_fds, call.call_number, global_rank)
-        if failure is not None:
-            error = failure_error(failure, results, state, session.logs, watches)
-            session.fail(error)
-            raise outcome.with_note(error, RANKS_KEPT) from None
-        session.finish(f"{counted(len(results), 'rank')} returned in {state.elapsed:.2f} s")
-        return results
+    results, failure = load_call_results(watches, call.result_fds, call.call_number, global_rank)
+    if failure is not None:
+        error = failure_error(failure, results, state, session.logs, watches)
+        session.fail(error)
+        raise outcome.with_note(error, RANKS_KEPT) from None
+    session.finish(f"{counted(len(results), 'rank')} returned in {state.elapsed:.2f} s")
+    return results
 
 
 __all__ = ["QUICK_WINDOW", "FirstLook", "QuickCall", "finish", "first_look"]
