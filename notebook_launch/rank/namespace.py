@@ -60,13 +60,22 @@ class RankNamespace:
         rebound.__dict__.update(function.__dict__)
         return rebound
 
-    def snapshot(self) -> dict[str, int]:
-        return {name: id(value) for name, value in self.globals.items()}
+    def snapshot(self) -> tuple[list[str], list[int]]:
+        """The names and the ids of their values, in the dict's order (ids, not the values: a
+        call that deletes a global must free it). Built by C loops: a notebook's namespace holds
+        hundreds of names, and this runs in every call (issue 45)."""
+        return list(self.globals), list(map(id, self.globals.values()))
 
-    def own_changes(self, before: Mapping[str, int]) -> None:
-        """Names a call created or rebound are the rank's from now on."""
+    def own_changes(self, before: tuple[list[str], list[int]]) -> None:
+        """Names a call created or rebound are the rank's from now on. Most calls change no
+        global: the same names in the same order with the same ids say so without a Python loop
+        (a rebound name keeps its place in the dict, a new one comes last)."""
+        names, ids = before
+        if list(self.globals) == names and list(map(id, self.globals.values())) == ids:
+            return
+        was = dict(zip(names, ids))
         for name, value in self.globals.items():
-            if before.get(name) != id(value) and name not in _IGNORED:
+            if was.get(name) != id(value) and name not in _IGNORED:
                 self.owned.add(name)
 
 
