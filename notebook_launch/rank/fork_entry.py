@@ -2,19 +2,20 @@
 pipe ends, detach from the notebook, capture output, open the event channel, run."""
 from __future__ import annotations
 
-import os
 from typing import Sequence
 
 from ..wire import protocol
 from ..channels import RankPipes
 from ..wire.plan import RankSpec
-from .bootstrap import capture_output, detach_from_parent, exit_with
+from .bootstrap import (EncodedEnvironment, capture_output, detach_from_parent, encode_environment, exit_with,
+                        set_environment)
 from .runner import Job, run_rank
 
 
 def run_forked_rank(spec: "RankSpec", job: "Job", pipes: "RankPipes", all_pipes: Sequence["RankPipes"],
-                    parent_pid: int) -> None:
-    """Entry point of a forked child. Never returns."""
+                    parent_pid: int, env: EncodedEnvironment | None = None) -> None:
+    """Entry point of a forked child. Never returns. ``env``: ``spec.env`` encoded in the
+    notebook before the fork (``bootstrap.encode_environment``), else encoded here."""
     def body() -> int:
         keep = set(pipes.child_ends()) | {pipes.tensors}
         for other in all_pipes:   # RankPipes.close skips fds closed (and maybe reused) already
@@ -23,7 +24,7 @@ def run_forked_rank(spec: "RankSpec", job: "Job", pipes: "RankPipes", all_pipes:
                     other.close(fd)
         detach_from_parent(parent_pid)
         capture_output(pipes.stdout_w, pipes.stderr_w)
-        os.environ.update(spec.env)
+        set_environment(encode_environment(spec.env) if env is None else env)
         protocol.install(protocol.EventWriter(pipes.events_w, reopen=protocol.parent_end(parent_pid, pipes.events_r),
                                               answers_fd=pipes.answers_r, tensors_fd=pipes.tensors))
         return run_rank(spec, job, forked_from_notebook=True)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib
 import logging
 import os
+import pickle
 import sys
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -240,5 +241,20 @@ def serialize_result(value: Any, tensors_fd: int | None | Callable[[], int | Non
 
     The value is pickled as it is, not rebuilt first: pickle's memo keeps what the rank shared
     shared (``[a, a]``, a list that holds itself) and every tensor, wherever it sits, reaches the
-    CPU while pickled (CUDA storages are copied to the CPU, XLA tensors pickled as CPU copies)."""
+    CPU while pickled (CUDA storages are copied to the CPU, XLA tensors pickled as CPU copies).
+
+    A plain scalar (None, the most common result, a bool, an int, a float, a short str or bytes)
+    is pickled by ``pickle`` itself: it holds no tensor, no class and nothing to name by reference,
+    and its stream is the one the pickler below would write (which hands such values to pickle's
+    own code anyway). Building that pickler, its stream and its file for one scalar cost about
+    0.2 ms of a launched rank's CPU, most of it the notebook's pages it wrote to, copied after
+    the fork (issue 45)."""
+    kind = type(value)
+    if value is None or kind in _SCALARS or (kind in _SHORT and len(value) < _SHORT_LIMIT):
+        return pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
     return shared_tensors.dumps(value, tensors_fd, base=result_pickle.pickler_base(main_classes_by_reference))
+
+
+_SCALARS = (bool, int, float, complex)   # exact types: a subclass may pickle itself otherwise
+_SHORT = (str, bytes)
+_SHORT_LIMIT = 4096   # well under shared_tensors' big write: such a value never goes to the result file

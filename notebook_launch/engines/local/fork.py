@@ -36,6 +36,7 @@ class ForkBackend(Launcher):
     name = "fork"
 
     def start(self, plan: "LaunchPlan", job: "Job", channels: Sequence[RankPipes]) -> list[RankProcess]:
+        from ...rank.bootstrap import encode_environment
         from ...rank.fork_entry import run_forked_rank
 
         # what the ranks would import after the fork (torch._dynamo for training), said in their rows
@@ -46,9 +47,10 @@ class ForkBackend(Launcher):
 
         def child_of(spec: "RankSpec") -> Callable[[], NoReturn]:
             pipes = channels[spec.local_rank]
+            env = encode_environment(spec.env)   # here, once: not in the rank, on pages it would copy
 
             def child() -> NoReturn:
-                run_forked_rank(spec, job, pipes, channels, parent_pid)   # never returns
+                run_forked_rank(spec, job, pipes, channels, parent_pid, env)   # never returns
                 os._exit(1)
             return child
 
