@@ -7,22 +7,24 @@ from typing import Sequence
 from ..wire import protocol
 from ..channels import RankPipes
 from ..wire.plan import RankSpec
-from .bootstrap import (EncodedEnvironment, capture_output, detach_from_parent, encode_environment, exit_with,
-                        set_environment)
+from .bootstrap import (Dispositions, EncodedEnvironment, capture_output, detach_from_parent, encode_environment,
+                        exit_with, set_environment)
 from .runner import Job, run_rank
 
 
 def run_forked_rank(spec: "RankSpec", job: "Job", pipes: "RankPipes", all_pipes: Sequence["RankPipes"],
-                    parent_pid: int, env: EncodedEnvironment | None = None) -> None:
+                    parent_pid: int, env: EncodedEnvironment | None = None,
+                    signals: Dispositions | None = None) -> None:
     """Entry point of a forked child. Never returns. ``env``: ``spec.env`` encoded in the
-    notebook before the fork (``bootstrap.encode_environment``), else encoded here."""
+    notebook before the fork (``bootstrap.encode_environment``), else encoded here; ``signals``:
+    the signals to reset (``bootstrap.signals_to_reset``, read in the notebook), else every one."""
     def body() -> int:
         keep = set(pipes.child_ends()) | {pipes.tensors}
         for other in all_pipes:   # RankPipes.close skips fds closed (and maybe reused) already
             for fd in other.all_fds():
                 if fd not in keep:
                     other.close(fd)
-        detach_from_parent(parent_pid)
+        detach_from_parent(parent_pid, signals)
         capture_output(pipes.stdout_w, pipes.stderr_w)
         set_environment(encode_environment(spec.env) if env is None else env)
         protocol.install(protocol.EventWriter(pipes.events_w, reopen=protocol.parent_end(parent_pid, pipes.events_r),
