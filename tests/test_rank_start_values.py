@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ctypes
 import enum
+import fcntl
 import math
 import os
 import subprocess
@@ -71,3 +72,37 @@ def test_each_plain_scalar_alone_is_the_whole_result():
         assert type(got) is type(value) and got == value, (got, value)
     (got,) = notebook_launcher(nan, num_processes=1, use_port=free_port())
     assert type(got) is float and math.isnan(got)
+
+
+def pipes_held() -> list:
+    """(pipe inode, "r" or "w") of each pipe end this process holds."""
+    held = []
+    for name in os.listdir("/proc/self/fd"):
+        try:
+            link = os.readlink(f"/proc/self/fd/{name}")
+            flags = fcntl.fcntl(int(name), fcntl.F_GETFL)
+        except OSError:
+            continue   # the listing's own fd, closed by now
+        if link.startswith("pipe:"):
+            held.append((link, "w" if flags & os.O_ACCMODE == os.O_WRONLY else "r"))
+    return held
+
+
+def test_a_rank_keeps_no_other_ranks_pipes_nor_its_own_notebook_ends():
+    """The fds a rank closes at its start are listed in the notebook before its forks (issue 45):
+    no pipe made for the launch is held by two ranks, and a rank holds one end of each of its own
+    (the where-thread's wake pipe, made in the rank, is the one it holds both ends of)."""
+    before = {link for link, _ in pipes_held()}
+    results = notebook_launcher(pipes_held, num_processes=3, use_port=free_port())
+    owners: dict = {}
+    for rank, held in enumerate(results):
+        ends: dict = {}
+        for link, end in held:
+            if link in before:
+                continue   # the notebook's own, inherited as any fork inherits them
+            owners.setdefault(link, set()).add(rank)
+            ends.setdefault(link, set()).add(end)
+        both = [link for link, seen in ends.items() if seen == {"r", "w"}]
+        assert len(both) <= 1, (rank, held)
+    shared = {link: ranks for link, ranks in owners.items() if len(ranks) > 1}
+    assert not shared, shared

@@ -37,7 +37,7 @@ class ForkBackend(Launcher):
 
     def start(self, plan: "LaunchPlan", job: "Job", channels: Sequence[RankPipes]) -> list[RankProcess]:
         from ...rank.bootstrap import encode_environment, signals_to_reset
-        from ...rank.fork_entry import run_forked_rank
+        from ...rank.fork_entry import fds_to_close, run_forked_rank
 
         # what the ranks would import after the fork (torch._dynamo for training), said in their rows
         warm_for(job.function, say=self.start_watch.phase)
@@ -49,9 +49,10 @@ class ForkBackend(Launcher):
         def child_of(spec: "RankSpec") -> Callable[[], NoReturn]:
             pipes = channels[spec.local_rank]
             env = encode_environment(spec.env)   # here, once: not in the rank, on pages it would copy
+            close = fds_to_close(pipes, channels)
 
             def child() -> NoReturn:
-                run_forked_rank(spec, job, pipes, channels, parent_pid, env, signals)   # never returns
+                run_forked_rank(spec, job, pipes, channels, parent_pid, env, signals, close)   # never returns
                 os._exit(1)
             return child
 
