@@ -312,3 +312,19 @@ def test_a_rank_read_after_it_ended_or_on_another_machine_says_what_it_held_as_i
                                                 "traceback": "", "resident": 300 << 20})
     named = watch.name_failure(failure, 0, None, {"resident": 300 << 20, "out_of_memory": "MemoryError"})
     assert "rank 1 ran out of memory" in named.memory and "it held 300.0 MiB resident when it raised" in named.memory
+
+
+def test_a_kernel_counter_is_the_first_line_of_its_name_with_a_number():
+    """``kernel_oom.counter`` finds its line by searching (issue 45), as splitting every line did:
+    the whole key at a line's start, never a longer key that begins with it, nor a value that is
+    not a number; the machine's own /proc/vmstat read the same both ways."""
+    text = "oom_kill_extra 7\noom x\noom 2\noom 3\n"
+    assert kernel_oom.counter(text, "oom") == 2
+    assert kernel_oom.counter(text, "oom_kill") is None
+    assert kernel_oom.counter("low 0\nhigh 0\nmax 0\noom 4\noom_kill 5", "oom_kill") == 5
+    assert kernel_oom.counter("oom 1", "oom") == 1 and kernel_oom.counter("oom  9 \n", "oom") == 9
+    assert kernel_oom.counter("", "oom") is None and kernel_oom.counter(None, "oom") is None
+    vmstat = open("/proc/vmstat").read()
+    for line in vmstat.splitlines()[:40]:
+        key, _, value = line.partition(" ")
+        assert kernel_oom.counter(vmstat, key) == int(value), line

@@ -21,6 +21,7 @@ Our deliberate differences, allowed below and why:
 """
 from __future__ import annotations
 
+import ctypes
 import faulthandler
 import json
 import os
@@ -125,7 +126,9 @@ def odd_notebook():
     """The notebook's process in odd states, each a real one: SIGPIPE at its default (as some
     kernels and libraries leave it), SIGINT ignored (ipykernel between cells), SIGHUP ignored
     (nohup), Python handlers for SIGTERM/SIGUSR1/SIGCHLD, a faulthandler.register, a wakeup fd
-    (asyncio's loop). Everything is put back afterwards."""
+    (asyncio's loop), and SIGWINCH ignored by C code behind Python's back (a library's own
+    ``signal()``: Python's handler table still says default, the kernel's masks do not; a rank
+    that reset only what Python's table shows would keep it). Everything is put back afterwards."""
     saved = {s: signal.getsignal(s) for s in signal.valid_signals() if s not in (signal.SIGKILL, signal.SIGSTOP)}
 
     def user_handler(signum, frame):
@@ -144,9 +147,15 @@ def odd_notebook():
     assert sys.__stderr__ is not None   # the test process's own stderr
     faulthandler.register(signal.SIGUSR2, file=sys.__stderr__)
     old_wakeup = signal.set_wakeup_fd(a.fileno())
+    libc = ctypes.CDLL(None)
+    libc.signal.restype = ctypes.c_void_p
+    libc.signal.argtypes = (ctypes.c_int, ctypes.c_void_p)
+    old_winch = libc.signal(int(signal.SIGWINCH), 1)   # SIG_IGN, set in C
     try:
+        assert signal.getsignal(signal.SIGWINCH) == signal.SIG_DFL   # Python does not see it
         yield
     finally:
+        libc.signal(int(signal.SIGWINCH), old_winch)
         signal.set_wakeup_fd(old_wakeup)
         faulthandler.unregister(signal.SIGUSR2)
         for signum, handler in saved.items():

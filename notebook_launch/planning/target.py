@@ -49,6 +49,8 @@ def launch_target(start_method: StartMethod | None = None, num_processes: int | 
     env = os.environ if environ is None else environ
     where = detect(environ, probe)
     device_count = where.device_count if where.device_kind == "cuda" else 0
+    if torch_tpu_version is True and tpu.requested_device(env) == "tpu":
+        tpu.forget_version()   # TorchTPU asked for: its install looked for afresh, never refused on a kept answer
     torch_tpu = tpu.detect_torch_tpu(root, torch_tpu_version)
     if tpu.wants_torch_tpu(torch_tpu, start_method, env):
         ranks = tpu.resolve_num_ranks(num_processes, torch_tpu)

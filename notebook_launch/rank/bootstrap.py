@@ -37,6 +37,23 @@ def _load_libc() -> ctypes.CDLL | None:
 _LIBC = _load_libc() if sys.platform.startswith("linux") else None
 
 
+def _bound(name: str) -> Any:
+    """The C library's function ``name``, its function object made once in the parent: a forked
+    rank then calls it as it finds it. Looked up in each rank (``CDLL.__getattr__`` builds a
+    function pointer object and caches it on the CDLL), ``prctl`` and ``fflush`` cost about
+    0.15 ms each of every rank's CPU, most of it the notebook's pages that the look-up wrote to,
+    copied after the fork (issue 45)."""
+    try:
+        return None if _LIBC is None else getattr(_LIBC, name)
+    except AttributeError:
+        return None
+
+
+_PRCTL = _bound("prctl")
+_FFLUSH = _bound("fflush")
+_SIGKILL = int(signal.SIGKILL)
+
+
 def exit_with(body: Callable[[], int]) -> None:
     """Run ``body()`` as a rank process's whole life, then end the process with its
     exit code. Never returns: the child must never fall back into the parent's code."""
@@ -58,22 +75,26 @@ def die_with_parent(parent_pid: int) -> None:
     if not sys.platform.startswith("linux"):
         return
     try:
-        if _LIBC is None:
-            raise OSError("no C library")
-        _LIBC.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-    except (OSError, AttributeError):
+        if _PRCTL is None:
+            raise OSError("no C library with prctl")
+        _PRCTL(PR_SET_PDEATHSIG, _SIGKILL, 0, 0, 0)
+    except OSError:
         log.debug("prctl(PR_SET_PDEATHSIG) unavailable; the rank may outlive a killed parent")
     if os.getppid() != parent_pid:  # the parent died before prctl took effect
         os._exit(EXIT_FAILED)
 
 
-def detach_from_parent(parent_pid: int) -> None:
+Dispositions = tuple[tuple[int, Any], ...]   # (signal number, its handler) pairs
+
+
+def detach_from_parent(parent_pid: int, signals: Dispositions | None = None) -> None:
     """Own process group (so teardown reaches what the rank starts, and a
     terminal's Ctrl-C goes through the parent), death with the parent, and
-    the signal state of a fresh Python process instead of the notebook's."""
+    the signal state of a fresh Python process instead of the notebook's
+    (``signals``: those to set, from ``signals_to_reset`` in the parent; None: every one)."""
     os.setpgid(0, 0)
     die_with_parent(parent_pid)
-    reset_signal_state()
+    reset_signal_state(signals)
 
 
 # What CPython itself sets at start-up (Python/pylifecycle.c, Modules/signalmodule.c): SIGPIPE
@@ -82,7 +103,7 @@ def detach_from_parent(parent_pid: int) -> None:
 _FRESH_PYTHON_IGNORES = ("SIGPIPE", "SIGXFZ", "SIGXFSZ")
 
 
-def reset_signal_state() -> None:
+def reset_signal_state(signals: Dispositions | None = None) -> None:
     """Make this process's signals those of a fresh ``python -c``, whatever the notebook (or
     the thread that launched) had: a fork copies every disposition, every Python-level
     handler and the forking thread's blocked mask; an exec keeps ignored signals and the mask.
@@ -93,13 +114,17 @@ def reset_signal_state() -> None:
     A notebook differs from a fresh process here in ways that matter: ipykernel ignores SIGINT
     between cells, a kernel or a library may set SIGPIPE to its default (a write to a closed
     pipe or socket then kills the rank with no traceback) or ignore SIGCHLD (subprocess then
-    loses its children's exit codes), and asyncio's loop leaves a wakeup fd behind."""
+    loses its children's exit codes), and asyncio's loop leaves a wakeup fd behind.
+
+    ``signals``: the signals to set, with their fresh handlers (``signals_to_reset``, read in the
+    parent just before its forks: those whose disposition or Python handler differs there); None:
+    every one."""
     if hasattr(_signal, "pthread_sigmask"):
         _signal.pthread_sigmask(_signal.SIG_SETMASK, ())
     if faulthandler.is_enabled():   # else a later enable() keeps the handlers it thinks it has
         faulthandler.disable()
     unregister = getattr(faulthandler, "unregister", None)
-    for signum, handler in _FRESH_DISPOSITIONS:
+    for signum, handler in _FRESH_DISPOSITIONS if signals is None else signals:
         if unregister is not None:
             try:
                 unregister(signum)   # a faulthandler.register() the notebook made
@@ -141,6 +166,76 @@ def _fresh_dispositions() -> tuple[tuple[int, Any], ...]:
 
 
 _FRESH_DISPOSITIONS = _fresh_dispositions()
+
+
+def signals_to_reset() -> Dispositions:
+    """The entries of the fresh table that differ in this process now, for its forked ranks'
+    ``reset_signal_state``: a signal whose disposition (ignored, caught, default: the kernel's
+    ``SigIgn`` and ``SigCgt`` masks, which see a C library's handlers too) or Python handler is not
+    the fresh one, and SIGINT always. Setting all 64 in each rank cost about 0.3 ms of its CPU, the
+    pages each handler's bookkeeping wrote copied after the fork; a notebook differs in a few
+    (issue 45). Every one where the masks cannot be read."""
+    masks = _disposition_masks()
+    if masks is None:
+        return _FRESH_DISPOSITIONS
+    ignored, caught = masks
+    differ = []
+    for signum, handler in _FRESH_DISPOSITIONS:
+        bit = 1 << (signum - 1)
+        if handler is _signal.SIG_IGN:
+            kernel_fresh = bool(ignored & bit) and not caught & bit
+        elif handler is _signal.SIG_DFL:
+            kernel_fresh = not (ignored | caught) & bit
+        else:   # SIGINT: Python's own handler, set as a fresh Python sets it
+            kernel_fresh = False
+        if not kernel_fresh or _signal.getsignal(signum) != handler:
+            differ.append((signum, handler))
+    return tuple(differ)
+
+
+def _disposition_masks() -> tuple[int, int] | None:
+    """(ignored, caught) signal masks of this process (``/proc/self/status``), None where unread."""
+    try:
+        with io.FileIO("/proc/self/status") as file:
+            text = file.readall().decode()
+    except (OSError, ValueError):
+        return None
+    found: dict[str, int] = {}
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        if key in ("SigIgn", "SigCgt"):
+            try:
+                found[key] = int(value.strip(), 16)
+            except ValueError:
+                return None
+    return (found["SigIgn"], found["SigCgt"]) if len(found) == 2 else None
+
+
+EncodedEnvironment = tuple[tuple[bytes, bytes], ...]
+
+
+def encode_environment(env: dict[str, str]) -> EncodedEnvironment:
+    """``env`` as ``os.environ`` keeps it (its keys and values encoded as the OS takes them),
+    made in the notebook before the fork, for ``set_environment`` in the rank."""
+    encoding = sys.getfilesystemencoding()   # as os.environ encodes on POSIX
+    return tuple((name.encode(encoding, "surrogateescape"), value.encode(encoding, "surrogateescape"))
+                 for name, value in env.items())
+
+
+def set_environment(env: EncodedEnvironment) -> None:
+    """Add ``env`` (from ``encode_environment``) to this process's environment: what
+    ``os.environ.update`` does, for both the C library's environment (``putenv``, which every
+    library and child process reads) and ``os.environ``'s own copy, less its per-variable work
+    (the two encodings and their checks, a ``MutableMapping.update`` in Python): about 0.2 of its
+    0.7 ms in each rank, most of it the notebook's pages it wrote to, copied after the fork."""
+    data = getattr(os.environ, "_data", None)   # CPython's os._Environ keeps the encoded pairs there
+    if not isinstance(data, dict):
+        os.environ.update({os.fsdecode(name): os.fsdecode(value) for name, value in env})
+        return
+    putenv = os.putenv
+    for name, value in env:
+        putenv(name, value)
+        data[name] = value
 
 
 def redirect_fds(stdout_fd: int, stderr_fd: int) -> None:
@@ -185,4 +280,4 @@ def flush_everything() -> None:
     # C stdio buffers, which os._exit would drop; the C library loaded once (a CDLL made per call
     # builds a class each time: a tenth of a millisecond of every call on persistent ranks)
     with best_effort("fflush(NULL) failed"):
-        (_LIBC if _LIBC is not None else ctypes.CDLL(None)).fflush(None)
+        (_FFLUSH if _FFLUSH is not None else ctypes.CDLL(None).fflush)(None)

@@ -38,11 +38,20 @@ Verdict = Literal["yes", "probably", "no"]
 # --- what the kernel counts ----------------------------------------------------------------
 
 def counter(text: str | None, name: str) -> int | None:
-    """The value of the ``name value`` line of a kernel counter file."""
-    for line in (text or "").splitlines():
-        key, _, value = line.partition(" ")
-        if key == name and value.strip().isdigit():
+    """The value of the first ``name value`` line of a kernel counter file whose value is a number.
+    Found by searching for the line rather than splitting every line: /proc/vmstat has about 170,
+    and a launch reads it for its OOM baseline (splitting them took 0.04 ms a read, the search 0.003; issue 45)."""
+    if not text:
+        return None
+    text = "\n" + text
+    key = f"\n{name} "
+    at = text.find(key)
+    while at >= 0:
+        end = text.find("\n", at + 1)
+        value = text[at + len(key):end if end >= 0 else len(text)].strip()
+        if value.isdigit():
             return int(value)
+        at = text.find(key, at + 1)
     return None
 
 

@@ -36,19 +36,23 @@ class ForkBackend(Launcher):
     name = "fork"
 
     def start(self, plan: "LaunchPlan", job: "Job", channels: Sequence[RankPipes]) -> list[RankProcess]:
-        from ...rank.fork_entry import run_forked_rank
+        from ...rank.bootstrap import encode_environment, signals_to_reset
+        from ...rank.fork_entry import fds_to_close, run_forked_rank
 
         # what the ranks would import after the fork (torch._dynamo for training), said in their rows
         warm_for(job.function, say=self.start_watch.phase)
         self.start_watch.phase("")
 
         parent_pid = os.getpid()
+        signals = signals_to_reset()   # read here, once: each rank then sets only those that differ
 
         def child_of(spec: "RankSpec") -> Callable[[], NoReturn]:
             pipes = channels[spec.local_rank]
+            env = encode_environment(spec.env)   # here, once: not in the rank, on pages it would copy
+            close = fds_to_close(pipes, channels)
 
             def child() -> NoReturn:
-                run_forked_rank(spec, job, pipes, channels, parent_pid)   # never returns
+                run_forked_rank(spec, job, pipes, channels, parent_pid, env, signals, close)   # never returns
                 os._exit(1)
             return child
 
