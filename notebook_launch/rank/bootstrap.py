@@ -168,13 +168,19 @@ def _fresh_dispositions() -> tuple[tuple[int, Any], ...]:
 _FRESH_DISPOSITIONS = _fresh_dispositions()
 
 
+_FLAGS_MATTER = frozenset({int(signal.SIGCHLD)})   # a default disposition whose flags change what it does
+
+
 def signals_to_reset() -> Dispositions:
     """The entries of the fresh table that differ in this process now, for its forked ranks'
     ``reset_signal_state``: a signal whose disposition (ignored, caught, default: the kernel's
     ``SigIgn`` and ``SigCgt`` masks, which see a C library's handlers too) or Python handler is not
-    the fresh one, and SIGINT always. Setting all 64 in each rank cost about 0.3 ms of its CPU, the
-    pages each handler's bookkeeping wrote copied after the fork; a notebook differs in a few
-    (issue 45). Every one where the masks cannot be read."""
+    the fresh one; SIGINT always, and SIGCHLD always: the masks do not show a disposition's flags,
+    and SIGCHLD's default with SA_NOCLDWAIT (set from C) has the kernel reap the rank's children,
+    so a subprocess's exit code would be lost (the only default whose meaning its flags change).
+    Setting all 64 in each rank cost about 0.3 ms of its CPU, the pages each handler's bookkeeping
+    wrote copied after the fork; a notebook differs in a few (issue 45). Every one where the masks
+    cannot be read."""
     masks = _disposition_masks()
     if masks is None:
         return _FRESH_DISPOSITIONS
@@ -188,7 +194,7 @@ def signals_to_reset() -> Dispositions:
             kernel_fresh = not (ignored | caught) & bit
         else:   # SIGINT: Python's own handler, set as a fresh Python sets it
             kernel_fresh = False
-        if not kernel_fresh or _signal.getsignal(signum) != handler:
+        if not kernel_fresh or signum in _FLAGS_MATTER or _signal.getsignal(signum) != handler:
             differ.append((signum, handler))
     return tuple(differ)
 
