@@ -93,6 +93,7 @@ def pipes_of_the_launch() -> tuple[list, list]:
     and 2), its event pipe and the pipe its prompts' answers come on, as links."""
     from notebook_launch.wire import protocol
     writer = protocol.current()
+    assert writer is not None, "a launched rank has its event writer"
     own = [os.readlink(f"/proc/self/fd/{fd}") for fd in (1, 2, writer.fd, writer.answers_fd)]
     return pipes_held(), own
 
