@@ -44,7 +44,7 @@ def kernel_spec_dir() -> str:
     return _kernel_dir
 
 
-def kernel_manager(kernel_name: str = KERNEL_NAME) -> Any:
+def kernel_manager() -> Any:
     """A manager for a test kernel (this project's kernel spec) that talks over Unix sockets in a
     folder of its own, not TCP ports. jupyter_client picks a kernel's five ports by binding port 0
     and letting go, and the kernel binds them a moment later: on a machine where other tests,
@@ -54,26 +54,8 @@ def kernel_manager(kernel_name: str = KERNEL_NAME) -> Any:
     from jupyter_client.kernelspec import KernelSpecManager
     from jupyter_client.manager import KernelManager
     sockets = os.path.join(tempfile.gettempdir(), f"nl-kernel-{uuid.uuid4().hex}")   # the kernel removes its files
-    if kernel_name != KERNEL_NAME:   # an installed kernel (python3): found where Jupyter looks
-        return KernelManager(kernel_name=kernel_name, transport="ipc", ip=sockets)
     specs = KernelSpecManager(kernel_dirs=[kernel_spec_dir()])
     return KernelManager(kernel_name=KERNEL_NAME, kernel_spec_manager=specs, transport="ipc", ip=sockets)
-
-
-def start_kernel(kernel_name: str = KERNEL_NAME, **start: Any) -> tuple[Any, Any]:
-    """``jupyter_client.manager.start_new_kernel``, on Unix sockets (``kernel_manager``): the
-    manager and a ready client; ``start``: what ``KernelManager.start_kernel`` takes (stderr=...)."""
-    km = kernel_manager(kernel_name)
-    km.start_kernel(**start)
-    kc = km.client()
-    kc.start_channels()
-    try:
-        kc.wait_for_ready(timeout=120)
-    except RuntimeError:
-        kc.stop_channels()
-        km.shutdown_kernel()
-        raise
-    return km, kc
 
 
 def run_notebook(path_or_nb, *, cwd=None, timeout: int = 600, allow_errors: bool = False,
