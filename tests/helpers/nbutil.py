@@ -7,9 +7,7 @@ without notebook_launch) can never be picked by mistake.
 from __future__ import annotations
 
 import json
-import os
 import sys
-import uuid
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -44,20 +42,6 @@ def kernel_spec_dir() -> str:
     return _kernel_dir
 
 
-def kernel_manager() -> Any:
-    """A manager for a test kernel (this project's kernel spec) that talks over Unix sockets in a
-    folder of its own, not TCP ports. jupyter_client picks a kernel's five ports by binding port 0
-    and letting go, and the kernel binds them a moment later: on a machine where other tests,
-    lanes, Ray and SLURM take ports all the while, one was taken in between (the kernel died with
-    "Address already in use" and the test with "Kernel didn't respond"). A socket path no one
-    else uses cannot be taken."""
-    from jupyter_client.kernelspec import KernelSpecManager
-    from jupyter_client.manager import KernelManager
-    sockets = os.path.join(tempfile.gettempdir(), f"nl-kernel-{uuid.uuid4().hex}")   # the kernel removes its files
-    specs = KernelSpecManager(kernel_dirs=[kernel_spec_dir()])
-    return KernelManager(kernel_name=KERNEL_NAME, kernel_spec_manager=specs, transport="ipc", ip=sockets)
-
-
 def run_notebook(path_or_nb, *, cwd=None, timeout: int = 600, allow_errors: bool = False,
                  store_widget_state: bool = True, messages: list | None = None):
     """Execute every cell in a fresh kernel and return the executed notebook (nbformat node).
@@ -67,6 +51,8 @@ def run_notebook(path_or_nb, *, cwd=None, timeout: int = 600, allow_errors: bool
     IOPub message the cells got is appended to it as (cell index, msg_type, content):
     the notebook itself keeps only the result of update_display_data and clear_output.
     """
+    from jupyter_client.kernelspec import KernelSpecManager
+    from jupyter_client.manager import KernelManager
     from nbclient import NotebookClient
 
     if isinstance(path_or_nb, (str, Path)):
@@ -74,7 +60,8 @@ def run_notebook(path_or_nb, *, cwd=None, timeout: int = 600, allow_errors: bool
         cwd = cwd or str(Path(path_or_nb).resolve().parent)
     else:
         nb = path_or_nb
-    km = kernel_manager()
+    km = KernelManager(kernel_name=KERNEL_NAME,
+                       kernel_spec_manager=KernelSpecManager(kernel_dirs=[kernel_spec_dir()]))
     client_class = NotebookClient if messages is None else _recording_client(NotebookClient, messages)
     client = client_class(nb, km=km, timeout=timeout, allow_errors=allow_errors,
                             resources={"metadata": {"path": cwd or "."}},
@@ -163,7 +150,9 @@ def cell_text(cell) -> str:
 def running_kernel(cwd: str) -> Iterator[tuple[Any, Any]]:
     """A real kernel of this interpreter and its client, ready; shut down (or cleaned up, when a
     test killed it) on the way out. Yields (kernel manager, client)."""
-    km = kernel_manager()
+    from jupyter_client.kernelspec import KernelSpecManager
+    from jupyter_client.manager import KernelManager
+    km = KernelManager(kernel_name=KERNEL_NAME, kernel_spec_manager=KernelSpecManager(kernel_dirs=[kernel_spec_dir()]))
     km.start_kernel(cwd=cwd)
     client = km.client()
     client.start_channels()
