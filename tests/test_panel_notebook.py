@@ -53,6 +53,13 @@ def outputs_text(cell):
     return "\n".join(parts)
 
 
+def printed(cell):
+    """What the cell's code printed: its stdout stream as one text. A print can reach the kernel's
+    IOPub in more than one message, and another output (a panel's picture) between them makes
+    them separate outputs; joined by outputs_text, "EACH [(0, 0)]" read "EACH\\n [(0, 0)]"."""
+    return "".join(out.text for out in cell.outputs if out.output_type == "stream" and out.name == "stdout")
+
+
 def test_widget_panel_ends_as_a_picture_of_its_final_state():
     nb = run_notebook([TRAIN, "results = notebook_launcher(train, args=(20000,), num_processes=4)\nresults"])
     cell = nb.cells[1]
@@ -158,11 +165,11 @@ def test_a_loop_of_launches_leaves_no_live_widget_behind():
     ], timeout=600, messages=messages)
     errors = [o for cell in nb.cells for o in cell.outputs if o.output_type == "error"]
     assert not errors, "\n".join(errors[0].traceback)
-    before = re.search(r"BEFORE (\d+) (\d+)", outputs_text(nb.cells[0]))
+    before = re.search(r"BEFORE (\d+) (\d+)", printed(nb.cells[0]))
     assert before, outputs_text(nb.cells[0])[-2000:]
     expected = [(int(before[1]), int(before[2]))]
-    assert f"EACH {expected}" in outputs_text(nb.cells[1]), outputs_text(nb.cells[1])[-2000:]
-    assert f"EACH {expected}" in outputs_text(nb.cells[2]), outputs_text(nb.cells[2])[-2000:]
+    assert f"EACH {expected}" in printed(nb.cells[1]), outputs_text(nb.cells[1])[-2000:]
+    assert f"EACH {expected}" in printed(nb.cells[2]), outputs_text(nb.cells[2])[-2000:]
     opened = [m[2]["comm_id"] for m in messages if m[1] == "comm_open"]
     closed = [m[2]["comm_id"] for m in messages if m[1] == "comm_close"]
     assert len(opened) >= 20 * LOOP and sorted(opened) == sorted(closed)   # every model closed, once
