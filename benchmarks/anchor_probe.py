@@ -2,7 +2,7 @@
 actors or torchrunx launches, and prints one JSON line. Imports nothing of this project, so the
 anchor's venv needs only torch and the anchor.
 
-    .venv-monarch/bin/python -m benchmarks.anchor_probe monarch CALLS
+    .venv-monarch/bin/python -m benchmarks.anchor_probe monarch   (then {"op": "calls", "calls": N} lines)
     .venv-torchrunx/bin/python -m benchmarks.anchor_probe torchrunx RANKS REPEATS
 """
 from __future__ import annotations
@@ -13,9 +13,13 @@ import sys
 import time
 
 
-def monarch_calls(calls: int) -> dict:
-    """Start to the first call on 2 procs (an actor spawned on each), then ``calls`` warm calls
-    of a trivial endpoint, each ``.call().get()``: every proc's value back, as ``ranks.run``."""
+def monarch_session(commands, reply) -> None:
+    """Start to the first call on 2 procs (an actor spawned on each), replied at once; then, for
+    each ``{"op": "calls", "calls": N}`` read from ``commands``, N warm calls of a trivial
+    endpoint, each ``.call().get()`` (every proc's value back, as ``ranks.run``), their times
+    replied: one JSON line each way, as benchmarks/worker.py speaks; ``{"op": "exit"}`` or the
+    end of input ends it. Served this way so that the harness can alternate short blocks of
+    Monarch's calls with ours, both measured in the same moments of the machine."""
     from monarch.actor import Actor, current_rank, endpoint, this_host
 
     class Trivial(Actor):
@@ -28,13 +32,17 @@ def monarch_calls(calls: int) -> dict:
     actors = procs.spawn("trivial", Trivial)
     first = actors.rank.call().get()
     to_first = time.perf_counter() - started
-    samples = []
-    for _ in range(calls):
-        began = time.perf_counter()
-        actors.rank.call().get()
-        samples.append(time.perf_counter() - began)
-    values = sorted(value for _, value in first.items())
-    return {"start_to_first": to_first, "warm": samples, "values": values}
+    reply({"start_to_first": to_first, "values": sorted(value for _, value in first.items())})
+    for line in commands:
+        command = json.loads(line)
+        if command.get("op") != "calls":
+            break
+        samples = []
+        for _ in range(int(command["calls"])):
+            began = time.perf_counter()
+            actors.rank.call().get()
+            samples.append(time.perf_counter() - began)
+        reply({"warm": samples})
 
 
 def trivial() -> int:
@@ -60,13 +68,16 @@ def main(argv: list[str]) -> None:
     devnull = os.open(os.devnull, os.O_WRONLY)
     reply = os.dup(1)
     os.dup2(devnull, 1)   # what the anchor prints goes nowhere, as the 'ours' worker's does
+
+    def send(out: dict) -> None:
+        os.write(reply, (json.dumps(out) + "\n").encode())
+
     if argv[0] == "monarch":
-        out = monarch_calls(int(argv[1]))
+        monarch_session(sys.stdin, send)
     elif argv[0] == "torchrunx":
-        out = torchrunx_launches(int(argv[1]), int(argv[2]))
+        send(torchrunx_launches(int(argv[1]), int(argv[2])))
     else:
         raise SystemExit(f"anchor_probe: unknown anchor {argv[0]!r}")
-    os.write(reply, (json.dumps(out) + "\n").encode())
     sys.stdout.flush()
     os._exit(0)   # the anchors' runtimes (Monarch's Rust one) stop with the process
 

@@ -12,8 +12,9 @@ Rows:
 The function is a notebook's: defined in ``__main__`` (cloudpickled by value, as a notebook
 cell's is), not imported from a module as item 7's once was (a function pickled by reference
 made a call look 5x cheaper than a user's). Each repeat starts a fresh 'ours' worker and a fresh
-Monarch process, in an order that rotates, so each gives one start-to-first-call sample and
-CALLS warm calls. Monarch and torchrunx run in their own venvs beside torch 2.13
+Monarch process, in an order that rotates, so each gives one start-to-first-call sample; then
+both make CALLS warm calls in alternating blocks of BLOCK (``persistent_repeat`` says why).
+Monarch and torchrunx run in their own venvs beside torch 2.13
 (``scripts/setup-anchors.sh``); where one is missing the row says so.
 """
 from __future__ import annotations
@@ -28,6 +29,7 @@ from .table import Cell, Row, fmt_ratio, ratio
 from .worker import Worker, WorkerError
 
 CALLS = 100
+BLOCK = 10                # warm calls of one side before the other's, within a repeat
 GOAL_VS_MONARCH = 0.5     # ours' warm median at most this share of Monarch's, and start to first call
 GOAL_TAIL = 2.0           # ours' p90 at most this many times ours' median
 GOAL_LAUNCH = {4: 1.2, 8: 1.3}   # ours / start_processes (fork), warm launch
@@ -51,24 +53,36 @@ def notebook_function():
 
 # --- in the 'ours' worker ------------------------------------------------------------------
 
-def persistent_in_worker(calls: int) -> dict:
+_open_ranks: list = []   # the worker's persistent ranks and function, between its commands
+
+
+def in_worker(op: str, command: dict) -> dict:
+    """The 'ours' side of the persistent rows, one command at a time: ``anchor_persistent_open``
+    (start to the first call), ``anchor_persistent_calls`` (that many warm calls), and
+    ``anchor_persistent_close``, so that the harness can alternate blocks with Monarch's."""
     import time
 
-    from notebook_launch import start_ranks
-    fn = notebook_function()
-    started = time.perf_counter()
-    ranks = start_ranks(2)
-    try:
+    if op == "anchor_persistent_open":
+        from notebook_launch import start_ranks
+        fn = notebook_function()
+        started = time.perf_counter()
+        ranks = start_ranks(2)
+        _open_ranks.append((ranks, fn))
         values = ranks.run(fn)
-        to_first = time.perf_counter() - started
+        return {"start_to_first": time.perf_counter() - started, "values": values}
+    if op == "anchor_persistent_calls":
+        ranks, fn = _open_ranks[-1]
         samples = []
-        for _ in range(calls):
+        for _ in range(command["calls"]):
             began = time.perf_counter()
             ranks.run(fn)
             samples.append(time.perf_counter() - began)
-    finally:
-        ranks.close()
-    return {"start_to_first": to_first, "warm": samples, "values": values}
+        return {"warm": samples}
+    if op == "anchor_persistent_close":
+        while _open_ranks:
+            _open_ranks.pop()[0].close()
+        return {}
+    raise ValueError(f"unknown op {op!r}")
 
 
 # --- in the harness ----------------------------------------------------------------------
@@ -87,12 +101,63 @@ def probe(anchor: str, *args: object, log_dir: str) -> dict:
     return json.loads(lines[-1])
 
 
-def ours_persistent(calls: int, log_dir: str) -> dict:
-    worker = Worker("ours", log_dir=log_dir)
+class Side:
+    """One side of the persistent rows, held open for a repeat: ours (a worker of this venv) or
+    Monarch (its probe in .venv-monarch), each in a fresh process."""
+
+    def __init__(self, name: str, log_dir: str):
+        self.name = name
+        python = sys.executable if name == "ours" else venv_python(name)
+        if python is None:
+            raise FileNotFoundError(f".venv-{name} is missing: run `bash scripts/setup-anchors.sh {name}`")
+        self.worker = Worker(name, log_dir=log_dir,
+                             argv=None if name == "ours" else [python, "-m", "benchmarks.anchor_probe", name])
+        try:
+            self.start = (self.worker.ask(op="anchor_persistent_open") if name == "ours"
+                          else self.worker.wait_ready())
+        except BaseException:
+            self.worker.close()
+            raise
+
+    def calls(self, count: int) -> list:
+        return self.worker.ask(op="anchor_persistent_calls" if self.name == "ours" else "calls",
+                               calls=count)["warm"]
+
+    def close(self) -> None:
+        try:
+            if self.name == "ours" and self.worker.proc.poll() is None:
+                self.worker.ask(op="anchor_persistent_close")
+        except WorkerError:
+            pass   # what failed is already in the row; the process is ended below either way
+        finally:
+            self.worker.close()
+
+
+def persistent_repeat(order: list, calls: int, log_dir: str, found: dict, errors: dict) -> None:
+    """One repeat: both sides started (one start-to-first-call sample each), then their warm calls
+    in alternating blocks of BLOCK. This VM's speed moves in phases of a tenth of a second to a
+    second; 100 calls of one side and then 100 of the other fell in different phases and the
+    phases, not the code, decided the ratio (0.43x-0.60x for the same code). Blocks of a few
+    milliseconds put both sides in the same phases. Neither side uses the CPU while it waits
+    (measured: an idle Monarch or ours takes no clock tick in 3 s)."""
+    sides: dict = {}
     try:
-        return worker.ask(op="anchor_persistent", calls=calls)
+        for name in order:
+            try:
+                sides[name] = Side(name, log_dir)
+                found[name]["start"].append(sides[name].start["start_to_first"])
+            except (WorkerError, OSError, RuntimeError, ValueError) as exc:
+                errors[name] = f"{type(exc).__name__}: {exc}"[:300]
+        for block in range(0, calls, BLOCK):
+            for name in (order if (block // BLOCK) % 2 == 0 else order[::-1]):
+                if name in sides and name not in errors:
+                    try:
+                        found[name]["warm"] += sides[name].calls(min(BLOCK, calls - block))
+                    except (WorkerError, OSError, ValueError) as exc:
+                        errors[name] = f"{type(exc).__name__}: {exc}"[:300]
     finally:
-        worker.close()
+        for side in sides.values():
+            side.close()
 
 
 def run(config: dict, log_dir: str, say) -> list:
@@ -101,17 +166,9 @@ def run(config: dict, log_dir: str, say) -> list:
     found: dict = {"ours": {"start": [], "warm": []}, "monarch": {"start": [], "warm": []}}
     errors: dict = {}
     for repeat in range(config["repeats"]):
-        for name in (["ours", "monarch"] if repeat % 2 == 0 else ["monarch", "ours"]):
-            if name in errors:
-                continue
-            try:
-                reply = ours_persistent(calls, log_dir) if name == "ours" else probe("monarch", calls,
-                                                                                  log_dir=log_dir)
-            except (WorkerError, OSError, RuntimeError, subprocess.TimeoutExpired, ValueError) as exc:
-                errors[name] = f"{type(exc).__name__}: {exc}"[:300]
-                continue
-            found[name]["start"].append(reply["start_to_first"])
-            found[name]["warm"] += reply["warm"]
+        order = [name for name in (["ours", "monarch"] if repeat % 2 == 0 else ["monarch", "ours"])
+                 if name not in errors]
+        persistent_repeat(order, calls, log_dir, found, errors)
     rows = [call_row(found, errors), start_row(found, errors)]
     for ranks in ([4] if config["quick"] else [4, 8]):
         rows.append(launch_row(ranks, config, log_dir))
@@ -205,7 +262,8 @@ def launch_row(ranks: int, config: dict, log_dir: str) -> Row:
 NOTE = ("Item 15 (benchmarks/anchors.py): Monarch (torchmonarch 0.7.0) and torchrunx (0.4.0) run in their own "
         "venvs beside torch 2.13 (`bash scripts/setup-anchors.sh`), each from a script that imported it before "
         "the clock starts. Persistent rows: each repeat starts a fresh 'ours' worker and a fresh Monarch process "
-        f"(order rotating), one start-to-first-call sample and {CALLS} warm calls each; the function is a "
+        f"(order rotating), one start-to-first-call sample each, then {CALLS} warm calls each in alternating "
+        f"blocks of {BLOCK} (this VM's speed moves in phases of 0.1-1 s); the function is a "
         "notebook's (`__main__`). Launch rows: ours and start_processes interleaved in their workers as item 1; "
         "torchrunx's launches one after the other in its own process after one warm-up (at most 3). The SLURM "
         "side (Monarch's SlurmJob against our SlurmCluster across two nodes) has its own command, "

@@ -35,16 +35,19 @@ class WorkerError(RuntimeError):
 
 
 class Worker:
-    """Parent side: start ``python -m benchmarks.worker LAUNCHER`` and ask it for measurements."""
+    """Parent side: start ``python -m benchmarks.worker LAUNCHER`` and ask it for measurements.
 
-    def __init__(self, launcher: str, *, log_dir: str):
+    ``argv`` starts another process that speaks the same protocol instead (an anchor's probe in
+    its own venv, benchmarks/anchor_probe.py), its first line being its "ready" reply."""
+
+    def __init__(self, launcher: str, *, log_dir: str, argv: list[str] | None = None):
         self.launcher = launcher
         env = dict(os.environ)
         env["PYTHONPATH"] = REPO_ROOT + os.pathsep + env.get("PYTHONPATH", "")
         env["NOTEBOOK_LAUNCH_LOG_DIR"] = os.path.join(log_dir, "rank-logs")
         self.stderr = tempfile.TemporaryFile(dir=log_dir)
-        self.proc = subprocess.Popen([sys.executable, "-m", "benchmarks.worker", launcher], cwd=REPO_ROOT,
-                                     env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+        self.proc = subprocess.Popen(argv or [sys.executable, "-m", "benchmarks.worker", launcher],
+                                     cwd=REPO_ROOT, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      stderr=self.stderr)
         assert self.proc.stdin is not None and self.proc.stdout is not None  # both pipes, as asked above
         self._commands: IO[bytes] = self.proc.stdin
@@ -138,9 +141,9 @@ def handle(launcher: str, command: dict, tensors: dict) -> dict:
     if op == "persistent":
         from .persistent_cost import measure_in_worker as measure_persistent
         return measure_persistent(command["repeats"], command["width"])
-    if op == "anchor_persistent":   # item 15: start_ranks and warm calls, beside Monarch
-        from .anchors import persistent_in_worker
-        return persistent_in_worker(command["calls"])
+    if op.startswith("anchor_persistent_"):   # item 15: start_ranks and warm calls, beside Monarch
+        from . import anchors
+        return anchors.in_worker(op, command)
     if op == "transfer":
         from .result_transfer import measure_in_worker as measure_transfer
         return measure_transfer(command, lambda fn, ranks: launchers.launch(launcher, fn, ranks))
