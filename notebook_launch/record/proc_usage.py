@@ -29,6 +29,43 @@ def read_text(path: str) -> str | None:
         return None
 
 
+class KeptProcFiles:
+    """/proc files read again and again, each opened once and read with ``pread`` from its start:
+    a seq_file such as /proc/PID/cgroup is made afresh by every read from offset 0. One read is
+    then one syscall instead of three and a file object (9 -> 3 us here): persistent ranks' cgroups
+    are read every time they go idle (issue 45). A kept /proc/PID file stays its process's: once
+    the process is gone it reads as an error (None), never another process that took the pid.
+    Its owner closes the files (``close``; ``keep_only`` the paths still wanted)."""
+
+    def __init__(self) -> None:
+        self._fds: dict[str, int] = {}
+
+    def read(self, path: str) -> str | None:
+        """The file's text now, None where it cannot be read (as ``read_text``)."""
+        fd = self._fds.get(path)
+        if fd is None:
+            try:
+                fd = self._fds[path] = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+            except OSError:
+                return None
+        try:
+            return os.pread(fd, 65536, 0).decode()
+        except (OSError, ValueError):
+            self._close(path)
+            return None
+
+    def keep_only(self, paths: set[str]) -> None:
+        """Close every kept file but ``paths``' (the processes that ended, say)."""
+        for path in [path for path in self._fds if path not in paths]:
+            self._close(path)
+
+    def close(self) -> None:
+        self.keep_only(set())
+
+    def _close(self, path: str) -> None:
+        os.close(self._fds.pop(path))
+
+
 def resident(pid: int) -> int | None:
     """``pid``'s resident memory in bytes (statm: pages shared with the notebook count too); None
     once it ended (a process that exited and is not yet reaped shows 0)."""

@@ -23,7 +23,7 @@ import os
 import re
 import time
 from dataclasses import dataclass
-from typing import Iterable, Literal
+from typing import Callable, Iterable, Literal
 
 from ..record.proc_usage import read_text
 
@@ -60,10 +60,11 @@ def machine_oom_kills() -> int | None:
     return counter(read_text("/proc/vmstat"), "oom_kill")
 
 
-def memory_cgroup_of(pid: int) -> str | None:
+def memory_cgroup_of(pid: int, read: Callable[[str], str | None] = read_text) -> str | None:
     """The folder of ``pid``'s memory cgroup (v1's memory controller, else v2's), None where
-    there is none to read. Read it while the process lives: a dead one is moved to the root."""
-    text = read_text(f"/proc/{pid}/cgroup")
+    there is none to read. Read it while the process lives: a dead one is moved to the root.
+    ``read``: how /proc/PID/cgroup is read (``proc_usage.KeptProcFiles.read`` where it is kept)."""
+    text = read(f"/proc/{pid}/cgroup")
     if text is None:
         return None
     found = _FOLDERS.get(text)
@@ -174,8 +175,10 @@ class OomBaseline:
     """The kernel's OOM counts when a watch began: the machine's, and each memory cgroup's the
     first time it is seen (``see_cgroup``, while the process in it lives)."""
 
-    def __init__(self, pids: Iterable[int] = (), during: str = "during the run") -> None:
+    def __init__(self, pids: Iterable[int] = (), during: str = "during the run",
+                 read: Callable[[str], str | None] = read_text) -> None:
         self.during = during   # the watch in words: "during the run", "since the call before began"
+        self.read = read       # how /proc/PID/cgroup is read (``memory_cgroup_of``)
         self.started = time.monotonic()
         self.started_wall = time.time()
         self.machine_kills = machine_oom_kills()
@@ -186,7 +189,7 @@ class OomBaseline:
 
     def see_process(self, pid: int) -> str | None:
         """Note ``pid``'s memory cgroup (and its count); returns the cgroup."""
-        folder = memory_cgroup_of(pid)
+        folder = memory_cgroup_of(pid, self.read)
         if folder is not None:
             self.cgroups[pid] = folder
             self.see_cgroup(folder)

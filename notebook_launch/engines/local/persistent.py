@@ -30,6 +30,7 @@ from ...rank.runner import Job
 from ...rank.serve import serve_calls
 from ...scaffold.session import launch_line
 from ...supervise import outcome
+from ...record.proc_usage import KeptProcFiles
 from ...supervise.kernel_oom import OomBaseline, sigkill_words
 from ...persistent import command_frames
 from ...persistent.transport import STOP_GRACE, LogsFor, LostBetweenCalls, RankTransport, ended, exited, wait_for_ends
@@ -61,6 +62,7 @@ class LocalTransport(RankTransport):
         self._reaping = threading.Lock()   # a rank's group is ended before it is reaped, by one thread
         self._idle_oom: OomBaseline | None = None   # the kernel's OOM counts as the ranks last went idle
         self._idle_pids: set[int] = set()           # the ranks _idle_oom saw
+        self._cgroup_files = KeptProcFiles()        # the ranks' /proc/PID/cgroup, read as they go idle
 
     def start(self, logs_for: LogsFor) -> LaunchPlan:
         target, plan, run_id = self.plan_launch(self.options)
@@ -142,7 +144,10 @@ class LocalTransport(RankTransport):
             for pid in pids:   # a rank may have moved to another cgroup during the call (one small read each)
                 last.see_process(pid)
             return
-        self._idle_oom, self._idle_pids = OomBaseline(pids, during="since the ranks last went idle"), pids
+        if pids != self._idle_pids:
+            self._cgroup_files.keep_only({f"/proc/{pid}/cgroup" for pid in pids})
+        self._idle_oom = OomBaseline(pids, during="since the ranks last went idle", read=self._cgroup_files.read)
+        self._idle_pids = pids
 
     def lost_between_calls(self, gone: list[RankProcess], logs: RunLogs, num_processes: int) -> LostBetweenCalls:
         """The first rank found ended: the next call runs on fresh ranks (saying so), a SIGKILL in
@@ -159,12 +164,14 @@ class LocalTransport(RankTransport):
         release_claims(self._run_mark)   # the ranks' port, claimed by plan_launch, is free for other launches
         self.processes[:] = []
         self.pipes, self._commands, self.result_fds = [], [], []
+        self._cgroup_files.close()
         if self.interrupts is not None:
             self.interrupts.close()
             self.interrupts = None
 
     def abandon(self) -> None:
         kill_all(self.processes, self._reaping)
+        self._cgroup_files.close()
 
 
 def stop_processes(processes: list[RankProcess], pipes: list[RankPipes], command_pipes: list[commands.CommandPipe],
