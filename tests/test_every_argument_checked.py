@@ -299,3 +299,27 @@ def test_checks_allow_what_worked_before(log_dir):
     assert launch_options(function=train, args=(1,), mixed_precision=PrecisionType.FP16).mixed_precision == "fp16"
     assert math.isclose(launch_options(function=train, args=(1,), rdzv_timeout=1.5).rendezvous_timeout, 1.5)
     assert notebook_launcher(os.getpid, num_processes=1, ui="none", log_dir=log_dir)[0] != os.getpid()
+
+
+def test_a_call_that_fit_once_is_known_and_one_that_does_not_is_still_refused():
+    """Issue 45: the shapes of calls that fit a function are kept with its signature (a warm
+    ``ranks.run(f)`` bound the same empty call every time); what binding looks at is the
+    positional count and the keyword names, so a value never changes the verdict, and a changed
+    signature (new defaults) is read again."""
+    from notebook_launch.planning.option_checks import validate_call
+
+    def step(lr, epochs=1):
+        return lr, epochs
+
+    for _ in range(2):
+        validate_call(step, (0.1,), None)
+        validate_call(step, (), {"lr": 0.1})
+        with pytest.raises(LaunchArgumentError, match="missing a required argument: 'lr'"):
+            validate_call(step, (), None)
+        with pytest.raises(LaunchArgumentError, match="too many positional arguments"):
+            validate_call(step, (0.1, 2, 3), None)
+    step.__defaults__ = (0.1, 1)   # lr has a default now: the empty call fits
+    validate_call(step, (), None)
+    step.__defaults__ = None       # none: epochs is required, so a call that fit before is refused
+    with pytest.raises(LaunchArgumentError, match="missing a required argument"):
+        validate_call(step, (0.1,), None)

@@ -112,8 +112,11 @@ def validate_call(function: Callable[..., Any], args: Sequence[Any], kwargs: Map
     wrapper's own signature, never as the wrapped function's (a decorator may add or remove
     arguments, so the wrapped signature could refuse a call that works)."""
     try:
-        signature = _signature(function)
+        signature, fits = _signature(function)
     except (TypeError, ValueError):
+        return
+    shape = (len(args), tuple(kwargs) if kwargs else ())   # all that binding looks at: no value
+    if shape in fits:
         return
     try:
         signature.bind(*args, **(kwargs or {}))
@@ -124,27 +127,31 @@ def validate_call(function: Callable[..., Any], args: Sequence[Any], kwargs: Map
             f"kwargs={dict(kwargs or {})!r:.200}: "
             f"{err}. Pass the function's parameters in args=(...) (in order) or kwargs={{'name': value}}; "
             f"nothing was started") from None
+    if len(fits) < 8:
+        fits.add(shape)
 
 
-_signatures: weakref.WeakKeyDictionary[Callable[..., Any], tuple[tuple, inspect.Signature]] = \
-    weakref.WeakKeyDictionary()
+_Kept = tuple[tuple, inspect.Signature, set]
+_signatures: weakref.WeakKeyDictionary[Callable[..., Any], _Kept] = weakref.WeakKeyDictionary()
 
 
-def _signature(function: Callable[..., Any]) -> inspect.Signature:
-    """``inspect.signature(function, follow_wrapped=False)``; a plain function's is kept while its
-    code, defaults and ``__signature__`` are the same objects (a warm ``ranks.run(f)`` spent a
-    twentieth of the notebook's CPU reading the same signature again, issue 45). Anything it
-    could have changed with is in the key: a cell run again makes a new function, a new code object."""
+def _signature(function: Callable[..., Any]) -> tuple[inspect.Signature, set]:
+    """``inspect.signature(function, follow_wrapped=False)`` and the shapes of the calls known to
+    fit it (positional count, keyword names: binding looks at nothing else); a plain function's are
+    kept while its code, defaults and ``__signature__`` are the same objects (a warm
+    ``ranks.run(f)`` spent a twentieth of the notebook's CPU reading the same signature again, and
+    binding the same empty call, issue 45). Anything it could have changed with is in the key: a
+    cell run again makes a new function, a new code object."""
     if not isinstance(function, types.FunctionType):
-        return inspect.signature(function, follow_wrapped=False)
+        return inspect.signature(function, follow_wrapped=False), set()
     key = (function.__code__, function.__defaults__, function.__kwdefaults__,
            function.__dict__.get("__signature__"), function.__dict__.get("__text_signature__"))
     kept = _signatures.get(function)
     if kept is not None and len(kept[0]) == len(key) and all(a is b for a, b in zip(kept[0], key)):
-        return kept[1]
+        return kept[1], kept[2]
     signature = inspect.signature(function, follow_wrapped=False)
-    _signatures[function] = (key, signature)
-    return signature
+    _signatures[function] = (key, signature, set())
+    return signature, _signatures[function][2]
 
 
 def normalize_mixed_precision(value: object) -> str:
