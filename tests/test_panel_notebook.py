@@ -55,8 +55,8 @@ def outputs_text(cell):
 
 def printed(cell):
     """What the cell's code printed: its stdout stream as one text. A print can reach the kernel's
-    IOPub in more than one message, and another output (a panel's picture) between them makes
-    them separate outputs; joined by outputs_text, "EACH [(0, 0)]" read "EACH\\n [(0, 0)]"."""
+    IOPub in more than one message, and any other output between them (which one was not seen)
+    makes them separate outputs; joined by outputs_text, "EACH [(0, 0)]" read "EACH\\n [(0, 0)]"."""
     return "".join(out.text for out in cell.outputs if out.output_type == "stream" and out.name == "stdout")
 
 

@@ -415,6 +415,8 @@ def _call_state(pool: Ranks, call: Call) -> RunState:
 
 def _call_session(pool: Ranks, call: Call, title: str, state: RunState, quiet: bool,
                   watch: CallWatchOptions) -> Session[LogSection]:
+    """A call's session: its section of the pool's logs, titled with the call's number, and its
+    display (``quiet``: none, only an error if one comes) showing ``watch``'s lines a second."""
     assert pool.logs is not None
     return Session.for_call(pool.logs, f"call {call.number}: {title}", state, pool.options, quiet=quiet,
                             lines_per_second=watch.lines_per_second)
