@@ -13,19 +13,78 @@ import sys
 import time
 
 
+# A DDP step on a model kept in each rank, as a notebook's cell defines it: executed into the
+# 'ours' worker's ``__main__`` (``ranks.run`` sends the functions by value) and into each Monarch
+# actor's own namespace. ``port``: a rendezvous of its own (Monarch's procs have no launcher's
+# environment); None: the launcher's (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT).
+DDP_CELL = """
+def ddp_setup(width, rank=None, world_size=None, port=None):
+    global model, optimizer, batch
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+    if port is None:
+        dist.init_process_group("gloo")
+    else:
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size)
+    torch.manual_seed(0)
+    layers = [torch.nn.Linear(width, width), torch.nn.ReLU()] * 3 + [torch.nn.Linear(width, 1)]
+    model = DistributedDataParallel(torch.nn.Sequential(*layers))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    batch = torch.randn(256, width), torch.randn(256, 1)
+    ddp_step()
+    return dist.get_rank()
+
+
+def ddp_step():
+    import torch
+    x, y = batch
+    loss = torch.nn.functional.mse_loss(model(x), y)
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+    return float(loss.detach())
+"""
+
+
+def free_port() -> int:
+    import socket
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
 def monarch_session(commands, reply) -> None:
     """Start to the first call on 2 procs (an actor spawned on each), replied at once; then, for
     each ``{"op": "calls", "calls": N}`` read from ``commands``, N warm calls of a trivial
     endpoint, each ``.call().get()`` (every proc's value back, as ``ranks.run``), their times
     replied: one JSON line each way, as benchmarks/worker.py speaks; ``{"op": "exit"}`` or the
-    end of input ends it. Served this way so that the harness can alternate short blocks of
-    Monarch's calls with ours, both measured in the same moments of the machine."""
+    end of input ends it; ``{"op": "ddp_setup", "width": W}`` builds a DDP model in each actor
+    (``DDP_CELL``), after which ``"what": "ddp"`` calls are its training steps. Served this way
+    so that the harness can alternate short blocks of Monarch's calls with ours, both measured
+    in the same moments of the machine."""
     from monarch.actor import Actor, current_rank, endpoint, this_host
 
     class Trivial(Actor):
+        def __init__(self) -> None:
+            self.cell: dict = {}
+            exec(compile(DDP_CELL, "<notebook cell>", "exec"), self.cell)
+
         @endpoint
         def rank(self) -> int:
             return int(current_rank().rank)
+
+        @endpoint
+        def ddp_setup(self, width: int, port: int) -> int:
+            import torch
+            # as our ranks set it (the cores shared among the ranks): Monarch leaves each proc
+            # torch's default, every core, and 2 procs x 2 threads on 2 cores made a step 7-10x slower
+            torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) // 2))
+            return self.cell["ddp_setup"](width, int(current_rank().rank), 2, port)
+
+        @endpoint
+        def ddp_step(self) -> float:
+            return self.cell["ddp_step"]()
 
     started = time.perf_counter()
     procs = this_host().spawn_procs(per_host={"procs": 2})
@@ -35,12 +94,17 @@ def monarch_session(commands, reply) -> None:
     reply({"start_to_first": to_first, "values": sorted(value for _, value in first.items())})
     for line in commands:
         command = json.loads(line)
+        if command.get("op") == "ddp_setup":
+            ranks = actors.ddp_setup.call(command["width"], free_port()).get()
+            reply({"ranks": sorted(value for _, value in ranks.items())})
+            continue
         if command.get("op") != "calls":
             break
+        endpoint_of = actors.ddp_step if command.get("what") == "ddp" else actors.rank
         samples = []
         for _ in range(int(command["calls"])):
             began = time.perf_counter()
-            actors.rank.call().get()
+            endpoint_of.call().get()
             samples.append(time.perf_counter() - began)
         reply({"warm": samples})
 

@@ -30,6 +30,8 @@ from .worker import Worker, WorkerError
 
 CALLS = 100
 BLOCK = 10                # warm calls of one side before the other's, within a repeat
+DDP_STEPS, DDP_BLOCK = 30, 5   # DDP steps a side per repeat, and a side's turn
+DDP_WIDTH = 256           # the kept model: an MLP of 3 hidden layers this wide (anchor_probe.DDP_CELL)
 GOAL_VS_MONARCH = 0.5     # ours' warm median at most this share of Monarch's, and start to first call
 GOAL_TAIL = 2.0           # ours' p90 at most this many times ours' median
 GOAL_LAUNCH = {4: 1.2, 8: 1.3}   # ours / start_processes (fork), warm launch
@@ -70,8 +72,16 @@ def in_worker(op: str, command: dict) -> dict:
         _open_ranks.append((ranks, fn))
         values = ranks.run(fn)
         return {"start_to_first": time.perf_counter() - started, "values": values}
+    if op == "anchor_persistent_ddp_setup":
+        from .anchor_probe import DDP_CELL
+        ranks, _ = _open_ranks[-1]
+        main = sys.modules["__main__"]
+        exec(compile(DDP_CELL, "<notebook cell>", "exec"), main.__dict__)
+        return {"ranks": sorted(ranks.run(main.__dict__["ddp_setup"], args=(command["width"],)))}
     if op == "anchor_persistent_calls":
         ranks, fn = _open_ranks[-1]
+        if command.get("what") == "ddp":
+            fn = sys.modules["__main__"].__dict__["ddp_step"]
         samples = []
         for _ in range(command["calls"]):
             began = time.perf_counter()
@@ -119,9 +129,13 @@ class Side:
             self.worker.close()
             raise
 
-    def calls(self, count: int) -> list:
+    def calls(self, count: int, what: str = "trivial") -> list:
         return self.worker.ask(op="anchor_persistent_calls" if self.name == "ours" else "calls",
-                               calls=count)["warm"]
+                               calls=count, what=what)["warm"]
+
+    def ddp_setup(self, width: int) -> list:
+        return self.worker.ask(op="anchor_persistent_ddp_setup" if self.name == "ours" else "ddp_setup",
+                               width=width)["ranks"]
 
     def close(self) -> None:
         try:
@@ -135,11 +149,12 @@ class Side:
 
 def persistent_repeat(order: list, calls: int, log_dir: str, found: dict, errors: dict) -> None:
     """One repeat: both sides started (one start-to-first-call sample each), then their warm calls
-    in alternating blocks of BLOCK. This VM's speed moves in phases of a tenth of a second to a
-    second; 100 calls of one side and then 100 of the other fell in different phases and the
-    phases, not the code, decided the ratio (0.43x-0.60x for the same code). Blocks of a few
-    milliseconds put both sides in the same phases. Neither side uses the CPU while it waits
-    (measured: an idle Monarch or ours takes no clock tick in 3 s)."""
+    in alternating blocks of BLOCK, then a DDP model built in each side's ranks and DDP_STEPS of
+    its training steps in alternating blocks of DDP_BLOCK. This VM's speed moves in phases of a
+    tenth of a second to a second; 100 calls of one side and then 100 of the other fell in
+    different phases and the phases, not the code, decided the ratio (0.43x-0.60x for the same
+    code). Blocks of a few milliseconds put both sides in the same phases. Neither side uses the
+    CPU while it waits (measured: an idle Monarch or ours takes no clock tick in 3 s)."""
     sides: dict = {}
     try:
         for name in order:
@@ -148,28 +163,46 @@ def persistent_repeat(order: list, calls: int, log_dir: str, found: dict, errors
                 found[name]["start"].append(sides[name].start["start_to_first"])
             except (WorkerError, OSError, RuntimeError, ValueError) as exc:
                 errors[name] = f"{type(exc).__name__}: {exc}"[:300]
-        for block in range(0, calls, BLOCK):
-            for name in (order if (block // BLOCK) % 2 == 0 else order[::-1]):
-                if name in sides and name not in errors:
-                    try:
-                        found[name]["warm"] += sides[name].calls(min(BLOCK, calls - block))
-                    except (WorkerError, OSError, ValueError) as exc:
-                        errors[name] = f"{type(exc).__name__}: {exc}"[:300]
+        alternate(order, calls, BLOCK, lambda name, count: sides[name].calls(count), "warm", sides, found, errors)
+        for name in order:
+            if name in sides and name not in errors:
+                try:
+                    if sides[name].ddp_setup(DDP_WIDTH) != [0, 1]:
+                        errors[f"{name} ddp"] = "the DDP set-up did not return ranks [0, 1]"
+                except (WorkerError, OSError, ValueError) as exc:
+                    errors[f"{name} ddp"] = f"{type(exc).__name__}: {exc}"[:300]
+        alternate(order, DDP_STEPS, DDP_BLOCK, lambda name, count: sides[name].calls(count, "ddp"), "ddp",
+                  sides, found, errors)
     finally:
         for side in sides.values():
             side.close()
 
 
+def alternate(order: list, calls: int, block: int, make_calls, kind: str, sides: dict, found: dict,
+              errors: dict) -> None:
+    """``calls`` calls a side (``make_calls(name, count)``: their times) in blocks of ``block``,
+    the sides taking turns, the first of each pair changing every block; into ``found[name][kind]``.
+    A side that failed (``errors``: its name, or its name and ``kind``) makes no more."""
+    for start in range(0, calls, block):
+        for name in (order if (start // block) % 2 == 0 else order[::-1]):
+            failed = name in errors or (kind != "warm" and f"{name} {kind}" in errors)
+            if name in sides and not failed:
+                try:
+                    found[name][kind] += make_calls(name, min(block, calls - start))
+                except (WorkerError, OSError, ValueError) as exc:
+                    errors[name if kind == "warm" else f"{name} {kind}"] = f"{type(exc).__name__}: {exc}"[:300]
+
+
 def run(config: dict, log_dir: str, say) -> list:
     calls = 20 if config["quick"] else CALLS
     say(f"item 15: persistent ranks vs Monarch ({config['repeats']} x {calls} calls), launches vs torchrunx")
-    found: dict = {"ours": {"start": [], "warm": []}, "monarch": {"start": [], "warm": []}}
+    found: dict = {name: {"start": [], "warm": [], "ddp": []} for name in ("ours", "monarch")}
     errors: dict = {}
     for repeat in range(config["repeats"]):
         order = [name for name in (["ours", "monarch"] if repeat % 2 == 0 else ["monarch", "ours"])
                  if name not in errors]
         persistent_repeat(order, calls, log_dir, found, errors)
-    rows = [call_row(found, errors), start_row(found, errors)]
+    rows = [call_row(found, errors), start_row(found, errors), ddp_row(found, errors)]
     for ranks in ([4] if config["quick"] else [4, 8]):
         rows.append(launch_row(ranks, config, log_dir))
     return rows
@@ -205,6 +238,25 @@ def call_row(found: dict, errors: dict) -> Row:
                   f"Monarch {spread(monarch.samples)}")
     row.met = "yes" if vs is not None and vs <= GOAL_VS_MONARCH and tail is not None and tail <= GOAL_TAIL \
         else "**NO (missed)**"
+    return row
+
+
+def ddp_row(found: dict, errors: dict) -> Row:
+    """A training step of a DDP model kept in the ranks, each step a new call: what a warm call
+    costs beside real work (issue 45 asks for it shown beside Monarch; it has no goal of its own)."""
+    row = Row(item="15", measurement=f"a DDP step (gloo, an MLP {DDP_WIDTH} wide, batch 256) on a model kept "
+              "in 2 persistent ranks, each step a new call: `ranks.run(step)` vs Monarch `actors.step.call()"
+              ".get()` (the model built in each actor)", ranks="2", unit="s", group=15,
+              goal="— (shown beside Monarch)")
+    ours, monarch = row.cell("ours"), Cell(label="Monarch")
+    row.cells["other"] = [monarch]
+    ours.samples, monarch.samples = found["ours"]["ddp"], found["monarch"]["ddp"]
+    for cell, name in ((ours, "ours"), (monarch, "monarch")):
+        error = errors.get(name) or errors.get(f"{name} ddp")
+        if error:
+            cell.text = f"error: {error}"
+    vs = ratio(ours.median(), monarch.median())
+    row.ratios = f"ours/Monarch {fmt_ratio(vs)}"
     return row
 
 
@@ -263,7 +315,10 @@ NOTE = ("Item 15 (benchmarks/anchors.py): Monarch (torchmonarch 0.7.0) and torch
         "venvs beside torch 2.13 (`bash scripts/setup-anchors.sh`), each from a script that imported it before "
         "the clock starts. Persistent rows: each repeat starts a fresh 'ours' worker and a fresh Monarch process "
         f"(order rotating), one start-to-first-call sample each, then {CALLS} warm calls each in alternating "
-        f"blocks of {BLOCK} (this VM's speed moves in phases of 0.1-1 s); the function is a "
+        f"blocks of {BLOCK} (this VM's speed moves in phases of 0.1-1 s), then {DDP_STEPS} DDP steps each on a "
+        f"model built in each rank, in blocks of {DDP_BLOCK} (Monarch's actors set torch's threads as our ranks "
+        "do, the cores shared among the ranks: as shipped each proc keeps one per core, and 2 procs x 2 "
+        "threads on 2 cores made a step 7-10x slower here); the functions are a "
         "notebook's (`__main__`). Launch rows: ours and start_processes interleaved in their workers as item 1; "
         "torchrunx's launches one after the other in its own process after one warm-up (at most 3). The SLURM "
         "side (Monarch's SlurmJob against our SlurmCluster across two nodes) has its own command, "
