@@ -126,6 +126,13 @@ from notebook_launch.planning.net import free_port
 def quick(i):
     return i
 
+def lasting(i):
+    """A call that outlasts the call panel's delay (display/deferred.py): its panel is drawn."""
+    import time
+    from notebook_launch.display.deferred import CALL_PANEL_AFTER
+    time.sleep(CALL_PANEL_AFTER + 1.0)
+    return i
+
 def open_comms():
     """The kernel's open comms: ipykernel 6.17 keeps them on its comm manager, newer ipykernel
     through the comm package (whose manager is the kernel's)."""
@@ -146,10 +153,11 @@ print("BEFORE", open_comms(), live_widgets())
 
 @pytest.mark.timeout(900)
 def test_a_loop_of_launches_leaves_no_live_widget_behind():
-    """100 launches in one cell, then 5 calls on persistent ranks: the kernel's count of open
-    comms and of live widgets is the same after each launch as before the first, every widget
-    the kernel opened was closed (IOPub's comm_open/comm_close), and the saved notebook holds
-    one picture per panel and no widget view."""
+    """100 launches in one cell, then calls on persistent ranks: the kernel's count of open
+    comms and of live widgets is the same after each launch and call as before the first, every
+    widget the kernel opened was closed (IOPub's comm_open/comm_close), and the saved notebook
+    holds one picture per panel and no widget view. Calls over at once draw no panel at all
+    (display/deferred.py: not one comm opened); calls that last draw one each."""
     messages: list[tuple[int, str, dict]] = []   # (cell index, msg_type, content) of each IOPub message
     nb = run_notebook([
         COUNTS,
@@ -161,6 +169,10 @@ def test_a_loop_of_launches_leaves_no_live_widget_behind():
         "for i in range(5):\n"
         "    assert ranks.run(quick, args=(i,)) == [i, i]\n"
         "    after_each.add((open_comms(), live_widgets()))\n"
+        "print('EACH', sorted(after_each))",
+        "for i in range(2):\n"
+        "    assert ranks.run(lasting, args=(i,)) == [i, i]\n"
+        "    after_each.add((open_comms(), live_widgets()))\n"
         "ranks.close()\nprint('EACH', sorted(after_each))",
     ], timeout=600, messages=messages)
     errors = [o for cell in nb.cells for o in cell.outputs if o.output_type == "error"]
@@ -168,14 +180,53 @@ def test_a_loop_of_launches_leaves_no_live_widget_behind():
     before = re.search(r"BEFORE (\d+) (\d+)", printed(nb.cells[0]))
     assert before, outputs_text(nb.cells[0])[-2000:]
     expected = [(int(before[1]), int(before[2]))]
-    assert f"EACH {expected}" in printed(nb.cells[1]), outputs_text(nb.cells[1])[-2000:]
-    assert f"EACH {expected}" in printed(nb.cells[2]), outputs_text(nb.cells[2])[-2000:]
+    for index in (1, 2, 3):
+        assert f"EACH {expected}" in printed(nb.cells[index]), outputs_text(nb.cells[index])[-2000:]
     opened = [m[2]["comm_id"] for m in messages if m[1] == "comm_open"]
     closed = [m[2]["comm_id"] for m in messages if m[1] == "comm_close"]
-    assert len(opened) >= 20 * LOOP and sorted(opened) == sorted(closed)   # every model closed, once
-    assert widget_views(nb.cells[1]) == [] and widget_views(nb.cells[2]) == []
-    assert len(pictures(nb.cells[1])) == LOOP and len(pictures(nb.cells[2])) == 5 + 0
-    assert all("nl-status-done" in p.data["text/html"] for p in pictures(nb.cells[1]))
+    assert len(opened) >= 20 * (LOOP + 2) and sorted(opened) == sorted(closed)   # every model closed, once
+    assert not [m for m in messages if m[0] == 2 and m[1] == "comm_open"]   # the quick calls: no panel
+    assert all(widget_views(cell) == [] for cell in nb.cells[1:4])
+    assert [len(pictures(cell)) for cell in nb.cells[1:4]] == [LOOP, 0, 2]
+    assert all("nl-status-done" in p.data["text/html"] for cell in nb.cells[1:4] for p in pictures(cell))
+
+
+@pytest.mark.timeout(600)
+def test_a_call_draws_its_panel_once_there_is_something_to_watch():
+    """Issue 45: a call's panel (widget or HTML) is drawn when the call still runs after
+    CALL_PANEL_AFTER, when a rank prints, or when the call fails; a call over at once that went
+    well leaves no output but its value (its panel was 33 widgets and ~75 comm messages: 32 ms
+    of a 0.4 ms call in a kernel)."""
+    messages: list[tuple[int, str, dict]] = []
+    nb = run_notebook([
+        COUNTS + "\ndef printing(i):\n    print('LINE', i)\n    return i\n"
+        "def failing():\n    raise ValueError('bad batch')\n",
+        "ranks = start_ranks(2, ui='widget', use_port=free_port())",
+        "ranks.run(quick, args=(3,))",             # 2: over at once: only its value
+        "ranks.run(printing, args=(4,))",          # 3: a line: the panel, above its lines
+        "ranks.run(lasting, args=(5,))",           # 4: lasts: the panel
+        "ranks.run(failing)",                      # 5: fails at once: the failed panel's picture
+        "html = start_ranks(2, ui='html', use_port=free_port())\nhtml.run(quick, args=(6,))",   # 6
+        "html.run(lasting, args=(7,))",            # 7
+        "ranks.close(); html.close()",
+    ], timeout=600, messages=messages)
+    cells = nb.cells
+    quick_call = cells[2]
+    assert [o.output_type for o in quick_call.outputs] == ["execute_result"], quick_call.outputs
+    assert quick_call.outputs[0]["data"]["text/plain"] == "[3, 3]"
+    assert not [m for m in messages if m[0] == 2 and m[1] in ("comm_open", "display_data")]
+    assert len(pictures(cells[3])) == 1 and "LINE 4" in printed(cells[3])
+    first = [o.output_type for o in cells[3].outputs]
+    assert first.index("display_data") < first.index("stream"), first   # the panel above the lines
+    assert len(pictures(cells[4])) == 1 and "nl-status-done" in pictures(cells[4])[0].data["text/html"]
+    failed = pictures(cells[5])
+    assert len(failed) == 1 and "nl-status-failed" in failed[0].data["text/html"], cells[5].outputs
+    assert [o for o in cells[5].outputs if o.output_type == "error"][0].ename == "LaunchError"
+    assert [o.output_type for o in cells[6].outputs][-1:] == ["execute_result"]
+    assert not pictures(cells[6]), cells[6].outputs   # the HTML panel waits as the widget does
+    assert len(pictures(cells[7])) == 1, cells[7].outputs
+    assert not [o for cell in cells for o in cell.outputs if o.output_type == "error"
+                and o.ename != "LaunchError"]
 
 
 def test_widget_versions_in_this_kernel_are_reported():

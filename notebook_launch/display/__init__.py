@@ -27,7 +27,8 @@ def choose_display(ui: str | Display = "auto", *, line_prefix: str | None = None
     counted in a note; every line is in the logs); None shows every line. Only a notebook cell has
     a budget: a terminal or a CI log takes every line. ``cell_output``: the bytes of lines a run leaves
     in a cell (``cell_budget``; None: not bounded). ``call``: one call on persistent ranks, whose
-    text ends on one line when it went well (a call may take no time: four lines would be noise)."""
+    text ends on one line when it went well (a call may take no time: four lines would be noise),
+    and whose notebook panel is drawn only once the call lasts (``deferred``)."""
     # options.validate_lines_per_second checked the user's value: this is our own contract
     assert lines_per_second is None or lines_per_second >= 1, lines_per_second
     if isinstance(ui, Display):
@@ -36,12 +37,12 @@ def choose_display(ui: str | Display = "auto", *, line_prefix: str | None = None
         return Display(line_prefix=line_prefix)
     if ui == "auto":
         ui = _auto_choice()
-    if ui == "widget":
-        from .widget import WidgetDisplay
-        return WidgetDisplay(line_prefix=line_prefix, lines_per_second=lines_per_second, cell_output=cell_output)
-    if ui == "html":
-        from .html import HtmlDisplay
-        return HtmlDisplay(line_prefix=line_prefix, lines_per_second=lines_per_second, cell_output=cell_output)
+    if ui in ("widget", "html"):
+        if call:   # drawn once the call lasts (display/deferred.py): most calls are over in a millisecond
+            from .deferred import DeferredPanel
+            return DeferredPanel(lambda: _panel(ui, line_prefix, lines_per_second, cell_output), ui,
+                                 line_prefix=line_prefix)
+        return _panel(ui, line_prefix, lines_per_second, cell_output)
     if ui == "rich":
         from .rich_panel import RichDisplay
         return RichDisplay(line_prefix=line_prefix)
@@ -49,6 +50,15 @@ def choose_display(ui: str | Display = "auto", *, line_prefix: str | None = None
     return TextDisplay(line_prefix=line_prefix, stream_is_notebook=notebook,
                        summary_every=None if _is_terminal() else SUMMARY_EVERY,
                        lines_per_second=lines_per_second, brief_when_done=call, cell_output=cell_output)
+
+
+def _panel(ui: str, line_prefix: str | None, lines_per_second: int | None, cell_output: int | None) -> Display:
+    """A notebook panel: the live widget (``ui="widget"``) or the HTML one."""
+    if ui == "widget":
+        from .widget import WidgetDisplay
+        return WidgetDisplay(line_prefix=line_prefix, lines_per_second=lines_per_second, cell_output=cell_output)
+    from .html import HtmlDisplay
+    return HtmlDisplay(line_prefix=line_prefix, lines_per_second=lines_per_second, cell_output=cell_output)
 
 
 def _auto_choice() -> str:
