@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Static checks of the whole repository: ruff (every .py file and the notebooks) and mypy (the package, tests,
-# benchmarks, scripts, examples). Zero findings. The versions are pinned in pyproject's test extra; the
+# Static checks of the whole repository: ruff (every .py file and the notebooks), mypy (the package, tests,
+# benchmarks, scripts, examples) and the architecture page's package graph. Zero findings. The versions are
+# pinned in pyproject's test extra; the
 # configuration is pyproject's [tool.ruff] and [tool.mypy]. Run it as `bash scripts/lint.sh` (CI runs it
 # from scripts/test.sh). mypy takes about 3 minutes of one core with cold caches (four runs, each reading
 # torch's own types), seconds with warm ones. Its cache lives outside the clone, under the cache the host lanes use
@@ -23,4 +24,7 @@ MYPY_CACHE_DIR="$cache/all" .venv/bin/mypy || status=1
 for folder in tests/gpu tests/multinode tests/raycluster tests/slurmcluster; do
   MYPYPATH="$folder" MYPY_CACHE_DIR="$cache/${folder//\//-}" .venv/bin/mypy "$folder"/*.py || status=1
 done
+# docs/architecture.md's package graph and ownership table are the code's (each package's docstring): a
+# docstring changed without the page, or the page without the code, is a finding
+.venv/bin/python scripts/package_graph.py --check || status=1
 exit $status
