@@ -10,8 +10,8 @@ Ray's and SLURM's); ``idle`` reads the ranks between calls; ``command_frames`` i
 above this package and the engines: the pool imports no engine.
 
 Owns: ranks kept across calls: the pool (``Ranks``), one supervised call, a call over at once finished without
-a supervisor (``quick``), the transport interface each engine implements. May import: planning, scaffold, supervise, diagnose, record, display, wire, channels, the rank
-side's formats, errors; never an engine.
+a supervisor (``quick``), the transport interface each engine implements. May import: planning, scaffold,
+supervise, diagnose, record, display, wire, channels, the rank side's formats, errors; never an engine.
 """
 from __future__ import annotations
 
