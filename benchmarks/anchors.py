@@ -202,7 +202,10 @@ def run(config: dict, log_dir: str, say) -> list:
         order = [name for name in (["ours", "monarch"] if repeat % 2 == 0 else ["monarch", "ours"])
                  if name not in errors]
         persistent_repeat(order, calls, log_dir, found, errors)
-    rows = [call_row(found, errors), start_row(found, errors), ddp_row(found, errors)]
+    rows = [call_row(found, errors)]
+    from . import anchor_kernels   # the same call made from a notebook's cell
+    rows.append(anchor_kernels.run(config["repeats"], calls, log_dir))
+    rows += [start_row(found, errors), ddp_row(found, errors)]
     for ranks in ([4] if config["quick"] else [4, 8]):
         rows.append(launch_row(ranks, config, log_dir))
     return rows
@@ -319,7 +322,9 @@ NOTE = ("Item 15 (benchmarks/anchors.py): Monarch (torchmonarch 0.7.0) and torch
         f"model built in each rank, in blocks of {DDP_BLOCK} (Monarch's actors set torch's threads as our ranks "
         "do, the cores shared among the ranks: as shipped each proc keeps one per core, and 2 procs x 2 "
         "threads on 2 cores made a step 7-10x slower here); the functions are a "
-        "notebook's (`__main__`). Launch rows: ours and start_processes interleaved in their workers as item 1; "
+        "notebook's (`__main__`). The kernel row makes the same call from a Jupyter kernel's cells, a kernel of "
+        "each side's venv, cells of 10 calls taking turns (benchmarks/anchor_kernels.py). Launch rows: ours and "
+        "start_processes interleaved in their workers as item 1; "
         "torchrunx's launches one after the other in its own process after one warm-up (at most 3). The SLURM "
         "side (Monarch's SlurmJob against our SlurmCluster across two nodes) has its own command, "
         "`python -m benchmarks.monarch_slurm --repeats 5`: benchmarks/RESULTS-anchors-slurm.md.")

@@ -14,7 +14,9 @@ command -v "$PY" >/dev/null 2>&1 || PY=python3
 TORCH="torch==$(<scripts/torch-version.txt)"
 
 declare -A SPEC=([monarch]="torchmonarch==0.7.0" [torchrunx]="torchrunx==0.4.0")
-declare -A PROBE=([monarch]="import monarch.actor" [torchrunx]="import torchrunx")
+# what else each needs: Monarch's side of item 15's notebook row runs in a kernel of its venv's Python
+declare -A EXTRA=([monarch]="ipykernel" [torchrunx]="")
+declare -A PROBE=([monarch]="import monarch.actor, ipykernel" [torchrunx]="import torchrunx")
 
 build() {
   local name=$1 venv=.venv-$1
@@ -31,7 +33,8 @@ build() {
   if ! "$V" -c "${PROBE[$name]}, torch" 2>/dev/null; then
     "$V" -m pip install -q --upgrade pip
     echo "setup-anchors: installing ${SPEC[$name]} beside $TORCH into $(readlink -f "$venv")" >&2
-    bash scripts/pip-install.sh "$V" "$TORCH" "${SPEC[$name]}" psutil
+    # shellcheck disable=SC2086  # EXTRA is a list of requirements, split on purpose
+    bash scripts/pip-install.sh "$V" "$TORCH" "${SPEC[$name]}" psutil ${EXTRA[$name]}
   fi
 }
 
