@@ -150,21 +150,36 @@ notebook_launcher(hangs, num_processes=2, stall_after=2)''',
 
 # A third notebook (issue 47): the panel's layout as a person sees it, measured in the page. Two ranks
 # whose rows differ (a longer description, long output lines): the bars must still line up.
+# The ranks hold half way (logging, so never stalled) until the test has measured the live panel and
+# touches LAYOUT_MEASURED (``release``): a run of a fixed length ended, on a loaded CI machine, before the
+# page had shown rank 1's metrics, and the test then waited for a live panel that was already a picture.
+LAYOUT_MEASURED = "layout-measured"
 LAYOUT_CELLS = [
-    '''from notebook_launch import notebook_launcher, progress
+    f'''import os
+from notebook_launch import notebook_launcher, progress
 
-def layout_run(steps):
+def layout_run(steps, measured):
     import os, time
     rank = int(os.environ["RANK"])
+    held_until = time.monotonic() + 600   # the test failed without touching the file: end anyway
     for step in progress(range(steps), desc="train" if rank == 0 else "train, the longer description"):
         time.sleep(0.05)
         progress.log(loss=1.0 / (step + 1), learning_rate=0.001 * (rank + 1))
         if step % 20 == 0:
-            print(f"rank {rank} step {step} " + "a long line of output " * 5 * rank)
+            print(f"rank {{rank}} step {{step}} " + "a long line of output " * 5 * rank)
+        while step == steps // 2 and not os.path.exists(measured) and time.monotonic() < held_until:
+            time.sleep(0.05)
+            progress.log(loss=1.0 / (step + 1), learning_rate=0.001 * (rank + 1))
     return rank
 
-print("LAYOUT", notebook_launcher(layout_run, args=(400,), num_processes=2))''',
+print("LAYOUT", notebook_launcher(layout_run, args=(400, os.path.abspath("{LAYOUT_MEASURED}")), num_processes=2))''',
 ]
+
+
+def release(lab, name: str) -> None:
+    """Let a held run go on: its ranks wait, live, for this file in the notebooks' folder (the
+    kernel's working folder) while the test looks at the live panel."""
+    (lab.root / name).touch()
 
 
 @pytest.fixture
@@ -240,6 +255,7 @@ def run_layout_scenario(page, lab):
     # counts, the metrics, the resources (and a long description on a line of its own)
     assert_rows_laid_out(narrow, f"live, {narrow['output']['w']:.0f} px of output", max_lines=4)
     page.set_viewport_size({"width": 1280, "height": 800})
+    release(lab, LAYOUT_MEASURED)   # the run's second half is live at 1280 px again: its last live height
     wait_for_text(page, 0, "LAYOUT [0, 1]", 240)
     wait_ended(page, 0)
     heights = page.evaluate("window.nlHeights")
