@@ -34,7 +34,8 @@ from benchmarks.lab_driver import (
     CHROMIUM, PICTURE_BARS, cell, chromium_page, jupyterlab, open_notebook, run_cell, shut_down_kernels,
     wait_for_bars, wait_for_text, wait_ended,
 )
-ARTIFACTS = Path(__file__).resolve().parent.parent / "test-artifacts"
+TESTS = Path(__file__).resolve().parent
+ARTIFACTS = TESTS.parent / "test-artifacts"
 
 pytestmark = [
     pytest.mark.skipif(not os.path.exists(CHROMIUM), reason="needs Debian's chromium: bash scripts/system-packages.sh"),
@@ -187,9 +188,17 @@ def lab(tmp_path):
     """A JupyterLab server on 127.0.0.1 with a token, in its own config dirs (benchmarks/lab_driver.py)."""
     pytest.importorskip("playwright")
     pytest.importorskip("jupyterlab")
+    from helpers.kernel_ports import kernel_ports
+    from helpers.lab_kernels import SERVER_OPTION
     notebooks = {"panel.ipynb": CELLS, "libraries.ipynb": LIBRARY_CELLS, "layout.ipynb": LAYOUT_CELLS}
+    # The server's kernels get ports of the server's own block (helpers.lab_kernels, imported from tests/
+    # in its process), and the server a port of this process's block: none of them can be taken before
+    # it is bound, as ports bind(0) picks can (helpers.kernel_ports).
+    environ = {"NOTEBOOK_LAUNCH_LOG_DIR": str(tmp_path / "runs"),
+               "PYTHONPATH": os.pathsep.join(filter(None, [str(TESTS), os.environ.get("PYTHONPATH")]))}
     try:
-        with jupyterlab(tmp_path, {"NOTEBOOK_LAUNCH_LOG_DIR": str(tmp_path / "runs")}, notebooks) as server:
+        with jupyterlab(tmp_path, environ, notebooks, server_args=[SERVER_OPTION],
+                        port=kernel_ports(count=1)[0]) as server:
             yield server
     finally:
         if (tmp_path / "lab.log").exists():
