@@ -20,7 +20,7 @@ import time
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterator, Sequence
 
 from .common import free_port
 
@@ -65,10 +65,12 @@ class Lab:
 
 
 @contextlib.contextmanager
-def jupyterlab(folder: Path, environ: dict[str, str], notebooks: dict[str, list[str]] | None = None) -> Iterator[Lab]:
+def jupyterlab(folder: Path, environ: dict[str, str], notebooks: dict[str, list[str]] | None = None,
+               server_args: Sequence[str] = (), port: int | None = None) -> Iterator[Lab]:
     """A JupyterLab server serving ``folder/root``, its config folders under ``folder``;
     ``environ`` adds to its environment (the kernel inherits it); ``notebooks`` (name -> cells' sources)
-    are written into the root first. Ended with its process group."""
+    are written into the root first; ``server_args`` go on its command line; ``port``: where it listens
+    (default: one free now). Ended with its process group."""
     root = folder / "root"
     root.mkdir(parents=True, exist_ok=True)
     for name, cells in (notebooks or {}).items():
@@ -79,12 +81,12 @@ def jupyterlab(folder: Path, environ: dict[str, str], notebooks: dict[str, list[
     jupyter = str(Path(sys.executable).parent / "jupyter")
     subprocess.run([jupyter, "labextension", "disable", "@jupyterlab/apputils-extension:announcements"],
                    env=env, check=True, capture_output=True)
-    port, log_path = free_port(), folder / "lab.log"
+    port, log_path = port or free_port(), folder / "lab.log"
     with open(log_path, "w") as log:
         server = subprocess.Popen(
             [jupyter, "lab", "--allow-root", "--no-browser", "--ip=127.0.0.1", f"--port={port}",
              f"--IdentityProvider.token={TOKEN}", f"--ServerApp.root_dir={root}",
-             "--LabApp.expose_app_in_browser=True"],
+             "--LabApp.expose_app_in_browser=True", *server_args],
             env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         lab = Lab(f"http://127.0.0.1:{port}", TOKEN, root, log_path, server)
         try:

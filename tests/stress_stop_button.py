@@ -16,7 +16,7 @@ import re
 import sys
 import time
 
-import jupyter_client
+from helpers.nbutil import start_kernel  # tests/ is this script's folder: first on sys.path
 
 CELL = '''
 from notebook_launch import notebook_launcher, progress
@@ -77,7 +77,7 @@ def main():
     for hog in hogs:
         hog.start()
     stderr = open(args.stderr, "w")
-    km, kc = jupyter_client.manager.start_new_kernel(kernel_name="python3", stderr=stderr)
+    km, kc = start_kernel("python3", stderr=stderr)
     failures = 0
     try:
         kc.execute_interactive("import ipywidgets", timeout=300)

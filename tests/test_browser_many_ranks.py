@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 from test_browser_panel import lab  # noqa: F401  # the JupyterLab server fixture
-from test_browser_panel import ARTIFACTS, in_browser
+from test_browser_panel import ARTIFACTS, in_browser, release
 
 from benchmarks.lab_driver import CHROMIUM, cell, open_notebook, run_cell, wait_ended, wait_for_text, write_notebook
 
@@ -16,19 +16,27 @@ pytestmark = [
     pytest.mark.timeout(900),
 ]
 
-MANY = '''from notebook_launch import notebook_launcher, progress
+# The ranks hold half way (logging, so never stalled) until the test has read the live rows and
+# touches LIVE_SEEN (``release``): the live panel must not end before a loaded page has shown it.
+LIVE_SEEN = "many-live-seen"
+MANY = f'''import os
+from notebook_launch import notebook_launcher, progress
 
-def steps(n):
+def steps(n, seen):
     import os, time
     rank = int(os.environ["RANK"])
+    held_until = time.monotonic() + 600   # the test failed without touching the file: end anyway
     for i in progress(range(n), desc="train"):
         time.sleep(0.05)
         progress.log(loss=1.0 / (i + 1))
+        while i == n // 2 and not os.path.exists(seen) and time.monotonic() < held_until:
+            time.sleep(0.05)
+            progress.log(loss=1.0 / (i + 1))
     if rank == 13:
         raise ValueError("rank 13 gives up at the end")
     return rank
 
-notebook_launcher(steps, args=(100,), num_processes=32, start_method="fork")'''
+notebook_launcher(steps, args=(100, os.path.abspath("{LIVE_SEEN}")), num_processes=32, start_method="fork")'''
 
 # Every row of one cell's panel (live or picture): its kind and where its bar starts.
 ROWS = """(index) => {
@@ -51,6 +59,7 @@ def run_many(page, server):
     cell(page, 0).screenshot(path=str(ARTIFACTS / "panel-many-live.png"))
     check_rows(live, "live")
     assert live["live"] and "32 ranks" in live["header"], live["header"]
+    release(server, LIVE_SEEN)
     wait_for_text(page, 0, "rank 13 gives up at the end", 300)
     wait_ended(page, 0)
     picture = page.evaluate(ROWS, 0)

@@ -34,7 +34,8 @@ from benchmarks.lab_driver import (
     CHROMIUM, PICTURE_BARS, cell, chromium_page, jupyterlab, open_notebook, run_cell, shut_down_kernels,
     wait_for_bars, wait_for_text, wait_ended,
 )
-ARTIFACTS = Path(__file__).resolve().parent.parent / "test-artifacts"
+TESTS = Path(__file__).resolve().parent
+ARTIFACTS = TESTS.parent / "test-artifacts"
 
 pytestmark = [
     pytest.mark.skipif(not os.path.exists(CHROMIUM), reason="needs Debian's chromium: bash scripts/system-packages.sh"),
@@ -150,21 +151,36 @@ notebook_launcher(hangs, num_processes=2, stall_after=2)''',
 
 # A third notebook (issue 47): the panel's layout as a person sees it, measured in the page. Two ranks
 # whose rows differ (a longer description, long output lines): the bars must still line up.
+# The ranks hold half way (logging, so never stalled) until the test has measured the live panel and
+# touches LAYOUT_MEASURED (``release``): a run of a fixed length ended, on a loaded CI machine, before the
+# page had shown rank 1's metrics, and the test then waited for a live panel that was already a picture.
+LAYOUT_MEASURED = "layout-measured"
 LAYOUT_CELLS = [
-    '''from notebook_launch import notebook_launcher, progress
+    f'''import os
+from notebook_launch import notebook_launcher, progress
 
-def layout_run(steps):
+def layout_run(steps, measured):
     import os, time
     rank = int(os.environ["RANK"])
+    held_until = time.monotonic() + 600   # the test failed without touching the file: end anyway
     for step in progress(range(steps), desc="train" if rank == 0 else "train, the longer description"):
         time.sleep(0.05)
         progress.log(loss=1.0 / (step + 1), learning_rate=0.001 * (rank + 1))
         if step % 20 == 0:
-            print(f"rank {rank} step {step} " + "a long line of output " * 5 * rank)
+            print(f"rank {{rank}} step {{step}} " + "a long line of output " * 5 * rank)
+        while step == steps // 2 and not os.path.exists(measured) and time.monotonic() < held_until:
+            time.sleep(0.05)
+            progress.log(loss=1.0 / (step + 1), learning_rate=0.001 * (rank + 1))
     return rank
 
-print("LAYOUT", notebook_launcher(layout_run, args=(400,), num_processes=2))''',
+print("LAYOUT", notebook_launcher(layout_run, args=(400, os.path.abspath("{LAYOUT_MEASURED}")), num_processes=2))''',
 ]
+
+
+def release(lab, name: str) -> None:
+    """Let a held run go on: its ranks wait, live, for this file in the notebooks' folder (the
+    kernel's working folder) while the test looks at the live panel."""
+    (lab.root / name).touch()
 
 
 @pytest.fixture
@@ -172,9 +188,17 @@ def lab(tmp_path):
     """A JupyterLab server on 127.0.0.1 with a token, in its own config dirs (benchmarks/lab_driver.py)."""
     pytest.importorskip("playwright")
     pytest.importorskip("jupyterlab")
+    from helpers.kernel_ports import kernel_ports
+    from helpers.lab_kernels import SERVER_OPTION
     notebooks = {"panel.ipynb": CELLS, "libraries.ipynb": LIBRARY_CELLS, "layout.ipynb": LAYOUT_CELLS}
+    # The server's kernels get ports of the server's own block (helpers.lab_kernels, imported from tests/
+    # in its process), and the server a port of this process's block: none of them can be taken before
+    # it is bound, as ports bind(0) picks can (helpers.kernel_ports).
+    environ = {"NOTEBOOK_LAUNCH_LOG_DIR": str(tmp_path / "runs"),
+               "PYTHONPATH": os.pathsep.join(filter(None, [str(TESTS), os.environ.get("PYTHONPATH")]))}
     try:
-        with jupyterlab(tmp_path, {"NOTEBOOK_LAUNCH_LOG_DIR": str(tmp_path / "runs")}, notebooks) as server:
+        with jupyterlab(tmp_path, environ, notebooks, server_args=[SERVER_OPTION],
+                        port=kernel_ports(count=1)[0]) as server:
             yield server
     finally:
         if (tmp_path / "lab.log").exists():
@@ -240,6 +264,7 @@ def run_layout_scenario(page, lab):
     # counts, the metrics, the resources (and a long description on a line of its own)
     assert_rows_laid_out(narrow, f"live, {narrow['output']['w']:.0f} px of output", max_lines=4)
     page.set_viewport_size({"width": 1280, "height": 800})
+    release(lab, LAYOUT_MEASURED)   # the run's second half is live at 1280 px again: its last live height
     wait_for_text(page, 0, "LAYOUT [0, 1]", 240)
     wait_ended(page, 0)
     heights = page.evaluate("window.nlHeights")

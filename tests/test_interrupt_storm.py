@@ -136,13 +136,9 @@ KERNEL_CHECK = textwrap.dedent("""
 
 
 def test_repeated_interrupts_in_a_kernel_leave_the_panel_stopped_and_nothing_behind(tmp_path):
-    from jupyter_client.kernelspec import KernelSpecManager
-    from jupyter_client.manager import KernelManager
+    from helpers.nbutil import kernel_manager
 
-    from helpers.nbutil import KERNEL_NAME, kernel_spec_dir
-
-    km = KernelManager(kernel_name=KERNEL_NAME,
-                       kernel_spec_manager=KernelSpecManager(kernel_dirs=[kernel_spec_dir()]))
+    km = kernel_manager()
     km.start_kernel()
     client = km.client()
     client.start_channels()

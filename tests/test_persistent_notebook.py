@@ -8,7 +8,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from helpers.nbutil import IOPUB_TIMEOUT, KERNEL_NAME, cell_text, kernel_spec_dir, make_notebook, stop_kernel
+from helpers.nbutil import IOPUB_TIMEOUT, cell_text, kernel_manager, make_notebook, stop_kernel
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -78,13 +78,10 @@ def crash():
 def execute_with_interrupts(nb, cwd, markers, ranks=2):
     """Run every cell; interrupt the kernel (as the notebook's stop button does) once every
     rank has written its marker, i.e. while the interrupt cell's ranks run."""
-    from jupyter_client.kernelspec import KernelSpecManager
-    from jupyter_client.manager import KernelManager
     from jupyter_client.provisioning.local_provisioner import LocalProvisioner
     from nbclient import NotebookClient
 
-    km = KernelManager(kernel_name=KERNEL_NAME,
-                       kernel_spec_manager=KernelSpecManager(kernel_dirs=[kernel_spec_dir()]))
+    km = kernel_manager()
     client = NotebookClient(nb, km=km, timeout=240, allow_errors=True, resources={"metadata": {"path": cwd}},
                             iopub_timeout=IOPUB_TIMEOUT)
     done = threading.Event()

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
-from helpers.nbutil import KERNEL_NAME, cell_text, kernel_spec_dir, make_notebook, run_notebook
+from helpers.nbutil import cell_text, kernel_manager, make_notebook, run_notebook
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="fork ranks: Linux")
 
@@ -25,10 +25,7 @@ class Exchange:
 
 @pytest.fixture(scope="module")
 def kernel():
-    from jupyter_client.kernelspec import KernelSpecManager
-    from jupyter_client.manager import KernelManager
-    km = KernelManager(kernel_name=KERNEL_NAME,
-                       kernel_spec_manager=KernelSpecManager(kernel_dirs=[kernel_spec_dir()]))
+    km = kernel_manager()
     km.start_kernel(cwd=os.getcwd())
     client = km.client()
     client.start_channels()

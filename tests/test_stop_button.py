@@ -7,6 +7,7 @@ import re
 import time
 
 import pytest
+from helpers.nbutil import start_kernel
 from helpers.only_users_code import traces_of_ours
 
 jupyter_client = pytest.importorskip("jupyter_client")
@@ -28,7 +29,7 @@ notebook_launcher(train_slow, args=(100_000,), num_processes=2)
 def test_stop_button_click_interrupts_the_run_and_later_cells_still_run(tmp_path):
     # The kernel's stderr goes to a file: a libzmq abort ("Bad file descriptor") shows there.
     stderr = open(tmp_path / "kernel-stderr.log", "w")
-    km, kc = jupyter_client.manager.start_new_kernel(kernel_name="python3", stderr=stderr)
+    km, kc = start_kernel("python3", stderr=stderr)
     try:
         kc.execute_interactive("import ipywidgets", timeout=120)
         for _round in range(2):   # twice in one kernel: a kernel killed by the first Stop shows here

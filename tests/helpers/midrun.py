@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from helpers.nbutil import IOPUB_TIMEOUT, KERNEL_NAME, kernel_spec_dir, stop_kernel
+from helpers.nbutil import IOPUB_TIMEOUT, kernel_manager, stop_kernel
 
 WIDGET_STATE = "application/vnd.jupyter.widget-state+json"
 
@@ -19,10 +19,8 @@ WIDGET_STATE = "application/vnd.jupyter.widget-state+json"
 def executing(nb: Any, cwd: str, timeout: int = 600) -> Iterator[Any]:
     """Yields the nbclient client while its cells run on a thread; on the way out waits for them
     (the test has let the run end) and stops the kernel. ``client.error`` holds what execute raised."""
-    from jupyter_client.kernelspec import KernelSpecManager
-    from jupyter_client.manager import KernelManager
     from nbclient import NotebookClient
-    km = KernelManager(kernel_name=KERNEL_NAME, kernel_spec_manager=KernelSpecManager(kernel_dirs=[kernel_spec_dir()]))
+    km = kernel_manager()
     client = NotebookClient(nb, km=km, timeout=timeout, allow_errors=True, resources={"metadata": {"path": cwd}},
                             store_widget_state=True, iopub_timeout=IOPUB_TIMEOUT)
     client.error = None   # type: ignore[attr-defined]  # what execute raised, for the test

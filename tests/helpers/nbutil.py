@@ -2,7 +2,8 @@
 
 The kernelspec lives in a private temporary folder and names ``sys.executable``,
 so a ``python3`` kernelspec installed elsewhere on the machine (another Python,
-without notebook_launch) can never be picked by mistake.
+without notebook_launch) can never be picked by mistake. Every kernel made here
+listens on ports of this process's own block (``helpers.kernel_ports``: why).
 """
 from __future__ import annotations
 
@@ -16,6 +17,8 @@ from typing import Any
 
 import nbformat
 from nbclient.exceptions import CellExecutionError  # noqa: F401  (re-exported for tests)
+
+from helpers.kernel_ports import kernel_manager_class
 
 KERNEL_NAME = "notebook-launch-tests"
 # How long nbclient waits, after a cell's execute_reply, for the rest of its IOPub output (up to the
@@ -42,6 +45,32 @@ def kernel_spec_dir() -> str:
     return _kernel_dir
 
 
+def kernel_manager(kernel_name: str = KERNEL_NAME) -> Any:
+    """A (not yet started) manager of a test kernel: this interpreter's (``KERNEL_NAME``, the private
+    kernelspec) or an installed one (``python3``), on ports from this process's block."""
+    from jupyter_client.kernelspec import KernelSpecManager
+    if kernel_name != KERNEL_NAME:   # an installed kernel: found where Jupyter looks
+        return kernel_manager_class()(kernel_name=kernel_name)
+    specs = KernelSpecManager(kernel_dirs=[kernel_spec_dir()])
+    return kernel_manager_class()(kernel_name=KERNEL_NAME, kernel_spec_manager=specs)
+
+
+def start_kernel(kernel_name: str = KERNEL_NAME, **start: Any) -> tuple[Any, Any]:
+    """``jupyter_client.manager.start_new_kernel`` on ports from this process's block
+    (``kernel_manager``): the manager and a ready client; ``start``: what ``start_kernel`` takes."""
+    km = kernel_manager(kernel_name)
+    km.start_kernel(**start)
+    kc = km.client()
+    kc.start_channels()
+    try:
+        kc.wait_for_ready(timeout=120)
+    except RuntimeError:
+        kc.stop_channels()
+        km.shutdown_kernel(now=True)
+        raise
+    return km, kc
+
+
 def run_notebook(path_or_nb, *, cwd=None, timeout: int = 600, allow_errors: bool = False,
                  store_widget_state: bool = True, messages: list | None = None):
     """Execute every cell in a fresh kernel and return the executed notebook (nbformat node).
@@ -51,8 +80,6 @@ def run_notebook(path_or_nb, *, cwd=None, timeout: int = 600, allow_errors: bool
     IOPub message the cells got is appended to it as (cell index, msg_type, content):
     the notebook itself keeps only the result of update_display_data and clear_output.
     """
-    from jupyter_client.kernelspec import KernelSpecManager
-    from jupyter_client.manager import KernelManager
     from nbclient import NotebookClient
 
     if isinstance(path_or_nb, (str, Path)):
@@ -60,8 +87,7 @@ def run_notebook(path_or_nb, *, cwd=None, timeout: int = 600, allow_errors: bool
         cwd = cwd or str(Path(path_or_nb).resolve().parent)
     else:
         nb = path_or_nb
-    km = KernelManager(kernel_name=KERNEL_NAME,
-                       kernel_spec_manager=KernelSpecManager(kernel_dirs=[kernel_spec_dir()]))
+    km = kernel_manager()
     client_class = NotebookClient if messages is None else _recording_client(NotebookClient, messages)
     client = client_class(nb, km=km, timeout=timeout, allow_errors=allow_errors,
                             resources={"metadata": {"path": cwd or "."}},
@@ -82,8 +108,9 @@ def stop_kernel(client, km) -> None:
 
     The heartbeat channel is stopped apart, with a bounded join: jupyter_client picks the kernel's
     ports by binding port 0 and closing it, and the kernel binds them a second or more later; on a
-    busy machine another process can take one in between. When that is the heartbeat port the
-    kernel runs without a heartbeat ("Address already in use" from its Heartbeat thread) and the
+    busy machine another process could take one in between (the tests' kernels now get ports no one
+    else is handed, ``helpers.kernel_ports``; a kernel started another way still can). When that was
+    the heartbeat port the kernel ran without a heartbeat ("Address already in use" from its Heartbeat thread) and the
     client's channel, connected to whatever holds the port, can sit in an ``await socket.send``
     that its ``stop()`` never wakes: ``join()`` without a timeout hung the test (seen on
     jupyter_client 7.4.9). The kernel manager, not the heartbeat, tells nbclient whether the kernel
@@ -150,9 +177,7 @@ def cell_text(cell) -> str:
 def running_kernel(cwd: str) -> Iterator[tuple[Any, Any]]:
     """A real kernel of this interpreter and its client, ready; shut down (or cleaned up, when a
     test killed it) on the way out. Yields (kernel manager, client)."""
-    from jupyter_client.kernelspec import KernelSpecManager
-    from jupyter_client.manager import KernelManager
-    km = KernelManager(kernel_name=KERNEL_NAME, kernel_spec_manager=KernelSpecManager(kernel_dirs=[kernel_spec_dir()]))
+    km = kernel_manager()
     km.start_kernel(cwd=cwd)
     client = km.client()
     client.start_channels()

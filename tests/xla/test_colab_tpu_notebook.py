@@ -11,6 +11,7 @@ import os
 from pathlib import Path
 
 import pytest
+from helpers.kernel_ports import kernel_manager_class
 
 pytest.importorskip("torch_xla", reason="torch_xla is not installed: run bash scripts/test-xla.sh")
 nbformat = pytest.importorskip("nbformat")
@@ -36,6 +37,7 @@ def test_colab_tpu_notebook_runs_as_it_is(tmp_path, monkeypatch):
     monkeypatch.setenv("NOTEBOOK_LAUNCH_LOG_DIR", str(tmp_path / "runs"))
     nb = nbformat.read(NOTEBOOK, as_version=4)
     client = nbclient.NotebookClient(nb, timeout=600, kernel_name="python3",
+                                     kernel_manager_class=kernel_manager_class(),   # ports: helpers.kernel_ports
                                      resources={"metadata": {"path": str(tmp_path)}})
     client.execute()   # raises CellExecutionError if any cell fails
     code = [c for c in nb.cells if c.cell_type == "code"]
