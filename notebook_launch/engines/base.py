@@ -167,9 +167,16 @@ def _start_guarded(plan: "LaunchPlan", pipes_by_rank: Sequence[RankPipes],
         for run_id, pids in runs.items():
             leftovers.guard(run_id, *pids)
     except BaseException:
-        for process in processes:
-            process.kill()
-            process.wait()
-            process.release()
+        end_started(processes)
         raise
     return processes
+
+
+def end_started(processes: Sequence[RankProcess]) -> None:
+    """Kill, reap and release ranks that no supervisor holds: a start that failed part way, or a
+    run whose supervisor could not be set up (an interrupt then). Nothing a half-started run
+    started survives it."""
+    for process in processes:
+        process.kill()
+        process.wait()
+        process.release()

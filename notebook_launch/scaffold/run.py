@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, TypeVar
 
 from . import restarts
-from ..engines.base import Launcher, StartFailed, StartWatch
+from ..engines.base import Launcher, StartFailed, StartWatch, end_started
 from ..channels import RankPipes
 from ..display.base import Display
 from ..display.display_relay import RankDisplays
@@ -72,10 +72,14 @@ def supervise_ranks(ctx: RunContext, job: Job, launcher: Launcher | None = None)
             processes = launcher.start(ctx.plan, job, channels)
         except StartFailed as failed:
             raise outcome.cluster_error(failed.text, ctx.state, rank=failed.rank, kind=failed.kind) from None
-        supervisor = Supervisor(processes, channels, ctx.state, ctx.display, ctx.logs,
-                                timeout=options.timeout, poll_interval=options.poll_interval,
-                                rank_displays=ctx.rank_displays, stall_after=options.stall_after)
-        supervisor.timeout_spent, supervisor.timeout_note = launcher.timeout_spent, launcher.timeout_note
+        try:
+            supervisor = Supervisor(processes, channels, ctx.state, ctx.display, ctx.logs,
+                                    timeout=options.timeout, poll_interval=options.poll_interval,
+                                    rank_displays=ctx.rank_displays, stall_after=options.stall_after)
+            supervisor.timeout_spent, supervisor.timeout_note = launcher.timeout_spent, launcher.timeout_note
+        except BaseException:   # an interrupt (or an error) before the supervisor holds the ranks
+            end_started(processes)
+            raise
         return supervisor.run()
     finally:
         try:

@@ -39,6 +39,7 @@ from torch.distributed.elastic.agent.server.api import (  # noqa: E402  (torch i
 
 from ...errors.best_effort import best_effort
 from ...channels import RankPipes
+from ..base import end_started
 from ...errors import LaunchError
 from ...planning.net import free_port, interface_toward, is_loopback
 from ...notebook.notebook_streams import OUT
@@ -110,9 +111,13 @@ class NotebookElasticAgent(SimpleElasticAgent):
         # Stall marking needs every rank in view: on several nodes, ranks waiting here may wait on
         # ranks working on another node, which this node cannot see (the timeout's verdict covers all).
         stall_after = ctx.run.options.stall_after if worker_group.group_world_size == 1 else None
-        self.sup = AttemptSupervisor(processes, self.pipes, ctx.run.state, ctx.run.display, ctx.run.logs,
-                                     timeout=ctx.timeout, poll_interval=ctx.poll_interval,
-                                     rank_displays=ctx.run.rank_displays, stall_after=stall_after)
+        try:
+            self.sup = AttemptSupervisor(processes, self.pipes, ctx.run.state, ctx.run.display, ctx.run.logs,
+                                         timeout=ctx.timeout, poll_interval=ctx.poll_interval,
+                                         rank_displays=ctx.run.rank_displays, stall_after=stall_after)
+        except BaseException:   # an interrupt (or an error) before a supervisor holds the ranks
+            end_started(processes)
+            raise
         self.sup.board = self.board
         return self.sup.pids()
 

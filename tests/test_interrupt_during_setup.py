@@ -1,0 +1,56 @@
+"""An interrupt that comes once the ranks run but before the supervisor holds them (while it is
+set up: its watcher, the first round of each rank's resources, its hang watch) ends the ranks as
+any interrupt does. It used to leave them running: the py314 lane's
+test_interrupting_the_notebook_stops_spawned_ranks found two ranks alive after the notebook's
+KeyboardInterrupt (in a kernel they would have run on). The interrupt is raised from the real
+supervisor's set-up once every rank has begun the user's function, so the window is hit every
+time, not by a timer."""
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+
+from notebook_launch import notebook_launcher
+from notebook_launch.supervise.supervisor import Supervisor
+
+from helpers.processes import children, running
+
+SLEEPER = '''
+def sleeper(folder):
+    import os, time
+    open(os.path.join(folder, str(os.getpid())), "w").close()
+    time.sleep(600)
+'''
+
+
+def sleeper_function():
+    namespace: dict = {}
+    exec(compile(SLEEPER, "<cell>", "exec"), namespace)
+    return namespace["sleeper"]
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("start_method", ["fork", "spawn"])
+def test_an_interrupt_while_the_supervisor_is_set_up_ends_the_ranks(tmp_path, monkeypatch, start_method):
+    pids = tmp_path / "pids"
+    pids.mkdir()
+    set_up = Supervisor.__init__
+
+    def interrupted_set_up(self, *args, **kwargs):
+        deadline = time.monotonic() + 120
+        while len(os.listdir(pids)) < 2 and time.monotonic() < deadline:   # both ranks run the function
+            time.sleep(0.05)
+        set_up(self, *args, **kwargs)
+        raise KeyboardInterrupt   # as Ctrl-C would, before run() holds the ranks
+
+    monkeypatch.setattr(Supervisor, "__init__", interrupted_set_up)
+    with pytest.raises(KeyboardInterrupt):
+        notebook_launcher(sleeper_function(), args=(str(pids),), num_processes=2, start_method=start_method,
+                          ui="none", log_dir=str(tmp_path / "logs"))
+    rank_pids = [int(name) for name in os.listdir(pids)]
+    assert len(rank_pids) == 2
+    left = [p for p in running(children()) if p.pid in rank_pids]
+    assert not left, f"ranks still running after the interrupt: {left}"
+    assert not any(os.path.exists(f"/proc/{pid}") for pid in rank_pids), "a rank was not reaped"
