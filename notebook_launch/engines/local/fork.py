@@ -40,6 +40,7 @@ class ForkBackend(Launcher):
         from ...rank.bootstrap import signals_to_reset
         from ...rank.fork_entry import fds_to_close, run_forked_rank
         from ...rank.group.process_groups import patch_before_forks
+        from ...rank.integrations.tqdm_bridge import hook_before_forks
 
         # what the ranks would import after the fork (torch._dynamo for training), said in their rows
         warm_for(job.function, say=self.start_watch.phase)
@@ -47,7 +48,8 @@ class ForkBackend(Launcher):
 
         parent_pid = os.getpid()
         signals = signals_to_reset()   # read here, once: each rank then sets only those that differ
-        patch_before_forks()   # once, inert in the notebook: a rank turns it on (issue 45)
+        patch_before_forks()   # once each, inert in the notebook: a rank turns them on (issue 45)
+        hook_before_forks()
 
         def child_of(spec: "RankSpec", inherited: list[tuple[bytes, bytes]] | None) -> Callable[[], NoReturn]:
             pipes = channels[spec.local_rank]
