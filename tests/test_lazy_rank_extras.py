@@ -72,9 +72,12 @@ def draws_a_bar_made_in_the_notebook(bar):
 
 
 def test_a_bar_made_in_the_notebook_before_the_launch_writes_nothing_in_a_rank():
-    """Such a bar has no ``__new__`` left to run in the rank: tqdm is patched at the rank's start."""
+    """Such a bar has no ``__new__`` left to run in the rank: tqdm is patched at the rank's start.
+    The bar writes to fd 2 (``sys.__stderr__``), which in a rank is its stderr pipe: a bar's text
+    written to pytest's ``sys.stderr`` in a rank did not reach the display, and the test passed
+    with the patch left out."""
     tqdm = pytest.importorskip("tqdm").tqdm
-    bar = tqdm(total=5, file=sys.stderr, mininterval=0)
+    bar = tqdm(total=5, file=sys.__stderr__, mininterval=0)
     try:
         display = KeepStateDisplay()
         assert notebook_launcher(draws_a_bar_made_in_the_notebook, args=(bar,), num_processes=2,

@@ -42,6 +42,7 @@ class _Discard:
 
 _active = False   # True in a rank: the first-bar hook made in the notebook acts there only
 _FIRST_BAR = "_notebook_launch_first_bar"
+_hooked: Any = None   # the tqdm class the notebook hooked before the forks (``hook_before_forks``)
 
 
 def hook_before_forks() -> None:
@@ -50,13 +51,15 @@ def hook_before_forks() -> None:
     frame), so a forked rank only turns it on. Set in each rank, ``tqdm.__new__`` updated the
     slots of tqdm and of every subclass, about 0.3 ms of every rank's CPU, most of it the
     notebook's pages that wrote to, copied after the fork (issue 45). Nothing is imported for it."""
-    std = sys.modules.get("tqdm.std")
-    base = getattr(std, "tqdm", None)
-    if base is None or getattr(base, _PATCHED_ATTR, False):
-        return
-    new = base.__dict__.get("__new__")
-    if isinstance(new, staticmethod) and not getattr(new.__func__, _FIRST_BAR, False):
-        _hook_first_bar(std, new)
+    global _hooked
+    _hooked = None
+    base = getattr(sys.modules.get("tqdm.std"), "tqdm", None)
+    new = getattr(base, "__dict__", {}).get("__new__")
+    if not isinstance(new, staticmethod) or getattr(base, _PATCHED_ATTR, False):
+        return   # not imported, or not a tqdm this bridge knows: the rank decides, as before
+    if not getattr(new.__func__, _FIRST_BAR, False):
+        _hook_first_bar(sys.modules["tqdm.std"], new)
+    _hooked = base
 
 
 def install(spec: Any = None) -> bool:
@@ -64,10 +67,19 @@ def install(spec: Any = None) -> bool:
     that never uses tqdm does not pay for importing it); False when tqdm is not installed."""
     global _active
     _active = True
+    if _hooked is not None and not _bars_alive(_hooked):
+        return True   # the notebook's hook, on now (the checks below cost a forked rank 0.15 ms)
     if "tqdm" not in sys.modules and importlib.util.find_spec("tqdm") is None:
         return False
     after_import("tqdm.std", _patch_on_first_bar)
     return True
+
+
+def _bars_alive(base: Any) -> bool:
+    """Whether a bar of ``base`` may be alive (its weak set's own set: ``len`` of the WeakSet runs
+    Python; a dead bar not yet dropped only patches tqdm sooner)."""
+    instances = getattr(base, "_instances", None)
+    return bool(getattr(instances, "data", instances))
 
 
 def _patch_on_first_bar(std: Any) -> None:
