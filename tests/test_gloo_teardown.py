@@ -97,3 +97,34 @@ def test_a_kept_group_is_let_go_before_the_next_init():
     """One rank, so no other rank can race the second rendezvous."""
     [result] = notebook_launcher(_destroy_free_then_init_again, num_processes=1, ui="text", timeout=120)
     assert result == {"kept": 1, "after_reinit": 0, "sum": 1.0}
+
+
+def _ddp_in_this_process(port: int) -> int:
+    """Build a DDP model on a one-process gloo group here; how many groups the patch then keeps."""
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from notebook_launch.rank.group import process_groups
+    store = dist.TCPStore("127.0.0.1", port, 1, is_master=True, timeout=timedelta(seconds=60))
+    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+    try:
+        model = DDP(torch.nn.Linear(2, 2))
+        model(torch.ones(1, 2)).sum().backward()
+        return len(process_groups._kept)
+    finally:
+        dist.destroy_process_group()
+
+
+def test_the_patch_is_made_in_the_notebook_once_and_does_nothing_there():
+    """The patch is made in the notebook before a launch's forks (issue 45: made in every rank it
+    cost each a third of a millisecond) and turned on in the ranks only: DDP and the rendezvous in
+    the notebook itself keep no group, before and after a launch, while its ranks keep theirs."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from notebook_launch.planning.net import free_port
+    from notebook_launch.rank.group import process_groups
+    [in_rank] = notebook_launcher(_destroy_free_then_init_again, num_processes=1, ui="text", timeout=120)
+    assert in_rank["kept"] == 1
+    assert hasattr(DDP.__init__, "__wrapped__") and process_groups._patched_before_forks
+    assert not process_groups._active and _ddp_in_this_process(free_port()) == 0
+    assert not process_groups._kept

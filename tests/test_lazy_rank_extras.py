@@ -72,9 +72,12 @@ def draws_a_bar_made_in_the_notebook(bar):
 
 
 def test_a_bar_made_in_the_notebook_before_the_launch_writes_nothing_in_a_rank():
-    """Such a bar has no ``__new__`` left to run in the rank: tqdm is patched at the rank's start."""
+    """Such a bar has no ``__new__`` left to run in the rank: tqdm is patched at the rank's start.
+    The bar writes to fd 2 (``sys.__stderr__``), which in a rank is its stderr pipe: a bar's text
+    written to pytest's ``sys.stderr`` in a rank did not reach the display, and the test passed
+    with the patch left out."""
     tqdm = pytest.importorskip("tqdm").tqdm
-    bar = tqdm(total=5, file=sys.stderr, mininterval=0)
+    bar = tqdm(total=5, file=sys.__stderr__, mininterval=0)
     try:
         display = KeepStateDisplay()
         assert notebook_launcher(draws_a_bar_made_in_the_notebook, args=(bar,), num_processes=2,
@@ -120,3 +123,35 @@ def test_a_bar_from_tqdm_imported_only_after_the_rank_started_reaches_the_panel(
         [tests, os.path.dirname(tests), os.environ.get("PYTHONPATH", "")]))
     out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=300)
     assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stdout + out.stderr
+
+
+def draws_a_bar():
+    from tqdm.auto import tqdm
+    for _ in tqdm(range(20), desc="in the rank", mininterval=0):
+        pass
+    return True
+
+
+def test_the_first_bar_hook_is_put_on_in_the_notebook_and_does_nothing_there():
+    """The first-bar hook is put on tqdm in the notebook before the forks (issue 45: set in every
+    rank it cost each a third of a millisecond) and acts in the ranks only: their bars reach the
+    panel, while a bar the notebook makes after the launch is tqdm's own, unpatched, writing its
+    text where it was told, and the hook stays as it was (put on once, never taken off there)."""
+    tqdm_std = pytest.importorskip("tqdm.std")
+    import io
+
+    from notebook_launch.rank.integrations import tqdm_bridge
+    display = KeepStateDisplay()
+    assert notebook_launcher(draws_a_bar, num_processes=2, ui=display) == [True, True]
+    for rs in display.state.ranks:
+        bars = {bar.desc: bar for bar in rs.bars.values()}
+        assert (bars["in the rank"].n, bars["in the rank"].closed) == (20, True), bars
+    hook = tqdm_std.tqdm.__dict__["__new__"]
+    assert getattr(hook.__func__, "_notebook_launch_first_bar", False) and not tqdm_bridge._active
+    text = io.StringIO()
+    for _ in tqdm_std.tqdm(range(7), file=text, mininterval=0, ascii=True):
+        pass
+    assert "7/7" in text.getvalue() and not hasattr(tqdm_std.tqdm, "_panel_sync"), text.getvalue()
+    assert tqdm_std.tqdm.__dict__["__new__"] is hook
+    assert notebook_launcher(draws_a_bar, num_processes=1, ui=KeepStateDisplay()) == [True]
+    assert tqdm_std.tqdm.__dict__["__new__"] is hook

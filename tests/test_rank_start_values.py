@@ -38,6 +38,50 @@ def test_a_ranks_environment_is_the_same_to_python_c_and_its_children():
         assert seen["RANK"][0] == str(rank) and seen["WORLD_SIZE"][0] == "2", seen
 
 
+def environment_after_changes() -> dict:
+    """What the rank's environment reads after the rank changes it: a variable changed, one
+    added, one removed, each through ``os.environ`` (the C library's setenv and unsetenv on the
+    environment the rank was given), as Python, ``os.environb``, ``getenv`` and a shell see them."""
+    libc = ctypes.CDLL(None)
+    libc.getenv.restype = ctypes.c_char_p
+    os.environ["RANK"] = "changed-" + os.environ["RANK"]
+    os.environ["NL_TEST_ADDED"] = "added"
+    del os.environ["NL_TEST_REMOVED"]
+    shell = subprocess.run(["sh", "-c", 'echo "$RANK|$NL_TEST_ADDED|${NL_TEST_REMOVED-unset}|$NL_TEST_C_ONLY"'],
+                           capture_output=True, text=True, check=True).stdout.strip()
+    status = os.system('test "$NL_TEST_ADDED" = added && test -z "${NL_TEST_REMOVED+x}"')
+    c = [(libc.getenv(name) or b"unset").decode() for name in (b"RANK", b"NL_TEST_ADDED", b"NL_TEST_REMOVED",
+                                                                  b"NL_TEST_C_ONLY")]
+    return {"python": [os.environ["RANK"], os.environ.get("NL_TEST_ADDED"), os.environ.get("NL_TEST_REMOVED", "unset")],
+            "environb": [os.environb[b"RANK"].decode(), os.environb.get(b"NL_TEST_ADDED", b"").decode(),
+                         os.environb.get(b"NL_TEST_REMOVED", b"unset").decode()],
+            "getenv_py": os.getenv("WORLD_SIZE"), "c": c, "shell": shell, "system": status,
+            "c_only_in_python": os.environ.get("NL_TEST_C_ONLY")}
+
+
+def test_a_rank_changes_its_environment_as_any_process_does():
+    """The rank's environment is built whole in the notebook and the rank points the C library's
+    ``environ`` and ``os.environ`` at it (issue 45): changing it afterwards, a child process and
+    ``os.environb`` behave as they would after ``putenv``. A variable the notebook set for the C
+    library alone (``os.putenv``) is in the rank's C environment and not in its ``os.environ``,
+    as before; and the notebook's own environment is left as it was."""
+    os.environ["NL_TEST_REMOVED"] = "here"
+    os.putenv("NL_TEST_C_ONLY", "c-only")
+    before = dict(os.environ)
+    try:
+        results = notebook_launcher(environment_after_changes, num_processes=2, use_port=free_port())
+    finally:
+        del os.environ["NL_TEST_REMOVED"]
+        os.unsetenv("NL_TEST_C_ONLY")
+    for rank, seen in enumerate(results):
+        expected = [f"changed-{rank}", "added", "unset"]
+        assert seen["python"] == expected and seen["environb"] == expected, (rank, seen)
+        assert seen["c"] == expected + ["c-only"], (rank, seen)
+        assert seen["shell"] == "|".join(expected + ["c-only"]) and seen["system"] == 0, (rank, seen)
+        assert seen["getenv_py"] == "2" and seen["c_only_in_python"] is None, (rank, seen)
+    assert dict(os.environ, NL_TEST_REMOVED="here") == before and "RANK" not in os.environ
+
+
 class Colour(enum.IntEnum):
     """An int subclass: pickled by reference, through the result pickler."""
     RED = 1

@@ -56,6 +56,11 @@ def note_start(run_id: str) -> None:
         _births[run_id] = mark
 
 
+def birth_of(run_id: str) -> tuple[int, int] | None:
+    """Where the pid counter stood before the run's first rank started (``note_start``), if noted."""
+    return _births.get(run_id)
+
+
 def birth_mark() -> tuple[int, int] | None:
     """(the last pid the kernel handed out, the forks it counted since boot), or None where /proc
     does not say."""

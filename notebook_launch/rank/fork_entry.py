@@ -8,8 +8,9 @@ from typing import Sequence
 from ..wire import protocol
 from ..channels import RankPipes
 from ..wire.plan import RankSpec
+from . import environment
 from .bootstrap import (Dispositions, EncodedEnvironment, capture_output, detach_from_parent, encode_environment,
-                        exit_with, set_environment)
+                        exit_with)
 from .runner import Job, run_rank
 
 
@@ -23,10 +24,10 @@ def fds_to_close(pipes: "RankPipes", all_pipes: Sequence["RankPipes"]) -> tuple[
 
 
 def run_forked_rank(spec: "RankSpec", job: "Job", pipes: "RankPipes", all_pipes: Sequence["RankPipes"],
-                    parent_pid: int, env: EncodedEnvironment | None = None,
+                    parent_pid: int, env: "environment.PreparedEnvironment | EncodedEnvironment | None" = None,
                     signals: Dispositions | None = None, close: tuple[int, ...] | None = None) -> None:
-    """Entry point of a forked child. Never returns. ``env``: ``spec.env`` encoded in the
-    notebook before the fork (``bootstrap.encode_environment``), else encoded here; ``signals``:
+    """Entry point of a forked child. Never returns. ``env``: the rank's environment built in the
+    notebook before the fork (``environment.prepare``), else ``spec.env`` encoded here; ``signals``:
     the signals to reset (``bootstrap.signals_to_reset``, read in the notebook), else every one;
     ``close``: ``fds_to_close``, listed in the notebook, else listed here."""
     def body() -> int:
@@ -37,7 +38,7 @@ def run_forked_rank(spec: "RankSpec", job: "Job", pipes: "RankPipes", all_pipes:
                 pass   # closed already
         detach_from_parent(parent_pid, signals)
         capture_output(pipes.stdout_w, pipes.stderr_w)
-        set_environment(encode_environment(spec.env) if env is None else env)
+        environment.install(encode_environment(spec.env) if env is None else env)
         protocol.install(protocol.EventWriter(pipes.events_w, reopen=protocol.parent_end(parent_pid, pipes.events_r),
                                               answers_fd=pipes.answers_r, tensors_fd=pipes.tensors))
         return run_rank(spec, job, forked_from_notebook=True)

@@ -34,6 +34,7 @@ from . import kernel_oom
 from .allocation_failure import ADVICE, allocation_text, machine_text
 from .kernel_oom import CGROUP_ROOT, KERNEL_LOG_RETRIES, KernelKill, KillVerdict, OomBaseline, cgroup_limit, \
     cgroup_oom_kills, counter, memory_cgroup_of, sigkill_words
+from .births import Births
 from .resources import SAMPLE_EVERY, ResourceSampler
 
 if TYPE_CHECKING:
@@ -122,7 +123,10 @@ class MemoryWatch:
     """What the kernel's OOM counters were when the run began, and each rank's memory as last
     sampled; from them, whether a rank's SIGKILL was the OOM killer's and what held the memory."""
 
-    def __init__(self, rank_names: Iterable[tuple[int, int]] = ()) -> None:
+    def __init__(self, rank_names: Iterable[tuple[int, int]] = (), born_after: tuple[int, int] | None = None) -> None:
+        """``born_after``: the kernel's pid counter before the ranks started (``leftovers.birth_mark``):
+        the first round then walks the ranks' trees only if a process may have been born below them."""
+        self.births = Births(born_after)                # whether a round must walk the ranks' trees
         self.baseline = OomBaseline()                   # the kernel's OOM counts when the run began
         self.samples: dict[int, Sample] = {}            # local rank -> its last sample
         self.names = dict(rank_names)                    # local rank -> global rank
@@ -154,11 +158,14 @@ class MemoryWatch:
         now = time.monotonic() if now is None else now
         if not self.resources.sample(pids, devices or {}, now):
             return None
+        known = {child for seen in self.descendants.values() for child in seen}
+        walk = self.births.below(set(pids.values()) | known) or bool(known)   # (see births)
         for local, pid in pids.items():
             usage = self.resources.usage.get(local)
             fresh = local in self.resources.updated and usage is not None
             self.sample_one(local, pid, now, held=usage.rss if fresh and usage is not None else None)
-            self.see_descendants(local, pid)
+            if walk:
+                self.see_descendants(local, pid)
         try:
             return self.notebook_at_risk(pids)
         except Exception:   # why: a warning is an extra: the run goes on without it

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, Mapping, Sequence
 from ..errors.best_effort import best_effort
 from ..wire.protocol import Failure
 from ..record.state import RunState
+from ..process.leftovers import birth_of
 from . import oom
 
 if TYPE_CHECKING:
@@ -37,7 +38,8 @@ class ResourceWatch:
         self.logs = logs
         self.owned = memory is None
         # the OOM counters at the start, each rank's memory as last sampled (an OOM death named)
-        self.memory = oom.MemoryWatch((rs.local_rank, rs.rank) for rs in state.ranks) if memory is None else memory
+        self.memory = oom.MemoryWatch(((rs.local_rank, rs.rank) for rs in state.ranks),
+                                      born_after=birth_of(state.run_id)) if memory is None else memory
         if memory is not None:
             memory.begin_call()
             memory.resources.show(state)

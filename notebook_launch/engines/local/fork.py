@@ -36,8 +36,11 @@ class ForkBackend(Launcher):
     name = "fork"
 
     def start(self, plan: "LaunchPlan", job: "Job", channels: Sequence[RankPipes]) -> list[RankProcess]:
-        from ...rank.bootstrap import encode_environment, signals_to_reset
+        from ...rank import environment
+        from ...rank.bootstrap import signals_to_reset
         from ...rank.fork_entry import fds_to_close, run_forked_rank
+        from ...rank.group.process_groups import patch_before_forks
+        from ...rank.integrations.tqdm_bridge import hook_before_forks
 
         # what the ranks would import after the fork (torch._dynamo for training), said in their rows
         warm_for(job.function, say=self.start_watch.phase)
@@ -45,10 +48,13 @@ class ForkBackend(Launcher):
 
         parent_pid = os.getpid()
         signals = signals_to_reset()   # read here, once: each rank then sets only those that differ
+        patch_before_forks()   # once each, inert in the notebook: a rank turns them on (issue 45)
+        hook_before_forks()
 
-        def child_of(spec: "RankSpec") -> Callable[[], NoReturn]:
+        def child_of(spec: "RankSpec", inherited: list[tuple[bytes, bytes]] | None) -> Callable[[], NoReturn]:
             pipes = channels[spec.local_rank]
-            env = encode_environment(spec.env)   # here, once: not in the rank, on pages it would copy
+            # here, whole: the rank only points its environment at it (not on pages it would copy)
+            env = environment.prepare(spec.env, inherited)
             close = fds_to_close(pipes, channels)
 
             def child() -> NoReturn:
@@ -59,7 +65,8 @@ class ForkBackend(Launcher):
         def start(specs: Sequence["RankSpec"]) -> list[RankProcess]:
             # Not os.fork() here: this thread may have run an OpenMP region (see fork_thread). All
             # ranks in one turn of the fork helper, which opens each one's pidfd as it forks it.
-            forked = fork_all_from_clean_thread([child_of(spec) for spec in specs])
+            inherited = environment.inherited_c_environment()   # the notebook's, just before the forks
+            forked = fork_all_from_clean_thread([child_of(spec, inherited) for spec in specs])
             return [ForkedRank(spec.local_rank, pid, pidfd) for spec, (pid, pidfd) in zip(specs, forked)]
 
         return start_all(plan, channels, start)

@@ -28,10 +28,34 @@ _kept: list[Any] = []          # the groups DDP models in this rank were built o
 _PATCHED = "_notebook_launch_keeps_groups"
 
 
+_active = False                # True in a rank: the patches below act there only
+_patched_before_forks = False  # made in the notebook (``patch_before_forks``), inherited by forked ranks
+
+
+def patch_before_forks() -> None:
+    """In the notebook, before a launch's forks: make the patches once, inert there (``_active``
+    is false outside a rank: DDP builds and ``rendezvous`` runs as torch's own, only through one
+    more frame), so a forked rank only turns them on. Made in each rank, setting
+    ``DistributedDataParallel.__init__`` updated the type's slots and those of its subclasses,
+    about 0.3 ms of every rank's CPU, most of it the notebook's pages that wrote to, copied after
+    the fork (issue 45). Only where torch.distributed and DDP are imported already: nothing is
+    imported into the notebook for it (a rank then patches at its start, as a spawned one does)."""
+    global _patched_before_forks
+    if _patched_before_forks:
+        return
+    c10d = sys.modules.get("torch.distributed.distributed_c10d")
+    ddp = getattr(sys.modules.get("torch.nn.parallel"), "DistributedDataParallel", None)
+    if c10d is not None and isinstance(ddp, type):
+        _patched_before_forks = _patch(c10d, ddp)
+
+
 def keep_groups_used_by_ddp() -> None:
-    """Patch DistributedDataParallel.__init__ (the class a user imported before the launch is
-    the same object) and c10d's ``rendezvous`` (looked up at call time by init_process_group)."""
-    if "torch" not in sys.modules:
+    """In a rank: patch DistributedDataParallel.__init__ (the class a user imported before the launch is
+    the same object) and c10d's ``rendezvous`` (looked up at call time by init_process_group),
+    or turn on the patches the notebook made before the fork."""
+    global _active
+    _active = True
+    if _patched_before_forks or "torch" not in sys.modules:
         return
     try:
         import torch.distributed.distributed_c10d as c10d
@@ -39,26 +63,35 @@ def keep_groups_used_by_ddp() -> None:
     except Exception:   # why: a torch built without distributed
         log.debug("torch.distributed is unavailable; no process groups to keep", exc_info=True)
         return
+    _patch(c10d, DistributedDataParallel)
+
+
+def _patch(c10d: Any, ddp: Any) -> bool:
+    """Wrap ``ddp.__init__`` to keep each model's group, and ``c10d.rendezvous`` to let the
+    destroyed ones go first, both acting only in a rank (``_active``); False where torch has no
+    ``rendezvous`` to wrap."""
     rendezvous = getattr(c10d, "rendezvous", None)
-    if getattr(DistributedDataParallel, _PATCHED, False) or rendezvous is None:
-        return
-    build = DistributedDataParallel.__init__
+    if getattr(ddp, _PATCHED, False) or rendezvous is None:
+        return rendezvous is not None
+    build = ddp.__init__
 
     def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
         build(self, *args, **kwargs)
-        group = getattr(self, "process_group", None)
+        group = getattr(self, "process_group", None) if _active else None
         if group is not None and not any(kept is group for kept in _kept):
             _kept.append(group)
 
     def rendezvous_after_release(*args: Any, **kwargs: Any) -> Any:
-        release_destroyed_groups()   # a re-init binds MASTER_PORT again: free the old store
+        if _active:
+            release_destroyed_groups()   # a re-init binds MASTER_PORT again: free the old store
         return rendezvous(*args, **kwargs)
 
     __init__.__wrapped__ = build  # type: ignore[attr-defined]
     __init__.__doc__ = build.__doc__
-    DistributedDataParallel.__init__ = __init__  # type: ignore[method-assign]
+    ddp.__init__ = __init__
     c10d.rendezvous = rendezvous_after_release
-    setattr(DistributedDataParallel, _PATCHED, True)
+    setattr(ddp, _PATCHED, True)
+    return True
 
 
 def release_destroyed_groups() -> None:

@@ -40,13 +40,46 @@ class _Discard:
         return False
 
 
+_active = False   # True in a rank: the first-bar hook made in the notebook acts there only
+_FIRST_BAR = "_notebook_launch_first_bar"
+_hooked: Any = None   # the tqdm class the notebook hooked before the forks (``hook_before_forks``)
+
+
+def hook_before_forks() -> None:
+    """In the notebook, before a launch's forks: put the first-bar hook (``_hook_first_bar``) on
+    an imported tqdm once, inert there (a bar the notebook makes is tqdm's own, through one more
+    frame), so a forked rank only turns it on. Set in each rank, ``tqdm.__new__`` updated the
+    slots of tqdm and of every subclass, about 0.3 ms of every rank's CPU, most of it the
+    notebook's pages that wrote to, copied after the fork (issue 45). Nothing is imported for it."""
+    global _hooked
+    _hooked = None
+    base = getattr(sys.modules.get("tqdm.std"), "tqdm", None)
+    new = getattr(base, "__dict__", {}).get("__new__")
+    if not isinstance(new, staticmethod) or getattr(base, _PATCHED_ATTR, False):
+        return   # not imported, or not a tqdm this bridge knows: the rank decides, as before
+    if not getattr(new.__func__, _FIRST_BAR, False):
+        _hook_first_bar(sys.modules["tqdm.std"], new)
+    _hooked = base
+
+
 def install(spec: Any = None) -> bool:
     """Patch tqdm in this rank now if it is imported, else when the rank imports it (a rank
     that never uses tqdm does not pay for importing it); False when tqdm is not installed."""
+    global _active
+    _active = True
+    if _hooked is not None and not _bars_alive(_hooked):
+        return True   # the notebook's hook, on now (the checks below cost a forked rank 0.15 ms)
     if "tqdm" not in sys.modules and importlib.util.find_spec("tqdm") is None:
         return False
     after_import("tqdm.std", _patch_on_first_bar)
     return True
+
+
+def _bars_alive(base: Any) -> bool:
+    """Whether a bar of ``base`` may be alive (its weak set's own set: ``len`` of the WeakSet runs
+    Python; a dead bar not yet dropped only patches tqdm sooner)."""
+    instances = getattr(base, "_instances", None)
+    return bool(getattr(instances, "data", instances))
 
 
 def _patch_on_first_bar(std: Any) -> None:
@@ -56,19 +89,28 @@ def _patch_on_first_bar(std: Any) -> None:
     ``tqdm.__new__`` (subclasses inherit it) and ``__init__`` is looked up on the class after
     ``__new__`` returns, so patching there gives the first bar the patched class, as before.
     Bars that already exist (made in the notebook before the launch and used in the rank) have
-    no ``__new__`` left to run: with any alive, tqdm is patched now."""
+    no ``__new__`` left to run: with any alive, tqdm is patched now. The hook the notebook put
+    on before the fork (``hook_before_forks``) is on already."""
     base = std.tqdm
     new = base.__dict__.get("__new__")
     if getattr(base, _PATCHED_ATTR, False) or not isinstance(new, staticmethod) or len(getattr(base, "_instances", ())):
         _patch_std(std)
-        return
+    elif not getattr(new.__func__, _FIRST_BAR, False):
+        _hook_first_bar(std, new)
+
+
+def _hook_first_bar(std: Any, new: staticmethod) -> None:
+    """Make ``tqdm.__new__`` (``new``, tqdm's own) patch tqdm at the first bar made in a rank
+    (``_active``), putting tqdm's own back first; elsewhere it only calls tqdm's own."""
+    base = std.tqdm
 
     def __new__(cls: Any, *args: Any, **kwargs: Any) -> Any:
-        if base.__dict__.get("__new__") is first:   # once: put tqdm's own back, then patch
+        if _active and base.__dict__.get("__new__") is first:   # once: put tqdm's own back, then patch
             base.__new__ = new
             _patch_std(std)
         return new.__func__(cls, *args, **kwargs)
 
+    setattr(__new__, _FIRST_BAR, True)
     first = staticmethod(__new__)
     base.__new__ = first
 
