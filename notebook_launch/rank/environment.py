@@ -45,7 +45,9 @@ def _c_environ() -> tuple[Any, Any] | None:
 
 _ENVIRON = _c_environ()
 Inherited = list[tuple[bytes, bytes]]   # (name, NAME=value) of each C variable, in order
-_REPLACED: list[Any] = []   # in a rank: the environment it replaced, never freed (its pages stay shared)
+# in a rank: the environment it replaced, never freed (its pages stay shared), and the one it put in,
+# whose buffers libc's environ points into for the rank's whole life, whatever its caller keeps
+_REPLACED: list[Any] = []
 
 
 _POINTER = "Q" if ctypes.sizeof(ctypes.c_void_p) == 8 else "I"   # array's type code of a C pointer
@@ -115,7 +117,7 @@ def install(env: PreparedEnvironment | EncodedEnvironment) -> None:
     if not isinstance(env, PreparedEnvironment) or _ENVIRON is None:   # (prepare gives pairs then)
         put_environment(env if not isinstance(env, PreparedEnvironment) else tuple(env.data.items()))
         return
-    _REPLACED.append(os.environ._data)  # type: ignore[attr-defined]
+    _REPLACED.extend((os.environ._data, env))  # type: ignore[attr-defined]
     _ENVIRON[1].value = env.address
     os.environ._data = env.data  # type: ignore[attr-defined]
     environb = getattr(os, "environb", None)
