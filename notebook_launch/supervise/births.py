@@ -1,9 +1,9 @@
 """Whether a process may have been born below the ranks since the last look, told from the pids
 the kernel handed out since, so the OOM watch walks the ranks' trees only when one may have grown.
 
-Why not walk every round (as it did): the walk lists ``/proc/<pid>/task`` and reads each thread's
-``children``, which leaves a ``/proc/<pid>/task/<tid>`` entry in the kernel's cache for each thread
-of the rank (its where-thread). When the rank exits, that thread's exit drops its entry while the
+Why not walk every round (as it did): the walk lists the rank's threads in /proc and reads each
+thread's ``children``, which leaves each thread's entry in the kernel's cache of /proc (the rank's
+where-thread's too). When the rank exits, that thread's exit drops its entry while the
 notebook, reaping the rank, drops the whole ``/proc/<pid>`` tree and waits for the other CPU to
 finish: one reap in six took 2-8 ms of the notebook's CPU in a warm 4-rank launch on 2 busy cores,
 about 3 ms a launch, the first round (right after the forks) being enough (issue 45).

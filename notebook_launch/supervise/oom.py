@@ -124,9 +124,7 @@ class MemoryWatch:
     sampled; from them, whether a rank's SIGKILL was the OOM killer's and what held the memory."""
 
     def __init__(self, rank_names: Iterable[tuple[int, int]] = (), born_after: tuple[int, int] | None = None) -> None:
-        """``born_after``: the kernel's pid counter before the ranks started (``leftovers.birth_mark``):
-        the first round then walks the ranks' trees only if a process may have been born below them."""
-        self.births = Births(born_after)                # whether a round must walk the ranks' trees
+        self.births = Births(born_after)   # born_after: leftovers.birth_mark before the ranks started
         self.baseline = OomBaseline()                   # the kernel's OOM counts when the run began
         self.samples: dict[int, Sample] = {}            # local rank -> its last sample
         self.names = dict(rank_names)                    # local rank -> global rank
@@ -158,8 +156,7 @@ class MemoryWatch:
         now = time.monotonic() if now is None else now
         if not self.resources.sample(pids, devices or {}, now):
             return None
-        known = {child for seen in self.descendants.values() for child in seen}
-        walk = self.births.below(set(pids.values()) | known) or bool(known)   # (see births)
+        walk = _trees_may_have_grown(self.births, pids, self.descendants)
         for local, pid in pids.items():
             usage = self.resources.usage.get(local)
             fresh = local in self.resources.updated and usage is not None
@@ -374,3 +371,9 @@ class MemoryWatch:
         return words
 
 
+def _trees_may_have_grown(births: Births, pids: Mapping[int, int],
+                          descendants: Mapping[int, Mapping[int, str]]) -> bool:
+    """Whether a round must walk the ranks' trees (``births``): a process may have been born below
+    a rank or a known descendant since the last round, or one is known (it may have children)."""
+    known = {child for seen in descendants.values() for child in seen}
+    return births.below(set(pids.values()) | known) or bool(known)
