@@ -29,7 +29,10 @@ from .table import Cell, Row, fmt_ratio, ratio
 from .worker import Worker, WorkerError
 
 CALLS = 100
-BLOCK = 10                # warm calls of one side before the other's, within a repeat
+# warm calls of one side before the other's, within a repeat: a block's first call comes after the
+# process sat idle through the other side's block, and took 2-3x a warm call (caches gone cold), on
+# both sides; with blocks of 10 those were a tenth of the samples, just what a p90 reads
+BLOCK = 25
 DDP_STEPS, DDP_BLOCK = 30, 5   # DDP steps a side per repeat, and a side's turn
 DDP_WIDTH = 256           # the kept model: an MLP of 3 hidden layers this wide (anchor_probe.DDP_CELL)
 GOAL_VS_MONARCH = 0.5     # ours' warm median at most this share of Monarch's, and start to first call
@@ -188,7 +191,9 @@ def alternate(order: list, calls: int, block: int, make_calls, kind: str, sides:
             failed = name in errors or (kind != "warm" and f"{name} {kind}" in errors)
             if name in sides and not failed:
                 try:
-                    found[name][kind] += make_calls(name, min(block, calls - start))
+                    samples = make_calls(name, min(block, calls - start))
+                    found[name][kind] += samples
+                    found[name].setdefault(f"{kind} first", []).extend(samples[:1])
                 except (WorkerError, OSError, ValueError) as exc:
                     errors[name if kind == "warm" else f"{name} {kind}"] = f"{type(exc).__name__}: {exc}"[:300]
 
@@ -237,8 +242,10 @@ def call_row(found: dict, errors: dict) -> Row:
         return row
     vs = ratio(ours.median(), monarch.median())
     tail = ratio(percentile(ours.samples, 0.9), ours.median())
+    first = [percentile(found[name].get("warm first") or [0.0], 0.5) * 1000 for name in ("ours", "monarch")]
     row.ratios = (f"ours/Monarch {fmt_ratio(vs)}; ours p90/median {fmt_ratio(tail)}; ours {spread(ours.samples)}; "
-                  f"Monarch {spread(monarch.samples)}")
+                  f"Monarch {spread(monarch.samples)}; a block's first call (after the other side's block): "
+                  f"ours {first[0]:.2f} ms, Monarch {first[1]:.2f} ms")
     row.met = "yes" if vs is not None and vs <= GOAL_VS_MONARCH and tail is not None and tail <= GOAL_TAIL \
         else "**NO (missed)**"
     return row
@@ -318,12 +325,14 @@ NOTE = ("Item 15 (benchmarks/anchors.py): Monarch (torchmonarch 0.7.0) and torch
         "venvs beside torch 2.13 (`bash scripts/setup-anchors.sh`), each from a script that imported it before "
         "the clock starts. Persistent rows: each repeat starts a fresh 'ours' worker and a fresh Monarch process "
         f"(order rotating), one start-to-first-call sample each, then {CALLS} warm calls each in alternating "
-        f"blocks of {BLOCK} (this VM's speed moves in phases of 0.1-1 s), then {DDP_STEPS} DDP steps each on a "
+        f"blocks of {BLOCK} (this VM's speed moves in phases of 0.1-1 s; a block's first call, after the process "
+        "sat idle through the other's block, is 2-3x a warm one on both sides: its median is shown apart), "
+        f"then {DDP_STEPS} DDP steps each on a "
         f"model built in each rank, in blocks of {DDP_BLOCK} (Monarch's actors set torch's threads as our ranks "
         "do, the cores shared among the ranks: as shipped each proc keeps one per core, and 2 procs x 2 "
         "threads on 2 cores made a step 7-10x slower here); the functions are a "
         "notebook's (`__main__`). The kernel row makes the same call from a Jupyter kernel's cells, a kernel of "
-        "each side's venv, cells of 10 calls taking turns (benchmarks/anchor_kernels.py). Launch rows: ours and "
+        f"each side's venv, cells of {BLOCK} calls taking turns (benchmarks/anchor_kernels.py). Launch rows: ours and "
         "start_processes interleaved in their workers as item 1; "
         "torchrunx's launches one after the other in its own process after one warm-up (at most 3). The SLURM "
         "side (Monarch's SlurmJob against our SlurmCluster across two nodes) has its own command, "
