@@ -22,7 +22,7 @@ import sys
 
 from .anchors import BLOCK, NOTEBOOK_CELL, venv_python
 from .common import REPO_ROOT
-from .table import Cell, Row, fmt_ratio, ratio
+from .table import Row
 
 SETUP = {
     "ours": NOTEBOOK_CELL + "from notebook_launch import start_ranks\nranks = start_ranks(2)\nranks.run(trivial)\n",
@@ -144,17 +144,9 @@ def run(repeats: int, calls: int, log_dir: str) -> Row:
 
 
 def kernel_row(found: dict, errors: dict) -> Row:
-    from .anchors import GOAL_VS_MONARCH
+    from .anchors import GOAL_VS_MONARCH, beside_monarch
     row = Row(item="15", measurement="warm trivial call on 2 persistent ranks made from a Jupyter kernel's cell "
               "(the default `ui`): `ranks.run(f)` vs Monarch 0.7.0 `await actors.f.call()`", ranks="2", unit="s",
               group=15, goal=f"median <= {GOAL_VS_MONARCH:g}x Monarch's (as the script row)")
-    ours, monarch = row.cell("ours"), Cell(label="Monarch")
-    row.cells["other"] = [monarch]
-    ours.samples, monarch.samples = found["ours"], found["monarch"]
-    for cell, name in ((ours, "ours"), (monarch, "monarch")):
-        if name in errors:
-            cell.text = f"error: {errors[name]}"
-    vs = ratio(ours.median(), monarch.median())
-    row.ratios = f"ours/Monarch {fmt_ratio(vs)}"
-    row.met = "unknown (error)" if vs is None else ("yes" if vs <= GOAL_VS_MONARCH else "**NO (missed)**")
+    beside_monarch(row, found, errors, GOAL_VS_MONARCH)
     return row

@@ -258,31 +258,32 @@ def ddp_row(found: dict, errors: dict) -> Row:
               "in 2 persistent ranks, each step a new call: `ranks.run(step)` vs Monarch `actors.step.call()"
               ".get()` (the model built in each actor)", ranks="2", unit="s", group=15,
               goal="— (shown beside Monarch)")
+    beside_monarch(row, {name: found[name]["ddp"] for name in found},
+                   {name: errors.get(name) or errors.get(f"{name} ddp") for name in found})
+    return row
+
+
+def beside_monarch(row: Row, samples: dict, errors: dict, goal: float | None = None) -> float | None:
+    """Fill ``row``'s two cells, ours and Monarch's (``samples`` and ``errors`` by side's name),
+    its ratio of medians and, with a ``goal`` (ours/Monarch at most), whether it is met."""
     ours, monarch = row.cell("ours"), Cell(label="Monarch")
     row.cells["other"] = [monarch]
-    ours.samples, monarch.samples = found["ours"]["ddp"], found["monarch"]["ddp"]
     for cell, name in ((ours, "ours"), (monarch, "monarch")):
-        error = errors.get(name) or errors.get(f"{name} ddp")
-        if error:
-            cell.text = f"error: {error}"
+        cell.samples = samples[name]
+        if errors.get(name):
+            cell.text = f"error: {errors[name]}"
     vs = ratio(ours.median(), monarch.median())
     row.ratios = f"ours/Monarch {fmt_ratio(vs)}"
-    return row
+    if goal is not None:
+        row.met = "unknown (error)" if vs is None else ("yes" if vs <= goal else "**NO (missed)**")
+    return vs
 
 
 def start_row(found: dict, errors: dict) -> Row:
     row = Row(item="15", measurement="start to the first call on 2 persistent ranks (imports done): "
               "`start_ranks(2)` + `run(f)` vs Monarch `spawn_procs` + `spawn` + `call().get()`", ranks="2",
               unit="s", group=15, goal=f"<= {GOAL_VS_MONARCH:g}x Monarch's")
-    ours, monarch = row.cell("ours"), Cell(label="Monarch")
-    row.cells["other"] = [monarch]
-    ours.samples, monarch.samples = found["ours"]["start"], found["monarch"]["start"]
-    for cell, name in ((ours, "ours"), (monarch, "monarch")):
-        if name in errors:
-            cell.text = f"error: {errors[name]}"
-    vs = ratio(ours.median(), monarch.median())
-    row.ratios = f"ours/Monarch {fmt_ratio(vs)}"
-    row.met = "unknown (error)" if vs is None else ("yes" if vs <= GOAL_VS_MONARCH else "**NO (missed)**")
+    beside_monarch(row, {name: found[name]["start"] for name in found}, errors, GOAL_VS_MONARCH)
     return row
 
 
