@@ -1,6 +1,6 @@
 """Run inside an anchor's own venv (scripts/setup-anchors.sh): times Meta's Monarch persistent
 actors or torchrunx launches, and prints one JSON line. Imports nothing of this project, so the
-anchor's venv needs only torch and the anchor.
+anchor's venv needs only torch and the anchor (``benchmarks.common`` is the standard library's only).
 
     .venv-monarch/bin/python -m benchmarks.anchor_probe monarch   (then {"op": "calls", "calls": N} lines)
     .venv-torchrunx/bin/python -m benchmarks.anchor_probe torchrunx RANKS REPEATS
@@ -11,6 +11,8 @@ import json
 import os
 import sys
 import time
+
+from .common import free_port   # the standard library's only: the anchor's venv has it too
 
 
 # A DDP step on a model kept in each rank, as a notebook's cell defines it: executed into the
@@ -45,13 +47,6 @@ def ddp_step():
     optimizer.step()
     return float(loss.detach())
 """
-
-
-def free_port() -> int:
-    import socket
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def monarch_session(commands, reply) -> None:
