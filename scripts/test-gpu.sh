@@ -8,6 +8,7 @@
 #   PYTHON=/opt/torch/.venv/bin/python3 bash scripts/test-gpu.sh -k nccl
 #   NOTEBOOK_LAUNCH_WHEELS=wheels-gpu bash scripts/test-gpu.sh   # offline: test tools from a folder
 #   bash scripts/test-gpu.sh --download-wheels wheels-gpu        # (on a machine with network) fill it
+#   bash scripts/test-gpu.sh --download-wheels wheels-gpu 3.12   # ... for the GPU machine's Python
 #
 # No venv: the machine's python (often itself a venv, whose packages a nested venv would not
 # see) runs the tests; our package comes from this checkout via PYTHONPATH (no build, no
@@ -20,10 +21,12 @@ PY=${PYTHON:-python3}
 read -r -a NEEDED <<< "$("$PY" tests/gpu/lane_packages.py all)"
 
 if [ "${1:-}" = "--download-wheels" ]; then
-  dest=${2:?usage: scripts/test-gpu.sh --download-wheels FOLDER}
-  pyver=$("$PY" -c 'import sys; print(f"{sys.version_info[0]}{sys.version_info[1]}")')
-  "$PY" -m pip download -q -d "$dest" --only-binary=:all: --python-version "$pyver" \
-    --platform manylinux2014_x86_64 --platform manylinux_2_28_x86_64 "${NEEDED[@]}"
+  dest=${2:?usage: scripts/test-gpu.sh --download-wheels FOLDER [PYTHON_VERSION, e.g. 3.12]}
+  # the wheels are for the GPU machine's Python (pyzmq, tornado, psutil are built per version)
+  pyver=${3:-$("$PY" -c 'import sys; print(f"{sys.version_info[0]}.{sys.version_info[1]}")')}
+  "$PY" -m pip download -q -d "$dest" --only-binary=:all: --python-version "$pyver" --implementation cp \
+    --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux_2_27_x86_64 \
+    --platform manylinux_2_28_x86_64 "${NEEDED[@]}"
   echo "wheels for Python $pyver in $dest; carry it to the GPU machine and set NOTEBOOK_LAUNCH_WHEELS=$dest"
   exit 0
 fi

@@ -6,6 +6,8 @@ import subprocess
 import sys
 import textwrap
 
+from helpers.rank_logs import written_by_rank
+
 from notebook_launch import notebook_launcher
 
 
@@ -74,8 +76,8 @@ def test_default_log_dir_is_a_new_folder_per_run(tmp_path, monkeypatch, capsys):
     out = capsys.readouterr().out
     for run in runs:
         assert f"logs: {run}" in out
-    assert open(runs[0] / "rank0.log").read() == "first\n"
-    assert open(runs[1] / "rank0.log").read() == "second\n"
+    assert written_by_rank(runs[0] / "rank0.log") == "first\n"
+    assert written_by_rank(runs[1] / "rank0.log") == "second\n"
 
 
 MILLION_LINES = textwrap.dedent("""

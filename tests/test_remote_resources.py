@@ -197,10 +197,19 @@ def test_a_reported_sample_is_shown_and_logged_as_a_sampled_one(tmp_path):
         assert state.ranks[0].resources == usage
         state.ranks[0].status = DONE
         assert "avg cpu 60% · peak 1000.0 MiB own of 1.5 GiB resident" in fmt.summary(state)
+        # it ended (no count of the kernel's here): its log's line over its life says its last sample;
+        # a rank that never sent one gets none
+        sampler.ended_as_sampled(0)
+        sampler.ended_as_sampled(1)
+        sampler.publish(state, logs)
+        sampler.publish(state, logs)   # once
     finally:
         logs.close()
     text = pathlib.Path(tmp_path, "rank0.log").read_text()
     assert text.count("[notebook_launch] resources: cpu 97% of a core; 820.0 MiB own (USS)") == 1, text
+    assert text.count("[notebook_launch] resources over its life: cpu 60% of a core on average; "
+                      "1000.0 MiB own (USS) at its peak, 1.5 GiB resident at its peak") == 1, text
+    assert "resources" not in pathlib.Path(tmp_path, "rank1.log").read_text()
 
 
 class SeeingDisplay(KeepStateDisplay):

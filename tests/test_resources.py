@@ -135,6 +135,16 @@ def test_a_rank_that_ended_before_any_sample_still_shows_its_peak(start_method, 
         assert rs.resources.peak_rss >= ALLOCATED, rs.resources
     final = fmt.summary(display.state)
     assert final.count("peak ") == 2, final
+    # each rank's log says it too: the line over its life (a rank this short never got the periodic
+    # line, which waits for its own pages to be read: the GPU lane found such a log empty)
+    for rank in (0, 1):
+        text = pathlib.Path(log_dir, f"rank{rank}.log").read_text()
+        life = [line for line in text.splitlines() if "[notebook_launch] resources over its life: " in line]
+        assert len(life) == 1, text
+        peak = re.search(r"([\d.]+) (MiB|GiB) resident at its peak", life[0])
+        unit = MiB if peak is not None and peak.group(2) == "MiB" else 1024 * MiB
+        assert peak is not None and float(peak.group(1)) * unit >= ALLOCATED, life
+        assert "of a core on average" in life[0], life
 
 
 INHERITED_BLOCK: bytearray | None = None

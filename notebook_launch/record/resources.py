@@ -142,6 +142,18 @@ def usage_log_text(usage: RankUsage) -> str:
     return f"[notebook_launch] resources: {cpu}; {memory}{gpu}"
 
 
+def usage_end_log_text(usage: RankUsage) -> str:
+    """The line a rank's log gets when the rank ended: its whole life's CPU on average and its peak
+    memory (every rank's log has one, also a rank that ended before its own pages were first read,
+    which got no line while it ran), and its GPU as last sampled."""
+    cpu = (f"cpu {usage.cpu_average:.0f}% of a core on average" if usage.cpu_average is not None
+           else "cpu not measured")
+    own = f"{size_text(usage.peak_uss)} own (USS) at its peak, " if usage.peak_uss is not None else ""
+    gpu = f"; last seen {gpu_text(usage.gpu)}" if usage.gpu is not None else ""
+    peak = f"{size_text(usage.peak_rss)} resident at its peak"
+    return f"[notebook_launch] resources over its life: {cpu}; {own}{peak}{gpu}"
+
+
 def machine_memory_text(machine: MachineMemory) -> str:
     """'memory 24.0 GiB, 12.3 GiB available'."""
     available = f", {size_text(machine.available)} available" if machine.available is not None else ""

@@ -87,10 +87,17 @@ class ResourceWatch:
 
     def ended(self, watch: RankWatch, shared: bool) -> None:
         """A rank of this machine reaped: what the kernel counted of its life (its peak resident
-        memory, ``channels.EndUsage``) into its row, even where no sample came before it ended. A
-        process that carries several ranks (XLA) is left as sampled: its count is theirs together."""
+        memory, ``channels.EndUsage``) into its row, even where no sample came before it ended, and its
+        log's line over its life. A process that carries several ranks (XLA) is left as sampled: its
+        count is theirs together. A rank on another machine (no count of the kernel's here) has its
+        last own sample in that line."""
         usage = watch.process.end_usage
-        if usage is None or shared:
+        if shared:
+            return
+        if usage is None:   # a rank on another machine: its log's line over its life says its last sample
+            self.memory.resources.ended_as_sampled(watch.local_rank)
+            with best_effort("could not show a rank's resources"):
+                self.memory.resources.publish(self.state, self.logs)
             return
         # The kernel's count is the largest of the rank's and of every child it reaped (a DataLoader
         # worker the OOM killer took): a rank that reported its own peak with its error is shown that

@@ -25,7 +25,8 @@ import time
 from typing import TYPE_CHECKING, Any, Mapping
 
 from ..record.proc_usage import cpu_times, machine_memory, own_memory, resident
-from ..record.resources import MachineMemory, RankUsage, helper_pids, usage_from_record, usage_log_text
+from ..record.resources import (MachineMemory, RankUsage, helper_pids, usage_end_log_text, usage_from_record,
+                                usage_log_text)
 
 if TYPE_CHECKING:
     from ..record.logs import LogWriter
@@ -60,6 +61,7 @@ class ResourceSampler:
         self._published = 0           # the round the run state last got
         self._logged: dict[int, float] = {}   # local rank -> when its log last got a line
         self._reported: set[int] = set()      # ranks on other machines that sent a sample since the last publish
+        self._ending: set[int] = set()        # ranks reaped whose log awaits its line over the rank's life
 
     def due(self, now: float) -> bool:
         return now >= self.next_round
@@ -168,6 +170,7 @@ class ResourceSampler:
             usage = dataclasses.replace(usage, cpu_average=100.0 * cpu_seconds / life)
         self.usage[local] = usage
         self._reported.add(local)   # the next publish shows it
+        self._ending.add(local)     # and logs its life's line
 
     def reported(self, local: int, record: Mapping[str, Any]) -> None:
         """A rank on another machine's own sample (a RESOURCES event: ``rank.reports.resources``), taken in
@@ -179,11 +182,20 @@ class ResourceSampler:
             return
         self._reported.add(local)
 
+    def ended_as_sampled(self, local: int) -> None:
+        """A rank ended whose life the kernel here did not count (a rank on another machine): its log's
+        line over its life says its last sample, if one came."""
+        if local in self.usage:
+            self._ending.add(local)
+            self._reported.add(local)
+
     def publish(self, state: "RunState", logs: "LogWriter", now: float | None = None) -> None:
         """Give the run state the latest round (once per round) and the samples ranks on other
         machines sent since, and each rank's log a line once every LOG_EVERY seconds from when its
         own memory was first read (a call on persistent ranks that ends within SAMPLE_EVERY writes
-        none; a rank that samples itself reads it every time)."""
+        none; a rank that samples itself reads it every time), and a rank that ended one line over its
+        whole life (its average CPU and peaks: a rank of a run shorter than the first read of its own
+        pages got no line at all)."""
         fresh, self._reported = self._reported, set()
         if self.rounds != self._published:
             self._published = self.rounds
@@ -193,6 +205,10 @@ class ResourceSampler:
         now = time.monotonic() if now is None else now
         state.on_resources({local: self.usage[local] for local in fresh}, self.machine)
         for local in sorted(fresh):
+            if local in self._ending:
+                self._ending.discard(local)
+                logs.write_block(local, usage_end_log_text(self.usage[local]))
+                continue
             own_known = local in self._own_at or self.usage[local].uss is not None
             if own_known and now - self._logged.get(local, -LOG_EVERY) >= LOG_EVERY:
                 self._logged[local] = now

@@ -57,16 +57,20 @@ def accelerate_step(dtype_name):
     import torch
     from accelerate import Accelerator
     accelerator = Accelerator()
-    model = torch.nn.Linear(8, 8)
+    layer = torch.nn.Linear(8, 8)
+    model = torch.nn.Sequential(layer)
+    computed = []   # the dtype the layer computed in: a prepared model's output is cast back to
+    # float32 (Accelerate's convert_outputs_to_fp32, also what a hook on the model itself sees),
+    # so only inside it does the precision show
+    layer.register_forward_hook(lambda module, args, out: computed.append(out.dtype))
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     model, opt = accelerator.prepare(model, opt)
     x = torch.randn(16, 8, device=accelerator.device)
-    with accelerator.autocast():
-        out = model(x)
+    out = model(x)
     loss = out.float().pow(2).mean()
     accelerator.backward(loss)
     opt.step()
-    return {"mixed_precision": str(accelerator.mixed_precision), "dtype": str(out.dtype),
+    return {"mixed_precision": str(accelerator.mixed_precision), "dtype": str(computed[0]),
             "device": str(accelerator.device), "world": accelerator.num_processes,
             "finite": bool(torch.isfinite(loss).item())}
 
