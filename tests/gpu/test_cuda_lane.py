@@ -203,6 +203,43 @@ def test_a_notebook_holding_cuda_launches_from_the_start_process_each_rank_on_it
     assert "REFUSED: args[0] is a tensor on cuda:0" in text, text
 
 
+def test_persistent_ranks_after_cuda_in_the_notebook_keep_their_gpu_state(tmp_path):
+    """Persistent ranks started after the notebook initialized CUDA (from the warm start process):
+    a CUDA tensor one call built is still on its rank's GPU in the next call and reaches the notebook
+    by ``pull`` on the CPU; ``%%ranks`` runs on the same ranks; the notebook's CUDA is untouched."""
+    gpus = cuda_devices()
+    text = _run_cells(tmp_path, """
+        %load_ext notebook_launch
+        import torch
+        from notebook_launch import start_ranks
+        y = torch.ones(2).cuda() * 2          # CUDA is initialized in the notebook
+        """, f"""
+        ranks = start_ranks({gpus}, ui="none")
+        def build():
+            global kept
+            import os, torch
+            kept = torch.full((2,), float(os.environ["LOCAL_RANK"]) + 1, device="cuda")
+            return torch.cuda.current_device()
+        def use():
+            return kept.sum().item(), str(kept.device)
+        print("BUILT", ranks.run(build))
+        print("USED", ranks.run(use))
+        print("PULLED", [(t.device.type, t.tolist()) for t in ranks.pull("kept")])
+        """, """
+        %%ranks
+        kept = kept * 10
+        """, """
+        print("AFTER CELL", ranks.run(use))
+        ranks.close()
+        print("NOTEBOOK", y.device, y.sum().item())
+        """)
+    assert f"BUILT {list(range(gpus))}" in text, text
+    assert f"USED {[(2.0 * (r + 1), f'cuda:{r}') for r in range(gpus)]}" in text, text
+    assert f"PULLED {[('cpu', [float(r + 1)] * 2) for r in range(gpus)]}" in text, text
+    assert f"AFTER CELL {[(20.0 * (r + 1), f'cuda:{r}') for r in range(gpus)]}" in text, text
+    assert "NOTEBOOK cuda:0 4.0" in text, text
+
+
 def test_kaggle_2xT4_notebook_end_to_end(tmp_path):
     gpus = cuda_devices()
     if gpus < 2:
