@@ -82,11 +82,18 @@ def measure(config: dict, folder: Path, disk: Path) -> list[Row]:
     result = json.loads(report.read_text())
     folders = sorted(p for p in runs.iterdir() if p.is_dir() and not p.name.startswith("."))
     remaining = sum(folder_bytes(p) for p in folders)
-    next_log = sum(p.stat().st_size for p in folders[-1].glob("rank*")) if folders else 0
+    next_log = sum(bytes_the_rank_wrote(p) for p in folders[-1].glob("rank*")) if folders else 0
     facts = {"returned": result["first"] == [lines] and result["second"] == [NEXT_RUN_LINES],
              "said": text.count(STOPPED_NOTE), "folders": len(folders),
              "next_log": next_log, "next_expected": NEXT_RUN_LINES * LINE_BYTES}
     return rows(config, facts, Cell(samples=[result["took"]]), Cell(samples=[remaining / 1e6]))
+
+
+def bytes_the_rank_wrote(log: Path) -> int:
+    """The bytes of a rank's log its own lines take: not the notebook's lines about the rank's
+    resources (``[notebook_launch] resources``: one as it ends, one a minute before)."""
+    with open(log, "rb") as f:
+        return sum(len(line) for line in f if not line.startswith(b"[notebook_launch] resources"))
 
 
 def rows(config: dict, facts: dict | None, took: Cell, remaining: Cell) -> list[Row]:
