@@ -26,9 +26,15 @@ def test_forced_choices_and_auto_outside_a_kernel(monkeypatch):
     assert type(choose_display("none")).__name__ == "Display"
     assert isinstance(choose_display("text"), TextDisplay)
     assert type(choose_display("rich")).__name__ == "RichDisplay"
-    assert type(choose_display("html")).__name__ == "HtmlDisplay"
+    # a notebook panel is drawn once its run lasts (display/deferred.py): a launch's and a call's
+    from notebook_launch.display.deferred import DeferredPanel
+    html, call = choose_display("html"), choose_display("html", call=True)
+    assert isinstance(html, DeferredPanel) and not html.call
+    assert type(html._make()).__name__ == "HtmlDisplay"
+    assert isinstance(call, DeferredPanel) and call.call
     pytest.importorskip("ipywidgets")
-    assert type(choose_display("widget")).__name__ == "WidgetDisplay"
+    widget = choose_display("widget")
+    assert isinstance(widget, DeferredPanel) and type(widget._make()).__name__ == "WidgetDisplay"
     monkeypatch.setattr("sys.stdout", io.StringIO())          # not a terminal: CI logs
     auto = choose_display("auto")
     assert isinstance(auto, TextDisplay) and auto.summary_every is not None

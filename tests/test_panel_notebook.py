@@ -129,8 +129,8 @@ def quick(i):
 def lasting(i):
     """A call that outlasts the call panel's delay (display/deferred.py): its panel is drawn."""
     import time
-    from notebook_launch.display.deferred import CALL_PANEL_AFTER
-    time.sleep(CALL_PANEL_AFTER + 1.0)
+    from notebook_launch.display.deferred import PANEL_AFTER
+    time.sleep(PANEL_AFTER + 1.0)
     return i
 
 def open_comms():
@@ -153,16 +153,20 @@ print("BEFORE", open_comms(), live_widgets())
 
 @pytest.mark.timeout(900)
 def test_a_loop_of_launches_leaves_no_live_widget_behind():
-    """100 launches in one cell, then calls on persistent ranks: the kernel's count of open
-    comms and of live widgets is the same after each launch and call as before the first, every
-    widget the kernel opened was closed (IOPub's comm_open/comm_close), and the saved notebook
-    holds one picture per panel and no widget view. Calls over at once draw no panel at all
-    (display/deferred.py: not one comm opened); calls that last draw one each."""
+    """100 launches in one cell and 2 that last, then calls on persistent ranks: the kernel's count
+    of open comms and of live widgets is the same after each launch and call as before the first,
+    every widget the kernel opened was closed (IOPub's comm_open/comm_close), and the saved
+    notebook holds one picture per launch and lasting call and no widget view. Launches and calls
+    over at once build no live panel (display/deferred.py: not one comm opened): a launch leaves
+    its picture alone, a call nothing; those that last draw the panel, which becomes the picture."""
     messages: list[tuple[int, str, dict]] = []   # (cell index, msg_type, content) of each IOPub message
     nb = run_notebook([
         COUNTS,
         f"after_each = set()\nfor i in range({LOOP}):\n"
         "    assert notebook_launcher(quick, args=(i,), num_processes=1, ui='widget') == [i]\n"
+        "    after_each.add((open_comms(), live_widgets()))\n"
+        "for i in range(2):\n"
+        "    assert notebook_launcher(lasting, args=(i,), num_processes=1, ui='widget') == [i]\n"
         "    after_each.add((open_comms(), live_widgets()))\n"
         "print('EACH', sorted(after_each))",
         "ranks = start_ranks(2, ui='widget', use_port=free_port())\n"
@@ -184,10 +188,12 @@ def test_a_loop_of_launches_leaves_no_live_widget_behind():
         assert f"EACH {expected}" in printed(nb.cells[index]), outputs_text(nb.cells[index])[-2000:]
     opened = [m[2]["comm_id"] for m in messages if m[1] == "comm_open"]
     closed = [m[2]["comm_id"] for m in messages if m[1] == "comm_close"]
-    assert len(opened) >= 20 * (LOOP + 2) and sorted(opened) == sorted(closed)   # every model closed, once
+    assert len(opened) >= 20 * 4 and sorted(opened) == sorted(closed)   # every model closed, once
+    # the quick launches opened none: the cell's comms are the two lasting launches' panels
+    assert 20 * 2 <= len([m for m in messages if m[0] == 1 and m[1] == "comm_open"]) <= 100 * 2
     assert not [m for m in messages if m[0] == 2 and m[1] == "comm_open"]   # the quick calls: no panel
     assert all(widget_views(cell) == [] for cell in nb.cells[1:4])
-    assert [len(pictures(cell)) for cell in nb.cells[1:4]] == [LOOP, 0, 2]
+    assert [len(pictures(cell)) for cell in nb.cells[1:4]] == [LOOP + 2, 0, 2]
     assert all("nl-status-done" in p.data["text/html"] for cell in nb.cells[1:4] for p in pictures(cell))
 
 
@@ -227,6 +233,53 @@ def test_a_call_draws_its_panel_once_there_is_something_to_watch():
     assert len(pictures(cells[7])) == 1, cells[7].outputs
     assert not [o for cell in cells for o in cell.outputs if o.output_type == "error"
                 and o.ename != "LaunchError"]
+
+
+@pytest.mark.timeout(600)
+def test_a_launch_draws_its_live_panel_once_there_is_something_to_watch():
+    """A launch over before PANEL_AFTER builds no live panel (a trivial launch spent 30-40 ms of a
+    kernel's time on 33 widgets nobody could watch): it leaves the same picture the live panel
+    would have become, failed ones too; a rank's line or display() draws the panel first, above it."""
+    messages: list[tuple[int, str, dict]] = []
+    nb = run_notebook([
+        COUNTS + "\ndef printing(i):\n    print('LINE', i)\n    return i\n"
+        "def showing(i):\n    from IPython.display import display\n    display('SHOWN')\n    return i\n"
+        "def failing():\n    raise ValueError('bad batch')\n",
+        "notebook_launcher(quick, args=(1,), num_processes=2, ui='widget')",      # 1: over at once
+        "notebook_launcher(printing, args=(2,), num_processes=2, ui='widget')",   # 2: a line: the panel
+        "notebook_launcher(showing, args=(3,), num_processes=1, ui='widget')",    # 3: a display(): the panel
+        "notebook_launcher(failing, num_processes=2, ui='widget')",               # 4: fails at once
+        "notebook_launcher(quick, args=(5,), num_processes=2, ui='html')",        # 5: the HTML panel waits too
+        "notebook_launcher(lasting, args=(6,), num_processes=1, ui='widget')",    # 6: lasts: the panel
+    ], timeout=600, messages=messages)
+    cells = nb.cells
+
+    def opened(index):
+        return [m for m in messages if m[0] == index and m[1] == "comm_open"]
+
+    quick = cells[1]
+    assert not opened(1) and widget_views(quick) == []
+    [picture] = pictures(quick)
+    assert picture.data["text/html"].count("nl-status-done") == 2 and "2 ranks" in picture.data["text/plain"]
+    assert quick.outputs[-1].output_type == "execute_result" and quick.outputs[-1]["data"]["text/plain"] == "[1, 1]"
+    assert opened(2) and len(pictures(cells[2])) == 1 and "LINE 2" in printed(cells[2])
+    outputs = cells[2].outputs
+    line = [i for i, o in enumerate(outputs) if o.output_type == "stream" and "LINE 2" in o.text]
+    panel = [i for i, o in enumerate(outputs) if o.output_type == "display_data"]
+    assert line and panel and panel[0] < line[0], outputs   # the panel above the rank's lines
+    assert opened(3) and len(pictures(cells[3])) == 1
+    shown = [i for i, o in enumerate(cells[3].outputs) if o.output_type == "display_data"
+             and "SHOWN" in o.data.get("text/plain", "")]
+    panel = [i for i, o in enumerate(cells[3].outputs) if o in pictures(cells[3])]
+    assert shown and panel and panel[0] < shown[0], cells[3].outputs   # the panel above the rank's output
+    assert not opened(4)
+    failed = pictures(cells[4])
+    assert len(failed) == 1 and "nl-status-failed" in failed[0].data["text/html"], cells[4].outputs
+    assert "ValueError: bad batch" in failed[0].data["text/html"]
+    assert [o for o in cells[4].outputs if o.output_type == "error"][0].ename == "LaunchError"
+    assert len(pictures(cells[5])) == 1 and not opened(5)
+    assert opened(6) and len(pictures(cells[6])) == 1 and widget_views(cells[6]) == []
+    assert all(widget_views(cell) == [] for cell in cells)
 
 
 def test_widget_versions_in_this_kernel_are_reported():

@@ -27,8 +27,8 @@ def choose_display(ui: str | Display = "auto", *, line_prefix: str | None = None
     counted in a note; every line is in the logs); None shows every line. Only a notebook cell has
     a budget: a terminal or a CI log takes every line. ``cell_output``: the bytes of lines a run leaves
     in a cell (``cell_budget``; None: not bounded). ``call``: one call on persistent ranks, whose
-    text ends on one line when it went well (a call may take no time: four lines would be noise),
-    and whose notebook panel is drawn only once the call lasts (``deferred``)."""
+    text ends on one line when it went well (a call may take no time: four lines would be noise).
+    A notebook panel, a launch's or a call's, is drawn only once the run lasts (``deferred``)."""
     # options.validate_lines_per_second checked the user's value: this is our own contract
     assert lines_per_second is None or lines_per_second >= 1, lines_per_second
     if isinstance(ui, Display):
@@ -38,11 +38,11 @@ def choose_display(ui: str | Display = "auto", *, line_prefix: str | None = None
     if ui == "auto":
         ui = _auto_choice()
     if ui in ("widget", "html"):
-        if call:   # drawn once the call lasts (display/deferred.py): most calls are over in a millisecond
-            from .deferred import DeferredPanel
-            return DeferredPanel(lambda: _panel(ui, line_prefix, lines_per_second, cell_output), ui,
-                                 line_prefix=line_prefix)
-        return _panel(ui, line_prefix, lines_per_second, cell_output)
+        # drawn once the run lasts (display/deferred.py): most calls are over in a millisecond, a
+        # quick launch in tens; one over before then leaves its picture (a call that went well, nothing)
+        from .deferred import DeferredPanel
+        return DeferredPanel(lambda: _panel(ui, line_prefix, lines_per_second, cell_output), ui,
+                             line_prefix=line_prefix, call=call)
     if ui == "rich":
         from .rich_panel import RichDisplay
         return RichDisplay(line_prefix=line_prefix)

@@ -40,5 +40,9 @@ class Display:
         """A rank's prompt waits in the terminal (``showing``) or was answered: a display that
         redraws the terminal stops doing so meanwhile."""
 
+    def before_output(self, state: RunState) -> None:
+        """A rank's ``display()`` output is about to reach the cell: a panel not drawn yet
+        (``deferred``) is drawn first, so it stays above the run's outputs."""
+
     def close(self, state: RunState) -> None:
         pass

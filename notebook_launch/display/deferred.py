@@ -1,14 +1,18 @@
-"""A call's notebook panel, drawn only once the call has lasted ``CALL_PANEL_AFTER`` seconds.
+"""A notebook panel (widget or HTML) drawn only once its run has lasted ``PANEL_AFTER`` seconds.
 
-Why: a warm call on persistent ranks is over in a millisecond, and the widget panel of one
-call was 33 widgets and about 75 comm messages, opened and closed again: in a Jupyter kernel a
+Why: a warm call on persistent ranks is over in a millisecond, and the widget panel of one call
+was 33 widgets and about 75 comm messages, opened and closed again: in a Jupyter kernel a
 trivial ``ranks.run(f)`` took 32 ms with it against 0.6 ms without (issue 45), and a loop of
-calls left a picture per call in the cell. So a call's panel (widget or HTML) is made when
-there is something to watch: the call still runs after ``CALL_PANEL_AFTER`` (tqdm's ``delay``
-does the same for bars), a rank printed a line (the panel stays above its lines, as in every
-run), or a rank waits at a prompt. A call that ends well before then leaves no output: its
-results are the cell's value. One that fails or is stopped before then is drawn as it ends, so
-its picture shows which rank failed, as any failed run's does.
+calls left a picture per call in the cell. A quick launch paid the same 30-40 ms to build a live
+panel that nobody could watch before it became its picture. So the panel is made when there is
+something to watch: the run still runs after ``PANEL_AFTER`` (tqdm's ``delay`` does the same for
+bars), a rank printed a line (the panel stays above its lines, as in every run), a rank waits at
+a prompt, or (a launch) a rank shows a ``display()`` output (the panel stays above it).
+
+A run over before then ends as it would have: a launch leaves its final picture (the same static
+HTML the live panel becomes, published once, no widget made); a call that went well leaves no
+output, its results are the cell's value; a call that failed or was stopped leaves its picture,
+which shows which rank.
 """
 from __future__ import annotations
 
@@ -21,20 +25,25 @@ from .base import Display
 if TYPE_CHECKING:
     from ..record.state import RunState
 
-CALL_PANEL_AFTER = 0.5   # seconds a call runs before its panel is drawn
+PANEL_AFTER = 0.5        # seconds a run goes on before its panel is drawn
+CALL_PANEL_AFTER = PANEL_AFTER
 
 
 class DeferredPanel(Display):
     """The display ``make()`` returns, made and started only when there is something to watch
-    (see the module); until then every call to it costs a comparison."""
+    (see the module); until then every call to it costs a comparison. ``call``: one call on
+    persistent ranks (a quick one that went well leaves nothing; a rank's ``display()`` does not
+    draw the panel, a cell's outputs are the call's own); else a launch."""
 
     def __init__(self, make: Callable[[], Display], name: str, line_prefix: str | None = None,
-                 after: float = CALL_PANEL_AFTER) -> None:
+                 after: float = PANEL_AFTER, call: bool = True) -> None:
         super().__init__(line_prefix)
         self.name = name        # the panel's: what ui= selected
         self.after = after
+        self.call = call
         self._make = make
         self.shown: Display | None = None   # the panel, once made
+        self.pictured = False               # ended before there was anything to watch: its picture shown
         self._started = 0.0
 
     def start(self, state: RunState) -> None:
@@ -52,10 +61,26 @@ class DeferredPanel(Display):
         if showing or self.shown is not None:
             self._panel(state).prompting(state, showing)
 
+    def before_output(self, state: RunState) -> None:
+        if not self.call:
+            self._panel(state)
+
     def close(self, state: RunState) -> None:
-        if self.shown is None and state.status == DONE:
-            return   # over before there was anything to watch: the results say it
-        self._panel(state).close(state)
+        if self.shown is not None:
+            self.shown.close(state)
+        elif not (self.call and state.status == DONE):   # a call that went well: the results say it
+            self._picture(state)
+
+    def _picture(self, state: RunState) -> None:
+        """The final picture alone, as the live panel's ``close`` leaves it (``html.render``)."""
+        from IPython.display import display
+
+        from ..notebook.notebook_streams import flushable_streams
+        from . import format as fmt
+        from .html import render
+        with flushable_streams():
+            display({"text/html": render(state), "text/plain": fmt.summary(state)}, raw=True)
+        self.pictured = True
 
     def _panel(self, state: RunState) -> Display:
         if self.shown is None:
@@ -64,4 +89,4 @@ class DeferredPanel(Display):
         return self.shown
 
 
-__all__ = ["CALL_PANEL_AFTER", "DeferredPanel"]
+__all__ = ["CALL_PANEL_AFTER", "PANEL_AFTER", "DeferredPanel"]

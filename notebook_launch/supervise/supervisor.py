@@ -215,6 +215,7 @@ class Supervisor:
                 return
             self.fail(self.resources.name_failure(Failure.from_payload(local, payload), watch, payload))
         elif kind is protocol.EventKind.DISPLAY and self.rank_displays is not None:
+            self.display.before_output(self.state)
             self.rank_displays.on_event(self.global_rank(local), payload)
         elif kind is protocol.EventKind.INPUT_REQUEST:
             self.watcher.drain_streams(watch)   # what the rank printed (pdb's listing) shows first
