@@ -108,7 +108,8 @@ def test_lines_per_second_reaches_the_display(given, budget, log_dir):
                       cpu_count=4)
     session = Session.for_launch(plan, options, run_id="r", backend="fork")
     session.logs.close()
-    display = session.display
+    from helpers.panel_helpers import panel_of
+    display = panel_of(session.display)
     assert isinstance(display, HtmlDisplay) and display.lines is not None
     assert display.lines.budget == budget
 

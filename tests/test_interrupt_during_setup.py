@@ -54,3 +54,29 @@ def test_an_interrupt_while_the_supervisor_is_set_up_ends_the_ranks(tmp_path, mo
     left = [p for p in running(children()) if p.pid in rank_pids]
     assert not left, f"ranks still running after the interrupt: {left}"
     assert not any(os.path.exists(f"/proc/{pid}") for pid in rank_pids), "a rank was not reaped"
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("start_method", ["fork", "spawn"])
+@pytest.mark.parametrize("raised", [KeyboardInterrupt, OSError])
+def test_a_start_of_persistent_ranks_stopped_part_way_ends_its_ranks(tmp_path, monkeypatch, start_method, raised):
+    """The same window for ``start_ranks``: once its ranks run, an interrupt (or an error) before the
+    pool is handed out ends them. The pool's finalizer alone would wait for the traceback to go,
+    which a notebook keeps (``sys.last_traceback``); this test keeps it too."""
+    from notebook_launch import start_ranks
+    from notebook_launch.persistent.life import RankLife
+    started = RankLife.start_idle
+    seen: list[int] = []
+
+    def interrupted(self, events):
+        started(self, events)
+        seen.extend(process.pid for process in self.transport.processes)   # every rank runs now
+        raise raised("stopped while starting")
+
+    monkeypatch.setattr(RankLife, "start_idle", interrupted)
+    with pytest.raises(raised) as kept:   # the traceback stays alive, as a notebook's last one
+        start_ranks(2, ui="none", start_method=start_method, log_dir=str(tmp_path / "logs"))
+    assert len(seen) == 2 and kept.value is not None
+    left = [p for p in running(children()) if p.pid in seen]
+    assert not left, f"ranks still running after the start was stopped: {left}"
+    assert not any(os.path.exists(f"/proc/{pid}") for pid in seen), "a rank was not reaped"

@@ -199,10 +199,9 @@ def test_a_ranks_recent_lines_are_sent_when_its_row_is_opened(widget_panel):
 
 def cell_line_budget(display) -> int | None:
     """The line budget of a notebook panel's cell (the TextDisplay a widget or HTML panel prints lines with)."""
-    from notebook_launch.display.deferred import DeferredPanel
+    from helpers.panel_helpers import panel_of
     from notebook_launch.display.widget import WidgetDisplay
-    if isinstance(display, DeferredPanel):   # drawn once its run lasts: the panel it would draw
-        display = display._make()
+    display = panel_of(display)   # drawn once its run lasts: the panel it would draw
     assert isinstance(display, (WidgetDisplay, html_display.HtmlDisplay)) and display.lines is not None, display
     return display.lines.budget
 

@@ -265,8 +265,13 @@ def test_a_launch_shows_the_display_its_options_name_or_the_callers_own(tmp_path
     named = Session.for_launch(a_plan(), LaunchOptions(function=print, ui="html", log_dir=tmp_path / "named",
                                                        lines_per_second=7), run_id="run-1", backend="fork")
     named.logs.close()
-    assert type(named.display) is HtmlDisplay and named.display.lines is not None
-    assert named.display.lines.budget == 7
+    # a notebook panel, drawn once the run lasts (display/deferred.py): the one it would draw
+    from helpers.panel_helpers import panel_of
+    from notebook_launch.display.deferred import DeferredPanel
+    assert isinstance(named.display, DeferredPanel) and named.display.name == "html"
+    panel = panel_of(named.display)
+    assert type(panel) is HtmlDisplay and panel.lines is not None
+    assert panel.lines.budget == 7
     display = RecordingDisplay()
     options = LaunchOptions(function=print, ui=display, log_dir=tmp_path / "own", lines_per_second=7)
     session = Session.for_launch(a_plan(), options, run_id="run-2", backend="fork")

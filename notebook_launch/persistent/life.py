@@ -136,6 +136,17 @@ class RankLife:
         if memory is not None:
             memory.resources.close()
 
+    def end_failed_start(self) -> None:
+        """A start stopped part way: end what it started at once (no grace: nothing of theirs
+        ran yet) and close the run folder."""
+        try:
+            self.stop(graceful=False)
+        finally:
+            if self._cells is not None:
+                self._cells.close()
+            if self.logs is not None:
+                self.logs.close()
+
     def close(self) -> None:
         """``Ranks.close()``: STOP the ranks (a grace, then SIGKILL), and close the run folder."""
         self.stop(graceful=True)

@@ -64,3 +64,10 @@ def bars_of(rank=0):
     main = rs.main_bar
     return [(b.desc, b.n, b.total, b.closed) for b in rs.bars.values()], main.desc if main else None
 """
+
+
+def panel_of(display):
+    """The notebook panel a chosen display draws: a widget or HTML panel is drawn once its run
+    lasts (``display.deferred.DeferredPanel``), so what ``choose_display`` returns makes it."""
+    from notebook_launch.display.deferred import DeferredPanel
+    return display._make() if isinstance(display, DeferredPanel) else display

@@ -97,6 +97,7 @@ class LocalTransport(RankTransport):
                 processes = backend.start(plan, job, pipes, extra_fds=[(c.read_fd, slot.fd) for c in command_pipes])
             else:
                 processes = backend.start(plan, job, pipes)
+            self.processes[:] = processes   # at once: an interrupt from here on finds them (``Ranks._start``)
         except BaseException:
             for p in pipes:
                 p.close_all()
@@ -110,7 +111,6 @@ class LocalTransport(RankTransport):
                 c.close_read_end()
         self.pipes, self._commands, self.interrupts = pipes, command_pipes, slot
         self.result_fds = [c.write_fd for c in command_pipes]
-        self.processes[:] = processes
         self._run_mark = run_id
 
     def launch_line(self, plan: LaunchPlan, logs: RunLogs, display: str) -> str:
