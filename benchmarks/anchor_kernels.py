@@ -12,6 +12,10 @@ actor on each of 2 procs), then cells of BLOCK calls each alternate between the 
 cell timing its own calls and printing them. Monarch's calls are awaited (``await
 actors.rank.call()``), as Monarch asks in a notebook: ``.get()`` in a kernel's cell warns on every
 call that it blocks the kernel's event loop.
+
+A second row does the same for a warm 4-rank launch: ``notebook_launcher`` (the default ``ui``, the
+widget panel, drawn once a launch lasts: display/deferred.py) against torch's
+``start_processes(fork)``, each in a kernel of this venv, cells of BLOCK launches taking turns.
 """
 from __future__ import annotations
 
@@ -36,14 +40,22 @@ SETUP = {
         "actors = procs.spawn('trivial', Trivial)\n"
         "await actors.rank.call()\n"),
 }
-CALL = {"ours": "ranks.run(trivial)", "monarch": "await actors.rank.call()"}
+LAUNCH_RANKS = 4
+SETUP["ours launch"] = NOTEBOOK_CELL + "from notebook_launch import notebook_launcher\n"
+SETUP["start_processes"] = ("from torch.multiprocessing import start_processes\n\n"
+                            "def nothing(index):\n    return None\n")
+CALL = {"ours": "ranks.run(trivial)", "monarch": "await actors.rank.call()",
+        "ours launch": f"notebook_launcher(trivial, num_processes={LAUNCH_RANKS})",
+        "start_processes": f"start_processes(nothing, nprocs={LAUNCH_RANKS}, start_method='fork')"}
+for _launcher in ("ours launch", "start_processes"):   # its first launch, untimed
+    SETUP[_launcher] += CALL[_launcher] + "\n"
 TIMED = ("import time as _time, json as _json\n_samples = []\n"
          "for _ in range({count}):\n"
          "    _began = _time.perf_counter()\n"
          "    {call}\n"
          "    _samples.append(_time.perf_counter() - _began)\n"
          "print('SAMPLES', _json.dumps(_samples))\n")
-CLOSE = {"ours": "ranks.close()", "monarch": "del actors, procs"}
+CLOSE = {"ours": "ranks.close()", "monarch": "del actors, procs", "ours launch": "pass", "start_processes": "pass"}
 CELL_TIMEOUT = 300
 
 
@@ -53,17 +65,17 @@ class KernelSide:
     def __init__(self, name: str, log_dir: str) -> None:
         from jupyter_client.kernelspec import KernelSpecManager
         from jupyter_client.manager import KernelManager
-        python = sys.executable if name == "ours" else venv_python(name)
+        python = venv_python(name) if name == "monarch" else sys.executable
         if python is None:
             raise FileNotFoundError(f".venv-{name} is missing: run `bash scripts/setup-anchors.sh {name}`")
-        specs = os.path.join(log_dir, "kernels")
-        os.makedirs(os.path.join(specs, f"item15-{name}"), exist_ok=True)
-        with open(os.path.join(specs, f"item15-{name}", "kernel.json"), "w") as spec:
+        specs, kernel = os.path.join(log_dir, "kernels"), f"item15-{name.replace(' ', '-')}"
+        os.makedirs(os.path.join(specs, kernel), exist_ok=True)
+        with open(os.path.join(specs, kernel, "kernel.json"), "w") as spec:
             json.dump({"argv": [python, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
                        "display_name": f"item 15: {name}", "language": "python"}, spec)
         env = dict(os.environ, PYTHONPATH=REPO_ROOT, NOTEBOOK_LAUNCH_LOG_DIR=os.path.join(log_dir, "rank-logs"))
         self.name = name
-        self.manager = KernelManager(kernel_name=f"item15-{name}",
+        self.manager = KernelManager(kernel_name=kernel,
                                      kernel_spec_manager=KernelSpecManager(kernel_dirs=[specs]))
         self.stderr = open(os.path.join(log_dir, f"kernel-{name}.stderr"), "ab")   # its warnings, Monarch's log lines
         try:
@@ -116,12 +128,35 @@ class KernelSide:
 
 
 def run(repeats: int, calls: int, log_dir: str) -> Row:
-    """Each repeat: both kernels started (order rotating), ``calls`` warm calls each in cells of
-    BLOCK taking turns, both closed."""
-    found: dict = {"ours": [], "monarch": []}
+    """The call row: ours and Monarch's kernels (``taking_turns``)."""
+    found, errors = taking_turns(("ours", "monarch"), repeats, calls, log_dir)
+    return kernel_row(found, errors)
+
+
+def launch_row(repeats: int, launches: int, log_dir: str) -> Row:
+    """The launch row: ours and ``start_processes``' kernels (``taking_turns``)."""
+    from .table import Cell, fmt_ratio, ratio
+    found, errors = taking_turns(("ours launch", "start_processes"), repeats, launches, log_dir)
+    row = Row(item="15", measurement=f"warm trivial launch, {LAUNCH_RANKS} ranks, made from a Jupyter kernel's cell "
+              "(the default `ui`): `notebook_launcher` vs `start_processes(fork)` in a kernel of the same venv",
+              ranks=str(LAUNCH_RANKS), unit="s", group=15, goal="— (the script rows' goal is the measure of record)")
+    ours, theirs = row.cell("ours"), Cell(label="start_processes (fork), in a kernel")
+    row.cells["other"] = [theirs]
+    for cell, name in ((ours, "ours launch"), (theirs, "start_processes")):
+        cell.samples = found[name]
+        if errors.get(name):
+            cell.text = f"error: {errors[name]}"
+    row.ratios = f"ours/start_processes {fmt_ratio(ratio(ours.median(), theirs.median()))}"
+    return row
+
+
+def taking_turns(names: tuple[str, str], repeats: int, count: int, log_dir: str) -> tuple[dict, dict]:
+    """Each repeat: both kernels started (order rotating), ``count`` warm calls of each in cells of
+    BLOCK taking turns, both closed. Each side's samples and first error, by name."""
+    found: dict = {name: [] for name in names}
     errors: dict = {}
     for repeat in range(repeats):
-        order = ["ours", "monarch"] if repeat % 2 == 0 else ["monarch", "ours"]
+        order = list(names) if repeat % 2 == 0 else list(names[::-1])
         sides: dict = {}
         try:
             for name in order:
@@ -130,17 +165,17 @@ def run(repeats: int, calls: int, log_dir: str) -> Row:
                         sides[name] = KernelSide(name, log_dir)
                     except (OSError, RuntimeError, ValueError) as exc:
                         errors[name] = f"{type(exc).__name__}: {exc}"[:300]
-            for start in range(0, calls, BLOCK):
+            for start in range(0, count, BLOCK):
                 for name in (order if (start // BLOCK) % 2 == 0 else order[::-1]):
                     if name in sides and name not in errors:
                         try:
-                            found[name] += sides[name].calls(min(BLOCK, calls - start))
+                            found[name] += sides[name].calls(min(BLOCK, count - start))
                         except (OSError, RuntimeError, ValueError) as exc:
                             errors[name] = f"{type(exc).__name__}: {exc}"[:300]
         finally:
             for side in sides.values():
                 side.close()
-    return kernel_row(found, errors)
+    return found, errors
 
 
 def kernel_row(found: dict, errors: dict) -> Row:

@@ -213,6 +213,7 @@ def run(config: dict, log_dir: str, say) -> list:
     rows += [start_row(found, errors), ddp_row(found, errors)]
     for ranks in ([4] if config["quick"] else [4, 8]):
         rows.append(launch_row(ranks, config, log_dir))
+    rows.append(anchor_kernels.launch_row(config["repeats"], 10 if config["quick"] else 4 * BLOCK, log_dir))
     return rows
 
 
