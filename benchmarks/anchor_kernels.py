@@ -135,18 +135,12 @@ def run(repeats: int, calls: int, log_dir: str) -> Row:
 
 def launch_row(repeats: int, launches: int, log_dir: str) -> Row:
     """The launch row: ours and ``start_processes``' kernels (``taking_turns``)."""
-    from .table import Cell, fmt_ratio, ratio
+    from .anchors import beside_anchor
     found, errors = taking_turns(("ours launch", "start_processes"), repeats, launches, log_dir)
     row = Row(item="15", measurement=f"warm trivial launch, {LAUNCH_RANKS} ranks, made from a Jupyter kernel's cell "
               "(the default `ui`): `notebook_launcher` vs `start_processes(fork)` in a kernel of the same venv",
               ranks=str(LAUNCH_RANKS), unit="s", group=15, goal="— (the script rows' goal is the measure of record)")
-    ours, theirs = row.cell("ours"), Cell(label="start_processes (fork), in a kernel")
-    row.cells["other"] = [theirs]
-    for cell, name in ((ours, "ours launch"), (theirs, "start_processes")):
-        cell.samples = found[name]
-        if errors.get(name):
-            cell.text = f"error: {errors[name]}"
-    row.ratios = f"ours/start_processes {fmt_ratio(ratio(ours.median(), theirs.median()))}"
+    beside_anchor(row, found, errors, ("ours launch", "start_processes"), "start_processes (fork), in a kernel")
     return row
 
 

@@ -267,14 +267,21 @@ def ddp_row(found: dict, errors: dict) -> Row:
 def beside_monarch(row: Row, samples: dict, errors: dict, goal: float | None = None) -> float | None:
     """Fill ``row``'s two cells, ours and Monarch's (``samples`` and ``errors`` by side's name),
     its ratio of medians and, with a ``goal`` (ours/Monarch at most), whether it is met."""
-    ours, monarch = row.cell("ours"), Cell(label="Monarch")
-    row.cells["other"] = [monarch]
-    for cell, name in ((ours, "ours"), (monarch, "monarch")):
+    return beside_anchor(row, samples, errors, ("ours", "monarch"), "Monarch", goal)
+
+
+def beside_anchor(row: Row, samples: dict, errors: dict, sides: tuple[str, str], label: str,
+                  goal: float | None = None) -> float | None:
+    """``beside_monarch`` for any two sides: ``sides`` names ours and the anchor in ``samples`` and
+    ``errors``, ``label`` the anchor in the table."""
+    ours, anchor = row.cell("ours"), Cell(label=label)
+    row.cells["other"] = [anchor]
+    for cell, name in ((ours, sides[0]), (anchor, sides[1])):
         cell.samples = samples[name]
         if errors.get(name):
             cell.text = f"error: {errors[name]}"
-    vs = ratio(ours.median(), monarch.median())
-    row.ratios = f"ours/Monarch {fmt_ratio(vs)}"
+    vs = ratio(ours.median(), anchor.median())
+    row.ratios = f"ours/{label.split(' ')[0]} {fmt_ratio(vs)}"
     if goal is not None:
         row.met = "unknown (error)" if vs is None else ("yes" if vs <= goal else "**NO (missed)**")
     return vs
