@@ -11,9 +11,10 @@ Ray ranks whose node died, that call fails with the transport's LaunchError).
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 from ..wire import protocol
+from ..errors.best_effort import best_effort
 from ..display import choose_display
 from ..notebook.notebook_streams import OUT
 from ..planning.options import LaunchOptions
@@ -135,6 +136,21 @@ class RankLife:
         memory, self.memory = self.memory, None   # fresh ranks get a fresh sampler
         if memory is not None:
             memory.resources.close()
+
+    def first_start(self, abandon: Callable[[], object]) -> None:
+        """The pool's start. One stopped part way (an interrupt once ranks run, an error) ends what
+        it started before it raises (then ``abandon``, the pool's finalizer, for whatever is left):
+        the pool is never handed out, and its finalizer alone would wait for the traceback to go,
+        which a notebook keeps (``sys.last_traceback``), the ranks running meanwhile."""
+        try:
+            self.start()
+        except BaseException:
+            try:
+                with best_effort("ending the ranks of a start that failed part way"):
+                    self.end_failed_start()
+            finally:
+                abandon()
+            raise
 
     def end_failed_start(self) -> None:
         """A start stopped part way: end what it started at once (no grace: nothing of theirs

@@ -34,7 +34,6 @@ from typing import Any, TypeVar
 from ..wire import protocol
 from ..display.words import counted
 from ..errors import LaunchArgumentError, LaunchError, NotebookLaunchError, user_interrupt
-from ..errors.best_effort import best_effort
 from ..record.logs import LogSection, RunLogs
 from ..record.state import RunState
 from ..planning.options import (
@@ -292,20 +291,9 @@ class Ranks:
             else validate_lines_per_second(lines_per_second))
 
     def _start(self) -> None:
-        """Start the ranks (``start_ranks``: once, before the pool is handed out). A start stopped
-        part way (an interrupt once ranks run, an error) ends what it started before it raises: the
-        pool is never handed out, and its finalizer would wait for the traceback to go, which a
-        notebook keeps (``sys.last_traceback``), the ranks running meanwhile."""
-        try:
-            self._life.start()
-        except BaseException:
-            self.closed = True
-            try:
-                with best_effort("ending the ranks of a start that failed part way"):
-                    self._life.end_failed_start()
-            finally:
-                self._finalizer()   # whatever that left: the transport's abandon
-            raise
+        """Start the ranks (``start_ranks``: once, before the pool is handed out); a start stopped
+        part way ends what it started (``RankLife.first_start``)."""
+        self._life.first_start(abandon=self._finalizer)
 
     def _call(self, call: Call, title: str, timeout: float | None, quiet: bool = False,
               idle: frozenset[int] = frozenset(), watch: CallWatchOptions | None = None) -> list[Any]:
