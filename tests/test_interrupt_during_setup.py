@@ -80,3 +80,53 @@ def test_a_start_of_persistent_ranks_stopped_part_way_ends_its_ranks(tmp_path, m
     left = [p for p in running(children()) if p.pid in seen]
     assert not left, f"ranks still running after the start was stopped: {left}"
     assert not any(os.path.exists(f"/proc/{pid}") for pid in seen), "a rank was not reaped"
+
+
+@pytest.mark.timeout(300)
+def test_an_interrupt_while_the_start_process_answers_ends_the_ranks_it_forked(tmp_path, monkeypatch):
+    """Spawn-class ranks are forked by the warm start process, and the notebook learns their pids
+    from its answer. An interrupt that came while the answer was on its way (the py314 lane, on
+    a busy machine) left the ranks it had forked running: the notebook never read their pids.
+    Here the SIGINT comes once the ranks run the function, before the fork request's answer is read.
+    (Ranks that had not yet sent their first event died of the pipes the failed start closed.)"""
+    import signal
+    from notebook_launch.engines.local import start_client, start_process
+    start_process.current()   # warm and ready: its ready message read before the test
+    send = start_client.start_wire.send
+    pids = tmp_path / "pids"
+    pids.mkdir()
+    sent: list[int] = []
+
+    def interrupted_send(sock, message, fds=()):
+        send(sock, message, fds)
+        if "ranks" in message and not sent:   # the fork request is out: the ranks are being forked
+            sent.append(1)
+            deadline = time.monotonic() + 120
+            while len(os.listdir(pids)) < 2 and time.monotonic() < deadline:   # both run the function
+                time.sleep(0.05)
+            os.kill(os.getpid(), signal.SIGINT)   # Python runs the handler here, before the answer is read
+
+    monkeypatch.setattr(start_client.start_wire, "send", interrupted_send)
+    before = {p.pid for p in start_process_children()}
+    with pytest.raises(KeyboardInterrupt):
+        notebook_launcher(sleeper_function(), args=(str(pids),), num_processes=2, start_method="spawn",
+                          ui="none", log_dir=str(tmp_path / "logs"))
+    assert sent and len(os.listdir(pids)) == 2, "the ranks did not run before the interrupt"
+    deadline = time.monotonic() + 30   # the start process reaps what was killed within milliseconds
+    left = [p for p in running(start_process_children()) if p.pid not in before]
+    while left and time.monotonic() < deadline:
+        time.sleep(0.05)
+        left = [p for p in running(start_process_children()) if p.pid not in before]
+    assert not left, f"ranks the start process forked still run after the interrupt: {left}"
+
+
+def start_process_children():
+    import psutil
+    from notebook_launch.engines.local import start_process
+    process = start_process.running()
+    if process is None:
+        return []
+    try:
+        return psutil.Process(process.pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        return []

@@ -79,6 +79,27 @@ class WidgetDisplay(Display):
     # --- building --------------------------------------------------------
     def start(self, state: RunState) -> None:
         w = self.widgets
+        # The buttons first, each routed to the poller as soon as it exists (its subshell made
+        # before): a click that reached the kernel before its button was routed waited behind the
+        # running cell, and the run never saw it. A panel drawn once its run lasts (deferred.py)
+        # appears while a user, or a test, may be waiting to click.
+        if self.poller is not None:
+            self.poller.prepare()
+        self.stop_button = w.Button(description="Stop", button_style="danger", icon="stop",
+                                    tooltip="Stop every rank (like an interrupt)")
+        self.stop_button.on_click(lambda _button: setattr(state, "stop_requested", True))
+        self._stop_shown = False
+        self.where_button = w.Button(description=WHERE_LABEL, icon="search",
+                                     tooltip="Show where every rank is: a one-line verdict, then every rank's stack")
+        self.where_button.on_click(lambda _button: setattr(state, "where_requested", True))
+        self._where_unavailable = False
+        for button in (self.stop_button, self.where_button):
+            if self.poller is None or not self.poller.watch(button):
+                self._where_unavailable = self._where_unavailable or button is self.where_button
+                button.disabled = True
+                button.tooltip = ("this kernel cannot deliver clicks while the cell runs; "
+                                  + ("use the notebook's interrupt (stop) button instead"
+                                     if button is self.stop_button else "the verdict comes on a stall or timeout"))
         self.header = w.HTML()
         self.curves = w.HTML()      # the logged metrics as SVG charts (display/curves.py)
         self.curves.add_class("nl-curves-box")
@@ -88,13 +109,6 @@ class WidgetDisplay(Display):
         self.rows = w.HTML()
         self.rows.add_class("nl-rows-box")
         self._build_logs(state)
-        self.stop_button = w.Button(description="Stop", button_style="danger", icon="stop",
-                                    tooltip="Stop every rank (like an interrupt)")
-        self.stop_button.on_click(lambda _button: setattr(state, "stop_requested", True))
-        self._stop_shown = False
-        self.where_button = w.Button(description=WHERE_LABEL, icon="search",
-                                     tooltip="Show where every rank is: a one-line verdict, then every rank's stack")
-        self.where_button.on_click(lambda _button: setattr(state, "where_requested", True))
         self.where = w.HTML()       # the answer: verdict, then the stacks (fragments.where_html)
         self.slow_rank = w.HTML()   # the rank that holds the others back, when one does (display/pace.py)
         self.buttons = w.HBox([self.stop_button, self.where_button])
@@ -103,14 +117,6 @@ class WidgetDisplay(Display):
         self.panel.state = state
         self.panel.add_class("nl-panel")
         self.handle = _show(self.panel, fmt.summary(state))
-        self._where_unavailable = False
-        for button in (self.stop_button, self.where_button):
-            if self.poller is None or not self.poller.watch(button):
-                self._where_unavailable = self._where_unavailable or button is self.where_button
-                button.disabled = True
-                button.tooltip = ("this kernel cannot deliver clicks while the cell runs; "
-                                  + ("use the notebook's interrupt (stop) button instead"
-                                     if button is self.stop_button else "the verdict comes on a stall or timeout"))
         self._lines_on_demand = self.poller is not None and self.poller.watch(self.accordion)
         self._rank_chosen = self.choice is not None and self.poller is not None and self.poller.watch(self.choice)
         self._shown_log: int | None = None

@@ -56,6 +56,14 @@ class CommPoller:
             return "queue"
         return None
 
+    def prepare(self) -> None:
+        """Make the private subshell now (ipykernel 7), so that ``watch`` routes a widget at once,
+        before the browser can have seen it."""
+        if self.mode == "subshell" and self.subshell_id is None:
+            self.subshell_id = self._create_subshell()
+            if self.subshell_id is None:
+                self.mode = None
+
     def watch(self, widget: Any) -> bool:
         """Deliver ``widget``'s messages from the browser during the run; False if impossible."""
         if self.mode is None:

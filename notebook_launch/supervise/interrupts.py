@@ -110,6 +110,33 @@ class Held:
                 raise KeyboardInterrupt(said)
 
 
+@contextlib.contextmanager
+def held_through(said: str) -> Iterator[None]:
+    """An interrupt during the block is held, and raised (``KeyboardInterrupt(said)``) once the
+    block is done, as ``Held`` does, also outside a run (``start_ranks`` starting its ranks):
+    there, on the main thread, Python's own SIGINT handler is swapped for a counting one for the
+    block. A handler of the user's own is left as it is. For a block that must not stop half way:
+    a request whose answer names processes that only the answer lets the caller end."""
+    if _gate.guarding or threading.current_thread() is not threading.main_thread():
+        held = Held()
+        try:
+            yield
+        finally:
+            held.release(said)
+        return
+    if _signal.getsignal(_signal.SIGINT) is not signal.default_int_handler:
+        yield
+        return
+    came: list[int] = []
+    _signal.signal(_signal.SIGINT, lambda signum, frame: came.append(signum))
+    try:
+        yield
+    finally:
+        _signal.signal(_signal.SIGINT, signal.default_int_handler)
+    if came:
+        raise KeyboardInterrupt(said)
+
+
 def _on_sigint(signum: int, frame: FrameType | None) -> None:
     if _gate.stopping or _gate.depth > 0:
         _gate.presses += 1

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from ...channels import LOST, EndUsage, WaitStatus, start_wire
+from ...supervise.interrupts import held_through
 from ...wire.fork_locks import no_fork_during_exec
 from ...record.resources import helper_pids, register_helper
 
@@ -177,15 +178,19 @@ class StartProcess:
                 request = {"ranks": {"env": env, "cwd": cwd, "warm": warm,
                                      "ranks": [{"argv": r.argv, "env": dict(r.env), "targets": list(r.fds)}
                                                for r in batch]}}
-                answer, pidfds = self.ask_with_fds(request, [fd for r in batch for fd in r.fds.values()])
-                forked = list(zip((int(pid) for pid in answer["pids"]), pidfds))
-                self.holders += len(forked)
-                pids += forked
+                # An interrupt waits for the answer: one raised while it came left ranks the start
+                # process had forked running, unknown here (the py314 lane, on a busy machine), and
+                # the answer in the socket for the next request. Raised once they are in ``pids``.
+                with held_through("notebook_launch: interrupted while the ranks were started"):
+                    answer, pidfds = self.ask_with_fds(request, [fd for r in batch for fd in r.fds.values()])
+                    forked = list(zip((int(pid) for pid in answer["pids"]), pidfds))
+                    self.holders += len(forked)
+                    pids += forked
                 if len(forked) < len(batch):
                     break
         except BaseException:
-            # A later batch failed: the caller starts every rank again as a fresh Python, so the
-            # ranks of earlier batches must not run beside them (they die here; it reaps them).
+            # A later batch failed, or an interrupt: the caller starts every rank again as a fresh
+            # Python (or stops), so the ranks forked so far must not run on (they die here; it reaps them).
             for pid, pidfd in pids:
                 try:
                     os.kill(pid, signal.SIGKILL)
