@@ -143,6 +143,9 @@ class DeliveringPollerStandIn:
     """Stands in for CommPoller in a kernel that delivers the panel's clicks during a run
     (tests/test_browser_panel.py clicks the real one in JupyterLab)."""
 
+    def prepare(self):
+        pass
+
     def watch(self, widget):
         return True
 

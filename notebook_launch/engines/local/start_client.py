@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from ...channels import LOST, EndUsage, WaitStatus, start_wire
-from ...supervise.interrupts import held_through
+from ...notebook.interrupt_gate import held_through
 from ...wire.fork_locks import no_fork_during_exec
 from ...record.resources import helper_pids, register_helper
 
