@@ -200,7 +200,7 @@ def test_a_loop_of_launches_leaves_no_live_widget_behind():
 @pytest.mark.timeout(600)
 def test_a_call_draws_its_panel_once_there_is_something_to_watch():
     """Issue 45: a call's panel (widget or HTML) is drawn when the call still runs after
-    CALL_PANEL_AFTER, when a rank prints, or when the call fails; a call over at once that went
+    PANEL_AFTER, when a rank prints, or when the call fails; a call over at once that went
     well leaves no output but its value (its panel was 33 widgets and ~75 comm messages: 32 ms
     of a 0.4 ms call in a kernel)."""
     messages: list[tuple[int, str, dict]] = []

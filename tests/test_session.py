@@ -16,7 +16,7 @@ from notebook_launch.planning.options import LaunchOptions
 from notebook_launch.wire.plan import build_plan
 from notebook_launch.scaffold.session import Session, launch_line, open_logs, plan_state
 from notebook_launch.record.state import DONE, FAILED, RUNNING, STARTING, STOPPED, RunState
-from notebook_launch.supervise import interrupts
+from notebook_launch.notebook import interrupt_gate
 
 
 class RecordingDisplay(Display):
@@ -159,7 +159,7 @@ def test_an_interrupt_stops_the_run(tmp_path):
 def test_signal_handlers_come_back_exactly(tmp_path, own_handlers):
     session, _, _ = a_session(tmp_path)
     with session:
-        assert signal.getsignal(signal.SIGINT) is interrupts._on_sigint   # a second Ctrl-C only counts
+        assert signal.getsignal(signal.SIGINT) is interrupt_gate.on_sigint   # a second Ctrl-C only counts
         signal.signal(signal.SIGTERM, signal.SIG_IGN)   # what torch elastic or Ray would leave behind
     assert signal.getsignal(signal.SIGTERM) is own_handlers[signal.SIGTERM]
     assert signal.getsignal(signal.SIGINT) is own_handlers[signal.SIGINT]

@@ -26,7 +26,6 @@ if TYPE_CHECKING:
     from ..record.state import RunState
 
 PANEL_AFTER = 0.5        # seconds a run goes on before its panel is drawn
-CALL_PANEL_AFTER = PANEL_AFTER
 
 
 class DeferredPanel(Display):
@@ -43,7 +42,6 @@ class DeferredPanel(Display):
         self.call = call
         self._make = make
         self.shown: Display | None = None   # the panel, once made
-        self.pictured = False               # ended before there was anything to watch: its picture shown
         self._started = 0.0
 
     def start(self, state: RunState) -> None:
@@ -76,11 +74,9 @@ class DeferredPanel(Display):
         from IPython.display import display
 
         from ..notebook.notebook_streams import flushable_streams
-        from . import format as fmt
-        from .html import render
+        from .html import picture
         with flushable_streams():
-            display({"text/html": render(state), "text/plain": fmt.summary(state)}, raw=True)
-        self.pictured = True
+            display(picture(state), raw=True)
 
     def _panel(self, state: RunState) -> Display:
         if self.shown is None:
@@ -89,4 +85,4 @@ class DeferredPanel(Display):
         return self.shown
 
 
-__all__ = ["CALL_PANEL_AFTER", "PANEL_AFTER", "DeferredPanel"]
+__all__ = ["PANEL_AFTER", "DeferredPanel"]

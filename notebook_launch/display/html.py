@@ -68,6 +68,12 @@ class HtmlDisplay(Display):
             self.lines.close(state)
 
 
+def picture(state: RunState) -> dict[str, str]:
+    """The run's final picture as a display bundle: what a live panel (widget or HTML) leaves in the
+    cell when its run ended, and a run over before its panel was drawn leaves (``deferred``)."""
+    return {"text/html": render(state), "text/plain": fmt.summary(state)}
+
+
 def render(state: RunState) -> str:
     """The panel as HTML: the live panel's pieces in its order, with the same markup for the rows
     (``rows``), each rank's recent lines folded where the live panel has its "recent lines"

@@ -36,7 +36,7 @@ from . import format as fmt
 from . import fragments
 from .pace import verdict_html
 from .curves import curves_html
-from .html import RECENT_LINE_CHARS, render
+from .html import RECENT_LINE_CHARS, picture
 from .rows import rows_html
 from .grouping import GROUP_ABOVE, group_rows
 from .base import Display
@@ -180,8 +180,7 @@ class WidgetDisplay(Display):
             try:
                 if self.handle is not None:   # first the picture, so no view of a closed widget shows
                     with flushable_streams():
-                        self.handle.update({"text/html": render(state), "text/plain": fmt.summary(state)},
-                                           raw=True)
+                        self.handle.update(picture(state), raw=True)
             finally:
                 self._empty_values()
                 close_widgets(self.widgets_made())

@@ -25,9 +25,9 @@ import sys
 import threading
 from collections.abc import Iterator
 
-from ..notebook.interrupt_gate import Held, gate, held_through, on_sigint
+from ..notebook.interrupt_gate import Held, gate, on_sigint
 
-__all__ = ["Held", "guarding_run", "held_through", "hurry", "tearing_down"]
+__all__ = ["Held", "guarding_run", "hurry", "tearing_down"]
 
 log = logging.getLogger("notebook_launch")
 
@@ -71,6 +71,3 @@ def tearing_down() -> Iterator[None]:
                 gate.stopping = True
                 raise KeyboardInterrupt("notebook_launch: interrupted while stopping the ranks")
 
-
-# the handler guarding_run installs, by this module's name too (tests compare against it)
-_on_sigint = on_sigint
